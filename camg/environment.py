@@ -1,0 +1,114 @@
+"""The interface every environment (daemons/<env>) implements.
+
+The episode manager (camg.episodes) owns ids, leases, deadlines, request
+de-duplication, outcome records and the HTTP/OpenEnv surface. An
+environment only knows how to start an episode for a task, apply an action,
+grade a finished episode and release what it holds. All four calls are
+synchronous and run on worker threads, so they may block on the helper, a
+JVM or a test run; they must be safe to call from a thread other than the
+one that created the episode.
+
+Errors an environment raises:
+* ``camg.errors.InvalidAction`` — the action is malformed; nothing changed.
+* ``camg.errors.InfraFailure`` and subclasses — the episode cannot go on
+  honestly; the manager ends it with ``reward: null`` and the failure class.
+Anything else is treated as ``InfraFailure`` (class ``infra``) and logged.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One task of the prepared manifest, in manifest order."""
+
+    task_id: str
+    data: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What one action produced.
+
+    ``done`` means the episode reached its end (finish action, step budget,
+    a purchase...). The manager then calls ``Episode.grade`` unless
+    ``reward`` is final already (``graded=True``).
+    """
+
+    observation: Mapping[str, Any]
+    reward: float = 0.0
+    done: bool = False
+    graded: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceContext:
+    """What the service hands every environment at start-up."""
+
+    environment: str
+    state_dir: str
+    settings: Mapping[str, Any]
+    helper_socket: str | None = None
+
+
+class Episode(abc.ABC):
+    """One running episode. Created by ``Environment.create_episode``."""
+
+    @abc.abstractmethod
+    def reset(self) -> Mapping[str, Any]:
+        """Build whatever the episode needs; return the first observation."""
+
+    @abc.abstractmethod
+    def step(self, action: Mapping[str, Any]) -> Step:
+        """Apply one validated action."""
+
+    @abc.abstractmethod
+    def grade(self) -> float:
+        """Compute the reward of a finished episode (after the last step)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release everything; idempotent, and safe while a step is running
+        (it is how the manager aborts a step that overran its deadline)."""
+
+    def state(self) -> Mapping[str, Any]:
+        """Extra, environment-specific state shown by GET /episodes/{id}."""
+        return {}
+
+
+class Environment(abc.ABC):
+    """An environment service's domain object; one per service process."""
+
+    #: name used in configs, routes, logs (CAMG_ENV) and unit names
+    name: ClassVar[str]
+    #: JSON Schemas served by GET /schema; actions are validated against it
+    action_schema: ClassVar[Mapping[str, Any]]
+    observation_schema: ClassVar[Mapping[str, Any]]
+
+    def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
+        self.context = context
+        self.tasks = tasks
+
+    @abc.abstractmethod
+    def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> Episode:
+        """A new episode for ``task``; ``reset`` is called on it next."""
+
+    def health(self) -> list[str]:
+        """Reasons the service is degraded; empty when healthy."""
+        return []
+
+    def metadata(self) -> Mapping[str, Any]:
+        """Hashes of whatever decides a reward, and other facts for /metadata."""
+        return {}
+
+    def start(self) -> None:
+        """Called once in the serving process before READY=1 (load indexes,
+        connect to the helper, verify prepared files)."""
+
+    def stop(self) -> None:
+        """Called once at shutdown after every episode is closed."""

@@ -1,0 +1,103 @@
+"""Strict parsing of JSON mappings into frozen dataclasses.
+
+Used for every configuration object and wire message: unknown fields are
+rejected, types are checked (no silent coercion of "5" to 5 or of true to
+1), and the error names the exact path of the bad field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from camg.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def parse(cls: type[T], data: Any, where: str = "", error: type[Exception] = ConfigError) -> T:
+    """Build dataclass ``cls`` from ``data`` or raise ``error`` naming the field."""
+    if not isinstance(data, Mapping):
+        raise error(f"{where or cls.__name__}: expected an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise error(f"{where or cls.__name__}: unknown field(s) {', '.join(unknown)}")
+    values = {}
+    for name, field in fields.items():
+        path = f"{where}.{name}" if where else name
+        if name not in data:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise error(f"{path}: required field is missing")
+            continue
+        values[name] = _coerce(hints[name], data[name], path, error)
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise error(f"{where or cls.__name__}: {exc}") from None
+
+
+def _coerce(tp: Any, value: Any, path: str, error: type[Exception]) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            if arg is type(None) and value is None:
+                return None
+        problems = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, path, error)
+            except error as exc:  # try the next member of the union
+                problems.append(str(exc))
+        raise error(problems[-1] if problems else f"{path}: must not be null")
+    if origin is typing.Literal:
+        if value not in args or isinstance(value, bool) != any(isinstance(a, bool) for a in args):
+            raise error(f"{path}: must be one of {', '.join(map(repr, args))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return parse(tp, value, path, error)
+    if origin in (tuple,) and len(args) == 2 and args[1] is Ellipsis:
+        if not isinstance(value, list):
+            raise error(f"{path}: expected a list")
+        return tuple(_coerce(args[0], v, f"{path}[{i}]", error) for i, v in enumerate(value))
+    if origin in (Mapping, dict, typing.Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise error(f"{path}: expected an object")
+        if not args:
+            return types.MappingProxyType(dict(value))
+        return types.MappingProxyType({
+            _coerce(args[0], k, f"{path}", error): _coerce(args[1], v, f"{path}.{k}", error)
+            for k, v in value.items()})
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise error(f"{path}: expected a number")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise error(f"{path}: expected an integer")
+        return value
+    if tp in (str, bool):
+        if not isinstance(value, tp):
+            raise error(f"{path}: expected {'a string' if tp is str else 'true or false'}")
+        return value
+    raise TypeError(f"camg.typed cannot parse {tp!r} at {path}")
+
+
+def to_json(obj: Any) -> Any:
+    """The JSON form of a parsed dataclass (inverse of ``parse``)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {k: to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    return obj
