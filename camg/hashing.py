@@ -1,0 +1,65 @@
+"""Content hashes that bind a configuration to what is installed.
+
+Every hash is ``sha256:<hex>``. Trees hash the sorted list of
+(relative path, kind, content hash or link target), so a renamed file, a
+changed symlink or a new empty directory changes the hash, while mtimes and
+inode numbers do not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+_CHUNK = 1 << 20
+
+
+def sha256_bytes(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def sha256_tree(root: str | os.PathLike) -> str:
+    """Hash a directory tree without following symlinks."""
+    root = Path(root)
+    entries = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        rel_dir = Path(dirpath).relative_to(root)
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath) / name
+            rel = str(rel_dir / name)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                entries.append([rel, "link", os.readlink(path)])
+            elif stat.S_ISDIR(mode):
+                entries.append([rel, "dir", ""])
+            elif stat.S_ISREG(mode):
+                entries.append([rel, "file", sha256_file(path)])
+            else:
+                entries.append([rel, "other", oct(stat.S_IFMT(mode))])
+    return sha256_json(entries)
+
+
+def sha256_path(path: str | os.PathLike) -> str:
+    """A file's or a directory tree's hash, whichever ``path`` is."""
+    return sha256_tree(path) if os.path.isdir(path) else sha256_file(path)
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sha256_json(value: Any) -> str:
+    return sha256_bytes(canonical_json(value))
