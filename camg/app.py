@@ -1,0 +1,162 @@
+"""The falcon ASGI application: thin resources over ``camg.service.Service``.
+
+Domain errors map to HTTP once (``_handle_camg_error``); resources never
+choose status codes for failures. Anything unexpected is logged and becomes
+a 500 without internals in the body.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import falcon
+import falcon.asgi
+
+from camg import openenv_compat, wire
+from camg.errors import AtCapacity, CamgError
+from camg.http import dumps, read_body, reply
+from camg.service import Service
+
+log = logging.getLogger("camg.http")
+
+
+class Health:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def on_get(self, req, resp):
+        healthy, reasons = self.service.health()
+        reply(resp, {"status": "healthy" if healthy else "degraded", "reasons": reasons,
+                     "environment": self.service.env.name,
+                     "episodes": self.service.manager.counts()},
+              200 if healthy else 503)
+
+
+class Metadata:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def on_get(self, req, resp):
+        reply(resp, self.service.metadata())
+
+
+class Schema:
+    def __init__(self, service: Service) -> None:
+        env = service.env
+        self.body = {
+            "action": env.action_schema,
+            "observation": env.observation_schema,
+            "state": wire.STATE_SCHEMA,
+            "create_episode": wire.CREATE_SCHEMA,
+            "step_request": wire.step_request_schema(env.action_schema),
+            "step_response": wire.step_response_schema(env.observation_schema),
+        }
+
+    async def on_get(self, req, resp):
+        reply(resp, self.body)
+
+
+class Episodes:
+    def __init__(self, service: Service) -> None:
+        self.manager = service.manager
+        self.limit = service.config.limits.max_body_bytes
+
+    async def on_get(self, req, resp):
+        reply(resp, {"episodes": self.manager.list(), **self.manager.counts()})
+
+    async def on_post(self, req, resp):
+        request = wire.parse_body(await read_body(req, self.limit), wire.CreateEpisode, "body")
+        body = await self.manager.create(request)
+        resp.location = f"/episodes/{body['episode_id']}"
+        reply(resp, body, 201)
+
+
+class Episode:
+    def __init__(self, service: Service) -> None:
+        self.manager = service.manager
+
+    async def on_get(self, req, resp, episode_id):
+        reply(resp, self.manager.state(episode_id))
+
+    async def on_delete(self, req, resp, episode_id):
+        reply(resp, await self.manager.close(episode_id))
+
+
+class EpisodeStep:
+    def __init__(self, service: Service) -> None:
+        self.manager = service.manager
+        self.limit = service.config.limits.max_body_bytes
+
+    async def on_post(self, req, resp, episode_id):
+        request = wire.parse_body(await read_body(req, self.limit), wire.StepRequest, "body")
+        reply(resp, await self.manager.step(episode_id, request))
+
+
+async def _handle_camg_error(req, resp, exc: CamgError, params, ws=None):
+    if ws is not None:  # errors inside a WebSocket are answered by the protocol
+        return
+    body = exc.to_dict()
+    if getattr(exc, "failure_class", None) is not None and exc.http_status == 500:
+        # An infrastructure failure at reset: no episode, no reward.
+        resp.status = falcon.HTTP_503
+        body["failure_class"] = exc.failure_class.value
+    else:
+        resp.status = falcon.code_to_http_status(exc.http_status)
+    if isinstance(exc, AtCapacity):
+        resp.set_header("Retry-After", str(exc.retry_after))
+    resp.content_type = falcon.MEDIA_JSON
+    resp.text = dumps(body)
+
+
+async def _handle_http_error(req, resp, exc: falcon.HTTPError, params, ws=None):
+    if ws is not None:
+        return
+    resp.status = exc.status
+    resp.content_type = falcon.MEDIA_JSON
+    resp.text = dumps({"error": _slug(exc.title), "message": exc.description or exc.title})
+    for name, value in (exc.headers or {}).items():
+        resp.set_header(name, value)
+
+
+async def _handle_unexpected(req, resp, exc: Exception, params, ws=None):
+    log.error("unhandled error on %s %s", req.method, req.path, exc_info=exc)
+    if ws is not None:
+        return
+    resp.status = falcon.HTTP_500
+    resp.content_type = falcon.MEDIA_JSON
+    resp.text = dumps({"error": "internal", "message": "internal error; see the service log"})
+
+
+def _slug(title: str) -> str:
+    return (title or "error").lower().replace(" ", "_")
+
+
+class Lifespan:
+    """ASGI lifespan: start the environment before READY=1, close episodes
+    on shutdown."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def process_startup(self, scope, event):
+        await self.service.start()
+
+    async def process_shutdown(self, scope, event):
+        await self.service.stop()
+
+
+def create_app(service: Service) -> falcon.asgi.App:
+    app = falcon.asgi.App(middleware=[Lifespan(service)], cors_enable=False)
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_route("/health", Health(service))
+    app.add_route("/metadata", Metadata(service))
+    app.add_route("/schema", Schema(service))
+    app.add_route("/episodes", Episodes(service))
+    app.add_route("/episodes/{episode_id}", Episode(service))
+    app.add_route("/episodes/{episode_id}/step", EpisodeStep(service))
+    openenv_compat.add_routes(app, service)
+    app.add_error_handler(Exception, _handle_unexpected)
+    app.add_error_handler(falcon.HTTPError, _handle_http_error)
+    app.add_error_handler(CamgError, _handle_camg_error)
+    return app
+

@@ -1,0 +1,201 @@
+"""Typed configuration: the operator's deployment and the prepared service
+configs that ``camg.configure`` writes and ``camg.serve`` runs.
+
+A prepared service config binds a service to exact bytes: the source
+commit, the runtime lock, the executables, the prepared manifest and every
+file the manifest names, each by sha256, plus ``config_hash`` over the
+whole config. ``verify`` re-hashes all of it; any difference is a
+ConfigError naming the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from camg import manifest as manifest_mod
+from camg import registry, typed
+from camg.errors import ConfigError, PreparationMissing
+from camg.hashing import sha256_json, sha256_path
+
+SERVICE_FORMAT = "camg-service/1"
+SCHEDULE_FORMAT = "camg-schedule/1"
+LOOPBACK = "127.0.0.1"
+
+# Settings keys that look like credentials are refused: credentials belong in
+# the service's environment (e.g. GA_JUDGE_KEY), never in a generated file.
+_CREDENTIAL_KEY = re.compile(r"(^|_)(key|token|secret|password|passwd|credential)s?$", re.I)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Deadlines the server enforces, whatever the environment does."""
+
+    reset_timeout_s: float = 300.0
+    action_timeout_s: float = 120.0
+    episode_timeout_s: float = 4 * 3600.0
+    grade_timeout_s: float = 1800.0
+    idle_ttl_s: float = 900.0
+    max_steps: int = 1000
+    max_body_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            if getattr(self, field.name) <= 0:
+                raise ValueError(f"limits.{field.name} must be positive")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvironmentDeployment:
+    manifest: str
+    capacity: int = 8
+    port: int | None = None
+    factory: str | None = None
+    enabled: bool = True
+    limits: Limits = Limits()
+    executables: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.capacity <= 4096:
+            raise ValueError("capacity must be between 1 and 4096")
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise ValueError("port must be between 1 and 65535")
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    environments: Mapping[str, EnvironmentDeployment]
+    runtime_lock: str = "requirements.lock"
+    state_root: str = "/var/lib/camg"
+    helper_socket: str = "/run/camg/helper.sock"
+    executables: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class HashedFile:
+    path: str
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """One prepared service configuration (``prepared/<env>.json``)."""
+
+    format: str
+    environment: str
+    factory: str
+    version: str
+    source_commit: str
+    host: str
+    port: int
+    state_dir: str
+    helper_socket: str
+    capacity: int
+    limits: Limits
+    manifest: HashedFile
+    task_selection_hash: str
+    runtime_lock: HashedFile
+    executables: Mapping[str, HashedFile]
+    settings: Mapping[str, Any]
+    config_hash: str
+
+    def __post_init__(self) -> None:
+        if self.format != SERVICE_FORMAT:
+            raise ValueError(f"format must be {SERVICE_FORMAT}")
+        if self.host != LOOPBACK:
+            raise ValueError("services listen on 127.0.0.1 only")
+
+    def body_without_hash(self) -> dict:
+        body = typed.to_json(self)
+        body.pop("config_hash")
+        return body
+
+
+def load_json(path: str | os.PathLike, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found: {path}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{what} {path} is not valid JSON: {exc}") from None
+
+
+def load_deployment(path: str | os.PathLike) -> Deployment:
+    deployment = typed.parse(Deployment, load_json(path, "deployment"), "deployment")
+    for name, env in deployment.environments.items():
+        if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
+            raise ConfigError(f"deployment.environments: invalid environment name {name!r}")
+        if name not in registry.FACTORIES and env.factory is None and env.enabled:
+            raise ConfigError(f"deployment.environments.{name}: not a product environment; "
+                              "name its factory")
+        if env.port is None and name not in registry.PORTS:
+            raise ConfigError(f"deployment.environments.{name}: port is required")
+        _refuse_credentials(env.settings, f"deployment.environments.{name}.settings")
+    return deployment
+
+
+def _refuse_credentials(value: Any, where: str) -> None:
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            if _CREDENTIAL_KEY.search(str(key)):
+                raise ConfigError(f"{where}.{key}: credentials are never written to a "
+                                  "configuration; pass them in the service's environment")
+            _refuse_credentials(inner, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for index, inner in enumerate(value):
+            _refuse_credentials(inner, f"{where}[{index}]")
+
+
+def hashed(path: str | os.PathLike, *, step: str, what: str) -> HashedFile:
+    if not os.path.exists(path):
+        raise PreparationMissing(f"{what} is missing: {path}", step=step)
+    return HashedFile(path=str(Path(path).resolve()), sha256=sha256_path(path))
+
+
+def load_service_config(path: str | os.PathLike) -> ServiceConfig:
+    return typed.parse(ServiceConfig, load_json(path, "service config"), "config")
+
+
+def verify(config: ServiceConfig, config_path: str | os.PathLike) -> manifest_mod.Manifest:
+    """Re-verify every hash a service config records; return its manifest.
+
+    Raises ConfigError naming the first file that differs.
+    """
+    if sha256_json(config.body_without_hash()) != config.config_hash:
+        raise ConfigError(f"{config_path}: config_hash does not match its content "
+                          "(edited by hand? re-run camg.configure)")
+    files = [("runtime lock", config.runtime_lock), ("manifest", config.manifest)]
+    files += [(f"executable {name}", entry) for name, entry in config.executables.items()]
+    for what, entry in files:
+        if not os.path.exists(entry.path):
+            raise ConfigError(f"{what} is missing: {entry.path}")
+        actual = sha256_path(entry.path)
+        if actual != entry.sha256:
+            raise ConfigError(f"{what} changed since camg.configure: {entry.path} "
+                              f"(recorded {entry.sha256}, now {actual})")
+    manifest = manifest_mod.load(config.manifest.path)
+    if manifest.selection_hash() != config.task_selection_hash:
+        raise ConfigError(f"task selection in {config.manifest.path} differs from the config")
+    manifest.verify_files()
+    _verify_schedule(config, Path(config_path).parent / "schedule.json")
+    return manifest
+
+
+def _verify_schedule(config: ServiceConfig, schedule_path: Path) -> None:
+    schedule = load_json(schedule_path, "schedule")
+    entry = (schedule.get("environments") or {}).get(config.environment) \
+        if isinstance(schedule, dict) else None
+    if not entry or entry.get("config_hash") != config.config_hash:
+        raise ConfigError(f"{schedule_path}: does not carry this service's configuration hash "
+                          f"{config.config_hash} (re-run camg.configure)")
+    combined = sha256_json({env: e.get("config_hash")
+                            for env, e in sorted(schedule["environments"].items())})
+    if schedule.get("config_hash") != combined:
+        raise ConfigError(f"{schedule_path}: config_hash does not match its environments")

@@ -1,0 +1,157 @@
+"""python -m camg.configure --deployment deployment.local.json --output prepared
+
+Binds the operator's deployment to this exact installation: refuses a
+dirty git checkout, records the source commit, hashes the runtime lock, the
+executables and the prepared manifests (and every file they name), and
+writes ``<env>.json`` per enabled service, ``routes.json`` and
+``schedule.json``. It reads no environment variables, so no credential can
+reach its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import camg
+from camg import config as cfg
+from camg import manifest as manifest_mod
+from camg import registry, typed
+from camg.errors import CamgError, ConfigError, PreparationMissing
+from camg.hashing import sha256_json
+
+PREPARE_STEPS = {
+    "coding": "python -m camg.prepare --environment coding",
+    "shop": "python -m camg.prepare_shop",
+}
+
+
+def source_commit(tree: Path) -> str:
+    """The commit of a clean checkout; ConfigError naming dirty paths."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tree), *args], check=True, text=True,
+                              capture_output=True).stdout
+    try:
+        git("rev-parse", "--show-toplevel")
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        raise ConfigError(f"{tree} is not a git checkout; run camg.configure from one") from None
+    dirty = git("status", "--porcelain", "--untracked-files=normal").splitlines()
+    if dirty:
+        paths = ", ".join(line[3:] for line in dirty[:20])
+        more = f" and {len(dirty) - 20} more" if len(dirty) > 20 else ""
+        raise ConfigError(f"the git checkout {tree} is not clean: {paths}{more}; "
+                          "commit or remove these first")
+    return git("rev-parse", "HEAD").strip()
+
+
+def _source_tree() -> Path:
+    package_root = Path(camg.__file__).resolve().parent.parent
+    if (package_root / ".git").exists():
+        return package_root
+    return Path.cwd()
+
+
+def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Deployment,
+                  base: Path, commit: str) -> tuple[dict, manifest_mod.Manifest]:
+    step = PREPARE_STEPS.get(name, f"prepare the {name} manifest")
+    manifest_path = base / env.manifest
+    manifest_file = cfg.hashed(manifest_path, step=step, what=f"{name} prepared manifest")
+    manifest = manifest_mod.load(manifest_path)
+    if manifest.environment != name:
+        raise ConfigError(f"{manifest_path} is a manifest for {manifest.environment!r}, not {name!r}")
+    try:
+        manifest.verify_files()
+    except ConfigError as exc:
+        raise PreparationMissing(str(exc), step=step) from None
+    executables = {**deployment.executables, **env.executables}
+    body = {
+        "format": cfg.SERVICE_FORMAT,
+        "environment": name,
+        "factory": env.factory or registry.FACTORIES[name],
+        "version": camg.__version__,
+        "source_commit": commit,
+        "host": cfg.LOOPBACK,
+        "port": env.port or registry.PORTS[name],
+        "state_dir": str(Path(deployment.state_root) / name),
+        "helper_socket": deployment.helper_socket,
+        "capacity": env.capacity,
+        "limits": typed.to_json(env.limits),
+        "manifest": typed.to_json(manifest_file),
+        "task_selection_hash": manifest.selection_hash(),
+        "runtime_lock": typed.to_json(cfg.hashed(
+            base / deployment.runtime_lock, step="install the runtime lock (requirements.lock)",
+            what="runtime lock")),
+        "executables": {label: typed.to_json(cfg.hashed(
+            base / path, step=f"install the {label} executable", what=f"executable {label}"))
+            for label, path in sorted(executables.items())},
+        "settings": typed.to_json(env.settings),
+    }
+    body["config_hash"] = sha256_json(body)
+    typed.parse(cfg.ServiceConfig, body, f"{name} config", ConfigError)
+    return body, manifest
+
+
+def configure(deployment_path: Path, output: Path, source_tree: Path | None = None) -> dict:
+    deployment = cfg.load_deployment(deployment_path)
+    commit = source_commit(source_tree or _source_tree())
+    base = deployment_path.resolve().parent
+    services, schedule_envs = {}, {}
+    for name, env in sorted(deployment.environments.items()):
+        if not env.enabled:
+            continue
+        body, manifest = build_service(name, env, deployment, base, commit)
+        services[name] = body
+        schedule_envs[name] = {
+            "config_hash": body["config_hash"],
+            "route": f"http://{cfg.LOOPBACK}:{body['port']}",
+            "task_selection_hash": body["task_selection_hash"],
+            "sampling": dict(manifest.sampling),
+            "task_ids": manifest.task_ids,
+        }
+    if not services:
+        raise ConfigError(f"{deployment_path}: no enabled environment")
+    ports = [s["port"] for s in services.values()]
+    if len(set(ports)) != len(ports):
+        raise ConfigError(f"{deployment_path}: two environments share a port")
+    schedule = {
+        "format": cfg.SCHEDULE_FORMAT,
+        "source_commit": commit,
+        "config_hash": sha256_json({n: e["config_hash"] for n, e in sorted(schedule_envs.items())}),
+        "environments": schedule_envs,
+    }
+    routes = {name: entry["route"] for name, entry in schedule_envs.items()}
+    output.mkdir(parents=True, exist_ok=True)
+    for name, body in services.items():
+        _write(output / f"{name}.json", body)
+    _write(output / "routes.json", routes)
+    _write(output / "schedule.json", schedule)
+    return schedule
+
+
+def _write(path: Path, body: object) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m camg.configure", description=__doc__.split("\n")[0])
+    parser.add_argument("--deployment", required=True, type=Path)
+    parser.add_argument("--output", required=True, type=Path)
+    args = parser.parse_args(argv)
+    try:
+        schedule = configure(args.deployment, args.output)
+    except CamgError as exc:
+        print(f"camg.configure: {exc}", file=sys.stderr)
+        return 2
+    print(f"camg.configure: wrote {', '.join(sorted(schedule['environments']))} to {args.output} "
+          f"(config hash {schedule['config_hash']}, commit {schedule['source_commit'][:12]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

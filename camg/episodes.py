@@ -1,0 +1,358 @@
+"""The episode manager: ids, capacity, leases, deadlines, de-duplicated
+steps and outcome records, for any ``camg.environment.Environment``.
+
+It lives on the service's event loop; every environment call runs on a
+worker thread under a deadline the server enforces. A step is shielded from
+the HTTP request that started it, so a trainer that disconnects mid-step
+never loses the outcome record: the step completes, the record is written,
+and a retry with the same ``request_id`` gets the same answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jsonschema
+
+from camg import wire
+from camg.config import Limits
+from camg.environment import Environment, Step, Task
+from camg.errors import (AtCapacity, DeadlineExceeded, EpisodeBusy, EpisodeExists,
+                         EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
+                         TaskNotFound, Unavailable)
+from camg.logs import episode_fields
+from camg.outcomes import OutcomeLog
+
+log = logging.getLogger("camg.episodes")
+
+_RESPONSE_CACHE = 64          # request ids remembered per episode
+_TOMBSTONES = 10_000          # finished episodes kept for GET/DELETE
+
+
+class EpisodeDone(EpisodeBusy):
+    """A step on a finished episode; the body carries the sticky terminal answer."""
+
+    name = "episode_done"
+
+
+class Record:
+    """Book-keeping of one episode (manager-internal)."""
+
+    def __init__(self, episode_id: str, task: Task, seed: int | None, idle_ttl: float,
+                 episode_timeout: float) -> None:
+        now = time.monotonic()
+        self.episode_id = episode_id
+        self.task = task
+        self.seed = seed
+        self.episode = None
+        self.status = "starting"
+        self.started_wall = time.time()
+        self.started = now
+        self.deadline = now + episode_timeout
+        self.idle_ttl = idle_ttl
+        self.last_active = now
+        self.step_count = 0
+        self.busy = False
+        self.terminal: dict | None = None
+        self.reward: float | None = None
+        self.failure_class: str | None = None
+        self.responses: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        self.timings = {"reset_s": 0.0, "steps_s": 0.0, "grade_s": 0.0}
+
+    @property
+    def fields(self) -> dict:
+        return {"extra": episode_fields(self.episode_id, self.task.task_id)}
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    def lease_expires_at(self) -> float:
+        return round(time.time() + (self.last_active + self.idle_ttl - time.monotonic()), 3)
+
+    def remember(self, request_id: str | None, body: dict) -> None:
+        if request_id:
+            self.responses[request_id] = body
+            while len(self.responses) > _RESPONSE_CACHE:
+                self.responses.popitem(last=False)
+
+
+class EpisodeManager:
+    def __init__(self, environment: Environment, *, capacity: int, limits: Limits,
+                 config_hash: str, outcomes: OutcomeLog,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.env = environment
+        self.capacity = capacity
+        self.limits = limits
+        self.config_hash = config_hash
+        self.outcomes = outcomes
+        self.on_change = on_change or (lambda: None)
+        self.records: dict[str, Record] = {}
+        self.finished: collections.OrderedDict[str, Record] = collections.OrderedDict()
+        self.tasks = {t.task_id: t for t in environment.tasks}
+        self._order = list(environment.tasks)
+        self._cursor = 0
+        self._stopping = False
+        self._validator = jsonschema.Draft202012Validator(environment.action_schema)
+        # Enough threads for a running step and an abort per episode.
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2 * capacity + 4, thread_name_prefix=f"camg-{environment.name}")
+
+    # -- helpers ---------------------------------------------------------
+    async def _call(self, fn: Callable, *args: Any, timeout: float | None = None) -> Any:
+        future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        if timeout is None:
+            return await future
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise DeadlineExceeded(f"{getattr(fn, '__name__', 'call')} exceeded {timeout:g} s") from None
+
+    def _lookup(self, episode_id: str) -> Record:
+        rec = self.records.get(episode_id) or self.finished.get(episode_id)
+        if rec is None:
+            raise EpisodeNotFound(f"no episode {episode_id!r}")
+        return rec
+
+    def active(self) -> int:
+        return sum(1 for r in self.records.values() if r.status in ("starting", "running"))
+
+    def counts(self) -> dict:
+        return {"active": self.active(), "capacity": self.capacity,
+                "finished": len(self.finished)}
+
+    def pick_task(self, task_id: str | None, seed: int | None) -> Task:
+        if task_id is not None:
+            try:
+                return self.tasks[task_id]
+            except KeyError:
+                raise TaskNotFound(f"no task {task_id!r} in this service's selection") from None
+        if seed is not None:
+            return self._order[seed % len(self._order)]
+        task = self._order[self._cursor % len(self._order)]
+        self._cursor += 1
+        return task
+
+    # -- the contract ----------------------------------------------------
+    async def create(self, request: wire.CreateEpisode) -> dict:
+        if self._stopping:
+            raise Unavailable("service is shutting down")
+        if request.episode_id and (request.episode_id in self.records
+                                   or request.episode_id in self.finished):
+            raise EpisodeExists(f"episode {request.episode_id!r} exists")
+        if self.active() >= self.capacity:
+            raise AtCapacity(f"{self.capacity} episodes are running", retry_after=5)
+        task = self.pick_task(request.task_id, request.seed)
+        episode_id = request.episode_id or uuid.uuid4().hex
+        rec = Record(episode_id, task, request.seed, self.limits.idle_ttl_s,
+                     self.limits.episode_timeout_s)
+        self.records[episode_id] = rec
+        self.on_change()
+        started = time.monotonic()
+        try:
+            rec.episode = await self._call(
+                lambda: self.env.create_episode(task, seed=request.seed, episode_id=episode_id))
+            observation = await self._call(rec.episode.reset, timeout=self.limits.reset_timeout_s)
+        except Exception as exc:  # every failure must free the slot and be recorded
+            failure = self._failure_of(exc, rec, "reset")
+            await self._finish(rec, reward=None, failure=failure, observation={},
+                               reason=f"reset failed: {exc}")
+            raise InfraFailure(f"reset failed: {exc}", failure_class=failure,
+                               episode_id=episode_id, task_id=task.task_id) from None
+        rec.timings["reset_s"] = time.monotonic() - started
+        rec.status = "running"
+        rec.touch()
+        log.info("episode started (task %s, reset %.3f s)", task.task_id,
+                 rec.timings["reset_s"], **rec.fields)
+        self.outcomes.trajectory(episode_id, {"event": "reset", "task_id": task.task_id,
+                                              "seed": request.seed, "observation": observation})
+        return {"episode_id": episode_id, "task_id": task.task_id, "observation": observation,
+                "reward": None, "done": False, "lease_expires_at": rec.lease_expires_at()}
+
+    async def step(self, episode_id: str, request: wire.StepRequest) -> dict:
+        rec = self._lookup(episode_id)
+        if request.request_id and request.request_id in rec.responses:
+            return rec.responses[request.request_id]
+        if rec.status != "running":
+            terminal = rec.terminal or {"episode_id": episode_id, "done": True}
+            raise EpisodeDone(f"episode {episode_id!r} is {rec.status}", terminal=terminal)
+        if rec.busy:
+            raise EpisodeBusy(f"episode {episode_id!r} is running a step")
+        self.validate_action(request.action)
+        rec.busy = True
+        # Shielded: the step and its outcome record complete even if the
+        # trainer hangs up while we work.
+        task = asyncio.ensure_future(self._step(rec, request))
+        return await asyncio.shield(task)
+
+    def validate_action(self, action: Mapping[str, Any]) -> None:
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(action))
+        if error is not None:
+            where = "action" + "".join(f"[{p!r}]" for p in error.absolute_path)
+            raise InvalidAction(f"{where}: {error.message}")
+
+    async def _step(self, rec: Record, request: wire.StepRequest) -> dict:
+        try:
+            rec.touch()
+            if time.monotonic() > rec.deadline:
+                return await self._finish(rec, reward=None, failure=FailureClass.TIMEOUT,
+                                          observation={}, reason="episode deadline passed",
+                                          request_id=request.request_id)
+            rec.step_count += 1
+            started = time.monotonic()
+            try:
+                result: Step = await self._call(rec.episode.step, request.action,
+                                                timeout=self.limits.action_timeout_s)
+            except InvalidAction:
+                rec.step_count -= 1
+                raise
+            except Exception as exc:
+                failure = self._failure_of(exc, rec, "step")
+                return await self._finish(rec, reward=None, failure=failure, observation={},
+                                          reason=str(exc), request_id=request.request_id,
+                                          action=request.action)
+            finally:
+                rec.timings["steps_s"] += time.monotonic() - started
+            if rec.terminal is not None:  # closed while the step ran
+                return rec.terminal
+            done = result.done or rec.step_count >= self.limits.max_steps
+            if not done:
+                body = {"episode_id": rec.episode_id, "observation": dict(result.observation),
+                        "reward": result.reward, "done": False, "step": rec.step_count}
+                self.outcomes.trajectory(rec.episode_id, {
+                    "event": "step", "step": rec.step_count, "action": request.action,
+                    "observation": body["observation"], "reward": result.reward,
+                    "seconds": round(time.monotonic() - started, 6)})
+                rec.remember(request.request_id, body)
+                rec.touch()
+                return body
+            reward, failure, reason = result.reward, None, "done"
+            if not result.graded:
+                graded_at = time.monotonic()
+                try:
+                    reward = float(await self._call(rec.episode.grade,
+                                                    timeout=self.limits.grade_timeout_s))
+                except Exception as exc:
+                    reward, failure, reason = None, self._failure_of(exc, rec, "grade"), str(exc)
+                rec.timings["grade_s"] = time.monotonic() - graded_at
+            return await self._finish(rec, reward=reward, failure=failure,
+                                      observation=result.observation, reason=reason,
+                                      request_id=request.request_id, action=request.action)
+        finally:
+            rec.busy = False
+
+    def _failure_of(self, exc: BaseException, rec: Record, phase: str) -> FailureClass:
+        if isinstance(exc, InfraFailure):
+            log.warning("%s failed (%s): %s", phase, exc.failure_class.value, exc, **rec.fields)
+            return exc.failure_class
+        log.error("%s raised an unexpected error", phase, exc_info=exc, **rec.fields)
+        return FailureClass.INFRA
+
+    async def _finish(self, rec: Record, *, reward: float | None, failure: FailureClass | None,
+                      observation: Mapping[str, Any], reason: str, request_id: str | None = None,
+                      action: Any = None, status: str = "done") -> dict:
+        """Terminal bookkeeping: outcome record (fsync'd), release, reply.
+
+        Runs once per episode: a step that returns after its episode was
+        closed (aborted, reaped, shut down) gets the existing terminal body.
+        """
+        if rec.terminal is not None:
+            return rec.terminal
+        rec.status = status
+        rec.reward = reward if failure is None else None
+        rec.failure_class = failure.value if failure else None
+        body = {"episode_id": rec.episode_id, "observation": dict(observation),
+                "reward": rec.reward, "done": True, "failure_class": rec.failure_class,
+                "step": rec.step_count}
+        rec.terminal = body
+        rec.remember(request_id, body)
+        record = {
+            "environment": self.env.name, "episode_id": rec.episode_id,
+            "task_id": rec.task.task_id, "seed": rec.seed, "reward": rec.reward,
+            "failure_class": rec.failure_class, "status": status, "reason": reason[:2000],
+            "steps": rec.step_count, "started_at": rec.started_wall, "ended_at": time.time(),
+            "timings": {k: round(v, 6) for k, v in rec.timings.items()}
+            | {"wall_s": round(time.monotonic() - rec.started, 6)},
+            "config_hash": self.config_hash,
+        }
+        self.outcomes.trajectory(rec.episode_id, {"event": "end", "step": rec.step_count,
+                                                  "action": action, "observation": body["observation"],
+                                                  "reward": rec.reward,
+                                                  "failure_class": rec.failure_class,
+                                                  "reason": reason[:2000]})
+        await self._call(self._persist, rec, record)
+        self.records.pop(rec.episode_id, None)
+        self.finished[rec.episode_id] = rec
+        while len(self.finished) > _TOMBSTONES:
+            self.finished.popitem(last=False)
+        log.info("episode %s: reward %s failure %s after %d steps", status, rec.reward,
+                 rec.failure_class, rec.step_count, **rec.fields)
+        self.on_change()
+        return body
+
+    def _persist(self, rec: Record, record: dict) -> None:
+        self.outcomes.finish_trajectory(rec.episode_id)
+        self.outcomes.append(record)
+        if rec.episode is not None:
+            try:
+                rec.episode.close()
+            except Exception:  # the outcome is already durable; log the leak
+                log.exception("closing the episode failed", **rec.fields)
+
+    def state(self, episode_id: str) -> dict:
+        rec = self._lookup(episode_id)
+        if rec.status == "running" and not rec.busy:
+            rec.touch()
+        state = {"episode_id": rec.episode_id, "task_id": rec.task.task_id,
+                 "status": "running" if rec.status == "starting" else rec.status,
+                 "step_count": rec.step_count, "reward": rec.reward,
+                 "failure_class": rec.failure_class, "seed": rec.seed,
+                 "started_at": rec.started_wall}
+        if rec.status == "running":
+            state["lease_expires_at"] = rec.lease_expires_at()
+            if rec.episode is not None:
+                state["environment_state"] = dict(rec.episode.state())
+        return state
+
+    def list(self) -> list[dict]:
+        return [self.state(eid) for eid in list(self.records)]
+
+    async def close(self, episode_id: str, reason: str = "closed by trainer",
+                    failure: FailureClass | None = None) -> dict:
+        rec = self._lookup(episode_id)
+        if rec.status in ("running", "starting"):
+            if rec.episode is not None and rec.busy:
+                # Abort the running step; its thread returns once the
+                # environment has torn down what it was using.
+                await self._call(rec.episode.close)
+            await self._finish(rec, reward=None, failure=failure, observation={},
+                               reason=reason, status="closed")
+        elif rec.status == "done":
+            rec.status = "closed"
+        return self.state(episode_id)
+
+    async def reap(self) -> None:
+        """Close episodes whose lease or episode deadline has passed."""
+        now = time.monotonic()
+        for rec in list(self.records.values()):
+            if rec.status != "running" or rec.busy:
+                continue
+            if now > rec.last_active + rec.idle_ttl:
+                await self.close(rec.episode_id, "lease expired", FailureClass.TIMEOUT)
+            elif now > rec.deadline:
+                await self.close(rec.episode_id, "episode deadline passed", FailureClass.TIMEOUT)
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        for episode_id in list(self.records):
+            try:
+                await self.close(episode_id, "service stopping", FailureClass.INFRA)
+            except Exception:
+                log.exception("closing episode %s at shutdown failed", episode_id)
+        self.pool.shutdown(wait=False, cancel_futures=True)

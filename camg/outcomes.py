@@ -1,0 +1,68 @@
+"""Outcome records and trajectories in the service's state directory.
+
+``outcomes.jsonl`` gets one line per finished episode, fsync'd before the
+trainer sees the reply, so a reward a trainer received is never lost by a
+crash. ``trajectories/<episode_id>.jsonl`` keeps every step beside it;
+steps are appended as they happen (not fsync'd: the outcome record is the
+durable fact) and the file is fsync'd when the episode ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+
+def _line(record: Any) -> bytes:
+    return (json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str)
+            + "\n").encode("utf-8")
+
+
+class OutcomeLog:
+    def __init__(self, state_dir: str | os.PathLike) -> None:
+        self.root = Path(state_dir)
+        self.trajectories = self.root / "trajectories"
+        self.trajectories.mkdir(parents=True, exist_ok=True)
+        self.path = self.root / "outcomes.jsonl"
+        self._lock = threading.Lock()
+        # O_APPEND: concurrent writers (a restarted service, a second
+        # process) never interleave inside one record.
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        self._traj_fds: dict[str, int] = {}
+
+    def append(self, record: dict) -> None:
+        data = _line(record)
+        with self._lock:
+            os.write(self._fd, data)
+            os.fsync(self._fd)
+
+    def trajectory_path(self, episode_id: str) -> Path:
+        return self.trajectories / f"{episode_id}.jsonl"
+
+    def trajectory(self, episode_id: str, entry: dict) -> None:
+        fd = self._traj_fds.get(episode_id)
+        if fd is None:
+            fd = os.open(self.trajectory_path(episode_id),
+                         os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+            self._traj_fds[episode_id] = fd
+        os.write(fd, _line(entry))
+
+    def finish_trajectory(self, episode_id: str) -> None:
+        fd = self._traj_fds.pop(episode_id, None)
+        if fd is not None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        for episode_id in list(self._traj_fds):
+            self.finish_trajectory(episode_id)
+        os.close(self._fd)
+
+    def read(self) -> list[dict]:
+        with open(self.path, encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]

@@ -1,0 +1,103 @@
+"""python -m camg.serve --config prepared/<env>.json [--check-config]
+
+Verifies the prepared configuration (every recorded hash, the schedule's
+configuration hash), then serves the environment with gunicorn's ASGI
+worker on 127.0.0.1 only. One worker: episodes live in process memory,
+and a second worker would be a second, inconsistent episode table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from gunicorn.app.base import BaseApplication
+
+from camg import config as cfg
+from camg import logs, notify, registry
+from camg.environment import ServiceContext
+from camg.errors import CamgError
+
+log = logging.getLogger("camg.serve")
+
+
+def build_service(config: cfg.ServiceConfig, manifest):
+    """The Service for a verified config (environment constructed, not started)."""
+    from camg.service import Service
+    env_class = registry.resolve(config.factory)
+    context = ServiceContext(environment=config.environment, state_dir=config.state_dir,
+                             settings=config.settings, helper_socket=config.helper_socket)
+    environment = env_class(context, list(manifest.tasks))
+    if environment.name != config.environment:
+        raise cfg.ConfigError(f"factory {config.factory} implements {environment.name!r}, "
+                              f"not {config.environment!r}")
+    return Service(config, environment)
+
+
+class GunicornService(BaseApplication):
+    def __init__(self, config: cfg.ServiceConfig, manifest, options: dict) -> None:
+        self.config_obj = config
+        self.manifest = manifest
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        # Runs in the worker after fork: the environment (JVM, sockets,
+        # threads) must be created here, not in the arbiter.
+        from camg.app import create_app
+        logs.setup(self.config_obj.environment)
+        return create_app(build_service(self.config_obj, self.manifest))
+
+
+def gunicorn_options(config: cfg.ServiceConfig) -> dict:
+    return {
+        "bind": [f"{cfg.LOOPBACK}:{config.port}"],
+        "workers": 1,
+        "worker_class": "asgi",
+        # The worker's event loop never blocks (environment calls run on
+        # threads), so a missed heartbeat really means a wedged worker.
+        "timeout": 60,
+        # Shutdown closes every active episode; give teardown time.
+        "graceful_timeout": 60,
+        "keepalive": 75,
+        "accesslog": None,
+        "errorlog": "-",
+        "loglevel": "warning",
+        "proc_name": f"camg-{config.environment}",
+        "max_requests": 0,
+        "reuse_port": False,
+        "worker_connections": 1000,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m camg.serve", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="prepared/<env>.json")
+    parser.add_argument("--check-config", action="store_true",
+                        help="verify every recorded hash and exit")
+    args = parser.parse_args(argv)
+    try:
+        config = cfg.load_service_config(args.config)
+        logs.setup(config.environment)
+        manifest = cfg.verify(config, args.config)
+    except CamgError as exc:
+        print(f"<3>camg.serve: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"camg.serve: {args.config} verified ({config.environment}, "
+              f"config hash {config.config_hash}, {len(manifest.tasks)} tasks)")
+        return 0
+    os.makedirs(config.state_dir, exist_ok=True)
+    notify.stash_notify_socket()
+    GunicornService(config, manifest, gunicorn_options(config)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""One running environment service: the environment, its episode manager,
+its outcome log, and the background duties (lease reaper, watchdog,
+STATUS=) that keep systemd informed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import camg
+from camg.config import ServiceConfig
+from camg.environment import Environment
+from camg.episodes import EpisodeManager
+from camg.notify import Notifier
+from camg.outcomes import OutcomeLog
+
+log = logging.getLogger("camg.service")
+
+
+class Service:
+    def __init__(self, config: ServiceConfig, environment: Environment,
+                 notifier: Notifier | None = None) -> None:
+        self.config = config
+        self.env = environment
+        self.notifier = notifier or Notifier()
+        self.outcomes = OutcomeLog(config.state_dir)
+        self.manager = EpisodeManager(environment, capacity=config.capacity,
+                                      limits=config.limits, config_hash=config.config_hash,
+                                      outcomes=self.outcomes, on_change=self._status)
+        self._tasks: list[asyncio.Task] = []
+        self.started = False
+
+    async def start(self) -> None:
+        # Environment start-up (JVMs, indexes, helper connection) blocks.
+        await asyncio.get_running_loop().run_in_executor(self.manager.pool, self.env.start)
+        self._tasks.append(asyncio.create_task(self._reaper()))
+        if self.notifier.watchdog_interval:
+            self._tasks.append(asyncio.create_task(self._watchdog()))
+        self.started = True
+        log.info("serving %s on %s:%d (%d tasks, capacity %d)", self.env.name,
+                 self.config.host, self.config.port, len(self.env.tasks), self.config.capacity)
+        self.notifier.ready(self._status_text())
+
+    async def stop(self) -> None:
+        self.notifier.stopping()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.manager.shutdown()
+        try:
+            self.env.stop()
+        finally:
+            self.outcomes.close()
+        log.info("stopped")
+
+    def _status_text(self) -> str:
+        counts = self.manager.counts()
+        return (f"{counts['active']}/{counts['capacity']} episodes active, "
+                f"{counts['finished']} finished")
+
+    def _status(self) -> None:
+        self.notifier.status(self._status_text())
+
+    async def _reaper(self) -> None:
+        interval = max(0.05, min(5.0, self.config.limits.idle_ttl_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.manager.reap()
+            except Exception:  # keep reaping; one bad episode must not stop it
+                log.exception("lease reaper failed")
+
+    async def _watchdog(self) -> None:
+        # Sent from the event loop: a wedged loop stops the pings and
+        # systemd restarts us.
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(self.notifier.watchdog_interval)
+
+    def health(self) -> tuple[bool, list[str]]:
+        reasons = [] if self.started else ["starting"]
+        try:
+            reasons += list(self.env.health())
+        except Exception as exc:
+            reasons.append(f"health check failed: {exc}")
+        return not reasons, reasons
+
+    def metadata(self) -> Mapping[str, Any]:
+        c = self.config
+        return {
+            "environment": self.env.name,
+            "version": camg.__version__,
+            "source_commit": c.source_commit,
+            "config_hash": c.config_hash,
+            "task_selection_hash": c.task_selection_hash,
+            "task_count": len(self.env.tasks),
+            "capacity": c.capacity,
+            "limits": {k: getattr(c.limits, k) for k in c.limits.__dataclass_fields__},
+            "hashes": {
+                "manifest": c.manifest.sha256,
+                "runtime_lock": c.runtime_lock.sha256,
+                **{f"executable:{k}": v.sha256 for k, v in c.executables.items()},
+                **dict(self.env.metadata()),
+            },
+        }

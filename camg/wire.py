@@ -1,0 +1,117 @@
+"""Wire models of the trainer-facing HTTP contract (DESIGN.md §3).
+
+Trainers may import this module (and camg.client) without anything from
+daemons/ or helper/. Requests are parsed strictly: unknown fields and wrong
+types are a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from camg import typed
+from camg.errors import BadRequest
+
+EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+REQUEST_ID_MAX = 255
+FAILURE_CLASSES = ["timeout", "sandbox_died", "grader_error", "judge_error", "infra"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateEpisode:
+    task_id: str | None = None
+    seed: int | None = None
+    episode_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError("seed must be between 0 and 2**63-1")
+        check_episode_id(self.episode_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRequest:
+    action: Mapping[str, Any]
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.request_id is not None and not 0 < len(self.request_id) <= REQUEST_ID_MAX:
+            raise ValueError(f"request_id must be 1..{REQUEST_ID_MAX} characters")
+
+
+def check_episode_id(value: str | None) -> None:
+    if value is not None and not EPISODE_ID.fullmatch(value):
+        raise ValueError("episode_id must match [A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON; an empty body is an empty object."""
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+
+
+def parse(model: type, data: Any, where: str) -> Any:
+    return typed.parse(model, data, where, BadRequest)
+
+
+def parse_body(raw: bytes, model: type, where: str) -> Any:
+    return parse(model, parse_json(raw), where)
+
+
+_NULLABLE_NUMBER = {"type": ["number", "null"]}
+
+CREATE_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "task_id": {"type": ["string", "null"]},
+        "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**63 - 1},
+        "episode_id": {"type": ["string", "null"], "pattern": f"^{EPISODE_ID.pattern}$"},
+    },
+}
+
+
+def step_request_schema(action_schema: Mapping[str, Any]) -> dict:
+    return {
+        "type": "object", "additionalProperties": False, "required": ["action"],
+        "properties": {
+            "action": dict(action_schema),
+            "request_id": {"type": ["string", "null"], "minLength": 1, "maxLength": REQUEST_ID_MAX},
+        },
+    }
+
+
+def step_response_schema(observation_schema: Mapping[str, Any]) -> dict:
+    return {
+        "type": "object", "required": ["episode_id", "observation", "reward", "done"],
+        "properties": {
+            "episode_id": {"type": "string"},
+            "observation": dict(observation_schema),
+            "reward": _NULLABLE_NUMBER,
+            "done": {"type": "boolean"},
+            "failure_class": {"enum": FAILURE_CLASSES + [None]},
+            "step": {"type": "integer"},
+        },
+    }
+
+
+STATE_SCHEMA = {
+    "type": "object",
+    "required": ["episode_id", "task_id", "status", "step_count"],
+    "properties": {
+        "episode_id": {"type": "string"},
+        "task_id": {"type": "string"},
+        "status": {"enum": ["running", "done", "closed"]},
+        "step_count": {"type": "integer"},
+        "reward": _NULLABLE_NUMBER,
+        "failure_class": {"enum": FAILURE_CLASSES + [None]},
+        "lease_expires_at": {"type": "number"},
+    },
+}
