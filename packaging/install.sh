@@ -1,0 +1,216 @@
+#!/bin/bash
+# Install (or, with --uninstall, remove) camg on a Debian host.
+#
+#   sudo packaging/install.sh [--deployment FILE] [--helper-config FILE] [--no-apt]
+#   sudo packaging/install.sh --uninstall [--purge]
+#
+# Run from a git checkout of camg. Safe to run again: every step checks what
+# is already there. Afterwards, on a host where systemd is PID 1, only
+# `systemctl start camg-coding` (or camg.target) remains; elsewhere
+# packaging/run-foreground.sh runs the same installation in the foreground.
+#
+# Layout (see README "Operating camg"):
+#   /srv/camg/src            clean git clone of the installed commit
+#   /srv/camg/service-venv   the services' virtualenv (requirements.lock)
+#   /srv/camg/data           prepared demo data (tasks, manifests, images)
+#   /etc/camg                helper.json, deployment.json, prepared/<env>.json
+#   /var/lib/camg/<env>      state: outcome records, trajectories (kept by
+#                            --uninstall unless --purge)
+#   /usr/local/lib/systemd/system, /usr/local/lib/{sysusers,tmpfiles}.d
+set -euo pipefail
+
+PREFIX=/srv/camg
+SRC=$PREFIX/src
+VENV=$PREFIX/service-venv
+DATA=$PREFIX/data
+ETC=/etc/camg
+STATE=/var/lib/camg
+UNITDIR=/usr/local/lib/systemd/system
+SYSUSERS=/usr/local/lib/sysusers.d/camg.conf
+TMPFILES=/usr/local/lib/tmpfiles.d/camg.conf
+ENVIRONMENTS=(shop coding autoresearch general visual)
+CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+log() { printf 'install.sh: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+# sd_booted(): the same test libsystemd uses.
+systemd_running() { [ -d /run/systemd/system ]; }
+
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+
+action=install purge=0 apt=1
+deployment=$CHECKOUT/packaging/demo-deployment.json
+helper_config=$CHECKOUT/units/helper.json
+while [ $# -gt 0 ]; do
+    case $1 in
+        --uninstall) action=uninstall ;;
+        --purge) purge=1 ;;
+        --no-apt) apt=0 ;;
+        --deployment) deployment=$(realpath "${2:?--deployment needs a file}"); shift ;;
+        --helper-config) helper_config=$(realpath "${2:?--helper-config needs a file}"); shift ;;
+        -h|--help) usage 0 ;;
+        *) log "unknown argument: $1"; usage 2 ;;
+    esac
+    shift
+done
+[ "$(id -u)" -eq 0 ] || die "run as root (it creates users, units and /srv/camg)"
+
+apt_packages() {
+    # Every fragment names what one area needs; comments and blanks dropped.
+    sed -e 's/#.*//' -e 's/[[:space:]]//g' "$CHECKOUT"/packaging/apt/*.txt | grep -v '^$' | sort -u
+}
+
+install_apt() {
+    local missing=() pkg
+    for pkg in $(apt_packages); do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' \
+            || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    log "apt: installing ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+install_source() {
+    # A clone, not a copy: camg.configure records the commit and refuses a
+    # dirty tree, and a clone of HEAD is clean by construction.
+    git -C "$CHECKOUT" rev-parse --verify -q HEAD >/dev/null || die "$CHECKOUT is not a git checkout"
+    if [ -n "$(git -C "$CHECKOUT" status --porcelain --untracked-files=no)" ]; then
+        log "warning: $CHECKOUT has uncommitted changes; installing its last commit only"
+    fi
+    mkdir -p "$PREFIX"
+    if [ ! -d "$SRC/.git" ]; then
+        git clone --quiet --no-hardlinks "$CHECKOUT" "$SRC"
+    fi
+    git -C "$SRC" fetch --quiet "$CHECKOUT" HEAD
+    git -C "$SRC" checkout --quiet --force --detach FETCH_HEAD
+    git -C "$SRC" clean --quiet -fdx
+    log "source: $SRC at $(git -C "$SRC" rev-parse --short HEAD)"
+}
+
+install_venv() {
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    if [ -f "$SRC/requirements.lock" ]; then
+        "$VENV/bin/pip" install -q --disable-pip-version-check -r "$SRC/requirements.lock"
+    else
+        # Until the lock exists the pinned fragments are the runtime set.
+        log "warning: no requirements.lock; installing requirements/*.in"
+        local f args=()
+        for f in "$SRC"/requirements/*.in; do
+            case $f in */test.in) continue ;; esac
+            args+=(-r "$f")
+        done
+        "$VENV/bin/pip" install -q --disable-pip-version-check "${args[@]}"
+    fi
+    # --no-deps: the lock above is the whole dependency set; a missing pin
+    # must fail `pip check` below rather than pull an unpinned version.
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$SRC"
+    "$VENV/bin/pip" check >&2 || die "the service venv's dependencies are inconsistent"
+}
+
+install_system_files() {
+    install -D -m 0644 "$SRC/units/sysusers.d/camg.conf" "$SYSUSERS"
+    install -D -m 0644 "$SRC/units/tmpfiles.d/camg.conf" "$TMPFILES"
+    systemd-sysusers "$SYSUSERS"
+    systemd-tmpfiles --create "$TMPFILES"
+    install -d -m 0755 "$UNITDIR"
+    local unit env
+    for unit in camg-helper.socket camg-helper.service camg.target; do
+        install -m 0644 "$SRC/units/$unit" "$UNITDIR/$unit"
+    done
+    for env in "${ENVIRONMENTS[@]}"; do
+        install -m 0644 "$SRC/units/camg-$env.service" "$UNITDIR/camg-$env.service"
+        install -D -m 0644 "$SRC/units/camg-environment.conf" \
+            "$UNITDIR/camg-$env.service.d/10-environment.conf"
+    done
+    install -d -m 0755 "$ETC"
+    install -m 0644 "$helper_config" "$ETC/helper.json"
+}
+
+prepare_demo() {
+    # The demo data each enabled environment needs, made by that
+    # environment's own preparation CLI (see README). Runs as root: the
+    # helper's lower roots are root-owned and read-only to everyone else.
+    install -d -m 0755 "$DATA"
+    local script
+    for script in "$SRC"/packaging/prepare-demo/*.sh; do
+        [ -e "$script" ] || continue
+        log "preparing demo data: $(basename "$script" .sh)"
+        SRC=$SRC VENV=$VENV DATA=$DATA STATE=$STATE bash "$script"
+    done
+}
+
+configure_services() {
+    install -m 0644 "$deployment" "$ETC/deployment.json"
+    # From the clean clone: configure takes the commit from the working
+    # directory when the package is installed (not editable).
+    (cd "$SRC" && "$VENV/bin/python" -m camg.configure \
+        --deployment "$ETC/deployment.json" --output "$ETC/prepared.new")
+    rm -rf "$ETC/prepared.old"
+    [ -d "$ETC/prepared" ] && mv "$ETC/prepared" "$ETC/prepared.old"
+    mv "$ETC/prepared.new" "$ETC/prepared"
+    rm -rf "$ETC/prepared.old"
+    chmod -R a+rX "$ETC/prepared"
+}
+
+enable_units() {
+    local env wanted=()
+    for env in "${ENVIRONMENTS[@]}"; do
+        [ -f "$ETC/prepared/$env.json" ] && wanted+=("camg-$env.service")
+    done
+    # `systemctl enable` only writes symlinks, so it works without a running
+    # systemd too; camg.target then starts exactly the configured services.
+    systemctl enable --quiet camg-helper.socket "${wanted[@]}"
+    if systemd_running; then
+        systemctl daemon-reload
+        systemctl start camg-helper.socket
+    fi
+    log "configured: ${wanted[*]:-none}"
+}
+
+uninstall() {
+    local units=(camg.target camg-helper.socket camg-helper.service)
+    local env
+    for env in "${ENVIRONMENTS[@]}"; do units+=("camg-$env.service"); done
+    if systemd_running; then
+        systemctl stop "${units[@]}" 2>/dev/null || true
+    fi
+    if [ -f "$UNITDIR/camg.target" ]; then
+        systemctl disable --quiet "${units[@]}" 2>/dev/null || true
+    fi
+    for env in "${ENVIRONMENTS[@]}"; do
+        rm -rf "$UNITDIR/camg-$env.service" "$UNITDIR/camg-$env.service.d"
+    done
+    rm -f "$UNITDIR/camg.target" "$UNITDIR/camg-helper.socket" "$UNITDIR/camg-helper.service"
+    rm -f "$SYSUSERS" "$TMPFILES"
+    rm -rf "$PREFIX" "$ETC" /run/camg /run/camg-helper
+    if [ "$purge" -eq 1 ]; then
+        rm -rf "$STATE"
+    elif [ -d "$STATE" ]; then
+        log "kept $STATE (outcome records, trajectories); --purge removes it"
+    fi
+    systemd_running && systemctl daemon-reload
+    # The camg user and group stay: files in $STATE may still be owned by
+    # them, and reusing a removed uid for someone else would hand those over.
+    log "uninstalled"
+}
+
+if [ "$action" = uninstall ]; then
+    uninstall
+    exit 0
+fi
+[ -f "$deployment" ] || die "deployment $deployment not found"
+[ -f "$helper_config" ] || die "helper config $helper_config not found"
+[ "$apt" -eq 1 ] && install_apt
+install_source
+install_venv
+install_system_files
+prepare_demo
+configure_services
+enable_units
+if systemd_running; then
+    log "done: systemctl start camg-coding   (or camg.target for every configured service)"
+else
+    log "done: systemd is not PID 1 here; run $CHECKOUT/packaging/run-foreground.sh"
+fi

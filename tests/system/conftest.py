@@ -1,0 +1,82 @@
+"""Fixtures of the system tests: camg installed by packaging/install.sh into
+a cached Debian bookworm root, booted under real systemd in systemd-nspawn.
+
+Costs: cold (empty $CAMG_CACHE) about two minutes of debootstrap and apt on
+top of the install; warm, the root is a copy of the cached layer and pip
+installs from the bound wheel cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import systest_rootfs as rootfs
+from systest_machine import Machine
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+# Inside the machine: where the test puts the operator's checkout, and the
+# helper config that points cgroup parents at the bound host controllers.
+GUEST_CHECKOUT = "/root/camg-checkout"
+GUEST_HELPER_CONFIG = "/root/helper-systest.json"
+
+
+def _require_tools() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("tests/system need root (they boot systemd-nspawn)")
+    for tool in ("systemd-nspawn", "debootstrap", "nsenter", "git"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is missing: apt-get install the packages in packaging/apt/systemd.txt")
+
+
+@pytest.fixture(scope="session")
+def installed_root(tmp_path_factory):
+    """A fresh copy of the cached root with camg installed by install.sh."""
+    _require_tools()
+    template = rootfs.deps_rootfs(CHECKOUT)
+    run_dir = rootfs.cache_root() / "runs"
+    run_dir.mkdir(exist_ok=True)
+    root = run_dir / f"root-{os.getpid()}"
+    rootfs.fresh_copy(template, root)
+    try:
+        # The operator's checkout: a clone of what is committed here, as a
+        # fresh CI clone would be.
+        subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(CHECKOUT),
+                        str(root / GUEST_CHECKOUT.lstrip("/"))], check=True, timeout=300)
+        base = json.loads((CHECKOUT / "units" / "helper.json").read_text())
+        helper = Machine.helper_config_for_guest(base)
+        (root / GUEST_HELPER_CONFIG.lstrip("/")).write_text(json.dumps(helper, indent=1))
+        pip_cache = rootfs.cache_root() / "pip"
+        pip_cache.mkdir(exist_ok=True)
+        log = tmp_path_factory.mktemp("install") / "install.log"
+        started = time.monotonic()
+        argv = rootfs.nspawn_pipe(root, [f"{GUEST_CHECKOUT}/packaging/install.sh",
+                                         "--helper-config", GUEST_HELPER_CONFIG],
+                                  binds=[f"{pip_cache}:/root/.cache/pip"])
+        with open(log, "wb") as out:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=1500)
+        if proc.returncode != 0:
+            pytest.fail(f"install.sh failed ({proc.returncode}):\n"
+                        + log.read_text(errors="replace")[-5000:])
+        print(f"install.sh took {time.monotonic() - started:.0f}s")
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def machine(installed_root, tmp_path_factory):
+    m = Machine(installed_root, tmp_path_factory.mktemp("machine") / "console.log")
+    try:
+        m.boot()
+        yield m
+    finally:
+        problems = m.shutdown()
+        assert not problems, "the machine left things behind:\n" + "\n".join(problems)

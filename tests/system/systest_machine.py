@@ -1,0 +1,171 @@
+"""One Debian machine booted under systemd-nspawn, driven from the host.
+
+systemd is not PID 1 on the host, so there is no machined: the container is
+started with --register=no --keep-unit and commands run inside it through
+``nsenter`` into its PID 1's namespaces. nspawn puts its payload cgroup
+below its own, so the nspawn process is first moved into a cgroup of this
+machine's own (name=systemd and unified hierarchies); two machines, or
+another engineer's nspawn, never share one.
+
+The host's cgroup-v1 controllers are mounted read-only inside nspawn; the
+helper gets per-machine host directories bound at /run/hostcg/<controller>
+instead (see helper_config_for_guest()).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+HELPER_CONTROLLERS = ("cpu", "memory", "pids", "freezer")
+_NSPAWN_HIERARCHIES = ("systemd", "unified")
+_CGROOT = Path("/sys/fs/cgroup")
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class MachineError(RuntimeError):
+    pass
+
+
+def _rmdir_tree(top: Path) -> list[str]:
+    """rmdir a cgroup subtree bottom-up; returns what could not be removed."""
+    stuck = []
+    if not top.is_dir():
+        return stuck
+    for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda e: -len(e[0])):
+        try:
+            os.rmdir(dirpath)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            # EBUSY: processes still in it; anything else is a real error too.
+            stuck.append(f"{dirpath}: {errno.errorcode.get(exc.errno, exc.errno)}")
+    return stuck
+
+
+def cgroup_children(top: Path) -> list[str]:
+    return sorted(str(Path(d).relative_to(top)) for d, _s, _f in os.walk(top) if Path(d) != top)
+
+
+class Machine:
+    def __init__(self, root: Path, log: Path, *, binds: list[str] = ()) -> None:
+        self.root = root
+        self.log = log
+        self.token = "camg-systest-" + uuid.uuid4().hex[:8]
+        self.binds = list(binds)
+        self.proc: subprocess.Popen | None = None
+        self.leader: int | None = None
+
+    # -- cgroups owned by this machine -----------------------------------
+    def nspawn_cgroups(self) -> list[Path]:
+        return [_CGROOT / h / self.token for h in _NSPAWN_HIERARCHIES]
+
+    def helper_cgroups(self) -> dict[str, Path]:
+        return {c: _CGROOT / c / self.token for c in HELPER_CONTROLLERS}
+
+    @staticmethod
+    def helper_config_for_guest(base: dict) -> dict:
+        """The helper config with its cgroup parents on the bound host dirs."""
+        return {**base, "cgroup_parents": {c: f"/run/hostcg/{c}" for c in HELPER_CONTROLLERS}}
+
+    # -- lifecycle --------------------------------------------------------
+    def boot(self, timeout: float = 120.0) -> None:
+        for path in [*self.nspawn_cgroups(), *self.helper_cgroups().values()]:
+            path.mkdir()
+        argv = ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--boot",
+                "-D", str(self.root), f"--machine={self.token}", "--private-network",
+                "--console=pipe"]
+        argv += [f"--bind={p}:/run/hostcg/{c}" for c, p in self.helper_cgroups().items()]
+        argv += [f"--bind={b}" for b in self.binds]
+        procs_files = [str(p / "cgroup.procs") for p in self.nspawn_cgroups()]
+
+        def enter_own_cgroup() -> None:
+            for procs in procs_files:
+                with open(procs, "w") as f:
+                    f.write("0")
+
+        out = open(self.log, "ab")
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, preexec_fn=enter_own_cgroup)
+        finally:
+            out.close()
+        deadline = time.monotonic() + timeout
+        while self.leader is None:
+            if self.proc.poll() is not None:
+                raise MachineError(f"nspawn exited {self.proc.returncode}: {self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise MachineError(f"no container init after {timeout}s: {self._log_tail()}")
+            self.leader = self._find_leader()
+            time.sleep(0.1)
+        state = self.run(["systemctl", "is-system-running", "--wait"],
+                         timeout=max(5.0, deadline - time.monotonic()), check=False)
+        if state.stdout.strip() not in ("running", "degraded"):
+            failed = self.run(["systemctl", "--failed", "--no-pager"], check=False).stdout
+            raise MachineError(f"boot ended {state.stdout.strip()!r}:\n{failed}")
+
+    def _find_leader(self) -> int | None:
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        try:
+            pids = children.read_text().split()
+        except FileNotFoundError:
+            return None
+        for pid in pids:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except FileNotFoundError:
+                continue
+            nspid = next(l for l in status.splitlines() if l.startswith("NSpid:")).split()
+            if nspid[-1] == "1" and len(nspid) > 2:
+                return int(pid)
+        return None
+
+    def _log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def shutdown(self, timeout: float = 90.0) -> list[str]:
+        """Power the machine off cleanly; returns leftovers (empty when none)."""
+        problems: list[str] = []
+        if self.proc is not None and self.proc.poll() is None:
+            # For --boot nspawn turns SIGTERM into SIGRTMIN+3: a clean poweroff.
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                problems.append(f"container did not power off in {timeout}s; killed")
+                self.proc.kill()
+                self.proc.wait(30)
+        for path in self.helper_cgroups().values():
+            left = cgroup_children(path)
+            if left:
+                problems.append(f"helper cgroups left in {path}: {left}")
+        for path in [*self.helper_cgroups().values(), *self.nspawn_cgroups()]:
+            problems += _rmdir_tree(path)
+        if self.leader is not None and Path(f"/proc/{self.leader}").exists():
+            problems.append(f"container init {self.leader} still running")
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            if str(self.root) in line.split()[4]:
+                problems.append(f"mount left on the host: {line}")
+        return problems
+
+    # -- commands inside --------------------------------------------------
+    def run(self, argv: list[str], *, timeout: float = 120.0, check: bool = True,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        if self.leader is None:
+            raise MachineError("machine is not booted")
+        full = ["nsenter", "-t", str(self.leader), "-a", "--", "/usr/bin/env", "-i",
+                f"PATH={_PATH}", "LANG=C.UTF-8", "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0"] + argv
+        proc = subprocess.run(full, input=input, capture_output=True, text=True,
+                              timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
+        if check and proc.returncode != 0:
+            raise MachineError(f"{argv} exited {proc.returncode}\nstdout: {proc.stdout[-3000:]}"
+                               f"\nstderr: {proc.stderr[-3000:]}")
+        return proc
+
+    def sh(self, script: str, **kwargs) -> subprocess.CompletedProcess:
+        return self.run(["/bin/sh", "-ec", script], **kwargs)

@@ -1,0 +1,69 @@
+"""The installed units on real systemd: verify, security exposure, layout."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytestmark = [pytest.mark.system, pytest.mark.privileged]
+
+UNITDIR = "/usr/local/lib/systemd/system"
+ENVIRONMENTS = ("shop", "coding", "autoresearch", "general", "visual")
+UNITS = ["camg-helper.socket", "camg-helper.service", "camg.target"] + \
+    [f"camg-{env}.service" for env in ENVIRONMENTS]
+# Goal from the issue; measured values go in the closing report.
+MAX_EXPOSURE = 3.0
+
+
+def test_every_unit_verifies(machine):
+    result = machine.run(["systemd-analyze", "verify", "--man=no"]
+                         + [f"{UNITDIR}/{u}" for u in UNITS], check=False)
+    assert result.returncode == 0, result.stderr
+    # verify exits 0 on some warnings; any line naming a camg unit is a finding.
+    findings = [l for l in result.stderr.splitlines() if "camg" in l]
+    assert not findings, "\n".join(findings)
+
+
+@pytest.mark.parametrize("env", ENVIRONMENTS)
+def test_environment_daemon_exposure(machine, env):
+    result = machine.run(["systemd-analyze", "security", "--no-pager", f"camg-{env}.service"])
+    match = re.search(r"Overall exposure level for camg-[a-z]+\.service: ([0-9.]+)", result.stdout)
+    assert match, result.stdout[-2000:]
+    exposure = float(match.group(1))
+    print(f"camg-{env}.service exposure {exposure}")
+    assert exposure <= MAX_EXPOSURE, result.stdout
+
+
+def test_environment_units_carry_the_shared_settings(machine):
+    shown = machine.run(["systemctl", "show", "camg-coding.service", "-p", "Type", "-p", "User",
+                         "-p", "NotifyAccess", "-p", "KillMode", "-p", "Restart", "-p",
+                         "WatchdogUSec", "-p", "Requires", "-p", "After", "-p", "PartOf",
+                         "-p", "StateDirectory", "-p", "SyslogIdentifier"]).stdout
+    props = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+    assert props["Type"] == "notify"
+    assert props["User"] == "camg"
+    assert props["NotifyAccess"] == "all"
+    assert props["KillMode"] == "mixed"
+    assert props["Restart"] == "on-failure"
+    assert props["WatchdogUSec"] != "0"
+    assert "camg-helper.socket" in props["Requires"].split()
+    assert "camg-helper.socket" in props["After"].split()
+    assert "camg.target" in props["PartOf"].split()
+    assert props["StateDirectory"] == "camg/coding"
+    assert props["SyslogIdentifier"] == "camg-coding"
+
+
+def test_sysusers_and_tmpfiles_applied(machine):
+    assert machine.run(["id", "-u", "camg-agent"]).stdout.strip() == "2000"
+    assert machine.run(["getent", "group", "camg"]).returncode == 0
+    listing = machine.run(["stat", "-c", "%n %U:%G %a", "/run/camg", "/run/camg-helper",
+                           "/var/lib/camg/uppers"]).stdout.split("\n")
+    assert listing[0] == "/run/camg root:root 755"
+    assert listing[1] == "/run/camg-helper root:root 700"
+
+
+def test_helper_socket_is_root_camg_0660(machine):
+    machine.run(["systemctl", "start", "camg-helper.socket"])
+    out = machine.run(["stat", "-c", "%U:%G %a %F", "/run/camg/helper.sock"]).stdout.strip()
+    assert out == "root:camg 660 socket"
