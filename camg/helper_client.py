@@ -1,0 +1,205 @@
+"""The client the unprivileged daemons use to reach camg-helper.
+
+    from camg.helper_client import HelperClient
+    helper = HelperClient("/run/camg/helper.sock", owner="coding")
+    sid = helper.create_sandbox([image_rootfs, task_layer], memory_bytes=2 << 30,
+                                cpu_quota=1.0, pids_max=512)
+    result = helper.exec(sid, "cd /testbed && git status", cwd="/testbed")
+    helper.destroy(sid)
+
+Lowers are given **bottom-first**: ``lowers[0]`` is the base (the image
+rootfs) and each later directory lies on top of the ones before it (task
+layers). The sandbox's root is their overlay with a private upper, so files
+of a lower owned by uid 2000 are writable by the agent via copy-up.
+
+Thread safety: a client keeps a small pool of connections; each call takes
+one for its duration, so one client may be shared by many threads and calls
+run concurrently (a second exec on the *same* sandbox waits for the first).
+
+Errors are camg.errors classes chosen by the helper's closed error names
+(``camg.helper_wire.ERRORS``): BadRequest (bad_request, unknown_verb,
+path_escape, limit_exceeded), PayloadTooLarge, NotFound, AtCapacity,
+Unavailable (probes_failed, permission_denied, helper unreachable),
+SandboxDied (the sandbox's init was killed from outside: end the episode
+with failure_class sandbox_died) and InfraFailure (anything else). The
+helper's name is in ``exc.details["helper_error"]``.
+
+``python -m camg.helper_client release-all --owner NAME`` releases a
+daemon's sandboxes (for a unit's ExecStopPost=).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import socket
+import sys
+import threading
+from typing import Literal
+
+from camg import errors
+from camg import helper_wire as wire
+
+DEFAULT_SOCKET = "/run/camg/helper.sock"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    output: str
+    truncated: bool
+    timed_out: bool
+    duration: float
+
+
+class HelperClient:
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, *, owner: str = "default",
+                 connect_timeout: float = 5.0, max_blob: int = 1 << 30, pool_size: int = 8) -> None:
+        self.socket_path = socket_path
+        self.owner = owner
+        self.connect_timeout = connect_timeout
+        self.max_blob = max_blob
+        self.pool_size = pool_size
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    # -- transport --------------------------------------------------------
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.connect_timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            raise errors.Unavailable(f"helper unreachable at {self.socket_path}: {exc}") from None
+        # Replies may take as long as the command's own deadline.
+        sock.settimeout(None)
+        return sock
+
+    def call(self, verb: str, params: dict | None = None, blob: bytes = b"") -> tuple[dict, bytes]:
+        """One request; returns (result, blob) or raises the mapped camg error."""
+        name = verb if verb.startswith(wire.PREFIX) else wire.PREFIX + verb
+        frame = wire.encode({"verb": name, "params": params or {}, "owner": self.owner}, blob)
+        with self._lock:
+            sock = self._idle.pop() if self._idle else None
+        reused = sock is not None
+        if sock is None:
+            sock = self._connect()
+        try:
+            sock.sendall(frame)
+            reply, out = wire.read_frame(sock, self.max_blob)
+        except (OSError, EOFError, wire.FrameError) as exc:
+            sock.close()
+            if reused and isinstance(exc, (BrokenPipeError, ConnectionResetError, EOFError)):
+                # A pooled connection the helper closed (it restarted): retry
+                # once on a fresh one. Requests are not replayed otherwise.
+                return self._fresh_call(frame)
+            raise errors.Unavailable(f"helper connection failed during {name}: {exc}") from None
+        self._release(sock)
+        return self._unwrap(reply, out)
+
+    def _fresh_call(self, frame: bytes) -> tuple[dict, bytes]:
+        sock = self._connect()
+        try:
+            sock.sendall(frame)
+            reply, out = wire.read_frame(sock, self.max_blob)
+        except (OSError, EOFError, wire.FrameError) as exc:
+            sock.close()
+            raise errors.Unavailable(f"helper connection failed: {exc}") from None
+        self._release(sock)
+        return self._unwrap(reply, out)
+
+    def _release(self, sock: socket.socket) -> None:
+        with self._lock:
+            if len(self._idle) < self.pool_size:
+                self._idle.append(sock)
+                return
+        sock.close()
+
+    @staticmethod
+    def _unwrap(reply: dict, out: bytes) -> tuple[dict, bytes]:
+        if reply.get("ok") is True and isinstance(reply.get("result"), dict):
+            return reply["result"], out
+        raise wire.error_from_reply(reply)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+
+    def __enter__(self) -> "HelperClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- verbs ------------------------------------------------------------
+
+    def ping(self) -> dict:
+        return self.call("Ping")[0]
+
+    def probe(self) -> dict:
+        return self.call("Probe")[0]
+
+    def create_sandbox(self, lowers: list[str], *, memory_bytes: int, cpu_quota: float,
+                       pids_max: int, hostname: str | None = None,
+                       upper: Literal["tmpfs", "disk"] = "tmpfs", upper_bytes: int = 0) -> str:
+        params = {"lowers": list(lowers), "memory_bytes": memory_bytes, "cpu_quota": cpu_quota,
+                  "pids_max": pids_max, "upper": upper, "upper_bytes": upper_bytes}
+        if hostname is not None:
+            params["hostname"] = hostname
+        return self.call("CreateSandbox", params)[0]["sandbox_id"]
+
+    def exec(self, sandbox_id: str, command: str, *, user: Literal["agent", "root"] = "agent",
+             cwd: str = "/", env: dict[str, str] | None = None, stdin: bytes = b"",
+             timeout: float = 60, output_limit: int = 12000) -> ExecResult:
+        params = {"sandbox_id": sandbox_id, "command": command, "user": user, "cwd": cwd,
+                  "env": dict(env or {}), "timeout": timeout, "output_limit": output_limit}
+        r = self.call("Exec", params, stdin)[0]
+        return ExecResult(r["exit_code"], r["output"], r["truncated"], r["timed_out"], r["duration"])
+
+    def put_archive(self, sandbox_id: str, dest_dir: str, tar_bytes: bytes, *,
+                    user: Literal["agent", "root"] = "root") -> None:
+        self.call("PutArchive", {"sandbox_id": sandbox_id, "dest_dir": dest_dir, "user": user}, tar_bytes)
+
+    def get_archive(self, sandbox_id: str, path: str) -> bytes:
+        return self.call("GetArchive", {"sandbox_id": sandbox_id, "path": path})[1]
+
+    def destroy(self, sandbox_id: str) -> bool:
+        """Idempotent: False when the sandbox was already gone."""
+        return self.call("DestroySandbox", {"sandbox_id": sandbox_id})[0]["destroyed"]
+
+    def release_all(self) -> int:
+        return self.call("ReleaseAll")[0]["released"]
+
+    def list_sandboxes(self) -> list[dict]:
+        return self.call("ListSandboxes")[0]["sandboxes"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m camg.helper_client")
+    ap.add_argument("action", choices=["release-all", "ping", "probe"])
+    ap.add_argument("--socket", default=DEFAULT_SOCKET)
+    ap.add_argument("--owner", default="default")
+    args = ap.parse_args(argv)
+    client = HelperClient(args.socket, owner=args.owner)
+    try:
+        if args.action == "release-all":
+            print(client.release_all())
+        elif args.action == "ping":
+            print(client.ping())
+        else:
+            result = client.probe()
+            print(result)
+            return 0 if result.get("ok") else 1
+    except errors.Unavailable as exc:
+        # Nothing to release when the helper is down: its own sweep reclaims.
+        print(exc, file=sys.stderr)
+        return 0 if args.action == "release-all" else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The wire between camg-helper and its clients.
+
+One frame per request and per reply on a SOCK_STREAM Unix socket:
+
+    u32 json_length | u32 blob_length | JSON object | blob
+
+(big-endian). A request is ``{"verb": NAME, "params": {...}, "owner": LABEL}``
+plus an optional blob (stdin for Exec, a tar stream for PutArchive); a reply
+is ``{"ok": true, "result": {...}}`` plus an optional blob (a tar stream for
+GetArchive), or ``{"ok": false, "error": NAME, "message": TEXT}``.
+
+Error names are a closed set (``ERRORS``); the client maps each onto the
+camg.errors class it resembles, so no class path ever crosses the socket.
+Both sides import this module; it holds no helper internals.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+
+from camg import errors
+
+PREFIX = "io.camg.helper."
+VERBS = tuple(PREFIX + v for v in (
+    "Ping", "Probe", "CreateSandbox", "Exec", "PutArchive", "GetArchive",
+    "DestroySandbox", "ReleaseAll", "ListSandboxes",
+))
+
+HEADER = struct.Struct(">II")
+# The JSON part carries commands and small parameters only; bulk bytes go
+# in the blob, whose ceiling the helper's configuration sets.
+MAX_JSON = 1 << 20
+MAX_BLOB_HARD = 1 << 30
+
+TRUNCATION_MARKER = "[output truncated to final {limit} bytes]\n"
+TIMEOUT_MARKER = "\n[command timed out]"
+
+# Closed set of error names -> the camg.errors class a client raises.
+# permission_denied has no exact counterpart in camg.errors yet; Unavailable
+# is what a daemon should do with it (it cannot use the helper).
+ERRORS: dict[str, type[errors.CamgError]] = {
+    "bad_request": errors.BadRequest,
+    "unknown_verb": errors.BadRequest,
+    "path_escape": errors.BadRequest,
+    "limit_exceeded": errors.BadRequest,
+    "payload_too_large": errors.PayloadTooLarge,
+    "permission_denied": errors.Unavailable,
+    "not_found": errors.NotFound,
+    "at_capacity": errors.AtCapacity,
+    "probes_failed": errors.Unavailable,
+    "sandbox_died": errors.SandboxDied,
+    "internal": errors.InfraFailure,
+}
+
+
+class WireError(Exception):
+    """An error the helper reports by name; raised inside the helper only."""
+
+    def __init__(self, name: str, message: str) -> None:
+        if name not in ERRORS:
+            raise ValueError(f"not a helper error name: {name}")
+        super().__init__(message)
+        self.name = name
+        self.message = message
+
+
+class FrameError(Exception):
+    """The byte stream is not a valid frame; the connection cannot continue."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.message = message
+
+
+def encode(obj: dict, blob: bytes = b"") -> bytes:
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    return HEADER.pack(len(body), len(blob)) + body + blob
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise EOFError("peer closed the connection mid-frame" if got else "peer closed")
+        got += k
+    return bytes(buf)
+
+
+def read_frame(sock: socket.socket, max_blob: int) -> tuple[dict, bytes]:
+    """One frame from ``sock``; raises EOFError at a clean end of stream."""
+    head = _recv_exact(sock, HEADER.size)
+    jlen, blen = HEADER.unpack(head)
+    if jlen > MAX_JSON:
+        raise FrameError("payload_too_large", f"JSON part of {jlen} bytes exceeds {MAX_JSON}")
+    if blen > max_blob:
+        raise FrameError("payload_too_large", f"blob of {blen} bytes exceeds {max_blob}")
+    body = _recv_exact(sock, jlen)
+    blob = _recv_exact(sock, blen) if blen else b""
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FrameError("bad_request", f"frame is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise FrameError("bad_request", "frame must be a JSON object")
+    return obj, blob
+
+
+def error_from_reply(reply: dict) -> errors.CamgError:
+    name = reply.get("error")
+    message = str(reply.get("message", ""))
+    cls = ERRORS.get(name, errors.InfraFailure) if isinstance(name, str) else errors.InfraFailure
+    exc = cls(f"helper: {message}", helper_error=name)
+    return exc

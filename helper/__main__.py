@@ -1,0 +1,5 @@
+import sys
+
+from helper.main import main
+
+sys.exit(main())

@@ -1,0 +1,131 @@
+"""The helper's typed configuration and the ceilings it puts on clients.
+
+Everything is optional; defaults suit a systemd deployment. The file is JSON,
+parsed strictly (unknown or mistyped fields are a ConfigError naming the
+field) and validated before the helper binds anything or sends READY=1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from camg.errors import ConfigError
+from camg.typed import parse
+
+CONTROLLERS = ("cpu", "memory", "pids", "freezer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceilings:
+    """Upper bounds for anything a client may ask for."""
+
+    memory_bytes: int = 8 << 30
+    cpu_quota: float = 4.0
+    pids_max: int = 4096
+    timeout: float = 3600.0
+    output_bytes: int = 1 << 20
+    archive_bytes: int = 64 << 20
+    sandboxes_per_peer: int = 512
+    sandboxes_total: int = 1024
+    env_entries: int = 256
+    command_bytes: int = 128 << 10
+    upper_bytes: int = 16 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class HelperConfig:
+    socket: str = "/run/camg/helper.sock"
+    group: str = "camg"
+    state_dir: str = "/run/camg-helper"
+    lower_roots: tuple[str, ...] = ("/var/lib/camg/oci-rootfs", "/var/lib/camg/task-layers")
+    # "tmpfs" keeps every upper in memory (charged to nobody on the host disk);
+    # a directory puts disk uppers there.
+    upper_root: str = "/var/lib/camg/uppers"
+    tmpfs_upper_bytes: int = 2 << 30
+    # controller -> directory; empty means "derive" (see resolve_cgroup_parents).
+    cgroup_parents: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    agent_uid: int = 2000
+    agent_gid: int = 2000
+    agent_user: str = "agent"
+    agent_home: str = "/home/agent"
+    # Lowers of the probe sandbox (bottom-first, under lower_roots): a real
+    # Debian rootfs with bash, coreutils and mount. Empty makes every probe
+    # fail, so the helper admits no sandbox until it is configured.
+    probe_lowers: tuple[str, ...] = ()
+    probe_on_start: bool = True
+    # The compiled per-sandbox init; empty means "build helper/sbxinit.c
+    # into state_dir on start" (needs a C compiler on the host).
+    init_binary: str = ""
+    # Seconds a sandbox may take to come up before creation fails.
+    create_timeout: float = 10.0
+    ceilings: Ceilings = dataclasses.field(default_factory=Ceilings)
+
+    def __post_init__(self) -> None:
+        for name in ("socket", "state_dir", "upper_root", "agent_home"):
+            if not os.path.isabs(getattr(self, name)):
+                raise ConfigError(f"{name}: must be an absolute path")
+        if self.init_binary and not os.path.isabs(self.init_binary):
+            raise ConfigError("init_binary: must be an absolute path")
+        for root in self.lower_roots + self.probe_lowers:
+            if not os.path.isabs(root):
+                raise ConfigError(f"lower_roots: {root!r} is not absolute")
+        unknown = sorted(set(self.cgroup_parents) - set(CONTROLLERS))
+        if unknown:
+            raise ConfigError(f"cgroup_parents: unknown controller(s) {', '.join(unknown)}")
+        for ctrl, path in self.cgroup_parents.items():
+            if not os.path.isabs(path):
+                raise ConfigError(f"cgroup_parents.{ctrl}: must be an absolute path")
+        if not 0 < self.agent_uid < 65534 or not 0 < self.agent_gid < 65534:
+            raise ConfigError("agent_uid/agent_gid: must be an unprivileged id")
+        c = self.ceilings
+        if min(c.memory_bytes, c.pids_max, c.output_bytes, c.archive_bytes, c.sandboxes_per_peer,
+               c.sandboxes_total, c.command_bytes, c.upper_bytes) <= 0 or c.cpu_quota <= 0 or c.timeout <= 0:
+            raise ConfigError("ceilings: every ceiling must be positive")
+        if self.create_timeout <= 0:
+            raise ConfigError("create_timeout: must be positive")
+        if not 0 < self.tmpfs_upper_bytes <= c.upper_bytes:
+            raise ConfigError("tmpfs_upper_bytes: must be positive and within ceilings.upper_bytes")
+
+
+def load(path: str | None) -> HelperConfig:
+    if path is None:
+        return HelperConfig()
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read helper config {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(f"helper config {path} is not JSON: {exc}") from None
+    return parse(HelperConfig, data, "helper")
+
+
+def resolve_cgroup_parents(config: HelperConfig, proc_cgroup: str = "/proc/self/cgroup",
+                           mount_root: str = "/sys/fs/cgroup") -> dict[str, str]:
+    """Directory per controller under which sandbox cgroups are created.
+
+    Configured values win. Under systemd with Delegate=yes the helper owns its
+    own cgroup, so sandboxes go below it; otherwise /sys/fs/cgroup/<ctrl>/camg.
+    """
+    own: dict[str, str] = {}
+    under_systemd = bool(os.environ.get("INVOCATION_ID"))
+    if under_systemd:
+        with open(proc_cgroup, encoding="ascii") as f:
+            for line in f:
+                _, ctrls, path = line.rstrip("\n").split(":", 2)
+                for ctrl in ctrls.split(","):
+                    own[ctrl] = path
+    parents = {}
+    for ctrl in CONTROLLERS:
+        if ctrl in config.cgroup_parents:
+            parents[ctrl] = config.cgroup_parents[ctrl]
+        elif ctrl in own and own[ctrl] not in ("", "/"):
+            # A delegated cgroup may hold processes itself; v1 allows that.
+            parents[ctrl] = os.path.join(mount_root, ctrl, own[ctrl].lstrip("/"))
+        else:
+            parents[ctrl] = os.path.join(mount_root, ctrl, "camg")
+    return parents
