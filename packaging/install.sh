@@ -2,6 +2,7 @@
 # Install (or, with --uninstall, remove) camg on a Debian host.
 #
 #   sudo packaging/install.sh [--deployment FILE] [--helper-config FILE] [--no-apt]
+#                             [--no-configure]
 #   sudo packaging/install.sh --uninstall [--purge]
 #
 # Run from a git checkout of camg. Safe to run again: every step checks what
@@ -38,7 +39,7 @@ systemd_running() { [ -d /run/systemd/system ]; }
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
-action=install purge=0 apt=1
+action=install purge=0 apt=1 configure=1
 deployment=$CHECKOUT/packaging/demo-deployment.json
 helper_config=$CHECKOUT/units/helper.json
 while [ $# -gt 0 ]; do
@@ -46,6 +47,9 @@ while [ $# -gt 0 ]; do
         --uninstall) action=uninstall ;;
         --purge) purge=1 ;;
         --no-apt) apt=0 ;;
+        # Software, users and units only: for an operator who prepares data
+        # and runs camg.configure with a deployment of their own.
+        --no-configure) configure=0 ;;
         --deployment) deployment=$(realpath "${2:?--deployment needs a file}"); shift ;;
         --helper-config) helper_config=$(realpath "${2:?--helper-config needs a file}"); shift ;;
         -h|--help) usage 0 ;;
@@ -113,6 +117,9 @@ install_system_files() {
     install -D -m 0644 "$SRC/units/sysusers.d/camg.conf" "$SYSUSERS"
     install -D -m 0644 "$SRC/units/tmpfiles.d/camg.conf" "$TMPFILES"
     systemd-sysusers "$SYSUSERS"
+    # sysusers reports some failures only on stderr; check the result.
+    getent passwd camg >/dev/null && getent passwd camg-agent >/dev/null \
+        || die "systemd-sysusers did not create camg and camg-agent"
     systemd-tmpfiles --create "$TMPFILES"
     install -d -m 0755 "$UNITDIR"
     local unit env
@@ -206,8 +213,10 @@ fi
 install_source
 install_venv
 install_system_files
-prepare_demo
-configure_services
+if [ "$configure" -eq 1 ]; then
+    prepare_demo
+    configure_services
+fi
 enable_units
 if systemd_running; then
     log "done: systemctl start camg-coding   (or camg.target for every configured service)"

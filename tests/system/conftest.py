@@ -35,6 +35,20 @@ def _require_tools() -> None:
             pytest.fail(f"{tool} is missing: apt-get install the packages in packaging/apt/systemd.txt")
 
 
+def _host_trust_binds() -> list[str]:
+    """The host's CA bundle, read-only: this machine's registries are reached
+    through an egress proxy whose CA only the host's bundle carries."""
+    bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    return [f"{bundle}:{bundle}:ro"] if bundle.is_file() else []
+
+
+def _host_pip_env() -> dict[str, str]:
+    env = {"PIP_CERT": "/etc/ssl/certs/ca-certificates.crt", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    if "PIP_DEFAULT_TIMEOUT" in os.environ:
+        env["PIP_DEFAULT_TIMEOUT"] = os.environ["PIP_DEFAULT_TIMEOUT"]
+    return env
+
+
 @pytest.fixture(scope="session")
 def installed_root(tmp_path_factory):
     """A fresh copy of the cached root with camg installed by install.sh."""
@@ -58,7 +72,8 @@ def installed_root(tmp_path_factory):
         started = time.monotonic()
         argv = rootfs.nspawn_pipe(root, [f"{GUEST_CHECKOUT}/packaging/install.sh",
                                          "--helper-config", GUEST_HELPER_CONFIG],
-                                  binds=[f"{pip_cache}:/root/.cache/pip"])
+                                  binds=[f"{pip_cache}:/root/.cache/pip", *_host_trust_binds()],
+                                  env=_host_pip_env())
         with open(log, "wb") as out:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
                                   stderr=subprocess.STDOUT, timeout=1500)

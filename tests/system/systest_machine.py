@@ -14,18 +14,20 @@ instead (see helper_config_for_guest()).
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
+from systest_cgroup import CGROOT, OwnCgroup, children, rmdir_tree
+
 HELPER_CONTROLLERS = ("cpu", "memory", "pids", "freezer")
-_NSPAWN_HIERARCHIES = ("systemd", "unified")
-_CGROOT = Path("/sys/fs/cgroup")
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class MachineError(RuntimeError):
+    pass
 
 
 class MachineError(RuntimeError):
@@ -56,17 +58,15 @@ class Machine:
     def __init__(self, root: Path, log: Path, *, binds: list[str] = ()) -> None:
         self.root = root
         self.log = log
-        self.token = "camg-systest-" + uuid.uuid4().hex[:8]
+        self.cgroup = OwnCgroup()
+        self.token = self.cgroup.name
         self.binds = list(binds)
         self.proc: subprocess.Popen | None = None
         self.leader: int | None = None
 
     # -- cgroups owned by this machine -----------------------------------
-    def nspawn_cgroups(self) -> list[Path]:
-        return [_CGROOT / h / self.token for h in _NSPAWN_HIERARCHIES]
-
     def helper_cgroups(self) -> dict[str, Path]:
-        return {c: _CGROOT / c / self.token for c in HELPER_CONTROLLERS}
+        return {c: CGROOT / c / self.token for c in HELPER_CONTROLLERS}
 
     @staticmethod
     def helper_config_for_guest(base: dict) -> dict:
@@ -75,24 +75,18 @@ class Machine:
 
     # -- lifecycle --------------------------------------------------------
     def boot(self, timeout: float = 120.0) -> None:
-        for path in [*self.nspawn_cgroups(), *self.helper_cgroups().values()]:
+        self.cgroup.create()
+        for path in self.helper_cgroups().values():
             path.mkdir()
         argv = ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--boot",
                 "-D", str(self.root), f"--machine={self.token}", "--private-network",
                 "--console=pipe"]
         argv += [f"--bind={p}:/run/hostcg/{c}" for c, p in self.helper_cgroups().items()]
         argv += [f"--bind={b}" for b in self.binds]
-        procs_files = [str(p / "cgroup.procs") for p in self.nspawn_cgroups()]
-
-        def enter_own_cgroup() -> None:
-            for procs in procs_files:
-                with open(procs, "w") as f:
-                    f.write("0")
-
         out = open(self.log, "ab")
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, preexec_fn=enter_own_cgroup)
+                                         stderr=subprocess.STDOUT, preexec_fn=self.cgroup.preexec)
         finally:
             out.close()
         deadline = time.monotonic() + timeout
@@ -141,11 +135,12 @@ class Machine:
                 self.proc.kill()
                 self.proc.wait(30)
         for path in self.helper_cgroups().values():
-            left = cgroup_children(path)
+            left = children(path)
             if left:
                 problems.append(f"helper cgroups left in {path}: {left}")
-        for path in [*self.helper_cgroups().values(), *self.nspawn_cgroups()]:
-            problems += _rmdir_tree(path)
+        for path in self.helper_cgroups().values():
+            problems += rmdir_tree(path)
+        problems += self.cgroup.remove()
         if self.leader is not None and Path(f"/proc/{self.leader}").exists():
             problems.append(f"container init {self.leader} still running")
         for line in Path("/proc/self/mountinfo").read_text().splitlines():

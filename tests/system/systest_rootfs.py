@@ -23,6 +23,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from systest_cgroup import OwnCgroup
+
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 # What the base layer must hold to boot and to run packaging/install.sh.
@@ -51,10 +53,18 @@ def _key(packages: list[str] | tuple[str, ...]) -> str:
     return hashlib.sha256("\n".join(sorted(packages)).encode()).hexdigest()[:16]
 
 
-def _run(argv: list[str], log: Path, timeout: float) -> None:
-    with open(log, "ab") as out:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=timeout, check=False)
+def run_logged(argv: list[str], log: Path, timeout: float) -> None:
+    """Run (an nspawn in a cgroup of its own), output to log; raise on failure."""
+    cgroup = OwnCgroup().create()
+    try:
+        with open(log, "ab") as out:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=timeout, check=False,
+                                  preexec_fn=cgroup.preexec)
+    finally:
+        stuck = cgroup.remove()
+    if stuck:
+        raise RuntimeError(f"{argv[0]} left cgroups behind: {stuck}")
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{argv[0]} failed ({proc.returncode}); log {log}:\n{tail}")
@@ -79,11 +89,13 @@ def nspawn_pipe(root: Path, command: list[str], *, binds: list[str] = (),
     Shares the host network (apt and pip need the package registries); a
     booted machine gets a private network instead.
     """
-    argv = ["systemd-nspawn", "--quiet", "--register=no", "--pipe", "-D", str(root),
+    argv = ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--pipe",
+            "-D", str(root), "--machine=camg-systest-pipe",
             "--setenv=DEBIAN_FRONTEND=noninteractive", "--setenv=LC_ALL=C.UTF-8"]
     for key, value in (env or {}).items():
         argv.append(f"--setenv={key}={value}")
-    argv += [f"--bind={b}" for b in binds]
+    # "SRC:DST:ro" binds read-only.
+    argv += [f"--bind-ro={b[:-3]}" if b.endswith(":ro") else f"--bind={b}" for b in binds]
     return argv + ["--"] + command
 
 
@@ -93,7 +105,7 @@ def base_rootfs() -> Path:
     debs.mkdir(exist_ok=True)
 
     def build(tmp: Path) -> None:
-        _run(["debootstrap", "--variant=minbase", f"--cache-dir={debs}",
+        run_logged(["debootstrap", "--variant=minbase", f"--cache-dir={debs}",
               "--include=" + ",".join(BASE_PACKAGES), SUITE, str(tmp), MIRROR],
              cache / "debootstrap.log", timeout=900)
 
@@ -106,11 +118,11 @@ def deps_rootfs(checkout: Path) -> Path:
     cache = cache_root()
 
     def build(tmp: Path) -> None:
-        _run(["cp", "-a", str(base), str(tmp)], cache / "deps.log", timeout=600)
+        run_logged(["cp", "-a", str(base), str(tmp)], cache / "deps.log", timeout=600)
         script = ("apt-get update -q && apt-get install -y -q --no-install-recommends "
                   + " ".join(packages))
         # No apt-get clean: the archive is the bound host cache, kept for rebuilds.
-        _run(nspawn_pipe(tmp, ["/bin/sh", "-ec", script],
+        run_logged(nspawn_pipe(tmp, ["/bin/sh", "-ec", script],
                          binds=[f"{cache / 'debs'}:/var/cache/apt/archives"]),
              cache / "deps.log", timeout=1500)
 

@@ -1,0 +1,60 @@
+"""A cgroup of one nspawn run's own, in the hierarchies nspawn uses.
+
+nspawn --keep-unit puts its payload/ and supervisor/ cgroups below the cgroup
+it was started in. Without systemd as PID 1 that is the host's root, shared
+with every other nspawn on the machine; each run here gets its own instead,
+and removes it afterwards.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from pathlib import Path
+
+CGROOT = Path("/sys/fs/cgroup")
+NSPAWN_HIERARCHIES = ("systemd", "unified")
+
+
+def rmdir_tree(top: Path) -> list[str]:
+    """rmdir a cgroup subtree bottom-up; returns what could not be removed."""
+    stuck: list[str] = []
+    if not top.is_dir():
+        return stuck
+    for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda e: -len(e[0])):
+        try:
+            os.rmdir(dirpath)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            # EBUSY: processes are still in it, which is a leak to report.
+            stuck.append(f"{dirpath}: {errno.errorcode.get(exc.errno, exc.errno)}")
+    return stuck
+
+
+def children(top: Path) -> list[str]:
+    return sorted(str(Path(d).relative_to(top)) for d, _s, _f in os.walk(top) if Path(d) != top)
+
+
+class OwnCgroup:
+    def __init__(self, prefix: str = "camg-systest") -> None:
+        self.name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.paths = [CGROOT / h / self.name for h in NSPAWN_HIERARCHIES]
+
+    def create(self) -> "OwnCgroup":
+        for path in self.paths:
+            path.mkdir()
+        return self
+
+    def preexec(self) -> None:
+        """Runs in the child before exec: move it into this cgroup."""
+        for path in self.paths:
+            with open(path / "cgroup.procs", "w") as f:
+                f.write("0")
+
+    def remove(self) -> list[str]:
+        stuck: list[str] = []
+        for path in self.paths:
+            stuck += rmdir_tree(path)
+        return stuck
