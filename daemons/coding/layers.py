@@ -1,0 +1,188 @@
+"""Task layers: read-only overlay lowers built once per task branch.
+
+Two layers per task, both stacked over the materialized image rootfs:
+
+* agent  — ``/testbed``: the branch tip's tree as a fresh repository with one
+  parentless commit and nothing else (no other branch, no reflog, no packed
+  refs, no remote), owned by the agent uid. Beside it a root-only copy of
+  that repository's git directory (``/var/lib/camg-task/git``, mode 0700):
+  the agent's diff is taken with it, so rewriting or deleting /testbed/.git
+  can neither forge nor block the submission.
+* grader — ``/testbed``: the task branch cloned from the mirror and checked
+  out at the tip's parent, which restores the removed FAIL_TO_PASS tests
+  (SWE-smith's "branch tip, then HEAD~1").
+
+Both ``/testbed`` directories are overlay-opaque, so whatever an image ships
+at /testbed (SWE-smith images carry a clone with history) never shows
+through. Building needs root (ownership, trusted.* xattrs); it happens at
+prepare or service start, never at episode start: reset only names the
+directory as a lower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from camg.errors import ConfigError, PreparationMissing
+
+from daemons.coding.mirrors import TaskRef, git
+
+AGENT_UID = 2000
+AGENT_GID = 2000
+WORKDIR = "testbed"
+PRIVATE_GIT = "var/lib/camg-task/git"
+STAMP = "camg-layer.json"
+FORMAT = 1
+# A fixed identity and date make the snapshot commit a pure function of the
+# tree, so rebuilding a layer reproduces the same commit id.
+_COMMIT_ENV = {
+    "GIT_AUTHOR_NAME": "camg", "GIT_AUTHOR_EMAIL": "camg@localhost",
+    "GIT_COMMITTER_NAME": "camg", "GIT_COMMITTER_EMAIL": "camg@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
+}
+_REPO_CONFIG = (
+    # The overlay changes inode/device numbers; without this every first
+    # `git status` in an episode re-hashes the whole tree.
+    ("core.checkStat", "minimal"), ("core.trustctime", "false"),
+    ("gc.auto", "0"), ("core.logAllRefUpdates", "false"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskLayers:
+    agent: str          # lower dir holding testbed/ and the private git dir
+    grader: str         # lower dir holding testbed/ at the tests commit
+    snapshot: str       # the agent repo's only commit
+
+
+def layer_dir(root: str | os.PathLike, ref: TaskRef) -> Path:
+    return Path(root) / ref.branch / ref.tip[:16]
+
+
+def ensure(root: str | os.PathLike, ref: TaskRef, *, build: bool) -> TaskLayers:
+    """The task's layers, verified; built first when missing and ``build``."""
+    base = layer_dir(root, ref)
+    stamp_path = base / STAMP
+    if not stamp_path.is_file():
+        if not build:
+            raise PreparationMissing(f"{ref.branch}: task layers are missing under {base}",
+                                     step="python -m camg.prepare --environment coding (as root)")
+        _build(base, ref)
+    return _verify(base, ref)
+
+
+def _verify(base: Path, ref: TaskRef) -> TaskLayers:
+    try:
+        stamp = json.loads((base / STAMP).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{base}: unreadable layer stamp: {exc}") from None
+    if stamp.get("format") != FORMAT or stamp.get("ref") != ref.to_data():
+        raise ConfigError(f"{base}: layers were built for another branch state "
+                          f"({stamp.get('ref')}, expected {ref.to_data()})")
+    agent, grader = base / "agent", base / "grader"
+    tree = git(agent / WORKDIR, "rev-parse", "HEAD^{tree}").strip()
+    if tree != stamp["tree"] or git(agent / PRIVATE_GIT, "rev-parse", "HEAD").strip() \
+            != stamp["snapshot"]:
+        raise ConfigError(f"{base}: agent layer does not match its stamp")
+    if git(grader / WORKDIR, "rev-parse", "HEAD").strip() != ref.tests:
+        raise ConfigError(f"{base}: grader layer is not at {ref.tests}")
+    return TaskLayers(str(agent), str(grader), stamp["snapshot"])
+
+
+def _build(base: Path, ref: TaskRef) -> None:
+    if os.geteuid() != 0:
+        raise PreparationMissing(f"{ref.branch}: building task layers needs root",
+                                 step="python -m camg.prepare --environment coding (as root)")
+    base.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{base.name}.", dir=base.parent))
+    try:
+        tree, snapshot = _build_agent(tmp / "agent", ref)
+        _build_grader(tmp / "grader", ref)
+        (tmp / STAMP).write_text(json.dumps({"format": FORMAT, "ref": ref.to_data(),
+                                             "tree": tree, "snapshot": snapshot}) + "\n")
+        os.chmod(tmp, 0o755)
+        try:
+            os.rename(tmp, base)
+        except OSError as exc:
+            # Another process finished the same build first: keep theirs.
+            if not (base / STAMP).is_file():
+                raise ConfigError(f"cannot install task layers at {base}: {exc}") from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def _build_agent(layer: Path, ref: TaskRef) -> tuple[str, str]:
+    work = layer / WORKDIR
+    work.mkdir(parents=True)
+    archive = subprocess.run(["git", "-c", "safe.directory=*", "-C", ref.mirror, "archive",
+                              "--format=tar", ref.tip], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(work, filter="data")
+    _run(["git", "init", "-q", "--template=", "-b", "main", str(work)])
+    for key, value in _REPO_CONFIG:
+        git(work, "config", key, value)
+    # -f: the tree may track files its own .gitignore matches.
+    _run(["git", "-c", "safe.directory=*", "-C", str(work), "add", "-A", "-f"])
+    _run(["git", "-c", "safe.directory=*", "-C", str(work), "commit", "-q", "--no-verify",
+          "-m", "Initial commit"], env=_COMMIT_ENV)
+    tree = git(work, "rev-parse", "HEAD^{tree}").strip()
+    expected = git(ref.mirror, "rev-parse", f"{ref.tip}^{{tree}}").strip()
+    if tree != expected:
+        raise ConfigError(f"{ref.branch}: snapshot tree {tree} differs from branch tree {expected}")
+    snapshot = git(work, "rev-parse", "HEAD").strip()
+    dot_git = work / ".git"
+    for leftover in ("logs", "hooks", "description", "COMMIT_EDITMSG", "ORIG_HEAD"):
+        path = dot_git / leftover
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    private = layer / PRIVATE_GIT
+    private.parent.mkdir(parents=True)
+    shutil.copytree(dot_git, private, symlinks=True)
+    _chown_tree(work, AGENT_UID, AGENT_GID)
+    for path in (private.parent.parent.parent, private.parent.parent, private.parent):
+        os.chmod(path, 0o755)
+    os.chmod(private, 0o700)
+    _opaque(work)
+    return tree, snapshot
+
+
+def _build_grader(layer: Path, ref: TaskRef) -> None:
+    work = layer / WORKDIR
+    layer.mkdir(parents=True)
+    _run(["git", "-c", "safe.directory=*", "clone", "-q", "--no-local", "--template=",
+          "--single-branch", "--branch", ref.branch, ref.mirror, str(work)])
+    for key, value in _REPO_CONFIG:
+        git(work, "config", key, value)
+    git(work, "checkout", "-q", "--detach", ref.tests)
+    _chown_tree(work, AGENT_UID, AGENT_GID)
+    _opaque(work)
+
+
+def _opaque(path: Path) -> None:
+    os.setxattr(path, "trusted.overlay.opaque", b"y")
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.lchown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> None:
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(cmd, capture_output=True, env=full_env, check=False)
+    if proc.returncode != 0:
+        raise ConfigError(f"{' '.join(cmd[:6])}... failed: "
+                          f"{proc.stderr.decode(errors='replace').strip()}")

@@ -1,0 +1,113 @@
+"""Test command and log parser per repository.
+
+Real SWE-smith rows take theirs from SWE-smith's profile registry (swesmith
+0.0.9, imported lazily: it is slow to import and pulls docker/ghapi). The
+demo task set this project builds from apispec's sdist has a profile of its
+own, registered here, because its image is not a SWE-smith image (no conda;
+the test environment is the venv /opt/testbed-venv).
+
+Every profile is registered on the installed swebench through
+third_party/swebench_shim, so grading.py parses logs with swebench itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from camg.errors import DatasetError
+
+DEMO_OWNER = "camg-demo"
+DEMO_VENV = "/opt/testbed-venv"
+# Same flags as SWE-smith's Python profiles, so the verbose per-test lines the
+# parser reads look the same. No cache provider: the grader's repo must not
+# grow files the next run could read.
+DEMO_TEST_CMD = (". {venv}/bin/activate; "
+                 "PYTHONPATH=src pytest --disable-warnings --color=no --tb=no --verbose "
+                 "-p no:cacheprovider")
+SWEBENCH_VERSION = "camg"
+WORKDIR = "/testbed"
+
+_STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL")
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    key: str                       # SWE-smith repo name, e.g. owner__repo.commit8
+    test_cmd: str
+    parser: Callable[[str], dict[str, str]]
+    timeout: float                 # seconds the test command may run
+    source: str                    # "demo" or "swesmith"
+    workdir: str = WORKDIR
+
+
+def parse_pytest_verbose(log: str) -> dict[str, str]:
+    """SWE-smith's PythonProfile.log_parser rule: ``<test id> <STATUS>`` lines.
+
+    Kept identical (first whitespace-free token, then a status) so F2P/P2P
+    found at build time and the grade agree on every test id.
+    """
+    result: dict[str, str] = {}
+    for line in log.split("\n"):
+        for status in _STATUSES:
+            match = re.match(rf"^(\S+)(\s+){status}", line)
+            if match:
+                result[match.group(1)] = status
+    return result
+
+
+def demo_profile(key: str, *, venv: str = DEMO_VENV, workdir: str = WORKDIR) -> Profile:
+    """The demo project's profile; ``venv``/``workdir`` differ only when the
+    task builder runs the suite outside the image."""
+    return Profile(key=key, test_cmd=DEMO_TEST_CMD.format(venv=venv), parser=parse_pytest_verbose,
+                   timeout=300.0, source="demo", workdir=workdir)
+
+
+def for_repo(repo: str) -> Profile:
+    """The profile of a row's ``repo`` (``owner/name``); DatasetError if none."""
+    owner, _, name = repo.partition("/")
+    if owner == DEMO_OWNER:
+        profile = demo_profile(name)
+    else:
+        registry = _swesmith_registry()
+        if registry is None:
+            raise DatasetError(f"repo {repo!r}: no profile (swesmith 0.0.9 is not importable)")
+        try:
+            upstream = registry.get(name)
+        except KeyError:
+            raise DatasetError(f"repo {repo!r}: SWE-smith has no profile {name!r}") from None
+        profile = Profile(key=name, test_cmd=upstream.test_cmd, parser=upstream.log_parser,
+                          timeout=float(upstream.timeout), source="swesmith")
+    _register(repo, profile)
+    return profile
+
+
+def _register(repo: str, profile: Profile) -> None:
+    shim = import_shim()
+    shim.register(repo, SWEBENCH_VERSION, profile.test_cmd, profile.parser)
+
+
+@functools.cache
+def _swesmith_registry():
+    try:
+        from swesmith.profiles import registry
+    except Exception:  # noqa: BLE001 - any import failure means "no registry"
+        return None
+    return registry
+
+
+def import_shim():
+    """third_party/swebench_shim, installed or straight from the checkout."""
+    try:
+        import swebench_shim
+    except ImportError:
+        here = Path(__file__).resolve().parents[2] / "third_party" / "swebench_shim"
+        if not (here / "swebench_shim" / "__init__.py").is_file():
+            raise
+        sys.path.append(str(here))
+        import swebench_shim
+    return swebench_shim

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Build the demo Coding task set (SWE-smith style) from apispec 6.8.1's sdist.
+
+    python scripts/build_demo_tasks.py --output DIR [--sdist apispec-6.8.1.tar.gz]
+        [--venv /path/to/venv | --helper-socket SOCK --rootfs DIR] [--count 12] [--seed 0]
+
+Writes DIR/mirrors/<owner>__apispec.<commit8>/ (one branch per task),
+DIR/tasks.jsonl, DIR/tasks.parquet and DIR/build-info.json. Without --sdist
+the sdist is fetched with `pip download --no-deps --no-binary :all:`.
+Tests run either with a local virtualenv holding apispec's test
+dependencies (--venv) or, as the service will run them, in a helper sandbox
+over the materialized demo image (--helper-socket and --rootfs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from camg.errors import CamgError  # noqa: E402
+from camg.hashing import sha256_file  # noqa: E402
+from daemons.coding import demo_tasks  # noqa: E402
+
+SDIST = "apispec==6.8.1"
+
+
+def fetch_sdist(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    found = sorted(dest.glob("apispec-6.8.1.tar.gz"))
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                        "--no-binary", ":all:", SDIST, "-d", str(dest)], check=True)
+        found = sorted(dest.glob("apispec-6.8.1.tar.gz"))
+    return found[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", required=True, type=Path)
+    parser.add_argument("--sdist", type=Path)
+    parser.add_argument("--venv", type=Path, help="local venv with apispec's test deps")
+    parser.add_argument("--helper-socket", help="run the suite in helper sandboxes")
+    parser.add_argument("--rootfs", help="materialized demo image rootfs (with --helper-socket)")
+    parser.add_argument("--image-name", default=demo_tasks.DemoSpec.image_name)
+    parser.add_argument("--count", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        sdist = args.sdist or fetch_sdist(args.output.parent / "sdist")
+        if args.helper_socket:
+            from daemons.coding.sandbox_runner import sandbox_runner
+            if not args.rootfs:
+                parser.error("--helper-socket needs --rootfs")
+            runner = sandbox_runner(args.helper_socket, args.rootfs)
+            how = {"runner": "sandbox", "rootfs": args.rootfs}
+        elif args.venv:
+            runner = demo_tasks.local_runner(args.venv)
+            how = {"runner": "venv", "venv": str(args.venv)}
+        else:
+            parser.error("give --venv or --helper-socket/--rootfs")
+        spec = demo_tasks.DemoSpec(sdist=sdist, image_name=args.image_name, count=args.count,
+                                   seed=args.seed)
+        rows = demo_tasks.build(spec, args.output, runner)
+        jsonl, parquet = demo_tasks.write_rows(rows, args.output)
+        info = {"sdist": str(sdist), "sdist_sha256": sha256_file(sdist), "seed": args.seed,
+                "count": len(rows), **how,
+                "mirror": str(next((args.output / "mirrors").iterdir())),
+                "rows_jsonl": str(jsonl), "rows_parquet": str(parquet)}
+        (args.output / "build-info.json").write_text(json.dumps(info, indent=1) + "\n")
+    except CamgError as exc:
+        print(f"build_demo_tasks: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(info, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
