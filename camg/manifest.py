@@ -69,6 +69,8 @@ class Manifest:
 def build(environment: str, tasks: Sequence[Mapping[str, Any]], *, sampling: Mapping[str, Any],
           files: Mapping[str, str | os.PathLike], created_by: str) -> dict:
     """The JSON body of a manifest; ``files`` maps label -> path to hash now."""
+    tasks = [dict(t) for t in tasks]
+    _check_tasks(tasks, "manifest")
     body = {
         "format": FORMAT,
         "environment": environment,
@@ -78,7 +80,6 @@ def build(environment: str, tasks: Sequence[Mapping[str, Any]], *, sampling: Map
         "files": {label: {"path": str(Path(p).resolve()), "sha256": sha256_path(p)}
                   for label, p in files.items()},
     }
-    _check_tasks(body["tasks"], "manifest")
     return body
 
 

@@ -63,9 +63,12 @@ def gunicorn_options(config: cfg.ServiceConfig) -> dict:
         # The worker's event loop never blocks (environment calls run on
         # threads), so a missed heartbeat really means a wedged worker.
         "timeout": 60,
-        # Shutdown closes every active episode; give teardown time.
-        "graceful_timeout": 60,
-        "keepalive": 75,
+        # Shutdown closes every active episode; give teardown time (units
+        # set TimeoutStopSec above this).
+        "graceful_timeout": 90,
+        # gunicorn's graceful stop waits for idle keep-alive connections
+        # too, so keep them short: a trainer's client simply reconnects.
+        "keepalive": 5,
         "accesslog": None,
         "errorlog": "-",
         "loglevel": "warning",

@@ -72,11 +72,12 @@ def _coerce(tp: Any, value: Any, path: str, error: type[Exception]) -> Any:
     if origin in (Mapping, dict, typing.Mapping) or tp is dict:
         if not isinstance(value, Mapping):
             raise error(f"{path}: expected an object")
-        if not args:
-            return types.MappingProxyType(dict(value))
-        return types.MappingProxyType({
-            _coerce(args[0], k, f"{path}", error): _coerce(args[1], v, f"{path}.{k}", error)
-            for k, v in value.items()})
+        if args:
+            value = {_coerce(args[0], k, path, error): _coerce(args[1], v, f"{path}.{k}", error)
+                     for k, v in value.items()}
+        # dict[...] stays a plain dict (wire payloads handed on as JSON);
+        # Mapping[...] is frozen (configuration).
+        return dict(value) if (origin is dict or tp is dict) else types.MappingProxyType(dict(value))
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise error(f"{path}: expected a number")

@@ -35,7 +35,7 @@ class CreateEpisode:
 
 @dataclasses.dataclass(frozen=True)
 class StepRequest:
-    action: Mapping[str, Any]
+    action: dict[str, Any]
     request_id: str | None = None
 
     def __post_init__(self) -> None:
