@@ -122,9 +122,10 @@ class _Applier:
                     if not create:
                         os.close(fd)
                         return None
-                    os.mkdir(comp, 0o755, dir_fd=fd)
+                    os.mkdir(comp, 0o700, dir_fd=fd)
                     self.added.add(tuple(parents[: i + 1]))
                     nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+                    os.chmod(nfd, 0o755)  # explicit: the umask must not decide
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         where = "/".join(parents[: i + 1])

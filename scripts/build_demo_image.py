@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Build the demo OCI image (Debian bookworm + apispec 6.8.1's test venv) and publish it.
+
+    python scripts/build_demo_image.py --cache-root DIR --registry HOST:PORT --output OUTDIR
+
+Run as root (debootstrap, chroot). Every step is cached under DIR/demo.
+Writes OUTDIR/images.json (the demo image by digest; its digest is known
+only now) and OUTDIR/build.json; then materialize it with
+
+    python scripts/prepare_images.py --cache-root DIR --images OUTDIR/images.json \\
+        --output materialized-images.json --skopeo skopeo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from camg.errors import CamgError  # noqa: E402
+from camg.oci import demo  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache-root", required=True, type=Path)
+    parser.add_argument("--registry", required=True, help="HOST:PORT of the registry to push to")
+    parser.add_argument("--output", required=True, type=Path)
+    parser.add_argument("--skopeo", default="skopeo")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        build = demo.build_demo(args.cache_root)
+        spec = demo.publish(build, args.registry, skopeo=args.skopeo)
+    except CamgError as exc:
+        print(f"build_demo_image: {exc.name}: {exc}", file=sys.stderr)
+        return 2
+    images = demo.write_images_file(args.output / "images.json", spec)
+    (args.output / "build.json").write_text(json.dumps({
+        "name": spec.name, "repository": spec.repository, "digest": build.digest,
+        "layout": str(build.layout), "layers": [layer.to_json() for layer in build.layers],
+    }, indent=2) + "\n")
+    print(f"build_demo_image: {spec.repository}@{build.digest} -> {images} "
+          f"({time.monotonic() - started:.1f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
