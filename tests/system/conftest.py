@@ -25,6 +25,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 # helper config that points cgroup parents at the bound host controllers.
 GUEST_CHECKOUT = "/root/camg-checkout"
 GUEST_HELPER_CONFIG = "/root/helper-systest.json"
+INSTALL_FLAGS = ["--no-configure"]
 
 
 def _require_tools() -> None:
@@ -71,7 +72,8 @@ def installed_root(tmp_path_factory):
         log = tmp_path_factory.mktemp("install") / "install.log"
         started = time.monotonic()
         argv = rootfs.nspawn_pipe(root, [f"{GUEST_CHECKOUT}/packaging/install.sh",
-                                         "--helper-config", GUEST_HELPER_CONFIG],
+                                         "--helper-config", GUEST_HELPER_CONFIG,
+                                         *INSTALL_FLAGS],
                                   binds=[f"{pip_cache}:/root/.cache/pip", *_host_trust_binds()],
                                   env=_host_pip_env())
         with open(log, "wb") as out:
