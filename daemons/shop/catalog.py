@@ -1,0 +1,147 @@
+"""The product pool: WebShop's processed product records, their search
+documents and their prices.
+
+A product record is what WebShop's ``load_products`` produces (Title,
+Description, BulletPoints, Price, pricing, options, Attributes, category,
+query, product_category, name, Reviews, Rating, MainImage, ...). The pool
+file ``product_pool.json`` is the JSON list of those records in catalog
+order; that order decides goal generation, so it is part of the pool hash.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from camg.errors import DatasetError
+
+#: WebShop skips ASINs longer than this (``load_products``).
+ASIN_MAX = 10
+_REQUIRED_STR = ("asin", "Title", "Description", "Price", "category", "query",
+                 "product_category", "name")
+
+
+def validate_product(product: Any, where: str) -> dict:
+    """Check one processed record has the fields episodes and rewards read."""
+    if not isinstance(product, Mapping):
+        raise DatasetError(f"{where}: product must be an object")
+    for key in _REQUIRED_STR:
+        if not isinstance(product.get(key), str):
+            raise DatasetError(f"{where}: field {key!r} must be a string")
+    asin = product["asin"]
+    if not asin or len(asin) > ASIN_MAX or not asin.isalnum():
+        raise DatasetError(f"{where}: invalid asin {asin!r}")
+    where = f"{where} ({asin})"
+    bullets = product.get("BulletPoints")
+    if not isinstance(bullets, list) or not bullets or not all(isinstance(b, str) for b in bullets):
+        raise DatasetError(f"{where}: BulletPoints must be a non-empty list of strings")
+    pricing = product.get("pricing")
+    if not isinstance(pricing, list) or len(pricing) > 2 or not all(
+            isinstance(p, (int, float)) and not isinstance(p, bool) for p in pricing):
+        raise DatasetError(f"{where}: pricing must be a list of at most two numbers")
+    options = product.get("options")
+    if not isinstance(options, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v)
+            for k, v in options.items()):
+        raise DatasetError(f"{where}: options must map names to lists of strings")
+    attrs = product.get("Attributes")
+    if not isinstance(attrs, list) or not all(isinstance(a, str) for a in attrs):
+        raise DatasetError(f"{where}: Attributes must be a list of strings")
+    if not isinstance(product.get("Reviews", []), list):
+        raise DatasetError(f"{where}: Reviews must be a list")
+    return dict(product)
+
+
+def document(product: Mapping[str, Any]) -> dict:
+    """The pyserini JsonCollection document WebShop indexes for a product
+    (search_engine/convert_product_file_format.py): title, description,
+    first bullet point and the options, lowercased."""
+    option_text = ", and ".join(f"{name}: {', '.join(values)}"
+                                for name, values in product["options"].items())
+    contents = " ".join([product["Title"], product["Description"],
+                         product["BulletPoints"][0], option_text]).lower()
+    return {"id": product["asin"], "contents": contents, "product": product}
+
+
+def read_catalog_documents(path: str | Path) -> Iterator[dict]:
+    """Rows ``{id, contents, product}`` of a documents.jsonl(.gz) catalog."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise DatasetError(f"{path}:{number}: not JSON: {exc}") from None
+            if not isinstance(row, dict) or not isinstance(row.get("product"), dict):
+                raise DatasetError(f"{path}:{number}: expected {{id, contents, product}}")
+            yield row
+
+
+def select_products(rows: Iterable[Mapping], where: str) -> list[dict]:
+    """Validated products in catalog order, dropping what WebShop drops
+    (duplicate ASINs; ASINs that are 'nan' or too long)."""
+    seen: set[str] = set()
+    products = []
+    for index, row in enumerate(rows):
+        product = row["product"]
+        asin = product.get("asin") if isinstance(product, Mapping) else None
+        if asin == "nan" or (isinstance(asin, str) and len(asin) > ASIN_MAX) or asin in seen:
+            continue
+        products.append(validate_product(product, f"{where} row {index}"))
+        seen.add(asin)
+    if not products:
+        raise DatasetError(f"{where}: no products")
+    return products
+
+
+def load_pool(path: str | Path) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            body = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"cannot read product pool {path}: {exc}") from None
+    if not isinstance(body, list) or not body:
+        raise DatasetError(f"{path}: the product pool must be a non-empty JSON list")
+    products = [validate_product(p, f"{path} #{i}") for i, p in enumerate(body)]
+    asins = [p["asin"] for p in products]
+    if len(set(asins)) != len(asins):
+        raise DatasetError(f"{path}: duplicate ASINs in the product pool")
+    return products
+
+
+def write_json(path: str | Path, body: Any) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(body, handle, ensure_ascii=False)
+        handle.write("\n")
+    tmp.replace(path)
+
+
+def product_prices(products: Sequence[Mapping[str, Any]], rng: random.Random) -> dict[str, float]:
+    """WebShop's ``generate_product_prices`` on a seeded generator.
+
+    A product with a price range gets a uniform draw inside it; upstream
+    draws from the unseeded global generator, so every server start priced
+    (and rewarded) differently. The draws happen in the same order as
+    upstream, so seeding upstream's global generator with the same seed
+    would give the same prices.
+    """
+    prices = {}
+    for product in products:
+        pricing = product["pricing"]
+        if not pricing:
+            price = 100.0
+        elif len(pricing) == 1:
+            price = float(pricing[0])
+        else:
+            price = rng.uniform(*pricing[:2])
+        prices[product["asin"]] = price
+    return prices

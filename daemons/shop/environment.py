@@ -1,0 +1,233 @@
+"""The Shop environment: WebShop's text store over the original pyserini
+Lucene search, rewarded by WebShop's reward (or MemoryArena's exact-product
+reward for exact_product rows).
+
+An episode needs no sandbox: actions are text, and all state is the page
+state of ``pages.Store``. The JVM, the index and the product pool are
+shared by every episode of the process and loaded once in ``start``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from camg.environment import Environment, Episode, ServiceContext, Step, Task
+from camg.errors import ConfigError, DatasetError, GraderError, InfraFailure, InvalidAction
+from camg.hashing import sha256_bytes, sha256_path
+from camg.typed import parse
+
+from daemons.shop import catalog, goals, javahome, rewards, search
+from daemons.shop.pages import Store
+from daemons.shop.settings import Settings
+
+log = logging.getLogger("camg.shop")
+
+ACTION_MAX = 1000
+_GRADER_MODULES = ("rewards.py", "goals.py", "pages.py", "catalog.py")
+
+
+class ShopEnvironment(Environment):
+    name: ClassVar[str] = "shop"
+    action_schema: ClassVar[Mapping[str, Any]] = {
+        "type": "object",
+        "properties": {"action": {
+            "type": "string", "minLength": 1, "maxLength": ACTION_MAX,
+            "description": "search[keywords] on the search page, or click[<clickable>] "
+                           "with one of observation.available_actions.clickables"}},
+        "required": ["action"],
+        "additionalProperties": False,
+    }
+    observation_schema: ClassVar[Mapping[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "text": {"type": "string", "description": "page text, visible texts joined by ' [SEP] '"},
+            "instruction": {"type": "string"},
+            "page": {"enum": ["search", "results", "item", "item_sub", "done"]},
+            "available_actions": {
+                "type": "object",
+                "properties": {"has_search_bar": {"type": "boolean"},
+                               "clickables": {"type": "array", "items": {"type": "string"}}},
+                "required": ["has_search_bar", "clickables"]},
+            "valid_action": {"type": "boolean",
+                             "description": "false when the last action changed nothing"},
+            "purchase": {"type": "object"},
+            "reward_info": {"type": "object"},
+        },
+        "required": ["text", "instruction", "page", "available_actions"],
+    }
+
+    def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
+        super().__init__(context, tasks)
+        self.settings = parse(Settings, context.settings, "shop.settings")
+        self.products: dict[str, dict] = {}
+        self.prices: dict[str, float] = {}
+        self.searcher: search.Searcher | None = None
+        self._facts: dict[str, Any] = {}
+
+    # -- service lifecycle ---------------------------------------------
+    def start(self) -> None:
+        s = self.settings
+        javahome.check_layout(s.java_home)
+        self._check_hash("product_pool", s.product_pool, s.product_pool_sha256)
+        self._check_hash("index", s.index_dir, s.index_sha256)
+        try:
+            pool = catalog.load_pool(s.product_pool)
+            self.products = {p["asin"]: p for p in pool}
+            goals.check_tasks(self.tasks, self.products, s.goal_seed)
+        except DatasetError as exc:
+            raise ConfigError(f"shop: {exc}") from None
+        self.prices = catalog.product_prices(pool, random.Random(s.goal_seed))
+        search.boot_jvm(s.java_home, s.jvm_heap_mb)
+        self.searcher = search.Searcher(s.index_dir, frozenset(self.products))
+        search.verify_index(self.searcher, [catalog.document(p) for p in pool],
+                            full=s.verify_index_full)
+        self._facts = {
+            "product_pool": s.product_pool_sha256,
+            "index": s.index_sha256,
+            "grader": grader_hash(),
+            "products": len(self.products),
+            "index_documents": self.searcher.num_docs,
+            "goal_seed": s.goal_seed,
+            "java_version": javahome.feature_version(s.java_home),
+            "jvm_heap_max_bytes": search.jvm_heap_max_bytes(),
+        }
+        log.info("shop ready: %d products, %d tasks", len(self.products), len(self.tasks))
+
+    def stop(self) -> None:
+        searcher, self.searcher = self.searcher, None
+        if searcher is not None:
+            searcher.close()
+
+    def health(self) -> list[str]:
+        return [] if self.searcher is not None else ["search engine is not running"]
+
+    def metadata(self) -> Mapping[str, Any]:
+        return dict(self._facts)
+
+    @staticmethod
+    def _check_hash(label: str, path: str, recorded: str) -> None:
+        if not Path(path).exists():
+            raise ConfigError(f"shop {label} {path} is missing "
+                              "(finish this step first: python -m camg.prepare_shop)")
+        actual = sha256_path(path)
+        if actual != recorded:
+            raise ConfigError(f"shop {label} {path} differs from the prepared one "
+                              f"(recorded {recorded}, found {actual})")
+
+    # -- episodes ------------------------------------------------------
+    def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> Episode:
+        if self.searcher is None:
+            raise InfraFailure("the shop search engine is not running")
+        return ShopEpisode(self, task, episode_id)
+
+    def search(self, keywords: str) -> list[str]:
+        searcher = self.searcher
+        if searcher is None:
+            raise InfraFailure("the shop search engine stopped")
+        return searcher.search(keywords)
+
+
+def grader_hash() -> str:
+    """Hash of the code that decides rewards and observations."""
+    here = Path(__file__).parent
+    return sha256_bytes(b"".join((here / name).read_bytes() for name in _GRADER_MODULES))
+
+
+class ShopEpisode(Episode):
+    def __init__(self, env: ShopEnvironment, task: Task, episode_id: str) -> None:
+        self.env = env
+        self.task = task
+        self.episode_id = episode_id
+        self.store: Store | None = None
+        self.steps = 0
+        self.reward: float | None = None
+        self.reward_info: dict = {}
+        self.purchase: dict | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._log_extra = {"EPISODE_ID": episode_id, "TASK_ID": task.task_id}
+
+    def reset(self) -> Mapping[str, Any]:
+        with self._lock:
+            self._check_open()
+            instruction = self.task.data.get("goal", self.task.data).get("instruction_text")
+            if not isinstance(instruction, str):
+                raise InfraFailure(f"task {self.task.task_id} has no instruction_text")
+            self.store = Store(instruction, self.env.products, self.env.search,
+                               show_attrs=self.env.settings.show_attrs)
+            self.steps = 0
+            return self._observation(True)
+
+    def step(self, action: Mapping[str, Any]) -> Step:
+        text = action.get("action") if isinstance(action, Mapping) else None
+        if not isinstance(text, str) or not text or len(text) > ACTION_MAX:
+            raise InvalidAction(f"action must be {{\"action\": <string of 1..{ACTION_MAX}>}}")
+        if not text.isprintable():
+            raise InvalidAction("action must not contain control characters")
+        with self._lock:
+            self._check_open()
+            if self.store is None:
+                raise InvalidAction("reset the episode before stepping")
+            changed, bought = self.store.apply(text)
+            self.steps += 1
+            if bought:
+                self._grade_purchase()
+                log.info("bought %s, reward %.4f", self.store.asin, self.reward,
+                         extra=self._log_extra)
+                return Step(self._observation(True), reward=self.reward, done=True, graded=True)
+            limit = self.env.settings.max_steps
+            if limit and self.steps >= limit:
+                self.reward, self.reward_info = 0.0, {"truncated": True}
+                obs = dict(self._observation(changed), truncated=True)
+                return Step(obs, reward=0.0, done=True, graded=True)
+            return Step(self._observation(changed))
+
+    def grade(self) -> float:
+        # Every terminal step is graded when it happens; this is only reached
+        # if the manager ends an episode some other way.
+        return 0.0 if self.reward is None else self.reward
+
+    def close(self) -> None:
+        self._closed = True
+
+    def state(self) -> Mapping[str, Any]:
+        store = self.store
+        return {"page": store.page if store else None, "steps": self.steps,
+                "purchased": self.purchase is not None}
+
+    # -- internals -----------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InfraFailure("episode was closed")
+
+    def _grade_purchase(self) -> None:
+        store = self.store
+        data = self.task.data
+        product = self.env.products[store.asin]
+        options = dict(store.options)
+        try:
+            if data.get("kind") == "exact_product":
+                reward, info = rewards.exact_product_reward(
+                    store.asin, options, data["target_asins"], data["target_options"])
+            else:
+                reward, info = rewards.webshop_reward(
+                    product, data["goal"], self.env.prices[store.asin], options)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GraderError(f"cannot grade task {self.task.task_id}: {exc!r}") from None
+        self.reward, self.reward_info = float(reward), info
+        self.purchase = {"asin": store.asin, "options": options}
+        store.score = self.reward
+
+    def _observation(self, valid: bool) -> dict:
+        store = self.store
+        obs = {"text": store.text(), "instruction": store.instruction, "page": store.page,
+               "available_actions": store.available_actions(), "valid_action": valid}
+        if self.purchase is not None:
+            obs["purchase"] = self.purchase
+            obs["reward_info"] = self.reward_info
+        return obs

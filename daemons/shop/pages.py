@@ -1,0 +1,211 @@
+"""The simulated store one episode browses: WebShop's pages, clickables and
+text observations (``observation_mode='text'``: visible texts joined with
+`` [SEP] ``).
+
+Pages and what can be clicked on them (all clickables lowercased, as the
+text environment lowercases the action argument):
+
+* search — the search box (``search[...]``; ``search`` itself is listed as
+  a clickable but clicking it does nothing, as upstream)
+* results — ``back to search``, ``< prev`` (page > 1), ``next >`` (more
+  results), and each result's ASIN; top 50 hits, 10 per page
+* item — ``back to search``, ``< prev``, ``description``, ``features``,
+  ``reviews`` (and ``attributes`` when shown), ``buy now``, and every option
+  value
+* item_sub — ``back to search``, ``< prev``
+* done — nothing
+
+An action that is not ``search[...]`` on the search page or ``click[x]``
+on a listed clickable changes nothing (``apply`` returns False).
+
+The observation never marks the goal's product: result lists are the
+search engine's ranking, unfiltered and unannotated, and the done page
+shows only the score (upstream's done page embeds the goal in a hidden
+block that its text mode would leak; we render none of it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from camg.errors import InvalidAction
+
+PRODUCT_WINDOW = 10
+SEP = " [SEP] "
+_ACTION = re.compile(r"(.+)\[(.+)\]")
+SUB_PAGES = ("description", "features", "reviews", "attributes")
+
+
+def parse_action(action: str) -> tuple[str, str | None]:
+    """Upstream ``parse_action``: ``name[arg]`` -> (name, arg), else (action, None)."""
+    match = _ACTION.match(action)
+    if match is None:
+        return action, None
+    return match.group(1), match.group(2)
+
+
+class Store:
+    """Page state of one episode; not thread-safe (the episode serialises steps)."""
+
+    def __init__(self, instruction: str, products: Mapping[str, Mapping[str, Any]],
+                 search: Callable[[str], list[str]], *, show_attrs: bool = False) -> None:
+        self.instruction = instruction
+        self._products = products
+        self._search = search
+        self._show_attrs = show_attrs
+        self.page = "search"
+        self.keywords: str | None = None
+        self.results: list[str] = []
+        self.page_number = 1
+        self.asin: str | None = None
+        self.options: dict[str, str] = {}
+        self.sub_page: str | None = None
+        self.score: float | None = None
+
+    # --- what the agent can do here -------------------------------------
+    def clickables(self) -> dict[str, tuple[str, str | None]]:
+        """Clickable text -> (kind, option name); insertion order is page order."""
+        page = self.page
+        items: dict[str, tuple[str, str | None]] = {}
+        if page == "search":
+            items["search"] = ("search", None)
+        elif page == "results":
+            items["back to search"] = ("back", None)
+            if self.page_number > 1:
+                items["< prev"] = ("prev", None)
+            if self.page_number * PRODUCT_WINDOW < len(self.results):
+                items["next >"] = ("next", None)
+            for asin in self._page_results():
+                items[asin.lower()] = ("product", None)
+        elif page == "item":
+            items["back to search"] = ("back", None)
+            items["< prev"] = ("prev", None)
+            for sub in SUB_PAGES:
+                if sub != "attributes" or self._show_attrs:
+                    items[sub] = ("sub", None)
+            items["buy now"] = ("buy", None)
+            for name, values in self._product()["options"].items():
+                for value in values:
+                    # a value offered under two option names selects the
+                    # later one, as upstream's dict of radio inputs does
+                    items[value] = ("option", name)
+        elif page == "item_sub":
+            items["back to search"] = ("back", None)
+            items["< prev"] = ("prev", None)
+        return items
+
+    def available_actions(self) -> dict:
+        return {"has_search_bar": self.page == "search", "clickables": list(self.clickables())}
+
+    # --- transitions -----------------------------------------------------
+    def apply(self, action: str) -> tuple[bool, bool]:
+        """Apply one action string; returns (changed anything, bought)."""
+        if self.page == "done":
+            raise InvalidAction("the episode is over: the product was bought")
+        name, arg = parse_action(action)
+        if arg is not None:
+            arg = arg.lower()
+        if name == "search" and arg and self.page == "search":
+            self.keywords = arg
+            # upstream splits the argument on spaces and joins the words again
+            self.results = self._search(" ".join(arg.split(" ")))
+            self.page_number = 1
+            self._to_results()
+            return True, False
+        if name != "click" or arg is None or arg == "search":
+            return False, False
+        target = self.clickables().get(arg)
+        if target is None:
+            return False, False
+        kind, option_name = target
+        if kind == "back":
+            self.page, self.keywords, self.results = "search", None, []
+            self.page_number, self.asin, self.options, self.sub_page = 1, None, {}, None
+        elif kind == "next":
+            self.page_number += 1
+            self._to_results()
+        elif kind == "prev" and self.page == "results":
+            self.page_number -= 1
+            self._to_results()
+        elif kind == "prev" and self.page == "item":
+            self._to_results()
+        elif kind == "prev":
+            self.page, self.sub_page = "item", None
+        elif kind == "product":
+            self.page, self.asin, self.options = "item", arg.upper(), {}
+        elif kind == "option":
+            self.options[option_name] = arg
+        elif kind == "sub":
+            self.page, self.sub_page = "item_sub", arg
+        elif kind == "buy":
+            self.page = "done"
+            return True, True
+        return True, False
+
+    def _to_results(self) -> None:
+        self.page, self.asin, self.options, self.sub_page = "results", None, {}, None
+
+    def _page_results(self) -> list[str]:
+        start = (self.page_number - 1) * PRODUCT_WINDOW
+        return self.results[start:start + PRODUCT_WINDOW]
+
+    def _product(self) -> Mapping[str, Any]:
+        return self._products[self.asin]
+
+    # --- rendering -------------------------------------------------------
+    def text(self) -> str:
+        if self.page == "search":
+            parts = ["WebShop", "Instruction:", self.instruction, "Search"]
+        elif self.page == "done":
+            parts = ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)",
+                     f"{self.score}"]
+        else:
+            parts = ["Instruction:", self.instruction, "Back to Search"]
+            parts += getattr(self, f"_text_{self.page}")()
+        return SEP.join(p.strip() for p in parts if p and p.strip())
+
+    def _text_results(self) -> list[str]:
+        parts = [f"Page {self.page_number} (Total results: {len(self.results)})"]
+        if self.page_number > 1:
+            parts.append("< Prev")
+        if self.page_number * PRODUCT_WINDOW < len(self.results):
+            parts.append("Next >")
+        for asin in self._page_results():
+            product = self._products[asin]
+            parts += [asin, product["Title"], product["Price"]]
+        return parts
+
+    def _text_item(self) -> list[str]:
+        product = self._product()
+        parts = ["< Prev"]
+        for name, values in product["options"].items():
+            parts.append(name)
+            parts += values
+        parts += [product["Title"], f"Price: {product['Price']}",
+                  f"Rating: {product.get('Rating', 'N.A.')}",
+                  "Description", "Features", "Reviews"]
+        if self._show_attrs:
+            parts.append("Attributes")
+        parts.append("Buy Now")
+        return parts
+
+    def _text_item_sub(self) -> list[str]:
+        product = self._product()
+        parts = ["< Prev"]
+        if self.sub_page == "description":
+            parts.append(product["Description"] or "No Description")
+        elif self.sub_page == "features":
+            parts += product["BulletPoints"] or ["No Features"]
+        elif self.sub_page == "reviews":
+            reviews = product.get("Reviews") or []
+            for review in reviews:
+                parts += [f"\"{review.get('title', '')}\"", str(review.get("score", "")),
+                          str(review.get("body", ""))]
+            if not reviews:
+                parts.append("No reviews found")
+        else:
+            parts += list(product["Attributes"])
+            parts += [product["category"], product["query"], product["product_category"]]
+        return parts
