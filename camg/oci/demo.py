@@ -274,6 +274,11 @@ def write_images_file(path: Path, spec: ImageSpec) -> Path:
     return path
 
 
+def cache_root_from_env() -> Path:
+    """Where tests and benchmarks keep the demo build: $CAMG_CACHE/oci."""
+    return Path(os.environ.get("CAMG_CACHE") or "/var/cache/camg-test") / "oci"
+
+
 def ensure_demo_image(cache_root: str | Path, registry: str | None = None, *,
                       skopeo: str = "skopeo") -> DemoImage:
     """Build (cached), publish and pull back the demo image; returns its materialized rootfs.
