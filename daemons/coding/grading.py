@@ -67,7 +67,7 @@ def diff_command(snapshot: str, private_git: str = "/var/lib/camg-task/git",
     """
     git = ("GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent "
            f"git --git-dir={shlex.quote(private_git)} --work-tree={shlex.quote(workdir)} "
-           "-c core.fsmonitor=false -c core.hooksPath=/dev/null -c core.untrackedCache=false "
+           "-c safe.directory='*' -c core.fsmonitor=false -c core.hooksPath=/dev/null -c core.untrackedCache=false "
            "-c core.checkStat=minimal -c core.trustctime=false")
     excludes = " ".join(shlex.quote(f":(exclude,glob){g}") for g in DIFF_EXCLUDES)
     return (f"set -e; cd {shlex.quote(workdir)}; "
@@ -111,10 +111,11 @@ def _section_paths(section: bytes) -> list[str]:
         else:
             paths.append(rest.strip().decode("utf-8", "replace"))
     else:
-        # Unquoted: "a/X b/X"; with --no-renames both halves name the same path.
+        # Unquoted "a/X b/Y": ambiguous only when X contains " b/"; the
+        # ---/+++/rename lines below name the paths again either way.
         text = header.decode("utf-8", "replace")
-        half = (len(text) - 1) // 2
-        paths += [text[:half], text[half + 1:]]
+        first, sep, second = text.partition(" b/")
+        paths += [first, "b/" + second] if sep else [text]
     for line in lines[1:]:
         if line.startswith((b"@@", b"GIT binary patch")):
             break
@@ -173,6 +174,7 @@ def eval_script(profile: Profile, tests_commit: str) -> str:
 exec 2>&1
 set -uo pipefail
 export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
+git() {{ command git -c safe.directory='*' -c core.hooksPath=/dev/null "$@"; }}
 cd {shlex.quote(profile.workdir)} || exit {EXIT_SETUP}
 cat > {DIFF_PATH} || exit {EXIT_SETUP}
 head=$(git rev-parse HEAD) || exit {EXIT_STATE}

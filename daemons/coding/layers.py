@@ -67,23 +67,32 @@ def layer_dir(root: str | os.PathLike, ref: TaskRef) -> Path:
     return Path(root) / ref.branch / ref.tip[:16]
 
 
-def ensure(root: str | os.PathLike, ref: TaskRef, *, build: bool) -> TaskLayers:
-    """The task's layers, verified; built first when missing and ``build``."""
+def ensure(root: str | os.PathLike, ref: TaskRef, *, build: bool,
+           privileged: bool = True) -> TaskLayers:
+    """The task's layers, verified; built first when missing and ``build``.
+
+    ``privileged=False`` builds without agent ownership and opaque markers:
+    only for tests of the git side that run without root; such layers are
+    never accepted where ``privileged=True`` is asked for.
+    """
     base = layer_dir(root, ref)
     stamp_path = base / STAMP
     if not stamp_path.is_file():
         if not build:
             raise PreparationMissing(f"{ref.branch}: task layers are missing under {base}",
                                      step="python -m camg.prepare --environment coding (as root)")
-        _build(base, ref)
-    return _verify(base, ref)
+        _build(base, ref, privileged)
+    return _verify(base, ref, privileged)
 
 
-def _verify(base: Path, ref: TaskRef) -> TaskLayers:
+def _verify(base: Path, ref: TaskRef, privileged: bool) -> TaskLayers:
     try:
         stamp = json.loads((base / STAMP).read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{base}: unreadable layer stamp: {exc}") from None
+    if stamp.get("privileged") is not privileged:
+        raise ConfigError(f"{base}: layers were built {'without' if privileged else 'with'} "
+                          "root; rebuild them")
     if stamp.get("format") != FORMAT or stamp.get("ref") != ref.to_data():
         raise ConfigError(f"{base}: layers were built for another branch state "
                           f"({stamp.get('ref')}, expected {ref.to_data()})")
@@ -97,17 +106,18 @@ def _verify(base: Path, ref: TaskRef) -> TaskLayers:
     return TaskLayers(str(agent), str(grader), stamp["snapshot"])
 
 
-def _build(base: Path, ref: TaskRef) -> None:
-    if os.geteuid() != 0:
+def _build(base: Path, ref: TaskRef, privileged: bool) -> None:
+    if privileged and os.geteuid() != 0:
         raise PreparationMissing(f"{ref.branch}: building task layers needs root",
                                  step="python -m camg.prepare --environment coding (as root)")
     base.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{base.name}.", dir=base.parent))
     try:
-        tree, snapshot = _build_agent(tmp / "agent", ref)
-        _build_grader(tmp / "grader", ref)
+        tree, snapshot = _build_agent(tmp / "agent", ref, privileged)
+        _build_grader(tmp / "grader", ref, privileged)
         (tmp / STAMP).write_text(json.dumps({"format": FORMAT, "ref": ref.to_data(),
-                                             "tree": tree, "snapshot": snapshot}) + "\n")
+                                             "tree": tree, "snapshot": snapshot,
+                                             "privileged": privileged}) + "\n")
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, base)
@@ -120,7 +130,7 @@ def _build(base: Path, ref: TaskRef) -> None:
             shutil.rmtree(tmp)
 
 
-def _build_agent(layer: Path, ref: TaskRef) -> tuple[str, str]:
+def _build_agent(layer: Path, ref: TaskRef, privileged: bool) -> tuple[str, str]:
     work = layer / WORKDIR
     work.mkdir(parents=True)
     archive = subprocess.run(["git", "-c", "safe.directory=*", "-C", ref.mirror, "archive",
@@ -149,15 +159,16 @@ def _build_agent(layer: Path, ref: TaskRef) -> tuple[str, str]:
     private = layer / PRIVATE_GIT
     private.parent.mkdir(parents=True)
     shutil.copytree(dot_git, private, symlinks=True)
-    _chown_tree(work, AGENT_UID, AGENT_GID)
     for path in (private.parent.parent.parent, private.parent.parent, private.parent):
         os.chmod(path, 0o755)
     os.chmod(private, 0o700)
-    _opaque(work)
+    if privileged:
+        _chown_tree(work, AGENT_UID, AGENT_GID)
+        _opaque(work)
     return tree, snapshot
 
 
-def _build_grader(layer: Path, ref: TaskRef) -> None:
+def _build_grader(layer: Path, ref: TaskRef, privileged: bool) -> None:
     work = layer / WORKDIR
     layer.mkdir(parents=True)
     _run(["git", "-c", "safe.directory=*", "clone", "-q", "--no-local", "--template=",
@@ -165,8 +176,10 @@ def _build_grader(layer: Path, ref: TaskRef) -> None:
     for key, value in _REPO_CONFIG:
         git(work, "config", key, value)
     git(work, "checkout", "-q", "--detach", ref.tests)
-    _chown_tree(work, AGENT_UID, AGENT_GID)
-    _opaque(work)
+    git(work, "remote", "remove", "origin")
+    if privileged:
+        _chown_tree(work, AGENT_UID, AGENT_GID)
+        _opaque(work)
 
 
 def _opaque(path: Path) -> None:

@@ -1,0 +1,1 @@
+"""The Coding environment: SWE-smith tasks graded with swebench in helper sandboxes."""

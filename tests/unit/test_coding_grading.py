@@ -1,0 +1,252 @@
+"""The SWE-smith grading procedure on a real (small) task set, run locally.
+
+The eval script, the agent-diff command and swebench's parsing are the ones
+the service uses; only the sandbox is replaced by a local checkout, so these
+tests need no root. The same attacks are re-run in sandboxes on the demo
+image by tests/privileged/test_coding_episodes.py.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from camg.errors import GraderError
+from daemons.coding import grading, layers, mirrors, profiles, rows, synthetic
+
+
+@pytest.fixture(scope="session")
+def task_set():
+    root = synthetic.task_set(sys.prefix)
+    data = [json.loads(line) for line in (root / "tasks.jsonl").read_text().splitlines()]
+    return root, [rows.validate(r, i) for i, r in enumerate(data)]
+
+
+@pytest.fixture(scope="session")
+def task_layers(task_set, tmp_path_factory):
+    root, task_rows = task_set
+    refs = mirrors.resolve(root / "mirrors", task_rows)
+    base = tmp_path_factory.mktemp("layers")
+    return {ref.branch: (ref, layers.ensure(base, ref, build=True, privileged=False))
+            for ref in refs}
+
+
+def grade(task_layers, row, diff: bytes, tmp_path) -> grading.Report:
+    ref, built = task_layers[row.instance_id]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    checkout = tmp_path / "grader"
+    subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
+    profiles.for_repo(row.repo)
+    profile = profiles.demo_profile(row.mirror_name, venv=sys.prefix, workdir=str(checkout))
+    kept, dropped = grading.filter_diff(diff)
+    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests), kept,
+                                              str(checkout), timeout=120)
+    return grading.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped)
+
+
+def agent_workspace(task_layers, row, tmp_path) -> tuple[Path, Path, str]:
+    """A copy of the agent layer: (workspace, private git dir, snapshot)."""
+    _, built = task_layers[row.instance_id]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    copy = tmp_path / "agent"
+    subprocess.run(["cp", "-a", built.agent, str(copy)], check=True)
+    return copy / "testbed", copy / layers.PRIVATE_GIT, built.snapshot
+
+
+def agent_diff(workspace: Path, private: Path, snapshot: str) -> bytes:
+    cmd = grading.diff_command(snapshot, private_git=str(private), workdir=str(workspace))
+    return subprocess.run(["bash", "-c", cmd], capture_output=True, check=True).stdout
+
+
+def gold(row) -> bytes:
+    return row.patch.encode()
+
+
+def reverse(diff: bytes, workspace: Path) -> None:
+    subprocess.run(["git", "apply", "-R", "-"], input=diff, cwd=workspace, check=True)
+
+
+def test_gold_fix_resolves_every_task(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    for i, row in enumerate(task_rows):
+        work, private, snapshot = agent_workspace(task_layers, row, tmp_path / str(i))
+        reverse(gold(row), work)
+        report = grade(task_layers, row, agent_diff(work, private, snapshot), tmp_path / str(i))
+        assert report.resolved and report.reward == 1.0, (row.instance_id, report)
+
+
+def test_no_change_earns_zero_on_every_task(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    for i, row in enumerate(task_rows):
+        report = grade(task_layers, row, b"", tmp_path / str(i))
+        assert report.reward == 0.0 and report.reason == "tests_failed", report
+        assert set(report.fail_to_pass_failed) == set(row.fail_to_pass)
+
+
+def test_agent_workspace_has_no_history(task_set, task_layers):
+    _, task_rows = task_set
+    ref, built = task_layers[task_rows[0].instance_id]
+    work = Path(built.agent) / "testbed"
+    git = lambda *a: subprocess.run(["git", "-C", str(work), *a], capture_output=True,
+                                    text=True, check=True).stdout
+    assert git("rev-list", "--all").split() == [built.snapshot]
+    assert git("for-each-ref").count("\n") == 1          # refs/heads/main only
+    assert git("cat-file", "-p", "HEAD").count("parent ") == 0
+    assert not (work / ".git" / "packed-refs").exists()
+    assert not (work / ".git" / "logs").exists()
+    assert git("rev-parse", "HEAD^{tree}").strip() == \
+        mirrors.git(ref.mirror, "rev-parse", f"{ref.tip}^{{tree}}").strip()
+    # The fix (the bug commit's parent content) is nowhere in the object store.
+    objects = git("cat-file", "--batch-all-objects", "--batch-check").split("\n")
+    base_blob = mirrors.git(ref.mirror, "rev-parse", f"{ref.tests}~1:{_bug_file(task_rows[0])}")
+    assert not any(line.startswith(base_blob.strip()) for line in objects)
+
+
+def _bug_file(row) -> str:
+    return row.patch.split("\n", 1)[0].split(" b/", 1)[1]
+
+
+@pytest.mark.parametrize("attack", ["edit_tests", "delete_tests", "conftest_skip",
+                                    "conftest_xfail", "sitecustomize", "pytest_ini"])
+def test_test_tampering_earns_zero(task_set, task_layers, tmp_path, attack):
+    _, task_rows = task_set
+    row = task_rows[0]
+    work, private, snapshot = agent_workspace(task_layers, row, tmp_path)
+    failing_file = row.fail_to_pass[0].split("::")[0]
+    if attack == "edit_tests":
+        # Recreate the hidden failing test file with trivially passing tests.
+        names = [t.split("::")[-1].split("[")[0] for t in row.fail_to_pass]
+        (work / failing_file).write_text("".join(f"def {n}():\n    pass\n\n" for n in set(names)))
+    elif attack == "delete_tests":
+        for path in (work / "tests").glob("test_*.py"):
+            path.unlink()
+    elif attack in ("conftest_skip", "conftest_xfail"):
+        marker = "skip" if attack == "conftest_skip" else "xfail"
+        (work / "tests" / "conftest.py").write_text(
+            "import pytest\n\ndef pytest_collection_modifyitems(items):\n"
+            f"    for item in items:\n        item.add_marker(pytest.mark.{marker}(reason='x'))\n")
+        (work / "conftest.py").write_text((work / "tests" / "conftest.py").read_text())
+    elif attack == "sitecustomize":
+        (work / "src" / "sitecustomize.py").write_text(
+            "import os\nos.environ['PYTEST_ADDOPTS'] = '-p no:python'\n")
+    elif attack == "pytest_ini":
+        (work / "pytest.ini").write_text("[pytest]\naddopts = --deselect tests\n")
+    report = grade(task_layers, row, agent_diff(work, private, snapshot), tmp_path)
+    assert report.reward == 0.0, report
+    assert report.dropped_paths, "the protected paths were not dropped from the diff"
+
+
+def test_tampering_next_to_a_real_fix_keeps_the_fix(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    row = task_rows[0]
+    work, private, snapshot = agent_workspace(task_layers, row, tmp_path)
+    reverse(gold(row), work)
+    (work / "conftest.py").write_text("raise SystemExit('collect nothing')\n")
+    report = grade(task_layers, row, agent_diff(work, private, snapshot), tmp_path)
+    assert report.resolved and report.dropped_paths == ("conftest.py",)
+
+
+def test_broken_dot_git_cannot_forge_or_block_the_diff(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    row = task_rows[0]
+    work, private, snapshot = agent_workspace(task_layers, row, tmp_path)
+    reverse(gold(row), work)
+    subprocess.run(["rm", "-rf", str(work / ".git")], check=True)
+    subprocess.run(["mkfifo", str(work / "fifo")], check=True)
+    (work / "src" / "__pycache__").mkdir(exist_ok=True)
+    (work / "src" / "__pycache__" / "x.pyc").write_bytes(b"\x00\xff")
+    diff = agent_diff(work, private, snapshot)
+    assert b"__pycache__" not in diff and b"fifo" not in diff
+    assert grade(task_layers, row, diff, tmp_path).resolved
+
+
+def test_binary_and_non_utf8_changes_survive(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    row = task_rows[0]
+    work, private, snapshot = agent_workspace(task_layers, row, tmp_path)
+    reverse(gold(row), work)
+    (work / "blob.bin").write_bytes(bytes(range(256)))
+    (work / "src" / "calc" / "latin.py").write_bytes(b"# caf\xe9\nX = 1\n")
+    diff = agent_diff(work, private, snapshot)
+    assert b"GIT binary patch" in diff
+    assert grade(task_layers, row, diff, tmp_path).resolved
+
+
+def test_hanging_tests_are_not_resolved(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    row = task_rows[0]
+    ref, built = task_layers[row.instance_id]
+    checkout = tmp_path / "grader"
+    subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
+    profile = profiles.demo_profile(row.mirror_name, venv=sys.prefix, workdir=str(checkout))
+    hang = profiles.Profile(profile.key, "sleep 30", profile.parser, 1, "demo", str(checkout))
+    log, code, timed_out = grading.local_eval(grading.eval_script(hang, ref.tests), b"",
+                                              str(checkout), timeout=1)
+    assert timed_out
+    report = grading.evaluate(log, row, exit_code=code, timed_out=timed_out)
+    assert report.reason == "tests_timed_out" and report.reward == 0.0
+
+
+def test_unappliable_diff_is_not_resolved(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    bogus = (b"diff --git a/src/calc/__init__.py b/src/calc/__init__.py\n--- a/src/calc/__init__.py\n"
+             b"+++ b/src/calc/__init__.py\n@@ -1,1 +1,1 @@\n-no such line\n+x\n")
+    report = grade(task_layers, task_rows[0], bogus, tmp_path)
+    assert report.reason == "patch_apply_failed" and report.reward == 0.0
+
+
+def test_wrong_grader_state_is_a_grader_error(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    row = task_rows[0]
+    ref, built = task_layers[row.instance_id]
+    checkout = tmp_path / "grader"
+    subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
+    profile = profiles.demo_profile(row.mirror_name, venv=sys.prefix, workdir=str(checkout))
+    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tip), b"",
+                                              str(checkout), timeout=60)
+    with pytest.raises(GraderError, match="setup failed"):
+        grading.evaluate(log, row, exit_code=code, timed_out=timed_out)
+
+
+def test_missing_markers_is_a_grader_error(task_set):
+    _, task_rows = task_set
+    profiles.for_repo(task_rows[0].repo)
+    with pytest.raises(GraderError, match="markers"):
+        grading.evaluate("killed\n", task_rows[0], exit_code=137, timed_out=False)
+
+
+def test_missing_test_counts_as_failed(task_set):
+    _, task_rows = task_set
+    row = task_rows[0]
+    profiles.for_repo(row.repo)
+    passed = [f"{t} PASSED" for t in (*row.fail_to_pass, *row.pass_to_pass)]
+    log = "+ : '>>>>> Start Test Output'\n" + "\n".join(passed) + "\n+ : '>>>>> End Test Output'\n"
+    assert grading.evaluate(log, row, exit_code=0, timed_out=False).resolved
+    log_missing = log.replace(passed[-1] + "\n", "")
+    report = grading.evaluate(log_missing, row, exit_code=0, timed_out=False)
+    assert not report.resolved
+    assert len(report.fail_to_pass_failed) + len(report.pass_to_pass_failed) == 1
+
+
+@pytest.mark.parametrize("path,protected", [
+    ("tests/test_core.py", True), ("src/pkg/tests/helpers.py", True), ("conftest.py", True),
+    ("src/conftest.py", True), ("pytest.ini", True), ("tox.ini", True), ("setup.cfg", True),
+    ("pyproject.toml", True), ("src/sitecustomize.py", True), ("x.pth", True),
+    ("test_x.py", True), ("pkg/x_test.py", True),
+    ("src/apispec/core.py", False), ("src/testament.py", False), ("README.rst", False),
+])
+def test_protected_paths(path, protected):
+    assert grading.is_protected(path) is protected
+
+
+def test_filter_diff_handles_quoting_and_renames():
+    diff = (b'diff --git "a/tests/t\\303\\251st.py" "b/tests/t\\303\\251st.py"\n'
+            b'--- "a/tests/t\\303\\251st.py"\n+++ "b/tests/t\\303\\251st.py"\n@@ -1 +1 @@\n-a\n+b\n'
+            b"diff --git a/src/x.py b/src/x.py\n--- a/src/x.py\n+++ b/src/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+            b"diff --git a/src/y.py b/tests/y.py\nsimilarity index 100%\nrename from src/y.py\n"
+            b"rename to tests/y.py\n")
+    kept, dropped = grading.filter_diff(diff)
+    assert kept.startswith(b"diff --git a/src/x.py") and kept.count(b"diff --git") == 1
+    assert dropped == ["tests/t\u00e9st.py", "tests/y.py"]
