@@ -37,7 +37,7 @@ def group_id(name: str) -> int | None:
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int, list[int]]:
     pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     try:
-        raw = conn.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 4 * 1024)
+        raw = conn.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 1024)
         groups = list(array.array("I", raw[: len(raw) - len(raw) % 4]))
     except OSError:
         groups = []

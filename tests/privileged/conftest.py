@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -258,8 +259,12 @@ def remove_parents(cfg: dict) -> None:
 
 
 @pytest.fixture(scope="session")
-def helper(tmp_path_factory, lower_root, rootfs):
-    base = tmp_path_factory.mktemp("helper")
+def helper(lower_root, rootfs):
+    # Not under pytest's basetemp: peer-credential tests connect as other
+    # uids, so the socket's directories must be traversable (pytest keeps
+    # its root 0700); the socket's own mode and group then decide.
+    base = Path(tempfile.mkdtemp(prefix="camg-helper-test-"))
+    base.chmod(0o711)
     cfg = helper_config(base, lower_root, rootfs)
     proc = start_helper(base, cfg)
     state_root(base / "state" / "ledger")
@@ -268,6 +273,7 @@ def helper(tmp_path_factory, lower_root, rootfs):
     yield proc
     stop_helper(proc)
     _state_roots[:] = [r for r in _state_roots if base not in r.parents]
+    shutil.rmtree(base)
 
 
 @pytest.fixture
