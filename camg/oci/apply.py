@@ -173,7 +173,14 @@ class _Applier:
     def apply(self, tar: tarfile.TarFile) -> LayerStats:
         for member in tar:
             self.stats.entries += 1
-            self._entry(tar, member)
+            try:
+                self._entry(tar, member)
+            except OSError as exc:
+                # Names or ids the kernel refuses are the layer's fault;
+                # anything else (ENOSPC, EIO) is the machine's and propagates.
+                if exc.errno in (errno.ENAMETOOLONG, errno.EINVAL, errno.EOVERFLOW):
+                    raise _Rejected(member.name, os.strerror(exc.errno)) from None
+                raise
         return self.stats
 
     def _entry(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:

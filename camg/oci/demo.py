@@ -25,7 +25,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -102,6 +101,20 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _building(final: Path) -> Iterator[Path]:
+    """A work dir that becomes ``final`` only if the block succeeds."""
+    work = Path(tempfile.mkdtemp(prefix=f"{final.name}.", dir=final.parent / "tmp"))
+    try:
+        yield work
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(work, final)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
 def _run(argv: list[str], what: str, timeout: float = 1800, env: dict | None = None) -> None:
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
                           env=env, check=False)
@@ -131,7 +144,7 @@ def _base(demo: Path) -> tuple[Path, layout.Layer]:
     final = demo / f"base-{key}"
     rootfs = final / "rootfs"
     if not (final / "debootstrap.done").is_file():
-        _debootstrap(demo, final, key)
+        _debootstrap(final)
     # The layer is cached apart from the rootfs: a new layer format must
     # not cost another debootstrap.
     layer_dir = final / f"layer-v{BASE_LAYER_VERSION}"
@@ -148,10 +161,8 @@ def _base(demo: Path) -> tuple[Path, layout.Layer]:
     return rootfs, _finish_layer(layer_dir, layer)
 
 
-def _debootstrap(demo: Path, final: Path, key: str) -> None:
-    work = demo / "tmp" / f"base-{key}.{secrets.token_hex(4)}"
-    work.mkdir(parents=True)
-    try:
+def _debootstrap(final: Path) -> None:
+    with _building(final) as work:
         rootfs = work / "rootfs"
         # A private mount namespace: whatever debootstrap mounts in the
         # target (proc, sys) disappears with it, even when it fails.
@@ -164,12 +175,6 @@ def _debootstrap(demo: Path, final: Path, key: str) -> None:
         for entry in (rootfs / "var/cache/apt").glob("*.bin"):
             entry.unlink()
         (work / "debootstrap.done").write_text(MIRROR + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(work, final)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
 
 
 def _wheels(demo: Path) -> Path:
@@ -177,20 +182,13 @@ def _wheels(demo: Path) -> Path:
     final = demo / f"wheels-{key}"
     if (final / "requirements.txt").is_file():
         return final
-    work = Path(tempfile.mkdtemp(prefix=f"wheels-{key}.", dir=demo / "tmp"))
-    try:
+    with _building(final) as work:
         version, impl, abi = PYTHON_TAG
         platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
         _run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
               "--no-deps", "--only-binary=:all:", "--python-version", version, "--implementation", impl,
               "--abi", abi, *platforms, "-d", str(work), *REQUIREMENTS], "pip download")
         (work / "requirements.txt").write_text("\n".join(REQUIREMENTS) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(work, final)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return final
 
 
@@ -200,33 +198,27 @@ def _venv(demo: Path, rootfs: Path, base: layout.Layer, wheels: Path) -> layout.
     cached = _cached_layer(final)
     if cached is not None:
         return cached
-    work = Path(tempfile.mkdtemp(prefix=f"venv-{key}.", dir=demo / "tmp"))
     inside = rootfs / "tmp" / "camg-wheels"
     try:
-        shutil.rmtree(rootfs / VENV.lstrip("/"), ignore_errors=True)
-        shutil.rmtree(inside, ignore_errors=True)
-        shutil.copytree(wheels, inside)
-        # Trusted packages, operator step: a chroot with no network (its own
-        # empty net namespace) and a private mount namespace.
-        chroot = ["unshare", "--mount", "--net", "--propagation", "private", "chroot", str(rootfs)]
-        _run([*chroot, "/usr/bin/python3", "-m", "venv", VENV], "python3 -m venv", env=CHROOT_ENV)
-        _run([*chroot, f"{VENV}/bin/python", "-m", "pip", "install", "--quiet", "--no-index",
-              "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
-              "--find-links", "/tmp/camg-wheels", "-r", "/tmp/camg-wheels/requirements.txt"],
-             "pip install", env=CHROOT_ENV)
-        site = rootfs / VENV.lstrip("/") / "lib" / "python3.11" / "site-packages"
-        (site / "testbed.pth").write_text(f"{WORKSPACE}/src\n")
-        os.chmod(site / "testbed.pth", 0o644)
-        (rootfs / WORKSPACE.lstrip("/")).mkdir(mode=0o755, exist_ok=True)
-        layer = layout.layer_from_tree(rootfs, work / "layer.tar.gz",
-                                       include=(VENV.lstrip("/"), WORKSPACE.lstrip("/")))
-        _finish_layer(work, layer)
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(work, final)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+        with _building(final) as work:
+            shutil.rmtree(rootfs / VENV.lstrip("/"), ignore_errors=True)
+            shutil.rmtree(inside, ignore_errors=True)
+            shutil.copytree(wheels, inside)
+            # Trusted packages, operator step: a chroot with no network (its
+            # own empty net namespace) and a private mount namespace.
+            chroot = ["unshare", "--mount", "--net", "--propagation", "private", "chroot", str(rootfs)]
+            _run([*chroot, "/usr/bin/python3", "-m", "venv", VENV], "python3 -m venv", env=CHROOT_ENV)
+            _run([*chroot, f"{VENV}/bin/python", "-m", "pip", "install", "--quiet", "--no-index",
+                  "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
+                  "--find-links", "/tmp/camg-wheels", "-r", "/tmp/camg-wheels/requirements.txt"],
+                 "pip install", env=CHROOT_ENV)
+            site = rootfs / VENV.lstrip("/") / "lib" / "python3.11" / "site-packages"
+            (site / "testbed.pth").write_text(f"{WORKSPACE}/src\n")
+            os.chmod(site / "testbed.pth", 0o644)
+            (rootfs / WORKSPACE.lstrip("/")).mkdir(mode=0o755, exist_ok=True)
+            layer = layout.layer_from_tree(rootfs, work / "layer.tar.gz",
+                                           include=(VENV.lstrip("/"), WORKSPACE.lstrip("/")))
+            _finish_layer(work, layer)
     finally:
         shutil.rmtree(inside, ignore_errors=True)
     return _cached_layer(final)

@@ -257,3 +257,8 @@ def test_entry_inside_a_file_is_rejected(world):
 def test_whiteout_name_as_directory_is_rejected(world):
     root, outside = world
     assert_rejected(root, outside, entry(".wh.x/y", data=b"z"), match="whiteout name used as a directory")
+
+
+def test_name_the_kernel_refuses_is_a_rejection(world):
+    root, outside = world
+    assert_rejected(root, outside, entry("a/" + "x" * 300, data=b"1"), match="File name too long")
