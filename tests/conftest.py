@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,16 +19,33 @@ def cache_root() -> Path:
     return root
 
 
-@pytest.fixture
-def counter_service(tmp_path):
-    """A real camg.serve process running the framework's test environment."""
-    started = []
-
+def _service_starter(tmp_path: Path, started: list):
     def start(*, env: dict | None = None, wait: bool = True, **options) -> ServiceProcess:
         service = ServiceProcess(configure_counter(tmp_path / f"svc{len(started)}", **options), env)
         started.append(service)
         return service.wait_ready() if wait else service
+    return start
 
-    yield start
+
+def _stop_all(started: list) -> None:
     for service in started:
-        service.stop()
+        # SIGINT is gunicorn's quick stop: tests that check the graceful
+        # path stop their service with SIGTERM themselves.
+        service.stop(signal.SIGINT)
+
+
+@pytest.fixture
+def counter_service(tmp_path):
+    """Start real camg.serve processes running the framework's test environment."""
+    started: list = []
+    yield _service_starter(tmp_path, started)
+    _stop_all(started)
+
+
+@pytest.fixture(scope="module")
+def shared_counter_service(tmp_path_factory):
+    """One counter service for a whole module (tests must not rely on its state)."""
+    started: list = []
+    yield _service_starter(tmp_path_factory.mktemp("shared"), started)(
+        limits={"action_timeout_s": 2, "grade_timeout_s": 5}, capacity=64)
+    _stop_all(started)

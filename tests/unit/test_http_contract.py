@@ -1,0 +1,239 @@
+"""The trainer-facing HTTP contract against a real camg.serve process."""
+
+import json
+import socket
+import time
+
+import pytest
+
+from camg.client import Client, ServiceError
+
+
+@pytest.fixture
+def svc(shared_counter_service):
+    return shared_counter_service
+
+
+def raw_request(url: str, data: bytes, method="POST", path="/episodes", headers=None) -> tuple[int, dict]:
+    host, port = url.removeprefix("http://").split(":")
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n"
+    for key, value in (headers or {}).items():
+        head += f"{key}: {value}\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.encode() + b"Connection: close\r\n\r\n" + data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    response = b"".join(chunks)
+    status = int(response.split(b" ", 2)[1])
+    body = response.split(b"\r\n\r\n", 1)[1]
+    return status, json.loads(body) if body.strip() else {}
+
+
+def test_health_metadata_schema(svc):
+    client = Client(svc.url)
+    health = client.health()
+    assert health["status"] == "healthy" and health["environment"] == "counter"
+    meta = client.metadata()
+    assert meta["environment"] == "counter" and meta["task_count"] == 5
+    assert meta["config_hash"] == svc.config["config_hash"]
+    assert meta["source_commit"] == svc.config["source_commit"]
+    assert meta["task_selection_hash"].startswith("sha256:")
+    assert meta["hashes"]["grader"] == "counter-exact-match/1"
+    schema = client.schema()
+    assert set(schema) >= {"action", "observation", "state"}
+    assert schema["action"]["properties"]["operation"]["enum"][0] == "guess"
+
+
+def test_full_episode_and_outcome_record(counter_service):
+    svc = counter_service(limits={"action_timeout_s": 2})
+    client = Client(svc.url)
+    first = client.create(task_id="task-03")
+    assert first["task_id"] == "task-03" and first["done"] is False
+    assert first["lease_expires_at"] > time.time()
+    eid = first["episode_id"]
+    target = 7 * 2 % 100  # task-03 is the second task in manifest order
+    assert client.step(eid, {"operation": "guess", "value": 0})["observation"]["text"] == "higher"
+    last = client.step(eid, {"operation": "guess", "value": target})
+    assert last["done"] is True and last["reward"] == 1.0 and last.get("failure_class") is None
+    [record] = svc.outcomes()
+    assert record["episode_id"] == eid and record["reward"] == 1.0 and record["steps"] == 2
+    assert record["config_hash"] == svc.config["config_hash"]
+    assert set(record["timings"]) >= {"reset_s", "steps_s", "grade_s", "wall_s"}
+    trajectory = (svc.config_path.parent.parent / "state" / "counter" / "trajectories"
+                  / f"{eid}.jsonl").read_text().splitlines()
+    assert [json.loads(line)["event"] for line in trajectory] == ["reset", "step", "end"]
+    # Sticky terminal answer, and a step after done is a clear 409.
+    with pytest.raises(ServiceError) as info:
+        client.step(eid, {"operation": "guess", "value": 1})
+    assert info.value.status == 409 and info.value.name == "episode_done"
+    assert info.value.body["details"]["terminal"]["reward"] == 1.0
+    assert client.get(eid)["status"] == "done"
+    assert client.close(eid)["status"] == "closed"
+    assert client.close(eid)["status"] == "closed"  # idempotent
+    assert len(svc.outcomes()) == 1
+
+
+def test_finish_without_solving_earns_zero(svc):
+    client = Client(svc.url)
+    eid = client.create()["episode_id"]
+    result = client.step(eid, {"operation": "finish"})
+    assert result["done"] and result["reward"] == 0.0
+
+
+def test_request_id_replays_without_running_twice(svc):
+    client = Client(svc.url)
+    eid = client.create(task_id="task-04")["episode_id"]
+    one = client.step(eid, {"operation": "guess", "value": 1}, request_id="r-1")
+    two = client.step(eid, {"operation": "guess", "value": 1}, request_id="r-1")
+    assert one == two and one["step"] == 1
+    assert client.get(eid)["environment_state"]["guesses"] == 1
+    assert client.step(eid, {"operation": "guess", "value": 1}, request_id="r-2")["step"] == 2
+
+
+def test_task_selection_by_seed_and_order(counter_service):
+    svc = counter_service(limits={"action_timeout_s": 2})
+    client = Client(svc.url)
+    ids = [client.create()["task_id"] for _ in range(3)]
+    assert ids == ["task-04", "task-03", "task-02"]  # manifest order, unsorted
+    for eid in [e["episode_id"] for e in client.list()["episodes"]]:
+        client.close(eid)
+    assert client.create(seed=6)["task_id"] == client.create(seed=6)["task_id"]
+    with pytest.raises(ServiceError) as info:
+        client.create(task_id="nope")
+    assert info.value.status == 404 and info.value.name == "task_not_found"
+
+
+def test_capacity_gives_429_with_retry_after(counter_service):
+    svc = counter_service(capacity=2)
+    client = Client(svc.url)
+    a = client.create()["episode_id"]
+    client.create()
+    with pytest.raises(ServiceError) as info:
+        client.create()
+    assert info.value.status == 429 and info.value.retry_after >= 1
+    client.close(a)
+    client.create()
+
+
+@pytest.mark.parametrize("body, status, name", [
+    (b"{not json", 400, "bad_request"),
+    (b'{"action": {"operation": "guess", "value": 1}, "extra": 1}', 400, "bad_request"),
+    (b'{"action": "guess"}', 400, "bad_request"),
+    (b'{"action": {"operation": "fly"}}', 422, "invalid_action"),
+    (b'{"action": {"operation": "guess", "value": "7"}}', 422, "invalid_action"),
+    (b'{"action": {"operation": "guess"}}', 422, "invalid_action"),
+    (b'{"action": {}, "request_id": 5}', 400, "bad_request"),
+    (b'[]', 400, "bad_request"),
+])
+def test_bad_steps_change_nothing(svc, body, status, name):
+    client = Client(svc.url)
+    eid = client.create()["episode_id"]
+    got, reply = raw_request(svc.url, body, path=f"/episodes/{eid}/step")
+    assert (got, reply["error"]) == (status, name), reply
+    assert reply["message"]
+    state = client.get(eid)
+    assert state["step_count"] == 0 and state["status"] == "running"
+    assert client.step(eid, {"operation": "guess", "value": 1})["step"] == 1
+
+
+def test_bad_creates_and_unknown_ids(svc):
+    assert raw_request(svc.url, b'{"seed": -1}')[0] == 400
+    assert raw_request(svc.url, b'{"seed": "1"}')[0] == 400
+    assert raw_request(svc.url, b'{"episode_id": "../x"}')[0] == 400
+    assert raw_request(svc.url, b'{"task": "x"}')[0] == 400
+    assert raw_request(svc.url, b"x" * (2 << 20))[0] == 413
+    assert raw_request(svc.url, b"", method="GET", path="/episodes/nope")[0] == 404
+    assert raw_request(svc.url, b"", method="DELETE", path="/episodes/nope")[0] == 404
+    assert raw_request(svc.url, b"{}", path="/episodes/nope/step")[0] in (400, 404)
+    assert raw_request(svc.url, b"", method="GET", path="/nothing")[0] == 404
+    client = Client(svc.url)
+    client.create(episode_id="mine-1")
+    with pytest.raises(ServiceError) as info:
+        client.create(episode_id="mine-1")
+    assert info.value.status == 409
+
+
+def test_action_deadline_gives_null_reward_timeout(counter_service):
+    svc = counter_service(limits={"action_timeout_s": 2})
+    client = Client(svc.url)
+    eid = client.create()["episode_id"]
+    started = time.monotonic()
+    result = client.step(eid, {"operation": "sleep", "seconds": 30})
+    assert time.monotonic() - started < 10
+    assert result["done"] and result["reward"] is None and result["failure_class"] == "timeout"
+    assert svc.outcomes()[-1]["failure_class"] == "timeout"
+
+
+@pytest.mark.parametrize("action, failure", [
+    ({"operation": "crash"}, "sandbox_died"),
+    ({"operation": "boom"}, "infra"),
+])
+def test_infrastructure_failures_are_never_a_zero(svc, action, failure):
+    client = Client(svc.url)
+    eid = client.create()["episode_id"]
+    result = client.step(eid, action)
+    assert result["done"] and result["reward"] is None and result["failure_class"] == failure
+    assert [o for o in svc.outcomes() if o["episode_id"] == eid][0]["failure_class"] == failure
+
+
+def test_grader_and_reset_failures(counter_service):
+    svc = counter_service(tasks=[{"task_id": "g", "data": {"target": 1, "grade_fails": True}},
+                                 {"task_id": "r", "data": {"target": 1, "reset_fails": True}}])
+    client = Client(svc.url)
+    eid = client.create(task_id="g")["episode_id"]
+    result = client.step(eid, {"operation": "guess", "value": 1})
+    assert result["reward"] is None and result["failure_class"] == "grader_error"
+    with pytest.raises(ServiceError) as info:
+        client.create(task_id="r")
+    assert info.value.status == 503 and info.value.body["failure_class"] == "sandbox_died"
+    assert [o["failure_class"] for o in svc.outcomes()] == ["grader_error", "sandbox_died"]
+    assert client.health()["episodes"]["active"] == 0
+
+
+def test_idle_lease_is_reaped(counter_service):
+    svc = counter_service(limits={"idle_ttl_s": 0.5})
+    client = Client(svc.url)
+    eid = client.create()["episode_id"]
+    time.sleep(2)
+    assert client.get(eid)["status"] == "closed"
+    assert svc.outcomes()[-1]["reason"] == "lease expired"
+
+
+def test_disconnect_mid_step_loses_nothing(svc):
+    client = Client(svc.url)
+    eid = client.create(task_id="task-04")["episode_id"]
+    body = json.dumps({"action": {"operation": "sleep", "seconds": 0.5}, "request_id": "slow"}).encode()
+    host, port = svc.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(f"POST /episodes/{eid}/step HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+                 f"\r\n\r\n".encode() + body)
+    sock.close()  # hang up before the answer
+    time.sleep(1.0)
+    replay = client.step(eid, {"operation": "sleep", "seconds": 0.5}, request_id="slow")
+    assert replay["step"] == 1 and replay["observation"]["text"] == "slept"
+    assert client.get(eid)["step_count"] == 1
+
+
+def test_concurrent_step_on_one_episode_is_refused(svc):
+    import threading
+    client = Client(svc.url)
+    eid = client.create()["episode_id"]
+    thread = threading.Thread(target=lambda: Client(svc.url).step(
+        eid, {"operation": "sleep", "seconds": 1}))
+    thread.start()
+    time.sleep(0.3)
+    with pytest.raises(ServiceError) as info:
+        client.step(eid, {"operation": "guess", "value": 1})
+    assert info.value.status == 409 and info.value.name == "episode_busy"
+    thread.join()
+
+
+def test_graceful_shutdown_closes_every_episode(counter_service):
+    svc = counter_service()
+    client = Client(svc.url)
+    ids = {client.create()["episode_id"] for _ in range(3)}
+    client.close_connection()
+    assert svc.stop() == 0
+    closed = {o["episode_id"] for o in svc.outcomes() if o["reason"] == "service stopping"}
+    assert closed == ids
