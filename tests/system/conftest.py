@@ -8,6 +8,7 @@ installs from the bound wheel cache.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -26,6 +27,23 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 GUEST_CHECKOUT = "/root/camg-checkout"
 GUEST_HELPER_CONFIG = "/root/helper-systest.json"
 INSTALL_FLAGS = ["--no-configure"]
+GUEST_PIP_CACHE = "/var/cache/camg-pip"
+GUEST_VENV = "/srv/camg/service-venv"
+
+
+def venv_cache() -> Path:
+    """A warm service venv, keyed by the pinned requirements.
+
+    install.sh still runs every pip step against it; a warm venv only turns
+    them into "already satisfied". Bound at the venv's own path, because a
+    venv is not relocatable.
+    """
+    pins = sorted(CHECKOUT.glob("requirements/*.in")) + sorted(CHECKOUT.glob("requirements.lock"))
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in pins)).hexdigest()[:16]
+    path = rootfs.cache_root() / f"venv-{key}"
+    path.mkdir(exist_ok=True)
+    rootfs.prune_siblings(path, "venv-")
+    return path
 
 
 def _require_tools() -> None:
@@ -44,7 +62,9 @@ def _host_trust_binds() -> list[str]:
 
 
 def _host_pip_env() -> dict[str, str]:
-    env = {"PIP_CERT": "/etc/ssl/certs/ca-certificates.crt", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    # TMPDIR on disk: the guest's /tmp is a small tmpfs and wheels are big.
+    env = {"PIP_CERT": "/etc/ssl/certs/ca-certificates.crt", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_CACHE_DIR": GUEST_PIP_CACHE, "TMPDIR": "/var/tmp"}
     if "PIP_DEFAULT_TIMEOUT" in os.environ:
         env["PIP_DEFAULT_TIMEOUT"] = os.environ["PIP_DEFAULT_TIMEOUT"]
     return env
@@ -69,12 +89,14 @@ def installed_root(tmp_path_factory):
         (root / GUEST_HELPER_CONFIG.lstrip("/")).write_text(json.dumps(helper, indent=1))
         pip_cache = rootfs.cache_root() / "pip"
         pip_cache.mkdir(exist_ok=True)
+        venv = venv_cache()
         log = tmp_path_factory.mktemp("install") / "install.log"
         started = time.monotonic()
         argv = rootfs.nspawn_pipe(root, [f"{GUEST_CHECKOUT}/packaging/install.sh",
                                          "--helper-config", GUEST_HELPER_CONFIG,
                                          *INSTALL_FLAGS],
-                                  binds=[f"{pip_cache}:/root/.cache/pip", *_host_trust_binds()],
+                                  binds=[f"{pip_cache}:{GUEST_PIP_CACHE}", f"{venv}:{GUEST_VENV}",
+                                         *_host_trust_binds()],
                                   env=_host_pip_env())
         with open(log, "wb") as out:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
@@ -90,7 +112,8 @@ def installed_root(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def machine(installed_root, tmp_path_factory):
-    m = Machine(installed_root, tmp_path_factory.mktemp("machine") / "console.log")
+    m = Machine(installed_root, tmp_path_factory.mktemp("machine") / "console.log",
+                binds=[f"{venv_cache()}:{GUEST_VENV}"])
     try:
         m.boot()
         yield m

@@ -82,6 +82,16 @@ def _build_atomically(final: Path, build) -> Path:
     return final
 
 
+def prune_siblings(keep: Path, prefix: str) -> None:
+    """Remove older cache entries of one kind (e.g. deps-*), keeping ``keep``.
+
+    Only finished entries: a .tmp may be another run's build in progress.
+    """
+    for entry in keep.parent.glob(prefix + "*"):
+        if entry != keep and entry.is_dir() and not entry.name.endswith(".tmp"):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def nspawn_pipe(root: Path, command: list[str], *, binds: list[str] = (),
                 env: dict[str, str] | None = None) -> list[str]:
     """argv that runs one command in ``root`` without booting it.
@@ -126,7 +136,9 @@ def deps_rootfs(checkout: Path) -> Path:
                          binds=[f"{cache / 'debs'}:/var/cache/apt/archives"]),
              cache / "deps.log", timeout=1500)
 
-    return _build_atomically(cache / f"deps-{SUITE}-{_key(list(BASE_PACKAGES) + packages)}", build)
+    final = _build_atomically(cache / f"deps-{SUITE}-{_key(list(BASE_PACKAGES) + packages)}", build)
+    prune_siblings(final, f"deps-{SUITE}-")
+    return final
 
 
 def fresh_copy(template: Path, dest: Path) -> Path:
