@@ -1,0 +1,58 @@
+"""Run the demo project's suite in a helper sandbox over the demo image.
+
+The task builder uses this to find FAIL_TO_PASS/PASS_TO_PASS with exactly
+the interpreter, packages and test command the grader will use: each run
+is a fresh sandbox over the materialized rootfs, the checkout (without
+.git) copied to /testbed with PutArchive, the profile's command run as the
+agent uid, and the sandbox destroyed.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+from daemons.coding.demo_tasks import Runner
+from daemons.coding.profiles import demo_profile, parse_pytest_verbose
+
+
+def _tar(checkout: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in sorted(checkout.rglob("*")):
+            rel = path.relative_to(checkout)
+            if rel.parts[0] == ".git" or "__pycache__" in rel.parts:
+                continue
+            info = tar.gettarinfo(str(path), str(rel))
+            info.uid = info.gid = 2000
+            info.uname = info.gname = ""
+            if info.isreg():
+                with open(path, "rb") as handle:
+                    tar.addfile(info, handle)
+            else:
+                tar.addfile(info)
+    return buffer.getvalue()
+
+
+def sandbox_runner(helper_socket: str, rootfs: str, *, timeout: float = 600,
+                   memory_bytes: int = 2 << 30) -> Runner:
+    from camg.helper_client import HelperClient
+
+    client = HelperClient(helper_socket, owner="coding-builder")
+    command = demo_profile("builder").test_cmd
+
+    def run(checkout: Path) -> dict[str, str]:
+        sandbox = client.create_sandbox([str(rootfs)], memory_bytes=memory_bytes, cpu_quota=1.0,
+                                        pids_max=512)
+        try:
+            client.put_archive(sandbox, "/testbed", _tar(checkout), user="agent")
+            result = client.exec(sandbox, command, user="agent", cwd="/testbed",
+                                 timeout=timeout, output_limit=1 << 20)
+        finally:
+            client.destroy(sandbox)
+        if result.truncated or result.timed_out:
+            raise RuntimeError(f"suite run unusable (truncated={result.truncated}, "
+                               f"timed_out={result.timed_out})")
+        return parse_pytest_verbose(result.output)
+    return run
