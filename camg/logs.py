@@ -50,8 +50,9 @@ class StderrHandler(logging.StreamHandler):
 class JournalHandler(logging.Handler):
     """Native journal protocol (systemd.journal-fields(7)); no libsystemd."""
 
-    def __init__(self, environment: str, identifier: str) -> None:
+    def __init__(self, environment: str, identifier: str, address: str = JOURNAL_SOCKET) -> None:
         super().__init__()
+        self.address = address
         self.environment = environment
         self.identifier = identifier
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -75,7 +76,7 @@ class JournalHandler(logging.Handler):
                 value = getattr(record, key, None)
                 if value:
                     fields[key] = str(value)
-            self.sock.sendto(encode_fields(fields), JOURNAL_SOCKET)
+            self.sock.sendto(encode_fields(fields), self.address)
         except OSError:
             self.handleError(record)
 

@@ -167,12 +167,10 @@ class WebSocket:
                 await session.close()
                 return None
             return _ws_error(f"unknown message type {kind!r}", "UNKNOWN_TYPE")
-        except AtCapacity as exc:
-            return _ws_error(exc.message, "CAPACITY_REACHED")
-        except BadRequest as exc:
-            return _ws_error(exc.message, "VALIDATION_ERROR")
         except CamgError as exc:
-            error = _ws_error(exc.message, "EXECUTION_ERROR")
+            code = ("CAPACITY_REACHED" if isinstance(exc, AtCapacity) else
+                    "VALIDATION_ERROR" if isinstance(exc, BadRequest) else "EXECUTION_ERROR")
+            error = _ws_error(exc.message, code)
             error["data"]["error"] = exc.name
             if getattr(exc, "failure_class", None) is not None:
                 error["data"]["failure_class"] = exc.failure_class.value
