@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Run the whole camg test suite (unit, privileged, system) as root on a
+# Debian machine, installing what it needs first. Extra arguments go to
+# pytest. Fails on any failure, including "no tests ran".
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$here"
+packaging/bootstrap.sh
+export CAMG_CACHE="${CAMG_CACHE:-/var/cache/camg-test}"
+set +e
+.venv/bin/pytest tests -p no:cacheprovider "$@"
+status=$?
+set -e
+if [ "$status" = 5 ]; then
+    echo "run-tests.sh: pytest collected no tests: failing" >&2
+    exit 1
+fi
+exit "$status"
