@@ -215,7 +215,7 @@ def _oom_kills(sb: Sandbox) -> int:
 
 
 def fork_bomb(p: Probes, sb: Sandbox) -> None:
-    code, out, _ = p.sh(sb, "b() { b | b & }; b; wait", timeout=2)
+    code, out, _ = p.sh(sb, "b() { b | b & }; b; for i in $(seq 100); do sleep 5 & done; wait", timeout=3)
     with open(os.path.join(sb.record.cgroups["pids"], "pids.events")) as f:
         hits = int(f.read().split()[1])
     _expect(hits > 0, "pids.max was never hit")
