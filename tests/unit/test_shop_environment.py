@@ -1,0 +1,286 @@
+"""Shop episodes on the real pyserini/Lucene index of the 1k catalog:
+acceptance policies, WebShop's page semantics, invalid actions, no target
+leak, determinism, and the start-up refusals."""
+
+import json
+import random
+import shutil
+
+import pytest
+
+from camg import manifest
+from camg.environment import ServiceContext, Task
+from camg.errors import ConfigError, InvalidAction
+from daemons.shop import search, testing
+from daemons.shop.environment import ShopEnvironment
+from daemons.shop.pages import PRODUCT_WINDOW
+
+CONTROLS = ("back to search", "next >", "< prev")
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    out, settings = testing.prepared()
+    return out, dict(settings, jvm_heap_mb=testing.TEST_HEAP_MB)
+
+
+@pytest.fixture(scope="module")
+def tasks(prepared):
+    return manifest.load(prepared[0] / "manifest.json").tasks
+
+
+def make_env(prepared, tasks, tmp_path, **overrides):
+    env = ShopEnvironment(ServiceContext("shop", str(tmp_path), dict(prepared[1], **overrides)),
+                          tasks)
+    env.start()
+    return env
+
+
+@pytest.fixture(scope="module")
+def env(prepared, tasks, tmp_path_factory):
+    env = make_env(prepared, tasks, tmp_path_factory.mktemp("shop"))
+    yield env
+    env.stop()
+
+
+def start(env, task):
+    episode = env.create_episode(task, seed=None, episode_id=f"e-{task.task_id}")
+    return episode, episode.reset()
+
+
+def act(episode, text):
+    return episode.step({"action": text})
+
+
+def oracle(env, task):
+    """Search the goal's product by its title, open it, choose the goal's options, buy."""
+    goal = task.data["goal"]
+    episode, _ = start(env, task)
+    title = env.products[goal["asin"]]["Title"]
+    # brackets end WebShop's action argument early, so the oracle leaves them out
+    step = act(episode, "search[%s]" % title.replace("[", " ").replace("]", " "))
+    while goal["asin"].lower() not in step.observation["available_actions"]["clickables"]:
+        step = act(episode, "click[next >]")
+        assert step.observation["valid_action"], "target not in the top 50"
+    step = act(episode, f"click[{goal['asin'].lower()}]")
+    for value in goal["goal_options"].values():
+        step = act(episode, f"click[{value}]")
+        assert step.observation["valid_action"]
+    return act(episode, "click[buy now]")
+
+
+def first_result(env, task):
+    """Search with the instruction and buy the first result as it is."""
+    episode, _ = start(env, task)
+    step = act(episode, f"search[{task.data['goal']['instruction_text']}]")
+    products = [c for c in step.observation["available_actions"]["clickables"] if c not in CONTROLS]
+    act(episode, f"click[{products[0]}]")
+    return act(episode, "click[buy now]")
+
+
+def test_oracle_earns_one_and_first_result_clearly_less(env, tasks, capsys):
+    sample = random.Random(2026).sample(list(tasks), 50)
+    oracle_rewards = []
+    for task in sample:
+        step = oracle(env, task)
+        assert step.done and step.graded and step.reward == 1.0, (task.task_id, step.observation)
+        oracle_rewards.append(step.reward)
+    baseline = [first_result(env, task) for task in sample]
+    assert all(s.done and s.graded for s in baseline)
+    mean = sum(s.reward for s in baseline) / len(baseline)
+    with capsys.disabled():
+        print(f"\nshop acceptance: oracle mean 1.0 on 50 goals; buy-first-result mean {mean:.3f}")
+    assert mean < 0.8
+
+
+def test_pages_follow_webshop(env, tasks):
+    episode, obs = start(env, tasks[0])
+    assert obs["page"] == "search" and obs["available_actions"] == {
+        "has_search_bar": True, "clickables": ["search"]}
+    assert obs["text"] == f"WebShop [SEP] Instruction: [SEP] {obs['instruction']} [SEP] Search"
+    step = act(episode, "search[pillow cover]")
+    obs = step.observation
+    results = env.searcher.search("pillow cover")
+    assert len(results) == search.SEARCH_RETURN_N
+    clickables = obs["available_actions"]["clickables"]
+    assert clickables[:2] == ["back to search", "next >"]
+    assert clickables[2:] == [a.lower() for a in results[:PRODUCT_WINDOW]]
+    assert "Page 1 (Total results: 50) [SEP] Next > [SEP] " + results[0] in obs["text"]
+    for page in range(2, 6):
+        obs = act(episode, "click[next >]").observation
+        assert f"Page {page} (Total results: 50)" in obs["text"]
+    assert "next >" not in obs["available_actions"]["clickables"]
+    obs = act(episode, "click[< prev]").observation
+    assert "Page 4 " in obs["text"]
+    asin = results[30]
+    obs = act(episode, f"click[{asin.lower()}]").observation
+    product = env.products[asin]
+    assert obs["page"] == "item" and product["Title"] in obs["text"]
+    assert f"Price: {product['Price']}" in obs["text"] and obs["text"].endswith("Buy Now")
+    option_values = [v for values in product["options"].values() for v in values]
+    assert obs["available_actions"]["clickables"] == [
+        "back to search", "< prev", "description", "features", "reviews", "buy now",
+        *dict.fromkeys(option_values)]
+    obs = act(episode, "click[features]").observation
+    assert obs["page"] == "item_sub" and product["BulletPoints"][0].strip() in obs["text"]
+    assert obs["available_actions"]["clickables"] == ["back to search", "< prev"]
+    obs = act(episode, "click[< prev]").observation
+    assert obs["page"] == "item"
+    obs = act(episode, "click[< prev]").observation
+    assert obs["page"] == "results" and "Page 4 " in obs["text"]
+    obs = act(episode, "click[back to search]").observation
+    assert obs["page"] == "search"
+
+
+def test_options_are_remembered_and_graded(env, tasks):
+    task = next(t for t in tasks if len(t.data["goal"]["goal_options"]) == 2)
+    goal = task.data["goal"]
+    episode, _ = start(env, task)
+    act(episode, "search[x]")
+    episode.store.results = [goal["asin"]]  # jump straight to the product page
+    episode.store.page = "results"
+    act(episode, f"click[{goal['asin'].lower()}]")
+    name, value = next(iter(goal["goal_options"].items()))
+    obs = act(episode, f"click[{value}]").observation
+    assert obs["valid_action"] and episode.store.options == {name: value}
+    act(episode, "click[description]")
+    act(episode, "click[< prev]")
+    assert episode.store.options == {name: value}
+    step = act(episode, "click[buy now]")
+    assert step.observation["purchase"] == {"asin": goal["asin"], "options": {name: value}}
+    assert 0.0 < step.reward < 1.0
+    with pytest.raises(InvalidAction, match="over"):
+        act(episode, "click[back to search]")
+
+
+@pytest.mark.parametrize("action", [
+    "click[buy now]", "click[search]", "search[]", "search", "buy now", "click[B0000000]",
+    "think[which one?]", "click[next >]"])
+def test_invalid_actions_change_nothing(env, tasks, action):
+    episode, before = start(env, tasks[1])
+    step = act(episode, action)
+    assert step.reward == 0.0 and not step.done
+    assert step.observation == dict(before, valid_action=False)
+    # on a results page, a search (no search box there) changes nothing either
+    results = act(episode, "search[red dress]").observation
+    # (next > is a real clickable on a results page)
+    for text in sorted({action, "search[blue shoes]"} - {"click[next >]"}):
+        step = act(episode, text)
+        assert step.reward == 0.0 and not step.done
+        assert step.observation == dict(results, valid_action=False)
+
+
+def test_malformed_actions_are_rejected(env, tasks):
+    episode, _ = start(env, tasks[2])
+    for action in ({}, {"action": 3}, {"action": ""}, {"action": "x" * 1001},
+                   {"action": "click[a\x00]"}, "click[x]"):
+        with pytest.raises(InvalidAction):
+            episode.step(action)
+
+
+def test_target_never_marked_in_observations(env, tasks):
+    """The same query shows the same page whatever the goal's target is."""
+    a = tasks[0]
+    b = next(t for t in tasks if t.data["goal"]["asin"] != a.data["goal"]["asin"])
+    query = "search[%s]" % env.products[a.data["goal"]["asin"]]["Title"].replace("[", "").replace("]", "")
+    pages = []
+    for task in (a, b):
+        episode, _ = start(env, task)
+        obs = act(episode, query).observation
+        pages.append(obs["text"].replace(obs["instruction"], "<instruction>"))
+        assert "target" not in json.dumps(obs).lower()
+        assert episode.state() == {"page": "results", "steps": 1, "purchased": False}
+    assert pages[0] == pages[1]
+    done = oracle(env, a).observation
+    assert a.data["goal"]["asin"] in json.dumps(done["purchase"])
+    assert done["text"] == "Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 1.0"
+
+
+def test_exact_product_rows_get_the_exact_reward(prepared, tasks, tmp_path, env):
+    product = next(p for p in env.products.values() if len(p["options"]) >= 1)
+    name, values = next(iter(product["options"].items()))
+    row = Task("exact-1", {"kind": "exact_product", "instruction_text": "get it",
+                           "target_asins": [product["asin"]], "target_options": {name: values[-1]}})
+    for choice, expected in ((values[-1], 1.0), (values[0] if len(values) > 1 else None, 0.0)):
+        episode, _ = start(env, row)
+        act(episode, "search[x]")
+        episode.store.results, episode.store.page = [product["asin"]], "results"
+        act(episode, f"click[{product['asin'].lower()}]")
+        if choice is not None:
+            act(episode, f"click[{choice}]")
+        step = act(episode, "click[buy now]")
+        assert step.reward == expected
+
+
+def test_two_environments_with_the_same_seed_serve_identical_goals(prepared, tasks, tmp_path, env):
+    other = make_env(prepared, manifest.load(prepared[0] / "manifest.json").tasks, tmp_path)
+    try:
+        assert [t.data for t in other.tasks] == [t.data for t in env.tasks]
+        assert other.metadata() == env.metadata()
+        for task_a, task_b in zip(env.tasks[:20], other.tasks[:20]):
+            ea, oa = start(env, task_a)
+            eb, ob = start(other, task_b)
+            assert oa == ob
+            assert act(ea, "search[cotton socks]").observation == \
+                act(eb, "search[cotton socks]").observation
+    finally:
+        other.stop()
+
+
+def test_max_steps_ends_unbought_with_zero(prepared, tasks, tmp_path, env):
+    episode = env.create_episode(tasks[3], seed=None, episode_id="budget")
+    episode.reset()
+    limit = env.settings.max_steps
+    for i in range(limit - 1):
+        assert not act(episode, "click[nothing]").done
+    last = act(episode, "click[nothing]")
+    assert last.done and last.graded and last.reward == 0.0 and last.observation["truncated"]
+
+
+def test_close_is_idempotent_and_stops_steps(env, tasks):
+    episode, _ = start(env, tasks[4])
+    episode.close()
+    episode.close()
+    from camg.errors import InfraFailure
+    with pytest.raises(InfraFailure):
+        act(episode, "search[x]")
+
+
+def test_metadata_hashes(env, prepared):
+    meta = env.metadata()
+    assert meta["product_pool"] == prepared[1]["product_pool_sha256"]
+    assert meta["index"] == prepared[1]["index_sha256"]
+    assert meta["grader"].startswith("sha256:") and meta["products"] == 1000
+    assert meta["index_documents"] == 1000 and meta["java_version"] == 17
+    # the heap cap reached the JVM (Runtime.maxMemory is a bit below -Xmx)
+    assert 0.8 * testing.TEST_HEAP_MB * 2**20 < meta["jvm_heap_max_bytes"] <= testing.TEST_HEAP_MB * 2**20
+    assert env.health() == []
+
+
+def test_start_refuses_a_changed_pool_or_index(prepared, tasks, tmp_path):
+    out, settings = prepared
+    pool = tmp_path / "product_pool.json"
+    body = json.loads((out / "product_pool.json").read_text())
+    body[0]["Title"] += " (edited)"
+    pool.write_text(json.dumps(body))
+    with pytest.raises(ConfigError, match="product_pool .* differs"):
+        make_env(prepared, tasks, tmp_path, product_pool=str(pool))
+    index = tmp_path / "index"
+    shutil.copytree(settings["index_dir"], index)
+    (index / "extra").write_text("x")
+    with pytest.raises(ConfigError, match="index .* differs"):
+        make_env(prepared, tasks, tmp_path, index_dir=str(index))
+    with pytest.raises(ConfigError, match="Conda-style"):
+        make_env(prepared, tasks, tmp_path, java_home="/usr/lib/jvm/java-17-openjdk-amd64")
+    with pytest.raises(ConfigError, match="unknown field"):
+        ShopEnvironment(ServiceContext("shop", str(tmp_path), dict(settings, extra=1)), tasks)
+
+
+def test_start_refuses_goals_from_another_seed(prepared, tasks, tmp_path):
+    with pytest.raises(ConfigError, match="goal_seed 5"):
+        make_env(prepared, tasks[:3], tmp_path, goal_seed=5)
+
+
+def test_one_jvm_per_process(prepared):
+    with pytest.raises(ConfigError, match="already runs a JVM"):
+        search.boot_jvm(prepared[1]["java_home"], testing.TEST_HEAP_MB + 1)
