@@ -192,6 +192,8 @@ class EpisodeManager:
         return await asyncio.shield(task)
 
     def validate_action(self, action: Mapping[str, Any]) -> None:
+        if self._validator.is_valid(action):  # fast path; explain only failures
+            return
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(action))
         if error is not None:
             where = "action" + "".join(f"[{p!r}]" for p in error.absolute_path)

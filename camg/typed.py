@@ -8,6 +8,7 @@ rejected, types are checked (no silent coercion of "5" to 5 or of true to
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -22,8 +23,7 @@ def parse(cls: type[T], data: Any, where: str = "", error: type[Exception] = Con
     """Build dataclass ``cls`` from ``data`` or raise ``error`` naming the field."""
     if not isinstance(data, Mapping):
         raise error(f"{where or cls.__name__}: expected an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints, fields = _shape(cls)
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise error(f"{where or cls.__name__}: unknown field(s) {', '.join(unknown)}")
@@ -39,6 +39,13 @@ def parse(cls: type[T], data: Any, where: str = "", error: type[Exception] = Con
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise error(f"{where or cls.__name__}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _shape(cls: type) -> tuple[dict, dict]:
+    # get_type_hints re-evaluates annotations on every call (~100 µs); the
+    # shape of a dataclass never changes, and requests parse on a hot path.
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls) if f.init}
 
 
 def _coerce(tp: Any, value: Any, path: str, error: type[Exception]) -> Any:
