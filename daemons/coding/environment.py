@@ -197,6 +197,19 @@ def _version(dist: str) -> str:
         return "missing"
 
 
+# The helper creates /dev/null & co. through the process umask (0644), which
+# the agent uid cannot write to; every shell snippet and pytest needs them.
+# Remove once the helper's init makes them 0666 itself.
+DEV_FIX = ("for n in null zero full random urandom tty; do "
+           "[ -c /dev/$n ] && chmod 0666 /dev/$n; done; true")
+
+
+def fix_dev_nodes(helper, sandbox: str) -> None:
+    result = helper.exec(sandbox, DEV_FIX, user="root", cwd="/", timeout=10, output_limit=2000)
+    if result.exit_code != 0:
+        raise errors.InfraFailure(f"cannot prepare /dev in the sandbox: {result.output[-300:]}")
+
+
 class CodingEpisode(Episode):
     def __init__(self, env: CodingEnvironment, prepared: Prepared, episode_id: str) -> None:
         self.env = env
@@ -367,8 +380,14 @@ class CodingEpisode(Episode):
 
     def _create(self, lowers: list[str]) -> str:
         s = self.settings
-        return self._call(self.helper.create_sandbox, lowers, memory_bytes=s.memory_bytes,
-                          cpu_quota=s.cpu_quota, pids_max=s.pids_max, hostname="testbed")
+        sandbox = self._call(self.helper.create_sandbox, lowers, memory_bytes=s.memory_bytes,
+                             cpu_quota=s.cpu_quota, pids_max=s.pids_max, hostname="testbed")
+        try:
+            fix_dev_nodes(self.helper, sandbox)
+        except Exception:
+            self._destroy_quietly(sandbox)
+            raise
+        return sandbox
 
     def _call(self, fn, *args, **kwargs):
         """Helper errors that are not already episode failures become InfraFailure."""

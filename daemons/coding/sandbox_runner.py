@@ -46,7 +46,9 @@ def sandbox_runner(helper_socket: str, rootfs: str, *, timeout: float = 600,
         sandbox = client.create_sandbox([str(rootfs)], memory_bytes=memory_bytes, cpu_quota=1.0,
                                         pids_max=512)
         try:
-            client.put_archive(sandbox, "/testbed", _tar(checkout), user="agent")
+            from daemons.coding.environment import fix_dev_nodes
+            fix_dev_nodes(client, sandbox)
+            client.put_archive(sandbox, "/testbed", _tar(checkout), user="root")
             result = client.exec(sandbox, command, user="agent", cwd="/testbed",
                                  timeout=timeout, output_limit=1 << 20)
         finally:
@@ -54,5 +56,9 @@ def sandbox_runner(helper_socket: str, rootfs: str, *, timeout: float = 600,
         if result.truncated or result.timed_out:
             raise RuntimeError(f"suite run unusable (truncated={result.truncated}, "
                                f"timed_out={result.timed_out})")
-        return parse_pytest_verbose(result.output)
+        status = parse_pytest_verbose(result.output)
+        if not status:
+            raise RuntimeError(f"suite run reported no test (exit {result.exit_code}): "
+                               f"{result.output[-3000:]}")
+        return status
     return run

@@ -1,0 +1,327 @@
+"""Coding acceptance on the demo task set, in real helper sandboxes on the demo image.
+
+The task set is built by scripts/build_demo_tasks.py's code with the suite
+run in sandboxes over the materialized demo image (cached under
+$CAMG_CACHE/coding keyed by image digest and builder sources), prepared
+with camg.prepare, and served by CodingEnvironment through a real
+camg-helper. Every test ends with the conftest's leak check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import conftest as pc
+from camg import errors, manifest
+from camg.environment import ServiceContext
+from camg.errors import FailureClass
+
+pytestmark = [pytest.mark.privileged, pytest.mark.slow]
+
+CACHE = pc.CACHE / "coding"
+
+
+@pytest.fixture(scope="module")
+def demo_image():
+    from camg.oci import demo
+    return demo.ensure_demo_image(demo.cache_root_from_env())
+
+
+@pytest.fixture(scope="module")
+def coding_helper(demo_image, rootfs):
+    from camg.oci import demo
+    layers_root = CACHE / "layers"
+    layers_root.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="camg-coding-test-"))
+    base.chmod(0o711)
+    cfg = pc.helper_config(base, demo.cache_root_from_env(), rootfs,
+                           lower_roots=[str(demo.cache_root_from_env()), str(layers_root),
+                                        str(pc.CACHE / "helper")])
+    helper = pc.start_helper(base, cfg)
+    pc.state_root(base / "state" / "ledger")
+    pc.state_root(base / "uppers")
+    yield helper
+    pc.stop_helper(helper)
+    shutil.rmtree(base)
+
+
+@pytest.fixture(scope="module")
+def demo_set(demo_image, coding_helper):
+    """The demo task set, FAIL_TO_PASS/PASS_TO_PASS found in sandboxes (cached)."""
+    from daemons.coding import bugs, demo_tasks, sandbox_runner
+
+    sdist = _sdist()
+    sources = "".join(Path(m.__file__).read_text() for m in (bugs, demo_tasks, sandbox_runner))
+    key = hashlib.sha256(json.dumps([demo_image.image.digest, sources,
+                                     sdist.read_bytes().hex()[:64]]).encode()).hexdigest()[:16]
+    final = CACHE / f"demo-{key}"
+    if not (final / "tasks.jsonl").is_file():
+        tmp = CACHE / f".demo-{key}.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        runner = sandbox_runner.sandbox_runner(coding_helper.socket, str(demo_image.rootfs))
+        spec = demo_tasks.DemoSpec(sdist=sdist, image_name=demo_image.image.name)
+        rows = demo_tasks.build(spec, tmp, runner)
+        demo_tasks.write_rows(rows, tmp)
+        tmp.rename(final)
+    return final
+
+
+def _sdist() -> Path:
+    import subprocess
+    import sys
+    target = CACHE / "sdist"
+    path = target / "apispec-6.8.1.tar.gz"
+    if not path.is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                        "--no-binary", ":all:", "apispec==6.8.1", "-d", str(target)], check=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prepared(demo_set, demo_image, tmp_path_factory):
+    from camg.oci.images import write_materialized
+    from camg.prepare import prepare_coding
+    work = tmp_path_factory.mktemp("coding-prepared")
+    images = work / "materialized-images.json"
+    write_materialized(images, (demo_image.image,))
+    out = work / "manifest.json"
+    prepare_coding(rows_path=demo_set / "tasks.parquet", mirrors_root=demo_set / "mirrors",
+                   images_path=images, output=out, layers_root=CACHE / "layers")
+    return {"manifest": out, "images": images, "mirrors": demo_set / "mirrors", "work": work}
+
+
+def make_env(prepared, coding_helper, **settings):
+    from daemons.coding.environment import CodingEnvironment
+    loaded = manifest.load(prepared["manifest"])
+    state = prepared["work"] / "state"
+    state.mkdir(exist_ok=True)
+    context = ServiceContext("coding", str(state), {
+        "mirrors_root": str(prepared["mirrors"]), "images": str(prepared["images"]),
+        "layers_root": str(CACHE / "layers"), **settings}, coding_helper.socket)
+    return CodingEnvironment(context, loaded.tasks)
+
+
+@pytest.fixture(scope="module")
+def env(prepared, coding_helper):
+    environment = make_env(prepared, coding_helper)
+    environment.start()
+    yield environment
+    environment.stop()
+
+
+def run_episode(env, task, actions, episode_id="e"):
+    episode = env.create_episode(task, seed=None, episode_id=episode_id)
+    try:
+        first = episode.reset()
+        outputs = []
+        for action in actions:
+            step = episode.step(action)
+            outputs.append(step.observation)
+            if step.done:
+                return first, outputs, episode.grade(), episode
+        return first, outputs, None, episode
+    finally:
+        episode.close()
+
+
+def shell(command):
+    return {"operation": "shell", "command": command}
+
+
+FINISH = {"operation": "finish"}
+
+
+def write_file(path, text):
+    return shell(f"mkdir -p $(dirname {path}) && cat > {path} <<'CAMG_EOF'\n{text}\nCAMG_EOF")
+
+
+def test_demo_set_has_enough_real_tasks(env, demo_set):
+    rows = [json.loads(line) for line in (demo_set / "tasks.jsonl").read_text().splitlines()]
+    assert len(rows) >= 10 and len(env.tasks) == len(rows)
+    for row in rows:
+        assert row["instance_id"].startswith(row["repo"].split("/")[1] + ".func_pm_")
+        assert row["FAIL_TO_PASS"] and row["PASS_TO_PASS"]
+
+
+def test_gold_fix_earns_one_on_every_task(env):
+    for task in env.tasks:
+        patch = task.data["patch"]
+        _, outputs, reward, episode = run_episode(env, task, [
+            write_file("/tmp/fix.diff", patch), shell("git apply -R /tmp/fix.diff && git status --short"),
+            FINISH])
+        assert outputs[1]["exit_code"] == 0, outputs[1]
+        assert reward == 1.0, (task.task_id, episode.state())
+
+
+def test_finishing_without_changes_earns_zero_on_every_task(env):
+    for task in env.tasks:
+        _, _, reward, episode = run_episode(env, task, [FINISH])
+        assert reward == 0.0, (task.task_id, episode.state())
+        assert episode.state()["grade"]["reason"] == "tests_failed"
+
+
+@pytest.mark.parametrize("attack", ["edit", "delete", "conftest_skip", "conftest_xfail"])
+def test_test_tampering_earns_zero(env, attack):
+    task = env.tasks[0]
+    f2p = task.data["FAIL_TO_PASS"]
+    hidden = f2p[0].split("::")[0]
+    if attack == "edit":
+        names = sorted({t.split("::")[-1].split("[")[0] for t in f2p})
+        body = "\n".join(f"def {n}():\n    pass\n" for n in names)
+        actions = [write_file(hidden, body), shell("sed -i 's/assert /assert True or /' tests/test_*.py")]
+    elif attack == "delete":
+        actions = [shell("git rm -q -r tests && git commit -qm 'no tests' && ls")]
+    else:
+        marker = "skip" if attack == "conftest_skip" else "xfail"
+        hook = ("import pytest\n\ndef pytest_collection_modifyitems(items):\n    for item in items:\n"
+                f"        item.add_marker(pytest.mark.{marker}(reason='camg'))\n")
+        actions = [write_file("conftest.py", hook), write_file("tests/conftest.py", hook)]
+    _, outputs, reward, episode = run_episode(env, task, [*actions, FINISH])
+    assert all(o.get("exit_code") in (0, None) for o in outputs[:-1]), outputs
+    assert reward == 0.0, episode.state()
+    assert episode.state()["grade"]["dropped_paths"]
+
+
+def test_first_observation_and_workspace(env):
+    task = env.tasks[0]
+    first, outputs, _, _ = run_episode(env, task, [
+        shell("pwd; id -u; stat -c %u .; git rev-list --all | wc -l; git branch -a | wc -l; "
+              "git reflog | wc -l; ls .git/packed-refs 2>&1; cat /var/lib/camg-task/git/HEAD 2>&1"),
+        shell("cd /; pwd; echo hi > /testbed/new.txt"),
+        shell("cat new.txt; python -c 'import apispec, sys; print(apispec.__file__)'"),
+    ])
+    assert task.data["problem_statement"] in first["output"]
+    assert "/testbed" in first["output"] and "60 seconds" in first["output"]
+    assert '{"operation":"finish"}' in first["output"] and "64 steps" in first["output"]
+    lines = outputs[0]["output"].split("\n")
+    assert lines[:6] == ["/testbed", "2000", "2000", "1", "1", "0"], lines
+    assert "No such file" in lines[6] and "Permission denied" in lines[7]
+    assert outputs[2]["output"].split("\n")[:2] == ["hi", "/testbed/src/apispec/__init__.py"]
+
+
+def test_output_is_cut_to_final_bytes_and_bad_actions_are_rejected(env):
+    task = env.tasks[0]
+    episode = env.create_episode(task, seed=None, episode_id="limits")
+    try:
+        episode.reset()
+        step = episode.step(shell("head -c 50000 /dev/zero | tr '\\0' a; echo END"))
+        assert step.observation["truncated"] and step.observation["output"].endswith("END\n")
+        assert len(step.observation["output"].encode()) < 12000 + 200
+        for bad in ({"operation": "shell"}, {"operation": "shell", "command": "x" * 16001},
+                    {"operation": "dance"}, {"operation": "finish", "command": "ls"}):
+            with pytest.raises(errors.InvalidAction):
+                episode.step(bad)
+        assert episode.steps == 1
+    finally:
+        episode.close()
+        episode.close()
+
+
+def test_step_budget_finishes_on_the_64th_step(env):
+    task = env.tasks[0]
+    episode = env.create_episode(task, seed=None, episode_id="budget")
+    try:
+        episode.reset()
+        for i in range(63):
+            assert not episode.step(shell("true")).done
+        last = episode.step(shell("echo never runs"))
+        assert last.done and "Step limit" in last.observation["output"]
+        assert episode.step(shell("true")) is last          # sticky
+        assert episode.grade() == 0.0
+    finally:
+        episode.close()
+
+
+def test_hanging_command_is_cut_at_60_seconds_and_the_episode_goes_on(env):
+    task = env.tasks[0]
+    episode = env.create_episode(task, seed=None, episode_id="hang")
+    try:
+        episode.reset()
+        started = time.monotonic()
+        step = episode.step(shell("sleep 600 & sleep 600; echo unreachable"))
+        elapsed = time.monotonic() - started
+        assert step.observation["timed_out"] and not step.done
+        assert 59 <= elapsed < 75, elapsed
+        assert "timed out after 60 seconds" in step.observation["output"]
+        after = episode.step(shell("echo alive; grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l"))
+        assert after.observation["output"].split() == ["alive", "0"]
+    finally:
+        episode.close()
+
+
+def test_sandbox_killed_from_outside_is_sandbox_died(env, coding_helper):
+    task = env.tasks[0]
+    before = coding_helper.sandbox_inits()
+    episode = env.create_episode(task, seed=None, episode_id="killed")
+    try:
+        episode.reset()
+        assert episode.step(shell("echo up")).observation["output"] == "up\n"
+        (init,) = coding_helper.sandbox_inits() - before
+        os.kill(init, signal.SIGKILL)
+        with pytest.raises(errors.SandboxDied) as info:
+            episode.step(shell("echo again"))
+        assert info.value.failure_class is FailureClass.SANDBOX_DIED
+    finally:
+        episode.close()
+
+
+def test_close_during_a_running_step_aborts_it(env):
+    import threading
+    task = env.tasks[0]
+    episode = env.create_episode(task, seed=None, episode_id="abort")
+    episode.reset()
+    outcome = {}
+
+    def run():
+        try:
+            outcome["step"] = episode.step(shell("sleep 50"))
+        except Exception as exc:  # noqa: BLE001 - recorded for the assertion
+            outcome["error"] = exc
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    episode.close()
+    thread.join(30)
+    assert not thread.is_alive() and time.monotonic() - started < 20
+    assert isinstance(outcome.get("error"), errors.InfraFailure) or outcome["step"].observation
+    episode.close()
+
+
+def test_start_refuses_a_moved_branch_or_a_changed_image(prepared, coding_helper, tmp_path):
+    import dataclasses
+    import subprocess
+    from camg.oci.images import load_materialized, write_materialized
+    from daemons.coding import mirrors as mirrors_mod
+    loaded = manifest.load(prepared["manifest"])
+    task = loaded.tasks[0]
+    copy = tmp_path / "mirrors"
+    shutil.copytree(prepared["mirrors"], copy, symlinks=True)
+    elsewhere = make_env(prepared, coding_helper, mirrors_root=str(copy))
+    with pytest.raises(errors.ConfigError, match="prepared with mirror"):
+        elsewhere.start()
+    (mirror,) = list(copy.iterdir())
+    subprocess.run(["git", "-C", str(mirror), "branch", "-f", task.task_id, "main"], check=True)
+    ref = mirrors_mod.TaskRef(**{**task.data["mirror"], "mirror": str(mirror)})
+    with pytest.raises(errors.ConfigError, match="branch moved"):
+        mirrors_mod.verify(ref)
+    subprocess.run(["git", "-C", str(mirror), "branch", "-D", task.task_id], check=True)
+    with pytest.raises(errors.ConfigError, match="no longer has branch"):
+        mirrors_mod.verify(ref)
+    listing = load_materialized(prepared["images"])
+    other = dataclasses.replace(listing.images[0], hash="sha256:" + "0" * 64)
+    images = tmp_path / "images.json"
+    write_materialized(images, (other,))
+    changed = make_env(prepared, coding_helper, images=str(images))
+    with pytest.raises(errors.ConfigError, match="changed since preparation"):
+        changed.start()
