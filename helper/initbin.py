@@ -21,19 +21,24 @@ def ensure(configured: str, build_dir: str) -> str:
             raise ConfigError(f"init_binary: {configured} is not an executable file")
         return configured
     with open(SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+        # The build recipe is part of the key, so a change to it rebuilds.
+        digest = hashlib.sha256(f.read() + b"\0-O2 -static").hexdigest()[:16]
     target = os.path.join(build_dir, f"camg-sbxinit-{digest}")
     if os.access(target, os.X_OK):
         return target
     os.makedirs(build_dir, mode=0o755, exist_ok=True)
     tmp = f"{target}.{os.getpid()}.tmp"
     cc = os.environ.get("CC", "cc")
-    try:
-        proc = subprocess.run([cc, "-O2", "-Wall", "-o", tmp, SOURCE],
-                              capture_output=True, text=True, timeout=120)
-    except FileNotFoundError:
-        raise ConfigError(f"cannot build the sandbox init: no C compiler ({cc}); "
-                          "install build-essential or set init_binary") from None
+    # Static when libc.a is there: no dynamic loader work on every spawn.
+    for flags in (["-static"], []):
+        try:
+            proc = subprocess.run([cc, "-O2", "-Wall", *flags, "-o", tmp, SOURCE],
+                                  capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            raise ConfigError(f"cannot build the sandbox init: no C compiler ({cc}); "
+                              "install build-essential or set init_binary") from None
+        if proc.returncode == 0:
+            break
     if proc.returncode != 0:
         raise ConfigError(f"cannot build the sandbox init: {proc.stderr.strip()[-2000:]}")
     os.chmod(tmp, 0o755)
