@@ -97,11 +97,18 @@ class Machine:
                 raise MachineError(f"no container init after {timeout}s: {self._log_tail()}")
             self.leader = self._find_leader()
             time.sleep(0.1)
-        state = self.run(["systemctl", "is-system-running", "--wait"],
-                         timeout=max(5.0, deadline - time.monotonic()), check=False)
+        # The leader exists before it execs systemd, and systemd needs a
+        # moment before its private bus answers: retry until it does.
+        while True:
+            state = self.run(["systemctl", "is-system-running", "--wait"],
+                             timeout=max(5.0, deadline - time.monotonic()), check=False)
+            if state.stdout.strip() or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
         if state.stdout.strip() not in ("running", "degraded"):
             failed = self.run(["systemctl", "--failed", "--no-pager"], check=False).stdout
-            raise MachineError(f"boot ended {state.stdout.strip()!r}:\n{failed}")
+            raise MachineError(f"boot ended {state.stdout.strip()!r} ({state.stderr.strip()}):\n"
+                               f"{failed}\n{self._log_tail()}")
 
     def _find_leader(self) -> int | None:
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
