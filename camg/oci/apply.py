@@ -181,6 +181,10 @@ class _Applier:
                 if exc.errno in (errno.ENAMETOOLONG, errno.EINVAL, errno.EOVERFLOW):
                     raise _Rejected(member.name, os.strerror(exc.errno)) from None
                 raise
+            except (OverflowError, ValueError) as exc:
+                # Header values Python cannot pass to the kernel (a NUL in a
+                # PAX link target, an out-of-range mtime or id).
+                raise _Rejected(member.name, f"unusable header value ({exc})") from None
         return self.stats
 
     def _entry(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:

@@ -262,3 +262,11 @@ def test_whiteout_name_as_directory_is_rejected(world):
 def test_name_the_kernel_refuses_is_a_rejection(world):
     root, outside = world
     assert_rejected(root, outside, entry("a/" + "x" * 300, data=b"1"), match="File name too long")
+
+
+def test_unusable_header_values_are_rejections(world):
+    root, outside = world
+    info, _ = entry("nul-link", "symlink")
+    info.pax_headers = {"linkpath": "a\0b"}
+    info.linkname = "a\0b"
+    assert_rejected(root, outside, (info, b""), match="unusable header value")
