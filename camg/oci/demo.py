@@ -254,7 +254,9 @@ def spec_for(registry: str, digest: str) -> ImageSpec:
 
 def publish(build: DemoBuild, registry: str, *, skopeo: str = "skopeo") -> ImageSpec:
     spec = spec_for(registry, build.digest)
-    layout.push(build.layout, build.tag, spec.repository, build.digest, skopeo=skopeo)
+    served = layout.push(build.layout, build.tag, spec.repository, skopeo=skopeo)
+    if served != build.digest:
+        raise DatasetError(f"demo image: registry {registry} serves {served}, built {build.digest}")
     return spec
 
 

@@ -110,8 +110,14 @@ def image_config(layers: Sequence[Layer], *, env: Sequence[str] = (), working_di
     return json.dumps(config, indent=2, sort_keys=True).encode()
 
 
-def write_layout(layout: Path, layers: Sequence[Layer], config: bytes, tag: str) -> str:
-    """Write an OCI image layout holding one image; returns its manifest digest."""
+def write_layout(layout: Path, layers: Sequence[Layer], config: bytes, tag: str, *,
+                 index: bool = False) -> str:
+    """Write an OCI image layout holding one image; returns its manifest digest.
+
+    With ``index`` the tag names an image index listing the image for
+    linux/amd64 (as multi-platform images are published), and the index
+    digest is returned.
+    """
     blobs = layout / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
     (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}\n')
@@ -130,12 +136,15 @@ def write_layout(layout: Path, layers: Sequence[Layer], config: bytes, tag: str)
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
                     "digest": layer.digest, "size": layer.size} for layer in layers],
     }, indent=2).encode()
-    digest = _blob(blobs, manifest)
-    index = {"schemaVersion": 2, "mediaType": mf.OCI_INDEX, "manifests": [{
-        "mediaType": mf.OCI_MANIFEST, "digest": digest, "size": len(manifest),
-        "annotations": {"org.opencontainers.image.ref.name": tag}}]}
-    (layout / "index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return digest
+    top = {"mediaType": mf.OCI_MANIFEST, "digest": _blob(blobs, manifest), "size": len(manifest)}
+    if index:
+        image_index = json.dumps({"schemaVersion": 2, "mediaType": mf.OCI_INDEX, "manifests": [
+            dict(top, platform={"architecture": "amd64", "os": "linux"})]}, indent=2).encode()
+        top = {"mediaType": mf.OCI_INDEX, "digest": _blob(blobs, image_index), "size": len(image_index)}
+    layout_index = {"schemaVersion": 2, "mediaType": mf.OCI_INDEX, "manifests": [
+        dict(top, annotations={"org.opencontainers.image.ref.name": tag})]}
+    (layout / "index.json").write_text(json.dumps(layout_index, indent=2) + "\n")
+    return top["digest"]
 
 
 def _blob(blobs: Path, data: bytes) -> str:
@@ -144,19 +153,27 @@ def _blob(blobs: Path, data: bytes) -> str:
     return digest
 
 
-def push(layout: Path, tag: str, repository: str, digest: str, *, skopeo: str = "skopeo",
-         insecure: bool = False) -> str:
-    """Push the layout's image to ``repository:tag`` keeping its manifest bytes.
+def push(layout: Path, tag: str, repository: str, *, skopeo: str = "skopeo", insecure: bool = False,
+         docker_format: bool = False) -> str:
+    """Push the layout's image (or index, with every image in it) to ``repository:tag``.
 
-    Returns the pushed reference by digest; the registry must then answer
-    with exactly the manifest we wrote.
+    By default the manifest bytes are kept (``--preserve-digests``), so the
+    digest is the one ``write_layout`` returned; ``docker_format`` converts
+    to Docker's v2 schema 2 the way ``docker push`` stores images. Returns
+    the digest of the manifest the registry now serves.
     """
     plain = insecure or is_loopback(repository)
-    tls = f"--dest-tls-verify={'false' if plain else 'true'}"
-    proc = subprocess.run([skopeo, "copy", "--quiet", "--preserve-digests", tls,
-                           f"oci:{layout}:{tag}", f"docker://{repository}:{tag}"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=1800, check=False)
+    tls = "false" if plain else "true"
+    convert = ["--format", "v2s2"] if docker_format else ["--preserve-digests"]
+    ref = f"docker://{repository}:{tag}"
+    _skopeo([skopeo, "copy", "--quiet", "--all", *convert, f"--dest-tls-verify={tls}",
+             f"oci:{layout}:{tag}", ref], f"push of {repository}:{tag}")
+    return sha256_bytes(_skopeo([skopeo, "inspect", "--raw", f"--tls-verify={tls}", ref],
+                                f"manifest of {repository}:{tag}"))
+
+
+def _skopeo(argv: list[str], what: str) -> bytes:
+    proc = subprocess.run(argv, capture_output=True, timeout=1800, check=False)
     if proc.returncode != 0:
-        raise DatasetError(f"push of {repository}:{tag} failed: "
-                           f"{proc.stderr.decode(errors='replace').strip()[-2000:]}")
-    return f"{repository}@{digest}"
+        raise DatasetError(f"{what} failed: {proc.stderr.decode(errors='replace').strip()[-2000:]}")
+    return proc.stdout

@@ -71,8 +71,9 @@ def tar_bytes(*entries) -> bytes:
 
 
 def publish(registry: LocalRegistry, work: Path, repository: str, layers: list[bytes], *,
-            diff_ids: list[str] | None = None, tag: str = "test") -> tuple[str, list[layout.Layer]]:
-    """Push an image made of these uncompressed layer tars; returns (manifest digest, layers)."""
+            diff_ids: list[str] | None = None, tag: str = "test", index: bool = False,
+            docker_format: bool = False) -> tuple[str, list[layout.Layer]]:
+    """Push an image made of these uncompressed layer tars; returns (served digest, layers)."""
     work.mkdir(parents=True, exist_ok=True)
     blobs = [layout.gzip_tar_bytes(data, work / f"layer{i}.tar.gz") for i, data in enumerate(layers)]
     if diff_ids is not None:  # a config that lies about its layers
@@ -80,9 +81,11 @@ def publish(registry: LocalRegistry, work: Path, repository: str, layers: list[b
     else:
         blobs_for_config = blobs
     config = layout.image_config(blobs_for_config, env=["PATH=/usr/bin:/bin"], working_dir="/testbed")
-    digest = layout.write_layout(work / "layout", blobs, config, tag)
-    layout.push(work / "layout", tag, f"{registry.address}/{repository}", digest)
-    return digest, blobs
+    written = layout.write_layout(work / "layout", blobs, config, tag, index=index)
+    served = layout.push(work / "layout", tag, f"{registry.address}/{repository}",
+                         docker_format=docker_format)
+    assert docker_format or served == written, "the registry changed our manifest"
+    return served, blobs
 
 
 def write_images(path: Path, images: list[dict]) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oci_fixtures import (  # noqa: E402
     leftovers, publish, registry, run_prepare, tar_bytes, tar_entry, write_images)
 
+from camg.oci import manifest as mf  # noqa: E402
 from camg.oci.digest import hex_of  # noqa: E402
 from camg.oci.images import load_materialized  # noqa: E402
 
@@ -176,3 +178,26 @@ def test_wrong_digest_is_not_found(registry, tmp_path):
     assert result.returncode == 2
     assert "sha256:" + "1" * 64 in result.stderr
     assert leftovers(tmp_path / "cache") == []
+
+
+@pytest.mark.parametrize("form", ["index", "docker-v2s2"])
+def test_index_and_docker_manifests(registry, tmp_path, form):
+    """Images listed by an index digest (multi-platform) or stored as Docker v2 schema 2
+    (what `docker push` and Docker Hub's SWE-smith images use) materialize the same tree."""
+    digest, layers = publish(registry, tmp_path / form, f"camg-test/{form}", [GOOD_BASE, GOOD_TOP],
+                             index=form == "index", docker_format=form == "docker-v2s2")
+    raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false",
+                          f"docker://{registry.address}/camg-test/{form}@{digest}"],
+                         capture_output=True, check=True).stdout
+    expected = {"index": mf.OCI_INDEX, "docker-v2s2": mf.DOCKER_MANIFEST}[form]
+    assert json.loads(raw)["mediaType"] == expected
+    images = write_images(tmp_path / "images.json", [{
+        "name": form, "repository": f"{registry.address}/camg-test/{form}", "digest": digest}])
+    result = run_prepare(tmp_path / "cache", images, tmp_path / "out.json", "--skopeo", "skopeo")
+    assert result.returncode == 0, result.stderr
+    (image,) = load_materialized(tmp_path / "out.json").images
+    assert image.digest == digest
+    assert image.diff_ids == tuple(layer.diff_id for layer in layers)
+    rootfs = Path(image.rootfs)
+    assert (rootfs / "etc/os-release").read_text() == "ID=camgtest\n"
+    assert sorted(p.name for p in (rootfs / "old").iterdir()) == ["c"]
