@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -393,13 +394,32 @@ class CodingEpisode(Episode):
         """Helper errors that are not already episode failures become InfraFailure."""
         try:
             return fn(*args, **kwargs)
-        except errors.InfraFailure:
+        except errors.SandboxDied:
+            raise
+        except errors.InfraFailure as exc:
+            # A call racing the death of the sandbox's init can come back as a
+            # generic failure; the helper's own view of the sandbox decides.
+            if args and isinstance(args[0], str) and self._dead(args[0]):
+                raise errors.SandboxDied(f"sandbox {args[0]} died: {exc}") from None
             raise
         except errors.NotFound as exc:
             # The sandbox vanished under us (destroyed by close() or a sweep).
             raise errors.SandboxDied(f"sandbox is gone: {exc}") from None
         except errors.CamgError as exc:
             raise errors.InfraFailure(f"helper: {exc}") from None
+
+    def _dead(self, sandbox: str) -> bool:
+        # The helper may take a moment to reap a killed init: ask a few times.
+        for _ in range(10):
+            try:
+                listing = self.helper.list_sandboxes()
+            except errors.CamgError:
+                return False
+            if any(entry.get("sandbox_id") == sandbox and entry.get("alive") is False
+                   for entry in listing):
+                return True
+            time.sleep(0.1)
+        return False
 
     def _destroy_quietly(self, sandbox: str) -> None:
         try:

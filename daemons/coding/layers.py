@@ -40,7 +40,7 @@ AGENT_GID = 2000
 WORKDIR = "testbed"
 PRIVATE_GIT = "var/lib/camg-task/git"
 STAMP = "camg-layer.json"
-FORMAT = 1
+FORMAT = 2
 # A fixed identity and date make the snapshot commit a pure function of the
 # tree, so rebuilding a layer reproduces the same commit id.
 _COMMIT_ENV = {
@@ -64,7 +64,7 @@ class TaskLayers:
 
 
 def layer_dir(root: str | os.PathLike, ref: TaskRef) -> Path:
-    return Path(root) / ref.branch / ref.tip[:16]
+    return Path(root) / ref.branch / f"{ref.tip[:16]}-v{FORMAT}"
 
 
 def ensure(root: str | os.PathLike, ref: TaskRef, *, build: bool,
@@ -138,7 +138,8 @@ def _build_agent(layer: Path, ref: TaskRef, privileged: bool) -> tuple[str, str]
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(work, filter="data")
     _run(["git", "init", "-q", "--template=", "-b", "main", str(work)])
-    for key, value in _REPO_CONFIG:
+    # Agents commit; without an identity every `git commit` fails.
+    for key, value in (*_REPO_CONFIG, ("user.name", "agent"), ("user.email", "agent@sandbox")):
         git(work, "config", key, value)
     # -f: the tree may track files its own .gitignore matches.
     _run(["git", "-c", "safe.directory=*", "-C", str(work), "add", "-A", "-f"])
