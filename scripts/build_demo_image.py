@@ -2,6 +2,7 @@
 """Build the demo OCI image (Debian bookworm + apispec 6.8.1's test venv) and publish it.
 
     python scripts/build_demo_image.py --cache-root DIR --registry HOST:PORT --output OUTDIR
+        [--materialize materialized-images.json]
 
 Run as root (debootstrap, chroot). Every step is cached under DIR/demo.
 Writes OUTDIR/images.json (the demo image by digest; its digest is known
@@ -9,13 +10,19 @@ only now) and OUTDIR/build.json; then materialize it with
 
     python scripts/prepare_images.py --cache-root DIR --images OUTDIR/images.json \\
         --output materialized-images.json --skopeo skopeo
+
+or in the same run with ``--materialize PATH`` (the same pull-back by
+digest). Without ``--registry`` a throwaway docker-registry on loopback
+serves the push and the pull-back (then ``--materialize`` is required).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,19 +30,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from camg.errors import CamgError  # noqa: E402
 from camg.oci import demo  # noqa: E402
+from camg.oci.images import write_materialized  # noqa: E402
+from camg.oci.prepare import prepare_images  # noqa: E402
+from camg.oci.pull import SkopeoPuller  # noqa: E402
+from camg.oci.registry import LocalRegistry  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache-root", required=True, type=Path)
-    parser.add_argument("--registry", required=True, help="HOST:PORT of the registry to push to")
+    parser.add_argument("--registry", help="HOST:PORT of the registry to push to")
+    parser.add_argument("--materialize", type=Path, metavar="PATH",
+                        help="also pull the image back and write materialized-images.json here")
     parser.add_argument("--output", required=True, type=Path)
     parser.add_argument("--skopeo", default="skopeo")
     args = parser.parse_args(argv)
+    if args.registry is None and args.materialize is None:
+        parser.error("without --registry the image lives only for this run: give --materialize")
     started = time.monotonic()
     try:
         build = demo.build_demo(args.cache_root)
-        spec = demo.publish(build, args.registry, skopeo=args.skopeo)
+        with contextlib.ExitStack() as stack:
+            registry = args.registry
+            if registry is None:
+                state = stack.enter_context(tempfile.TemporaryDirectory(prefix="camg-registry."))
+                registry = stack.enter_context(LocalRegistry(Path(state))).address
+            spec = demo.publish(build, registry, skopeo=args.skopeo)
+            if args.materialize is not None:
+                (image,) = prepare_images([spec], args.cache_root, SkopeoPuller(args.skopeo))
+                write_materialized(args.materialize, (image,))
     except CamgError as exc:
         print(f"build_demo_image: {exc.name}: {exc}", file=sys.stderr)
         return 2

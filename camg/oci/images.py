@@ -122,6 +122,7 @@ def image_hash(name: str, digest: str, config_digest: str, diff_ids: tuple[str, 
 def write_materialized(path: str | Path, images: tuple[MaterializedImage, ...]) -> MaterializedList:
     listing = MaterializedList(FORMAT_VERSION, sha256_json([i.hash for i in images]), images)
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(to_json(listing), indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)

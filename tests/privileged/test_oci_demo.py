@@ -100,3 +100,18 @@ def test_build_script_publishes_and_prepare_pulls_it_back(demo_image, registry, 
     assert image.hash == demo_image.image.hash
     assert Path(image.rootfs, "opt/testbed-venv/bin/pytest").exists()
     shutil.rmtree(fresh)  # a second 300 MB copy is not worth keeping
+
+
+def test_build_script_one_shot_with_throwaway_registry(demo_image, tmp_path):
+    out = tmp_path / "out"
+    built = subprocess.run([sys.executable, str(REPO_ROOT / "scripts/build_demo_image.py"),
+                            "--cache-root", str(demo.cache_root_from_env()), "--output", str(out),
+                            "--materialize", str(out / "materialized.json")],
+                           capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stderr
+    (image,) = load_materialized(out / "materialized.json").images
+    assert Path(image.rootfs) == demo_image.rootfs and image.hash == demo_image.image.hash
+    refused = subprocess.run([sys.executable, str(REPO_ROOT / "scripts/build_demo_image.py"),
+                              "--cache-root", str(tmp_path / "unused"), "--output", str(out)],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "give --materialize" in refused.stderr
