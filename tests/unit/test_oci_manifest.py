@@ -131,3 +131,23 @@ def test_loopback_detection():
 def test_materialized_list_missing_is_a_preparation_step(tmp_path):
     with pytest.raises(PreparationMissing, match="prepare_images.py"):
         load_materialized(tmp_path / "nope.json")
+
+
+def test_prepare_images_cli_reports_typed_errors(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts/prepare_images.py"
+    bad = write(tmp_path, [{"name": "a", "repository": "r/a", "digest": "sha256:nope"}])
+    result = subprocess.run([sys.executable, str(script), "--cache-root", str(tmp_path / "c"),
+                             "--crane", "crane", "--images", str(bad), "--output", str(tmp_path / "o.json")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "config_error" in result.stderr and "images[0]" in result.stderr and "sha256" in result.stderr
+    assert not (tmp_path / "o.json").exists()
+    missing_puller = subprocess.run(
+        [sys.executable, str(script), "--cache-root", str(tmp_path / "c"), "--skopeo", "/nonexistent/skopeo",
+         "--images", str(write(tmp_path, [])), "--output", str(tmp_path / "o.json")],
+        capture_output=True, text=True, timeout=60)
+    assert missing_puller.returncode == 2 and "--skopeo '/nonexistent/skopeo'" in missing_puller.stderr
