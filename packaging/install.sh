@@ -2,7 +2,7 @@
 # Install (or, with --uninstall, remove) camg on a Debian host.
 #
 #   sudo packaging/install.sh [--deployment FILE] [--helper-config FILE] [--no-apt]
-#                             [--no-configure]
+#                             [--no-configure] [--python PATH]
 #   sudo packaging/install.sh --uninstall [--purge]
 #
 # Run from a git checkout of camg. Safe to run again: every step checks what
@@ -39,7 +39,7 @@ systemd_running() { [ -d /run/systemd/system ]; }
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
-action=install purge=0 apt=1 configure=1
+action=install purge=0 apt=1 configure=1 python=python3
 deployment=$CHECKOUT/packaging/demo-deployment.json
 helper_config=$CHECKOUT/units/helper.json
 while [ $# -gt 0 ]; do
@@ -47,6 +47,9 @@ while [ $# -gt 0 ]; do
         --uninstall) action=uninstall ;;
         --purge) purge=1 ;;
         --no-apt) apt=0 ;;
+        # The interpreter the venv is made from: it must satisfy every
+        # Requires-Python in requirements.lock (Debian bookworm's is 3.11.2).
+        --python) python=${2:?--python needs an interpreter}; shift ;;
         # Software, users and units only: for an operator who prepares data
         # and runs camg.configure with a deployment of their own.
         --no-configure) configure=0 ;;
@@ -94,7 +97,7 @@ install_source() {
 }
 
 install_venv() {
-    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    [ -x "$VENV/bin/python" ] || "$python" -m venv "$VENV"
     if [ -f "$SRC/requirements.lock" ]; then
         "$VENV/bin/pip" install -q --disable-pip-version-check -r "$SRC/requirements.lock"
     else

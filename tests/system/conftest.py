@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,9 @@ GUEST_CHECKOUT = "/root/camg-checkout"
 GUEST_HELPER_CONFIG = "/root/helper-systest.json"
 INSTALL_FLAGS = ["--no-configure"]
 GUEST_PIP_CACHE = "/var/cache/camg-pip"
+HOST_PYTHON_PREFIX = sys.base_prefix
+HOST_PYTHON = f"{sys.base_prefix}/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+_HOST_INDEXES = ("/opt/pypi", "/opt/pypi-more", "/opt/wheels")
 GUEST_VENV = "/srv/camg/service-venv"
 
 
@@ -39,7 +43,7 @@ def venv_cache() -> Path:
     venv is not relocatable.
     """
     pins = sorted(CHECKOUT.glob("requirements/*.in")) + sorted(CHECKOUT.glob("requirements.lock"))
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in pins)).hexdigest()[:16]
+    key = hashlib.sha256(HOST_PYTHON.encode() + b"".join(p.read_bytes() for p in pins)).hexdigest()[:16]
     path = rootfs.cache_root() / f"venv-{key}"
     path.mkdir(exist_ok=True)
     rootfs.prune_siblings(path, "venv-")
@@ -54,17 +58,30 @@ def _require_tools() -> None:
             pytest.fail(f"{tool} is missing: apt-get install the packages in packaging/apt/systemd.txt")
 
 
-def _host_trust_binds() -> list[str]:
-    """The host's CA bundle, read-only: this machine's registries are reached
-    through an egress proxy whose CA only the host's bundle carries."""
-    bundle = Path("/etc/ssl/certs/ca-certificates.crt")
-    return [f"{bundle}:{bundle}:ro"] if bundle.is_file() else []
+def host_binds() -> list[str]:
+    """What the guest borrows from the host, read-only, at the same paths.
+
+    * the project's interpreter: requirements.lock is resolved on it (the
+      lock's soupsieve needs Python >= 3.11.5; bookworm's python3 is 3.11.2);
+    * the CA bundle: registries are reached through an egress proxy whose CA
+      only the host's bundle carries;
+    * the on-disk package indexes this machine's pip is configured with
+      (e.g. the CPU torch build the lock pins lies only there).
+    """
+    paths = [Path(HOST_PYTHON_PREFIX), Path("/etc/ssl/certs/ca-certificates.crt")]
+    paths += [Path(p) for p in _HOST_INDEXES]
+    return [f"{p}:{p}:ro" for p in paths if p.exists()]
 
 
 def _host_pip_env() -> dict[str, str]:
     # TMPDIR on disk: the guest's /tmp is a small tmpfs and wheels are big.
     env = {"PIP_CERT": "/etc/ssl/certs/ca-certificates.crt", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            "PIP_CACHE_DIR": GUEST_PIP_CACHE, "TMPDIR": "/var/tmp"}
+    indexes = [p for p in _HOST_INDEXES if Path(p, "simple").is_dir()]
+    if indexes:
+        env["PIP_EXTRA_INDEX_URL"] = " ".join(f"file://{p}/simple" for p in indexes)
+    if Path("/opt/wheels").is_dir():
+        env["PIP_FIND_LINKS"] = "/opt/wheels"
     if "PIP_DEFAULT_TIMEOUT" in os.environ:
         env["PIP_DEFAULT_TIMEOUT"] = os.environ["PIP_DEFAULT_TIMEOUT"]
     return env
@@ -94,9 +111,9 @@ def installed_root(tmp_path_factory):
         started = time.monotonic()
         argv = rootfs.nspawn_pipe(root, [f"{GUEST_CHECKOUT}/packaging/install.sh",
                                          "--helper-config", GUEST_HELPER_CONFIG,
-                                         *INSTALL_FLAGS],
+                                         "--python", HOST_PYTHON, *INSTALL_FLAGS],
                                   binds=[f"{pip_cache}:{GUEST_PIP_CACHE}", f"{venv}:{GUEST_VENV}",
-                                         *_host_trust_binds()],
+                                         *host_binds()],
                                   env=_host_pip_env())
         with open(log, "wb") as out:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
@@ -113,7 +130,7 @@ def installed_root(tmp_path_factory):
 @pytest.fixture(scope="session")
 def machine(installed_root, tmp_path_factory):
     m = Machine(installed_root, tmp_path_factory.mktemp("machine") / "console.log",
-                binds=[f"{venv_cache()}:{GUEST_VENV}"])
+                binds=[f"{venv_cache()}:{GUEST_VENV}", *host_binds()])
     try:
         m.boot()
         yield m

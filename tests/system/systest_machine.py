@@ -82,7 +82,7 @@ class Machine:
                 "-D", str(self.root), f"--machine={self.token}", "--private-network",
                 "--console=pipe"]
         argv += [f"--bind={p}:/run/hostcg/{c}" for c, p in self.helper_cgroups().items()]
-        argv += [f"--bind={b}" for b in self.binds]
+        argv += [f"--bind-ro={b[:-3]}" if b.endswith(":ro") else f"--bind={b}" for b in self.binds]
         out = open(self.log, "ab")
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
