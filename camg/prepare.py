@@ -76,10 +76,10 @@ def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_pa
             raise DatasetError("--limit must be at least 1")
         chosen = chosen[:limit]
 
+    refs = mirrors.resolve(mirrors_root, chosen)
     for row in chosen:
         profiles.for_repo(row.repo)
     catalog = images_mod.load(images_path)
-    refs = mirrors.resolve(mirrors_root, chosen)
     tasks = []
     for row, ref in zip(chosen, refs):
         image = images_mod.lookup(catalog, row.image_name)

@@ -1,0 +1,162 @@
+"""camg.prepare --environment coding: selection, mirror identity, manifest."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from camg import manifest
+from camg.errors import DatasetError
+from camg.oci.images import MaterializedImage, write_materialized
+from camg.prepare import main, prepare_coding
+from daemons.coding import layers, mirrors, rows, synthetic
+
+IMAGE = "camg/demo-apispec-6.8.1"
+
+
+@pytest.fixture(scope="module")
+def task_set():
+    return synthetic.task_set(sys.prefix)
+
+
+@pytest.fixture
+def images(tmp_path):
+    rootfs = tmp_path / "img" / "rootfs"
+    rootfs.mkdir(parents=True)
+    digest = "sha256:" + "a" * 64
+    (rootfs.parent / "complete.json").write_text(json.dumps({"digest": digest,
+                                                             "rootfs": str(rootfs)}))
+    image = MaterializedImage(name=IMAGE, repository="127.0.0.1:5000/camg/demo-apispec",
+                              digest=digest, config_digest="sha256:" + "b" * 64, diff_ids=(),
+                              rootfs=str(rootfs), workspace="/testbed", env=(),
+                              working_dir="/testbed", setuid_policy="keep",
+                              hash="sha256:" + "c" * 64)
+    path = tmp_path / "materialized-images.json"
+    write_materialized(path, (image,))
+    return path
+
+
+def load_rows(task_set):
+    return [json.loads(line) for line in (task_set / "tasks.jsonl").read_text().splitlines()]
+
+
+def prep(task_set, images, tmp_path, rows_path=None, **kwargs):
+    out = tmp_path / "manifest.json"
+    prepare_coding(rows_path=rows_path or task_set / "tasks.parquet",
+                   mirrors_root=kwargs.pop("mirrors_root", task_set / "mirrors"),
+                   images_path=images, output=out, layers_root=None, **kwargs)
+    return manifest.load(out)
+
+
+def test_manifest_keeps_rows_order_and_records_commits(task_set, images, tmp_path):
+    loaded = prep(task_set, images, tmp_path, seed=7)
+    source = load_rows(task_set)
+    assert loaded.task_ids == [r["instance_id"] for r in source]
+    assert loaded.sampling == {"order": "rows", "seed": 7, "limit": None, "select_sha256": None}
+    for task, row in zip(loaded.tasks, source):
+        ref = task.data["mirror"]
+        assert ref["branch"] == row["instance_id"]
+        assert mirrors.git(ref["mirror"], "rev-parse", row["instance_id"]).strip() == ref["tip"]
+        assert mirrors.git(ref["mirror"], "rev-parse", ref["tip"] + "~1").strip() == ref["tests"]
+        assert task.data["image"]["name"] == IMAGE
+        assert task.data["FAIL_TO_PASS"] == row["FAIL_TO_PASS"]
+    assert set(loaded.files) == {"rows", "images"}
+    loaded.verify_files()
+
+
+def test_selection_keeps_given_ids_and_order(task_set, images, tmp_path):
+    ids = [r["instance_id"] for r in load_rows(task_set)]
+    chosen = [ids[2], ids[0], ids[3]]
+    select = tmp_path / "ids.txt"
+    select.write_text("# served in this order\n" + "\n".join(chosen) + "\n")
+    loaded = prep(task_set, images, tmp_path, select=select, limit=2)
+    assert loaded.task_ids == chosen[:2]
+    assert loaded.sampling["order"] == "select" and loaded.sampling["limit"] == 2
+    select.write_text(ids[0] + "\nnot-a-task\n")
+    with pytest.raises(DatasetError, match="'not-a-task' is not in"):
+        prep(task_set, images, tmp_path, select=select)
+    select.write_text(ids[0] + "\n" + ids[0] + "\n")
+    with pytest.raises(DatasetError, match="selected twice"):
+        prep(task_set, images, tmp_path, select=select)
+
+
+def test_bad_row_names_index_and_field(task_set, images, tmp_path):
+    data = load_rows(task_set)
+    data[1]["PASS_TO_PASS"] = "nope"
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in data))
+    with pytest.raises(DatasetError, match=r"row 1 \('.*'\): field PASS_TO_PASS"):
+        prep(task_set, images, tmp_path, rows_path=bad)
+    data = load_rows(task_set)
+    data.append(dict(data[0]))
+    bad.write_text("".join(json.dumps(r) + "\n" for r in data))
+    with pytest.raises(DatasetError, match="appears twice"):
+        prep(task_set, images, tmp_path, rows_path=bad)
+
+
+def test_missing_branch_mirror_or_image_is_rejected(task_set, images, tmp_path):
+    data = load_rows(task_set)
+    data[0]["instance_id"] = data[0]["instance_id"] + "x"
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    with pytest.raises(DatasetError, match="has no branch named"):
+        prep(task_set, images, tmp_path, rows_path=path)
+    data = load_rows(task_set)
+    data[0]["repo"] = "camg-demo/elsewhere"
+    path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    with pytest.raises(DatasetError, match="no mirror directory"):
+        prep(task_set, images, tmp_path, rows_path=path)
+    data = load_rows(task_set)
+    data[0]["image_name"] = "camg/unknown"
+    path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    with pytest.raises(DatasetError, match="not materialized"):
+        prep(task_set, images, tmp_path, rows_path=path)
+
+
+def test_conflicting_identity_is_rejected(task_set, images, tmp_path):
+    data = load_rows(task_set)
+    owner, name = data[1]["repo"].split("/")
+    data[1]["repo"] = f"someone-else/{name}"
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    with pytest.raises(DatasetError, match="both claim mirror"):
+        prep(task_set, images, tmp_path, rows_path=path)
+
+
+def test_branch_without_parent_is_rejected(task_set, images, tmp_path):
+    copy = tmp_path / "mirrors"
+    subprocess.run(["cp", "-a", str(task_set / "mirrors"), str(copy)], check=True)
+    (mirror,) = copy.iterdir()
+    first = load_rows(task_set)[0]["instance_id"]
+    subprocess.run(["git", "-C", str(mirror), "checkout", "-q", "--orphan", "orphan"], check=True)
+    subprocess.run(["git", "-C", str(mirror), "-c", "user.name=x", "-c", "user.email=x@x",
+                    "commit", "-q", "-m", "orphan"], check=True)
+    subprocess.run(["git", "-C", str(mirror), "branch", "-f", first, "orphan"], check=True)
+    with pytest.raises(DatasetError, match="has no parent commit"):
+        prep(task_set, images, tmp_path, mirrors_root=copy)
+
+
+def test_unprivileged_layers_build_and_verify(task_set, tmp_path):
+    task_rows = [rows.validate(r, i) for i, r in enumerate(load_rows(task_set))]
+    (ref,) = mirrors.resolve(task_set / "mirrors", task_rows[:1])
+    built = layers.ensure(tmp_path, ref, build=True, privileged=False)
+    again = layers.ensure(tmp_path, ref, build=False, privileged=False)
+    assert built == again
+    with pytest.raises(Exception, match="rebuild"):
+        layers.ensure(tmp_path, ref, build=False, privileged=True)
+    moved = mirrors.TaskRef(ref.mirror, ref.branch, ref.tip, ref.tip)
+    other = tmp_path / "other"
+    with pytest.raises(Exception, match="missing"):
+        layers.ensure(other, moved, build=False, privileged=False)
+
+
+def test_cli_reports_errors_and_writes(task_set, images, tmp_path, capsys):
+    out = tmp_path / "m.json"
+    args = ["--environment", "coding", "--rows", str(task_set / "tasks.jsonl"),
+            "--mirrors-root", str(task_set / "mirrors"), "--images", str(images),
+            "--output", str(out), "--no-layers", "--limit", "2"]
+    assert main(args) == 0 and len(manifest.load(out).tasks) == 2
+    assert main([*args[:-2], "--limit", "0"]) == 2
+    assert "--limit must be at least 1" in capsys.readouterr().err
