@@ -94,7 +94,7 @@ def kill_all(freezer: str, timeout: float = 5.0, spare: int = 0) -> int:
     killed = 0
     try:
         for pid in procs(freezer):
-            if pid == spare:
+            if pid == spare or pid <= 1:
                 continue
             killed += 1
             try:
@@ -128,6 +128,8 @@ def remove(cg: dict[str, str], timeout: float = 5.0) -> None:
                 if "freezer" in cg and os.path.isdir(cg["freezer"]):
                     kill_all(cg["freezer"], max(0.1, deadline - time.monotonic()))
                 for pid in procs(path):
+                    if pid <= 1:
+                        continue
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:

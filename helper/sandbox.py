@@ -79,15 +79,22 @@ class Sandbox:
         init_pid = 0
         try:
             ours.settimeout(timeout)
-            msg = _recv(ours)
-            if msg[:1] == b"P":
-                init_pid = struct.unpack("=I", msg[1:5])[0]
+            # The spawner's 'P' (init's host pid) and init's 'R' come from two
+            # processes, so either may arrive first; both are required.
+            ready = False
+            while not (init_pid and ready):
                 msg = _recv(ours)
-            if msg[:1] != b"R":
-                detail = msg[1:].decode(errors="replace") if msg[:1] == b"F" else "init exited"
-                raise WireError("internal", f"sandbox setup failed: {detail}")
+                if msg[:1] == b"P" and len(msg) == 5:
+                    init_pid = struct.unpack("=I", msg[1:5])[0]
+                elif msg[:1] == b"R":
+                    ready = True
+                else:
+                    detail = msg[1:].decode(errors="replace") if msg[:1] == b"F" else "init exited"
+                    raise WireError("internal", f"sandbox setup failed: {detail}")
+            if init_pid <= 1:
+                raise WireError("internal", f"sandbox init reported pid {init_pid}")
         except BaseException as exc:
-            if init_pid:
+            if init_pid > 1:
                 _kill_and_reap(init_pid)
             ours.close()
             if isinstance(exc, socket.timeout):
@@ -324,6 +331,9 @@ def _recv(sock: socket.socket) -> bytes:
 
 
 def _kill_and_reap(pid: int) -> None:
+    if pid <= 1:
+        # kill(0) or kill(-1) would hit the helper's own group or everyone.
+        raise ValueError(f"refusing to kill pid {pid}")
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:

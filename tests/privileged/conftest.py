@@ -219,7 +219,8 @@ def start_helper(base: Path, cfg: dict, *, wait_probes: bool = True, args=()) ->
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("NOTIFY_SOCKET", None)
     proc = subprocess.Popen([sys.executable, "-m", "helper", "--config", str(path), "--foreground", *args],
-                            cwd=ROOT, env=env, stderr=open(base / "helper.log", "ab"))
+                            cwd=ROOT, env=env, stderr=open(base / "helper.log", "ab"),
+                            start_new_session=True)
     allow_process(proc.pid)
     helper = HelperProcess(base, cfg, proc)
     deadline = time.monotonic() + 60
