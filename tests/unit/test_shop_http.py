@@ -1,0 +1,110 @@
+"""End to end: two real ``camg.serve`` Shop services (gunicorn, one JVM each)
+configured from the same prepared manifest, driven over HTTP."""
+
+import json
+import threading
+
+import pytest
+
+from camg.client import Client, ServiceError
+from camg.configure import configure
+from daemons.shop import testing
+from tests.support.services import ServiceProcess, clean_git_tree, free_port
+
+
+def configure_shop(tmp, prepared_dir, settings):
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "requirements.lock").write_text("pyserini==0.22.1\n")
+    deployment = {
+        "runtime_lock": str(tmp / "requirements.lock"),
+        "state_root": str(tmp / "state"),
+        "helper_socket": str(tmp / "helper.sock"),
+        "executables": {},
+        "environments": {"shop": {
+            "manifest": str(prepared_dir / "manifest.json"), "port": free_port(), "capacity": 4,
+            "settings": dict(settings, jvm_heap_mb=512, verify_index_full=False)}},
+    }
+    (tmp / "deployment.json").write_text(json.dumps(deployment))
+    configure(tmp / "deployment.json", tmp / "prepared", source_tree=clean_git_tree(tmp / "src"))
+    return tmp / "prepared" / "shop.json"
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    prepared_dir, settings = testing.prepared()
+    base = tmp_path_factory.mktemp("shop-http")
+    procs = [ServiceProcess(configure_shop(base / f"svc{i}", prepared_dir, settings))
+             for i in range(2)]
+    errors = []
+
+    def ready(proc):
+        try:
+            proc.wait_ready(timeout=240)
+        except Exception as exc:  # reported below with the service's log
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ready, args=(p,)) for p in procs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        if errors:
+            raise errors[0]
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def test_two_services_with_the_same_seed_serve_identical_goals(services):
+    a, b = (Client(s.url) for s in services)
+    meta_a, meta_b = a.metadata(), b.metadata()
+    assert meta_a["task_selection_hash"] == meta_b["task_selection_hash"]
+    assert meta_a["hashes"]["product_pool"] == meta_b["hashes"]["product_pool"]
+    assert meta_a["hashes"]["index"] == meta_b["hashes"]["index"]
+    for seed in (0, 1, 4242):
+        ea, eb = a.create(seed=seed), b.create(seed=seed)
+        assert ea["task_id"] == eb["task_id"]
+        assert ea["observation"] == eb["observation"]
+        sa = a.step(ea["episode_id"], {"action": "search[stainless steel water bottle]"})
+        sb = b.step(eb["episode_id"], {"action": "search[stainless steel water bottle]"})
+        assert sa["observation"] == sb["observation"] and sa["reward"] == 0.0
+        a.close(ea["episode_id"])
+        b.close(eb["episode_id"])
+
+
+def test_oracle_episode_over_http_records_the_reward(services):
+    service = services[0]
+    client = Client(service.url)
+    manifest = json.loads((testing.prepared()[0] / "manifest.json").read_text())
+    task = manifest["tasks"][7]
+    goal = task["data"]["goal"]
+    products = {p["asin"]: p for p in json.loads(
+        (testing.prepared()[0] / "product_pool.json").read_text())}
+    created = client.create(task_id=task["task_id"])
+    eid = created["episode_id"]
+    assert goal["asin"] not in json.dumps(created["observation"])
+    title = products[goal["asin"]]["Title"].replace("[", " ").replace("]", " ")
+    step = client.step(eid, {"action": f"search[{title}]"})
+    while goal["asin"].lower() not in step["observation"]["available_actions"]["clickables"]:
+        step = client.step(eid, {"action": "click[next >]"})
+    client.step(eid, {"action": f"click[{goal['asin'].lower()}]"})
+    for value in goal["goal_options"].values():
+        client.step(eid, {"action": f"click[{value}]"})
+    last = client.step(eid, {"action": "click[buy now]"})
+    assert last["done"] is True and last["reward"] == 1.0
+    assert any(r["episode_id"] == eid and r["reward"] == 1.0 for r in service.outcomes())
+
+
+def test_schema_and_bad_actions_over_http(services):
+    client = Client(services[1].url)
+    schema = client.schema()
+    assert schema["action"]["required"] == ["action"]
+    eid = client.create()["episode_id"]
+    with pytest.raises(ServiceError) as info:
+        client.step(eid, {"action": 5})
+    assert info.value.status == 422
+    step = client.step(eid, {"action": "click[nothing here]"})
+    assert step["reward"] == 0.0 and step["done"] is False
+    assert step["observation"]["valid_action"] is False
