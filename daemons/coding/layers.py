@@ -93,7 +93,10 @@ def _verify(base: Path, ref: TaskRef, privileged: bool) -> TaskLayers:
     if stamp.get("privileged") is not privileged:
         raise ConfigError(f"{base}: layers were built {'without' if privileged else 'with'} "
                           "root; rebuild them")
-    if stamp.get("format") != FORMAT or stamp.get("ref") != ref.to_data():
+    # The layers are a function of the commits, not of where the mirror lives.
+    identity = {k: v for k, v in ref.to_data().items() if k != "mirror"}
+    recorded = {k: v for k, v in (stamp.get("ref") or {}).items() if k != "mirror"}
+    if stamp.get("format") != FORMAT or recorded != identity:
         raise ConfigError(f"{base}: layers were built for another branch state "
                           f"({stamp.get('ref')}, expected {ref.to_data()})")
     agent, grader = base / "agent", base / "grader"

@@ -62,3 +62,34 @@ def sandbox_runner(helper_socket: str, rootfs: str, *, timeout: float = 600,
                                f"{result.output[-3000:]}")
         return status
     return run
+
+
+def ensure_demo_set(cache_dir: Path, image, helper_socket: str, sdist: Path) -> Path:
+    """The demo task set for ``image`` (a materialized demo image), built with
+    the suite run in sandboxes and cached under ``cache_dir`` keyed by the
+    image digest, the sdist and the builder's sources."""
+    import hashlib
+    import json
+    import os
+    import shutil
+
+    from daemons.coding import demo_tasks
+
+    here = Path(__file__).resolve().parent
+    sources = "".join((here / name).read_text()
+                      for name in ("bugs.py", "demo_tasks.py", "sandbox_runner.py"))
+    key = hashlib.sha256(json.dumps([image.digest, sources, hashlib.sha256(
+        sdist.read_bytes()).hexdigest()]).encode()).hexdigest()[:16]
+    final = Path(cache_dir) / f"demo-{key}"
+    if (final / "tasks.jsonl").is_file():
+        return final
+    tmp = Path(cache_dir) / f".demo-{key}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        runner = sandbox_runner(helper_socket, image.rootfs)
+        spec = demo_tasks.DemoSpec(sdist=sdist, image_name=image.name)
+        demo_tasks.write_rows(demo_tasks.build(spec, tmp, runner), tmp)
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -9,7 +9,6 @@ camg-helper. Every test ends with the conftest's leak check.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -57,22 +56,8 @@ def coding_helper(demo_image, rootfs):
 @pytest.fixture(scope="module")
 def demo_set(demo_image, coding_helper):
     """The demo task set, FAIL_TO_PASS/PASS_TO_PASS found in sandboxes (cached)."""
-    from daemons.coding import bugs, demo_tasks, sandbox_runner
-
-    sdist = _sdist()
-    sources = "".join(Path(m.__file__).read_text() for m in (bugs, demo_tasks, sandbox_runner))
-    key = hashlib.sha256(json.dumps([demo_image.image.digest, sources,
-                                     sdist.read_bytes().hex()[:64]]).encode()).hexdigest()[:16]
-    final = CACHE / f"demo-{key}"
-    if not (final / "tasks.jsonl").is_file():
-        tmp = CACHE / f".demo-{key}.{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        runner = sandbox_runner.sandbox_runner(coding_helper.socket, str(demo_image.rootfs))
-        spec = demo_tasks.DemoSpec(sdist=sdist, image_name=demo_image.image.name)
-        rows = demo_tasks.build(spec, tmp, runner)
-        demo_tasks.write_rows(rows, tmp)
-        tmp.rename(final)
-    return final
+    from daemons.coding.sandbox_runner import ensure_demo_set
+    return ensure_demo_set(CACHE, demo_image.image, coding_helper.socket, _sdist())
 
 
 def _sdist() -> Path:

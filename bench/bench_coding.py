@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Coding benchmark: episode reset latency and grading overhead, in one run.
+
+    sudo .venv/bin/python bench/bench_coding.py [--resets 200] [--grades 3] [--json OUT]
+
+Uses the real demo image (built/pulled through camg.oci.demo, cached under
+$CAMG_CACHE), the demo task set (cached), camg.prepare, a camg-helper on
+its own socket, and CodingEnvironment exactly as the service runs it.
+
+* reset: CodingEpisode.reset() + close(), p50/p99, on the demo image and on
+  a much smaller image (Debian minbase) with the same task layer: the goal
+  is p50 <= 10 ms and no dependence on image size (the repository comes
+  from a lower layer, nothing is copied).
+* grade: CodingEpisode.grade() of a gold-fixed episode (fresh sandbox,
+  apply, revert protected files, run the suite, parse with swebench,
+  destroy) against the baseline of running the profile's test command
+  alone in an already running sandbox over the same layers. Goal <= 1.2x.
+Both sides of every ratio are measured in this run, interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from camg import manifest  # noqa: E402
+from camg.environment import ServiceContext  # noqa: E402
+from camg.helper_client import HelperClient  # noqa: E402
+
+CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
+CONTROLLERS = ("cpu", "memory", "pids", "freezer")
+
+
+def note(text: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return round(s[min(len(s) - 1, int(q * len(s)))] * 1e3, 3)
+
+
+def du(path: str) -> int:
+    out = subprocess.run(["du", "-sb", path], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+class Helper:
+    def __init__(self, lower_roots: list[str], probe_rootfs: str) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="camg-bench-coding-"))
+        self.base.chmod(0o711)
+        tag = f"camg-bench-coding-{os.getpid()}"
+        self.cfg = {
+            "socket": str(self.base / "helper.sock"), "state_dir": str(self.base / "state"),
+            "group": "nogroup", "lower_roots": lower_roots,
+            "upper_root": str(self.base / "uppers"), "probe_lowers": [probe_rootfs],
+            "cgroup_parents": {c: f"/sys/fs/cgroup/{c}/{tag}" for c in CONTROLLERS},
+        }
+        (self.base / "uppers").mkdir()
+        (self.base / "helper.json").write_text(json.dumps(self.cfg))
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env.pop("NOTIFY_SOCKET", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "helper", "--config",
+                                      str(self.base / "helper.json"), "--foreground"], cwd=ROOT,
+                                     env=env, stderr=open(self.base / "helper.log", "wb"))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if HelperClient(self.cfg["socket"]).ping()["probes_ok"]:
+                    return
+            except Exception:
+                time.sleep(0.1)
+        self.stop()
+        raise SystemExit("helper never became ready:\n" + (self.base / "helper.log").read_text())
+
+    @property
+    def socket(self) -> str:
+        return self.cfg["socket"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(60)
+        for path in self.cfg["cgroup_parents"].values():
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass  # already gone
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def sdist() -> Path:
+    target = CACHE / "coding" / "sdist"
+    path = target / "apispec-6.8.1.tar.gz"
+    if not path.is_file():
+        target.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                        "--no-binary", ":all:", "apispec==6.8.1", "-d", str(target)], check=True)
+    return path
+
+
+def make_env(work: Path, prepared: Path, images: Path, mirrors: Path, layers_root: Path,
+             socket: str):
+    from daemons.coding.environment import CodingEnvironment
+    loaded = manifest.load(prepared)
+    context = ServiceContext("coding", str(work / "state"), {
+        "mirrors_root": str(mirrors), "images": str(images), "layers_root": str(layers_root)},
+        socket)
+    env = CodingEnvironment(context, loaded.tasks)
+    env.start()
+    return env
+
+
+def bench_reset(env, n: int, image_rootfs: str) -> dict:
+    task = env.tasks[0]
+    prepared = env.prepared[task.task_id]
+    if image_rootfs != prepared.image.rootfs:
+        import dataclasses
+        prepared = dataclasses.replace(
+            prepared, image=dataclasses.replace(prepared.image, rootfs=image_rootfs))
+        env.prepared[task.task_id] = prepared
+    samples = []
+    for i in range(n + 10):
+        episode = env.create_episode(task, seed=None, episode_id=f"r{i}")
+        started = time.perf_counter()
+        episode.reset()
+        elapsed = time.perf_counter() - started
+        episode.close()
+        if i >= 10:  # warm-up: dentry caches of the lowers
+            samples.append(elapsed)
+    return {"n": n, "p50_ms": pct(samples, 0.5), "p99_ms": pct(samples, 0.99),
+            "mean_ms": round(statistics.mean(samples) * 1e3, 3)}
+
+
+def bench_grade(env, helper: HelperClient, rounds: int) -> dict:
+    from daemons.coding.environment import WORKDIR, fix_dev_nodes
+    task = env.tasks[0]
+    prepared = env.prepared[task.task_id]
+    grades, alone = [], []
+    for i in range(rounds):
+        episode = env.create_episode(task, seed=None, episode_id=f"g{i}")
+        try:
+            episode.reset()
+            patch = task.data["patch"]
+            episode.step({"operation": "shell", "command":
+                          f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF"})
+            episode.step({"operation": "finish"})
+            started = time.perf_counter()
+            reward = episode.grade()
+            grades.append(time.perf_counter() - started)
+            assert reward == 1.0, episode.state()
+        finally:
+            episode.close()
+        sandbox = helper.create_sandbox([prepared.image.rootfs, prepared.layers.grader],
+                                        memory_bytes=4 << 30, cpu_quota=1.0, pids_max=1024)
+        try:
+            fix_dev_nodes(helper, sandbox)
+            started = time.perf_counter()
+            result = helper.exec(sandbox, prepared.profile.test_cmd, user="agent", cwd=WORKDIR,
+                                 env=episode.exec_env, timeout=600, output_limit=1 << 20)
+            alone.append(time.perf_counter() - started)
+            assert "passed" in result.output[-300:], result.output[-500:]
+        finally:
+            helper.destroy(sandbox)
+    g, a = statistics.median(grades), statistics.median(alone)
+    return {"rounds": rounds, "grade_s": [round(x, 3) for x in grades],
+            "test_cmd_alone_s": [round(x, 3) for x in alone], "grade_median_s": round(g, 3),
+            "test_cmd_alone_median_s": round(a, 3), "ratio": round(g / a, 3)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--resets", type=int, default=200)
+    ap.add_argument("--grades", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench_coding needs root (sandboxes, task layers)")
+    from camg.oci import demo
+    from camg.oci.images import write_materialized
+    from camg.prepare import prepare_coding
+    from daemons.coding.sandbox_runner import ensure_demo_set
+
+    small_rootfs = CACHE / "helper" / "bookworm-minbase"
+    if not (small_rootfs / "bin" / "bash").exists():
+        raise SystemExit(f"{small_rootfs} missing: run the privileged helper tests once")
+    note("demo image")
+    image = demo.ensure_demo_image(demo.cache_root_from_env())
+    layers_root = CACHE / "coding" / "layers"
+    layers_root.mkdir(parents=True, exist_ok=True)
+    helper = Helper([str(demo.cache_root_from_env()), str(layers_root), str(CACHE / "helper")],
+                    str(small_rootfs))
+    work = Path(tempfile.mkdtemp(prefix="camg-bench-coding-work-"))
+    results: dict = {}
+    try:
+        note("demo task set")
+        demo_set = ensure_demo_set(CACHE / "coding", image.image, helper.socket, sdist())
+        images = work / "materialized-images.json"
+        write_materialized(images, (image.image,))
+        prepared = work / "manifest.json"
+        prepare_coding(rows_path=demo_set / "tasks.jsonl", mirrors_root=demo_set / "mirrors",
+                       images_path=images, output=prepared, layers_root=layers_root)
+        (work / "state").mkdir()
+        env = make_env(work, prepared, images, demo_set / "mirrors", layers_root, helper.socket)
+        results["images"] = {"demo_bytes": du(str(image.rootfs)),
+                             "minbase_bytes": du(str(small_rootfs))}
+        note("reset on the demo image")
+        results["reset_demo_image"] = bench_reset(env, args.resets, str(image.rootfs))
+        note("reset on the minbase image")
+        results["reset_minbase_image"] = bench_reset(env, args.resets, str(small_rootfs))
+        env.stop()
+        env = make_env(work, prepared, images, demo_set / "mirrors", layers_root, helper.socket)
+        note("grade vs the test command alone")
+        client = HelperClient(helper.socket, owner="bench-coding")
+        results["grade"] = bench_grade(env, client, args.grades)
+        client.close()
+        env.stop()
+    finally:
+        helper.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    demo_p50 = results["reset_demo_image"]["p50_ms"]
+    small_p50 = results["reset_minbase_image"]["p50_ms"]
+    results["goals"] = {
+        "reset_p50_le_10ms": demo_p50 <= 10.0,
+        "reset_independent_of_image_size": abs(demo_p50 - small_p50) <= max(1.0, 0.2 * small_p50),
+        "grade_le_1.2x_test_cmd": results["grade"]["ratio"] <= 1.2,
+    }
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
