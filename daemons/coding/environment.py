@@ -126,6 +126,7 @@ class CodingEnvironment(Environment):
         build = s.build_layers and os.geteuid() == 0
         for task in self.tasks:
             self.prepared[task.task_id] = self._prepare_task(task, catalog, build)
+        grading.preload()
         self.helper = HelperClient(self.context.helper_socket or DEFAULT_SOCKET,
                                    owner=s.helper_owner)
         log.info("coding: %d task(s) verified", len(self.prepared))
@@ -201,8 +202,7 @@ def _version(dist: str) -> str:
 # The helper creates /dev/null & co. through the process umask (0644), which
 # the agent uid cannot write to; every shell snippet and pytest needs them.
 # Remove once the helper's init makes them 0666 itself.
-DEV_FIX = ("for n in null zero full random urandom tty; do "
-           "[ -c /dev/$n ] && chmod 0666 /dev/$n; done; true")
+DEV_FIX = "exec chmod 0666 /dev/null /dev/zero /dev/full /dev/random /dev/urandom /dev/tty"
 
 
 def fix_dev_nodes(helper, sandbox: str) -> None:
@@ -227,6 +227,7 @@ class CodingEpisode(Episode):
         self.diff_problem: str | None = None
         self.report: grading.Report | None = None
         self._closed = False
+        self._dev_ready = False
         self._lock = threading.Lock()        # guards sandbox ids and _closed
         self._step_lock = threading.Lock()   # one step at a time
         image_env = dict(e.split("=", 1) for e in prepared.image.env if "=" in e)
@@ -236,7 +237,8 @@ class CodingEpisode(Episode):
     # -- lifecycle ------------------------------------------------------
 
     def reset(self) -> Mapping[str, Any]:
-        sandbox = self._create([self.task.image.rootfs, self.task.layers.agent])
+        # /dev is fixed before the first command instead: reset stays one call.
+        sandbox = self._create([self.task.image.rootfs, self.task.layers.agent], fix_dev=False)
         with self._lock:
             if self._closed:
                 self._destroy_quietly(sandbox)
@@ -274,6 +276,9 @@ class CodingEpisode(Episode):
 
     def _shell(self, command: str) -> Step:
         sandbox = self._sandbox()
+        if not self._dev_ready:
+            self._call(fix_dev_nodes, self.helper, sandbox)
+            self._dev_ready = True
         result = self._call(self.helper.exec, sandbox, command, user="agent", cwd=WORKDIR,
                             env=self.exec_env, timeout=self.settings.command_timeout,
                             output_limit=self.settings.output_bytes)
@@ -379,15 +384,16 @@ class CodingEpisode(Episode):
                 raise errors.SandboxDied("the episode's sandbox is gone (episode closed)")
             return self.sandbox
 
-    def _create(self, lowers: list[str]) -> str:
+    def _create(self, lowers: list[str], *, fix_dev: bool = True) -> str:
         s = self.settings
         sandbox = self._call(self.helper.create_sandbox, lowers, memory_bytes=s.memory_bytes,
                              cpu_quota=s.cpu_quota, pids_max=s.pids_max, hostname="testbed")
-        try:
-            fix_dev_nodes(self.helper, sandbox)
-        except Exception:
-            self._destroy_quietly(sandbox)
-            raise
+        if fix_dev:
+            try:
+                self._call(fix_dev_nodes, self.helper, sandbox)
+            except Exception:
+                self._destroy_quietly(sandbox)
+                raise
         return sandbox
 
     def _call(self, fn, *args, **kwargs):

@@ -220,6 +220,12 @@ class Report:
         return 1.0 if self.resolved else 0.0
 
 
+def preload() -> None:
+    """Import swebench's grading now (about a second), not in the first grade."""
+    import swebench.harness.grading  # noqa: F401
+    import swebench.harness.test_spec.test_spec  # noqa: F401
+
+
 def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool,
              dropped: list[str] | tuple[str, ...] = ()) -> Report:
     """Grade one eval-script run; GraderError when no honest grade exists."""
