@@ -13,7 +13,9 @@
 # Layout (see README "Operating camg"):
 #   /srv/camg/src            clean git clone of the installed commit
 #   /srv/camg/service-venv   the services' virtualenv (requirements.lock)
-#   /srv/camg/data           prepared demo data (tasks, manifests, images)
+#   /srv/camg/data           prepared demo data (tasks, mirrors, manifests)
+#   /var/lib/camg/oci-rootfs materialized images (helper lower root)
+#   /var/cache/camg          build caches of the demo data ($CAMG_CACHE)
 #   /etc/camg                helper.json, deployment.json, prepared/<env>.json
 #   /var/lib/camg/<env>      state: outcome records, trajectories (kept by
 #                            --uninstall unless --purge)
@@ -138,17 +140,48 @@ install_system_files() {
     install -m 0644 "$helper_config" "$ETC/helper.json"
 }
 
-prepare_demo() {
-    # The demo data each enabled environment needs, made by that
-    # environment's own preparation CLI (see README). Runs as root: the
-    # helper's lower roots are root-owned and read-only to everyone else.
-    install -d -m 0755 "$DATA"
-    local script
-    for script in "$SRC"/packaging/prepare-demo/*.sh; do
-        [ -e "$script" ] || continue
-        log "preparing demo data: $(basename "$script" .sh)"
-        SRC=$SRC VENV=$VENV DATA=$DATA STATE=$STATE bash "$script"
+# A helper for preparation: systemd's socket where systemd runs (the real
+# unit, socket-activated), else a foreground helper for the duration.
+PREP_HELPER_PID=
+start_prep_helper() {
+    if systemd_running; then
+        systemctl daemon-reload
+        systemctl start camg-helper.socket
+        PREP_SOCKET=/run/camg/helper.sock
+        return
+    fi
+    PREP_SOCKET=/run/camg/install-helper.sock
+    "$VENV/bin/camg-helper" --config "$ETC/helper.json" --socket "$PREP_SOCKET" &
+    PREP_HELPER_PID=$!
+    local i
+    for i in $(seq 1 100); do
+        [ -S "$PREP_SOCKET" ] && return
+        kill -0 "$PREP_HELPER_PID" 2>/dev/null || die "the preparation helper exited"
+        sleep 0.1
     done
+    die "the preparation helper did not listen on $PREP_SOCKET"
+}
+
+stop_prep_helper() {
+    [ -n "$PREP_HELPER_PID" ] || return 0
+    kill -TERM "$PREP_HELPER_PID" 2>/dev/null || true
+    wait "$PREP_HELPER_PID" 2>/dev/null || true
+    PREP_HELPER_PID=
+    "$VENV/bin/camg-helper" --config "$ETC/helper.json" --sweep
+}
+
+prepare_demo() {
+    # The demo data of the demo deployment, made with the environments' own
+    # preparation code (packaging/prepare_demo.py). Runs as root: the helper's
+    # lower roots are root-owned and read-only to everyone else.
+    install -d -m 0755 "$DATA"
+    start_prep_helper
+    trap stop_prep_helper EXIT
+    "$VENV/bin/python" "$SRC/packaging/prepare_demo.py" --data "$DATA" \
+        --images-root "$STATE/oci-rootfs" --cache "${CAMG_CACHE:-/var/cache/camg}" \
+        --helper-socket "$PREP_SOCKET" --environments coding
+    stop_prep_helper
+    trap - EXIT
 }
 
 configure_services() {

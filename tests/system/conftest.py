@@ -27,7 +27,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 # helper config that points cgroup parents at the bound host controllers.
 GUEST_CHECKOUT = "/root/camg-checkout"
 GUEST_HELPER_CONFIG = "/root/helper-systest.json"
-INSTALL_FLAGS = ["--no-configure"]
+INSTALL_FLAGS: list[str] = []
 GUEST_PIP_CACHE = "/var/cache/camg-pip"
 HOST_PYTHON_PREFIX = sys.base_prefix
 HOST_PYTHON = f"{sys.base_prefix}/bin/python{sys.version_info.major}.{sys.version_info.minor}"
@@ -106,21 +106,34 @@ def installed_root(tmp_path_factory):
         (root / GUEST_HELPER_CONFIG.lstrip("/")).write_text(json.dumps(helper, indent=1))
         pip_cache = rootfs.cache_root() / "pip"
         pip_cache.mkdir(exist_ok=True)
-        venv = venv_cache()
-        log = tmp_path_factory.mktemp("install") / "install.log"
+        # Build caches of the demo data, shared with tests/privileged (same
+        # content keys): the demo image build and the demo task set.
+        host_cache = rootfs.cache_root().parent
+        demo_binds = []
+        for host, guest in ((host_cache / "oci" / "demo", "/var/lib/camg/oci-rootfs/demo"),
+                            (host_cache / "coding", "/var/cache/camg/coding")):
+            host.mkdir(parents=True, exist_ok=True)
+            demo_binds.append(f"{host}:{guest}")
+        # Installed as an operator would: on the booted machine, with systemd
+        # as PID 1, so install.sh uses the real socket-activated helper. The
+        # host network is needed for PyPI and Debian, so nothing listens on a
+        # service port during the install.
+        installer = Machine(root, tmp_path_factory.mktemp("install") / "console.log",
+                            binds=[f"{pip_cache}:{GUEST_PIP_CACHE}", f"{venv_cache()}:{GUEST_VENV}",
+                                   *demo_binds, *host_binds()], private_network=False)
         started = time.monotonic()
-        argv = rootfs.nspawn_pipe(root, [f"{GUEST_CHECKOUT}/packaging/install.sh",
-                                         "--helper-config", GUEST_HELPER_CONFIG,
-                                         "--python", HOST_PYTHON, *INSTALL_FLAGS],
-                                  binds=[f"{pip_cache}:{GUEST_PIP_CACHE}", f"{venv}:{GUEST_VENV}",
-                                         *host_binds()],
-                                  env=_host_pip_env())
-        with open(log, "wb") as out:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=1500)
-        if proc.returncode != 0:
-            pytest.fail(f"install.sh failed ({proc.returncode}):\n"
-                        + log.read_text(errors="replace")[-5000:])
+        try:
+            installer.boot()
+            result = installer.run([f"{GUEST_CHECKOUT}/packaging/install.sh",
+                                    "--helper-config", GUEST_HELPER_CONFIG,
+                                    "--python", HOST_PYTHON, *INSTALL_FLAGS],
+                                   env=_host_pip_env(), timeout=2400, check=False)
+        finally:
+            problems = installer.shutdown()
+        if result.returncode != 0:
+            pytest.fail(f"install.sh failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                        f"{result.stderr[-6000:]}")
+        assert not problems, "the install left things behind:\n" + "\n".join(problems)
         print(f"install.sh took {time.monotonic() - started:.0f}s")
         yield root
     finally:

@@ -55,7 +55,9 @@ def cgroup_children(top: Path) -> list[str]:
 
 
 class Machine:
-    def __init__(self, root: Path, log: Path, *, binds: list[str] = ()) -> None:
+    def __init__(self, root: Path, log: Path, *, binds: list[str] = (),
+                 private_network: bool = True) -> None:
+        self.private_network = private_network
         self.root = root
         self.log = log
         self.cgroup = OwnCgroup()
@@ -79,8 +81,9 @@ class Machine:
         for path in self.helper_cgroups().values():
             path.mkdir()
         argv = ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--boot",
-                "-D", str(self.root), f"--machine={self.token}", "--private-network",
-                "--console=pipe"]
+                "-D", str(self.root), f"--machine={self.token}", "--console=pipe"]
+        if self.private_network:
+            argv.append("--private-network")
         argv += [f"--bind={p}:/run/hostcg/{c}" for c, p in self.helper_cgroups().items()]
         argv += [f"--bind-ro={b[:-3]}" if b.endswith(":ro") else f"--bind={b}" for b in self.binds]
         out = open(self.log, "ab")
@@ -157,11 +160,13 @@ class Machine:
 
     # -- commands inside --------------------------------------------------
     def run(self, argv: list[str], *, timeout: float = 120.0, check: bool = True,
-            input: str | None = None) -> subprocess.CompletedProcess:
+            input: str | None = None, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
         if self.leader is None:
             raise MachineError("machine is not booted")
         full = ["nsenter", "-t", str(self.leader), "-a", "--", "/usr/bin/env", "-i",
-                f"PATH={_PATH}", "LANG=C.UTF-8", "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0"] + argv
+                f"PATH={_PATH}", "LANG=C.UTF-8", "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0",
+                "HOME=/root"] + [f"{k}={v}" for k, v in (env or {}).items()] + argv
         proc = subprocess.run(full, input=input, capture_output=True, text=True,
                               timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
         if check and proc.returncode != 0:
