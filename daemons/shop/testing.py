@@ -20,7 +20,7 @@ from camg import manifest
 from camg.errors import ConfigError
 from camg.hashing import sha256_bytes
 
-from daemons.shop import javahome
+from daemons.shop import catalog, goals, javahome
 
 DEBIAN_JDK = "/usr/lib/jvm/java-17-openjdk-amd64"
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,11 @@ def prepared() -> tuple[Path, dict]:
     from camg import prepare_shop
     pool = prepare_shop.build_pool(prepare_shop.DEFAULT_CATALOG, prepare_shop.DEFAULT_INSTRUCTIONS,
                                    prepare_shop.DEFAULT_HUMAN)
-    key = sha256_bytes(prepare_shop.pool_bytes(pool)).removeprefix("sha256:")[:16]
+    # keyed by the pool hash and the code that turns a pool into goals and
+    # documents, so a changed generator never reuses stale tasks
+    code = b"".join(Path(m.__file__).read_bytes() for m in (prepare_shop, goals, catalog))
+    pool_hash = sha256_bytes(prepare_shop.pool_bytes(pool)).removeprefix("sha256:")[:16]
+    key = f"{pool_hash}-{sha256_bytes(code).removeprefix('sha256:')[:8]}"
     out = cache_root() / f"pool-{key}"
     home = java_home()
     with _locked(cache_root() / f".{key}.lock"):

@@ -284,3 +284,22 @@ def test_start_refuses_goals_from_another_seed(prepared, tasks, tmp_path):
 def test_one_jvm_per_process(prepared):
     with pytest.raises(ConfigError, match="already runs a JVM"):
         search.boot_jvm(prepared[1]["java_home"], testing.TEST_HEAP_MB + 1)
+
+
+def test_concurrent_episodes_search_consistently(env, tasks):
+    """Steps of many episodes run on the manager's worker threads at once."""
+    from concurrent.futures import ThreadPoolExecutor
+    queries = ["cotton socks", "wall mirror", "hair extension", "protein shake", "pillow cover",
+               "phone case", "coffee table", "dog leash"]
+    expected = {q: env.searcher.search(q) for q in queries}
+
+    def run(i):
+        episode, _ = start(env, tasks[100 + i])
+        query = queries[i % len(queries)]
+        obs = act(episode, f"search[{query}]").observation
+        shown = [c for c in obs["available_actions"]["clickables"] if c not in CONTROLS]
+        return query, shown
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for query, shown in pool.map(run, range(32)):
+            assert shown == [a.lower() for a in expected[query][:PRODUCT_WINDOW]]
