@@ -115,6 +115,13 @@ install_venv() {
     # --no-deps: the lock above is the whole dependency set; a missing pin
     # must fail `pip check` below rather than pull an unpinned version.
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$SRC"
+    # Vendored packages the project imports (e.g. third_party/swebench_shim).
+    local vendored
+    for vendored in "$SRC"/third_party/*/pyproject.toml; do
+        [ -e "$vendored" ] || continue
+        "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall \
+            "$(dirname "$vendored")"
+    done
     "$VENV/bin/pip" check >&2 || die "the service venv's dependencies are inconsistent"
 }
 

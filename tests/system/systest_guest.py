@@ -1,0 +1,103 @@
+"""What the system tests ask of a booted guest: unit state, loopback HTTP,
+journal entries, and the inventory of everything the suite could leak.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from systest_cgroup import children
+from systest_machine import Machine
+
+# Runs inside the guest with Debian's python3: the trainer's side of the
+# loopback, standard library only.
+_HTTP = r"""
+import json, sys, urllib.request, urllib.error
+method, url, body = sys.argv[1], sys.argv[2], sys.argv[3]
+data = body.encode() if body else None
+req = urllib.request.Request(url, data=data, method=method,
+                             headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=float(sys.argv[4])) as resp:
+        status, text = resp.status, resp.read().decode()
+except urllib.error.HTTPError as exc:
+    status, text = exc.code, exc.read().decode()
+print(json.dumps({"status": status, "body": text}))
+"""
+
+SERVICE_URL = "http://127.0.0.1:65134"
+HELPER_LEDGER = "/run/camg-helper/ledger"
+UPPERS = "/var/lib/camg/uppers"
+
+
+def http(machine: Machine, method: str, path: str, body: dict | None = None,
+         *, timeout: float = 600.0) -> tuple[int, dict | str]:
+    result = machine.run(["python3", "-c", _HTTP, method, SERVICE_URL + path,
+                          json.dumps(body) if body is not None else "", str(timeout)],
+                         timeout=timeout + 30)
+    reply = json.loads(result.stdout)
+    try:
+        return reply["status"], json.loads(reply["body"])
+    except ValueError:
+        return reply["status"], reply["body"]
+
+
+def show(machine: Machine, unit: str, *props: str) -> dict[str, str]:
+    argv = ["systemctl", "show", unit]
+    for prop in props:
+        argv += ["-p", prop]
+    out = machine.run(argv).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def journal(machine: Machine, *matches: str, unit: str | None = None) -> list[dict]:
+    argv = ["journalctl", "--no-pager", "-o", "json", "--all"]
+    if unit:
+        argv += ["-u", unit]
+    argv += list(matches)
+    out = machine.run(argv, check=False).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def leftovers(machine: Machine) -> dict[str, list[str]]:
+    """Everything of the suite's sandboxes still present, by kind."""
+    found: dict[str, list[str]] = {}
+    ledger = machine.run(["sh", "-c", f"ls -A {HELPER_LEDGER} 2>/dev/null || true"]).stdout.split()
+    if ledger:
+        found["ledger records"] = ledger
+    agent = machine.run(["ps", "-u", "2000", "-o", "pid=,args="], check=False).stdout.strip()
+    if agent:
+        found["agent processes"] = agent.splitlines()
+    uppers = machine.run(["sh", "-c", f"ls -A {UPPERS} 2>/dev/null || true"]).stdout.split()
+    if uppers:
+        found["uppers"] = uppers
+    mounts = [line for line in machine.run(["cat", "/proc/1/mountinfo"]).stdout.splitlines()
+              if "camg" in line and "/run/hostcg/" not in line]
+    if mounts:
+        found["mounts"] = mounts
+    for controller, path in machine.helper_cgroups().items():
+        left = children(path)
+        if left:
+            found[f"{controller} cgroups"] = left
+    return found
+
+
+def sandbox_inits(machine: Machine) -> set[int]:
+    """Pids (in the guest) of running sandbox inits: the helper's children."""
+    helper = show(machine, "camg-helper.service", "MainPID")["MainPID"]
+    if helper == "0":
+        return set()
+    out = machine.run(["ps", "--ppid", helper, "-o", "pid="], check=False).stdout
+    return {int(p) for p in out.split()}
