@@ -405,8 +405,9 @@ class CodingEpisode(Episode):
         except errors.InfraFailure as exc:
             # A call racing the death of the sandbox's init can come back as a
             # generic failure; the helper's own view of the sandbox decides.
-            if args and isinstance(args[0], str) and self._dead(args[0]):
-                raise errors.SandboxDied(f"sandbox {args[0]} died: {exc}") from None
+            sandbox = next((a for a in args if isinstance(a, str)), None)
+            if sandbox is not None and self._dead(sandbox):
+                raise errors.SandboxDied(f"sandbox {sandbox} died: {exc}") from None
             raise
         except errors.NotFound as exc:
             # The sandbox vanished under us (destroyed by close() or a sweep).

@@ -310,3 +310,61 @@ def test_start_refuses_a_moved_branch_or_a_changed_image(prepared, coding_helper
     changed = make_env(prepared, coding_helper, images=str(images))
     with pytest.raises(errors.ConfigError, match="changed since preparation"):
         changed.start()
+
+
+def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, tmp_path):
+    """Through camg.configure + `python -m camg.serve` + the HTTP client."""
+    import sys
+    from camg.client import Client, ServiceError
+    from camg.configure import configure
+    from tests.support.services import ServiceProcess, clean_git_tree, free_port
+
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("swebench==4.1.0\n")
+    deployment = {
+        "runtime_lock": str(lock), "state_root": str(tmp_path / "state"),
+        "helper_socket": coding_helper.socket, "executables": {"python": sys.executable},
+        "environments": {"coding": {
+            "manifest": str(prepared["manifest"]), "port": free_port(), "capacity": 2,
+            "settings": {"mirrors_root": str(prepared["mirrors"]), "images": str(prepared["images"]),
+                         "layers_root": str(CACHE / "layers")}}},
+    }
+    (tmp_path / "deployment.json").write_text(json.dumps(deployment))
+    configure(tmp_path / "deployment.json", tmp_path / "prepared",
+              source_tree=clean_git_tree(tmp_path / "src"))
+    service = ServiceProcess(tmp_path / "prepared" / "coding.json")
+    try:
+        service.wait_ready(timeout=120)
+        client = Client(service.url, timeout=600)
+        meta = client.metadata()
+        assert meta["environment"] == "coding"
+        loaded = manifest.load(prepared["manifest"])
+        task = loaded.tasks[1]
+        created = client.create(task_id=task.task_id)
+        assert task.data["problem_statement"] in created["observation"]["output"]
+        eid = created["episode_id"]
+        patch = task.data["patch"]
+        step = client.step(eid, {"operation": "shell",
+                                 "command": f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF"})
+        assert step["observation"]["exit_code"] == 0 and step["done"] is False
+        with pytest.raises(ServiceError) as bad:
+            client.step(eid, {"operation": "shell", "command": 3})
+        assert bad.value.status == 422
+        done = client.step(eid, {"operation": "finish"})
+        assert done["done"] is True and done["reward"] == 1.0, done
+
+        noop = client.create(task_id=task.task_id)
+        done = client.step(noop["episode_id"], {"operation": "finish"})
+        assert done["reward"] == 0.0 and done.get("failure_class") is None, done
+
+        before = coding_helper.sandbox_inits()
+        killed = client.create(task_id=task.task_id)
+        (init,) = coding_helper.sandbox_inits() - before
+        os.kill(init, signal.SIGKILL)
+        done = client.step(killed["episode_id"], {"operation": "shell", "command": "echo hi"})
+        assert done["done"] is True and done["reward"] is None, done
+        assert done["failure_class"] == "sandbox_died"
+        outcomes = service.outcomes()
+        assert [o["reward"] for o in outcomes] == [1.0, 0.0, None]
+    finally:
+        assert service.stop() == 0, service.output()[-3000:]
