@@ -44,15 +44,22 @@ def java_home() -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def pool() -> list[dict]:
+    """The shipped 1k catalog as camg.prepare_shop builds its product pool
+    (callers must not modify it: it is shared)."""
+    from camg import prepare_shop
+    return prepare_shop.build_pool(prepare_shop.DEFAULT_CATALOG, prepare_shop.DEFAULT_INSTRUCTIONS,
+                                   prepare_shop.DEFAULT_HUMAN)
+
+
+@functools.lru_cache(maxsize=None)
 def prepared() -> tuple[Path, dict]:
     """(prepared directory, settings) of the default 1k preparation."""
     from camg import prepare_shop
-    pool = prepare_shop.build_pool(prepare_shop.DEFAULT_CATALOG, prepare_shop.DEFAULT_INSTRUCTIONS,
-                                   prepare_shop.DEFAULT_HUMAN)
     # keyed by the pool hash and the code that turns a pool into goals and
     # documents, so a changed generator never reuses stale tasks
     code = b"".join(Path(m.__file__).read_bytes() for m in (prepare_shop, goals, catalog))
-    pool_hash = sha256_bytes(prepare_shop.pool_bytes(pool)).removeprefix("sha256:")[:16]
+    pool_hash = sha256_bytes(prepare_shop.pool_bytes(pool())).removeprefix("sha256:")[:16]
     key = f"{pool_hash}-{sha256_bytes(code).removeprefix('sha256:')[:8]}"
     out = cache_root() / f"pool-{key}"
     home = java_home()

@@ -5,16 +5,14 @@ import random
 
 import pytest
 
-from camg import prepare_shop
 from camg.environment import Task
 from camg.errors import DatasetError
-from daemons.shop import catalog, goals
+from daemons.shop import catalog, goals, testing
 
 
 @pytest.fixture(scope="module")
 def pool():
-    return prepare_shop.build_pool(prepare_shop.DEFAULT_CATALOG, prepare_shop.DEFAULT_INSTRUCTIONS,
-                                   prepare_shop.DEFAULT_HUMAN)
+    return testing.pool()
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,12 @@ import random
 
 import pytest
 
-from camg import prepare_shop
-from daemons.shop import catalog, goals, rewards
+from daemons.shop import catalog, goals, rewards, testing
 
 
 @pytest.fixture(scope="module")
 def pool():
-    return prepare_shop.build_pool(prepare_shop.DEFAULT_CATALOG, prepare_shop.DEFAULT_INSTRUCTIONS,
-                                   prepare_shop.DEFAULT_HUMAN)
+    return testing.pool()
 
 
 @pytest.fixture(scope="module")
