@@ -123,6 +123,9 @@ install_venv() {
             "$(dirname "$vendored")"
     done
     "$VENV/bin/pip" check >&2 || die "the service venv's dependencies are inconsistent"
+    # pip builds in the tree (build/, *.egg-info); camg.configure refuses a
+    # tree with untracked files, so leave the clone exactly at its commit.
+    git -C "$SRC" clean --quiet -fdx
 }
 
 install_system_files() {
@@ -211,7 +214,9 @@ enable_units() {
     done
     # `systemctl enable` only writes symlinks, so it works without a running
     # systemd too; camg.target then starts exactly the configured services.
-    systemctl enable --quiet camg-helper.socket "${wanted[@]}"
+    if command -v systemctl >/dev/null; then
+        systemctl enable --quiet camg-helper.socket "${wanted[@]}"
+    fi
     if systemd_running; then
         systemctl daemon-reload
         systemctl start camg-helper.socket
