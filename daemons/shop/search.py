@@ -49,7 +49,9 @@ def boot_jvm(java_home: str, heap_mb: int) -> None:
         # library so the Conda-style layout is what runs, not a JDK found on PATH.
         os.environ["JAVA_HOME"] = str(java_home)
         os.environ["JVM_PATH"] = str(libjvm)
-        jnius_config.add_options(wanted[1], "-Xss8m", "-Djava.awt.headless=true")
+        # -XX:-UsePerfData: no /tmp/hsperfdata_<user> files from an unprivileged daemon
+        jnius_config.add_options(wanted[1], "-Xss8m", "-Djava.awt.headless=true",
+                                 "-XX:-UsePerfData")
         from pyserini.search.lucene import LuceneSearcher  # noqa: F401  (starts the JVM)
         _jvm_options = wanted
 
