@@ -226,8 +226,15 @@ def fork_bomb(p: Probes, sb: Sandbox) -> None:
 def timeout_kills_tree(p: Probes, sb: Sandbox) -> None:
     code, out, r = p.sh(sb, "setsid sleep 1000 & disown; (sleep 1000 &); sleep 1000", timeout=1)
     _expect(r.timed_out and code == 124, f"timeout gave exit {code}")
-    code, out, _ = p.sh(sb, "cat /proc/[0-9]*/comm")
-    _expect("sleep" not in out.split(), f"a disowned sleep survived: {out.split()}")
+    _expect(not _live_named(p, sb, "sleep"), "a disowned sleep survived the timeout")
+
+
+def _live_named(p: Probes, sb: Sandbox, name: str) -> list[str]:
+    """Processes called ``name`` in the sandbox that are not zombies."""
+    code, out, _ = p.sh(sb, "for f in /proc/[0-9]*/status; do "
+                            "grep -E '^(Name|State):' $f 2>/dev/null | tr '\\n' ' '; echo; done")
+    return [line for line in out.splitlines()
+            if line.split()[1:2] == [name] and "(zombie)" not in line]
 
 
 def sockets_unreachable(p: Probes, sb: Sandbox) -> None:

@@ -181,7 +181,7 @@ class Sandbox:
                         timed_out = True  # stop it now; reported as too large
                         self.kill_commands()
                     continue
-                msg = self.ctl.recv(64)
+                msg = _recv(self.ctl)
                 if not msg:
                     self._mark_died()
                     raise WireError("sandbox_died", f"sandbox {self.id}: its init died")
@@ -192,7 +192,19 @@ class Sandbox:
                     raise WireError("internal", f"init could not start the command: {os.strerror(value)}")
                 if kind == b"X":
                     streams.drain()
+                    if timed_out:
+                        self._await_only_init()
                     return value, timed_out
+
+    def _await_only_init(self, limit: float = 2.0) -> None:
+        # The killed tree is gone from the cgroup before the reply says
+        # "timed out", so a next command never sees its remains.
+        freezer = self.record.cgroups["freezer"]
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if all(p == self.init_pid for p in cgroups.procs(freezer)):
+                return
+            time.sleep(0.002)
 
     def kill_commands(self) -> int:
         """Every process of the sandbox but init: frozen, killed, thawed."""
@@ -327,7 +339,7 @@ def _recv(sock: socket.socket) -> bytes:
     try:
         return sock.recv(4096)
     except ConnectionResetError:
-        return b""
+        return b""  # the peer died with our message unread: the same as EOF
 
 
 def _kill_and_reap(pid: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,7 @@ CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
+_TAGGED = re.compile(r"^camg-(?:test|bench)-(\d+)(?:-|$)")
 _allowed_pids: set[int] = set()
 _allowed_mount_prefixes: list[str] = []
 _state_roots: list[Path] = []
@@ -89,6 +91,11 @@ def _cgroups() -> set[str]:
         except FileNotFoundError:
             continue
         for top in tops:
+            # Trees tagged with another live test run's pid are that run's
+            # business (engineers share this machine; CI runs alone).
+            tag = _TAGGED.match(top.name)
+            if tag and int(tag.group(1)) != os.getpid() and os.path.exists(f"/proc/{tag.group(1)}"):
+                continue
             for dirpath, dirnames, _ in os.walk(top):
                 for d in dirnames:
                     found.add(os.path.join(dirpath, d))

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from camg import errors
+
+
+def _live(client, sandbox, name: str) -> list[str]:
+    """Non-zombie processes called ``name``; SIGKILL is asynchronous, so wait a little."""
+    script = ("for f in /proc/[0-9]*/status; do grep -E '^(Name|State):' $f 2>/dev/null"
+              " | tr '\\n' ' '; echo; done")
+    deadline = time.monotonic() + 3
+    while True:
+        out = client.exec(sandbox, script).output
+        live = [l for l in out.splitlines() if l.split()[1:2] == [name] and "(zombie)" not in l]
+        if not live or time.monotonic() > deadline:
+            return live
+        time.sleep(0.05)
 
 
 def test_agent_identity_and_environment(client, sandbox):
@@ -54,14 +68,13 @@ def test_timeout_kills_disowned_tree(client, sandbox):
     assert r.timed_out and r.exit_code == 124
     assert r.output == "started\n\n[command timed out]"
     assert 1 <= r.duration < 5
-    left = client.exec(sandbox, "cat /proc/[0-9]*/comm").output.split()
-    assert "sleep" not in left
+    assert _live(client, sandbox, "sleep") == []
 
 
 def test_background_process_group_is_killed_after_exit(client, sandbox):
     # Like an agent shell: the command's process group ends with it.
     client.exec(sandbox, "sleep 300 & echo bg")
-    assert "sleep" not in client.exec(sandbox, "cat /proc/[0-9]*/comm").output.split()
+    assert _live(client, sandbox, "sleep") == []
 
 
 def test_memory_and_pids_limits_apply(client, rootfs):
