@@ -14,6 +14,9 @@ Search is measured two ways in the same run, on the same queries:
 Steps are timed through ``ShopEpisode.step`` for a scripted mix of actions
 (search, next page, open product, choose option, sub page, back, buy),
 with an invalid action's step (pure bookkeeping) as the in-run baseline.
+With ``--service`` it also starts a real ``camg.serve`` Shop service
+(gunicorn worker, JVM heap 1024 MiB) and reports the worker's resident
+memory and the latency of search steps over loopback HTTP.
 Goal: search p50 <= 20 ms. Uses the cached test preparation
 (daemons.shop.testing; $CAMG_CACHE).
 """
@@ -45,9 +48,9 @@ def percentiles(samples: list[float]) -> dict:
             "p99_ms": round(pick(0.99) * 1e3, 3), "mean_ms": round(statistics.mean(ordered) * 1e3, 3)}
 
 
-def rss_mb() -> dict:
+def rss_mb(pid: str = "self") -> dict:
     fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
         if key in ("VmRSS", "VmHWM"):
             fields[key] = round(int(value.split()[0]) / 1024, 1)
@@ -116,11 +119,40 @@ def bench_steps(env: ShopEnvironment, tasks, episodes: int, rng: random.Random) 
     return result
 
 
+def bench_service(queries: list[str], episodes: int) -> dict:
+    import tempfile
+
+    from camg.client import Client
+    from tests.support.services import ServiceProcess
+    with tempfile.TemporaryDirectory(prefix="bench-shop-") as tmp:
+        service = ServiceProcess(testing.configure_service(Path(tmp), jvm_heap_mb=1024))
+        try:
+            started = time.perf_counter()
+            service.wait_ready(timeout=300)
+            ready_s = time.perf_counter() - started
+            client = Client(service.url)
+            samples = []
+            for query in queries[:episodes]:
+                eid = client.create()["episode_id"]
+                elapsed, _ = timed(client.step, eid, {"action": f"search[{query}]"})
+                samples.append(elapsed)
+                client.close(eid)
+            workers = Path(f"/proc/{service.proc.pid}/task/{service.proc.pid}/children")
+            worker = workers.read_text().split()[0]
+            return {"ready_s": round(ready_s, 1), "http_search_step": percentiles(samples),
+                    "worker_memory_mb": rss_mb(worker),
+                    "arbiter_memory_mb": rss_mb(str(service.proc.pid))}
+        finally:
+            service.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--service", action="store_true",
+                        help="also measure a real camg.serve process over HTTP")
     args = parser.parse_args(argv)
     rng = random.Random(0)
     out, settings = testing.prepared()
@@ -140,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         "jvm_heap_max_mb": round(env.metadata()["jvm_heap_max_bytes"] / 2**20),
     }
     env.stop()
+    if args.service:
+        results["service"] = bench_service(queries, args.episodes)
     p50 = results["search"]["shop_search"]["p50_ms"]
     results["goal_search_p50_le_20ms"] = p50 <= 20.0
     text = json.dumps(results, indent=1)

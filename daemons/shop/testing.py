@@ -97,3 +97,26 @@ class _locked:
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self.handle, fcntl.LOCK_UN)
         self.handle.close()
+
+
+def configure_service(tmp: Path, *, jvm_heap_mb: int = 512, capacity: int = 4) -> Path:
+    """Run camg.configure for a Shop service on a free loopback port over the
+    cached preparation; returns the prepared service config path."""
+    from camg.configure import configure
+    from tests.support.services import clean_git_tree, free_port
+    prepared_dir, settings = prepared()
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "requirements.lock").write_text("pyserini==0.22.1\n")
+    deployment = {
+        "runtime_lock": str(tmp / "requirements.lock"),
+        "state_root": str(tmp / "state"),
+        "helper_socket": str(tmp / "helper.sock"),
+        "executables": {},
+        "environments": {"shop": {
+            "manifest": str(prepared_dir / "manifest.json"), "port": free_port(),
+            "capacity": capacity,
+            "settings": dict(settings, jvm_heap_mb=jvm_heap_mb, verify_index_full=False)}},
+    }
+    (tmp / "deployment.json").write_text(json.dumps(deployment))
+    configure(tmp / "deployment.json", tmp / "prepared", source_tree=clean_git_tree(tmp / "src"))
+    return tmp / "prepared" / "shop.json"

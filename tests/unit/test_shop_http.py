@@ -7,34 +7,14 @@ import threading
 import pytest
 
 from camg.client import Client, ServiceError
-from camg.configure import configure
 from daemons.shop import testing
-from tests.support.services import ServiceProcess, clean_git_tree, free_port
-
-
-def configure_shop(tmp, prepared_dir, settings):
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "requirements.lock").write_text("pyserini==0.22.1\n")
-    deployment = {
-        "runtime_lock": str(tmp / "requirements.lock"),
-        "state_root": str(tmp / "state"),
-        "helper_socket": str(tmp / "helper.sock"),
-        "executables": {},
-        "environments": {"shop": {
-            "manifest": str(prepared_dir / "manifest.json"), "port": free_port(), "capacity": 4,
-            "settings": dict(settings, jvm_heap_mb=512, verify_index_full=False)}},
-    }
-    (tmp / "deployment.json").write_text(json.dumps(deployment))
-    configure(tmp / "deployment.json", tmp / "prepared", source_tree=clean_git_tree(tmp / "src"))
-    return tmp / "prepared" / "shop.json"
+from tests.support.services import ServiceProcess
 
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory):
-    prepared_dir, settings = testing.prepared()
     base = tmp_path_factory.mktemp("shop-http")
-    procs = [ServiceProcess(configure_shop(base / f"svc{i}", prepared_dir, settings))
-             for i in range(2)]
+    procs = [ServiceProcess(testing.configure_service(base / f"svc{i}")) for i in range(2)]
     errors = []
 
     def ready(proc):
