@@ -178,3 +178,69 @@ def test_bad_config_is_refused_before_serving(private_base):
     path.write_text(json.dumps({"ceilings": {"timeout": "60"}}))
     r = _run_helper(path)
     assert r.returncode == 2 and "ceilings.timeout" in r.stderr
+
+
+def test_socket_activation_and_ready_notification(private_base, lower_root, rootfs):
+    """LISTEN_FDS as systemd passes it, and READY=1 only after the probes passed."""
+    import socket as so
+    cfg = pc.helper_config(private_base, lower_root, rootfs)
+    cfg["socket"] = str(private_base / "configured-but-unused.sock")
+    path = private_base / "helper.json"
+    path.write_text(json.dumps(cfg))
+    activated = private_base / "activated.sock"
+    notify = so.socket(so.AF_UNIX, so.SOCK_DGRAM)
+    notify.bind(str(private_base / "notify.sock"))
+    notify.settimeout(60)
+    env = dict(os.environ, PYTHONPATH=str(pc.ROOT), NOTIFY_SOCKET=str(private_base / "notify.sock"))
+    # systemd-socket-activate passes on only the variables named with -E.
+    proc = subprocess.Popen(["systemd-socket-activate", "-l", str(activated), "-E", "NOTIFY_SOCKET",
+                             "-E", "PYTHONPATH", sys.executable, "-m",
+                             "helper", "--config", str(path)], cwd=pc.ROOT, env=env,
+                            stderr=open(private_base / "helper.log", "wb"), start_new_session=True)
+    pc.allow_process(proc.pid)
+    try:
+        # systemd-socket-activate execs the helper on the first connection.
+        deadline = time.monotonic() + 30
+        while not activated.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        from camg.helper_client import HelperClient
+        client = HelperClient(str(activated), owner="t")
+        client.ping()
+        messages = []
+        while not any("READY=1" in m for m in messages):
+            messages.append(notify.recv(4096).decode())
+        assert client.ping()["probes_ok"] is True
+        sid = client.create_sandbox([str(rootfs)], memory_bytes=64 << 20, cpu_quota=1.0, pids_max=32)
+        assert client.exec(sid, "echo via-activation").output == "via-activation\n"
+        client.destroy(sid)
+        client.close()
+        assert not os.path.exists(cfg["socket"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        pc._allowed_pids.discard(proc.pid)
+        notify.close()
+        pc.remove_parents(cfg)
+
+
+def test_capacity_ceilings(private_base, lower_root, rootfs):
+    cfg = pc.helper_config(private_base, lower_root, rootfs, probe_on_start=False,
+                           ceilings={"sandboxes_per_peer": 2, "sandboxes_total": 3})
+    helper = pc.start_helper(private_base, cfg)
+    try:
+        a, b = helper.client(owner="a"), helper.client(owner="b")
+        spec = dict(memory_bytes=64 << 20, cpu_quota=1.0, pids_max=32)
+        a.create_sandbox([str(rootfs)], **spec)
+        a.create_sandbox([str(rootfs)], **spec)
+        with pytest.raises(errors.AtCapacity):
+            a.create_sandbox([str(rootfs)], **spec)
+        b.create_sandbox([str(rootfs)], **spec)
+        with pytest.raises(errors.AtCapacity):
+            b.create_sandbox([str(rootfs)], **spec)
+        assert a.release_all() == 2
+        b.create_sandbox([str(rootfs)], **spec)
+        assert b.release_all() == 2
+        a.close()
+        b.close()
+    finally:
+        pc.stop_helper(helper)
