@@ -2,13 +2,13 @@
 """Build the demo Coding task set (SWE-smith style) from apispec 6.8.1's sdist.
 
     python scripts/build_demo_tasks.py --output DIR [--sdist apispec-6.8.1.tar.gz]
-        [--venv /path/to/venv | --helper-socket SOCK --rootfs DIR] [--count 12] [--seed 0]
+        [--python /venv/bin/python | --helper-socket SOCK --rootfs DIR] [--count 12] [--seed 0]
 
 Writes DIR/mirrors/<owner>__apispec.<commit8>/ (one branch per task),
 DIR/tasks.jsonl, DIR/tasks.parquet and DIR/build-info.json. Without --sdist
 the sdist is fetched with `pip download --no-deps --no-binary :all:`.
-Tests run either with a local virtualenv holding apispec's test
-dependencies (--venv) or, as the service will run them, in a helper sandbox
+Tests run either with a local interpreter holding apispec's test
+dependencies (--python) or, as the service will run them, in a helper sandbox
 over the materialized demo image (--helper-socket and --rootfs).
 """
 
@@ -19,7 +19,6 @@ import json
 import logging
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, type=Path)
     parser.add_argument("--sdist", type=Path)
-    parser.add_argument("--venv", type=Path, help="local venv with apispec's test deps")
+    parser.add_argument("--python", type=Path, help="local interpreter with apispec's test deps")
     parser.add_argument("--helper-socket", help="run the suite in helper sandboxes")
     parser.add_argument("--rootfs", help="materialized demo image rootfs (with --helper-socket)")
     parser.add_argument("--image-name", default=demo_tasks.DemoSpec.image_name)
@@ -61,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("--helper-socket needs --rootfs")
             runner = sandbox_runner(args.helper_socket, args.rootfs)
             how = {"runner": "sandbox", "rootfs": args.rootfs}
-        elif args.venv:
-            runner = demo_tasks.local_runner(args.venv)
-            how = {"runner": "venv", "venv": str(args.venv)}
+        elif args.python:
+            runner = demo_tasks.local_runner(args.python)
+            how = {"runner": "local", "python": str(args.python)}
         else:
-            parser.error("give --venv or --helper-socket/--rootfs")
+            parser.error("give --python or --helper-socket/--rootfs")
         spec = demo_tasks.DemoSpec(sdist=sdist, image_name=args.image_name, count=args.count,
                                    seed=args.seed)
         rows = demo_tasks.build(spec, args.output, runner)

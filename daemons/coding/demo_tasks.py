@@ -62,11 +62,12 @@ def _git(repo: Path, *args: str) -> str:
     return proc.stdout.decode()
 
 
-def local_runner(venv: str | Path, timeout: float = 600) -> Runner:
-    """Run the suite with a local virtualenv (the builder's fallback runner)."""
-    from daemons.coding.profiles import demo_profile
+def local_runner(python: str | Path, timeout: float = 600) -> Runner:
+    """Run the suite with a local interpreter that has the test dependencies
+    (the builder's fallback when no helper and image are at hand)."""
+    from daemons.coding.profiles import local_profile
 
-    cmd = demo_profile("local", venv=str(venv)).test_cmd
+    cmd = local_profile("local", str(python), ".").test_cmd
 
     def run(checkout: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}

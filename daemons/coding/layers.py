@@ -101,9 +101,14 @@ def _verify(base: Path, ref: TaskRef, privileged: bool) -> TaskLayers:
                           f"({stamp.get('ref')}, expected {ref.to_data()})")
     agent, grader = base / "agent", base / "grader"
     tree = git(agent / WORKDIR, "rev-parse", "HEAD^{tree}").strip()
-    if tree != stamp["tree"] or git(agent / PRIVATE_GIT, "rev-parse", "HEAD").strip() \
-            != stamp["snapshot"]:
+    head = git(agent / WORKDIR, "rev-parse", "HEAD").strip()
+    if tree != stamp["tree"] or head != stamp["snapshot"]:
         raise ConfigError(f"{base}: agent layer does not match its stamp")
+    # The private copy is root-only on purpose; the unprivileged service
+    # cannot (and need not) read it, root checks it too.
+    if os.access(agent / PRIVATE_GIT, os.R_OK | os.X_OK) and \
+            git(agent / PRIVATE_GIT, "rev-parse", "HEAD").strip() != head:
+        raise ConfigError(f"{base}: the layer's private git directory does not match")
     if git(grader / WORKDIR, "rev-parse", "HEAD").strip() != ref.tests:
         raise ConfigError(f"{base}: grader layer is not at {ref.tests}")
     return TaskLayers(str(agent), str(grader), stamp["snapshot"])

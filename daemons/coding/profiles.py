@@ -60,11 +60,20 @@ def parse_pytest_verbose(log: str) -> dict[str, str]:
     return result
 
 
-def demo_profile(key: str, *, venv: str = DEMO_VENV, workdir: str = WORKDIR) -> Profile:
-    """The demo project's profile; ``venv``/``workdir`` differ only when the
-    task builder runs the suite outside the image."""
-    return Profile(key=key, test_cmd=DEMO_TEST_CMD.format(venv=venv), parser=parse_pytest_verbose,
-                   timeout=300.0, source="demo", workdir=workdir)
+def demo_profile(key: str) -> Profile:
+    """The demo project's profile, as the grader runs it in the demo image."""
+    return Profile(key=key, test_cmd=DEMO_TEST_CMD.format(venv=DEMO_VENV),
+                   parser=parse_pytest_verbose, timeout=300.0, source="demo")
+
+
+def local_profile(key: str, python: str, workdir: str) -> Profile:
+    """The demo profile run by a local interpreter (task builder and unit
+    tests without the image): same flags, so the same parser applies."""
+    import shlex
+    cmd = (f"PYTHONPATH=src {shlex.quote(python)} -m pytest --disable-warnings --color=no "
+           "--tb=no --verbose -p no:cacheprovider")
+    return Profile(key=key, test_cmd=cmd, parser=parse_pytest_verbose, timeout=300.0,
+                   source="demo", workdir=workdir)
 
 
 def for_repo(repo: str) -> Profile:

@@ -114,7 +114,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test")) / "coding"
 
 
-def task_set(venv: str, count: int = 4) -> Path:
+def task_set(python: str, count: int = 4) -> Path:
     """Build (cached by inputs) a synthetic task set; returns its directory
     holding ``mirrors/``, ``tasks.jsonl`` and ``tasks.parquet``."""
     import hashlib
@@ -126,7 +126,7 @@ def task_set(venv: str, count: int = 4) -> Path:
     from daemons.coding import bugs, demo_tasks
 
     sources = "".join(Path(m.__file__).read_text() for m in (bugs, demo_tasks))
-    key = hashlib.sha256(json.dumps([FILES, sources, venv, count]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([FILES, sources, python, count]).encode()).hexdigest()[:16]
     final = cache_root() / f"synthetic-{key}"
     if (final / "tasks.jsonl").is_file():
         return final
@@ -137,7 +137,7 @@ def task_set(venv: str, count: int = 4) -> Path:
         spec = demo_tasks.DemoSpec(sdist=sdist, owner="acme", project="calc",
                                    image_name="camg/demo-apispec-6.8.1", count=count,
                                    per_modifier=1)
-        rows = demo_tasks.build(spec, tmp / "set", demo_tasks.local_runner(venv))
+        rows = demo_tasks.build(spec, tmp / "set", demo_tasks.local_runner(python))
         demo_tasks.write_rows(rows, tmp / "set")
         try:
             os.rename(tmp / "set", final)

@@ -19,7 +19,7 @@ from daemons.coding import grading, layers, mirrors, profiles, rows, synthetic
 
 @pytest.fixture(scope="session")
 def task_set():
-    root = synthetic.task_set(sys.prefix)
+    root = synthetic.task_set(sys.executable)
     data = [json.loads(line) for line in (root / "tasks.jsonl").read_text().splitlines()]
     return root, [rows.validate(r, i) for i, r in enumerate(data)]
 
@@ -39,7 +39,7 @@ def grade(task_layers, row, diff: bytes, tmp_path) -> grading.Report:
     checkout = tmp_path / "grader"
     subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
     profiles.for_repo(row.repo)
-    profile = profiles.demo_profile(row.mirror_name, venv=sys.prefix, workdir=str(checkout))
+    profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
     kept, dropped = grading.filter_diff(diff)
     log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests), kept,
                                               str(checkout), timeout=120)
@@ -180,7 +180,7 @@ def test_hanging_tests_are_not_resolved(task_set, task_layers, tmp_path):
     ref, built = task_layers[row.instance_id]
     checkout = tmp_path / "grader"
     subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
-    profile = profiles.demo_profile(row.mirror_name, venv=sys.prefix, workdir=str(checkout))
+    profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
     hang = profiles.Profile(profile.key, "sleep 30", profile.parser, 1, "demo", str(checkout))
     log, code, timed_out = grading.local_eval(grading.eval_script(hang, ref.tests), b"",
                                               str(checkout), timeout=1)
@@ -203,7 +203,7 @@ def test_wrong_grader_state_is_a_grader_error(task_set, task_layers, tmp_path):
     ref, built = task_layers[row.instance_id]
     checkout = tmp_path / "grader"
     subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
-    profile = profiles.demo_profile(row.mirror_name, venv=sys.prefix, workdir=str(checkout))
+    profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
     log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tip), b"",
                                               str(checkout), timeout=60)
     with pytest.raises(GraderError, match="setup failed"):

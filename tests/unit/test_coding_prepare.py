@@ -17,7 +17,7 @@ IMAGE = "camg/demo-apispec-6.8.1"
 
 @pytest.fixture(scope="module")
 def task_set():
-    return synthetic.task_set(sys.prefix)
+    return synthetic.task_set(sys.executable)
 
 
 @pytest.fixture
