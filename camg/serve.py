@@ -60,9 +60,12 @@ def gunicorn_options(config: cfg.ServiceConfig) -> dict:
         "bind": [f"{cfg.LOOPBACK}:{config.port}"],
         "workers": 1,
         "worker_class": "asgi",
-        # The worker's event loop never blocks (environment calls run on
-        # threads), so a missed heartbeat really means a wedged worker.
-        "timeout": 60,
+        # gunicorn's worker heartbeat does not run during ASGI lifespan
+        # start-up, where the environment starts (a JVM and an index can
+        # take minutes on a loaded host), so its timeout must cover that.
+        # A wedged event loop is caught by systemd's watchdog instead: the
+        # loop itself sends WATCHDOG=1.
+        "timeout": 900,
         # Shutdown closes every active episode; give teardown time (units
         # set TimeoutStopSec above this).
         "graceful_timeout": 90,
