@@ -125,6 +125,16 @@ def mount_denied(p: Probes, sb: Sandbox) -> None:
         _expect(code == 42, f"mount(2) as {user} did not fail: {out}")
 
 
+def kernel_surface_filtered(p: Probes, sb: Sandbox) -> None:
+    code, out, _ = p.sh(sb, "grep '^Seccomp:' /proc/self/status")
+    _expect(out.split()[1:2] == ["2"], f"no seccomp filter: {out.strip()}")
+    for user in ("agent", "root"):
+        code, out, _ = p.sh(sb, "unshare -U true 2>/dev/null && exit 0 || exit 42", user=user)
+        _expect(code == 42, f"{user} can create a user namespace")
+        code, out, _ = p.sh(sb, "unshare -n true 2>/dev/null && exit 0 || exit 42", user=user)
+        _expect(code == 42, f"{user} can create a network namespace")
+
+
 def pid_namespace(p: Probes, sb: Sandbox) -> None:
     code, out, _ = p.sh(sb, 'for d in /proc/[0-9]*; do echo "${d#/proc/}"; done')
     pids = {int(x) for x in out.split() if x.isdigit()}
@@ -270,6 +280,7 @@ PROBES: list[tuple[str, Callable[[Probes, Sandbox], None]]] = [
     ("agent_identity", agent_identity),
     ("root_capabilities", root_capabilities),
     ("mount_denied", mount_denied),
+    ("kernel_surface_filtered", kernel_surface_filtered),
     ("pid_namespace", pid_namespace),
     ("loopback_only", loopback_only),
     ("host_invisible", host_invisible),

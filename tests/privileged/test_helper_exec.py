@@ -45,6 +45,18 @@ def test_stdin_and_interleaved_output(client, sandbox):
     assert r.output == "hello\nout\nerr\nout2\n"
 
 
+def test_commands_get_default_signals_and_threads(client, sandbox):
+    r = client.exec(sandbox, "yes | head -n 2; seq 1 200000 | sort --parallel=4 -S 8M -n | tail -n 1")
+    assert r.output == "y\ny\n200000\n" and r.exit_code == 0
+
+
+def test_namespaces_and_keyrings_are_filtered(client, sandbox):
+    for user in ("agent", "root"):
+        r = client.exec(sandbox, "unshare -Ur true; echo $?; grep Seccomp: /proc/self/status", user=user)
+        lines = r.output.splitlines()
+        assert lines[-2:] == ["1", "Seccomp:\t2"], r.output
+
+
 def test_exit_codes(client, sandbox):
     assert client.exec(sandbox, "exit 3").exit_code == 3
     assert client.exec(sandbox, "kill -TERM $$").exit_code == 128 + 15
