@@ -87,8 +87,7 @@ class HelperClient:
         if sock is None:
             sock = self._connect()
         try:
-            sock.sendall(frame)
-            reply, out = wire.read_frame(sock, self.max_blob)
+            reply, out = self._exchange(sock, frame)
         except (OSError, EOFError, wire.FrameError) as exc:
             sock.close()
             if reused and isinstance(exc, (BrokenPipeError, ConnectionResetError, EOFError)):
@@ -102,13 +101,19 @@ class HelperClient:
     def _fresh_call(self, frame: bytes) -> tuple[dict, bytes]:
         sock = self._connect()
         try:
-            sock.sendall(frame)
-            reply, out = wire.read_frame(sock, self.max_blob)
+            reply, out = self._exchange(sock, frame)
         except (OSError, EOFError, wire.FrameError) as exc:
             sock.close()
             raise errors.Unavailable(f"helper connection failed: {exc}") from None
         self._release(sock)
         return self._unwrap(reply, out)
+
+    def _exchange(self, sock: socket.socket, frame: bytes) -> tuple[dict, bytes]:
+        try:
+            sock.sendall(frame)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the helper may have answered (permission_denied) and hung up first
+        return wire.read_frame(sock, self.max_blob)
 
     def _release(self, sock: socket.socket) -> None:
         with self._lock:

@@ -24,8 +24,11 @@ def _raw(helper) -> socket.socket:
 def _ask(helper, payload: bytes) -> dict | None:
     """Send raw bytes; the reply frame, or None if the helper just closed."""
     with _raw(helper) as s:
-        s.sendall(payload)
-        s.shutdown(socket.SHUT_WR)
+        try:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the helper answered and hung up first (e.g. a refused peer)
         try:
             reply, _ = wire.read_frame(s, 1 << 20)
         except EOFError:
