@@ -108,6 +108,8 @@ def agent_identity(p: Probes, sb: Sandbox) -> None:
     _expect(int(st.get("CapEff:", "1"), 16) == 0 and int(st.get("CapPrm:", "1"), 16) == 0,
             f"capabilities {st.get('CapEff:')}")
     _expect(st.get("NoNewPrivs:") == "1", "no_new_privs is not set")
+    code, out, _ = p.sh(sb, "echo x > /dev/null && echo x > /dev/shm/probe")
+    _expect(code == 0, f"the agent cannot use /dev/null or /dev/shm: {out}")
 
 
 def root_capabilities(p: Probes, sb: Sandbox) -> None:

@@ -134,6 +134,9 @@ static void make_dev(void) {
 static void setup_root(const char *scratch, const char *lowerdir, const char *upper,
                        const char *tmpfs_bytes) {
     char path[4096], opts[8192], upperdir[4096], workdir[4096];
+    /* Modes below are meant literally (0666 devices, 1777 /dev/shm); the
+     * helper's umask must not narrow them. Commands set their own. */
+    umask(0);
     xmount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
     snprintf(opts, sizeof opts, "mode=0700,size=%s", tmpfs_bytes);
     xmount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, opts);

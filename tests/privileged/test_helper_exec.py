@@ -33,6 +33,13 @@ def test_agent_identity_and_environment(client, sandbox):
     assert lines[2:] == ["/tmp", "bar baz"]
 
 
+def test_agent_can_use_dev_nodes_and_shm(client, sandbox):
+    r = client.exec(sandbox, "echo x > /dev/null && head -c 4 /dev/zero | wc -c && echo s > /dev/shm/s "
+                    "&& cat /dev/shm/s && stat -c %a /dev/null /dev/urandom /dev/shm /dev/pts/ptmx")
+    assert r.exit_code == 0, r.output
+    assert r.output.split() == ["4", "s", "666", "666", "1777", "666"]
+
+
 def test_root_user_is_sandbox_root_without_host_powers(client, sandbox):
     r = client.exec(sandbox, "id -u; grep NoNewPrivs /proc/self/status; mount -t tmpfs x /mnt",
                     user="root")
