@@ -30,7 +30,12 @@ GUEST_HELPER_CONFIG = "/root/helper-systest.json"
 INSTALL_FLAGS: list[str] = []
 GUEST_PIP_CACHE = "/var/cache/camg-pip"
 HOST_PYTHON_PREFIX = sys.base_prefix
-HOST_PYTHON = f"{sys.base_prefix}/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+# Outside /root: ProtectHome= hides /root from the services, and user camg
+# could not traverse it anyway. Its RUNPATH still names the host prefix, so
+# the guest's ld.so.cache points at GUEST_PYTHON_PREFIX/lib instead.
+GUEST_PYTHON_PREFIX = "/opt/camg-python"
+GUEST_PYTHON = (f"{GUEST_PYTHON_PREFIX}/bin/"
+                f"python{sys.version_info.major}.{sys.version_info.minor}")
 _HOST_INDEXES = ("/opt/pypi", "/opt/pypi-more", "/opt/wheels")
 GUEST_VENV = "/srv/camg/service-venv"
 
@@ -43,7 +48,7 @@ def venv_cache() -> Path:
     venv is not relocatable.
     """
     pins = sorted(CHECKOUT.glob("requirements/*.in")) + sorted(CHECKOUT.glob("requirements.lock"))
-    key = hashlib.sha256(HOST_PYTHON.encode() + b"".join(p.read_bytes() for p in pins)).hexdigest()[:16]
+    key = hashlib.sha256(GUEST_PYTHON.encode() + HOST_PYTHON_PREFIX.encode() + b"".join(p.read_bytes() for p in pins)).hexdigest()[:16]
     path = rootfs.cache_root() / f"venv-{key}"
     path.mkdir(exist_ok=True)
     rootfs.prune_siblings(path, "venv-")
@@ -68,9 +73,9 @@ def host_binds() -> list[str]:
     * the on-disk package indexes this machine's pip is configured with
       (e.g. the CPU torch build the lock pins lies only there).
     """
-    paths = [Path(HOST_PYTHON_PREFIX), Path("/etc/ssl/certs/ca-certificates.crt")]
-    paths += [Path(p) for p in _HOST_INDEXES]
-    return [f"{p}:{p}:ro" for p in paths if p.exists()]
+    paths = [Path("/etc/ssl/certs/ca-certificates.crt")] + [Path(p) for p in _HOST_INDEXES]
+    return [f"{HOST_PYTHON_PREFIX}:{GUEST_PYTHON_PREFIX}:ro"] + \
+        [f"{p}:{p}:ro" for p in paths if p.exists()]
 
 
 def _host_pip_env() -> dict[str, str]:
@@ -104,6 +109,7 @@ def installed_root(tmp_path_factory):
         base = json.loads((CHECKOUT / "units" / "helper.json").read_text())
         helper = Machine.helper_config_for_guest(base)
         (root / GUEST_HELPER_CONFIG.lstrip("/")).write_text(json.dumps(helper, indent=1))
+        (root / "etc/ld.so.conf.d/camg-python.conf").write_text(f"{GUEST_PYTHON_PREFIX}/lib\n")
         pip_cache = rootfs.cache_root() / "pip"
         pip_cache.mkdir(exist_ok=True)
         # Build caches of the demo data, shared with tests/privileged (same
@@ -124,9 +130,10 @@ def installed_root(tmp_path_factory):
         started = time.monotonic()
         try:
             installer.boot()
+            installer.run(["ldconfig"])
             result = installer.run([f"{GUEST_CHECKOUT}/packaging/install.sh",
                                     "--helper-config", GUEST_HELPER_CONFIG,
-                                    "--python", HOST_PYTHON, *INSTALL_FLAGS],
+                                    "--python", GUEST_PYTHON, *INSTALL_FLAGS],
                                    env=_host_pip_env(), timeout=2400, check=False)
         finally:
             problems = installer.shutdown()
