@@ -136,7 +136,8 @@ class CodingEpisode(Episode):
         if result.timed_out:
             output += f"\n[command timed out after {self.settings.command_timeout:g} seconds]"
         return Step({"task_id": self.task.row.instance_id, "output": output,
-                     "exit_code": None if result.timed_out else result.exit_code,
+                     # 124 like timeout(1), as seed 001's runtime reports it.
+                     "exit_code": 124 if result.timed_out else result.exit_code,
                      "timed_out": result.timed_out, "truncated": result.truncated,
                      "step": self.steps})
 

@@ -236,6 +236,7 @@ def test_hanging_command_is_cut_at_60_seconds_and_the_episode_goes_on(env):
         step = episode.step(shell("sleep 600 & sleep 600; echo unreachable"))
         elapsed = time.monotonic() - started
         assert step.observation["timed_out"] and not step.done
+        assert step.observation["exit_code"] == 124
         assert 59 <= elapsed < 75, elapsed
         assert "timed out after 60 seconds" in step.observation["output"]
         after = episode.step(shell("echo alive; grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l"))
@@ -368,3 +369,51 @@ def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, t
         assert [o["reward"] for o in outcomes] == [1.0, 0.0, None]
     finally:
         assert service.stop() == 0, service.output()[-3000:]
+
+
+def test_unprivileged_service_user_can_start(prepared, coding_helper):
+    """The service runs as an unprivileged user: start() must verify mirrors,
+    images and task layers without root (the root-only git copy stays closed).
+    Checked in a forked child that drops to nobody (this machine's
+    interpreter lives under /root, which nobody cannot exec afresh)."""
+    import camg.helper_client  # noqa: F401 - imported before the fork
+    import camg.oci.images  # noqa: F401
+    from daemons.coding import grading
+    grading.preload()
+    work = Path(tempfile.mkdtemp(prefix="camg-coding-unpriv-"))
+    work.chmod(0o755)
+    for name in ("manifest", "images"):
+        shutil.copy(prepared[name], work / prepared[name].name)
+        (work / prepared[name].name).chmod(0o644)
+    tasks = manifest.load(work / prepared["manifest"].name).tasks
+    settings = {"mirrors_root": str(prepared["mirrors"]),
+                "images": str(work / prepared["images"].name),
+                "layers_root": str(CACHE / "layers")}
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        code = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            from daemons.coding.environment import CodingEnvironment
+            env = CodingEnvironment(ServiceContext("coding", "/nonexistent", settings,
+                                                   coding_helper.socket), tasks)
+            env.start()
+            os.write(write_end, f"ok {len(env.prepared)}".encode())
+            code = 0
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            os.write(write_end, f"error {type(exc).__name__}: {exc}".encode()[:4000])
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as pipe:
+            message = pipe.read().decode()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        shutil.rmtree(work)
+    assert os.waitstatus_to_exitcode(status) == 0, message
+    assert message == f"ok {len(tasks)}"
