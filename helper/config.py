@@ -53,8 +53,8 @@ class HelperConfig:
     agent_user: str = "agent"
     agent_home: str = "/home/agent"
     # Lowers of the probe sandbox (bottom-first, under lower_roots): a real
-    # Debian rootfs with bash, coreutils and mount. Empty makes every probe
-    # fail, so the helper admits no sandbox until it is configured.
+    # Debian rootfs with bash, coreutils, mount and unshare. Empty means a
+    # tree of the host's own binaries built into state_dir (proberoot.py).
     probe_lowers: tuple[str, ...] = ()
     probe_on_start: bool = True
     # The compiled per-sandbox init; empty means "build helper/sbxinit.c

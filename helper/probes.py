@@ -14,11 +14,13 @@ import logging
 import os
 import secrets
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 
 from camg.helper_wire import WireError
+from helper import proberoot
 from helper.registry import Peer, Registry, SandboxSpec
 from helper.sandbox import Sandbox
 
@@ -53,12 +55,13 @@ class Probes:
     def _run(self) -> dict:
         start = time.monotonic()
         cfg = self.registry.config
-        if not cfg.probe_lowers:
+        try:
+            lowers = tuple(cfg.probe_lowers) or (proberoot.ensure(cfg.state_dir),)
+        except (OSError, subprocess.SubprocessError) as exc:
             return {"ok": False, "duration": 0.0, "results": [
-                {"name": "configuration", "ok": False,
-                 "detail": "probe_lowers is empty: point it at a Debian rootfs under lower_roots"}]}
+                {"name": "probe_root", "ok": False, "detail": f"cannot build the probe root: {exc}"}]}
         peer = Peer(0, 0, os.getpid(), "camg-probes")
-        spec = SandboxSpec(tuple(cfg.probe_lowers), memory_bytes=64 << 20, cpu_quota=1.0,
+        spec = SandboxSpec(lowers, memory_bytes=64 << 20, cpu_quota=1.0,
                            pids_max=64, hostname="camg-probe")
         try:
             sandbox = self.registry.create(peer, spec, probe=True)

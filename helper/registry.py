@@ -61,13 +61,13 @@ class Registry:
 
     # -- admission --------------------------------------------------------
 
-    def check_spec(self, spec: SandboxSpec) -> tuple[list[str], int]:
+    def check_spec(self, spec: SandboxSpec, roots: tuple[str, ...] = ()) -> tuple[list[str], int]:
         c = self.config.ceilings
         if not spec.lowers:
             raise WireError("bad_request", "lowers: at least one lower is required")
         if len(spec.lowers) > 16:
             raise WireError("limit_exceeded", "lowers: at most 16 lowers")
-        lowers = [paths.resolve_lower(p, self.config.lower_roots) for p in spec.lowers]
+        lowers = [paths.resolve_lower(p, self.config.lower_roots + roots) for p in spec.lowers]
         if not 4 << 20 <= spec.memory_bytes <= c.memory_bytes:
             raise WireError("limit_exceeded", f"memory_bytes: must be within [4 MiB, {c.memory_bytes}]")
         if not 0.01 <= spec.cpu_quota <= c.cpu_quota:
@@ -97,7 +97,9 @@ class Registry:
     # -- lifecycle --------------------------------------------------------
 
     def create(self, peer: Peer, spec: SandboxSpec, *, probe: bool = False) -> Sandbox:
-        lowers, size = self.check_spec(spec)
+        # The helper's own probe root is a lower for the probes only.
+        extra = (os.path.join(self.config.state_dir, "probe-root"),) if probe else ()
+        lowers, size = self.check_spec(spec, extra)
         sandbox_id = secrets.token_hex(8)
         with self.lock:
             if probe:

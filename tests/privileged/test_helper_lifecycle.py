@@ -50,8 +50,17 @@ def test_probe_verb_reports_every_probe(client):
             "sockets_unreachable", "kernel_interfaces_readonly", "setuid_gains_nothing"} <= names
 
 
-def test_failing_probes_refuse_sandboxes(private_base, lower_root, rootfs):
-    cfg = pc.helper_config(private_base, lower_root, rootfs, probe_lowers=[])
+@pytest.fixture
+def empty_lower(lower_root):
+    """A lower without bash or anything else: every probe must fail on it."""
+    path = lower_root / f"empty-{os.getpid()}"
+    path.mkdir()
+    yield path
+    path.rmdir()
+
+
+def test_failing_probes_refuse_sandboxes(private_base, lower_root, rootfs, empty_lower):
+    cfg = pc.helper_config(private_base, lower_root, rootfs, probe_lowers=[str(empty_lower)])
     helper = pc.start_helper(private_base, cfg, wait_probes=False)
     try:
         client = helper.client()
@@ -65,15 +74,18 @@ def test_failing_probes_refuse_sandboxes(private_base, lower_root, rootfs):
         pc.stop_helper(helper)
 
 
-def test_probe_cli_exit_code(private_base, lower_root, rootfs):
+def test_probe_cli_exit_code(private_base, lower_root, rootfs, empty_lower):
+    # No probe_lowers: the probes run on a root built from the host's binaries.
     cfg = pc.helper_config(private_base, lower_root, rootfs)
+    del cfg["probe_lowers"]
     path = private_base / "good.json"
     path.write_text(json.dumps(cfg))
     good = _run_helper(path, "--probe")
     assert good.returncode == 0 and json.loads(good.stdout)["ok"], good.stderr
-    cfg["probe_lowers"] = []
+    cfg["probe_lowers"] = [str(empty_lower)]
     path.write_text(json.dumps(cfg))
-    assert _run_helper(path, "--probe").returncode == 1
+    bad = _run_helper(path, "--probe")
+    assert bad.returncode == 1 and not json.loads(bad.stdout)["ok"]
     pc.remove_parents(cfg)
 
 
