@@ -275,7 +275,10 @@ def kernel_interfaces_readonly(p: Probes, sb: Sandbox) -> None:
 
 
 def setuid_gains_nothing(p: Probes, sb: Sandbox) -> None:
-    code, out, _ = p.sh(sb, "cp /usr/bin/id /tmp/camg-suid && chmod 4755 /tmp/camg-suid", user="root")
+    code, out, _ = p.sh(sb, "cp /usr/bin/id /tmp/camg-suid && chmod 4755 /tmp/camg-suid 2>&1 || exit 42",
+                        user="root")
+    if code == 42 and "not permitted" in out:
+        return  # a seccomp filter above us (RestrictSUIDSGID=) forbids even setting the bit
     _expect(code == 0, f"preparing a setuid binary failed: {out}")
     code, out, _ = p.sh(sb, "/tmp/camg-suid -u")
     _expect(out.strip() == str(p.registry.config.agent_uid), f"setuid binary ran with euid {out.strip()}")
