@@ -15,6 +15,7 @@ import re
 import secrets
 import threading
 import time
+from typing import Literal
 
 from camg.helper_wire import WireError
 from helper import cgroups, paths
@@ -36,12 +37,14 @@ class Peer:
 
 @dataclasses.dataclass(frozen=True)
 class SandboxSpec:
-    lowers: tuple[str, ...]
+    """What CreateSandbox asks for (also its wire parameters)."""
+
+    lowers: tuple[str, ...]  # bottom-first
     memory_bytes: int
-    cpu_quota: float
+    cpu_quota: float  # cores
     pids_max: int
     hostname: str = "sandbox"
-    upper: str = "tmpfs"  # or "disk"
+    upper: Literal["tmpfs", "disk"] = "tmpfs"
     upper_bytes: int = 0  # tmpfs size; 0 means the configured default
 
 

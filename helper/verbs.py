@@ -36,15 +36,7 @@ class NoParams:
     pass
 
 
-@dataclasses.dataclass(frozen=True)
-class CreateSandboxParams:
-    lowers: tuple[str, ...]
-    memory_bytes: int
-    cpu_quota: float
-    pids_max: int
-    hostname: str = "sandbox"
-    upper: Literal["tmpfs", "disk"] = "tmpfs"
-    upper_bytes: int = 0
+CreateSandboxParams = SandboxSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,9 +116,7 @@ def probe(ctx: Context, peer: Peer, p: NoParams, blob: bytes) -> Result:
 
 
 def create_sandbox(ctx: Context, peer: Peer, p: CreateSandboxParams, blob: bytes) -> Result:
-    spec = SandboxSpec(p.lowers, p.memory_bytes, p.cpu_quota, p.pids_max, p.hostname, p.upper,
-                       p.upper_bytes)
-    sandbox = ctx.registry.create(peer, spec)
+    sandbox = ctx.registry.create(peer, p)
     return {"sandbox_id": sandbox.id}, b""
 
 
