@@ -5,7 +5,9 @@
         [--python /venv/bin/python | --helper-socket SOCK --rootfs DIR] [--count 12] [--seed 0]
 
 Writes DIR/mirrors/<owner>__apispec.<commit8>/ (one branch per task),
-DIR/tasks.jsonl, DIR/tasks.parquet and DIR/build-info.json. Without --sdist
+DIR/tasks.jsonl, DIR/tasks.parquet and DIR/build-info.json. With --images
+(materialized-images.json) and --manifest it then runs camg.prepare on the
+result, so one command yields the demo's prepared manifest. Without --sdist
 the sdist is fetched with `pip download --no-deps --no-binary :all:`.
 Tests run either with a local interpreter holding apispec's test
 dependencies (--python) or, as the service will run them, in a helper sandbox
@@ -50,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-name", default=demo_tasks.DemoSpec.image_name)
     parser.add_argument("--count", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--images", help="materialized-images.json: also prepare a manifest")
+    parser.add_argument("--manifest", help="where to write the prepared manifest (with --images)")
+    parser.add_argument("--layers-root", default="/var/lib/camg/task-layers/coding")
     args = parser.parse_args(argv)
+    if bool(args.images) != bool(args.manifest):
+        parser.error("--images and --manifest go together")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         sdist = args.sdist or fetch_sdist(args.output.parent / "sdist")
@@ -74,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
                 "mirror": str(next((args.output / "mirrors").iterdir())),
                 "rows_jsonl": str(jsonl), "rows_parquet": str(parquet)}
         (args.output / "build-info.json").write_text(json.dumps(info, indent=1) + "\n")
+        if args.images:
+            from camg.prepare import prepare_coding
+            prepare_coding(rows_path=parquet, mirrors_root=args.output / "mirrors",
+                           images_path=args.images, output=args.manifest,
+                           layers_root=args.layers_root)
+            info["manifest"] = str(Path(args.manifest).resolve())
     except CamgError as exc:
         print(f"build_demo_tasks: {exc}", file=sys.stderr)
         return 2

@@ -46,7 +46,7 @@ class DemoSpec:
     owner: str = "marshmallow-code"
     project: str = "apispec"
     package_dir: str = "src"
-    image_name: str = "camg-demo/apispec-testbed:6.8.1"
+    image_name: str = "camg/demo-apispec-6.8.1"      # camg.oci.demo.NAME
     count: int = 12
     per_modifier: int = 3
     max_f2p: int = 60
