@@ -312,8 +312,12 @@ def goals(r: dict) -> dict:
         "helper_memory_le_2MiB_each": r["concurrent"]["helper_rss_growth_kib_each"] <= 2048,
         "sustained_ge_100_per_s": max(s["per_second"] for s in r["sustained"]) >= 100,
     }
+    # The same shell on the host: what the sandbox path itself adds.
+    g["exec_over_host_bash_p50_ms"] = round(ex - r["host"]["bash_c_true"]["p50_ms"], 3)
     if "docker" in r:
         d = r["docker"]
+        g["docker_exec_overhead_over_exec_overhead"] = round(
+            (d["exec"]["p50_ms"] - r["host"]["true"]["p50_ms"]) / max(overhead, 1e-3), 1)
         g["docker_run_over_create_destroy"] = round(d["run_rm"]["p50_ms"] / cd, 1)
         g["create_destroy_25x_docker_run"] = g["docker_run_over_create_destroy"] >= 25
         g["docker_exec_over_exec"] = round(d["exec"]["p50_ms"] / ex, 1)
