@@ -101,3 +101,11 @@ def sandbox_inits(machine: Machine) -> set[int]:
         return set()
     out = machine.run(["ps", "--ppid", helper, "-o", "pid="], check=False).stdout
     return {int(p) for p in out.split()}
+
+
+def diagnose(machine: Machine, lines: int = 40) -> str:
+    """The recent journal of the suite's units, for assertion messages."""
+    out = machine.run(["journalctl", "--no-pager", "-o", "short-monotonic", "-n", str(lines),
+                       "-u", "camg-helper.service", "-u", "camg-helper.socket",
+                       "-u", "camg-coding.service"], check=False)
+    return out.stdout[-6000:]

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from systest_guest import http, journal, leftovers, sandbox_inits, show, wait_for
+from systest_guest import diagnose, http, journal, leftovers, sandbox_inits, show, wait_for
 
 pytestmark = [pytest.mark.system, pytest.mark.privileged, pytest.mark.slow]
 
@@ -60,7 +60,7 @@ def test_start_coding_pulls_in_the_helper_socket_and_is_active_only_after_ready(
     # which the worker sends once the app is loaded and the port is bound.
     assert ("activating", "start") in seen, seen
     status, health = http(machine, "GET", "/health")
-    assert status == 200, health
+    assert status == 200, f"{health}\n{diagnose(machine)}"
     assert show(machine, "camg-helper.socket", "ActiveState")["ActiveState"] == "active"
     props = show(machine, "camg-coding.service", "StatusText", "MainPID", "User")
     assert props["StatusText"], "the service reports no STATUS="
@@ -75,7 +75,7 @@ def test_start_coding_pulls_in_the_helper_socket_and_is_active_only_after_ready(
 def test_a_coding_episode_over_loopback_http_earns_the_right_reward(machine, tasks):
     task = tasks[0]
     status, created = http(machine, "POST", "/episodes", {"task_id": task["task_id"]})
-    assert status == 201, created
+    assert status == 201, f"{created}\n{diagnose(machine)}"
     eid = created["episode_id"]
     status, step = http(machine, "POST", f"/episodes/{eid}/step", {"action": gold_fix(task)})
     assert status == 200 and step["observation"]["exit_code"] == 0, step
