@@ -250,6 +250,46 @@ class Docker:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+def paired(docker: Docker, helper: Helper, rootfs: Path, n: int) -> dict:
+    """docker run/exec and helper create/exec sampled alternately (informational).
+
+    Alternating puts both sides under the same background load, but docker's
+    asynchronous work (shims, containerd) outlives each docker command and
+    lands on the helper's samples despite the pauses, so these helper numbers
+    are pessimistic; the goals use the separate phases.
+    """
+    image = "camg-bench-rootfs:latest"
+    c = helper.client()
+    lowers = [str(rootfs)]
+    sid = c.create_sandbox(lowers, **LIMITS)
+    docker.docker("run", "-d", "--name", "camg-bench-paired", "--network", "none", image, "sleep", "infinity")
+    out: dict[str, list[float]] = {"docker_run_rm": [], "create_destroy": [], "docker_exec": [], "exec_true": []}
+
+    def sample(key: str, fn) -> None:
+        t = time.perf_counter()
+        fn()
+        out[key].append(time.perf_counter() - t)
+
+    try:
+        for _ in range(n):
+            sample("docker_run_rm", lambda: docker.docker("run", "--rm", "--network", "none", image, "true"))
+            time.sleep(0.2)
+            for _ in range(5):
+                sample("create_destroy", lambda: c.destroy(c.create_sandbox(lowers, **LIMITS)))
+            sample("docker_exec", lambda: docker.docker("exec", "camg-bench-paired", "true"))
+            time.sleep(0.1)
+            for _ in range(5):
+                sample("exec_true", lambda: c.exec(sid, "true"))
+    finally:
+        docker.docker("rm", "-f", "camg-bench-paired")
+        c.destroy(sid)
+        c.close()
+    res = {k: round(pct(v, 0.5), 3) for k, v in out.items()}
+    res["docker_run_over_create_destroy"] = round(res["docker_run_rm"] / res["create_destroy"], 1)
+    res["docker_exec_over_exec"] = round(res["docker_exec"] / res["exec_true"], 1)
+    return res
+
+
 # -- main -------------------------------------------------------------------------
 
 def main() -> int:
@@ -271,6 +311,10 @@ def main() -> int:
     note("host baselines")
     results["host"] = {"true": timed(lambda: subprocess.run(["true"]), args.n),
                        "bash_c_true": timed(lambda: subprocess.run(["bash", "-c", "true"]), args.n)}
+    docker = None
+    if not args.skip_docker:
+        note("starting dockerd and importing the rootfs")
+        docker = Docker(args.rootfs)
     note("starting the helper (its isolation probes run first)")
     helper = Helper(args.rootfs)
     try:
@@ -280,15 +324,14 @@ def main() -> int:
         results["concurrent"] = bench_concurrent(helper, args.rootfs, args.concurrent)
         note("sustained create/destroy")
         results["sustained"] = [bench_sustained(helper, args.rootfs, t, args.seconds) for t in (1, 4)]
+        if docker is not None:
+            note("docker latencies")
+            results["docker"] = docker.bench(args.docker_n)
+            note("paired samples (docker and helper alternating, same load)")
+            results["paired"] = paired(docker, helper, args.rootfs, args.docker_n)
     finally:
         helper.stop()
-    if not args.skip_docker:
-        note("starting dockerd and importing the rootfs")
-        docker = Docker(args.rootfs)
-        note("docker latencies")
-        try:
-            results["docker"] = docker.bench(args.docker_n)
-        finally:
+        if docker is not None:
             docker.stop()
     results["loadavg_end"] = os.getloadavg()[0]
     results["goals"] = goals(results)

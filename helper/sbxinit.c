@@ -293,9 +293,6 @@ static void run_command(char *msg, ssize_t len, int *fds, int nfds) {
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        /* The helper (Python) ignores SIGPIPE and spawn keeps that across
-         * exec; commands must get default dispositions (`yes | head`). */
-        for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
         setsid();
         for (int i = 0; i < 3; i++) if (dup2(fds[i], i) < 0) _exit(126);
         syscall(SYS_close_range, 3, ~0U, 0);
@@ -397,6 +394,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "camg-sbxinit is started by camg-helper only\n");
         return 2;
     }
+    /* The helper (Python) ignores SIGPIPE and SIGXFSZ and spawn keeps that
+     * across exec; init and every command it forks get the defaults back
+     * (`yes | head` must end yes quietly). Init itself sends with
+     * MSG_NOSIGNAL. */
+    for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
     for (int i = 6; i < argc; i++) {
         int fd = open(argv[i], O_WRONLY | O_CLOEXEC);
         if (fd < 0 || write(fd, "0", 1) != 1) fail("join %s", argv[i]);

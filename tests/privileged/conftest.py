@@ -34,7 +34,7 @@ CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
-_TAGGED = re.compile(r"^camg-(?:test|bench)-(\d+)(?:-|$)")
+_TAGGED = re.compile(r"-(\d+)(?=-|$)")
 _allowed_pids: set[int] = set()
 _allowed_mount_prefixes: list[str] = []
 _state_roots: list[Path] = []
@@ -91,9 +91,10 @@ def _cgroups() -> set[str]:
         except FileNotFoundError:
             continue
         for top in tops:
-            # Trees tagged with another live test run's pid are that run's
-            # business (engineers share this machine; CI runs alone).
-            tag = _TAGGED.match(top.name)
+            # Trees tagged with another live process's pid (camg-test-PID-…,
+            # camg-bench-…-PID) are that run's business: engineers share
+            # this machine; CI runs alone.
+            tag = _TAGGED.search(top.name)
             if tag and int(tag.group(1)) != os.getpid() and os.path.exists(f"/proc/{tag.group(1)}"):
                 continue
             for dirpath, dirnames, _ in os.walk(top):
