@@ -2,8 +2,9 @@
 
 The list is scripts/prepare_images.py's materialized-images.json (read by
 camg.oci.images). Rows name an image by ``image_name``; SWE-smith rows use
-the Docker Hub name without its org (``swesmith.x86_64.<owner>__<repo>.<c8>``)
-while the image list may carry it with the org, so both spellings match.
+``swesmith.x86_64.<owner>__<repo>.<c8>`` while the published image is
+``swebench/swesmith.x86_64.<owner>_1776_<repo>.<c8>`` (Docker Hub forbids
+``__``), so the image list may carry either spelling.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ def load(path: str | Path) -> MaterializedList:
 
 def lookup(catalog: MaterializedList, image_name: str) -> MaterializedImage:
     images = by_name(catalog)
-    for candidate in (image_name, f"swebench/{image_name}", image_name.split(":", 1)[0]):
+    hub = image_name.replace("__", "_1776_")
+    for candidate in (image_name, f"swebench/{image_name}", hub, f"swebench/{hub}",
+                      image_name.split(":", 1)[0]):
         if candidate in images:
             return images[candidate]
     raise DatasetError(f"image {image_name!r} is not materialized (known: "

@@ -159,3 +159,23 @@ def test_cli_reports_errors_and_writes(task_set, images, tmp_path, capsys):
     assert main(args) == 0 and len(manifest.load(out).tasks) == 2
     assert main([*args[:-2], "--limit", "0"]) == 2
     assert "--limit must be at least 1" in capsys.readouterr().err
+
+
+def test_swesmith_image_names_match_their_docker_hub_spelling(tmp_path):
+    from daemons.coding import images as images_mod
+    rootfs = tmp_path / "img" / "rootfs"
+    rootfs.mkdir(parents=True)
+    digest = "sha256:" + "d" * 64
+    (rootfs.parent / "complete.json").write_text(json.dumps({"digest": digest,
+                                                             "rootfs": str(rootfs)}))
+    hub = "swebench/swesmith.x86_64.pandas-dev_1776_pandas.95280573"
+    image = MaterializedImage(name=hub, repository="127.0.0.1:5000/swebench/x", digest=digest,
+                              config_digest=digest, diff_ids=(), rootfs=str(rootfs),
+                              workspace="/testbed", env=(), working_dir="/testbed",
+                              setuid_policy="keep", hash="sha256:" + "e" * 64)
+    path = tmp_path / "m.json"
+    write_materialized(path, (image,))
+    catalog = images_mod.load(path)
+    assert images_mod.lookup(catalog, "swesmith.x86_64.pandas-dev__pandas.95280573").name == hub
+    with pytest.raises(DatasetError, match="not materialized"):
+        images_mod.lookup(catalog, "swesmith.x86_64.other__thing.00000000")
