@@ -256,3 +256,20 @@ def test_capacity_ceilings(private_base, lower_root, rootfs):
         b.close()
     finally:
         pc.stop_helper(helper)
+
+
+def test_release_all_cli_for_exec_stop_post(helper, rootfs):
+    owner = f"cli-{os.getpid()}"
+    client = helper.client(owner=owner)
+    for _ in range(2):
+        client.create_sandbox([str(rootfs)], memory_bytes=64 << 20, cpu_quota=1.0, pids_max=32)
+    env = dict(os.environ, PYTHONPATH=str(pc.ROOT))
+    out = subprocess.run([sys.executable, "-m", "camg.helper_client", "release-all", "--socket",
+                          helper.socket, "--owner", owner], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "2", out.stderr
+    assert client.list_sandboxes() == []
+    # With the helper gone there is nothing to release: still success.
+    gone = subprocess.run([sys.executable, "-m", "camg.helper_client", "release-all", "--socket",
+                           "/nonexistent.sock"], env=env, capture_output=True, text=True)
+    assert gone.returncode == 0
+    client.close()
