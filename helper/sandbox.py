@@ -312,10 +312,10 @@ class _Streams:
 
     def drain(self) -> None:
         # The command has exited and its process group is dead: what is in
-        # the pipe now is all we wait for; a setsid() daemon holding the
-        # write end must not keep the reply waiting.
+        # the pipe now is all we wait for. Bounded, because a setsid() daemon
+        # still holding (and writing) the pipe must not keep the reply waiting.
         for fd in (self.out_r, self.err_r):
-            while fd >= 0:
+            for _ in range(64 if fd >= 0 else 0):
                 try:
                     data = os.read(fd, 65536)
                 except BlockingIOError:

@@ -153,3 +153,10 @@ def test_concurrent_execs_in_many_sandboxes(client, rootfs):
         assert all(o.split() == ["sandbox", "1"] or o.split()[0] == "sandbox" for o in outs)
     finally:
         assert client.release_all() == len(ids)
+
+
+def test_a_daemon_writing_forever_does_not_hold_the_reply(client, sandbox):
+    r = client.exec(sandbox, "setsid bash -c 'while :; do echo spam; done' & sleep 0.2; echo done",
+                    timeout=10)
+    assert r.exit_code == 0 and not r.timed_out and r.duration < 5
+    # The spammer dies with the sandbox (the fixture destroys it).
