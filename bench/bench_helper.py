@@ -73,7 +73,7 @@ def kib(path: str, key: str) -> int:
 
 class Helper:
     def __init__(self, rootfs: Path) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="camg-bench-"))
+        self.base = Path(tempfile.mkdtemp(prefix=f"camg-bench-{os.getpid()}-"))
         tag = f"camg-bench-{os.getpid()}"
         self.cfg = {
             "socket": str(self.base / "helper.sock"), "state_dir": str(self.base / "state"),
@@ -201,7 +201,8 @@ def bench_sustained(helper: Helper, rootfs: Path, threads: int, seconds: float) 
 
 class Docker:
     def __init__(self, rootfs: Path) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="camg-bench-docker-"))
+        # Tagged with our pid: concurrent test runs' leak checks leave it alone.
+        self.base = Path(tempfile.mkdtemp(prefix=f"camg-bench-docker-{os.getpid()}-"))
         self.sock = self.base / "docker.sock"
         self.env = dict(os.environ, DOCKER_HOST=f"unix://{self.sock}")
         # No bridge and no iptables: the daemon touches no host networking.

@@ -82,6 +82,12 @@ def _mounts() -> dict[str, str]:
     return out
 
 
+def _foreign(name: str) -> bool:
+    """Tagged with another live process's pid: that run's business."""
+    tag = _TAGGED.search(name)
+    return bool(tag) and int(tag.group(1)) != os.getpid() and os.path.exists(f"/proc/{tag.group(1)}")
+
+
 def _cgroups() -> set[str]:
     found = set()
     for ctrl in CONTROLLERS:
@@ -94,8 +100,7 @@ def _cgroups() -> set[str]:
             # Trees tagged with another live process's pid (camg-test-PID-…,
             # camg-bench-…-PID) are that run's business: engineers share
             # this machine; CI runs alone.
-            tag = _TAGGED.search(top.name)
-            if tag and int(tag.group(1)) != os.getpid() and os.path.exists(f"/proc/{tag.group(1)}"):
+            if _foreign(top.name):
                 continue
             for dirpath, dirnames, _ in os.walk(top):
                 for d in dirnames:
@@ -138,8 +143,11 @@ def _leaks(before: dict) -> list[str]:
     now = _snapshot()
     leaks = []
     for mid, point in now["mounts"].items():
-        if mid not in before["mounts"] and not any((point + "/").startswith(p) for p in _allowed_mount_prefixes):
-            leaks.append(f"mount {point}")
+        if mid in before["mounts"] or any((point + "/").startswith(p) for p in _allowed_mount_prefixes):
+            continue
+        if any(_foreign(part) for part in point.split("/") if part.startswith("camg")):
+            continue
+        leaks.append(f"mount {point}")
     leaks += [f"cgroup {c}" for c in sorted(now["cgroups"] - before["cgroups"])]
     leaks += [f"process {p}" for p in sorted(now["procs"] - before["procs"] - _allowed_pids)]
     leaks += [f"state entry {s}" for s in sorted(now["state"] - before["state"])]
