@@ -84,7 +84,8 @@ def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_pa
     for row, ref in zip(chosen, refs):
         image = images_mod.lookup(catalog, row.image_name)
         if layers_root is not None:
-            layers.ensure(layers_root, ref, build=True)
+            layers.ensure(layers_root, ref, build=True, image_rootfs=image.rootfs,
+                          image_key=image.hash)
         data = row.to_data()
         data["mirror"] = ref.to_data()
         data["image"] = {"name": image.name, "digest": image.digest, "hash": image.hash}

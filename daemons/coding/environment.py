@@ -127,7 +127,8 @@ class CodingEnvironment(Environment):
                                      f"{recorded_ref.mirror}, settings give {expected}")
         mirrors.verify(recorded_ref)
         image = images.verify(catalog, recorded_image)
-        built = layers.ensure(self.settings.layers_root, recorded_ref, build=build)
+        built = layers.ensure(self.settings.layers_root, recorded_ref, build=build,
+                              image_rootfs=image.rootfs, image_key=image.hash)
         try:
             profile = profiles.for_repo(row.repo)
         except errors.DatasetError as exc:

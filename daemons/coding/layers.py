@@ -12,9 +12,13 @@ Two layers per task, both stacked over the materialized image rootfs:
   out at the tip's parent, which restores the removed FAIL_TO_PASS tests
   (SWE-smith's "branch tip, then HEAD~1").
 
-Both ``/testbed`` directories are overlay-opaque, so whatever an image ships
-at /testbed (SWE-smith images carry a clone with history) never shows
-through. Building needs root (ownership, trusted.* xattrs); it happens at
+An image may ship a workspace of its own at /testbed: SWE-smith images carry
+a clone of the repository (with the history that holds the fix) plus what
+installing it built in place (compiled extensions, egg-info). Each layer's
+``.git`` is overlay-opaque, so only our repository is visible, and every
+file the image's clone tracks that our tree lacks gets a whiteout, so the
+removed tests and deleted files stay gone; untracked build artifacts of
+the image keep showing through, as the tests need them. Building needs root (ownership, trusted.* xattrs); it happens at
 prepare or service start, never at episode start: reset only names the
 directory as a lower.
 """
@@ -24,8 +28,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -40,7 +46,7 @@ AGENT_GID = 2000
 WORKDIR = "testbed"
 PRIVATE_GIT = "var/lib/camg-task/git"
 STAMP = "camg-layer.json"
-FORMAT = 2
+FORMAT = 3
 # A fixed identity and date make the snapshot commit a pure function of the
 # tree, so rebuilding a layer reproduces the same commit id.
 _COMMIT_ENV = {
@@ -63,29 +69,30 @@ class TaskLayers:
     snapshot: str       # the agent repo's only commit
 
 
-def layer_dir(root: str | os.PathLike, ref: TaskRef) -> Path:
-    return Path(root) / ref.branch / f"{ref.tip[:16]}-v{FORMAT}"
+def layer_dir(root: str | os.PathLike, ref: TaskRef, image_key: str = "") -> Path:
+    image = image_key.split(":")[-1][:12] or "none"
+    return Path(root) / ref.branch / f"{ref.tip[:16]}-{image}-v{FORMAT}"
 
 
-def ensure(root: str | os.PathLike, ref: TaskRef, *, build: bool,
-           privileged: bool = True) -> TaskLayers:
+def ensure(root: str | os.PathLike, ref: TaskRef, *, build: bool, privileged: bool = True,
+           image_rootfs: str | None = None, image_key: str = "") -> TaskLayers:
     """The task's layers, verified; built first when missing and ``build``.
 
     ``privileged=False`` builds without agent ownership and opaque markers:
     only for tests of the git side that run without root; such layers are
     never accepted where ``privileged=True`` is asked for.
     """
-    base = layer_dir(root, ref)
+    base = layer_dir(root, ref, image_key)
     stamp_path = base / STAMP
     if not stamp_path.is_file():
         if not build:
             raise PreparationMissing(f"{ref.branch}: task layers are missing under {base}",
                                      step="python -m camg.prepare --environment coding (as root)")
-        _build(base, ref, privileged)
-    return _verify(base, ref, privileged)
+        _build(base, ref, privileged, image_rootfs, image_key)
+    return _verify(base, ref, privileged, image_key)
 
 
-def _verify(base: Path, ref: TaskRef, privileged: bool) -> TaskLayers:
+def _verify(base: Path, ref: TaskRef, privileged: bool, image_key: str) -> TaskLayers:
     try:
         stamp = json.loads((base / STAMP).read_text())
     except (OSError, ValueError) as exc:
@@ -96,7 +103,8 @@ def _verify(base: Path, ref: TaskRef, privileged: bool) -> TaskLayers:
     # The layers are a function of the commits, not of where the mirror lives.
     identity = {k: v for k, v in ref.to_data().items() if k != "mirror"}
     recorded = {k: v for k, v in (stamp.get("ref") or {}).items() if k != "mirror"}
-    if stamp.get("format") != FORMAT or recorded != identity:
+    if stamp.get("format") != FORMAT or recorded != identity \
+            or stamp.get("image") != image_key:
         raise ConfigError(f"{base}: layers were built for another branch state "
                           f"({stamp.get('ref')}, expected {ref.to_data()})")
     agent, grader = base / "agent", base / "grader"
@@ -114,18 +122,29 @@ def _verify(base: Path, ref: TaskRef, privileged: bool) -> TaskLayers:
     return TaskLayers(str(agent), str(grader), stamp["snapshot"])
 
 
-def _build(base: Path, ref: TaskRef, privileged: bool) -> None:
+def _build(base: Path, ref: TaskRef, privileged: bool, image_rootfs: str | None,
+           image_key: str) -> None:
     if privileged and os.geteuid() != 0:
         raise PreparationMissing(f"{ref.branch}: building task layers needs root",
                                  step="python -m camg.prepare --environment coding (as root)")
     base.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{base.name}.", dir=base.parent))
     try:
+        tracked = image_tracked(image_rootfs) if image_rootfs else []
+        if tracked and not privileged:
+            raise PreparationMissing(f"{ref.branch}: masking the image's workspace needs root",
+                                     step="python -m camg.prepare --environment coding (as root)")
         tree, snapshot = _build_agent(tmp / "agent", ref, privileged)
         _build_grader(tmp / "grader", ref, privileged)
+        masked = [_mask(tmp / kind / WORKDIR, tracked) for kind in ("agent", "grader")]
+        if tracked:
+            # Also in the agent's own repository, so `git status` stays clean.
+            for git_dir in (tmp / "agent" / PRIVATE_GIT, tmp / "agent" / WORKDIR / ".git"):
+                _exclude_artifacts(git_dir, image_rootfs)
         (tmp / STAMP).write_text(json.dumps({"format": FORMAT, "ref": ref.to_data(),
                                              "tree": tree, "snapshot": snapshot,
-                                             "privileged": privileged}) + "\n")
+                                             "privileged": privileged, "image": image_key,
+                                             "whiteouts": masked}) + "\n")
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, base)
@@ -173,7 +192,7 @@ def _build_agent(layer: Path, ref: TaskRef, privileged: bool) -> tuple[str, str]
     os.chmod(private, 0o700)
     if privileged:
         _chown_tree(work, AGENT_UID, AGENT_GID)
-        _opaque(work)
+        _opaque(dot_git)
     return tree, snapshot
 
 
@@ -188,7 +207,67 @@ def _build_grader(layer: Path, ref: TaskRef, privileged: bool) -> None:
     git(work, "remote", "remove", "origin")
     if privileged:
         _chown_tree(work, AGENT_UID, AGENT_GID)
-        _opaque(work)
+        _opaque(work / ".git")
+
+
+def image_tracked(image_rootfs: str | os.PathLike) -> list[str]:
+    """Files the image's own clone at /testbed tracks (none without a clone)."""
+    workspace = Path(image_rootfs) / WORKDIR
+    if not (workspace / ".git").exists():
+        return []
+    out = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(workspace), "ls-files",
+                          "-z"], capture_output=True, check=False)
+    if out.returncode != 0:
+        raise ConfigError(f"cannot list the image's workspace {workspace}: "
+                          f"{out.stderr.decode(errors='replace').strip()}")
+    return [p for p in out.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def _mask(work: Path, tracked: list[str]) -> int:
+    """Whiteouts for image-tracked paths our tree lacks; returns how many.
+
+    The highest missing ancestor is whited out, so a removed directory
+    hides the image's whole directory with one entry.
+    """
+    count = 0
+    for rel in tracked:
+        parts = rel.split("/")
+        for depth in range(1, len(parts) + 1):
+            path = work.joinpath(*parts[:depth])
+            if not os.path.lexists(path):
+                os.mknod(path, stat.S_IFCHR | 0o000, os.makedev(0, 0))
+                os.lchown(path, AGENT_UID, AGENT_GID)
+                count += 1
+                break
+            if path.is_symlink() or not path.is_dir():
+                break  # our file (or whiteout) already hides the image's entry
+    return count
+
+
+def _exclude_artifacts(private: Path, image_rootfs: str | os.PathLike) -> None:
+    """Keep what the image built in its workspace out of the agent's diff.
+
+    Those files show through the overlay and would otherwise be collected
+    as new files, which the grader's sandbox (over the same image) already
+    has: the whole diff would then fail to apply.
+    """
+    workspace = Path(image_rootfs) / WORKDIR
+    out = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(workspace), "ls-files",
+                          "--others", "--directory", "-z"], capture_output=True, check=True)
+    entries = [p for p in out.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+    info = private / "info"
+    if not info.exists():
+        info.mkdir()
+        os.lchown(info, *_owner(private))
+    with open(info / "exclude", "w", encoding="utf-8", errors="surrogateescape") as f:
+        for entry in entries:
+            f.write("/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", entry) + "\n")
+    os.lchown(info / "exclude", *_owner(private))
+
+
+def _owner(path: Path) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_uid, st.st_gid
 
 
 def _opaque(path: Path) -> None:

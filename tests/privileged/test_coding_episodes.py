@@ -417,3 +417,70 @@ def test_unprivileged_service_user_can_start(prepared, coding_helper):
         shutil.rmtree(work)
     assert os.waitstatus_to_exitcode(status) == 0, message
     assert message == f"ok {len(tasks)}"
+
+
+def test_image_workspace_is_masked_but_its_build_artifacts_show(prepared, coding_helper):
+    """A SWE-smith-style image ships /testbed: a clone at the base commit plus
+    in-place build output. The agent must see our tree (tests removed, no
+    history), the image's build artifacts, and nothing else of that clone;
+    the artifacts stay out of the diff, so a gold fix still grades 1.0."""
+    import subprocess
+    from camg.oci.images import load_materialized
+    from daemons.coding import layers, mirrors
+    from daemons.coding.episode import CodingEpisode, Prepared
+    loaded = manifest.load(prepared["manifest"])
+    task = loaded.tasks[0]
+    ref = mirrors.TaskRef(**task.data["mirror"])
+    # A lower holding the "image's" workspace, stacked on the demo rootfs.
+    fake = CACHE / "layers" / f"fake-image-{os.getpid()}"
+    workspace = fake / "testbed"
+    fake_layers = CACHE / "layers" / f"fake-task-layers-{os.getpid()}"
+    shutil.rmtree(fake, ignore_errors=True)
+    shutil.rmtree(fake_layers, ignore_errors=True)
+    try:
+        subprocess.run(["git", "clone", "-q", "--no-local", ref.mirror, str(workspace)], check=True)
+        subprocess.run(["git", "-C", str(workspace), "checkout", "-q", "main"], check=True)
+        (workspace / "build").mkdir()
+        (workspace / "build" / "_speedups.so").write_bytes(b"\x7fELF fake")
+        (workspace / "src" / "apispec" / "_generated.py").write_text("BUILT = True\n")
+        image = dataclasses_replace(load_materialized(prepared["images"]).images[0],
+                                    hash="sha256:" + "f" * 64)
+        built = layers.ensure(fake_layers, ref, build=True, image_rootfs=str(fake),
+                              image_key=image.hash)
+        stamp = json.loads((Path(built.agent).parent / layers.STAMP).read_text())
+        assert stamp["whiteouts"][0] >= 1
+        env = make_env(prepared, coding_helper)
+        env.start()
+        try:
+            real = env.prepared[task.task_id]
+            stacked = dataclasses_replace(real, layers=built)
+            episode = CodingEpisode(env, stacked, "masked")
+            original = episode._create
+            episode._create = lambda lowers, fix_dev=True: original(
+                [lowers[0], str(fake), *lowers[1:]], fix_dev=fix_dev)
+            try:
+                episode.reset()
+                removed = task.data["FAIL_TO_PASS"][0].split("::")[0]
+                out = episode.step(shell(
+                    f"ls build; cat src/apispec/_generated.py; ls {removed} 2>&1 | head -1; "
+                    "git rev-list --all | wc -l; git status --short | wc -l")).observation
+                lines = out["output"].split("\n")
+                assert lines[0] == "_speedups.so" and lines[1] == "BUILT = True", lines
+                assert "No such file" in lines[2] and lines[3:5] == ["1", "0"], lines
+                patch = task.data["patch"]
+                episode.step(shell(f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF"))
+                assert episode.step(FINISH).done
+                assert b"_speedups" not in episode.diff and b"_generated" not in episode.diff
+                assert episode.grade() == 1.0, episode.state()
+            finally:
+                episode.close()
+        finally:
+            env.stop()
+    finally:
+        shutil.rmtree(fake, ignore_errors=True)
+        shutil.rmtree(fake_layers, ignore_errors=True)
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+    return dataclasses.replace(obj, **changes)
