@@ -297,10 +297,12 @@ def helper(lower_root, rootfs):
 def client(helper):
     c = helper.client(owner=f"t{os.getpid()}")
     yield c
-    # A failing test must not leave sandboxes to the next one.
+    assert helper.proc.poll() is None, "the helper died during the test"
+    # A test that forgot a sandbox fails; either way the next one starts clean.
+    left = c.list_sandboxes()
     c.release_all()
     c.close()
-    assert helper.proc.poll() is None, "the helper died during the test"
+    assert left == [], f"the test left sandboxes behind: {left}"
 
 
 @pytest.fixture
