@@ -179,7 +179,15 @@ cd {shlex.quote(profile.workdir)} || exit {EXIT_SETUP}
 cat > {DIFF_PATH} || exit {EXIT_SETUP}
 head=$(git rev-parse HEAD) || exit {EXIT_STATE}
 [ "$head" = {shlex.quote(tests_commit)} ] || {{ echo "camg: grader repo at $head"; exit {EXIT_STATE}; }}
-pristine() {{ git checkout -q -f HEAD -- . && git clean -q -f -d -x; }}
+# Untracked files before the diff is applied (an image's build artifacts can
+# show through under /testbed): only files the diff creates are ever removed.
+before=/tmp/camg-untracked-before
+git ls-files --others -z | sort -z > "$before" || exit {EXIT_STATE}
+created() {{ git ls-files --others -z | sort -z | comm -z -13 "$before" -; }}
+pristine() {{
+  git checkout -q -f HEAD -- . || return 1
+  created | xargs -0 -r rm -f -- || return 1
+}}
 protected() {{ case "/$1" in {protected_case}) return 0;; esac; return 1; }}
 if [ -s {DIFF_PATH} ]; then
   applied=""
@@ -194,7 +202,7 @@ fi
 git diff --name-only -z HEAD | while IFS= read -r -d '' f; do
   if protected "$f"; then echo "camg: reverting $f"; git checkout -q HEAD -- "$f" || exit {EXIT_STATE}; fi
 done || exit {EXIT_STATE}
-git ls-files --others -z | while IFS= read -r -d '' f; do
+created | while IFS= read -r -d '' f; do
   case "$f" in *.rej|*.orig) rm -f -- "$f"; continue;; esac
   if protected "$f"; then echo "camg: removing $f"; rm -f -- "$f"; fi
 done || exit {EXIT_STATE}

@@ -250,3 +250,26 @@ def test_filter_diff_handles_quoting_and_renames():
     kept, dropped = grading.filter_diff(diff)
     assert kept.startswith(b"diff --git a/src/x.py") and kept.count(b"diff --git") == 1
     assert dropped == ["tests/t\u00e9st.py", "tests/y.py"]
+
+
+def test_preexisting_untracked_files_survive_grading(task_set, task_layers, tmp_path):
+    """An image's build artifacts under tests/ are not the agent's: never removed,
+    not even when the first apply method fails and the tree is reset."""
+    _, task_rows = task_set
+    row = task_rows[0]
+    ref, built = task_layers[row.instance_id]
+    checkout = tmp_path / "grader"
+    subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
+    (checkout / "tests" / "_built_fixture.bin").write_bytes(b"\x00artifact")
+    (checkout / "build").mkdir()
+    (checkout / "build" / "ext.so").write_bytes(b"\x7fELF")
+    profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
+    fuzzy = row.patch.replace("\n ", "\n  ", 1).encode()   # context off by one space
+    reverse_fix = subprocess.run(["git", "-C", str(checkout), "apply", "-R", "--check", "-"],
+                                 input=fuzzy, capture_output=True)
+    assert reverse_fix.returncode != 0  # git apply must fail: exercise the fallbacks
+    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests), fuzzy,
+                                              str(checkout), timeout=120)
+    assert (checkout / "tests" / "_built_fixture.bin").exists()
+    assert (checkout / "build" / "ext.so").exists()
+    assert "trying the next method" in log
