@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     server = Server(listener, verbs.Context(registry, probes.run), cfg.group,
                     max_blob=cfg.ceilings.archive_bytes)
+    if server.gid is None:
+        log.warning("group %r does not exist: only root may use the helper", cfg.group)
     threading.Thread(target=_probe_loop, args=(probes, registry, notifier, stop, cfg.probe_on_start, log),
                      daemon=True).start()
     log.info("serving on %s", bound or "the socket systemd passed")
