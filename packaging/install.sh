@@ -114,7 +114,10 @@ install_venv() {
     fi
     # --no-deps: the lock above is the whole dependency set; a missing pin
     # must fail `pip check` below rather than pull an unpinned version.
-    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$SRC"
+    # Editable: the services run the very tree camg.configure records (a
+    # clean clone at one commit), including files the wheel would not carry
+    # (helper/sbxinit.c, which the helper compiles at start).
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e "$SRC"
     # Vendored packages the project imports (e.g. third_party/swebench_shim).
     local vendored
     for vendored in "$SRC"/third_party/*/pyproject.toml; do
@@ -196,8 +199,8 @@ prepare_demo() {
 
 configure_services() {
     install -m 0644 "$deployment" "$ETC/deployment.json"
-    # From the clean clone: configure takes the commit from the working
-    # directory when the package is installed (not editable).
+    # From the clean clone (the editable install's tree), whose HEAD
+    # configure records.
     (cd "$SRC" && "$VENV/bin/python" -m camg.configure \
         --deployment "$ETC/deployment.json" --output "$ETC/prepared.new")
     rm -rf "$ETC/prepared.old"

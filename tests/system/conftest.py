@@ -126,7 +126,10 @@ def installed_root(tmp_path_factory):
         # service port during the install.
         installer = Machine(root, tmp_path_factory.mktemp("install") / "console.log",
                             binds=[f"{pip_cache}:{GUEST_PIP_CACHE}", f"{venv_cache()}:{GUEST_VENV}",
-                                   *demo_binds, *host_binds()], private_network=False)
+                                   *demo_binds, *host_binds()], private_network=False,
+                            # nspawn grants CAP_NET_ADMIN only with a private
+                            # network; sandboxes need it to bring up their lo.
+                            capabilities=("CAP_NET_ADMIN",))
         started = time.monotonic()
         try:
             installer.boot()

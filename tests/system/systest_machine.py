@@ -56,8 +56,9 @@ def cgroup_children(top: Path) -> list[str]:
 
 class Machine:
     def __init__(self, root: Path, log: Path, *, binds: list[str] = (),
-                 private_network: bool = True) -> None:
+                 private_network: bool = True, capabilities: tuple[str, ...] = ()) -> None:
         self.private_network = private_network
+        self.capabilities = capabilities
         self.root = root
         self.log = log
         self.cgroup = OwnCgroup()
@@ -84,6 +85,8 @@ class Machine:
                 "-D", str(self.root), f"--machine={self.token}", "--console=pipe"]
         if self.private_network:
             argv.append("--private-network")
+        if self.capabilities:
+            argv.append("--capability=" + ",".join(self.capabilities))
         argv += [f"--bind={p}:/run/hostcg/{c}" for c, p in self.helper_cgroups().items()]
         argv += [f"--bind-ro={b[:-3]}" if b.endswith(":ro") else f"--bind={b}" for b in self.binds]
         out = open(self.log, "ab")
