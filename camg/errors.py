@@ -85,6 +85,13 @@ class PayloadTooLarge(BadRequest):
     http_status = 413
 
 
+class PermissionDenied(CamgError, PermissionError):
+    """The caller may not do this (a foreign peer, a sandbox it does not own)."""
+
+    name = "permission_denied"
+    http_status = 403
+
+
 class NotFound(CamgError, LookupError):
     name = "not_found"
     http_status = 404

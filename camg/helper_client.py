@@ -19,7 +19,7 @@ run concurrently (a second exec on the *same* sandbox waits for the first).
 Errors are camg.errors classes chosen by the helper's closed error names
 (``camg.helper_wire.ERRORS``): BadRequest (bad_request, unknown_verb,
 path_escape, limit_exceeded), PayloadTooLarge, NotFound, AtCapacity,
-Unavailable (probes_failed, permission_denied, helper unreachable),
+Unavailable (probes_failed, helper unreachable), PermissionDenied,
 SandboxDied (the sandbox's init was killed from outside: end the episode
 with failure_class sandbox_died) and InfraFailure (anything else). The
 helper's name is in ``exc.details["helper_error"]``.

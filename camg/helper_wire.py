@@ -38,15 +38,13 @@ TRUNCATION_MARKER = "[output truncated to final {limit} bytes]\n"
 TIMEOUT_MARKER = "\n[command timed out]"
 
 # Closed set of error names -> the camg.errors class a client raises.
-# permission_denied has no exact counterpart in camg.errors yet; Unavailable
-# is what a daemon should do with it (it cannot use the helper).
 ERRORS: dict[str, type[errors.CamgError]] = {
     "bad_request": errors.BadRequest,
     "unknown_verb": errors.BadRequest,
     "path_escape": errors.BadRequest,
     "limit_exceeded": errors.BadRequest,
     "payload_too_large": errors.PayloadTooLarge,
-    "permission_denied": errors.Unavailable,
+    "permission_denied": errors.PermissionDenied,
     "not_found": errors.NotFound,
     "at_capacity": errors.AtCapacity,
     "probes_failed": errors.Unavailable,
