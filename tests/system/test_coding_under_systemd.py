@@ -72,8 +72,20 @@ def test_start_coding_pulls_in_the_helper_socket_and_is_active_only_after_ready(
     assert user == "camg"
 
 
+def helper_ready(machine) -> None:
+    """Wait for the helper's READY=1 (its isolation probes passed).
+
+    A socket-activated helper accepts connections at once but refuses
+    sandboxes until its probes pass; an episode created in that window ends
+    with failure_class infra (a masked reward, not a wrong one).
+    """
+    wait_for(lambda: show(machine, "camg-helper.service", "ActiveState")["ActiveState"] == "active",
+             120, "camg-helper to send READY=1")
+
+
 def test_a_coding_episode_over_loopback_http_earns_the_right_reward(machine, tasks):
     task = tasks[0]
+    helper_ready(machine)
     status, created = http(machine, "POST", "/episodes", {"task_id": task["task_id"]})
     assert status == 201, f"{created}\n{diagnose(machine)}"
     eid = created["episode_id"]
@@ -113,7 +125,7 @@ def test_kill_9_of_the_service_mid_episode_restarts_it_and_reclaims_the_sandbox(
     assert before, "no outcome records to protect"
     props = show(machine, "camg-coding.service", "MainPID", "NRestarts")
     status, created = http(machine, "POST", "/episodes", {"task_id": tasks[0]["task_id"]})
-    assert status == 201, created
+    assert status == 201, f"{created}\n{diagnose(machine)}"
     assert sandbox_inits(machine), "the episode has no sandbox"
     assert leftovers(machine).get("ledger records")
 
@@ -134,8 +146,9 @@ def test_kill_9_of_the_service_mid_episode_restarts_it_and_reclaims_the_sandbox(
 
 
 def test_kill_9_of_the_helper_is_reclaimed_by_sweep_and_socket_activation(machine, tasks):
+    helper_ready(machine)
     status, created = http(machine, "POST", "/episodes", {"task_id": tasks[0]["task_id"]})
-    assert status == 201, created
+    assert status == 201, f"{created}\n{diagnose(machine)}"
     assert sandbox_inits(machine)
     helper = show(machine, "camg-helper.service", "MainPID")["MainPID"]
 
@@ -154,9 +167,10 @@ def test_kill_9_of_the_helper_is_reclaimed_by_sweep_and_socket_activation(machin
     assert status == 200 and step["done"] is True and step["reward"] is None, step
     assert step["failure_class"] in ("sandbox_died", "infra"), step
     # A new episode works: socket activation brought a helper back.
+    http(machine, "GET", "/health")
+    helper_ready(machine)
     status, again = http(machine, "POST", "/episodes", {"task_id": tasks[0]["task_id"]})
-    assert status == 201, again
-    assert show(machine, "camg-helper.service", "ActiveState")["ActiveState"] == "active"
+    assert status == 201, f"{again}\n{diagnose(machine)}"
     machine.open_episode = again["episode_id"]
 
 
