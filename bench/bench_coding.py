@@ -149,8 +149,8 @@ def bench_reset(env, n: int, image_lowers: list[str]) -> dict:
     original = episode_mod.CodingEpisode._create
     if len(image_lowers) > 1 or image_lowers[0] != prepared.image.rootfs:
         # Same episode code, other lowers below the task layer.
-        def _create(self, lowers, *, fix_dev=True):
-            return original(self, [*image_lowers, *lowers[1:]], fix_dev=fix_dev)
+        def _create(self, lowers):
+            return original(self, [*image_lowers, *lowers[1:]])
         episode_mod.CodingEpisode._create = _create
     samples = []
     for i in range(n + 10):
@@ -167,7 +167,7 @@ def bench_reset(env, n: int, image_lowers: list[str]) -> dict:
 
 
 def bench_grade(env, helper: HelperClient, rounds: int) -> dict:
-    from daemons.coding.environment import WORKDIR, fix_dev_nodes
+    from daemons.coding.environment import WORKDIR
     task = env.tasks[0]
     prepared = env.prepared[task.task_id]
     grades, alone = [], []
@@ -188,7 +188,6 @@ def bench_grade(env, helper: HelperClient, rounds: int) -> dict:
         sandbox = helper.create_sandbox([prepared.image.rootfs, prepared.layers.grader],
                                         memory_bytes=4 << 30, cpu_quota=1.0, pids_max=1024)
         try:
-            fix_dev_nodes(helper, sandbox)
             started = time.perf_counter()
             result = helper.exec(sandbox, prepared.profile.test_cmd, user="agent", cwd=WORKDIR,
                                  env=episode.exec_env, timeout=600, output_limit=1 << 20)

@@ -23,7 +23,7 @@ from camg.environment import Environment, Episode, ServiceContext, Task
 from camg.hashing import sha256_bytes, sha256_json
 
 from daemons.coding import grading, images, layers, mirrors, profiles, rows
-from daemons.coding.episode import INSTRUCTIONS, WORKDIR, CodingEpisode, Prepared, fix_dev_nodes
+from daemons.coding.episode import INSTRUCTIONS, WORKDIR, CodingEpisode, Prepared
 
 log = logging.getLogger("camg.coding")
 
@@ -176,5 +176,4 @@ def _version(dist: str) -> str:
         return "missing"
 
 
-__all__ = ["CodingEnvironment", "CodingEpisode", "Settings", "INSTRUCTIONS", "WORKDIR",
-           "fix_dev_nodes"]
+__all__ = ["CodingEnvironment", "CodingEpisode", "Settings", "INSTRUCTIONS", "WORKDIR"]

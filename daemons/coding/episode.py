@@ -49,18 +49,6 @@ class Prepared:
     profile: profiles.Profile
 
 
-# The helper creates /dev/null & co. through the process umask (0644), which
-# the agent uid cannot write to; every shell snippet and pytest needs them.
-# Remove once the helper's init makes them 0666 itself.
-DEV_FIX = "exec chmod 0666 /dev/null /dev/zero /dev/full /dev/random /dev/urandom /dev/tty"
-
-
-def fix_dev_nodes(helper, sandbox: str) -> None:
-    result = helper.exec(sandbox, DEV_FIX, user="root", cwd="/", timeout=10, output_limit=2000)
-    if result.exit_code != 0:
-        raise errors.InfraFailure(f"cannot prepare /dev in the sandbox: {result.output[-300:]}")
-
-
 class CodingEpisode(Episode):
     def __init__(self, env: CodingEnvironment, prepared: Prepared, episode_id: str) -> None:
         self.env = env
@@ -77,7 +65,6 @@ class CodingEpisode(Episode):
         self.diff_problem: str | None = None
         self.report: grading.Report | None = None
         self._closed = False
-        self._dev_ready = False
         self._lock = threading.Lock()        # guards sandbox ids and _closed
         self._step_lock = threading.Lock()   # one step at a time
         image_env = dict(e.split("=", 1) for e in prepared.image.env if "=" in e)
@@ -87,8 +74,7 @@ class CodingEpisode(Episode):
     # -- lifecycle ------------------------------------------------------
 
     def reset(self) -> Mapping[str, Any]:
-        # /dev is fixed before the first command instead: reset stays one call.
-        sandbox = self._create([self.task.image.rootfs, self.task.layers.agent], fix_dev=False)
+        sandbox = self._create([self.task.image.rootfs, self.task.layers.agent])
         with self._lock:
             if self._closed:
                 self._destroy_quietly(sandbox)
@@ -126,9 +112,6 @@ class CodingEpisode(Episode):
 
     def _shell(self, command: str) -> Step:
         sandbox = self._sandbox()
-        if not self._dev_ready:
-            self._call(fix_dev_nodes, self.helper, sandbox)
-            self._dev_ready = True
         result = self._call(self.helper.exec, sandbox, command, user="agent", cwd=WORKDIR,
                             env=self.exec_env, timeout=self.settings.command_timeout,
                             output_limit=self.settings.output_bytes)
@@ -235,17 +218,10 @@ class CodingEpisode(Episode):
                 raise errors.SandboxDied("the episode's sandbox is gone (episode closed)")
             return self.sandbox
 
-    def _create(self, lowers: list[str], *, fix_dev: bool = True) -> str:
+    def _create(self, lowers: list[str]) -> str:
         s = self.settings
-        sandbox = self._call(self.helper.create_sandbox, lowers, memory_bytes=s.memory_bytes,
-                             cpu_quota=s.cpu_quota, pids_max=s.pids_max, hostname="testbed")
-        if fix_dev:
-            try:
-                self._call(fix_dev_nodes, self.helper, sandbox)
-            except Exception:
-                self._destroy_quietly(sandbox)
-                raise
-        return sandbox
+        return self._call(self.helper.create_sandbox, lowers, memory_bytes=s.memory_bytes,
+                          cpu_quota=s.cpu_quota, pids_max=s.pids_max, hostname="testbed")
 
     def _call(self, fn, *args, **kwargs):
         """Helper errors that are not already episode failures become InfraFailure."""

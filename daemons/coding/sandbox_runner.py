@@ -46,8 +46,6 @@ def sandbox_runner(helper_socket: str, rootfs: str, *, timeout: float = 600,
         sandbox = client.create_sandbox([str(rootfs)], memory_bytes=memory_bytes, cpu_quota=1.0,
                                         pids_max=512)
         try:
-            from daemons.coding.environment import fix_dev_nodes
-            fix_dev_nodes(client, sandbox)
             client.put_archive(sandbox, "/testbed", _tar(checkout), user="root")
             result = client.exec(sandbox, command, user="agent", cwd="/testbed",
                                  timeout=timeout, output_limit=1 << 20)

@@ -456,8 +456,7 @@ def test_image_workspace_is_masked_but_its_build_artifacts_show(prepared, coding
             stacked = dataclasses_replace(real, layers=built)
             episode = CodingEpisode(env, stacked, "masked")
             original = episode._create
-            episode._create = lambda lowers, fix_dev=True: original(
-                [lowers[0], str(fake), *lowers[1:]], fix_dev=fix_dev)
+            episode._create = lambda lowers: original([lowers[0], str(fake), *lowers[1:]])
             try:
                 episode.reset()
                 removed = task.data["FAIL_TO_PASS"][0].split("::")[0]
