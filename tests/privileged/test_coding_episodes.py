@@ -483,3 +483,17 @@ def test_image_workspace_is_masked_but_its_build_artifacts_show(prepared, coding
 def dataclasses_replace(obj, **changes):
     import dataclasses
     return dataclasses.replace(obj, **changes)
+
+
+def test_concurrent_episodes_do_not_interfere(env):
+    """Two episodes of the same task at once: separate uppers, separate grades."""
+    from concurrent.futures import ThreadPoolExecutor
+    task = env.tasks[2]
+    patch = task.data["patch"]
+    fix = [write_file("/tmp/fix.diff", patch), shell("git apply -R /tmp/fix.diff"), FINISH]
+    noop = [shell("echo scratch > notes.txt"), FINISH]
+    with ThreadPoolExecutor(2) as pool:
+        fixed = pool.submit(run_episode, env, task, fix, "c-fix")
+        untouched = pool.submit(run_episode, env, task, noop, "c-noop")
+        assert fixed.result()[2] == 1.0
+        assert untouched.result()[2] == 0.0
