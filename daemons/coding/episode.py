@@ -38,6 +38,7 @@ INSTRUCTIONS = (
     "Commands time out after {timeout:g} seconds and output is truncated to its final "
     "{output} bytes. The episode ends after {steps} steps.")
 
+
 @dataclasses.dataclass(frozen=True)
 class Prepared:
     """Everything an episode of one task needs, checked once at start."""
@@ -163,28 +164,13 @@ class CodingEpisode(Episode):
             self.report = grading.Report(False, self.diff_problem)
             return 0.0
         kept, dropped = grading.filter_diff(self.diff)
-        script = grading.eval_script(self.task.profile, self.task.ref.tests)
-        timeout = self.settings.grade_timeout or self.task.profile.timeout
         try:
-            grader = self._create([self.task.image.rootfs, self.task.layers.grader])
-        except errors.SandboxDied as exc:
+            result = self._run_grader(kept)
+        except errors.GraderError:
+            raise
+        except errors.InfraFailure as exc:
+            # Whatever broke (sandbox died, helper gone), no honest grade exists.
             raise errors.GraderError(f"grader sandbox: {exc}") from None
-        with self._lock:
-            self.grader = grader
-            closed = self._closed
-        try:
-            if closed:
-                raise errors.GraderError("episode closed during grading")
-            try:
-                result = self._call(self.helper.exec, grader, script, user="agent", cwd=WORKDIR,
-                                    env=self.exec_env, stdin=kept, timeout=timeout,
-                                    output_limit=GRADE_OUTPUT_LIMIT)
-            except errors.SandboxDied as exc:
-                raise errors.GraderError(f"grader sandbox died: {exc}") from None
-        finally:
-            with self._lock:
-                self.grader = None
-            self._destroy_quietly(grader)
         self.report = grading.evaluate(result.output, self.task.row, exit_code=result.exit_code,
                                        timed_out=result.timed_out, dropped=dropped)
         log.info("graded: %s (reward %.1f, %d F2P and %d P2P failed, dropped %s)",
@@ -192,6 +178,24 @@ class CodingEpisode(Episode):
                  len(self.report.pass_to_pass_failed), list(dropped) or "nothing",
                  extra=self.fields)
         return self.report.reward
+
+    def _run_grader(self, diff: bytes):
+        script = grading.eval_script(self.task.profile, self.task.ref.tests)
+        timeout = self.settings.grade_timeout or self.task.profile.timeout
+        grader = self._create([self.task.image.rootfs, self.task.layers.grader])
+        with self._lock:
+            self.grader = grader
+            closed = self._closed
+        try:
+            if closed:
+                raise errors.GraderError("episode closed during grading")
+            return self._call(self.helper.exec, grader, script, user="agent", cwd=WORKDIR,
+                              env=self.exec_env, stdin=diff, timeout=timeout,
+                              output_limit=GRADE_OUTPUT_LIMIT)
+        finally:
+            with self._lock:
+                self.grader = None
+            self._destroy_quietly(grader)
 
     def close(self) -> None:
         with self._lock:

@@ -497,3 +497,37 @@ def test_concurrent_episodes_do_not_interfere(env):
         untouched = pool.submit(run_episode, env, task, noop, "c-noop")
         assert fixed.result()[2] == 1.0
         assert untouched.result()[2] == 0.0
+
+
+def test_grader_sandbox_killed_is_grader_error(env, coding_helper):
+    """A grader sandbox killed from outside: no honest reward, GraderError."""
+    import threading
+    task = env.tasks[0]
+    episode = env.create_episode(task, seed=None, episode_id="grader-killed")
+    try:
+        episode.reset()
+        assert episode.step(FINISH).done
+        before = coding_helper.sandbox_inits()
+        stop = threading.Event()
+
+        def killer():
+            # Every new child of the helper until grading gives up: the
+            # grader's init is among them.
+            while not stop.is_set():
+                for pid in coding_helper.sandbox_inits() - before:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass  # already gone
+                time.sleep(0.005)
+        thread = threading.Thread(target=killer)
+        thread.start()
+        try:
+            with pytest.raises(errors.GraderError) as info:
+                episode.grade()
+        finally:
+            stop.set()
+            thread.join()
+        assert info.value.failure_class is FailureClass.GRADER_ERROR
+    finally:
+        episode.close()
