@@ -177,9 +177,11 @@ def test_kill_9_of_the_helper_is_reclaimed_by_sweep_and_socket_activation(machin
 def test_stopping_camg_target_leaves_nothing_behind(machine):
     assert sandbox_inits(machine), "an episode should still hold a sandbox"
     machine.run(["systemctl", "stop", "camg.target"], timeout=240)
-    for unit in ("camg-coding.service", "camg-helper.service", "camg-helper.socket"):
-        state = show(machine, unit, "ActiveState")["ActiveState"]
-        assert state == "inactive", (unit, state)
+    # The target's own stop job finishes first (it is ordered after its
+    # units), so the command returns while the units are still stopping.
+    units = ("camg-coding.service", "camg-helper.service", "camg-helper.socket")
+    wait_for(lambda: all(show(machine, u, "ActiveState")["ActiveState"] == "inactive"
+                         for u in units), 180, "every camg unit to stop")
     assert leftovers(machine) == {}
     procs = machine.run(["ps", "-u", "camg", "-o", "pid=,args="], check=False).stdout.strip()
     assert not procs, procs
