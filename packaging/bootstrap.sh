@@ -24,6 +24,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Some machines' pip configuration names local index folders that do not
+# exist; pip warns once per package about each. Keep real errors visible.
+pip() { "$venv/bin/pip" --disable-pip-version-check "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
+
 python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
@@ -32,9 +36,9 @@ fi
 stamp="$venv/.camg-lock.sha256"
 want="$(sha256sum "$here/requirements.lock" | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    "$venv/bin/pip" install -q --disable-pip-version-check --upgrade pip
-    "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.lock"
+    pip install -q --upgrade pip
+    pip install -q -r "$here/requirements.lock"
     echo "$want" > "$stamp"
 fi
-"$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$here"
+pip install -q --no-deps --no-build-isolation -e "$here"
 echo "bootstrap.sh: ready ($venv)"
