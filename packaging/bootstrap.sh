@@ -40,5 +40,5 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     pip install -q -r "$here/requirements.lock"
     echo "$want" > "$stamp"
 fi
-pip install -q --no-deps --no-build-isolation -e "$here"
+pip install -q --no-deps --no-build-isolation -e "$here" -e "$here/third_party/swebench_shim"
 echo "bootstrap.sh: ready ($venv)"
