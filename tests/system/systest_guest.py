@@ -84,7 +84,7 @@ def leftovers(machine: Machine) -> dict[str, list[str]]:
     if uppers:
         found["uppers"] = uppers
     mounts = [line for line in machine.run(["cat", "/proc/1/mountinfo"]).stdout.splitlines()
-              if "camg" in line and "/run/hostcg/" not in line]
+              if _suite_mount(line)]
     if mounts:
         found["mounts"] = mounts
     for controller, path in machine.helper_cgroups().items():
@@ -92,6 +92,17 @@ def leftovers(machine: Machine) -> dict[str, list[str]]:
         if left:
             found[f"{controller} cgroups"] = left
     return found
+
+
+def _suite_mount(line: str) -> bool:
+    """An overlay, or anything mounted where the helper keeps sandboxes."""
+    fields = line.split()
+    mountpoint = fields[4]
+    fstype = fields[fields.index("-") + 1]
+    return fstype == "overlay" or mountpoint.startswith(_SANDBOX_PATHS)
+
+
+_SANDBOX_PATHS = ("/var/lib/camg/", "/run/camg-helper/", "/run/camg/", "/srv/camg/")
 
 
 def sandbox_inits(machine: Machine) -> set[int]:
