@@ -102,7 +102,7 @@ def _suite_mount(line: str) -> bool:
     return fstype == "overlay" or mountpoint.startswith(_SANDBOX_PATHS)
 
 
-_SANDBOX_PATHS = ("/var/lib/camg/", "/run/camg-helper/", "/run/camg/", "/srv/camg/")
+_SANDBOX_PATHS = ("/var/lib/camg/", "/run/camg-helper/", "/run/camg/")
 
 
 def sandbox_inits(machine: Machine) -> set[int]:
