@@ -138,6 +138,17 @@ def installed_root(tmp_path_factory):
                                     "--helper-config", GUEST_HELPER_CONFIG,
                                     "--python", GUEST_PYTHON, *INSTALL_FLAGS],
                                    env=_host_pip_env(), timeout=2400, check=False)
+            if result.returncode == 0:
+                # Idempotent: a second run over the first changes nothing
+                # that decides a reward (same configuration hash).
+                first = installer.run(["cat", "/etc/camg/prepared/schedule.json"]).stdout
+                again = installer.run([f"{GUEST_CHECKOUT}/packaging/install.sh",
+                                       "--helper-config", GUEST_HELPER_CONFIG,
+                                       "--python", GUEST_PYTHON, *INSTALL_FLAGS],
+                                      env=_host_pip_env(), timeout=2400, check=False)
+                assert again.returncode == 0, f"second install.sh failed:\n{again.stderr[-4000:]}"
+                second = installer.run(["cat", "/etc/camg/prepared/schedule.json"]).stdout
+                assert json.loads(first)["config_hash"] == json.loads(second)["config_hash"]
         finally:
             problems = installer.shutdown()
         if result.returncode != 0:

@@ -67,3 +67,20 @@ def test_helper_socket_is_root_camg_0660(machine):
     machine.run(["systemctl", "start", "camg-helper.socket"])
     out = machine.run(["stat", "-c", "%U:%G %a %F", "/run/camg/helper.sock"]).stdout.strip()
     assert out == "root:camg 660 socket"
+
+
+def test_uninstall_removes_the_installation_and_keeps_state(machine):
+    # Last in the session: everything else needs the installation.
+    machine.run(["systemctl", "start", "camg-helper.socket"])
+    machine.run(["/root/camg-checkout/packaging/install.sh", "--uninstall"], timeout=300)
+    for path in (f"{UNITDIR}/camg-coding.service", f"{UNITDIR}/camg-coding.service.d",
+                 f"{UNITDIR}/camg-helper.socket", "/usr/local/lib/sysusers.d/camg.conf",
+                 "/etc/camg", "/srv/camg/src", "/run/camg/helper.sock"):
+        assert machine.run(["test", "-e", path], check=False).returncode != 0, path
+    assert machine.run(["systemctl", "is-active", "camg-helper.socket"],
+                       check=False).stdout.strip() == "inactive"
+    # Outcome records survive an uninstall (only --purge removes them).
+    assert machine.run(["test", "-s", "/var/lib/camg/coding/outcomes.jsonl"],
+                       check=False).returncode == 0
+    # A second uninstall is a no-op, not an error.
+    machine.run(["/root/camg-checkout/packaging/install.sh", "--uninstall"], timeout=300)
