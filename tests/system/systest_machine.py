@@ -162,14 +162,23 @@ class Machine:
         return problems
 
     # -- commands inside --------------------------------------------------
+    def _enter(self, argv: list[str], env: dict[str, str] | None) -> list[str]:
+        if self.leader is None:
+            raise MachineError("machine is not booted")
+        return ["nsenter", "-t", str(self.leader), "-a", "--", "/usr/bin/env", "-i",
+                f"PATH={_PATH}", "LANG=C.UTF-8", "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0",
+                "HOME=/root"] + [f"{k}={v}" for k, v in (env or {}).items()] + argv
+
+    def popen(self, argv: list[str], log: Path) -> subprocess.Popen:
+        """Start a command inside, outside any unit (as without systemd)."""
+        with open(log, "ab") as out:
+            return subprocess.Popen(self._enter(argv, None), stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT)
+
     def run(self, argv: list[str], *, timeout: float = 120.0, check: bool = True,
             input: str | None = None, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess:
-        if self.leader is None:
-            raise MachineError("machine is not booted")
-        full = ["nsenter", "-t", str(self.leader), "-a", "--", "/usr/bin/env", "-i",
-                f"PATH={_PATH}", "LANG=C.UTF-8", "SYSTEMD_PAGER=", "SYSTEMD_COLORS=0",
-                "HOME=/root"] + [f"{k}={v}" for k, v in (env or {}).items()] + argv
+        full = self._enter(argv, env)
         proc = subprocess.run(full, input=input, capture_output=True, text=True,
                               timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
         if check and proc.returncode != 0:

@@ -72,6 +72,10 @@ def test_helper_socket_is_root_camg_0660(machine):
 def test_uninstall_removes_the_installation_and_keeps_state(machine):
     # Last in the session: everything else needs the installation.
     machine.run(["systemctl", "start", "camg-helper.socket"])
+    # The venv is the test's cached bind mount (conftest.venv_cache): detach
+    # it in the guest so the uninstall removes an empty directory, not the
+    # host's cache.
+    machine.run(["umount", "/srv/camg/service-venv"])
     machine.run(["/root/camg-checkout/packaging/install.sh", "--uninstall"], timeout=300)
     for path in (f"{UNITDIR}/camg-coding.service", f"{UNITDIR}/camg-coding.service.d",
                  f"{UNITDIR}/camg-helper.socket", "/usr/local/lib/sysusers.d/camg.conf",
