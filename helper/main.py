@@ -145,6 +145,7 @@ def _probe_loop(probes, registry, notifier, stop, on_start, log) -> None:
     """Probe until everything passes, then say READY=1 (once)."""
     if not on_start:
         registry.probe_failure = None
+        registry.first_probes_done.set()
         notifier.notify("READY=1\nSTATUS=serving (probes skipped by configuration)")
         return
     while not stop.is_set():

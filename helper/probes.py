@@ -50,6 +50,7 @@ class Probes:
         self.registry.probe_failure = (
             None if not failed else "; ".join(f"{r['name']}: {r['detail']}" for r in failed)[:2000])
         self.last = result
+        self.registry.first_probes_done.set()
         return result
 
     def _run(self) -> dict:

@@ -24,6 +24,7 @@ from helper.ledger import Ledger, Record, remove_upper
 from helper.sandbox import Sandbox
 
 log = logging.getLogger("camg.helper")
+_FIRST_PROBES_WAIT = 120.0  # seconds a create waits for the start-up probes
 _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -61,6 +62,10 @@ class Registry:
         self.sandboxes: dict[str, Sandbox] = {}
         self.owners: dict[str, tuple[int, str]] = {}
         self.probe_failure: str | None = "isolation probes have not run yet"
+        # Socket activation hands us clients before the start-up probes are
+        # done; a create in that window waits for their verdict instead of
+        # failing a daemon's first episode.
+        self.first_probes_done = threading.Event()
 
     # -- admission --------------------------------------------------------
 
@@ -103,6 +108,8 @@ class Registry:
         # The helper's own probe root is a lower for the probes only.
         extra = (os.path.join(self.config.state_dir, "probe-root"),) if probe else ()
         lowers, size = self.check_spec(spec, extra)
+        if not probe:
+            self.first_probes_done.wait(_FIRST_PROBES_WAIT)
         sandbox_id = secrets.token_hex(8)
         with self.lock:
             if probe:

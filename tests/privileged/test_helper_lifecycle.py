@@ -74,6 +74,24 @@ def test_failing_probes_refuse_sandboxes(private_base, lower_root, rootfs, empty
         pc.stop_helper(helper)
 
 
+def test_create_during_start_up_probes_waits_for_them(private_base, lower_root, rootfs):
+    # Socket activation delivers a daemon's first request while the helper is
+    # still probing: it must wait for the verdict, not fail the episode.
+    helper = pc.start_helper(private_base, pc.helper_config(private_base, lower_root, rootfs),
+                             wait_probes=False)
+    try:
+        client = helper.client()
+        probing = client.ping()["probes_ok"] is False
+        sandbox = client.create_sandbox([str(rootfs)], memory_bytes=64 << 20, cpu_quota=1.0,
+                                        pids_max=32)
+        assert client.exec(sandbox, "echo ok").output.strip() == "ok"
+        client.destroy(sandbox)
+        client.close()
+        assert probing, "the probes had finished before the create: the test proved nothing"
+    finally:
+        pc.stop_helper(helper)
+
+
 def test_probe_cli_exit_code(private_base, lower_root, rootfs, empty_lower):
     # No probe_lowers: the probes run on a root built from the host's binaries.
     cfg = pc.helper_config(private_base, lower_root, rootfs)
