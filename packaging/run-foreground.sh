@@ -81,6 +81,19 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 [ -S "$SOCKET" ] || die "camg-helper did not listen on $SOCKET"
+# What READY=1 means under systemd: the isolation probes passed. Until then
+# the helper refuses sandboxes, so services would fail their first episodes.
+probes_ok() {
+    "$VENV/bin/python" -c 'import sys
+from camg.helper_client import HelperClient
+sys.exit(0 if HelperClient(sys.argv[1]).ping().get("probes_ok") else 1)' "$SOCKET" 2>/dev/null
+}
+for _ in $(seq 1 240); do
+    probes_ok && break
+    kill -0 "$helper_pid" 2>/dev/null || die "camg-helper exited; see its log above"
+    sleep 0.5
+done
+probes_ok || die "camg-helper's isolation probes did not pass; see its log above"
 
 for env in "${envs[@]}"; do
     # StateDirectory=camg/<env>, User=camg.

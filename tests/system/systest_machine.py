@@ -14,7 +14,6 @@ instead (see helper_config_for_guest()).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -28,30 +27,6 @@ _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 class MachineError(RuntimeError):
     pass
-
-
-class MachineError(RuntimeError):
-    pass
-
-
-def _rmdir_tree(top: Path) -> list[str]:
-    """rmdir a cgroup subtree bottom-up; returns what could not be removed."""
-    stuck = []
-    if not top.is_dir():
-        return stuck
-    for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda e: -len(e[0])):
-        try:
-            os.rmdir(dirpath)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            # EBUSY: processes still in it; anything else is a real error too.
-            stuck.append(f"{dirpath}: {errno.errorcode.get(exc.errno, exc.errno)}")
-    return stuck
-
-
-def cgroup_children(top: Path) -> list[str]:
-    return sorted(str(Path(d).relative_to(top)) for d, _s, _f in os.walk(top) if Path(d) != top)
 
 
 class Machine:
