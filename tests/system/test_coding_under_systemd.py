@@ -73,19 +73,15 @@ def test_start_coding_pulls_in_the_helper_socket_and_is_active_only_after_ready(
 
 
 def helper_ready(machine) -> None:
-    """Wait for the helper's READY=1 (its isolation probes passed).
-
-    A socket-activated helper accepts connections at once but refuses
-    sandboxes until its probes pass; an episode created in that window ends
-    with failure_class infra (a masked reward, not a wrong one).
-    """
+    """Wait for the helper's READY=1 (its isolation probes passed)."""
     wait_for(lambda: show(machine, "camg-helper.service", "ActiveState")["ActiveState"] == "active",
              120, "camg-helper to send READY=1")
 
 
 def test_a_coding_episode_over_loopback_http_earns_the_right_reward(machine, tasks):
     task = tasks[0]
-    helper_ready(machine)
+    # No wait for the helper: it was socket-activated moments ago by /health
+    # and may still be probing; a create then waits for the probes' verdict.
     status, created = http(machine, "POST", "/episodes", {"task_id": task["task_id"]})
     assert status == 201, f"{created}\n{diagnose(machine)}"
     eid = created["episode_id"]
