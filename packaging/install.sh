@@ -1,7 +1,8 @@
 #!/bin/bash
 # Install (or, with --uninstall, remove) camg on a Debian host.
 #
-#   sudo packaging/install.sh [--deployment FILE] [--helper-config FILE] [--no-apt]
+#   sudo packaging/install.sh [--deployment FILE | --environments coding,shop]
+#                             [--helper-config FILE] [--no-apt]
 #                             [--no-configure] [--python PATH]
 #   sudo packaging/install.sh --uninstall [--purge]
 #
@@ -42,7 +43,11 @@ systemd_running() { [ -d /run/systemd/system ]; }
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 action=install purge=0 apt=1 configure=1 python=python3
-deployment=$CHECKOUT/packaging/demo-deployment.json
+# Without --deployment the demo deployment is used: prepare_demo.py writes
+# it (packaging/demo-deployment.json narrowed to --environments, with the
+# settings the preparation recorded, e.g. Shop's index hash).
+deployment=
+demo_environments=coding,shop
 helper_config=$CHECKOUT/units/helper.json
 while [ $# -gt 0 ]; do
     case $1 in
@@ -56,6 +61,7 @@ while [ $# -gt 0 ]; do
         # and runs camg.configure with a deployment of their own.
         --no-configure) configure=0 ;;
         --deployment) deployment=$(realpath "${2:?--deployment needs a file}"); shift ;;
+        --environments) demo_environments=${2:?--environments needs names}; shift ;;
         --helper-config) helper_config=$(realpath "${2:?--helper-config needs a file}"); shift ;;
         -h|--help) usage 0 ;;
         *) log "unknown argument: $1"; usage 2 ;;
@@ -192,7 +198,9 @@ prepare_demo() {
     trap stop_prep_helper EXIT
     "$VENV/bin/python" "$SRC/packaging/prepare_demo.py" --data "$DATA" \
         --images-root "$STATE/oci-rootfs" --cache "${CAMG_CACHE:-/var/cache/camg}" \
-        --helper-socket "$PREP_SOCKET" --environments coding
+        --helper-socket "$PREP_SOCKET" --environments "$demo_environments" \
+        --deployment-template "$SRC/packaging/demo-deployment.json" \
+        --deployment-out "$DATA/deployment.json"
     stop_prep_helper
     trap - EXIT
 }
@@ -258,14 +266,17 @@ if [ "$action" = uninstall ]; then
     uninstall
     exit 0
 fi
-[ -f "$deployment" ] || die "deployment $deployment not found"
+[ -z "$deployment" ] || [ -f "$deployment" ] || die "deployment $deployment not found"
 [ -f "$helper_config" ] || die "helper config $helper_config not found"
 [ "$apt" -eq 1 ] && install_apt
 install_source
 install_venv
 install_system_files
 if [ "$configure" -eq 1 ]; then
-    prepare_demo
+    if [ -z "$deployment" ]; then
+        prepare_demo
+        deployment=$DATA/deployment.json
+    fi
     configure_services
 fi
 enable_units

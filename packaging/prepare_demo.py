@@ -2,7 +2,8 @@
 """Prepare the demo data of the demo deployment (packaging/demo-deployment.json).
 
     prepare_demo.py --data /srv/camg/data --images-root /var/lib/camg/oci-rootfs \\
-        --cache /var/cache/camg --helper-socket /run/camg/helper.sock [--environments coding]
+        --cache /var/cache/camg --helper-socket /run/camg/helper.sock \
+        [--environments coding,shop] [--deployment-template T --deployment-out D]
 
 Run by packaging/install.sh as root, with a helper listening on
 --helper-socket (the demo task set is found by running apispec's suite in
@@ -16,12 +17,22 @@ Coding (what the demo deployment's settings name):
   DATA/coding/demo/{tasks.parquet,mirrors/}  the task rows and their git mirrors
   DATA/coding/manifest.json               camg.prepare's manifest (task layers under
                                           /var/lib/camg/task-layers/coding)
+
+Shop (the embedded WebShop 1k catalog):
+  DATA/shop/java                          Conda-style JAVA_HOME over Debian's openjdk-17
+  DATA/shop/{product_pool.json,index/,manifest.json,settings.json}  camg.prepare_shop's output
+
+With --deployment-out, the demo deployment is written there: the template's
+entries for the prepared environments, each with the settings its
+preparation recorded merged in (Shop's pool and index hashes change with
+every index build, so they cannot be written in the template).
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
+import json
 import os
 import shutil
 import subprocess
@@ -84,7 +95,39 @@ def prepare_coding(data: Path, images_root: Path, cache: Path, helper_socket: st
     return manifest
 
 
-PREPARERS = {"coding": prepare_coding}
+def prepare_shop(data: Path, images_root: Path, cache: Path, helper_socket: str) -> Path:
+    from camg import prepare_shop as shop
+    from daemons.shop import javahome
+
+    out = data / "shop"
+    java_home = out / "java"
+    javahome.build_layout("/usr/lib/jvm/java-17-openjdk-amd64", java_home)
+    args = shop.parser().parse_args(["--output", str(out), "--java-home", str(java_home),
+                                     "--sample-index-check"])
+    try:
+        # A verified earlier preparation is kept: Lucene writes random segment
+        # ids, so rebuilding would change the index hash on every install.
+        shop.verify(args)
+    except (CamgError, OSError, ValueError):
+        shop.prepare(args)
+    subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)
+    return out / "manifest.json"
+
+
+PREPARERS = {"coding": prepare_coding, "shop": prepare_shop}
+
+
+def write_deployment(template: Path, output: Path, data: Path, names: list[str]) -> None:
+    body = json.loads(template.read_text())
+    body["environments"] = {name: entry for name, entry in body["environments"].items()
+                            if name in names}
+    for name, entry in body["environments"].items():
+        recorded = data / name / "settings.json"
+        if recorded.is_file():
+            entry["settings"] = {**json.loads(recorded.read_text()), **entry.get("settings", {})}
+    tmp = output.with_name(f".{output.name}.tmp")
+    tmp.write_text(json.dumps(body, indent=1) + "\n")
+    tmp.replace(output)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,8 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images-root", type=Path, required=True)
     parser.add_argument("--cache", type=Path, required=True)
     parser.add_argument("--helper-socket", required=True)
-    parser.add_argument("--environments", default="coding",
+    parser.add_argument("--environments", default="coding,shop",
                         help=f"comma-separated, of: {', '.join(PREPARERS)}")
+    parser.add_argument("--deployment-template", type=Path,
+                        help="packaging/demo-deployment.json")
+    parser.add_argument("--deployment-out", type=Path,
+                        help="write the demo deployment for the prepared environments here")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         parser.error("run as root (image rootfs and task layers are root-owned)")
@@ -106,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             result = PREPARERS[name](args.data, args.images_root, args.cache, args.helper_socket)
             print(f"prepare_demo: {name}: {result}", file=sys.stderr)
+        if args.deployment_out:
+            write_deployment(args.deployment_template, args.deployment_out, args.data, names)
     except CamgError as exc:
         print(f"prepare_demo: {exc.name}: {exc}", file=sys.stderr)
         return 2

@@ -27,7 +27,8 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 # helper config that points cgroup parents at the bound host controllers.
 GUEST_CHECKOUT = "/root/camg-checkout"
 GUEST_HELPER_CONFIG = "/root/helper-systest.json"
-INSTALL_FLAGS: list[str] = []
+# The system tests exercise Coding under systemd; Shop's demo data is not built in the guest.
+INSTALL_FLAGS: list[str] = ["--environments", "coding"]
 GUEST_PIP_CACHE = "/var/cache/camg-pip"
 HOST_PYTHON_PREFIX = sys.base_prefix
 # Outside /root: ProtectHome= hides /root from the services, and user camg
