@@ -42,7 +42,11 @@ systemd_running() { [ -d /run/systemd/system ]; }
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
-action=install purge=0 apt=1 configure=1 python=python3
+action=install purge=0 apt=1 configure=1
+# Debian's interpreter by default: the services run as user camg, who must be
+# able to execute the venv's base interpreter (a python under /root is not).
+python=python3
+[ -x /usr/bin/python3 ] && python=/usr/bin/python3
 # Without --deployment the demo deployment is used: prepare_demo.py writes
 # it (packaging/demo-deployment.json narrowed to --environments, with the
 # settings the preparation recorded, e.g. Shop's index hash).
@@ -105,6 +109,11 @@ install_source() {
 }
 
 install_venv() {
+    local base='import sys; print(sys.base_prefix)'
+    if [ -x "$VENV/bin/python" ] && [ "$("$VENV/bin/python" -c "$base")" != "$("$python" -c "$base")" ]; then
+        log "the venv was made by another interpreter; recreating it with $python"
+        rm -rf "$VENV"
+    fi
     [ -x "$VENV/bin/python" ] || "$python" -m venv "$VENV"
     if [ -f "$SRC/requirements.lock" ]; then
         "$VENV/bin/pip" install -q --disable-pip-version-check -r "$SRC/requirements.lock"
