@@ -118,6 +118,10 @@ def setup(environment: str, level: int = logging.INFO) -> logging.Logger:
     else:
         root.addHandler(StderrHandler(environment))
     root.setLevel(level)
+    # Libraries that announce routine start-up at INFO (faiss's CPU feature
+    # probing, pyjnius's JVM discovery) would drown the service's own lines.
+    for noisy in ("faiss", "faiss.loader", "kivy", "jnius"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger(f"camg.{environment}")
 
 

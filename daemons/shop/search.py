@@ -49,9 +49,11 @@ def boot_jvm(java_home: str, heap_mb: int) -> None:
         # library so the Conda-style layout is what runs, not a JDK found on PATH.
         os.environ["JAVA_HOME"] = str(java_home)
         os.environ["JVM_PATH"] = str(libjvm)
-        # -XX:-UsePerfData: no /tmp/hsperfdata_<user> files from an unprivileged daemon
+        # -XX:-UsePerfData: no /tmp/hsperfdata_<user> files from an unprivileged daemon.
+        # -Xrs: the JVM leaves SIGTERM/SIGINT to Python; otherwise its own
+        # handler exits the worker (status 143) mid graceful shutdown.
         jnius_config.add_options(wanted[1], "-Xss8m", "-Djava.awt.headless=true",
-                                 "-XX:-UsePerfData")
+                                 "-XX:-UsePerfData", "-Xrs")
         from pyserini.search.lucene import LuceneSearcher  # noqa: F401  (starts the JVM)
         _jvm_options = wanted
 

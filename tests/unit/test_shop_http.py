@@ -88,3 +88,15 @@ def test_schema_and_bad_actions_over_http(services):
     step = client.step(eid, {"action": "click[nothing here]"})
     assert step["reward"] == 0.0 and step["done"] is False
     assert step["observation"]["valid_action"] is False
+
+
+def test_sigterm_is_a_graceful_stop_despite_the_jvm(services):
+    # Runs last in this module: it stops the second service. The JVM must
+    # leave SIGTERM to Python (-Xrs), or it exits the worker with 143 before
+    # the open episode is closed and recorded.
+    from camg.client import Client
+    proc = services[1]
+    episode = Client(proc.url).create(seed=11)
+    assert proc.stop() == 0, proc.output()[-2000:]
+    closed = [o for o in proc.outcomes() if o["episode_id"] == episode["episode_id"]]
+    assert closed and closed[0]["reason"] == "service stopping"
