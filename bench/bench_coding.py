@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from camg import manifest  # noqa: E402
 from camg.environment import ServiceContext  # noqa: E402
 from camg.helper_client import HelperClient  # noqa: E402
+from helperproc import PrivateHelper  # noqa: E402
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
@@ -56,50 +56,6 @@ def pct(samples: list[float], q: float) -> float:
 def du(path: str) -> int:
     out = subprocess.run(["du", "-sb", path], capture_output=True, text=True, check=True).stdout
     return int(out.split()[0])
-
-
-class Helper:
-    def __init__(self, lower_roots: list[str], probe_rootfs: str) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="camg-bench-coding-"))
-        self.base.chmod(0o711)
-        tag = f"camg-bench-coding-{os.getpid()}"
-        self.cfg = {
-            "socket": str(self.base / "helper.sock"), "state_dir": str(self.base / "state"),
-            "group": "nogroup", "lower_roots": lower_roots,
-            "upper_root": str(self.base / "uppers"), "probe_lowers": [probe_rootfs],
-            "cgroup_parents": {c: f"/sys/fs/cgroup/{c}/{tag}" for c in CONTROLLERS},
-        }
-        (self.base / "uppers").mkdir()
-        (self.base / "helper.json").write_text(json.dumps(self.cfg))
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("NOTIFY_SOCKET", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "helper", "--config",
-                                      str(self.base / "helper.json"), "--foreground"], cwd=ROOT,
-                                     env=env, stderr=open(self.base / "helper.log", "wb"))
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if HelperClient(self.cfg["socket"]).ping()["probes_ok"]:
-                    return
-            except Exception:
-                time.sleep(0.1)
-        self.stop()
-        raise SystemExit("helper never became ready:\n" + (self.base / "helper.log").read_text())
-
-    @property
-    def socket(self) -> str:
-        return self.cfg["socket"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(60)
-        for path in self.cfg["cgroup_parents"].values():
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass  # already gone
-        shutil.rmtree(self.base, ignore_errors=True)
 
 
 def sdist() -> Path:
@@ -221,8 +177,8 @@ def main() -> int:
     image = demo.ensure_demo_image(demo.cache_root_from_env())
     layers_root = CACHE / "coding" / "layers"
     layers_root.mkdir(parents=True, exist_ok=True)
-    helper = Helper([str(demo.cache_root_from_env()), str(layers_root), str(CACHE / "helper")],
-                    str(small_rootfs))
+    helper = PrivateHelper("bench-coding", [str(demo.cache_root_from_env()), str(layers_root),
+                                            str(CACHE / "helper")], [str(small_rootfs)])
     work = Path(tempfile.mkdtemp(prefix="camg-bench-coding-work-"))
     results: dict = {}
     try:

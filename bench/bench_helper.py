@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from camg.helper_client import HelperClient  # noqa: E402
+from helperproc import PrivateHelper  # noqa: E402
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
@@ -71,50 +71,8 @@ def kib(path: str, key: str) -> int:
 
 # -- the helper under test ---------------------------------------------------
 
-class Helper:
-    def __init__(self, rootfs: Path) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix=f"camg-bench-{os.getpid()}-"))
-        tag = f"camg-bench-{os.getpid()}"
-        self.cfg = {
-            "socket": str(self.base / "helper.sock"), "state_dir": str(self.base / "state"),
-            "lower_roots": [str(rootfs.parent)], "upper_root": str(self.base / "uppers"),
-            "probe_lowers": [str(rootfs)],
-            "cgroup_parents": {c: f"/sys/fs/cgroup/{c}/{tag}" for c in CONTROLLERS},
-        }
-        (self.base / "uppers").mkdir()
-        (self.base / "helper.json").write_text(json.dumps(self.cfg))
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("NOTIFY_SOCKET", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "helper", "--config",
-                                      str(self.base / "helper.json")], cwd=ROOT, env=env, start_new_session=True,
-                                     stderr=open(self.base / "helper.log", "wb"))
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if HelperClient(self.cfg["socket"]).ping()["probes_ok"]:
-                    return
-            except Exception:
-                time.sleep(0.1)
-        self.stop()
-        raise SystemExit("helper never became ready:\n" + (self.base / "helper.log").read_text())
-
-    def client(self) -> HelperClient:
-        return HelperClient(self.cfg["socket"], owner="bench", pool_size=64)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(60)
-        for path in self.cfg["cgroup_parents"].values():
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass  # already gone
-        shutil.rmtree(self.base, ignore_errors=True)
-
-
-def bench_helper(helper: Helper, rootfs: Path, n: int) -> dict:
-    c = helper.client()
+def bench_helper(helper: PrivateHelper, rootfs: Path, n: int) -> dict:
+    c = helper.client(pool_size=64)
     lowers = [str(rootfs)]
     out = {}
     for _ in range(10):  # warm caches (dentries of the rootfs, the init binary)
@@ -129,8 +87,8 @@ def bench_helper(helper: Helper, rootfs: Path, n: int) -> dict:
     return out
 
 
-def bench_concurrent(helper: Helper, rootfs: Path, count: int) -> dict:
-    c = helper.client()
+def bench_concurrent(helper: PrivateHelper, rootfs: Path, count: int) -> dict:
+    c = helper.client(pool_size=64)
     lowers = [str(rootfs)]
     rss_before = kib(f"/proc/{helper.proc.pid}/status", "VmRSS")
     errors: list[str] = []
@@ -171,8 +129,8 @@ def _ppid(pid: int) -> int:
         return -1
 
 
-def bench_sustained(helper: Helper, rootfs: Path, threads: int, seconds: float) -> dict:
-    c = helper.client()
+def bench_sustained(helper: PrivateHelper, rootfs: Path, threads: int, seconds: float) -> dict:
+    c = helper.client(pool_size=64)
     lowers = [str(rootfs)]
     done = [0] * threads
     errors = [0] * threads
@@ -251,7 +209,7 @@ class Docker:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def paired(docker: Docker, helper: Helper, rootfs: Path, n: int) -> dict:
+def paired(docker: Docker, helper: PrivateHelper, rootfs: Path, n: int) -> dict:
     """docker run/exec and helper create/exec sampled alternately (informational).
 
     Alternating puts both sides under the same background load, but docker's
@@ -260,7 +218,7 @@ def paired(docker: Docker, helper: Helper, rootfs: Path, n: int) -> dict:
     are pessimistic; the goals use the separate phases.
     """
     image = "camg-bench-rootfs:latest"
-    c = helper.client()
+    c = helper.client(pool_size=64)
     lowers = [str(rootfs)]
     sid = c.create_sandbox(lowers, **LIMITS)
     docker.docker("run", "-d", "--name", "camg-bench-paired", "--network", "none", image, "sleep", "infinity")
@@ -317,7 +275,7 @@ def main() -> int:
         note("starting dockerd and importing the rootfs")
         docker = Docker(args.rootfs)
     note("starting the helper (its isolation probes run first)")
-    helper = Helper(args.rootfs)
+    helper = PrivateHelper("bench-helper", [str(args.rootfs.parent)], [str(args.rootfs)])
     try:
         note("helper latencies")
         results["helper"] = bench_helper(helper, args.rootfs, args.n)
