@@ -35,9 +35,20 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def ensure_parents(parents: dict[str, str]) -> None:
+def ensure_parents(parents: dict[str, str], record: str) -> None:
+    """Create missing parents, noting in ``record`` the ones we created.
+
+    Only those are ever removed again (``release_parents``): a parent that
+    was there before — systemd's delegated cgroup, an operator's — is not ours.
+    """
     for ctrl, path in parents.items():
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path)
+        except FileExistsError:
+            pass
+        else:
+            with open(record, "a", encoding="utf-8") as f:
+                f.write(path + "\n")
         if ctrl == "memory":
             # Hierarchical accounting so a parent limit (if any) covers sandboxes.
             try:
@@ -45,6 +56,30 @@ def ensure_parents(parents: dict[str, str]) -> None:
                     _write(os.path.join(path, "memory.use_hierarchy"), "1")
             except OSError:
                 pass  # cannot change once the parent has children; accounting still works
+
+
+def release_parents(record: str) -> None:
+    """rmdir the parents ``ensure_parents`` created; ones still busy stay noted."""
+    try:
+        with open(record, encoding="utf-8") as f:
+            created = list(dict.fromkeys(line.strip() for line in f if line.strip()))
+    except FileNotFoundError:
+        return  # nothing of ours
+    busy = []
+    for path in created:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass  # already gone
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            busy.append(path)  # a sandbox or process still lives there
+    if busy:
+        with open(record, "w", encoding="utf-8") as f:
+            f.write("".join(p + "\n" for p in busy))
+    else:
+        os.unlink(record)
 
 
 def paths(parents: dict[str, str], sandbox_id: str) -> dict[str, str]:

@@ -70,13 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() != 0:
             raise ConfigError("camg-helper must run as root")
         parents = configmod.resolve_cgroup_parents(cfg)
-        cgroups.ensure_parents(parents)
         ledger = Ledger(os.path.join(cfg.state_dir, "ledger"))
+        created_parents = os.path.join(cfg.state_dir, "created-cgroup-parents")
+        if not args.sweep:  # a sweep reclaims; it never creates
+            cgroups.ensure_parents(parents, created_parents)
     except (ConfigError, OSError) as exc:
         log.critical("cannot start: %s", exc)
         return 2
     swept = sweep(ledger, parents, cfg.upper_root, log.info)
     if args.sweep:
+        cgroups.release_parents(created_parents)
         log.info("sweep reclaimed %d sandbox(es)", swept)
         return 0
     import prctl  # only the serving modes spawn sandboxes
@@ -132,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         notifier.notify("STOPPING=1")
         listener.close()
         n = registry.destroy_all()
+        cgroups.release_parents(created_parents)
         log.info("stopped; destroyed %d sandbox(es)", n)
         if bound:
             try:

@@ -59,6 +59,28 @@ def empty_lower(lower_root):
     path.rmdir()
 
 
+def test_cgroup_parents_it_created_are_removed_at_stop(private_base, lower_root, rootfs):
+    cfg = pc.helper_config(private_base, lower_root, rootfs)
+    parents = list(cfg["cgroup_parents"].values())
+    assert not any(os.path.exists(p) for p in parents)
+    (private_base / "helper.json").write_text(json.dumps(cfg))
+    # A sweep reclaims; it does not create the parents it would sweep.
+    assert _run_helper(private_base / "helper.json", "--sweep").returncode == 0
+    assert not any(os.path.exists(p) for p in parents)
+    helper = pc.start_helper(private_base, cfg)
+    try:
+        assert all(os.path.isdir(p) for p in parents)
+        client = helper.client()
+        client.destroy(client.create_sandbox([str(rootfs)], memory_bytes=64 << 20,
+                                             cpu_quota=1.0, pids_max=32))
+        client.close()
+        helper.proc.send_signal(signal.SIGTERM)
+        assert helper.proc.wait(30) == 0
+        assert not any(os.path.exists(p) for p in parents)
+    finally:
+        pc.stop_helper(helper)
+
+
 def test_failing_probes_refuse_sandboxes(private_base, lower_root, rootfs, empty_lower):
     cfg = pc.helper_config(private_base, lower_root, rootfs, probe_lowers=[str(empty_lower)])
     helper = pc.start_helper(private_base, cfg, wait_probes=False)
