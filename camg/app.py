@@ -95,17 +95,11 @@ class EpisodeStep:
 async def _handle_camg_error(req, resp, exc: CamgError, params, ws=None):
     if ws is not None:  # errors inside a WebSocket are answered by the protocol
         return
-    body = exc.to_dict()
-    if getattr(exc, "failure_class", None) is not None and exc.http_status == 500:
-        # An infrastructure failure at reset: no episode, no reward.
-        resp.status = falcon.HTTP_503
-        body["failure_class"] = exc.failure_class.value
-    else:
-        resp.status = falcon.code_to_http_status(exc.http_status)
+    resp.status = falcon.code_to_http_status(exc.http_status)
     if isinstance(exc, AtCapacity):
         resp.set_header("Retry-After", str(exc.retry_after))
     resp.content_type = falcon.MEDIA_JSON
-    resp.text = dumps(body)
+    resp.text = dumps(exc.to_dict())
 
 
 async def _handle_http_error(req, resp, exc: falcon.HTTPError, params, ws=None):

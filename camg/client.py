@@ -12,7 +12,13 @@ import http.client
 import json
 import time
 import urllib.parse
+import uuid
 from typing import Any
+
+
+# Below the service's keep-alive (5 s, camg.serve): reconnect before reusing
+# a connection the server may already have closed.
+_IDLE_RECONNECT = 4.0
 
 
 class ServiceError(Exception):
@@ -34,10 +40,18 @@ class Client:
         self.host, self.port = url.hostname, url.port or 80
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
+        self._last_used = 0.0
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
+        # A request is resent after a dropped connection only when running it
+        # twice is harmless: reads, closes, and steps carrying a request_id.
+        retry_safe = method in ("GET", "DELETE") or (isinstance(body, dict) and "request_id" in body)
+        if self._conn is not None and time.monotonic() - self._last_used > _IDLE_RECONNECT:
+            # The service drops idle keep-alive connections; don't find out
+            # by losing a non-idempotent request on one.
+            self.close_connection()
         for attempt in (1, 2):
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
@@ -47,11 +61,10 @@ class Client:
                 raw = response.read()
                 break
             except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
-                # A keep-alive connection the server closed: reconnect once.
-                # Steps are safe to resend only with a request_id.
                 self.close_connection()
-                if attempt == 2:
+                if attempt == 2 or not retry_safe:
                     raise
+        self._last_used = time.monotonic()
         data = json.loads(raw) if raw else None
         if response.status >= 400:
             retry = response.getheader("Retry-After")
@@ -93,9 +106,9 @@ class Client:
                 time.sleep(min(exc.retry_after or 1.0, max(0.0, deadline - time.monotonic())))
 
     def step(self, episode_id: str, action: dict, request_id: str | None = None) -> dict:
-        body: dict = {"action": action}
-        if request_id is not None:
-            body["request_id"] = request_id
+        # Always de-duplicated server-side, so a resend after a dropped
+        # connection can never run the action twice.
+        body = {"action": action, "request_id": request_id or uuid.uuid4().hex}
         return self.request("POST", f"/episodes/{episode_id}/step", body)[1]
 
     def get(self, episode_id: str) -> dict:

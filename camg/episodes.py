@@ -24,8 +24,8 @@ import fastjsonschema
 from camg import wire
 from camg.config import Limits
 from camg.environment import Environment, Step, Task
-from camg.errors import (AtCapacity, DeadlineExceeded, EpisodeBusy, EpisodeExists,
-                         EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
+from camg.errors import (AtCapacity, DeadlineExceeded, EpisodeBusy, EpisodeDone,
+                         EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
                          TaskNotFound, Unavailable)
 from camg.logs import episode_fields
 from camg.outcomes import OutcomeLog
@@ -34,12 +34,6 @@ log = logging.getLogger("camg.episodes")
 
 _RESPONSE_CACHE = 64          # request ids remembered per episode
 _TOMBSTONES = 10_000          # finished episodes kept for GET/DELETE
-
-
-class EpisodeDone(EpisodeBusy):
-    """A step on a finished episode; the body carries the sticky terminal answer."""
-
-    name = "episode_done"
 
 
 class Record:

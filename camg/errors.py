@@ -120,6 +120,12 @@ class EpisodeBusy(Conflict):
     name = "episode_busy"
 
 
+class EpisodeDone(Conflict):
+    """A step on a finished episode; ``details["terminal"]`` is the sticky answer."""
+
+    name = "episode_done"
+
+
 class AtCapacity(CamgError, RuntimeError):
     name = "at_capacity"
     http_status = 429
@@ -145,6 +151,9 @@ class InfraFailure(CamgError, RuntimeError):
     """
 
     name = "infra"
+    # Only a failed reset reaches HTTP as an error (a failed step ends its
+    # episode instead): no episode, no reward, the trainer may retry.
+    http_status = 503
     failure_class = FailureClass.INFRA
 
     def __init__(self, message: str, *, failure_class: FailureClass | None = None,
@@ -152,6 +161,9 @@ class InfraFailure(CamgError, RuntimeError):
         super().__init__(message, **details)
         if failure_class is not None:
             self.failure_class = FailureClass(failure_class)
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "failure_class": self.failure_class.value}
 
 
 class SandboxDied(InfraFailure):

@@ -20,19 +20,13 @@ import falcon
 import falcon.asgi
 
 from camg import wire
-from camg.episodes import EpisodeDone
-from camg.errors import AtCapacity, BadRequest, CamgError, EpisodeNotFound
+from camg.errors import AtCapacity, BadRequest, CamgError, EpisodeDone, EpisodeNotFound
 from camg.http import read_body, reply
 from camg.service import Service
 
 log = logging.getLogger("camg.openenv")
 
 _WS_MESSAGE_MAX = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class ResetRequest(wire.CreateEpisode):
-    pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +51,7 @@ class Session:
         self.episode_id: str | None = None
 
     async def reset(self, data: dict) -> dict:
-        request = wire.parse(ResetRequest, data, "data")
+        request = wire.parse(wire.CreateEpisode, data, "data")
         await self.close()
         body = await self.manager.create(request)
         self.episode_id = body["episode_id"]
@@ -170,11 +164,7 @@ class WebSocket:
         except CamgError as exc:
             code = ("CAPACITY_REACHED" if isinstance(exc, AtCapacity) else
                     "VALIDATION_ERROR" if isinstance(exc, BadRequest) else "EXECUTION_ERROR")
-            error = _ws_error(exc.message, code)
-            error["data"]["error"] = exc.name
-            if getattr(exc, "failure_class", None) is not None:
-                error["data"]["failure_class"] = exc.failure_class.value
-            return error
+            return {"type": "error", "data": {"code": code, **exc.to_dict()}}
 
 
 def _ws_error(message: str, code: str) -> dict:
