@@ -58,16 +58,6 @@ def du(path: str) -> int:
     return int(out.split()[0])
 
 
-def sdist() -> Path:
-    target = CACHE / "coding" / "sdist"
-    path = target / "apispec-6.8.1.tar.gz"
-    if not path.is_file():
-        target.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        "--no-binary", ":all:", "apispec==6.8.1", "-d", str(target)], check=True)
-    return path
-
-
 def make_env(work: Path, prepared: Path, images: Path, mirrors: Path, layers_root: Path,
              socket: str):
     from daemons.coding.environment import CodingEnvironment
@@ -168,6 +158,7 @@ def main() -> int:
     from camg.oci import demo
     from camg.oci.images import write_materialized
     from camg.prepare import prepare_coding
+    from daemons.coding.demo_tasks import fetch_sdist
     from daemons.coding.sandbox_runner import ensure_demo_set
 
     small_rootfs = CACHE / "helper" / "bookworm-minbase"
@@ -183,7 +174,8 @@ def main() -> int:
     results: dict = {}
     try:
         note("demo task set")
-        demo_set = ensure_demo_set(CACHE / "coding", image.image, helper.socket, sdist())
+        demo_set = ensure_demo_set(CACHE / "coding", image.image, helper.socket,
+                                   fetch_sdist(CACHE / "coding" / "sdist"))
         images = work / "materialized-images.json"
         write_materialized(images, (image.image,))
         prepared = work / "manifest.json"

@@ -41,19 +41,6 @@ from pathlib import Path
 
 from camg.errors import CamgError
 
-SDIST = "apispec==6.8.1"
-
-
-def _sdist(cache: Path) -> Path:
-    target = cache / "coding" / "sdist"
-    path = target / "apispec-6.8.1.tar.gz"
-    if not path.is_file():
-        target.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        "--no-binary", ":all:", SDIST, "-d", str(target)], check=True)
-    return path
-
-
 def _same_tree(a: Path, b: Path) -> bool:
     if not b.is_dir():
         return False
@@ -71,6 +58,7 @@ def prepare_coding(data: Path, images_root: Path, cache: Path, helper_socket: st
     from camg.oci import demo
     from camg.oci.images import write_materialized
     from camg.prepare import prepare_coding as prepare_manifest
+    from daemons.coding.demo_tasks import fetch_sdist
     from daemons.coding.sandbox_runner import ensure_demo_set
 
     out = data / "coding"
@@ -78,7 +66,7 @@ def prepare_coding(data: Path, images_root: Path, cache: Path, helper_socket: st
     image = demo.ensure_demo_image(images_root)
     images_json = out / "materialized-images.json"
     write_materialized(images_json, (image.image,))
-    built = ensure_demo_set(cache / "coding", image.image, helper_socket, _sdist(cache))
+    built = ensure_demo_set(cache / "coding", image.image, helper_socket, fetch_sdist(cache / "coding" / "sdist"))
     # The cache may be shared or pruned; the service reads its own copy.
     demo_set = out / "demo"
     if not _same_tree(built, demo_set):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,19 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from camg.errors import CamgError  # noqa: E402
 from camg.hashing import sha256_file  # noqa: E402
 from daemons.coding import demo_tasks  # noqa: E402
-
-SDIST = "apispec==6.8.1"
-
-
-def fetch_sdist(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    found = sorted(dest.glob("apispec-6.8.1.tar.gz"))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        "--no-binary", ":all:", SDIST, "-d", str(dest)], check=True)
-        found = sorted(dest.glob("apispec-6.8.1.tar.gz"))
-    return found[0]
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -60,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--images and --manifest go together")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        sdist = args.sdist or fetch_sdist(args.output.parent / "sdist")
+        sdist = args.sdist or demo_tasks.fetch_sdist(args.output.parent / "sdist")
         if args.helper_socket:
             from daemons.coding.sandbox_runner import sandbox_runner
             if not args.rootfs:

@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,20 @@ _ENV = {"GIT_AUTHOR_NAME": "camg demo", "GIT_AUTHOR_EMAIL": "demo@camg.invalid",
 
 # A suite runner: checkout dir -> {test id: status} (pytest verbose parse).
 Runner = Callable[[Path], dict[str, str]]
+
+#: the PyPI release the demo task set is built from
+DEMO_SDIST = "apispec==6.8.1"
+DEMO_SDIST_FILE = "apispec-6.8.1.tar.gz"
+
+
+def fetch_sdist(directory: Path) -> Path:
+    """The demo project's sdist (source and tests), downloaded once into ``directory``."""
+    path = Path(directory) / DEMO_SDIST_FILE
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                        "--no-binary", ":all:", DEMO_SDIST, "-d", str(path.parent)], check=True)
+    return path
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,20 +56,9 @@ def coding_helper(demo_image, rootfs):
 @pytest.fixture(scope="module")
 def demo_set(demo_image, coding_helper):
     """The demo task set, FAIL_TO_PASS/PASS_TO_PASS found in sandboxes (cached)."""
+    from daemons.coding.demo_tasks import fetch_sdist
     from daemons.coding.sandbox_runner import ensure_demo_set
-    return ensure_demo_set(CACHE, demo_image.image, coding_helper.socket, _sdist())
-
-
-def _sdist() -> Path:
-    import subprocess
-    import sys
-    target = CACHE / "sdist"
-    path = target / "apispec-6.8.1.tar.gz"
-    if not path.is_file():
-        target.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        "--no-binary", ":all:", "apispec==6.8.1", "-d", str(target)], check=True)
-    return path
+    return ensure_demo_set(CACHE, demo_image.image, coding_helper.socket, fetch_sdist(CACHE / "sdist"))
 
 
 @pytest.fixture(scope="module")

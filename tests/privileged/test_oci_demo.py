@@ -19,6 +19,7 @@ from oci_fixtures import REPO_ROOT, registry, run_prepare  # noqa: E402
 
 from camg.oci import demo  # noqa: E402
 from camg.oci.images import load_materialized  # noqa: E402
+from daemons.coding.demo_tasks import fetch_sdist  # noqa: E402
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 _ = registry
@@ -37,10 +38,7 @@ def apispec_source():
     target = demo.cache_root_from_env() / "apispec-sdist"
     tree = target / "apispec-6.8.1"
     if not (tree / "pyproject.toml").is_file():
-        target.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                        "--no-binary", ":all:", "apispec==6.8.1", "-d", str(target)], check=True)
-        with tarfile.open(target / "apispec-6.8.1.tar.gz") as sdist:
+        with tarfile.open(fetch_sdist(target)) as sdist:
             sdist.extractall(target, filter="data")
     return tree
 
