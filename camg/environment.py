@@ -54,6 +54,9 @@ class ServiceContext:
     state_dir: str
     settings: Mapping[str, Any]
     helper_socket: str | None = None
+    #: the manifest's files (label -> {path, sha256}) that camg.serve has
+    #: just re-hashed: an environment need not hash them again at start
+    verified_files: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
 
 
 class Episode(abc.ABC):

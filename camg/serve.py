@@ -24,11 +24,13 @@ log = logging.getLogger("camg.serve")
 
 
 def build_service(config: cfg.ServiceConfig, manifest):
-    """The Service for a verified config (environment constructed, not started)."""
+    """The Service for a config ``cfg.verify`` has just checked (environment
+    constructed, not started)."""
     from camg.service import Service
     env_class = registry.resolve(config.factory)
     context = ServiceContext(environment=config.environment, state_dir=config.state_dir,
-                             settings=config.settings, helper_socket=config.helper_socket)
+                             settings=config.settings, helper_socket=config.helper_socket,
+                             verified_files=manifest.files)
     environment = env_class(context, list(manifest.tasks))
     if environment.name != config.environment:
         raise cfg.ConfigError(f"factory {config.factory} implements {environment.name!r}, "

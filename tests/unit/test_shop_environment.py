@@ -303,3 +303,24 @@ def test_concurrent_episodes_search_consistently(env, tasks):
     with ThreadPoolExecutor(max_workers=8) as pool:
         for query, shown in pool.map(run, range(32)):
             assert shown == [a.lower() for a in expected[query][:PRODUCT_WINDOW]]
+
+
+def test_files_the_service_verified_are_not_hashed_again(prepared, tasks, tmp_path, monkeypatch):
+    from daemons.shop import environment as shop_env
+    out, settings = prepared
+    verified = manifest.load(out / "manifest.json").files
+    monkeypatch.setattr(shop_env, "sha256_path", lambda path: pytest.fail(f"hashed {path} again"))
+    env = ShopEnvironment(ServiceContext("shop", str(tmp_path), settings, verified_files=verified),
+                          tasks)
+    env.start()
+    env.stop()
+    # A verified file elsewhere exempts nothing: an edited copy is still refused.
+    monkeypatch.undo()
+    pool = tmp_path / "product_pool.json"
+    body = json.loads((out / "product_pool.json").read_text())
+    body[0]["Title"] += " (edited)"
+    pool.write_text(json.dumps(body))
+    edited = ShopEnvironment(ServiceContext("shop", str(tmp_path), dict(settings, product_pool=str(pool)),
+                                            verified_files=verified), tasks)
+    with pytest.raises(ConfigError, match="product_pool .* differs"):
+        edited.start()
