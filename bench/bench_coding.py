@@ -3,7 +3,7 @@
 
     sudo .venv/bin/python bench/bench_coding.py [--resets 200] [--grades 3] [--json OUT]
 
-Uses the real demo image (built/pulled through camg.oci.demo, cached under
+Uses the real demo image (built/pulled through tools.oci_demo, cached under
 $CAMG_CACHE), the demo task set (cached), camg.prepare, a camg-helper on
 its own socket, and CodingEnvironment exactly as the service runs it.
 
@@ -155,11 +155,11 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench_coding needs root (sandboxes, task layers)")
-    from camg.oci import demo
+    from tools import oci_demo as demo
     from camg.oci.images import write_materialized
-    from camg.prepare import prepare_coding
-    from daemons.coding.demo_tasks import fetch_sdist
-    from daemons.coding.sandbox_runner import ensure_demo_set
+    from daemons.coding.prepare import prepare_coding
+    from tools.coding.demo_tasks import fetch_sdist
+    from tools.coding.sandbox_runner import ensure_demo_set
 
     small_rootfs = CACHE / "helper" / "bookworm-minbase"
     if not (small_rootfs / "bin" / "bash").exists():

@@ -18,7 +18,7 @@ With ``--service`` it also starts a real ``camg.serve`` Shop service
 (gunicorn worker, JVM heap 1024 MiB) and reports the worker's resident
 memory and the latency of search steps over loopback HTTP.
 Goal: search p50 <= 20 ms. Uses the cached test preparation
-(daemons.shop.testing; $CAMG_CACHE).
+(tests.support.shop_testing; $CAMG_CACHE).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from camg import manifest  # noqa: E402
 from camg.environment import ServiceContext  # noqa: E402
-from daemons.shop import testing  # noqa: E402
+from tests.support import shop_testing as testing  # noqa: E402
 from daemons.shop.environment import ShopEnvironment  # noqa: E402
 
 CONTROLS = ("back to search", "next >", "< prev")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from camg import manifest as manifest_mod
-from camg import registry, typed
+from camg import plugins, typed
 from camg.errors import ConfigError, PreparationMissing
 from camg.hashing import sha256_json, sha256_path
 
@@ -129,13 +129,16 @@ def load_json(path: str | os.PathLike, what: str) -> Any:
 
 def load_deployment(path: str | os.PathLike) -> Deployment:
     deployment = typed.parse(Deployment, load_json(path, "deployment"), "deployment")
+    installed = plugins.all_plugins()
     for name, env in deployment.environments.items():
         if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
             raise ConfigError(f"deployment.environments: invalid environment name {name!r}")
-        if name not in registry.FACTORIES and env.factory is None and env.enabled:
-            raise ConfigError(f"deployment.environments.{name}: not a product environment; "
+        known = name in installed
+        if not known and env.factory is None and env.enabled:
+            raise ConfigError(f"deployment.environments.{name}: no installed environment has "
+                              f"this name (installed: {', '.join(installed) or 'none'}); "
                               "name its factory")
-        if env.port is None and name not in registry.PORTS:
+        if env.port is None and not known:
             raise ConfigError(f"deployment.environments.{name}: port is required")
         _refuse_credentials(env.settings, f"deployment.environments.{name}.settings")
     return deployment

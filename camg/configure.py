@@ -20,14 +20,9 @@ from pathlib import Path
 import camg
 from camg import config as cfg
 from camg import manifest as manifest_mod
-from camg import registry, typed
+from camg import plugins, typed
 from camg.errors import CamgError, ConfigError, PreparationMissing
 from camg.hashing import sha256_json
-
-PREPARE_STEPS = {
-    "coding": "python -m camg.prepare --environment coding",
-    "shop": "python -m camg.prepare_shop",
-}
 
 
 def source_commit(tree: Path) -> str:
@@ -57,7 +52,8 @@ def _source_tree() -> Path:
 
 def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Deployment,
                   base: Path, commit: str) -> tuple[dict, manifest_mod.Manifest]:
-    step = PREPARE_STEPS.get(name, f"prepare the {name} manifest")
+    plugin = plugins.all_plugins().get(name)
+    step = plugin.prepare_hint if plugin else f"prepare the {name} manifest"
     manifest_path = base / env.manifest
     manifest_file = cfg.hashed(manifest_path, step=step, what=f"{name} prepared manifest")
     manifest = manifest_mod.load(manifest_path)
@@ -71,11 +67,11 @@ def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Dep
     body = {
         "format": cfg.SERVICE_FORMAT,
         "environment": name,
-        "factory": env.factory or registry.FACTORIES[name],
+        "factory": env.factory or plugin.factory,
         "version": camg.__version__,
         "source_commit": commit,
         "host": cfg.LOOPBACK,
-        "port": env.port or registry.PORTS[name],
+        "port": env.port or plugin.port,
         "state_dir": str(Path(deployment.state_root) / name),
         "helper_socket": deployment.helper_socket,
         "capacity": env.capacity,

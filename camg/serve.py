@@ -16,7 +16,7 @@ import sys
 from gunicorn.app.base import BaseApplication
 
 from camg import config as cfg
-from camg import logs, notify, registry
+from camg import logs, notify, plugins
 from camg.environment import ServiceContext
 from camg.errors import CamgError
 
@@ -27,7 +27,7 @@ def build_service(config: cfg.ServiceConfig, manifest):
     """The Service for a config ``cfg.verify`` has just checked (environment
     constructed, not started)."""
     from camg.service import Service
-    env_class = registry.resolve(config.factory)
+    env_class = plugins.resolve(config.factory)
     context = ServiceContext(environment=config.environment, state_dir=config.state_dir,
                              settings=config.settings, helper_socket=config.helper_socket,
                              verified_files=manifest.files)

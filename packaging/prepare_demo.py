@@ -55,11 +55,11 @@ def _same_tree(a: Path, b: Path) -> bool:
 
 
 def prepare_coding(data: Path, images_root: Path, cache: Path, helper_socket: str) -> Path:
-    from camg.oci import demo
+    from tools import oci_demo as demo
     from camg.oci.images import write_materialized
-    from camg.prepare import prepare_coding as prepare_manifest
-    from daemons.coding.demo_tasks import fetch_sdist
-    from daemons.coding.sandbox_runner import ensure_demo_set
+    from daemons.coding.prepare import prepare_coding as prepare_manifest
+    from tools.coding.demo_tasks import fetch_sdist
+    from tools.coding.sandbox_runner import ensure_demo_set
 
     out = data / "coding"
     out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +84,7 @@ def prepare_coding(data: Path, images_root: Path, cache: Path, helper_socket: st
 
 
 def prepare_shop(data: Path, images_root: Path, cache: Path, helper_socket: str) -> Path:
-    from camg import prepare_shop as shop
+    from daemons.shop import prepare as shop
     from daemons.shop import javahome
 
     out = data / "shop"

@@ -29,11 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from camg.errors import CamgError  # noqa: E402
-from camg.oci import demo  # noqa: E402
+from tools import oci_demo as demo  # noqa: E402
 from camg.oci.images import write_materialized  # noqa: E402
 from camg.oci.prepare import prepare_images  # noqa: E402
 from camg.oci.pull import SkopeoPuller  # noqa: E402
-from camg.oci.registry import LocalRegistry  # noqa: E402
+from tools.loopback_registry import LocalRegistry  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

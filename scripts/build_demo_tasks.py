@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from camg.errors import CamgError  # noqa: E402
 from camg.hashing import sha256_file  # noqa: E402
-from daemons.coding import demo_tasks  # noqa: E402
+from tools.coding import demo_tasks  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sdist = args.sdist or demo_tasks.fetch_sdist(args.output.parent / "sdist")
         if args.helper_socket:
-            from daemons.coding.sandbox_runner import sandbox_runner
+            from tools.coding.sandbox_runner import sandbox_runner
             if not args.rootfs:
                 parser.error("--helper-socket needs --rootfs")
             runner = sandbox_runner(args.helper_socket, args.rootfs)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rows_jsonl": str(jsonl), "rows_parquet": str(parquet)}
         (args.output / "build-info.json").write_text(json.dumps(info, indent=1) + "\n")
         if args.images:
-            from camg.prepare import prepare_coding
+            from daemons.coding.prepare import prepare_coding
             prepare_coding(rows_path=parquet, mirrors_root=args.output / "mirrors",
                            images_path=args.images, output=args.manifest,
                            layers_root=args.layers_root)

@@ -170,8 +170,8 @@ class _Applier:
 
     # -- entries -------------------------------------------------------------
 
-    def apply(self, tar: tarfile.TarFile) -> LayerStats:
-        for member in tar:
+    def apply(self, tar: tarfile.TarFile, members=None) -> LayerStats:
+        for member in (tar if members is None else members):
             self.stats.entries += 1
             try:
                 self._entry(tar, member)
@@ -326,14 +326,29 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def apply_layer(root_fd: int, tar: tarfile.TarFile, *, image: str, layer: str,
-                options: ApplyOptions = ApplyOptions()) -> LayerStats:
+                options: ApplyOptions = ApplyOptions(), members=None) -> LayerStats:
     """Apply one layer; a rejected entry raises DatasetError naming image, layer and entry.
 
     The root may be left partly changed on error: callers apply into a
     temporary directory and discard it (see camg.oci.cache).
     """
     try:
-        return _Applier(root_fd, options).apply(tar)
+        return _Applier(root_fd, options).apply(tar, members)
     except _Rejected as exc:
         raise DatasetError(f"image {image}: layer {layer} rejected at entry {exc.entry!r}: {exc.why}",
                            image=image, layer=layer, entry=exc.entry, reason=exc.why) from None
+
+
+def extract_tree(tar: tarfile.TarFile, dest: str | os.PathLike, *, what: str,
+                 members=None, chown: bool = False) -> LayerStats:
+    """Unpack an archive (an sdist, a ``git archive``) into the directory
+    ``dest`` under the applier's rules: the project's safe extraction, and
+    the same on every supported interpreter (tarfile's extraction filters
+    arrived in Python 3.11.4; Debian bookworm has 3.11.2). Owners are not
+    applied unless ``chown``: extracted files belong to the caller."""
+    fd = os.open(dest, _DIR_FLAGS)
+    try:
+        return apply_layer(fd, tar, image=what, layer="archive",
+                           options=ApplyOptions(chown=chown), members=members)
+    finally:
+        os.close(fd)

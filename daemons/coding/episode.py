@@ -15,15 +15,14 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from camg import errors
 from camg.environment import Episode, Step
 
+from camg.helper_client import HelperClient
 from daemons.coding import grading, layers, mirrors, profiles, rows
-
-if TYPE_CHECKING:
-    from daemons.coding.environment import CodingEnvironment
+from daemons.coding.settings import Settings
 
 log = logging.getLogger("camg.coding")
 
@@ -51,10 +50,10 @@ class Prepared:
 
 
 class CodingEpisode(Episode):
-    def __init__(self, env: CodingEnvironment, prepared: Prepared, episode_id: str) -> None:
-        self.env = env
-        self.settings = env.settings
-        self.helper = env.helper
+    def __init__(self, settings: Settings, helper: HelperClient, prepared: Prepared,
+                 episode_id: str) -> None:
+        self.settings = settings
+        self.helper = helper
         self.task = prepared
         self.episode_id = episode_id
         self.fields = {"EPISODE_ID": episode_id, "TASK_ID": prepared.row.instance_id}

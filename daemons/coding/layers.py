@@ -38,6 +38,7 @@ import tempfile
 from pathlib import Path
 
 from camg.errors import ConfigError, PreparationMissing
+from camg.oci.apply import extract_tree
 
 from daemons.coding.mirrors import TaskRef, git
 
@@ -163,7 +164,7 @@ def _build_agent(layer: Path, ref: TaskRef, privileged: bool) -> tuple[str, str]
     archive = subprocess.run(["git", "-c", "safe.directory=*", "-C", ref.mirror, "archive",
                               "--format=tar", ref.tip], capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(work, filter="data")
+        extract_tree(tar, work, what=f"{ref.mirror}@{ref.tip}")
     _run(["git", "init", "-q", "--template=", "-b", "main", str(work)])
     # Agents commit; without an identity every `git commit` fails.
     for key, value in (*_REPO_CONFIG, ("user.name", "agent"), ("user.email", "agent@sandbox")):

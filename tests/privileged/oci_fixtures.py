@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from camg.oci import layout
-from camg.oci.registry import LocalRegistry
+from tools.loopback_registry import LocalRegistry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREPARE = REPO_ROOT / "scripts" / "prepare_images.py"

@@ -31,13 +31,13 @@ CACHE = pc.CACHE / "coding"
 
 @pytest.fixture(scope="module")
 def demo_image():
-    from camg.oci import demo
+    from tools import oci_demo as demo
     return demo.ensure_demo_image(demo.cache_root_from_env())
 
 
 @pytest.fixture(scope="module")
 def coding_helper(demo_image, rootfs):
-    from camg.oci import demo
+    from tools import oci_demo as demo
     layers_root = CACHE / "layers"
     layers_root.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="camg-coding-test-"))
@@ -56,15 +56,15 @@ def coding_helper(demo_image, rootfs):
 @pytest.fixture(scope="module")
 def demo_set(demo_image, coding_helper):
     """The demo task set, FAIL_TO_PASS/PASS_TO_PASS found in sandboxes (cached)."""
-    from daemons.coding.demo_tasks import fetch_sdist
-    from daemons.coding.sandbox_runner import ensure_demo_set
+    from tools.coding.demo_tasks import fetch_sdist
+    from tools.coding.sandbox_runner import ensure_demo_set
     return ensure_demo_set(CACHE, demo_image.image, coding_helper.socket, fetch_sdist(CACHE / "sdist"))
 
 
 @pytest.fixture(scope="module")
 def prepared(demo_set, demo_image, tmp_path_factory):
     from camg.oci.images import write_materialized
-    from camg.prepare import prepare_coding
+    from daemons.coding.prepare import prepare_coding
     work = tmp_path_factory.mktemp("coding-prepared")
     images = work / "materialized-images.json"
     write_materialized(images, (demo_image.image,))

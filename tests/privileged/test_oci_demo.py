@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from oci_fixtures import REPO_ROOT, registry, run_prepare  # noqa: E402
 
-from camg.oci import demo  # noqa: E402
+from tools import oci_demo as demo  # noqa: E402
 from camg.oci.images import load_materialized  # noqa: E402
-from daemons.coding.demo_tasks import fetch_sdist  # noqa: E402
+from tools.coding.demo_tasks import fetch_sdist  # noqa: E402
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 _ = registry

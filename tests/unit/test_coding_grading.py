@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from camg.errors import GraderError
-from daemons.coding import grading, layers, mirrors, profiles, rows, synthetic
+from daemons.coding import grading, layers, mirrors, profiles, rows
+from tools.coding import synthetic
 
 
 @pytest.fixture(scope="session")

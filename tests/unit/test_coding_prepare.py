@@ -9,8 +9,10 @@ import pytest
 from camg import manifest
 from camg.errors import DatasetError
 from camg.oci.images import MaterializedImage, write_materialized
-from camg.prepare import main, prepare_coding
-from daemons.coding import layers, mirrors, rows, synthetic
+from camg.prepare import main
+from daemons.coding.prepare import prepare_coding
+from daemons.coding import layers, mirrors, rows
+from tools.coding import synthetic
 
 IMAGE = "camg/demo-apispec-6.8.1"
 

@@ -6,7 +6,8 @@ import random
 import pytest
 
 from camg.errors import DatasetError
-from daemons.coding import bugs, profiles
+from daemons.coding import profiles
+from tools.coding import bugs
 
 
 def test_swesmith_profile_comes_from_the_registry_and_is_registered_on_swebench():

@@ -11,7 +11,8 @@ import pytest
 from camg import manifest
 from camg.environment import ServiceContext, Task
 from camg.errors import ConfigError, InvalidAction
-from daemons.shop import search, testing
+from daemons.shop import search
+from tests.support import shop_testing as testing
 from daemons.shop.environment import ShopEnvironment
 from daemons.shop.pages import PRODUCT_WINDOW
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from camg.client import Client, ServiceError
-from daemons.shop import testing
+from tests.support import shop_testing as testing
 from tests.support.services import ServiceProcess
 
 

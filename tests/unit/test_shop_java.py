@@ -9,7 +9,7 @@ import pytest
 
 from camg.errors import ConfigError, PreparationMissing
 from daemons.shop import javahome
-from daemons.shop.testing import DEBIAN_JDK, REPO
+from tests.support.shop_testing import DEBIAN_JDK, REPO
 
 
 def test_prepare_java_builds_layout_idempotently(tmp_path):

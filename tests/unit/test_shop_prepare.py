@@ -10,7 +10,7 @@ import pytest
 
 from camg import manifest
 from camg.hashing import sha256_path
-from daemons.shop import testing
+from tests.support import shop_testing as testing
 
 
 def run(*args):

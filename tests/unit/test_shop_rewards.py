@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from daemons.shop import catalog, goals, rewards, testing
+from daemons.shop import catalog, goals, rewards
+from tests.support import shop_testing as testing
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from camg.errors import DatasetError
 
-from daemons.coding import bugs
+from camg.oci.apply import extract_tree
+from tools.coding import bugs
 from daemons.coding.profiles import DEMO_OWNER, parse_pytest_verbose
 
 log = logging.getLogger("camg.coding")
@@ -61,7 +62,7 @@ class DemoSpec:
     owner: str = "marshmallow-code"
     project: str = "apispec"
     package_dir: str = "src"
-    image_name: str = "camg/demo-apispec-6.8.1"      # camg.oci.demo.NAME
+    image_name: str = "camg/demo-apispec-6.8.1"      # tools.oci_demo.NAME
     count: int = 12
     per_modifier: int = 3
     max_f2p: int = 60
@@ -102,12 +103,12 @@ def extract_sdist(sdist: Path, dest: Path) -> None:
         if len(top) != 1:
             raise DatasetError(f"{sdist}: expected one top-level directory, found {sorted(top)}")
         prefix = top.pop() + "/"
+        inner = []
         for member in members:
-            if not member.name.startswith(prefix):
-                continue
-            member.name = member.name[len(prefix):]
-            if member.name:
-                tar.extract(member, dest, filter="data")
+            if member.name.startswith(prefix) and member.name != prefix:
+                member.name = member.name[len(prefix):]
+                inner.append(member)
+        extract_tree(tar, dest, what=str(sdist), members=inner)
 
 
 def build(spec: DemoSpec, out: Path, runner: Runner) -> list[dict]:

@@ -13,7 +13,7 @@ import io
 import tarfile
 from pathlib import Path
 
-from daemons.coding.demo_tasks import Runner
+from tools.coding.demo_tasks import Runner
 from daemons.coding.profiles import demo_profile, parse_pytest_verbose
 
 
@@ -71,7 +71,7 @@ def ensure_demo_set(cache_dir: Path, image, helper_socket: str, sdist: Path) -> 
     import os
     import shutil
 
-    from daemons.coding import demo_tasks
+    from tools.coding import demo_tasks
 
     here = Path(__file__).resolve().parent
     sources = "".join((here / name).read_text()

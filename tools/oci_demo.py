@@ -38,7 +38,7 @@ from camg.oci import cache, layout
 from camg.oci.images import ImageSpec, MaterializedImage, FORMAT_VERSION
 from camg.oci.prepare import default_options, prepare_images
 from camg.oci.pull import SkopeoPuller
-from camg.oci.registry import LocalRegistry
+from tools.loopback_registry import LocalRegistry
 
 NAME = "camg/demo-apispec-6.8.1"
 REPOSITORY = "camg/demo-apispec"

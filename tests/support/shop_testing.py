@@ -47,7 +47,7 @@ def java_home() -> str:
 def pool() -> list[dict]:
     """The shipped 1k catalog as camg.prepare_shop builds its product pool
     (callers must not modify it: it is shared)."""
-    from camg import prepare_shop
+    from daemons.shop import prepare as prepare_shop
     return prepare_shop.build_pool(prepare_shop.DEFAULT_CATALOG, prepare_shop.DEFAULT_INSTRUCTIONS,
                                    prepare_shop.DEFAULT_HUMAN)
 
@@ -55,7 +55,7 @@ def pool() -> list[dict]:
 @functools.lru_cache(maxsize=None)
 def prepared() -> tuple[Path, dict]:
     """(prepared directory, settings) of the default 1k preparation."""
-    from camg import prepare_shop
+    from daemons.shop import prepare as prepare_shop
     # keyed by the pool hash and the code that turns a pool into goals and
     # documents, so a changed generator never reuses stale tasks
     code = b"".join(Path(m.__file__).read_bytes() for m in (prepare_shop, goals, catalog))

@@ -1,0 +1,160 @@
+"""The registry of environments: one descriptor per environment package.
+
+camg/ knows no environment by name. Each environment package (daemons/<env>)
+declares an ``EnvironmentPlugin`` and registers it as a Python entry point
+in the ``camg.environments`` group (pyproject.toml)::
+
+    [project.entry-points."camg.environments"]
+    coding = "daemons.coding.plugin:PLUGIN"
+
+Everything that lists environments — ports, factories, ``camg.configure``'s
+refusal hints, ``python -m camg.prepare --environment NAME``, routes,
+install.sh, the tests of the list — reads them from here. Entry points are
+read from installed distribution metadata, so a new package is seen after
+``pip install -e .`` (or any install that writes its entry points).
+
+Loading a descriptor imports only the package's small ``plugin`` module:
+its factory, settings type and preparation entry point are ``module:attr``
+strings resolved on use, so listing environments never imports an
+environment's stack (pyserini, docker, swebench ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
+
+from camg.errors import ConfigError
+
+GROUP = "camg.environments"
+_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvironmentPlugin:
+    """What the suite needs to know about one environment package."""
+
+    #: configs, routes, logs (CAMG_ENV), unit name camg-<name>.service
+    name: str
+    #: loopback port the service listens on by default
+    port: int
+    #: ``module:Class`` of its camg.environment.Environment subclass
+    factory: str
+    #: ``module:function`` taking argv (list[str]) and returning an exit
+    #: status: what ``python -m camg.prepare --environment NAME`` runs
+    prepare: str
+    #: the command an operator runs to prepare it (configure's refusal hint)
+    prepare_hint: str
+    #: ``module:Class`` of its typed settings (the deployment's ``settings``)
+    settings: str
+    #: one line for listings (camg status, the README table)
+    title: str = ""
+    #: the systemd unit, when the package ships one (units/camg-<name>.service)
+    unit: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name):
+            raise ConfigError(f"environment plugin name {self.name!r} is invalid")
+        if not 1024 <= self.port <= 65535:
+            raise ConfigError(f"environment plugin {self.name}: port {self.port} out of range")
+        for field in ("factory", "prepare", "settings"):
+            if not _SPEC.fullmatch(getattr(self, field)):
+                raise ConfigError(f"environment plugin {self.name}: {field} must look like "
+                                  f"'package.module:attr', not {getattr(self, field)!r}")
+
+    def load_factory(self) -> type:
+        return resolve(self.factory)
+
+    def load_settings_type(self) -> type:
+        return resolve(self.settings)
+
+    def run_prepare(self, argv: list[str]) -> int:
+        return int(resolve(self.prepare)(argv) or 0)
+
+
+def resolve(spec: str) -> Any:
+    """Import ``module:attr``; a ConfigError names what failed."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{spec!r} must look like 'package.module:attr'")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {spec!r}: {exc}") from None
+    return target
+
+
+def _entry_points() -> list[metadata.EntryPoint]:
+    return list(metadata.entry_points(group=GROUP))
+
+
+def all_plugins() -> Mapping[str, EnvironmentPlugin]:
+    """Every registered environment, by name (sorted). A registration that
+    does not load, or two that claim one name or one port, is a ConfigError."""
+    found: dict[str, EnvironmentPlugin] = {}
+    ports: dict[int, str] = {}
+    for entry in _entry_points():
+        try:
+            plugin = entry.load()
+        except Exception as exc:  # a broken package must name itself
+            raise ConfigError(f"environment plugin {entry.name!r} ({entry.value}) "
+                              f"does not load: {exc}") from None
+        if not isinstance(plugin, EnvironmentPlugin):
+            raise ConfigError(f"entry point {entry.name!r} ({entry.value}) is not an "
+                              "EnvironmentPlugin")
+        if plugin.name != entry.name:
+            raise ConfigError(f"entry point {entry.name!r} declares environment {plugin.name!r}")
+        if plugin.name in found and found[plugin.name] != plugin:
+            raise ConfigError(f"environment {plugin.name!r} is registered twice")
+        if ports.get(plugin.port, plugin.name) != plugin.name:
+            raise ConfigError(f"environments {ports[plugin.port]!r} and {plugin.name!r} "
+                              f"share port {plugin.port}")
+        found[plugin.name] = plugin
+        ports[plugin.port] = plugin.name
+    return dict(sorted(found.items()))
+
+
+def get(name: str) -> EnvironmentPlugin:
+    plugins = all_plugins()
+    try:
+        return plugins[name]
+    except KeyError:
+        known = ", ".join(plugins) or "none"
+        raise ConfigError(f"no environment named {name!r} is installed (known: {known})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m camg.plugins [--names | --json]``: list the registered
+    environments (install.sh and the system tests read this)."""
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m camg.plugins", description=main.__doc__)
+    parser.add_argument("--names", action="store_true", help="one name a line")
+    args = parser.parse_args(argv)
+    try:
+        plugins = all_plugins()
+    except ConfigError as exc:
+        print(f"camg.plugins: {exc}", file=sys.stderr)
+        return 2
+    if args.names:
+        for name in plugins:
+            print(name)
+    else:
+        print(json.dumps({n: dataclasses.asdict(p) for n, p in plugins.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    # Through the importable module, so isinstance sees one EnvironmentPlugin
+    # class (run as __main__, this file's classes would be a second copy).
+    from camg.plugins import main as _main
+    raise SystemExit(_main())

@@ -1,0 +1,134 @@
+"""``python -m camg.prepare --environment coding``: SWE-smith rows -> prepared manifest.
+
+    python -m camg.prepare --environment coding --rows tasks.parquet \\
+        --mirrors-root /srv/camg/data/coding/mirrors \\
+        --images /srv/camg/data/coding/materialized-images.json \\
+        --output /srv/camg/data/coding/manifest.json \\
+        [--select ids.txt] [--limit N] [--seed S] [--layers-root DIR | --no-layers]
+
+Every row is validated (a bad row names its index, instance_id and field),
+the selection keeps the ids and the order given (the --select file's order,
+else the rows file's), every task's mirror branch is resolved and its
+commits recorded, every image_name must be materialized, and the task
+layers are built (as root) so that no episode ever builds one. The manifest
+records the rows file and the materialized-images file by hash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from camg import manifest
+from camg.errors import CamgError, DatasetError
+
+from daemons.coding import images as images_mod
+from daemons.coding import layers, mirrors, profiles
+from daemons.coding import rows as rows_mod
+
+CREATED_BY = "camg.prepare 0.1.0"
+DEFAULT_LAYERS_ROOT = "/var/lib/camg/task-layers/coding"
+
+
+def read_selection(path: str | Path) -> list[str]:
+    """Ids, one per line, in the order to serve them ('#' comments allowed)."""
+    ids: list[str] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            value = line.split("#", 1)[0].strip()
+            if not value:
+                continue
+            if value in seen:
+                raise DatasetError(f"{path}:{lineno}: id {value!r} is selected twice")
+            seen.add(value)
+            ids.append(value)
+    if not ids:
+        raise DatasetError(f"{path}: selects no task")
+    return ids
+
+
+def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_path: str | Path,
+                   output: str | Path, select: str | Path | None = None, limit: int | None = None,
+                   seed: int | None = None, layers_root: str | Path | None = DEFAULT_LAYERS_ROOT
+                   ) -> dict:
+    """Validate, select, resolve and write the manifest; return its body."""
+    from camg.hashing import sha256_file
+
+    raw = rows_mod.read(rows_path)
+    checked = [rows_mod.validate(r, i) for i, r in enumerate(raw)]
+    by_id: dict[str, rows_mod.Row] = {}
+    for index, row in enumerate(checked):
+        if row.instance_id in by_id:
+            raise DatasetError(f"row {index} ({row.instance_id!r}): field instance_id: "
+                               "appears twice in the rows file", row=index, field="instance_id")
+        by_id[row.instance_id] = row
+    if select is not None:
+        wanted = read_selection(select)
+        missing = [i for i in wanted if i not in by_id]
+        if missing:
+            raise DatasetError(f"{select}: selected id {missing[0]!r} is not in {rows_path}")
+        chosen = [by_id[i] for i in wanted]
+    else:
+        chosen = checked
+    if limit is not None:
+        if limit < 1:
+            raise DatasetError("--limit must be at least 1")
+        chosen = chosen[:limit]
+
+    refs = mirrors.resolve(mirrors_root, chosen)
+    for row in chosen:
+        profiles.for_repo(row.repo)
+    catalog = images_mod.load(images_path)
+    tasks = []
+    for row, ref in zip(chosen, refs):
+        image = images_mod.lookup(catalog, row.image_name)
+        if layers_root is not None:
+            layers.ensure(layers_root, ref, build=True, image_rootfs=image.rootfs,
+                          image_key=image.hash)
+        data = row.to_data()
+        data["mirror"] = ref.to_data()
+        data["image"] = {"name": image.name, "digest": image.digest, "hash": image.hash}
+        tasks.append({"task_id": row.instance_id, "data": data})
+    sampling = {"order": "select" if select is not None else "rows", "seed": seed,
+                "limit": limit,
+                "select_sha256": sha256_file(select) if select is not None else None}
+    body = manifest.build("coding", tasks, sampling=sampling,
+                          files={"rows": rows_path, "images": images_path},
+                          created_by=CREATED_BY)
+    manifest.write(output, body)
+    return body
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m camg.prepare --environment coding",
+                                 description="Prepare a task manifest for camg.configure.")
+    ap.add_argument("--rows", required=True, help="SWE-smith rows (.parquet or .jsonl)")
+    ap.add_argument("--mirrors-root", required=True)
+    ap.add_argument("--images", required=True, help="materialized-images.json")
+    ap.add_argument("--output", required=True)
+    ap.add_argument("--select", help="file of instance ids to serve, in order")
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--seed", type=int)
+    layers_group = ap.add_mutually_exclusive_group()
+    layers_group.add_argument("--layers-root", default=DEFAULT_LAYERS_ROOT,
+                              help=f"where task layers are built (default {DEFAULT_LAYERS_ROOT})")
+    layers_group.add_argument("--no-layers", action="store_true",
+                              help="skip building task layers (the service builds them as root)")
+    args = ap.parse_args(argv)
+    try:
+        body = prepare_coding(rows_path=args.rows, mirrors_root=args.mirrors_root,
+                              images_path=args.images, output=args.output, select=args.select,
+                              limit=args.limit, seed=args.seed,
+                              layers_root=None if args.no_layers else args.layers_root)
+    except (CamgError, OSError) as exc:
+        print(f"camg.prepare: {exc}", file=sys.stderr)
+        return 2
+    print(f"camg.prepare: wrote {args.output} with {len(body['tasks'])} coding task(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

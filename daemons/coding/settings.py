@@ -1,0 +1,33 @@
+"""The Coding environment's settings (the ``settings`` object of its entry in
+the deployment JSON)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    mirrors_root: str
+    images: str                                   # materialized-images.json
+    layers_root: str = "/var/lib/camg/task-layers/coding"
+    build_layers: bool = True                     # build missing layers at start (root only)
+    memory_bytes: int = 4 << 30
+    cpu_quota: float = 1.0
+    pids_max: int = 1024
+    command_timeout: float = 60.0
+    output_bytes: int = 12000
+    max_command_chars: int = 16000
+    max_steps: int = 64
+    grade_timeout: float = 0.0                    # 0: the profile's own timeout
+    helper_owner: str = "coding"
+
+    def __post_init__(self) -> None:
+        for name in ("mirrors_root", "images", "layers_root"):
+            if not os.path.isabs(getattr(self, name)):
+                raise ValueError(f"{name} must be an absolute path")
+        if not 0 < self.command_timeout <= 3600 or self.grade_timeout < 0:
+            raise ValueError("timeouts must be positive")
+        if self.max_steps < 1 or self.output_bytes < 1 or self.max_command_chars < 1:
+            raise ValueError("max_steps, output_bytes and max_command_chars must be positive")
