@@ -128,7 +128,7 @@ def load_json(path: str | os.PathLike, what: str) -> Any:
 
 
 def load_deployment(path: str | os.PathLike) -> Deployment:
-    deployment = typed.parse(Deployment, load_json(path, "deployment"), "deployment")
+    deployment = typed.parse(Deployment, load_json(path, "deployment"), "deployment", ConfigError)
     installed = plugins.all_plugins()
     for name, env in deployment.environments.items():
         if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name):
@@ -163,7 +163,7 @@ def hashed(path: str | os.PathLike, *, step: str, what: str) -> HashedFile:
 
 
 def load_service_config(path: str | os.PathLike) -> ServiceConfig:
-    return typed.parse(ServiceConfig, load_json(path, "service config"), "config")
+    return typed.parse(ServiceConfig, load_json(path, "service config"), "config", ConfigError)
 
 
 def verify(config: ServiceConfig, config_path: str | os.PathLike) -> manifest_mod.Manifest:

@@ -52,6 +52,30 @@ class ExecResult:
     duration: float
 
 
+# Each closed helper error name -> the camg.errors class it resembles.
+ERROR_CLASSES: dict[str, type[errors.CamgError]] = {
+    "bad_request": errors.BadRequest,
+    "unknown_verb": errors.BadRequest,
+    "path_escape": errors.BadRequest,
+    "limit_exceeded": errors.BadRequest,
+    "payload_too_large": errors.PayloadTooLarge,
+    "permission_denied": errors.PermissionDenied,
+    "not_found": errors.NotFound,
+    "at_capacity": errors.AtCapacity,
+    "probes_failed": errors.Unavailable,
+    "sandbox_died": errors.SandboxDied,
+    "internal": errors.InfraFailure,
+}
+assert set(ERROR_CLASSES) == wire.ERRORS, "every helper error name maps to one class"
+
+
+def error_from_reply(reply: dict) -> errors.CamgError:
+    name = reply.get("error")
+    message = str(reply.get("message", ""))
+    cls = ERROR_CLASSES.get(name, errors.InfraFailure) if isinstance(name, str) \
+        else errors.InfraFailure
+    return cls(f"helper: {message}", helper_error=name)
+
 class HelperClient:
     def __init__(self, socket_path: str = DEFAULT_SOCKET, *, owner: str = "default",
                  connect_timeout: float = 5.0, max_blob: int = 1 << 30, pool_size: int = 8) -> None:
@@ -126,7 +150,7 @@ class HelperClient:
     def _unwrap(reply: dict, out: bytes) -> tuple[dict, bytes]:
         if reply.get("ok") is True and isinstance(reply.get("result"), dict):
             return reply["result"], out
-        raise wire.error_from_reply(reply)
+        raise error_from_reply(reply)
 
     def close(self) -> None:
         with self._lock:

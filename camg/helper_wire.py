@@ -9,9 +9,11 @@ plus an optional blob (stdin for Exec, a tar stream for PutArchive); a reply
 is ``{"ok": true, "result": {...}}`` plus an optional blob (a tar stream for
 GetArchive), or ``{"ok": false, "error": NAME, "message": TEXT}``.
 
-Error names are a closed set (``ERRORS``); the client maps each onto the
-camg.errors class it resembles, so no class path ever crosses the socket.
-Both sides import this module; it holds no helper internals.
+Error names are a closed set (``ERRORS``); the client (camg.helper_client)
+maps each onto the camg.errors class it resembles, so no class path ever
+crosses the socket. Both sides import this module; it holds no helper
+internals and imports nothing of camg but the strict parser (camg.typed,
+itself a leaf): what the root helper runs of camg/ is these two files.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import json
 import socket
 import struct
 
-from camg import errors
+from camg.typed import parse  # noqa: F401  (the helper's strict parser)
+
 
 PREFIX = "io.camg.helper."
 VERBS = tuple(PREFIX + v for v in (
@@ -37,21 +40,12 @@ MAX_BLOB_HARD = 1 << 30
 TRUNCATION_MARKER = "[output truncated to final {limit} bytes]\n"
 TIMEOUT_MARKER = "\n[command timed out]"
 
-# Closed set of error names -> the camg.errors class a client raises.
-ERRORS: dict[str, type[errors.CamgError]] = {
-    "bad_request": errors.BadRequest,
-    "unknown_verb": errors.BadRequest,
-    "path_escape": errors.BadRequest,
-    "limit_exceeded": errors.BadRequest,
-    "payload_too_large": errors.PayloadTooLarge,
-    "permission_denied": errors.PermissionDenied,
-    "not_found": errors.NotFound,
-    "at_capacity": errors.AtCapacity,
-    "probes_failed": errors.Unavailable,
-    "sandbox_died": errors.SandboxDied,
-    "internal": errors.InfraFailure,
-}
-
+# The closed set of error names a reply may carry.
+ERRORS = frozenset({
+    "bad_request", "unknown_verb", "path_escape", "limit_exceeded", "payload_too_large",
+    "permission_denied", "not_found", "at_capacity", "probes_failed", "sandbox_died",
+    "internal",
+})
 
 class WireError(Exception):
     """An error the helper reports by name; raised inside the helper only."""
@@ -107,11 +101,3 @@ def read_frame(sock: socket.socket, max_blob: int) -> tuple[dict, bytes]:
     if not isinstance(obj, dict):
         raise FrameError("bad_request", "frame must be a JSON object")
     return obj, blob
-
-
-def error_from_reply(reply: dict) -> errors.CamgError:
-    name = reply.get("error")
-    message = str(reply.get("message", ""))
-    cls = ERRORS.get(name, errors.InfraFailure) if isinstance(name, str) else errors.InfraFailure
-    exc = cls(f"helper: {message}", helper_error=name)
-    return exc

@@ -3,6 +3,9 @@
 Used for every configuration object and wire message: unknown fields are
 rejected, types are checked (no silent coercion of "5" to 5 or of true to
 1), and the error names the exact path of the bad field.
+
+A leaf: it imports nothing of camg, because the root helper uses it (through
+camg.helper_wire). Callers name the error class to raise.
 """
 
 from __future__ import annotations
@@ -14,12 +17,10 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from camg.errors import ConfigError
-
 T = TypeVar("T")
 
 
-def parse(cls: type[T], data: Any, where: str = "", error: type[Exception] = ConfigError) -> T:
+def parse(cls: type[T], data: Any, where: str, error: type[Exception]) -> T:
     """Build dataclass ``cls`` from ``data`` or raise ``error`` naming the field."""
     if not isinstance(data, Mapping):
         raise error(f"{where or cls.__name__}: expected an object, got {type(data).__name__}")

@@ -13,10 +13,13 @@ import os
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from camg.errors import ConfigError
-from camg.typed import parse
+from camg.helper_wire import parse
 
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
+
+
+class ConfigError(ValueError):
+    """The helper's configuration is invalid (names the field or file)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +104,7 @@ def load(path: str | None) -> HelperConfig:
         raise ConfigError(f"cannot read helper config {path}: {exc.strerror}") from None
     except ValueError as exc:
         raise ConfigError(f"helper config {path} is not JSON: {exc}") from None
-    return parse(HelperConfig, data, "helper")
+    return parse(HelperConfig, data, "helper", ConfigError)
 
 
 def resolve_cgroup_parents(config: HelperConfig, proc_cgroup: str = "/proc/self/cgroup",

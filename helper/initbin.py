@@ -10,7 +10,7 @@ import hashlib
 import os
 import subprocess
 
-from camg.errors import ConfigError
+from helper.config import ConfigError
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sbxinit.c")
 

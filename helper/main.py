@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 
-from camg.errors import ConfigError
+from helper.config import ConfigError
 from helper import cgroups, config as configmod, initbin, log as logmod, verbs
 from helper.ledger import Ledger, sweep
 

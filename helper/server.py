@@ -18,7 +18,6 @@ import struct
 import threading
 
 from camg import helper_wire as wire
-from camg.errors import CamgError
 from helper import verbs
 from helper.registry import Peer
 
@@ -105,8 +104,6 @@ class Server:
             reply = {"ok": True, "result": result}
         except wire.WireError as exc:
             reply, out = {"ok": False, "error": exc.name, "message": exc.message}, b""
-        except CamgError as exc:
-            reply, out = {"ok": False, "error": "internal", "message": exc.message}, b""
         except Exception as exc:  # a bug must cost one request, not the helper
             log.exception("verb %r failed", request.get("verb"))
             reply, out = {"ok": False, "error": "internal", "message": f"{type(exc).__name__}: {exc}"}, b""

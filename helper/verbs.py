@@ -15,8 +15,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Literal
 
-from camg import typed
-from camg.helper_wire import PREFIX, TIMEOUT_MARKER, TRUNCATION_MARKER, WireError
+from camg.helper_wire import PREFIX, TIMEOUT_MARKER, TRUNCATION_MARKER, WireError, parse
 from helper import paths
 from helper.registry import Peer, Registry, SandboxSpec
 
@@ -220,7 +219,7 @@ def dispatch(ctx: Context, peer: Peer, verb: object, params: object, blob: bytes
     spec = VERBS[verb]
     if blob and not spec.blob_in:
         raise WireError("bad_request", f"{verb} takes no blob")
-    parsed = typed.parse(spec.params, {} if params is None else params, "params", BadParams)
+    parsed = parse(spec.params, {} if params is None else params, "params", BadParams)
     return spec.handler(ctx, peer, parsed, blob)
 
 

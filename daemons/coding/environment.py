@@ -62,7 +62,8 @@ class CodingEnvironment(Environment):
 
     def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
         super().__init__(context, tasks)
-        self.settings = typed.parse(Settings, context.settings, "coding.settings")
+        self.settings = typed.parse(Settings, context.settings, "coding.settings",
+                                     errors.ConfigError)
         self.prepared: dict[str, Prepared] = {}
         self.helper = None
         self._catalog_hash = ""

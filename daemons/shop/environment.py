@@ -63,7 +63,7 @@ class ShopEnvironment(Environment):
 
     def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
         super().__init__(context, tasks)
-        self.settings = parse(Settings, context.settings, "shop.settings")
+        self.settings = parse(Settings, context.settings, "shop.settings", ConfigError)
         self.products: dict[str, dict] = {}
         self.prices: dict[str, float] = {}
         self.searcher: search.Searcher | None = None

@@ -12,7 +12,7 @@ GOOD = {"mirrors_root": "/srv/mirrors", "images": "/srv/materialized-images.json
 
 
 def test_settings_parse_strictly():
-    s = typed.parse(Settings, GOOD, "coding.settings")
+    s = typed.parse(Settings, GOOD, "coding.settings", ConfigError)
     assert s.command_timeout == 60.0 and s.output_bytes == 12000 and s.max_steps == 64
     assert s.max_command_chars == 16000
     for bad, message in (({**GOOD, "surprise": 1}, "unknown field"),
@@ -21,7 +21,7 @@ def test_settings_parse_strictly():
                          ({**GOOD, "max_steps": "64"}, "integer"),
                          ({"images": "/x"}, "mirrors_root: required")):
         with pytest.raises(ConfigError, match=message):
-            typed.parse(Settings, bad, "coding.settings")
+            typed.parse(Settings, bad, "coding.settings", ConfigError)
 
 
 def test_constructor_rejects_bad_settings():

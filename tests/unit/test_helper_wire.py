@@ -11,6 +11,7 @@ import pytest
 
 from camg import errors
 from camg import helper_wire as wire
+from camg.helper_client import error_from_reply
 from camg.helper_client import HelperClient
 from helper import config as configmod
 from helper import paths, verbs
@@ -49,10 +50,10 @@ def test_torn_frame_is_eof():
 
 
 def test_error_names_map_to_the_taxonomy():
-    assert isinstance(wire.error_from_reply({"error": "sandbox_died", "message": "m"}), errors.SandboxDied)
-    assert isinstance(wire.error_from_reply({"error": "at_capacity", "message": "m"}), errors.AtCapacity)
-    assert isinstance(wire.error_from_reply({"error": "path_escape", "message": "m"}), errors.BadRequest)
-    odd = wire.error_from_reply({"error": "camg.errors.Whatever", "message": "m"})
+    assert isinstance(error_from_reply({"error": "sandbox_died", "message": "m"}), errors.SandboxDied)
+    assert isinstance(error_from_reply({"error": "at_capacity", "message": "m"}), errors.AtCapacity)
+    assert isinstance(error_from_reply({"error": "path_escape", "message": "m"}), errors.BadRequest)
+    odd = error_from_reply({"error": "camg.errors.Whatever", "message": "m"})
     assert type(odd) is errors.InfraFailure
     with pytest.raises(ValueError):
         wire.WireError("not_a_name", "x")
@@ -107,7 +108,7 @@ def test_config_defaults_and_strictness(tmp_path):
     for bad in ({"nope": 1}, {"ceilings": {"timeout": "60"}}, {"cgroup_parents": {"blkio": "/x"}},
                 {"lower_roots": ["rel"]}, {"agent_uid": 0}, {"ceilings": {"pids_max": 0}}):
         p.write_text(json.dumps(bad))
-        with pytest.raises(errors.ConfigError):
+        with pytest.raises(configmod.ConfigError):
             configmod.load(str(p))
 
 

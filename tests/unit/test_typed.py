@@ -25,7 +25,8 @@ class Outer:
 
 
 def test_round_trip():
-    obj = parse(Outer, {"name": "x", "ratio": 2, "inner": {"n": 3}, "tags": ["a"], "extra": {"k": [1]}})
+    obj = parse(Outer, {"name": "x", "ratio": 2, "inner": {"n": 3}, "tags": ["a"], "extra": {"k": [1]}},
+                "", ConfigError)
     assert obj.ratio == 2.0 and obj.inner.n == 3 and obj.tags == ("a",)
     assert to_json(obj)["extra"] == {"k": [1]}
     with pytest.raises(TypeError):
@@ -46,7 +47,7 @@ def test_round_trip():
 ])
 def test_rejections_name_the_field(data, fragment):
     with pytest.raises(ConfigError) as info:
-        parse(Outer, data)
+        parse(Outer, data, "", ConfigError)
     assert fragment in str(info.value)
 
 
