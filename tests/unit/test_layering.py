@@ -1,0 +1,69 @@
+"""The layering DESIGN.md promises, as import-linter contracts (pyproject.toml).
+
+The contracts hold on the tree; and each one fails, naming the offending
+import, when a forbidden import is planted in a temporary copy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("camg", "daemons", "helper", "tools")
+
+
+def lint(tree: Path) -> subprocess.CompletedProcess:
+    # The copy comes first on sys.path, before the editable install's finder.
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import "
+                           "lint_imports_command; sys.exit(lint_imports_command())",
+                           "--config", str(tree / "pyproject.toml"), "--no-cache"],
+                          cwd=tree, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_contracts_hold_on_the_tree():
+    proc = lint(ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "broken" in proc.stdout and " 0 broken" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def tree_copy(tmp_path_factory):
+    tree = tmp_path_factory.mktemp("layering")
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tree / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.gz", "data", "testdata"))
+    shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")
+    return tree
+
+
+PLANTED = [
+    # (file, line to add, what the report must name)
+    ("camg/hashing.py", "from daemons.coding import rows", "camg.hashing -> daemons.coding.rows"),
+    ("camg/manifest.py", "import tools.oci_demo", "camg.manifest -> tools.oci_demo"),
+    ("helper/paths.py", "from camg import errors", "helper.paths -> camg.errors"),
+    ("helper/ledger.py", "import camg.helper_client", "helper.ledger -> camg.helper_client"),
+    ("camg/typed.py", "from camg.errors import ConfigError", "camg.typed -> camg.errors"),
+    ("daemons/coding/rows.py", "from daemons.shop import goals", "daemons.coding.rows -> daemons.shop.goals"),
+    ("daemons/shop/pages.py", "from tools.coding import bugs", "daemons.shop.pages -> tools.coding.bugs"),
+]
+
+
+@pytest.mark.parametrize("path,line,named", PLANTED, ids=[p[0] for p in PLANTED])
+def test_a_planted_violation_fails_naming_the_import(tree_copy, path, line, named):
+    target = tree_copy / path
+    original = target.read_text()
+    target.write_text(original + f"\n{line}  # planted by test_layering\n")
+    try:
+        proc = lint(tree_copy)
+    finally:
+        target.write_text(original)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "BROKEN" in proc.stdout.upper()
+    assert named in proc.stdout, proc.stdout[-3000:]
