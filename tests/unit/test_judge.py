@@ -1,0 +1,171 @@
+"""camg.judge against a local server speaking the real OpenAI protocols."""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+import pytest
+
+from camg.errors import ConfigError, FailureClass, JudgeError
+from camg.judge import Image, Judge, JudgeConfig, parse_score, prompt_hash
+from tests.support.fake_judge import FakeJudge, Reply
+
+KEY = "sk-test-SECRET-0123456789"
+
+
+@pytest.fixture
+def fake():
+    with FakeJudge() as server:
+        yield server
+
+
+def make(fake, api="chat", **kw) -> Judge:
+    env = {"GA_JUDGE_URL": fake.url, "GA_JUDGE_MODEL": "judge-m", "GA_JUDGE_KEY": KEY,
+           "GA_JUDGE_API": api}
+    kw.setdefault("timeout_s", 5)
+    kw.setdefault("backoff_s", 0.01)
+    kw.setdefault("backoff_max_s", 0.05)
+    return Judge(JudgeConfig.from_env("GA_JUDGE", env, **kw))
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_verdict_through_both_apis(fake, api):
+    fake.script(Reply(text='Reasoning... {"score": 0.75}'))
+    verdict = make(fake, api).ask("grade this", system="you are a grader")
+    assert verdict.score == 0.75
+    assert verdict.raw == 'Reasoning... {"score": 0.75}'
+    assert verdict.model == "judge-m" and verdict.api == api
+    assert verdict.host == f"127.0.0.1:{fake.port}"
+    assert verdict.attempts == 1
+    assert verdict.prompt_hash == prompt_hash(api, "you are a grader", "grade this", ())
+    request = fake.requests[0]
+    assert request.path == ("/v1/chat/completions" if api == "chat" else "/v1/responses")
+    assert request.headers["authorization"] == f"Bearer {KEY}"
+    assert request.body["model"] == "judge-m"
+    if api == "chat":
+        assert request.body["messages"][0] == {"role": "system", "content": "you are a grader"}
+    else:
+        assert request.body["instructions"] == "you are a grader"
+    record = verdict.record()
+    assert record["judge_score"] == 0.75 and KEY not in repr(record)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_image_content_parts(fake, api):
+    png = b"\x89PNG\r\n\x1a\nfake"
+    make(fake, api).ask("look", images=[Image(png)])
+    body = fake.requests[0].body
+    parts = body["messages"][-1]["content"] if api == "chat" else body["input"][0]["content"]
+    url = parts[1]["image_url"]["url"] if api == "chat" else parts[1]["image_url"]
+    assert url.startswith("data:image/png;base64,")
+    assert base64.b64decode(url.split(",", 1)[1]) == png
+    assert parts[0]["text"] == "look"
+
+
+def test_retries_a_500_then_succeeds(fake):
+    fake.script(Reply(status=500), Reply(status=503), Reply(text='{"score": 0}'))
+    verdict = make(fake).ask("q")
+    assert verdict.score == 0.0 and verdict.attempts == 3 and len(fake.requests) == 3
+
+
+@pytest.mark.parametrize("reply,reason", [
+    (Reply(status=500), "http_500"),
+    (Reply(text="I think it is quite good."), "unparseable"),
+    (Reply(text='{"score": 7}'), "unparseable"),
+    (Reply(raw_body=b"<html>gateway</html>"), "protocol"),
+    (Reply(drop=True), "connection"),
+])
+def test_persistent_failures_raise_judge_error(fake, reply, reason, caplog):
+    fake.default = reply
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(JudgeError) as info:
+        make(fake, attempts=3).ask("q")
+    err = info.value
+    assert err.failure_class is FailureClass.JUDGE_ERROR
+    assert err.details["reason"] == reason and err.details["attempts"] == 3
+    assert len(fake.requests) == 3
+    assert KEY not in str(err.to_dict()) and KEY not in caplog.text
+
+
+def test_timeout_is_bounded(fake):
+    fake.default = Reply(delay=2.0)
+    judge = make(fake, timeout_s=0.3, attempts=2)
+    with pytest.raises(JudgeError) as info:
+        judge.ask("q")
+    assert info.value.details["reason"] == "timeout"
+
+
+def test_deadline_bounds_retries(fake):
+    import time
+    fake.default = Reply(delay=1.5)
+    started = time.monotonic()
+    with pytest.raises(JudgeError):
+        make(fake, timeout_s=5, attempts=10).ask("q", deadline_s=0.8)
+    assert time.monotonic() - started < 3
+
+
+def test_auth_error_is_not_retried(fake):
+    fake.default = Reply(status=401, error_type="invalid_api_key")
+    with pytest.raises(JudgeError) as info:
+        make(fake).ask("q")
+    assert info.value.details["reason"] == "http_401"
+    assert len(fake.requests) == 1
+
+
+def test_backoff_grows_and_is_bounded(fake):
+    fake.default = Reply(status=502)
+    sleeps = []
+    cfg = JudgeConfig.from_env("GA_JUDGE", {"GA_JUDGE_URL": fake.url, "GA_JUDGE_MODEL": "m",
+                                            "GA_JUDGE_KEY": KEY},
+                               attempts=5, backoff_s=1.0, backoff_max_s=3.0)
+    with pytest.raises(JudgeError):
+        Judge(cfg, sleep=sleeps.append).ask("q")
+    assert len(sleeps) == 4
+    assert 0.5 <= sleeps[0] <= 1.5 and all(s <= 4.5 for s in sleeps)
+
+
+def test_config_from_env_and_secrecy():
+    with pytest.raises(ConfigError) as info:
+        JudgeConfig.from_env("WD_JUDGE", {"WD_JUDGE_URL": "http://x/v1"})
+    assert "WD_JUDGE_MODEL" in str(info.value) and "WD_JUDGE_KEY" in str(info.value)
+    cfg = JudgeConfig.from_env("WD_JUDGE", {"WD_JUDGE_URL": "https://h.example:8443/api/",
+                                            "WD_JUDGE_MODEL": "openai/gpt-x",
+                                            "WD_JUDGE_KEY": KEY},
+                               ensure_v1=True, strip_openai_prefix=True)
+    assert cfg.url == "https://h.example:8443/api/v1" and cfg.model == "gpt-x"
+    assert cfg.host == "h.example:8443"
+    assert KEY not in repr(cfg) and KEY not in str(cfg.describe())
+    with pytest.raises(ConfigError):
+        JudgeConfig.from_env("GA_JUDGE", {"GA_JUDGE_URL": "http://x", "GA_JUDGE_MODEL": "m",
+                                          "GA_JUDGE_KEY": "k", "GA_JUDGE_API": "grpc"})
+    with pytest.raises(ConfigError):
+        JudgeConfig(url="file:///etc", model="m", key="k")
+
+
+@pytest.mark.parametrize("text,score", [
+    ('{"score": 1}', 1.0), ('blah {"reward": 0.5} end', 0.5), ("Score: 0.25", 0.25),
+    ('{"a": {"b": 1}} {"score": 0}', 0.0),
+])
+def test_parse_score(text, score):
+    assert parse_score(text) == score
+
+
+@pytest.mark.parametrize("text", ["", "great work", '{"score": "high"}', '{"score": true}',
+                                  '{"score": -0.1}'])
+def test_parse_score_refuses(text):
+    with pytest.raises(ValueError):
+        parse_score(text)
+
+
+def test_custom_parser_failure_uses_attempts(fake):
+    fake.default = Reply(text="PASS")
+    calls = []
+
+    def parser(text):
+        calls.append(text)
+        if len(calls) < 2:
+            raise ValueError("first try unreadable")
+        return 1.0 if text == "PASS" else 0.0
+
+    assert make(fake).ask("q", parse=parser).score == 1.0 and len(calls) == 2
