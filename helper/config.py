@@ -49,6 +49,10 @@ class HelperConfig:
     # a directory puts disk uppers there.
     upper_root: str = "/var/lib/camg/uppers"
     tmpfs_upper_bytes: int = 2 << 30
+    # A deny-list checked after every lower is resolved: these directories
+    # (AutoResearch's private answers) are never a lower, an upper or a
+    # path the helper accepts, whatever the lower roots say.
+    private_roots: tuple[str, ...] = ()
     # controller -> directory; empty means "derive" (see resolve_cgroup_parents).
     cgroup_parents: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     agent_uid: int = 2000
@@ -76,6 +80,9 @@ class HelperConfig:
         for root in self.lower_roots + self.probe_lowers:
             if not os.path.isabs(root):
                 raise ConfigError(f"lower_roots: {root!r} is not absolute")
+        for root in self.private_roots:
+            if not os.path.isabs(root) or os.path.normpath(root) == "/":
+                raise ConfigError(f"private_roots: {root!r} must be an absolute path below /")
         unknown = sorted(set(self.cgroup_parents) - set(CONTROLLERS))
         if unknown:
             raise ConfigError(f"cgroup_parents: unknown controller(s) {', '.join(unknown)}")
@@ -104,7 +111,21 @@ def load(path: str | None) -> HelperConfig:
         raise ConfigError(f"cannot read helper config {path}: {exc.strerror}") from None
     except ValueError as exc:
         raise ConfigError(f"helper config {path} is not JSON: {exc}") from None
-    return parse(HelperConfig, data, "helper", ConfigError)
+    config = parse(HelperConfig, data, "helper", ConfigError)
+    check_private_roots(config)
+    return config
+
+
+def check_private_roots(config: HelperConfig) -> None:
+    """Probe the deny-list at start: the helper refuses to start while a
+    private root is reachable as a lower or overlaps what it writes."""
+    from helper import paths
+    try:
+        paths.probe_private_roots(config.lower_roots, config.private_roots,
+                                  (config.upper_root, config.state_dir, config.socket)
+                                  + config.probe_lowers)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"private_roots: {exc}") from None
 
 
 def resolve_cgroup_parents(config: HelperConfig, proc_cgroup: str = "/proc/self/cgroup",

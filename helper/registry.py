@@ -75,7 +75,8 @@ class Registry:
             raise WireError("bad_request", "lowers: at least one lower is required")
         if len(spec.lowers) > 16:
             raise WireError("limit_exceeded", "lowers: at most 16 lowers")
-        lowers = [paths.resolve_lower(p, self.config.lower_roots + roots) for p in spec.lowers]
+        lowers = [paths.resolve_lower(p, self.config.lower_roots + roots, self.config.private_roots)
+                  for p in spec.lowers]
         if not 4 << 20 <= spec.memory_bytes <= c.memory_bytes:
             raise WireError("limit_exceeded", f"memory_bytes: must be within [4 MiB, {c.memory_bytes}]")
         if not 0.01 <= spec.cpu_quota <= c.cpu_quota:
