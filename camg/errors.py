@@ -23,6 +23,9 @@ class FailureClass(str, enum.Enum):
     SANDBOX_DIED = "sandbox_died"
     GRADER_ERROR = "grader_error"
     JUDGE_ERROR = "judge_error"
+    #: the page could not be rendered honestly (browser did not start, render
+    #: timed out, an external asset outside the mirror could not load)
+    RENDER_ERROR = "render_error"
     INFRA = "infra"
 
 
@@ -179,6 +182,11 @@ class GraderError(InfraFailure):
 class JudgeError(InfraFailure):
     name = "judge_error"
     failure_class = FailureClass.JUDGE_ERROR
+
+
+class RenderError(InfraFailure):
+    name = "render_error"
+    failure_class = FailureClass.RENDER_ERROR
 
 
 class DeadlineExceeded(InfraFailure, TimeoutError):

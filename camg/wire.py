@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from camg import typed
-from camg.errors import BadRequest
+from camg.errors import BadRequest, FailureClass
 
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 REQUEST_ID_MAX = 255
-FAILURE_CLASSES = ["timeout", "sandbox_died", "grader_error", "judge_error", "infra"]
+# Derived from the one taxonomy so a new class is never missing from /schema.
+FAILURE_CLASSES = [c.value for c in FailureClass]
 
 
 @dataclasses.dataclass(frozen=True)

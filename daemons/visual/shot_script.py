@@ -1,0 +1,163 @@
+"""Take one screenshot of a delivered site. Runs INSIDE the renderer sandbox.
+
+This file is copied into the renderer sandbox and run there with the
+rootfs's own python3 (Playwright on PYTHONPATH); the service never imports
+it. Standard library + Playwright only.
+
+The procedure is upstream's eval render (MiMo's webdev shot, as NeMo-Gym's
+``webdev_eval_v1`` runs it): dist/ served on a loopback HTTP server, one
+headless Chromium context at 1440x900, ``load`` (25 s) + 2 s, a settle
+pass that scrolls through the page, a stylesheet freezing animations and
+transitions, back to the top, one full-page JPEG at quality 75.
+
+What differs: the sandbox has no network but loopback. Requests to the
+allowlisted CDN URLs are answered from the local mirror (``mirror`` in the
+job: URL -> file); every other non-loopback request is aborted and listed
+in ``blocked``, which the service turns into a dropped episode (upstream
+drops a page whose external assets fail to load on every route).
+
+Job (JSON file, argv[1]): dist, out, browser, mirror, goto_timeout_ms.
+Result: one JSON line on stdout.
+"""
+
+import functools
+import http.server
+import json
+import sys
+import threading
+import time
+import urllib.parse
+
+VIEWPORT = {"width": 1440, "height": 900}
+FREEZE_CSS = """
+*, *::before, *::after {
+  animation-duration: 0.001s !important; animation-delay: 0s !important;
+  animation-iteration-count: 1 !important;
+  transition-duration: 0.001s !important; transition-delay: 0s !important;
+  background-attachment: scroll !important; caret-color: transparent !important;
+}
+html { scroll-behavior: auto !important; }
+"""
+SETTLE_JS = """
+async () => {
+  document.documentElement.style.scrollBehavior = 'auto';
+  try { await document.fonts.ready; } catch (e) {}
+  const sleep = (ms) => new Promise(r => setTimeout(r, ms));
+  const step = Math.max(400, Math.floor(window.innerHeight * 0.8));
+  for (let y = 0; y < 30000; y += step) {
+    window.scrollTo(0, y);
+    await sleep(120);
+    if (y + window.innerHeight >= document.documentElement.scrollHeight) break;
+  }
+  window.scrollTo(0, document.documentElement.scrollHeight);
+  await sleep(400);
+  window.scrollTo(0, 0);
+  await sleep(300);
+}
+"""
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def _serve(root):
+    handler = functools.partial(_Quiet, directory=root)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _content_type(path):
+    if path.endswith(".css"):
+        return "text/css; charset=utf-8"
+    if path.endswith((".woff2", ".woff")):
+        return "font/" + path.rsplit(".", 1)[1]
+    return "application/javascript; charset=utf-8"
+
+
+def _jpeg_size(data):
+    i = 2
+    while i < len(data):
+        if data[i] != 0xFF:
+            i += 1
+            continue
+        marker = data[i + 1]
+        if marker in (0xC0, 0xC1, 0xC2):
+            return int.from_bytes(data[i + 7:i + 9], "big"), int.from_bytes(data[i + 5:i + 7], "big")
+        i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+    return 0, 0
+
+
+def render(job):
+    from playwright.sync_api import sync_playwright
+
+    timings = {}
+    started = time.monotonic()
+    server = _serve(job["dist"])
+    origin = "http://127.0.0.1:%d" % server.server_address[1]
+    mirror = job.get("mirror", {})
+    blocked, console = [], []
+
+    def route(r):
+        url = r.request.url
+        if url.startswith(origin + "/") or url == origin:
+            return r.continue_()
+        if url in mirror:
+            with open(mirror[url], "rb") as f:
+                return r.fulfill(status=200, body=f.read(), content_type=_content_type(mirror[url]),
+                                 headers={"Access-Control-Allow-Origin": "*"})
+        if len(blocked) < 50:
+            blocked.append(url)
+        return r.abort("blockedbyclient")
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=job["browser"], headless=True,
+                                    args=["--no-sandbox", "--disable-dev-shm-usage",
+                                          "--disable-gpu", "--font-render-hinting=none"])
+        timings["launch"] = round(time.monotonic() - started, 3)
+        try:
+            context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1,
+                                          service_workers="block")
+            context.route("**/*", route)
+            page = context.new_page()
+            page.on("console", lambda m: m.type == "error" and len(console) < 15
+                    and console.append(m.text[:500]))
+            page.on("pageerror", lambda e: len(console) < 15 and console.append(str(e)[:500]))
+            page.goto(origin + "/index.html", wait_until="load",
+                      timeout=job.get("goto_timeout_ms", 25000))
+            page.wait_for_timeout(2000)
+            page.evaluate(SETTLE_JS)
+            page.add_style_tag(content=FREEZE_CSS)
+            page.wait_for_timeout(300)
+            page.evaluate("() => window.scrollTo(0, 0)")
+            page.wait_for_timeout(250)
+            data = page.screenshot(full_page=True, type="jpeg", quality=75,
+                                   animations="disabled", caret="hide")
+            timings["total"] = round(time.monotonic() - started, 3)
+        finally:
+            browser.close()
+            server.shutdown()
+    with open(job["out"], "wb") as f:
+        f.write(data)
+    width, height = _jpeg_size(data)
+    return {"ok": True, "width": width, "height": height, "bytes": len(data),
+            "blocked": blocked, "console_errors": console, "timings": timings}
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        job = json.load(f)
+    try:
+        result = render(job)
+    except Exception as exc:  # reported as a typed failure by the service
+        result = {"ok": False, "error": type(exc).__name__, "message": str(exc)[:2000]}
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
