@@ -1,7 +1,7 @@
 #!/bin/bash
 # Install (or, with --uninstall, remove) camg on a Debian host.
 #
-#   sudo packaging/install.sh [--deployment FILE | --environments coding,shop]
+#   sudo packaging/install.sh [--deployment FILE | --environments NAME,...]
 #                             [--helper-config FILE] [--no-apt]
 #                             [--no-configure] [--python PATH]
 #   sudo packaging/install.sh --uninstall [--purge]
@@ -14,6 +14,8 @@
 # Layout (see README "Operating camg"):
 #   /srv/camg/src            clean git clone of the installed commit
 #   /srv/camg/service-venv   the services' virtualenv (requirements.lock)
+#   /srv/camg/helper-venv    the root helper's own small virtualenv
+#                            (requirements/helper.in; helper/README.md)
 #   /srv/camg/data           prepared demo data (tasks, mirrors, manifests)
 #   /var/lib/camg/oci-rootfs materialized images (helper lower root)
 #   /var/cache/camg          build caches of the demo data ($CAMG_CACHE)
@@ -32,34 +34,38 @@ STATE=/var/lib/camg
 UNITDIR=/usr/local/lib/systemd/system
 SYSUSERS=/usr/local/lib/sysusers.d/camg.conf
 TMPFILES=/usr/local/lib/tmpfiles.d/camg.conf
-ENVIRONMENTS=(shop coding autoresearch general visual)
+HELPER_VENV=$PREFIX/helper-venv
 CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-
-log() { printf 'install.sh: %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+CAMG_LOG_TAG=install.sh
+# shellcheck source=packaging/lib.sh
+. "$CHECKOUT/packaging/lib.sh"
+log() { camg_log "$@"; }
+die() { camg_die "$@"; }
+# Filled from the installed venv's registry (python -m camg.plugins --names).
+ENVIRONMENTS=()
 # sd_booted(): the same test libsystemd uses.
 systemd_running() { [ -d /run/systemd/system ]; }
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 action=install purge=0 apt=1 configure=1
-# Debian's interpreter by default: the services run as user camg, who must be
-# able to execute the venv's base interpreter (a python under /root is not).
-python=python3
-[ -x /usr/bin/python3 ] && python=/usr/bin/python3
+# The interpreter every venv is made from: packaging/lib.sh camg_python
+# (3.12 where user camg can run one, else Debian's python3), unless --python.
+python=
 # Without --deployment the demo deployment is used: prepare_demo.py writes
 # it (packaging/demo-deployment.json narrowed to --environments, with the
 # settings the preparation recorded, e.g. Shop's index hash).
 deployment=
-demo_environments=coding,shop
+demo_environments=all
 helper_config=$CHECKOUT/units/helper.json
 while [ $# -gt 0 ]; do
     case $1 in
         --uninstall) action=uninstall ;;
         --purge) purge=1 ;;
         --no-apt) apt=0 ;;
-        # The interpreter the venv is made from: it must satisfy every
-        # Requires-Python in requirements.lock (Debian bookworm's is 3.11.2).
+        # The interpreter the venvs are made from: it must satisfy every
+        # Requires-Python in requirements.lock, and user camg must be able to
+        # execute it.
         --python) python=${2:?--python needs an interpreter}; shift ;;
         # Software, users and units only: for an operator who prepares data
         # and runs camg.configure with a deployment of their own.
@@ -73,23 +79,6 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ "$(id -u)" -eq 0 ] || die "run as root (it creates users, units and /srv/camg)"
-
-apt_packages() {
-    # Every fragment names what one area needs; comments and blanks dropped.
-    sed -e 's/#.*//' -e 's/[[:space:]]//g' "$CHECKOUT"/packaging/apt/*.txt | grep -v '^$' | sort -u
-}
-
-install_apt() {
-    local missing=() pkg
-    for pkg in $(apt_packages); do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' \
-            || missing+=("$pkg")
-    done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    log "apt: installing ${missing[*]}"
-    apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-}
 
 install_source() {
     # A clone, not a copy: camg.configure records the commit and refuses a
@@ -109,41 +98,31 @@ install_source() {
 }
 
 install_venv() {
-    local base='import sys; print(sys.base_prefix)'
-    if [ -x "$VENV/bin/python" ] && [ "$("$VENV/bin/python" -c "$base")" != "$("$python" -c "$base")" ]; then
-        log "the venv was made by another interpreter; recreating it with $python"
-        rm -rf "$VENV"
-    fi
-    [ -x "$VENV/bin/python" ] || "$python" -m venv "$VENV"
-    if [ -f "$SRC/requirements.lock" ]; then
-        "$VENV/bin/pip" install -q --disable-pip-version-check -r "$SRC/requirements.lock"
-    else
-        # Until the lock exists the pinned fragments are the runtime set.
-        log "warning: no requirements.lock; installing requirements/*.in"
-        local f args=()
-        for f in "$SRC"/requirements/*.in; do
-            case $f in */test.in) continue ;; esac
-            args+=(-r "$f")
-        done
-        "$VENV/bin/pip" install -q --disable-pip-version-check "${args[@]}"
-    fi
+    log "service venv: $VENV from $python ($("$python" -V 2>&1))"
+    camg_venv "$VENV" "$python"
+    camg_pip "$VENV" install -q -r "$SRC/requirements.lock"
     # --no-deps: the lock above is the whole dependency set; a missing pin
     # must fail `pip check` below rather than pull an unpinned version.
     # Editable: the services run the very tree camg.configure records (a
-    # clean clone at one commit), including files the wheel would not carry
-    # (helper/sbxinit.c, which the helper compiles at start).
-    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e "$SRC"
+    # clean clone at one commit).
+    camg_pip "$VENV" install -q --no-deps -e "$SRC"
     # Vendored packages the project imports (e.g. third_party/swebench_shim).
     local vendored
     for vendored in "$SRC"/third_party/*/pyproject.toml; do
         [ -e "$vendored" ] || continue
-        "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall \
-            "$(dirname "$vendored")"
+        camg_pip "$VENV" install -q --no-deps --force-reinstall "$(dirname "$vendored")"
     done
     "$VENV/bin/pip" check >&2 || die "the service venv's dependencies are inconsistent"
+    # The helper's own venv: what runs as root is helper/ and its few pins,
+    # not the services' ~200 packages (helper/README.md).
+    log "helper venv: $HELPER_VENV"
+    camg_helper_venv "$HELPER_VENV" "$python" "$SRC"
     # pip builds in the tree (build/, *.egg-info); camg.configure refuses a
     # tree with untracked files, so leave the clone exactly at its commit.
     git -C "$SRC" clean --quiet -fdx
+    mapfile -t ENVIRONMENTS < <(camg_environments "$VENV/bin/python")
+    [ ${#ENVIRONMENTS[@]} -gt 0 ] || die "no environment is registered (camg.environments entry points)"
+    log "registered environments: ${ENVIRONMENTS[*]}"
 }
 
 install_system_files() {
@@ -160,6 +139,8 @@ install_system_files() {
         install -m 0644 "$SRC/units/$unit" "$UNITDIR/$unit"
     done
     for env in "${ENVIRONMENTS[@]}"; do
+        [ -f "$SRC/units/camg-$env.service" ] \
+            || die "environment $env is registered but units/camg-$env.service does not exist"
         install -m 0644 "$SRC/units/camg-$env.service" "$UNITDIR/camg-$env.service"
         install -D -m 0644 "$SRC/units/camg-environment.conf" \
             "$UNITDIR/camg-$env.service.d/10-environment.conf"
@@ -170,7 +151,6 @@ install_system_files() {
 
 # A helper for preparation: systemd's socket where systemd runs (the real
 # unit, socket-activated), else a foreground helper for the duration.
-PREP_HELPER_PID=
 start_prep_helper() {
     if systemd_running; then
         systemctl daemon-reload
@@ -179,23 +159,11 @@ start_prep_helper() {
         return
     fi
     PREP_SOCKET=/run/camg/install-helper.sock
-    "$VENV/bin/camg-helper" --config "$ETC/helper.json" --socket "$PREP_SOCKET" &
-    PREP_HELPER_PID=$!
-    local i
-    for i in $(seq 1 100); do
-        [ -S "$PREP_SOCKET" ] && return
-        kill -0 "$PREP_HELPER_PID" 2>/dev/null || die "the preparation helper exited"
-        sleep 0.1
-    done
-    die "the preparation helper did not listen on $PREP_SOCKET"
+    camg_start_helper "$HELPER_VENV/bin/camg-helper" "$ETC/helper.json" "$PREP_SOCKET"
 }
 
 stop_prep_helper() {
-    [ -n "$PREP_HELPER_PID" ] || return 0
-    kill -TERM "$PREP_HELPER_PID" 2>/dev/null || true
-    wait "$PREP_HELPER_PID" 2>/dev/null || true
-    PREP_HELPER_PID=
-    "$VENV/bin/camg-helper" --config "$ETC/helper.json" --sweep
+    camg_stop_helper "$HELPER_VENV/bin/camg-helper" "$ETC/helper.json"
 }
 
 prepare_demo() {
@@ -245,19 +213,22 @@ enable_units() {
 }
 
 uninstall() {
-    local units=(camg.target camg-helper.socket camg-helper.service)
-    local env
-    for env in "${ENVIRONMENTS[@]}"; do units+=("camg-$env.service"); done
+    # Whatever was installed, whether or not it is still registered.
+    local units=(camg.target camg-helper.socket camg-helper.service) unit
+    for unit in "$UNITDIR"/camg-*.service; do
+        [ -f "$unit" ] || continue
+        unit=$(basename "$unit")
+        case $unit in camg-helper.service) ;; *) units+=("$unit") ;; esac
+    done
     if systemd_running; then
         systemctl stop "${units[@]}" 2>/dev/null || true
     fi
     if [ -f "$UNITDIR/camg.target" ]; then
         systemctl disable --quiet "${units[@]}" 2>/dev/null || true
     fi
-    for env in "${ENVIRONMENTS[@]}"; do
-        rm -rf "$UNITDIR/camg-$env.service" "$UNITDIR/camg-$env.service.d"
+    for unit in "${units[@]}"; do
+        rm -rf "${UNITDIR:?}/$unit" "$UNITDIR/$unit.d"
     done
-    rm -f "$UNITDIR/camg.target" "$UNITDIR/camg-helper.socket" "$UNITDIR/camg-helper.service"
     rm -f "$SYSUSERS" "$TMPFILES"
     rm -rf "$PREFIX" "$ETC" /run/camg /run/camg-helper
     if [ "$purge" -eq 1 ]; then
@@ -277,7 +248,8 @@ if [ "$action" = uninstall ]; then
 fi
 [ -z "$deployment" ] || [ -f "$deployment" ] || die "deployment $deployment not found"
 [ -f "$helper_config" ] || die "helper config $helper_config not found"
-[ "$apt" -eq 1 ] && install_apt
+[ "$apt" -eq 1 ] && camg_install_apt "$CHECKOUT"
+[ -n "$python" ] || python=$(camg_python)
 install_source
 install_venv
 install_system_files

@@ -118,14 +118,30 @@ def write_deployment(template: Path, output: Path, data: Path, names: list[str])
     tmp.replace(output)
 
 
+def demo_names(requested: str) -> list[str]:
+    """``all``: the registered environments (camg.plugins) with demo data,
+    in registry order; otherwise the names given."""
+    if requested != "all":
+        return [n for n in requested.split(",") if n]
+    from camg import plugins
+
+    registered = list(plugins.all_plugins())
+    for name in registered:
+        if name not in PREPARERS:
+            print(f"prepare_demo: {name}: registered, but has no demo data yet; not served",
+                  file=sys.stderr)
+    return [n for n in registered if n in PREPARERS]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--images-root", type=Path, required=True)
     parser.add_argument("--cache", type=Path, required=True)
     parser.add_argument("--helper-socket", required=True)
-    parser.add_argument("--environments", default="coding,shop",
-                        help=f"comma-separated, of: {', '.join(PREPARERS)}")
+    parser.add_argument("--environments", default="all",
+                        help=f"comma-separated, of: {', '.join(PREPARERS)}; 'all': every "
+                             "registered environment that has demo data")
     parser.add_argument("--deployment-template", type=Path,
                         help="packaging/demo-deployment.json")
     parser.add_argument("--deployment-out", type=Path,
@@ -133,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         parser.error("run as root (image rootfs and task layers are root-owned)")
-    names = [n for n in args.environments.split(",") if n]
+    names = demo_names(args.environments)
     unknown = sorted(set(names) - set(PREPARERS))
     if unknown:
         parser.error(f"no demo preparation for: {', '.join(unknown)}")

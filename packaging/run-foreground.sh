@@ -13,13 +13,16 @@
 set -euo pipefail
 
 VENV=/srv/camg/service-venv
+HELPER_VENV=/srv/camg/helper-venv
 ETC=/etc/camg
 STATE=/var/lib/camg
 SOCKET=/run/camg/helper.sock
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-
-log() { printf 'run-foreground: %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+CAMG_LOG_TAG=run-foreground
+# shellcheck source=packaging/lib.sh
+. "$HERE/lib.sh"
+log() { camg_log "$@"; }
+die() { camg_die "$@"; }
 
 install=1 only= install_args=()
 while [ $# -gt 0 ]; do
@@ -45,7 +48,7 @@ for config in "$ETC"/prepared/*.json; do
 done
 [ ${#envs[@]} -gt 0 ] || die "no configured environment in $ETC/prepared (run install.sh)"
 
-helper_pid= service_pids=()
+service_pids=()
 stopping=0
 stop_all() {
     [ "$stopping" -eq 1 ] && return
@@ -57,43 +60,22 @@ stop_all() {
     # records fsync'd), like KillMode=mixed.
     for pid in "${service_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${service_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    # ExecStopPost= of each service unit.
+    # ExecStopPost= of each service unit (a client of the helper; run from
+    # the helper's venv, which holds camg.helper_client).
     for env in "${envs[@]}"; do
-        "$VENV/bin/python" -m camg.helper_client release-all --socket "$SOCKET" --owner "$env" \
-            >/dev/null || true
+        "$HELPER_VENV/bin/python" -m camg.helper_client release-all --socket "$SOCKET" \
+            --owner "$env" >/dev/null || true
     done
-    if [ -n "$helper_pid" ]; then
-        kill -TERM "$helper_pid" 2>/dev/null || true
-        wait "$helper_pid" 2>/dev/null || true
-    fi
-    # ExecStopPost= of the helper unit.
-    "$VENV/bin/camg-helper" --config "$ETC/helper.json" --sweep || true
+    # The helper, then ExecStopPost= of the helper unit (the sweep).
+    camg_stop_helper "$HELPER_VENV/bin/camg-helper" "$ETC/helper.json"
     log "stopped"
 }
 trap 'stop_all; exit 0' INT TERM
 trap stop_all EXIT
 
-"$VENV/bin/camg-helper" --config "$ETC/helper.json" --socket "$SOCKET" &
-helper_pid=$!
-for _ in $(seq 1 100); do
-    [ -S "$SOCKET" ] && break
-    kill -0 "$helper_pid" 2>/dev/null || die "camg-helper exited; see its log above"
-    sleep 0.1
-done
-[ -S "$SOCKET" ] || die "camg-helper did not listen on $SOCKET"
 # What READY=1 means under systemd: the isolation probes passed. Until then
 # the helper refuses sandboxes, so services would fail their first episodes.
-probes_ok() {
-    "$VENV/bin/python" -c 'import sys
-from camg.helper_client import HelperClient
-sys.exit(0 if HelperClient(sys.argv[1]).ping().get("probes_ok") else 1)' "$SOCKET" 2>/dev/null
-}
-for _ in $(seq 1 240); do
-    probes_ok && break
-    kill -0 "$helper_pid" 2>/dev/null || die "camg-helper exited; see its log above"
-    sleep 0.5
-done
-probes_ok || die "camg-helper's isolation probes did not pass; see its log above"
+camg_start_helper "$HELPER_VENV/bin/camg-helper" "$ETC/helper.json" "$SOCKET" --probes
 
 for env in "${envs[@]}"; do
     # StateDirectory=camg/<env>, User=camg.

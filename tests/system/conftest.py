@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,29 +26,28 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 # helper config that points cgroup parents at the bound host controllers.
 GUEST_CHECKOUT = "/root/camg-checkout"
 GUEST_HELPER_CONFIG = "/root/helper-systest.json"
-# The system tests exercise Coding under systemd; Shop's demo data is not built in the guest.
-INSTALL_FLAGS: list[str] = ["--environments", "coding"]
+# Every registered environment with demo data (install.sh's default: the
+# demo deployment of everything that exists), on the guest's own Debian
+# python3, the interpreter packaging/lib.sh camg_python picks on bookworm.
+INSTALL_FLAGS: list[str] = []
 GUEST_PIP_CACHE = "/var/cache/camg-pip"
-HOST_PYTHON_PREFIX = sys.base_prefix
-# Outside /root: ProtectHome= hides /root from the services, and user camg
-# could not traverse it anyway. Its RUNPATH still names the host prefix, so
-# the guest's ld.so.cache points at GUEST_PYTHON_PREFIX/lib instead.
-GUEST_PYTHON_PREFIX = "/opt/camg-python"
-GUEST_PYTHON = (f"{GUEST_PYTHON_PREFIX}/bin/"
-                f"python{sys.version_info.major}.{sys.version_info.minor}")
+GUEST_PYTHON = "/usr/bin/python3"
 _HOST_INDEXES = ("/opt/pypi", "/opt/pypi-more", "/opt/wheels")
 GUEST_VENV = "/srv/camg/service-venv"
 
 
 def venv_cache() -> Path:
-    """A warm service venv, keyed by the pinned requirements.
+    """A warm service venv, keyed by the pinned requirements and the guest
+    root it was made in (its python3).
 
     install.sh still runs every pip step against it; a warm venv only turns
     them into "already satisfied". Bound at the venv's own path, because a
     venv is not relocatable.
     """
     pins = sorted(CHECKOUT.glob("requirements/*.in")) + sorted(CHECKOUT.glob("requirements.lock"))
-    key = hashlib.sha256(GUEST_PYTHON.encode() + HOST_PYTHON_PREFIX.encode() + b"".join(p.read_bytes() for p in pins)).hexdigest()[:16]
+    guest = rootfs.deps_rootfs(CHECKOUT).name.encode()
+    key = hashlib.sha256(GUEST_PYTHON.encode() + guest
+                         + b"".join(p.read_bytes() for p in pins)).hexdigest()[:16]
     path = rootfs.cache_root() / f"venv-{key}"
     path.mkdir(exist_ok=True)
     rootfs.prune_siblings(path, "venv-")
@@ -65,18 +63,16 @@ def _require_tools() -> None:
 
 
 def host_binds() -> list[str]:
-    """What the guest borrows from the host, read-only, at the same paths.
+    """What the guest borrows from the host, read-only, at the same paths
+    (never an interpreter: the guest runs its own Debian python3).
 
-    * the project's interpreter: requirements.lock is resolved on it (the
-      lock's soupsieve needs Python >= 3.11.5; bookworm's python3 is 3.11.2);
     * the CA bundle: registries are reached through an egress proxy whose CA
       only the host's bundle carries;
     * the on-disk package indexes this machine's pip is configured with
       (e.g. the CPU torch build the lock pins lies only there).
     """
     paths = [Path("/etc/ssl/certs/ca-certificates.crt")] + [Path(p) for p in _HOST_INDEXES]
-    return [f"{HOST_PYTHON_PREFIX}:{GUEST_PYTHON_PREFIX}:ro"] + \
-        [f"{p}:{p}:ro" for p in paths if p.exists()]
+    return [f"{p}:{p}:ro" for p in paths if p.exists()]
 
 
 def _host_pip_env() -> dict[str, str]:
@@ -110,7 +106,6 @@ def installed_root(tmp_path_factory):
         base = json.loads((CHECKOUT / "units" / "helper.json").read_text())
         helper = Machine.helper_config_for_guest(base)
         (root / GUEST_HELPER_CONFIG.lstrip("/")).write_text(json.dumps(helper, indent=1))
-        (root / "etc/ld.so.conf.d/camg-python.conf").write_text(f"{GUEST_PYTHON_PREFIX}/lib\n")
         pip_cache = rootfs.cache_root() / "pip"
         pip_cache.mkdir(exist_ok=True)
         # Build caches of the demo data, shared with tests/privileged (same
@@ -134,18 +129,15 @@ def installed_root(tmp_path_factory):
         started = time.monotonic()
         try:
             installer.boot()
-            installer.run(["ldconfig"])
             result = installer.run([f"{GUEST_CHECKOUT}/packaging/install.sh",
-                                    "--helper-config", GUEST_HELPER_CONFIG,
-                                    "--python", GUEST_PYTHON, *INSTALL_FLAGS],
+                                    "--helper-config", GUEST_HELPER_CONFIG, *INSTALL_FLAGS],
                                    env=_host_pip_env(), timeout=2400, check=False)
             if result.returncode == 0:
                 # Idempotent: a second run over the first changes nothing
                 # that decides a reward (same configuration hash).
                 first = installer.run(["cat", "/etc/camg/prepared/schedule.json"]).stdout
                 again = installer.run([f"{GUEST_CHECKOUT}/packaging/install.sh",
-                                       "--helper-config", GUEST_HELPER_CONFIG,
-                                       "--python", GUEST_PYTHON, *INSTALL_FLAGS],
+                                       "--helper-config", GUEST_HELPER_CONFIG, *INSTALL_FLAGS],
                                       env=_host_pip_env(), timeout=2400, check=False)
                 assert again.returncode == 0, f"second install.sh failed:\n{again.stderr[-4000:]}"
                 second = installer.run(["cat", "/etc/camg/prepared/schedule.json"]).stdout

@@ -1,0 +1,105 @@
+"""packaging/: one interpreter chosen in one place (lib.sh camg_python), the
+seed's requirements file, the environment list read from the registry."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from camg import plugins
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+LIB = CHECKOUT / "packaging" / "lib.sh"
+
+
+def lib(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f'set -euo pipefail; . "{LIB}"; {script}'],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", **(env or {})})
+
+
+def test_requirements_environments_is_the_lock():
+    # The seed installs requirements-environments.txt; the services hash the
+    # lock. A symlink, so an edit of the lock cannot leave it behind.
+    ours = (CHECKOUT / "requirements-environments.txt").read_bytes()
+    assert ours == (CHECKOUT / "requirements.lock").read_bytes(), \
+        "requirements-environments.txt differs from requirements.lock: cp requirements.lock " \
+        "requirements-environments.txt"
+
+
+def test_camg_python_defaults_to_debians_interpreter():
+    result = lib("camg_python")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "/usr/bin/python3"
+
+
+def test_camg_python_honours_the_override():
+    assert lib("camg_python", {"CAMG_PYTHON": "/opt/x/python"}).stdout.strip() == "/opt/x/python"
+
+
+@pytest.fixture
+def fake_312_dir():
+    # Not under pytest's tmp_path: its parents are 0700, which is the very
+    # case one test makes on purpose.
+    d = Path(tempfile.mkdtemp(prefix="camg-pytest-"))
+    try:
+        d.chmod(0o755)
+        # A symlink keeps its own path as sys.executable.
+        (d / "python3.12").symlink_to(os.path.realpath("/usr/bin/python3"))
+        yield d
+    finally:
+        (d / "python3.12").unlink()
+        d.rmdir()
+
+
+def test_camg_python_prefers_a_312_the_service_user_can_run(fake_312_dir):
+    result = lib("camg_python", {"PATH": f"{fake_312_dir}:/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(fake_312_dir / "python3.12")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can test as another uid")
+def test_camg_python_skips_a_312_the_service_user_cannot_run(fake_312_dir):
+    # Like a pyenv shim under /root (0700): root runs it, user camg cannot.
+    (fake_312_dir / "python3.12").unlink()
+    (fake_312_dir / "python3.12").write_text('#!/bin/sh\nexec /usr/bin/python3 "$@"\n')
+    (fake_312_dir / "python3.12").chmod(0o755)
+    fake_312_dir.chmod(0o700)
+    result = lib("camg_python", {"PATH": f"{fake_312_dir}:/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "/usr/bin/python3"
+
+
+def test_the_environment_list_comes_from_the_registry():
+    result = lib(f'camg_environments "{sys.executable}"')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == list(plugins.all_plugins())
+
+
+def test_no_packaging_script_names_the_environments():
+    # Adding an environment is a package and an entry point; no shell list.
+    for script in sorted((CHECKOUT / "packaging").glob("*.sh")):
+        text = script.read_text()
+        for name in ("(shop coding", "autoresearch general", "coding,shop"):
+            assert name not in text, f"{script.name} lists environments: {name!r}"
+
+
+def test_pip_noise_is_filtered_and_errors_stay(tmp_path):
+    # A fake venv whose "python -m pip" writes noise and an error to stderr.
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "python"
+    fake.write_text("#!/bin/sh\n"
+                    "echo \"Location 'file:///opt/x' is ignored: it is neither a file nor a "
+                    "directory.\" >&2\n"
+                    "echo '  warnings.warn(msg, _BetaConfiguration)' >&2\n"
+                    "echo 'ERROR: No matching distribution found for nothing' >&2\n")
+    fake.chmod(0o755)
+    result = lib(f'camg_pip "{tmp_path}" install nothing; wait')
+    assert "ERROR: No matching distribution" in result.stderr
+    assert "is ignored" not in result.stderr
+    assert "_BetaConfiguration" not in result.stderr
