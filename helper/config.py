@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from camg.helper_wire import parse
+from helper.container_config import ContainerConfig
 
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
 
@@ -37,6 +38,11 @@ class Ceilings:
     env_entries: int = 256
     command_bytes: int = 128 << 10
     upper_bytes: int = 16 << 30
+    # Overlay lowers per sandbox (each is a path resolved and mounted).
+    lowers: int = 16
+    # Connections served at once; each holds one thread and at most one
+    # request in flight, so this also bounds concurrent requests.
+    connections: int = 1024
 
 
 @dataclasses.dataclass(frozen=True)

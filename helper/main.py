@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         log.critical("cannot listen: %s", exc)
         return 2
     server = Server(listener, verbs.Context(registry, probes.run), cfg.group,
-                    max_blob=cfg.ceilings.archive_bytes)
+                    max_blob=cfg.ceilings.archive_bytes, max_connections=cfg.ceilings.connections)
     if server.gid is None:
         log.warning("group %r does not exist: only root may use the helper", cfg.group)
     threading.Thread(target=_probe_loop, args=(probes, registry, notifier, stop, cfg.probe_on_start, log),

@@ -25,6 +25,9 @@ from helper.sandbox import Sandbox
 
 log = logging.getLogger("camg.helper")
 _FIRST_PROBES_WAIT = 120.0  # seconds a create waits for the start-up probes
+# The overlay option string holds lowerdir, upperdir and workdir within one
+# 4 KiB page; the upper and work paths take at most ~500 bytes.
+_LOWERDIR_BYTES = 3072
 _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -73,10 +76,14 @@ class Registry:
         c = self.config.ceilings
         if not spec.lowers:
             raise WireError("bad_request", "lowers: at least one lower is required")
-        if len(spec.lowers) > 16:
-            raise WireError("limit_exceeded", "lowers: at most 16 lowers")
+        if len(spec.lowers) > c.lowers:
+            raise WireError("limit_exceeded", f"lowers: at most {c.lowers} lowers")
         lowers = [paths.resolve_lower(p, self.config.lower_roots + roots, self.config.private_roots)
                   for p in spec.lowers]
+        # mount(2) copies at most one page of options; sbxinit would fail
+        # after the cgroups and upper exist.
+        if len(":".join(lowers)) > _LOWERDIR_BYTES:
+            raise WireError("limit_exceeded", f"lowers: their paths exceed {_LOWERDIR_BYTES} bytes")
         if not 4 << 20 <= spec.memory_bytes <= c.memory_bytes:
             raise WireError("limit_exceeded", f"memory_bytes: must be within [4 MiB, {c.memory_bytes}]")
         if not 0.01 <= spec.cpu_quota <= c.cpu_quota:

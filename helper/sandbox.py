@@ -285,8 +285,10 @@ class _Streams:
             return
         self.total += len(data)
         self.ring += data
+        # Trimmed by length, never by a negative index (ring[:-0] is empty,
+        # which would keep everything): the ring stays under 2*limit + 64 KiB.
         if len(self.ring) > 2 * self.limit + 65536:
-            del self.ring[:-self.limit]
+            del self.ring[:len(self.ring) - self.limit]
 
     def ready(self, poller, fd: int, ev: int) -> None:
         if fd == self.in_w:
@@ -325,7 +327,7 @@ class _Streams:
                 self._take(fd, data)
 
     def tail(self) -> tuple[bytes, int]:
-        return bytes(self.ring[-self.limit:]) if self.limit else b"", self.total
+        return bytes(self.ring[max(0, len(self.ring) - self.limit):]) if self.limit > 0 else b"", self.total
 
     def close(self) -> None:
         self._close_stdin()

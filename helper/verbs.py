@@ -126,8 +126,10 @@ def exec_(ctx: Context, peer: Peer, p: ExecParams, blob: bytes) -> Result:
                         f"command: must be at most {c.command_bytes} bytes without NUL")
     if not 0 < p.timeout <= c.timeout:
         raise WireError("limit_exceeded", f"timeout: must be within (0, {c.timeout}]")
-    if not 0 <= p.output_limit <= c.output_bytes:
-        raise WireError("limit_exceeded", f"output_limit: must be within [0, {c.output_bytes}]")
+    # At least one byte: the tail kept is the final output_limit bytes, and
+    # a zero limit once meant "keep everything" to the ring's trimming.
+    if not 1 <= p.output_limit <= c.output_bytes:
+        raise WireError("limit_exceeded", f"output_limit: must be within [1, {c.output_bytes}]")
     cwd = paths.sandbox_path(p.cwd, "cwd")
     _check_env(ctx, p.env)
     sandbox = ctx.registry.get(peer, p.sandbox_id)
