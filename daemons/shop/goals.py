@@ -206,6 +206,10 @@ def check_tasks(tasks: Sequence[Any], products: Mapping[str, Mapping[str, Any]],
         if not isinstance(goal, Mapping) or goal.get("asin") not in products:
             raise DatasetError(f"task {task.task_id}: goal product is not in the pool")
         product = products[goal["asin"]]
+        cap = goal.get("price_upper")
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+            # upstream's reward cannot be computed without a positive cap
+            raise DatasetError(f"task {task.task_id}: goal price_upper must be a positive number")
         for key in ("query", "product_category"):
             if goal.get(key) != product[key]:
                 raise DatasetError(f"task {task.task_id}: goal {key} differs from the pool's")

@@ -3,19 +3,19 @@
 WebShop's reward is (attribute + option + price matches) / (#attributes +
 #goal options + 1) times a product-type factor r_type, with thefuzz
 ``token_set_ratio > 85`` fuzzy matching and the colour normalisation of
-upstream normalize.py — reproduced here term by term.
+upstream normalize.py — upstream's semantics term by term, checked row by
+row against upstream's own outputs (tests/unit/test_shop_reward_golden.py).
 
 One documented deviation: upstream's type factor compares the *nouns* of
-the purchased and the goal product names, found with spaCy's
-``en_core_web_lg`` tagger (tokens tagged NOUN or PROPN). That model is not
-installable here, so ``title_nouns`` keeps every lowercased word token of
+the purchased and the goal product names, found with a spaCy English
+tagger (tokens tagged NOUN or PROPN). No spaCy model is installable from
+its authors here, so ``title_nouns`` keeps every lowercased word token of
 the name that is not a number and not an English function word
 (determiners, pronouns, prepositions, conjunctions, auxiliaries) — it keeps
-adjectives and verbs a tagger would drop. No term is dropped from the
-reward: query match, category match and title score are all computed, and
-only the title-score term can differ from upstream. For the bought-the-
-target case every variant gives title_score 1.0, so the oracle's 1.0 does
-not depend on it.
+adjectives and verbs a tagger would drop. Only ``title_score`` (and so
+r_type) can differ from upstream. title_score divides by the number of goal
+nouns *with repeats*, so buying the goal's own product can score below 1.0
+(its r_type stays 1.0: the query matches).
 """
 
 from __future__ import annotations
@@ -122,43 +122,68 @@ def attribute_reward(purchased: Mapping[str, Any], goal_attrs: Sequence[str]) ->
     return matches / len(goal_attrs), matches
 
 
-def option_reward(purchased: Mapping[str, Any], goal_options: Sequence[str],
+def goal_option_terms(goal_options: Mapping[str, str] | Sequence[str]) -> list[str]:
+    """The goal options as upstream's option term compares them.
+
+    Human goals carry a list of option values. Synthetic goals carry a dict,
+    and upstream ``get_reward`` hands the option term ``goal_options.items()``:
+    each goal option is then a (name, value) pair. Its colour normalisation
+    (``colour in value``) tests the pair's *elements*, so a pair becomes a
+    colour only when its name or value is exactly one; otherwise thefuzz
+    compares the pair's printed form (thefuzz's ``full_process`` calls
+    ``str`` on it), whose tokens are the name's and the value's words. We
+    hand over that text explicitly: the same string thefuzz would score.
+    """
+    if isinstance(goal_options, Mapping):
+        terms = []
+        for pair in goal_options.items():
+            color = next((c for c in COLOR_SET if c in pair), None)
+            terms.append(color if color is not None else str(pair))
+        return terms
+    return [normalize_color(value) for value in goal_options]
+
+
+def option_reward(goal_options: Mapping[str, str] | Sequence[str],
                   chosen: Mapping[str, str]) -> tuple[float | None, int]:
-    chosen = {k: normalize_color(v) for k, v in chosen.items()}
-    goal_options = [normalize_color(o) for o in goal_options]
-    matches = 0
-    for name, value in chosen.items():
-        if name.lower() in EXACT_MATCH_OPTS:
-            matched = value in goal_options
-        else:
-            matched = any(fuzz.token_set_ratio(g, value) > 85 for g in goal_options)
-        if matched or _in_text(value, purchased):
-            matches += 1
-    r_option = matches / len(goal_options) if goal_options else None
+    """Upstream ``get_option_reward``: each goal option counts once, when
+    some chosen option value (colour-normalised) scores token_set_ratio > 85
+    against it. Only the chosen values take part, not their names, and
+    nothing falls back to the product text; so 0 <= matches <= #goal options.
+    """
+    chosen_values = [normalize_color(v) for v in chosen.values()]
+    terms = goal_option_terms(goal_options)
+    matches = sum(1 for term in terms
+                  if any(fuzz.token_set_ratio(value, term) > 85 for value in chosen_values))
+    r_option = matches / len(terms) if terms else None
     return r_option, matches
 
 
 def webshop_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any], price: float,
                    chosen: Mapping[str, str]) -> tuple[float, dict]:
-    """WebShop ``get_reward(..., verbose=True)``: (reward, components)."""
+    """WebShop ``get_reward(..., verbose=True)``: (reward, components).
+
+    Every count is bounded by its weight's denominator part (an attribute or
+    goal option matches at most once, the price term is 0 or 1) and r_type is
+    one of 0, 0.1, 0.5, 1, so the reward lies in [0, 1] by construction.
+    """
+    price_upper = goal["price_upper"]
+    if not price_upper > 0:
+        # upstream adds r_price = None to an int here and crashes: such a
+        # goal cannot be graded (goals.check_tasks refuses it at start)
+        raise ValueError(f"goal price_upper must be positive, not {price_upper!r}")
     r_type = type_reward(purchased, goal)
-    r_price = (price <= goal["price_upper"]) if goal["price_upper"] > 0 else None
+    r_price = price <= price_upper
     r_att, n_attr = attribute_reward(purchased, goal["attributes"])
     goal_options = goal["goal_options"]
-    goal_option_values = list(goal_options.values()) if isinstance(goal_options, Mapping) \
-        else list(goal_options)
-    r_option, n_option = option_reward(purchased, goal_option_values, chosen)
+    r_option, n_option = option_reward(goal_options, chosen)
     denominator = len(goal["attributes"]) + len(goal_options) + 1
-    # upstream adds r_price as a bool (None would raise there: it never is for
-    # generated goals, whose price_upper is positive)
-    total = (n_attr + n_option + int(bool(r_price))) / denominator * r_type["r_type"]
+    total = (n_attr + n_option + int(r_price)) / denominator * r_type["r_type"]
     info = {**r_type, "r_att": r_att, "w_att": len(goal["attributes"]) / denominator}
     if r_option is not None:
         info["r_option"] = r_option
         info["w_option"] = len(goal_options) / denominator
-    if r_price is not None:
-        info["r_price"] = bool(r_price)
-        info["w_price"] = 1 / denominator
+    info["r_price"] = r_price
+    info["w_price"] = 1 / denominator
     return total, info
 
 

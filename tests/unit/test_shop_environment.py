@@ -11,7 +11,7 @@ import pytest
 from camg import manifest
 from camg.environment import ServiceContext, Task
 from camg.errors import ConfigError, InvalidAction
-from daemons.shop import search
+from daemons.shop import rewards, search
 from tests.support import shop_testing as testing
 from daemons.shop.environment import ShopEnvironment
 from daemons.shop.pages import PRODUCT_WINDOW
@@ -84,13 +84,22 @@ def test_oracle_earns_one_and_first_result_clearly_less(env, tasks, capsys):
     oracle_rewards = []
     for task in sample:
         step = oracle(env, task)
-        assert step.done and step.graded and step.reward == 1.0, (task.task_id, step.observation)
+        goal = task.data["goal"]
+        # the most upstream's reward gives for this goal: 1.0 unless its own
+        # option term misses a goal option (e.g. colour 'r.brown2070', which
+        # normalises to 'brown'; see daemons/shop/README.md)
+        _, n_option = rewards.option_reward(goal["goal_options"], goal["goal_options"])
+        n = len(goal["attributes"]) + len(goal["goal_options"]) + 1
+        best = (n - len(goal["goal_options"]) + n_option) / n
+        assert step.done and step.graded and step.reward == pytest.approx(best), (
+            task.task_id, step.observation)
         oracle_rewards.append(step.reward)
+    assert sum(r == 1.0 for r in oracle_rewards) >= 45
     baseline = [first_result(env, task) for task in sample]
     assert all(s.done and s.graded for s in baseline)
     mean = sum(s.reward for s in baseline) / len(baseline)
     with capsys.disabled():
-        print(f"\nshop acceptance: oracle mean 1.0 on 50 goals; buy-first-result mean {mean:.3f}")
+        print(f"\nshop acceptance: oracle mean {sum(oracle_rewards) / 50:.3f} on 50 goals; buy-first-result mean {mean:.3f}")
     assert mean < 0.8
 
 
@@ -264,12 +273,12 @@ def test_start_refuses_a_changed_pool_or_index(prepared, tasks, tmp_path):
     body = json.loads((out / "product_pool.json").read_text())
     body[0]["Title"] += " (edited)"
     pool.write_text(json.dumps(body))
-    with pytest.raises(ConfigError, match="product_pool .* differs"):
+    with pytest.raises(ConfigError, match="product_pool (changed|.* differs)"):
         make_env(prepared, tasks, tmp_path, product_pool=str(pool))
     index = tmp_path / "index"
     shutil.copytree(settings["index_dir"], index)
     (index / "extra").write_text("x")
-    with pytest.raises(ConfigError, match="index .* differs"):
+    with pytest.raises(ConfigError, match="index (changed|.* differs)"):
         make_env(prepared, tasks, tmp_path, index_dir=str(index))
     with pytest.raises(ConfigError, match="Conda-style"):
         make_env(prepared, tasks, tmp_path, java_home="/usr/lib/jvm/java-17-openjdk-amd64")
@@ -310,7 +319,11 @@ def test_files_the_service_verified_are_not_hashed_again(prepared, tasks, tmp_pa
     from daemons.shop import environment as shop_env
     out, settings = prepared
     verified = manifest.load(out / "manifest.json").files
-    monkeypatch.setattr(shop_env, "sha256_path", lambda path: pytest.fail(f"hashed {path} again"))
+    import camg.hashing
+    fail = lambda path: pytest.fail(f"hashed {path} again")  # noqa: E731
+    monkeypatch.setattr(camg.hashing, "sha256_path", fail)
+    if hasattr(shop_env, "sha256_path"):
+        monkeypatch.setattr(shop_env, "sha256_path", fail)
     env = ShopEnvironment(ServiceContext("shop", str(tmp_path), settings, verified_files=verified),
                           tasks)
     env.start()
@@ -323,5 +336,5 @@ def test_files_the_service_verified_are_not_hashed_again(prepared, tasks, tmp_pa
     pool.write_text(json.dumps(body))
     edited = ShopEnvironment(ServiceContext("shop", str(tmp_path), dict(settings, product_pool=str(pool)),
                                             verified_files=verified), tasks)
-    with pytest.raises(ConfigError, match="product_pool .* differs"):
+    with pytest.raises(ConfigError, match="product_pool (changed|.* differs)"):
         edited.start()
