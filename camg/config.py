@@ -21,7 +21,7 @@ from typing import Any
 from camg import manifest as manifest_mod
 from camg import plugins, typed
 from camg.errors import ConfigError, PreparationMissing
-from camg.hashing import sha256_json, sha256_path
+from camg.hashing import sha256_json, sha256_path, verify_recorded
 
 SERVICE_FORMAT = "camg-service/1"
 SCHEDULE_FORMAT = "camg-schedule/1"
@@ -177,12 +177,7 @@ def verify(config: ServiceConfig, config_path: str | os.PathLike) -> manifest_mo
     files = [("runtime lock", config.runtime_lock), ("manifest", config.manifest)]
     files += [(f"executable {name}", entry) for name, entry in config.executables.items()]
     for what, entry in files:
-        if not os.path.exists(entry.path):
-            raise ConfigError(f"{what} is missing: {entry.path}")
-        actual = sha256_path(entry.path)
-        if actual != entry.sha256:
-            raise ConfigError(f"{what} changed since camg.configure: {entry.path} "
-                              f"(recorded {entry.sha256}, now {actual})")
+        verify_recorded(what, entry.path, entry.sha256, since="camg.configure")
     manifest = manifest_mod.load(config.manifest.path)
     if manifest.selection_hash() != config.task_selection_hash:
         raise ConfigError(f"task selection in {config.manifest.path} differs from the config")

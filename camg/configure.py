@@ -20,7 +20,7 @@ from pathlib import Path
 import camg
 from camg import config as cfg
 from camg import manifest as manifest_mod
-from camg import plugins, typed
+from camg import atomic, plugins, typed
 from camg.errors import CamgError, ConfigError, PreparationMissing
 from camg.hashing import sha256_json
 
@@ -129,9 +129,7 @@ def configure(deployment_path: Path, output: Path, source_tree: Path | None = No
 
 
 def _write(path: Path, body: object) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.write_json(path, body, sort_keys=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from camg.errors import ConfigError
+
 _CHUNK = 1 << 20
 
 
@@ -55,6 +57,18 @@ def sha256_tree(root: str | os.PathLike) -> str:
 def sha256_path(path: str | os.PathLike) -> str:
     """A file's or a directory tree's hash, whichever ``path`` is."""
     return sha256_tree(path) if os.path.isdir(path) else sha256_file(path)
+
+
+def verify_recorded(what: str, path: str | os.PathLike, recorded: str, *,
+                    since: str = "it was recorded", missing_hint: str = "") -> None:
+    """The one check of a recorded hash: a ConfigError names ``what``, the
+    path and both hashes when the file or tree is missing or differs."""
+    if not os.path.exists(path):
+        raise ConfigError(f"{what} is missing: {path}{missing_hint}")
+    actual = sha256_path(path)
+    if actual != recorded:
+        raise ConfigError(f"{what} changed since {since}: {path} "
+                          f"(recorded {recorded}, now {actual})")
 
 
 def canonical_json(value: Any) -> bytes:

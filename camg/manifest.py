@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from camg import atomic
 from camg.environment import Task
 from camg.errors import ConfigError, DatasetError
-from camg.hashing import sha256_json, sha256_path
+from camg.hashing import sha256_json, sha256_path, verify_recorded
 
 FORMAT = "camg-manifest/1"
 _TASK_ID_MAX = 256
@@ -57,13 +58,8 @@ class Manifest:
     def verify_files(self) -> None:
         """Re-hash every recorded file; raise ConfigError naming a mismatch."""
         for label, entry in self.files.items():
-            path = entry["path"]
-            if not os.path.exists(path):
-                raise ConfigError(f"manifest file {label!r} is missing: {path}")
-            actual = sha256_path(path)
-            if actual != entry["sha256"]:
-                raise ConfigError(f"manifest file {label!r} changed since preparation: {path} "
-                                  f"(recorded {entry['sha256']}, now {actual})")
+            verify_recorded(f"manifest file {label!r}", entry["path"], entry["sha256"],
+                            since="preparation")
 
 
 def build(environment: str, tasks: Sequence[Mapping[str, Any]], *, sampling: Mapping[str, Any],
@@ -87,13 +83,7 @@ def write(path: str | os.PathLike, body: Mapping[str, Any]) -> None:
     """Write atomically, so a crash never leaves a half manifest behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(body, handle, indent=1, ensure_ascii=False)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    atomic.write_json(path, body)
 
 
 def load(path: str | os.PathLike) -> Manifest:

@@ -16,6 +16,7 @@ import os
 import shutil
 from collections.abc import Callable
 
+from camg import atomic
 from helper import cgroups
 
 
@@ -39,14 +40,8 @@ class Ledger:
         return os.path.join(self.directory, sandbox_id + ".json")
 
     def write(self, record: Record) -> None:
-        path = self._path(record.sandbox_id)
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, json.dumps(dataclasses.asdict(record)).encode())
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
+        atomic.write_bytes(self._path(record.sandbox_id),
+                           json.dumps(dataclasses.asdict(record)).encode(), mode=0o600)
 
     def remove(self, sandbox_id: str) -> None:
         try:

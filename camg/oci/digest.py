@@ -8,6 +8,7 @@ import re
 from typing import BinaryIO
 
 from camg.errors import DatasetError
+from camg.hashing import sha256_bytes  # noqa: F401  (OCI code spells digests the same way)
 
 _SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
 _CHUNK = 1 << 20
@@ -23,10 +24,6 @@ def check_digest(value: object, what: str, error: type[Exception] = DatasetError
 
 def hex_of(digest: str) -> str:
     return digest.split(":", 1)[1]
-
-
-def sha256_bytes(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def file_digest(path: str | os.PathLike) -> tuple[str, int]:

@@ -25,6 +25,7 @@ import posixpath
 import re
 from pathlib import Path
 
+from camg import atomic
 from camg.errors import ConfigError, PreparationMissing
 from camg.hashing import sha256_json
 from camg.oci.digest import check_digest
@@ -123,9 +124,7 @@ def write_materialized(path: str | Path, images: tuple[MaterializedImage, ...]) 
     listing = MaterializedList(FORMAT_VERSION, sha256_json([i.hash for i in images]), images)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(to_json(listing), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic.write_json(path, to_json(listing), indent=2)
     return listing
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from camg import atomic
 from camg.errors import DatasetError
 
 #: WebShop skips ASINs longer than this (``load_products``).
@@ -117,12 +118,7 @@ def load_pool(path: str | Path) -> list[dict]:
 
 
 def write_json(path: str | Path, body: Any) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(body, handle, ensure_ascii=False)
-        handle.write("\n")
-    tmp.replace(path)
+    atomic.write_json(path, body, indent=None)
 
 
 def product_prices(products: Sequence[Mapping[str, Any]], rng: random.Random) -> dict[str, float]:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from camg.environment import Environment, Episode, ServiceContext, Step, Task
 from camg.errors import ConfigError, DatasetError, GraderError, InfraFailure, InvalidAction
-from camg.hashing import sha256_bytes, sha256_path
+from camg.hashing import sha256_bytes, verify_recorded
 from camg.typed import parse
 
 from daemons.shop import catalog, goals, javahome, rewards, search
@@ -114,13 +114,8 @@ class ShopEnvironment(Environment):
         if verified and verified["path"] == str(Path(path).resolve()) \
                 and verified["sha256"] == recorded:
             return  # camg.serve re-hashed this very file against the manifest before start
-        if not Path(path).exists():
-            raise ConfigError(f"shop {label} {path} is missing "
-                              "(finish this step first: python -m camg.prepare_shop)")
-        actual = sha256_path(path)
-        if actual != recorded:
-            raise ConfigError(f"shop {label} {path} differs from the prepared one "
-                              f"(recorded {recorded}, found {actual})")
+        verify_recorded(f"shop {label}", path, recorded, since="preparation",
+                        missing_hint=" (finish this step first: python -m camg.prepare_shop)")
 
     # -- episodes ------------------------------------------------------
     def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> Episode:
