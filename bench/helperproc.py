@@ -40,8 +40,8 @@ class PrivateHelper:
         env.pop("NOTIFY_SOCKET", None)
         # Own session: nothing the helper does to its group reaches the bench.
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "helper", "--config", str(self.base / "helper.json"),
-             "--foreground"], cwd=ROOT, env=env, start_new_session=True,
+            [sys.executable, "-m", "helper", "--config", str(self.base / "helper.json")],
+            cwd=ROOT, env=env, start_new_session=True,
             stderr=open(self.base / "helper.log", "wb"))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -173,22 +173,6 @@ def remove(cg: dict[str, str], timeout: float = 5.0) -> None:
                 delay = min(delay * 2, 0.05)
 
 
-def stat(cg: dict[str, str]) -> dict[str, int]:
-    """Counters the probes and the sandbox-died diagnosis look at."""
-    out = {}
-    try:
-        out["memory_failcnt"] = int(_read(os.path.join(cg["memory"], "memory.failcnt")))
-        for line in _read(os.path.join(cg["memory"], "memory.oom_control")).splitlines():
-            key, _, val = line.partition(" ")
-            if key == "oom_kill":
-                out["oom_kill"] = int(val)
-        events = _read(os.path.join(cg["pids"], "pids.events")).split()
-        out["pids_max_events"] = int(events[1]) if len(events) == 2 else 0
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
-
 def orphans(parents: dict[str, str]) -> dict[str, dict[str, str]]:
     """Sandbox cgroups found under the parents, by sandbox id (for the sweep)."""
     found: dict[str, dict[str, str]] = {}

@@ -11,7 +11,7 @@ import sys
 import threading
 
 from helper.config import ConfigError
-from helper import cgroups, config as configmod, initbin, log as logmod, verbs
+from helper import cgroups, config as configmod, containers, initbin, log as logmod, verbs
 from helper.ledger import Ledger, sweep
 
 _RETRY_PROBES = 30.0

@@ -234,7 +234,7 @@ def start_helper(base: Path, cfg: dict, *, wait_probes: bool = True, args=()) ->
     path.write_text(json.dumps(cfg))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("NOTIFY_SOCKET", None)
-    proc = subprocess.Popen([sys.executable, "-m", "helper", "--config", str(path), "--foreground", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "helper", "--config", str(path), *args],
                             cwd=ROOT, env=env, stderr=open(base / "helper.log", "ab"),
                             start_new_session=True)
     allow_process(proc.pid)

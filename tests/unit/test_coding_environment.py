@@ -4,7 +4,7 @@ import jsonschema
 import pytest
 
 from camg.environment import ServiceContext
-from camg.errors import ConfigError
+from camg.errors import ConfigError, Unavailable
 from daemons.coding.environment import ACTION_SCHEMA, INSTRUCTIONS, CodingEnvironment, Settings
 from camg import typed
 
@@ -32,7 +32,7 @@ def test_constructor_rejects_bad_settings():
 def test_create_episode_before_start_is_refused():
     env = CodingEnvironment(ServiceContext("coding", "/tmp", GOOD), [])
     assert env.health() == ["not started"]
-    with pytest.raises(Exception, match="not started"):
+    with pytest.raises(Unavailable, match="not started"):
         env.create_episode(None, seed=None, episode_id="x")
 
 

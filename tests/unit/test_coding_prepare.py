@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from camg import manifest
-from camg.errors import DatasetError
+from camg.errors import ConfigError, DatasetError, PreparationMissing
 from camg.oci.images import MaterializedImage, write_materialized
 from camg.prepare import main
 from daemons.coding.prepare import prepare_coding
@@ -145,11 +145,11 @@ def test_unprivileged_layers_build_and_verify(task_set, tmp_path):
     built = layers.ensure(tmp_path, ref, build=True, privileged=False)
     again = layers.ensure(tmp_path, ref, build=False, privileged=False)
     assert built == again
-    with pytest.raises(Exception, match="rebuild"):
+    with pytest.raises(ConfigError, match="rebuild"):
         layers.ensure(tmp_path, ref, build=False, privileged=True)
     moved = mirrors.TaskRef(ref.mirror, ref.branch, ref.tip, ref.tip)
     other = tmp_path / "other"
-    with pytest.raises(Exception, match="missing"):
+    with pytest.raises(PreparationMissing, match="missing"):
         layers.ensure(other, moved, build=False, privileged=False)
 
 
