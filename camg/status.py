@@ -1,0 +1,236 @@
+"""``camg status`` (also ``python -m camg.status``): one look at an installation.
+
+    camg status [--etc /etc/camg] [--json]
+
+One row per configured environment (``<etc>/prepared/<env>.json``): its
+unit's state (under systemd), READY (the unit is active, which Type=notify
+grants only after READY=1; without systemd: the service answers), /health,
+episodes active/capacity, and whether the configuration hash the service
+serves is the one on disk. Then the helper (its isolation probes' verdict)
+and leftovers: ledger records, mounts, cgroups, overlay uppers and agent-uid
+processes that no live sandbox explains. Exit status 0 when everything is
+as it should be, 1 otherwise (each problem is named), 2 on bad usage.
+
+Reading only: it never starts a unit (the helper is asked only when it
+already runs, so socket activation is not triggered) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HELPER_DEFAULTS = {"socket": "/run/camg/helper.sock", "state_dir": "/run/camg-helper",
+                   "upper_root": "/var/lib/camg/uppers", "agent_uid": 2000,
+                   "cgroup_parents": {}}
+CONTROLLERS = ("cpu", "memory", "pids", "freezer")
+SANDBOX_PATHS = ("/var/lib/camg/", "/run/camg-helper/")
+
+
+def systemd_running() -> bool:
+    return os.path.isdir("/run/systemd/system")
+
+
+def unit_state(unit: str) -> str | None:
+    """``active``, ``inactive``, ``failed``… or None without systemd."""
+    if not systemd_running():
+        return None
+    out = subprocess.run(["systemctl", "show", unit, "-p", "ActiveState", "-p", "SubState"],
+                         capture_output=True, text=True, timeout=10).stdout
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
+
+
+def get_json(url: str, timeout: float = 3.0) -> tuple[int | None, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read())
+        except ValueError:
+            return exc.code, None
+    except (OSError, ValueError) as exc:
+        return None, str(exc)
+
+
+def environment_row(config_path: Path) -> dict:
+    config = json.loads(config_path.read_text())
+    env, port = config["environment"], config["port"]
+    row: dict[str, Any] = {"environment": env, "port": port, "problems": []}
+    state = unit_state(f"camg-{env}.service")
+    row["unit"] = state or "-"
+    base = f"http://127.0.0.1:{port}"
+    status, health = get_json(base + "/health")
+    row["health"] = (health.get("status") if isinstance(health, dict) else None) or "unreachable"
+    row["ready"] = (state.startswith("active/") if state else status is not None)
+    episodes = health.get("episodes", {}) if isinstance(health, dict) else {}
+    row["episodes"] = (f"{episodes['active']}/{episodes['capacity']}" if episodes
+                       else f"-/{config.get('capacity', '?')}")
+    _, meta = get_json(base + "/metadata")
+    served = meta.get("config_hash") if isinstance(meta, dict) else None
+    row["config_hash"] = config["config_hash"][:12]
+    row["config"] = ("-" if served is None else
+                     "matches disk" if served == config["config_hash"] else
+                     f"serves {served[:12]} (disk {config['config_hash'][:12]})")
+    if state is not None and not state.startswith("active/"):
+        row["problems"].append(f"camg-{env}.service is {state}")
+    if row["health"] != "healthy":
+        reasons = health.get("reasons") if isinstance(health, dict) else health
+        row["problems"].append(f"health {row['health']}: {reasons}")
+    if served is not None and served != config["config_hash"]:
+        row["problems"].append("the service serves another configuration than the one on "
+                               "disk: restart it (systemctl restart camg-" + env + ")")
+    return row
+
+
+def helper_config(etc: Path) -> dict:
+    try:
+        return {**HELPER_DEFAULTS, **json.loads((etc / "helper.json").read_text())}
+    except (OSError, ValueError):
+        return dict(HELPER_DEFAULTS)
+
+
+def helper_row(config: dict) -> dict:
+    state = unit_state("camg-helper.service")
+    row: dict[str, Any] = {"unit": state or "-", "problems": []}
+    running = state.startswith("active/") or state.startswith("activating/") if state \
+        else os.path.exists(config["socket"])
+    row["running"] = bool(running)
+    if not running:
+        row["probes"] = "not running"
+        return row
+    try:
+        from camg.helper_client import HelperClient
+
+        ping = HelperClient(config["socket"]).ping()
+        row["probes"] = "passed" if ping.get("probes_ok") else f"failing: {ping}"
+        if not ping.get("probes_ok"):
+            row["problems"].append(f"helper isolation probes failing: {ping}")
+    except Exception as exc:  # noqa: BLE001 - reported, whatever it is
+        row["probes"] = f"unreachable: {exc}"
+        row["problems"].append(f"helper unreachable on {config['socket']}: {exc}")
+    return row
+
+
+def _children(path: Path) -> list[str]:
+    try:
+        return sorted(str(p) for p in path.rglob("*") if p.is_dir())
+    except OSError:
+        return []
+
+
+def helper_cgroup_dirs(config: dict) -> list[Path]:
+    parents = config.get("cgroup_parents") or {}
+    dirs = []
+    for c in CONTROLLERS:
+        if c in parents:
+            dirs.append(Path(parents[c]))
+        else:
+            dirs += [Path(f"/sys/fs/cgroup/{c}/camg"),
+                     Path(f"/sys/fs/cgroup/{c}/system.slice/camg-helper.service")]
+    return dirs
+
+
+def leftovers(config: dict, helper_running: bool) -> dict[str, list[str]]:
+    """What sandboxes left: everything when the helper is down; agent
+    processes and uppers beyond the ledger's records when it runs."""
+    found: dict[str, list[str]] = {}
+    ledger_dir = Path(config["state_dir"]) / "ledger"
+    ledger = sorted(p.name for p in ledger_dir.iterdir()) if ledger_dir.is_dir() else []
+    uppers_dir = Path(config["upper_root"])
+    uppers = sorted(p.name for p in uppers_dir.iterdir()) if uppers_dir.is_dir() else []
+    agent = subprocess.run(["ps", "-u", str(config["agent_uid"]), "-o", "pid=,args="],
+                           capture_output=True, text=True).stdout.split("\n")
+    agent = [line.strip() for line in agent if line.strip()]
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if line.split()[4].startswith(SANDBOX_PATHS)]
+    cgroups = [d for base in helper_cgroup_dirs(config) for d in _children(base)
+               if not d.endswith("/supervisor")]
+    if helper_running:
+        if len(uppers) > len(ledger):
+            found["uppers beyond the ledger"] = uppers
+        if agent and not ledger:
+            found["agent processes without a sandbox"] = agent
+    else:
+        for name, items in (("ledger records", ledger), ("uppers", uppers),
+                            ("agent processes", agent), ("mounts", mounts),
+                            ("cgroups", cgroups)):
+            if items:
+                found[name] = items
+    return found
+
+
+def collect(etc: Path) -> dict:
+    prepared = etc / "prepared"
+    configs = sorted(p for p in prepared.glob("*.json") if p.stem not in ("routes", "schedule"))
+    envs = [environment_row(p) for p in configs]
+    hconf = helper_config(etc)
+    helper = helper_row(hconf)
+    left = leftovers(hconf, helper["running"]) if os.geteuid() == 0 else {}
+    problems = [f"{r['environment']}: {p}" for r in envs for p in r["problems"]]
+    problems += [f"helper: {p}" for p in helper["problems"]]
+    problems += [f"leftover {kind}: {', '.join(items[:5])}" + (" …" if len(items) > 5 else "")
+                 for kind, items in left.items()]
+    if not configs:
+        problems.append(f"no configured environment in {prepared} (run packaging/install.sh)")
+    return {"systemd": systemd_running(), "environments": envs, "helper": helper,
+            "leftovers": left, "leftovers_checked": os.geteuid() == 0, "problems": problems}
+
+
+def render(report: dict) -> str:
+    cols = ("environment", "port", "unit", "ready", "health", "episodes", "config")
+    rows = [[str(r[c] if c != "ready" else ("yes" if r["ready"] else "no")) for c in cols]
+            for r in report["environments"]]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
+              for i, c in enumerate(cols)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    h = report["helper"]
+    lines.append("")
+    lines.append(f"helper: unit {h['unit']}, isolation probes {h['probes']}")
+    if not report["leftovers_checked"]:
+        lines.append("leftovers: not checked (run as root)")
+    else:
+        lines.append("leftovers: " + ("none" if not report["leftovers"] else
+                                      "; ".join(f"{k}: {len(v)}" for k, v in report["leftovers"].items())))
+    if not report["systemd"]:
+        lines.append("(systemd is not PID 1: READY means the service answers)")
+    lines.append("")
+    lines += (["problems:"] + [f"  - {p}" for p in report["problems"]]) if report["problems"] \
+        else ["all well"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="camg status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--etc", type=Path, default=Path("/etc/camg"),
+                        help="the installation's configuration directory")
+    parser.add_argument("--json", action="store_true", help="the report as JSON")
+    args = parser.parse_args(argv)
+    report = collect(args.etc)
+    print(json.dumps(report, indent=1) if args.json else render(report))
+    return 1 if report["problems"] else 0
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The ``camg`` console script: ``camg status …``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: camg status [--etc DIR] [--json]")
+        return 0 if argv else 2
+    if argv[0] != "status":
+        print(f"camg: unknown command {argv[0]!r} (known: status)", file=sys.stderr)
+        return 2
+    return main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
