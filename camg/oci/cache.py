@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from camg import progress
 from camg.errors import DatasetError
 from camg.oci.apply import ApplyOptions, LayerStats, apply_layer
 from camg.oci.digest import HashingReader, hex_of
@@ -148,8 +149,11 @@ def materialize(cache_root: Path, work: Path, image: VerifiedImage, options: App
     stats: list[dict] = []
     root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        for index in range(len(image.layers)):
-            stats.append(dataclasses.asdict(_apply_blob(root_fd, image, index, options)))
+        with progress.Progress(f"image {image.name}: applying layers", len(image.layers),
+                               "layer") as bar:
+            for index in range(len(image.layers)):
+                stats.append(dataclasses.asdict(_apply_blob(root_fd, image, index, options)))
+                bar.update()
     finally:
         os.close(root_fd)
     final = image_dir(cache_root, image.digest)

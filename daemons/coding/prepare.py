@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from camg import manifest
+from camg import manifest, progress
 from camg.errors import CamgError, DatasetError
 
 from daemons.coding import images as images_mod
@@ -83,15 +83,18 @@ def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_pa
         profiles.for_repo(row.repo)
     catalog = images_mod.load(images_path)
     tasks = []
+    bar = progress.Progress("coding: task layers", len(chosen), "task")
     for row, ref in zip(chosen, refs):
         image = images_mod.lookup(catalog, row.image_name)
         if layers_root is not None:
             layers.ensure(layers_root, ref, build=True, image_rootfs=image.rootfs,
                           image_key=image.hash)
+        bar.update()
         data = row.to_data()
         data["mirror"] = ref.to_data()
         data["image"] = {"name": image.name, "digest": image.digest, "hash": image.hash}
         tasks.append({"task_id": row.instance_id, "data": data})
+    bar.close()
     sampling = {"order": "select" if select is not None else "rows", "seed": seed,
                 "limit": limit,
                 "select_sha256": sha256_file(select) if select is not None else None}

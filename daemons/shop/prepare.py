@@ -42,7 +42,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from camg import manifest
+from camg import manifest, progress
 from camg.errors import CamgError, ConfigError, DatasetError
 
 from daemons.shop import catalog, goals, javahome, search
@@ -110,7 +110,8 @@ def build_index(collection: Path, index: Path, java_home: str, threads: int = 1)
            "--input", str(collection), "--index", str(index),
            "--generator", "DefaultLuceneDocumentGenerator", "--threads", str(threads),
            "--storePositions", "--storeDocvectors", "--storeRaw"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    with progress.ticking(f"shop: building the Lucene index {index}"):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise ConfigError(f"pyserini indexing failed (exit {proc.returncode}): "
                           f"{(proc.stderr or proc.stdout)[-2000:]}")

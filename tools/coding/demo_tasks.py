@@ -24,6 +24,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+from camg import progress
 from camg.errors import DatasetError
 
 from camg.oci.apply import extract_tree
@@ -138,7 +139,10 @@ def build(spec: DemoSpec, out: Path, runner: Runner) -> list[dict]:
     rows: list[dict] = []
     per_modifier: dict[str, int] = {}
     seen: set[str] = set()
+    # Each candidate runs the whole suite in a sandbox: show the pace.
+    bar = progress.Progress("demo task set: candidate bugs tried", None, "candidate")
     for mutation in candidates:
+        bar.update()
         if len(rows) >= spec.count:
             break
         if per_modifier.get(mutation.modifier, 0) >= spec.per_modifier:
@@ -163,6 +167,7 @@ def build(spec: DemoSpec, out: Path, runner: Runner) -> list[dict]:
         per_modifier[mutation.modifier] = per_modifier.get(mutation.modifier, 0) + 1
         rows.append(row)
         log.info("task %s: %d F2P, %d P2P", row["instance_id"], len(f2p), len(p2p))
+    bar.close()
     _git(mirror, "checkout", "-q", "main")
     _git(mirror, "gc", "-q", "--prune=now")
     if len(rows) < spec.count:
