@@ -46,6 +46,9 @@ class Record:
         self.task = task
         self.seed = seed
         self.episode = None
+        # Set on the event loop before Episode.close() is dispatched, so a
+        # close racing a creation closes the episode exactly once.
+        self.episode_closed = False
         self.status = "starting"
         self.started_wall = time.time()
         self.started = now
@@ -153,13 +156,18 @@ class EpisodeManager:
         try:
             rec.episode = await self._call(
                 lambda: self.env.create_episode(task, seed=request.seed, episode_id=episode_id))
-            observation = await self._call(rec.episode.reset, timeout=self.limits.reset_timeout_s)
+            if rec.terminal is None:
+                observation = await self._call(rec.episode.reset, timeout=self.limits.reset_timeout_s)
         except Exception as exc:  # every failure must free the slot and be recorded
+            if rec.terminal is not None:  # closed meanwhile; the close aborted the reset
+                await self._closed_while_created(rec)
             failure = self._failure_of(exc, rec, "reset")
             await self._finish(rec, reward=None, failure=failure, observation={},
                                reason=f"reset failed: {exc}")
             raise InfraFailure(f"reset failed: {exc}", failure_class=failure,
                                episode_id=episode_id, task_id=task.task_id) from None
+        if rec.terminal is not None:
+            await self._closed_while_created(rec)
         rec.timings["reset_s"] = time.monotonic() - started
         rec.status = "running"
         rec.touch()
@@ -185,6 +193,26 @@ class EpisodeManager:
         # trainer hangs up while we work.
         task = asyncio.ensure_future(self._step(rec, request))
         return await asyncio.shield(task)
+
+    async def _closed_while_created(self, rec: Record) -> None:
+        """A DELETE (or shutdown) reached the episode before create answered.
+
+        The close could not reach an episode that did not exist yet: close
+        it now, and answer the create with the terminal state instead of a
+        201 for an episode that is no longer in the table.
+        """
+        await self._close_episode(rec)
+        raise EpisodeDone(f"episode {rec.episode_id!r} was closed while it was being created",
+                          terminal=rec.terminal)
+
+    async def _close_episode(self, rec: Record) -> None:
+        if rec.episode is None or rec.episode_closed:
+            return
+        rec.episode_closed = True
+        try:
+            await self._call(rec.episode.close)
+        except Exception:  # the outcome is already durable; log the leak
+            log.exception("closing the episode failed", **rec.fields)
 
     def validate_action(self, action: Mapping[str, Any]) -> None:
         try:
@@ -287,6 +315,7 @@ class EpisodeManager:
         while len(self.finished) > _TOMBSTONES:
             self.finished.popitem(last=False)
         log.info("episode %s: reward %s failure %s after %d steps", status, rec.reward,
+        await self._close_episode(rec)
                  rec.failure_class, rec.step_count, **rec.fields)
         self.on_change()
         return body
@@ -294,11 +323,6 @@ class EpisodeManager:
     def _persist(self, rec: Record, record: dict) -> None:
         self.outcomes.finish_trajectory(rec.episode_id)
         self.outcomes.append(record)
-        if rec.episode is not None:
-            try:
-                rec.episode.close()
-            except Exception:  # the outcome is already durable; log the leak
-                log.exception("closing the episode failed", **rec.fields)
 
     def state(self, episode_id: str) -> dict:
         rec = self._lookup(episode_id)

@@ -237,3 +237,104 @@ def test_graceful_shutdown_closes_every_episode(counter_service):
     assert svc.stop() == 0
     closed = {o["episode_id"] for o in svc.outcomes() if o["reason"] == "service stopping"}
     assert closed == ids
+
+
+# -- a DELETE that arrives while the episode is being created (issue 11, defect 2)
+
+class _GatedEpisode:
+    """Blocks in reset until released or closed; counts its closes."""
+
+    def __init__(self, log: list) -> None:
+        import threading
+        self.release = threading.Event()
+        self.log = log
+        self.closes = 0
+
+    def reset(self):
+        self.log.append("reset")
+        if not self.release.wait(10):
+            raise AssertionError("never released")
+        return {"text": "ready"}
+
+    def step(self, action):
+        raise AssertionError("a closed episode must not step")
+
+    def grade(self):
+        return 0.0
+
+    def close(self):
+        self.closes += 1
+        self.release.set()  # a close aborts a reset, as Coding's does
+
+    def state(self):
+        return {}
+
+    def outcome(self):
+        return {}
+
+
+def _gated_manager(tmp_path, gate: str):
+    """An EpisodeManager whose environment blocks in ``gate``."""
+    import threading
+    from camg.config import Limits
+    from camg.environment import Task
+    from camg.episodes import EpisodeManager
+    from camg.outcomes import OutcomeLog
+
+    class Env:
+        name = "gated"
+        action_schema = {"type": "object"}
+        tasks = [Task("t", {})]
+
+        def __init__(self):
+            self.created, self.log, self.in_create = [], [], threading.Event()
+            self.go = threading.Event()
+
+        def create_episode(self, task, *, seed, episode_id):
+            if gate == "create":
+                self.in_create.set()
+                assert self.go.wait(10)
+            episode = _GatedEpisode(self.log)
+            if gate == "create":
+                episode.release.set()
+            self.created.append(episode)
+            return episode
+
+    env = Env()
+    manager = EpisodeManager(env, capacity=2, limits=Limits(), config_hash="h",
+                             outcomes=OutcomeLog(tmp_path))
+    return manager, env
+
+
+@pytest.mark.parametrize("gate", ["create", "reset"])
+def test_close_during_creation_is_not_lost(tmp_path, gate):
+    import asyncio
+    from camg import wire
+    from camg.errors import EpisodeDone
+
+    manager, env = _gated_manager(tmp_path, gate)
+
+    async def scenario():
+        creating = asyncio.ensure_future(manager.create(wire.CreateEpisode(episode_id="e1")))
+        while not (env.in_create.is_set() or env.log):
+            await asyncio.sleep(0.01)
+        closing = asyncio.ensure_future(manager.close("e1"))
+        await asyncio.sleep(0.1)
+        env.go.set()  # creation (if that is where it waits) may now finish
+        closed = await closing
+        with pytest.raises(EpisodeDone) as info:
+            await creating
+        return closed, info.value
+
+    closed, refused = asyncio.run(scenario())
+    assert closed["status"] == "closed"
+    assert refused.details["terminal"]["done"] is True
+    # Not listed as running, counted as nothing, and its episode closed once.
+    assert manager.list() == [] and manager.active() == 0
+    assert manager.state("e1")["status"] == "closed"
+    [episode] = env.created
+    assert episode.closes == 1
+    assert env.log == ([] if gate == "create" else ["reset"])
+    records = [json.loads(line) for line in (tmp_path / "outcomes.jsonl").read_text().splitlines()]
+    assert [(r["episode_id"], r["status"], r["reward"]) for r in records] == [("e1", "closed", None)]
+    manager.pool.shutdown(wait=True)
