@@ -1,0 +1,146 @@
+"""GeneralAgentEnvironment: ``general_agent`` tasks (office work with MCP tools).
+
+Task directory (FACTS 1.4, our single-container layout): ``workspace/``
+(files the agent works on), ``tools/<server>.py`` (one MCP server per file,
+stdio), ``system/<server>/state.db`` (the SQLite state behind each server),
+``verifier_meta.json`` (rubric items) and ``instance.json``. The task
+directory is root-only; the agent (an unprivileged uid) sees only the
+workspace, so the state files and the rubric's pass anchors stay out of its
+reach, which upstream gets from a separate sidecar container.
+
+Setup copies the workspace to ``cwd`` and a fresh copy of each server's state
+to ``state_root``, then lists every server's tools (a server that does not
+list is an infrastructure failure). The final answer is written to
+``<cwd>/answer.md`` unless the agent already left a non-empty one. Reward:
+``python -m mimoagent.verify.general`` (the verifier runner) scores rule
+items against the post-state and emits one judge request per LLM item; the
+caller (the General service, which alone holds the judge credentials) asks
+the judge and aggregates. Preconditions that mask the episode, as upstream:
+a tool server that no longer starts (``mcp_backend_down``), a missing
+verifier (``missing_run_verify``), a missing or out-of-range reward file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+from mimoagent.environments.datasets.base import DatasetEnvironment
+from mimoagent.tools import mcp_bridge
+
+TESTBED_CORRUPTED = "reward/testbed_corrupted"
+STATE_ROOT = "/var/lib/mimo-system"
+VERIFIER_OUT = "/logs/verifier"
+
+
+def server_names(task_dir: Path) -> list[str]:
+    """tools/*.py stems, sorted, skipping ``_*`` and ``tools_test.py`` (upstream's rule)."""
+    tools = Path(task_dir) / "tools"
+    if not tools.is_dir():
+        return []
+    return sorted(p.stem for p in tools.glob("*.py")
+                  if not p.name.startswith("_") and p.name != "tools_test.py")
+
+
+class GeneralAgentEnvironment(DatasetEnvironment):
+    REQUIRED_FIELDS = ("instance_id", "dataset_type", "docker_image", "env_task_dir", "cwd",
+                       "problem_statement")
+
+    def __init__(self, base_env, instance: dict, *, task_dir: str | None = None,
+                 state_root: str = STATE_ROOT, verifier_out: str = VERIFIER_OUT,
+                 python: str | None = None) -> None:
+        super().__init__(base_env, instance)
+        self.task_dir = Path(task_dir or instance["env_task_dir"])
+        self.state_root = Path(state_root)
+        self.verifier_out = Path(verifier_out)
+        self.python = python or sys.executable
+        self.tools: dict[str, list[dict]] = {}
+
+    # -- servers -----------------------------------------------------------------
+    def server(self, name: str) -> mcp_bridge.ServerSpec:
+        if name not in server_names(self.task_dir):
+            raise KeyError(name)
+        return mcp_bridge.ServerSpec.for_script(
+            name, str(self.task_dir / "tools" / f"{name}.py"), python=self.python,
+            cwd=str(self.task_dir / "tools"),
+            env={"MIMO_STATE_DB": str(self.state_root / name / "state.db"),
+                 "MIMO_WORKSPACE": self.repo_path})
+
+    def call_tool(self, server: str, name: str, arguments: dict, timeout: float = 120) -> dict:
+        return mcp_bridge.call_tool(self.server(server), name, arguments, timeout=timeout)
+
+    # -- life cycle ------------------------------------------------------------------
+    def _setup_dataset_specific(self) -> None:
+        workspace = Path(self.repo_path)
+        if workspace.exists():
+            shutil.rmtree(workspace)
+        shutil.copytree(self.task_dir / "workspace", workspace, symlinks=False)
+        if self.state_root.exists():
+            shutil.rmtree(self.state_root)
+        self.state_root.mkdir(parents=True, mode=0o700)
+        system = self.task_dir / "system"
+        for name in server_names(self.task_dir):
+            target = self.state_root / name
+            if (system / name).is_dir():
+                shutil.copytree(system / name, target, symlinks=False)
+            else:
+                target.mkdir()
+        shutil.rmtree(self.verifier_out, ignore_errors=True)
+        self.tools = {name: mcp_bridge.list_tools(self.server(name), timeout=120)
+                      for name in server_names(self.task_dir)}
+
+    def write_answer(self, answer: str) -> None:
+        path = Path(self.repo_path) / "answer.md"
+        try:
+            existing = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            existing = ""
+        if not existing.strip():
+            if path.is_symlink():
+                path.unlink()
+            path.write_text(answer, encoding="utf-8")
+
+    def _do_calculate_reward(self, timeout, model_patch):
+        verify = self.task_dir / "verifier_meta.json"
+        if not verify.is_file():
+            return 0.0, "verifier materials missing", {
+                "error_category": TESTBED_CORRUPTED, "reward_error": "missing_run_verify"}
+        for name in server_names(self.task_dir):
+            try:
+                mcp_bridge.list_tools(self.server(name), timeout=60)
+            except mcp_bridge.ToolServerDown as exc:
+                return 0.0, str(exc), {"error_category": TESTBED_CORRUPTED,
+                                       "reward_error": "mcp_backend_down"}
+        shutil.rmtree(self.verifier_out, ignore_errors=True)
+        command = " ".join(shlex.quote(a) for a in (
+            self.python, "-m", "mimoagent.verify.general", "--task-dir", str(self.task_dir),
+            "--workspace", self.repo_path, "--state-root", str(self.state_root),
+            "--out", str(self.verifier_out)))
+        result = self.execute(command, cwd="/", timeout=timeout or self.instance.get(
+            "verifier_timeout_sec", 900))
+        extra: dict = {"verifier_returncode": result["returncode"]}
+        try:
+            reward = json.loads((self.verifier_out / "reward.json").read_text())
+            detail = json.loads((self.verifier_out / "reward_detail.json").read_text())
+        except (OSError, ValueError):
+            return 0.0, result["output"], {**extra, "error_category": TESTBED_CORRUPTED,
+                                           "reward_error": "missing_or_invalid_reward_json"}
+        extra["reward_detail"] = detail
+        if reward.get("pending_judge"):
+            extra["pending_judge"] = True
+            return 0.0, result["output"], extra
+        value = reward.get("reward")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0.0 <= float(value) <= 1.0:
+            return 0.0, result["output"], {**extra, "error_category": TESTBED_CORRUPTED,
+                                           "reward_error": "reward_out_of_range"}
+        return float(value), result["output"], extra
+
+
+def ensure_private(path: str | os.PathLike) -> None:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)

@@ -1,0 +1,1 @@
+"""The tool bridge of general_agent tasks (MCP over stdio)."""

@@ -1,0 +1,45 @@
+"""``python -m mimoagent.transport --root /opt/mimo-task [--host H] [--port P]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def create(root: Path):
+    from openenv.core.env_server import create_app
+
+    instance = json.loads((root / "instance.json").read_text())
+    kind = instance.get("dataset_type")
+    if kind == "opensource-code":
+        from mimoagent.transport import software as module
+
+        env, action, observation = module.bind(root), module.ShellAction, module.ShellObservation
+        name = "mimo_software"
+    elif kind == "general_agent":
+        from mimoagent.transport import general as module
+
+        env, action, observation = module.bind(root), module.GeneralAction, module.GeneralObservation
+        name = "mimo_general"
+    else:
+        raise SystemExit(f"unsupported dataset_type {kind!r}")
+    return create_app(env, action, observation, env_name=name, max_concurrent_envs=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", default="/opt/mimo-task", type=Path)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", default=8000, type=int)
+    args = ap.parse_args(argv)
+    import uvicorn
+
+    uvicorn.run(create(args.root), host=args.host, port=args.port, log_level="warning",
+                ws_max_size=1 << 24)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

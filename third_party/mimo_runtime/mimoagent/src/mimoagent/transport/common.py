@@ -1,0 +1,70 @@
+"""What both transport kinds share: the agent's command runner and limits (seed 001)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from mimoagent.environments.local import LocalEnvironment, run_bash
+
+AGENT_UID = 2000
+AGENT_HOME = "/home/arena-agent"
+OUTPUT_LIMIT = 12000
+COMMAND_TIMEOUT = 60
+MAX_COMMAND_CHARS = 16000
+MAX_STEPS = 64
+
+
+class InfraError(RuntimeError):
+    """The transport cannot produce an honest result; the message starts with
+    a ``[failure_class]`` tag the General service maps to reward null."""
+
+    def __init__(self, failure_class: str, message: str) -> None:
+        super().__init__(f"[{failure_class}] {message}")
+        self.failure_class = failure_class
+
+
+def run_command(command: str, cwd: str, timeout: float, *, agent: bool, stdin=None,
+                agent_uid: int = AGENT_UID) -> dict:
+    """The seed's runner: a fresh bash in a new session; as the agent uid
+    (HOME, USER, LOGNAME of the agent, no supplementary groups) unless
+    ``agent`` is false; the final 12000 bytes with a note when cut;
+    timeout -> exit 124 and a note; PYTHONPATH never leaks in."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if agent:
+        env.update(HOME=AGENT_HOME, USER="arena-agent", LOGNAME="arena-agent")
+    result = run_bash(command, cwd, timeout, env=env, output_limit=OUTPUT_LIMIT, stdin=stdin,
+                      user=agent_uid if agent else None)
+    return {"output": result["output"], "returncode": result["returncode"]}
+
+
+class VerifierExecution(LocalEnvironment):
+    """Keep the verifier's operations in the container, bounded like the agent's.
+
+    ``privileged=False`` (the software default, as in the seed) runs them as
+    the agent uid; the general verifier runs privileged (root) because the
+    tool state and the rubric are root-only."""
+
+    def __init__(self, *, privileged: bool = False, agent_uid: int = AGENT_UID, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.privileged = privileged
+        self.agent_uid = agent_uid
+
+    def execute(self, command, cwd="", timeout=None):
+        result = run_command(command, cwd or self.config.cwd, timeout or 120,
+                             agent=not self.privileged, agent_uid=self.agent_uid)
+        return {**result, "reason": "timeout" if result["returncode"] == 124 else "ok"}
+
+    def copy_to(self, src_path, dest_path, **kwargs):
+        import shlex
+
+        with open(src_path, "rb") as source:
+            result = run_command("cat > " + shlex.quote(dest_path), self.config.cwd, 120,
+                                 agent=not self.privileged, stdin=source, agent_uid=self.agent_uid)
+        if result["returncode"] != 0:
+            raise RuntimeError("Verifier file transfer failed")
+
+
+def chown_tree(path: str, uid: int) -> None:
+    subprocess.run(["chown", "-R", f"{uid}:{uid}", path], check=True)

@@ -1,0 +1,156 @@
+"""The general_agent transport: seed 001's rules plus upstream's tools.
+
+Actions:
+* ``shell`` -- as in the software transport (uid 2000, from the workspace,
+  60 s, final 12000 bytes, exit 124 on timeout);
+* ``tool`` -- call one of the task's MCP tools: ``server`` (a tools/*.py
+  stem), ``name`` and JSON ``arguments``; the result text is the output,
+  ``exit_code`` 0 or 1 (the tool reported an error). The server runs as root
+  over stdio, so its SQLite state stays out of the agent's reach;
+* ``finish`` -- ``answer`` is the final reply, written to ``answer.md`` in
+  the workspace (unless the agent already left a non-empty one) before the
+  verifier runs, as upstream's verifier expects.
+Step 64 finishes (without an answer). The terminal observation is sticky.
+The verifier scores rule items here; LLM items are left as judge requests
+in ``/logs/verifier`` for the General service (``metadata.pending_judge``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from openenv.core.env_server import Action, Environment, Observation, State
+from pydantic import Field
+
+from mimoagent.environments.datasets.general_agent import GeneralAgentEnvironment
+from mimoagent.tools.mcp_bridge import ToolServerDown
+from mimoagent.transport.common import (AGENT_UID, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
+                                        OUTPUT_LIMIT, InfraError, VerifierExecution, chown_tree,
+                                        run_command)
+
+MAX_ANSWER_CHARS = 100000
+
+
+class GeneralAction(Action):
+    operation: Literal["shell", "tool", "finish"] = Field(
+        description="Run a bash command, call an MCP tool, or finish with the final answer.")
+    command: str = Field(default="", max_length=MAX_COMMAND_CHARS,
+                         description="shell: bash command; each call starts in the workspace.")
+    server: str = Field(default="", max_length=128, description="tool: the MCP server name.")
+    name: str = Field(default="", max_length=128, description="tool: the tool name.")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="tool: JSON arguments.")
+    answer: str = Field(default="", max_length=MAX_ANSWER_CHARS,
+                        description="finish: the final answer (written to answer.md).")
+
+
+class GeneralObservation(Observation):
+    task_id: str
+    output: str = Field(max_length=16000)
+    exit_code: int | None = None
+    tools: list[dict] | None = None
+
+
+def _tail(text: str) -> str:
+    data = text.encode("utf-8", "replace")
+    if len(data) <= OUTPUT_LIMIT:
+        return text
+    return (f"[output truncated to final {OUTPUT_LIMIT} bytes]\n"
+            + data[-OUTPUT_LIMIT:].decode("utf-8", "replace"))
+
+
+def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
+    instance = json.loads((root / "instance.json").read_text())
+    workspace = Path(instance["cwd"])
+
+    class GeneralEnvironment(Environment):
+        SUPPORTS_CONCURRENT_SESSIONS = False
+
+        def __init__(self):
+            super().__init__()
+            self._state = State()
+            self.task = None
+            self.terminal = None
+
+        def reset(self, seed=None, episode_id=None, task_id=None, **kwargs):
+            if task_id not in (None, instance["instance_id"]):
+                raise ValueError("This image does not contain that task_id")
+            task = GeneralAgentEnvironment(VerifierExecution(cwd=str(workspace), privileged=True),
+                                           instance, task_dir=str(root), **paths)
+            try:
+                task.setup_environment()
+            except ToolServerDown as exc:
+                raise InfraError("infra", f"tool server down at setup: {exc}") from None
+            chown_tree(str(workspace), agent_uid)
+            self.task, self.terminal = task, None
+            self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
+            catalogue = [{"server": server, **tool} for server, tools in task.tools.items()
+                         for tool in tools]
+            lines = [f"- {t['server']}.{t['name']}: {t['description']} "
+                     f"args={json.dumps(t['input_schema'].get('properties', {}))}" for t in catalogue]
+            text = (instance["problem_statement"]
+                    + f"\n\nWorkspace: {workspace}. Actions: "
+                    '{"operation":"shell","command":...} runs bash in the workspace (60 s, output '
+                    'truncated); {"operation":"tool","server":...,"name":...,"arguments":{...}} '
+                    'calls a tool; {"operation":"finish","answer":...} submits your final answer.'
+                    "\nTools:\n" + "\n".join(lines))
+            return GeneralObservation(task_id=instance["instance_id"], output=_tail(text),
+                                      reward=0.0, tools=catalogue)
+
+        def step(self, action, timeout_s=None, **kwargs):
+            if self.task is None:
+                raise RuntimeError("reset is required before step")
+            if self.terminal is not None:
+                return self.terminal
+            self._state.step_count += 1
+            if action.operation == "finish" or self._state.step_count >= MAX_STEPS:
+                if action.operation == "finish":
+                    self.task.write_answer(action.answer)
+                    chown_tree(str(workspace), agent_uid)
+                return self._finish()
+            if action.operation == "tool":
+                return self._tool(action)
+            result = run_command(action.command, str(workspace),
+                                 min(COMMAND_TIMEOUT, timeout_s or COMMAND_TIMEOUT),
+                                 agent=True, agent_uid=agent_uid)
+            return GeneralObservation(task_id=instance["instance_id"], output=result["output"],
+                                      exit_code=result["returncode"], reward=0.0)
+
+        def _tool(self, action):
+            known = {t["name"] for t in self.task.tools.get(action.server, [])}
+            if action.name not in known:
+                text = (f"unknown tool {action.server}.{action.name}; available: "
+                        + ", ".join(f"{s}.{t['name']}" for s, ts in self.task.tools.items() for t in ts))
+                return GeneralObservation(task_id=instance["instance_id"], output=_tail(text),
+                                          exit_code=1, reward=0.0)
+            try:
+                result = self.task.call_tool(action.server, action.name, action.arguments,
+                                             timeout=COMMAND_TIMEOUT)
+            except ToolServerDown as exc:
+                raise InfraError("infra", f"tool server down: {exc}") from None
+            return GeneralObservation(task_id=instance["instance_id"],
+                                      output=_tail("\n".join(result["content"])),
+                                      exit_code=1 if result["is_error"] else 0, reward=0.0)
+
+        def _finish(self):
+            reward, output, info = self.task.calculate_reward(
+                timeout=instance.get("verifier_timeout_sec", 900))
+            if info.get("error_category") or info.get("transport_error") \
+                    or "verifier_returncode" not in info:
+                raise InfraError("grader_error", "MiMo verifier infrastructure failed; no valid "
+                                 f"reward ({info.get('reward_error') or 'no verifier_returncode'})")
+            pending = bool(info.get("pending_judge"))
+            self.terminal = GeneralObservation(
+                task_id=instance["instance_id"], output="Verifier completed.",
+                exit_code=info["verifier_returncode"], reward=None if pending else float(reward),
+                done=True, metadata={"pending_judge": pending,
+                                     "verifier_returncode": info["verifier_returncode"]})
+            return self.terminal
+
+        @property
+        def state(self):
+            return self._state
+
+    return GeneralEnvironment

@@ -1,0 +1,114 @@
+"""The software-task transport (seed 001), for ``opensource-code`` instances.
+
+Actions: ``shell`` (a bash command of at most 16000 characters, run as uid
+2000 from the repository, 60 s, output cut to the final 12000 bytes with a
+note, timeout exit 124) and ``finish``. Step 64 finishes. The terminal
+observation is sticky. Finishing runs the MiMo verifier; an infrastructure
+failure of the verifier (``error_category``, ``transport_error`` or no
+``verifier_returncode``) raises instead of returning a reward.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from openenv.core.env_server import Action, Environment, Observation, State
+from pydantic import Field
+
+from mimoagent.environments.datasets.opensource_code import OpenSourceCodeEnvironment
+from mimoagent.transport.common import (AGENT_UID, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
+                                        InfraError, VerifierExecution, chown_tree, run_command)
+
+
+class ShellAction(Action):
+    operation: Literal["shell", "finish"] = Field(
+        description="Run a bash command or finish and grade the repository.")
+    command: str = Field(default="", max_length=MAX_COMMAND_CHARS,
+                         description="Bash command; each call starts in the task repository.")
+
+
+class ShellObservation(Observation):
+    task_id: str
+    output: str = Field(max_length=16000)
+    exit_code: int | None = None
+
+
+WORKSPACES = (Path("/testbed"), Path("/workspace/repo"))
+
+
+def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = WORKSPACES) -> type:
+    """The environment class for the task under ``root`` (instance.json, workspace.tar)."""
+    instance = json.loads((root / "instance.json").read_text())
+    workspace = Path(instance["cwd"])
+
+    class MiMoEnvironment(Environment):
+        SUPPORTS_CONCURRENT_SESSIONS = False
+
+        def __init__(self):
+            super().__init__()
+            self._state = State()
+            self.verifier = None
+            self.terminal = None
+
+        def reset(self, seed=None, episode_id=None, task_id=None, **kwargs):
+            if task_id not in (None, instance["instance_id"]):
+                raise ValueError("This image does not contain that task_id")
+            if workspace not in workspaces:
+                raise RuntimeError("Unsupported workspace in pinned task")
+            if workspace.exists():
+                shutil.rmtree(workspace)
+            workspace.parent.mkdir(parents=True, exist_ok=True)
+            # 3.11.2's tarfile has no extraction filters; the archive is ours (built with the image).
+            subprocess.run(["tar", "-C", str(workspace.parent), "-xf", str(root / "workspace.tar")],
+                           check=True)
+            chown_tree(str(workspace), agent_uid)
+            self.verifier = OpenSourceCodeEnvironment(
+                VerifierExecution(cwd=str(workspace), agent_uid=agent_uid), instance)
+            self.verifier.setup_environment()
+            self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
+            self.terminal = None
+            text = (instance["problem_statement"]
+                    + f"\n\nRepository: {workspace}. Use shell actions to inspect, edit, and test it. "
+                    'Return {"operation":"finish"} when ready for the original MiMo tests. '
+                    "Each shell call starts in the repository; use cd within a command as needed. "
+                    "Commands time out after 60 seconds and output is truncated.")
+            return ShellObservation(task_id=instance["instance_id"], output=text, reward=0.0)
+
+        def step(self, action, timeout_s=None, **kwargs):
+            if self.verifier is None:
+                raise RuntimeError("reset is required before step")
+            if self.terminal is not None:
+                return self.terminal
+            self._state.step_count += 1
+            if action.operation == "finish" or self._state.step_count >= MAX_STEPS:
+                reward, output, info = self.verifier.calculate_reward(
+                    timeout=instance["verifier_timeout_sec"])
+                if info.get("error_category") or info.get("transport_error") \
+                        or "verifier_returncode" not in info:
+                    raise InfraError("grader_error",
+                                     "MiMo verifier infrastructure failed; no valid reward"
+                                     + (f" ({info.get('error_category')}: {info.get('error')})"
+                                        if info.get("error_category") else ""))
+                self.terminal = ShellObservation(
+                    task_id=instance["instance_id"], output="Original MiMo verifier completed.",
+                    exit_code=info["verifier_returncode"], reward=float(reward), done=True,
+                    metadata={"verifier_returncode": info["verifier_returncode"],
+                              "test_duration": info.get("test_duration"),
+                              "test_output_tail": output[-2000:]})
+                return self.terminal
+            result = run_command(action.command, str(workspace),
+                                 min(COMMAND_TIMEOUT, timeout_s or COMMAND_TIMEOUT),
+                                 agent=True, agent_uid=agent_uid)
+            return ShellObservation(task_id=instance["instance_id"], output=result["output"],
+                                    exit_code=result["returncode"], reward=0.0)
+
+        @property
+        def state(self):
+            return self._state
+
+    return MiMoEnvironment

@@ -1,0 +1,109 @@
+"""The MiMo agent environment: the Python environment mounted read-only into
+every General task container (``mimo.agent_environment`` in the deployment).
+
+It is a virtualenv made by Debian bookworm's ``/usr/bin/python3`` (3.11.2,
+the same interpreter the task images carry), holding the in-container
+transport's dependencies (openenv-core, its FastAPI/uvicorn server), the MCP
+package the tool bridge and the tool servers use, openpyxl for the rule
+verifier, and the project's own ``mimoagent`` runtime, installed as a copy
+(not editable: the container has no view of the source tree). Versions are
+constrained by ``requirements.lock`` so the container runs what the suite
+tested. A venv finds its packages from ``pyvenv.cfg`` next to its ``bin/``,
+so it works at any mount point (``/opt/camg/agent-env`` by default) as long
+as scripts are started as ``<env>/bin/python -m ...``.
+
+    python -m tools.general.agent_env --output /srv/camg/mimo-agent-env
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from camg.errors import DatasetError
+from camg.hashing import sha256_json, sha256_tree
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIME = REPO / "third_party" / "mimo_runtime" / "mimoagent"
+PYTHON = "/usr/bin/python3"
+PACKAGES = ("openenv-core", "mcp", "openpyxl", "websockets")
+#: where the helper mounts it inside containers (helper.json containers.agent_env_target)
+MOUNT_POINT = "/opt/camg/agent-env"
+
+
+def _pins() -> list[str]:
+    lock = (REPO / "requirements.lock").read_text().splitlines()
+    wanted = {p.lower().replace("_", "-") for p in PACKAGES}
+    pins = [line.strip() for line in lock
+            if "==" in line and line.split("==")[0].lower().replace("_", "-") in wanted]
+    if len(pins) != len(wanted):
+        raise DatasetError(f"requirements.lock lacks one of {', '.join(PACKAGES)}")
+    return pins
+
+
+def key() -> str:
+    """Inputs of the build: pins, lock, runtime sources."""
+    return sha256_json({"pins": _pins(), "lock": (REPO / "requirements.lock").read_text(),
+                        "runtime": sha256_tree(RUNTIME / "src"), "python": PYTHON,
+                        "v": 1}).split(":", 1)[1][:16]
+
+
+def build(output: Path) -> Path:
+    """Build (or reuse, when its recorded key matches) the environment at ``output``."""
+    output = Path(output).absolute()
+    marker = output / "camg-agent-env.json"
+    want = key()
+    try:
+        if json.loads(marker.read_text())["key"] == want:
+            return output
+    except (OSError, ValueError, KeyError):
+        pass
+    work = output.with_name(output.name + ".building")
+    shutil.rmtree(work, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+    def run(argv: list[str], what: str) -> None:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                              timeout=1800, check=False)
+        if proc.returncode != 0:
+            raise DatasetError(f"agent env: {what} failed: {proc.stdout.decode(errors='replace')[-3000:]}")
+
+    run([PYTHON, "-m", "venv", str(work)], "venv")
+    pip = [str(work / "bin" / "python"), "-m", "pip", "install", "--quiet",
+           "--disable-pip-version-check", "--no-cache-dir"]
+    constraints = work / "constraints.txt"
+    constraints.write_text("\n".join(line for line in (REPO / "requirements.lock").read_text().splitlines()
+                                     if "==" in line and not line.startswith("torch")) + "\n")
+    run([*pip, "-c", str(constraints), *_pins()], "pip install")
+    run([*pip, "--no-deps", str(RUNTIME)], "install mimoagent")
+    constraints.unlink()
+    # Readable by the agent uid inside the container; nothing writable.
+    subprocess.run(["chmod", "-R", "a+rX,go-w", str(work)], check=True)
+    (work / "camg-agent-env.json").write_text(json.dumps({"key": want, "pins": _pins()}) + "\n")
+    if output.exists():
+        shutil.rmtree(output)
+    os.rename(work, output)
+    # The venv's own path is baked only in script shebangs; we never run them.
+    return output
+
+
+def cached(cache_root: Path | None = None) -> Path:
+    root = Path(cache_root or os.environ.get("CAMG_CACHE") or "/var/cache/camg-test")
+    return build(root / "general" / "agent-env")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Build the MiMo agent environment (a venv).")
+    ap.add_argument("--output", required=True)
+    args = ap.parse_args(argv)
+    print(build(Path(args.output)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
