@@ -310,12 +310,12 @@ class EpisodeManager:
                                                   "failure_class": rec.failure_class,
                                                   "reason": reason[:2000]})
         await self._call(self._persist, rec, record)
+        await self._close_episode(rec)
         self.records.pop(rec.episode_id, None)
         self.finished[rec.episode_id] = rec
         while len(self.finished) > _TOMBSTONES:
             self.finished.popitem(last=False)
         log.info("episode %s: reward %s failure %s after %d steps", status, rec.reward,
-        await self._close_episode(rec)
                  rec.failure_class, rec.step_count, **rec.fields)
         self.on_change()
         return body

@@ -61,10 +61,10 @@ def test_sysusers_and_tmpfiles_applied(machine):
                            "/var/lib/camg/uppers"]).stdout.split("\n")
     assert listing[0] == "/run/camg root:root 755"
     assert listing[1] == "/run/camg-helper root:root 700"
+    assert listing[2] == "/var/lib/camg/uppers root:root 700"
 
 
 def test_helper_socket_is_root_camg_0660(machine):
-    assert listing[2] == "/var/lib/camg/uppers root:root 700"
     machine.run(["systemctl", "start", "camg-helper.socket"])
     out = machine.run(["stat", "-c", "%U:%G %a %F", "/run/camg/helper.sock"]).stdout.strip()
     assert out == "root:camg 660 socket"
