@@ -11,7 +11,7 @@ import sys
 import threading
 
 from helper.config import ConfigError
-from helper import cgroups, config as configmod, containers, initbin, log as logmod, verbs
+from helper import cgroups, config as configmod, initbin, log as logmod, verbs
 from helper.ledger import Ledger, sweep
 
 _RETRY_PROBES = 30.0
@@ -22,8 +22,6 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--config", help="JSON configuration file (all fields optional)")
     ap.add_argument("--socket", help="bind this path instead of the configured socket "
                     "(ignored under socket activation)")
-    ap.add_argument("--foreground", action="store_true",
-                    help="run in the foreground (the only mode; accepted for clarity)")
     ap.add_argument("--sweep", action="store_true",
                     help="reclaim everything a crashed helper left, then exit")
     ap.add_argument("--list-verbs", action="store_true", help="print the verb interface as JSON")
