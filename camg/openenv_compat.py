@@ -1,13 +1,31 @@
 """OpenEnv compatibility: ``POST /reset``, ``POST /step``, ``GET /state`` and
-the ``/ws`` WebSocket protocol spoken by openenv-core's clients.
+the ``/ws`` WebSocket protocol, with openenv-core 0.3.0's wire messages
+exactly (``openenv.core.env_server.types``):
 
-Each WebSocket connection is one session with at most one live episode; a
-new reset closes the previous one, and a disconnect closes it. The plain
-HTTP endpoints address an episode by ``episode_id`` in the body (or query
-for /state), defaulting to the last episode started through ``/reset``.
-Observations are wrapped the OpenEnv way: ``{observation, reward, done}``.
-After the end, a step answers with the sticky terminal observation, as
-OpenEnv environments do.
+* ``/ws`` — client messages ``{"type": "reset", "data"?: ResetRequest}``,
+  ``{"type": "step", "data": <the action itself>}``, ``{"type": "state"}``,
+  ``{"type": "close"}`` (no other keys); replies ``{"type": "observation",
+  "data": {observation, reward, done}}``, ``{"type": "state", "data":
+  State}`` or ``{"type": "error", "data": {message, code, ...}}``. A step's
+  data is always the bare action: the message type says what it is, so an
+  action with a field named ``action`` (Shop's) is never mistaken for a
+  wrapper. Each connection is one session holding at most one episode: a
+  new reset closes the previous one, a close or a disconnect closes it.
+* HTTP — ``/reset`` takes a ResetRequest (``seed``, ``episode_id``, and
+  camg's ``task_id``) and answers a ResetResponse ``{observation, reward,
+  done}``; ``/step`` takes a StepRequest (``action``, ``timeout_s``,
+  ``request_id``, and camg's ``episode_id``) and answers a StepResponse.
+  Upstream's HTTP routes are stateless (a fresh environment per request),
+  which cannot hold an episode; camg keeps one per *client*: ``/reset`` sets
+  the cookie ``camg_openenv_episode`` (and the header ``X-Camg-Episode-Id``)
+  and ``/step``/``/state`` address the episode named by ``episode_id``, else
+  by that cookie. No client can reach another's episode by default, and a
+  reset closes only the episode of the client that sent it.
+
+What OpenEnv's three-key replies cannot carry (the episode id, a
+``failure_class`` beside ``reward: null``) is in the state: ``State`` allows
+extra fields. Unknown request fields are refused (OpenEnv drops those its
+environment does not take): a misspelt ``task_id`` must not run another task.
 """
 
 from __future__ import annotations
@@ -27,28 +45,38 @@ from camg.service import Service
 log = logging.getLogger("camg.openenv")
 
 _WS_MESSAGE_MAX = 1 << 20
+COOKIE = "camg_openenv_episode"
+EPISODE_HEADER = "X-Camg-Episode-Id"
+#: keys each client message may carry (openenv BaseMessage: extra="forbid")
+_WS_KEYS = {"reset": ({"type"}, {"data"}), "step": ({"type", "data"}, set()),
+            "state": ({"type"}, set()), "close": ({"type"}, set())}
 
 
 @dataclasses.dataclass(frozen=True)
 class StepRequest(wire.StepRequest):
+    """openenv StepRequest plus camg's ``episode_id``."""
     episode_id: str | None = None
-    timeout_s: float | None = None   # accepted for compatibility; server deadlines rule
+    timeout_s: float | None = None   # accepted as OpenEnv does; the server's deadlines rule
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError("timeout_s must be greater than 0")
+        wire.check_episode_id(self.episode_id)
 
 
 def _openenv_body(body: dict) -> dict:
-    out = {"observation": body.get("observation", {}), "reward": body.get("reward"),
-           "done": bool(body.get("done")), "episode_id": body.get("episode_id")}
-    if body.get("failure_class"):
-        out["failure_class"] = body["failure_class"]
-    return out
+    """openenv ``serialize_observation``: exactly observation, reward, done."""
+    return {"observation": body.get("observation", {}), "reward": body.get("reward"),
+            "done": bool(body.get("done"))}
 
 
 class Session:
-    """The episode a client drives through the OpenEnv protocol."""
+    """The episode one client drives through the OpenEnv protocol."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, episode_id: str | None = None) -> None:
         self.manager = service.manager
-        self.episode_id: str | None = None
+        self.episode_id = episode_id
 
     async def reset(self, data: dict) -> dict:
         request = wire.parse(wire.CreateEpisode, data, "data")
@@ -57,22 +85,20 @@ class Session:
         self.episode_id = body["episode_id"]
         return _openenv_body(body)
 
-    async def step(self, data: dict, episode_id: str | None = None) -> dict:
-        episode_id = episode_id or self.episode_id
-        if episode_id is None:
-            raise EpisodeNotFound("no episode: reset first")
-        request = wire.parse(wire.StepRequest, data, "data")
+    async def step(self, action: dict, request_id: str | None = None) -> dict:
+        if self.episode_id is None:
+            raise EpisodeNotFound("no episode for this client: reset first")
+        request = wire.StepRequest(action=action, request_id=request_id)
         try:
-            body = await self.manager.step(episode_id, request)
+            body = await self.manager.step(self.episode_id, request)
         except EpisodeDone as done:
-            body = done.details["terminal"]
+            body = done.details["terminal"]   # sticky terminal observation, as OpenEnv
         return _openenv_body(body)
 
-    def state(self, episode_id: str | None = None) -> dict:
-        episode_id = episode_id or self.episode_id
-        if episode_id is None:
+    def state(self) -> dict:
+        if self.episode_id is None:
             return {"episode_id": None, "step_count": 0}
-        return self.manager.state(episode_id)
+        return self.manager.state(self.episode_id)
 
     async def close(self) -> None:
         if self.episode_id is not None:
@@ -83,35 +109,64 @@ class Session:
                 pass
 
 
+def _client_episode(req: falcon.asgi.Request, explicit: str | None = None) -> str | None:
+    if explicit is not None:
+        return explicit
+    values = req.get_cookie_values(COOKIE) or []
+    for value in values:
+        try:
+            wire.check_episode_id(value)
+        except ValueError:
+            raise BadRequest(f"cookie {COOKIE} does not hold an episode id") from None
+        return value
+    return None
+
+
 class Reset:
-    def __init__(self, service: Service, session: Session) -> None:
-        self.session = session
+    def __init__(self, service: Service) -> None:
+        self.service = service
         self.limit = service.config.limits.max_body_bytes
 
     async def on_post(self, req, resp):
         data = wire.parse_json(await read_body(req, self.limit))
-        reply(resp, await self.session.reset(data))
+        if not isinstance(data, dict):
+            raise BadRequest("body must be a JSON object (OpenEnv ResetRequest)")
+        # a client's reset replaces its own previous episode, nobody else's
+        session = Session(self.service, _client_episode(req))
+        body = await session.reset(data)
+        resp.set_cookie(COOKIE, session.episode_id, path="/", secure=False, http_only=True,
+                        same_site="Strict")
+        resp.set_header(EPISODE_HEADER, session.episode_id)
+        reply(resp, body)
 
 
 class Step:
-    def __init__(self, service: Service, session: Session) -> None:
-        self.session = session
+    def __init__(self, service: Service) -> None:
+        self.service = service
         self.limit = service.config.limits.max_body_bytes
 
     async def on_post(self, req, resp):
         request = wire.parse_body(await read_body(req, self.limit), StepRequest, "body")
-        data = {"action": request.action}
-        if request.request_id:
-            data["request_id"] = request.request_id
-        reply(resp, await self.session.step(data, request.episode_id))
+        episode_id = _client_episode(req, request.episode_id)
+        if episode_id is None:
+            raise BadRequest("no episode for this client: POST /reset first (keep its cookie) "
+                             "or pass episode_id")
+        session = Session(self.service, episode_id)
+        reply(resp, await session.step(request.action, request.request_id))
 
 
 class State:
-    def __init__(self, session: Session) -> None:
-        self.session = session
+    def __init__(self, service: Service) -> None:
+        self.service = service
 
     async def on_get(self, req, resp):
-        reply(resp, self.session.state(req.get_param("episode_id")))
+        episode_id = req.get_param("episode_id")
+        if episode_id is not None:
+            try:
+                wire.check_episode_id(episode_id)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+        reply(resp, Session(self.service, _client_episode(req, episode_id)).state())
 
 
 class WebSocket:
@@ -141,30 +196,35 @@ class WebSocket:
             return _ws_error("message too large", "VALIDATION_ERROR")
         try:
             message = json.loads(raw)
-        except ValueError:
-            return _ws_error("message is not valid JSON", "INVALID_JSON")
-        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-            return _ws_error("message must be an object with a type", "VALIDATION_ERROR")
-        kind, data = message["type"], message.get("data", {})
+        except ValueError as exc:
+            return _ws_error(f"Invalid JSON: {exc}", "INVALID_JSON")
+        if not isinstance(message, dict):
+            return _ws_error("message must be a JSON object", "VALIDATION_ERROR")
+        kind = message.get("type", "")
+        if kind not in _WS_KEYS:
+            return _ws_error(f"Unknown message type: {kind}", "UNKNOWN_TYPE")
+        required, optional = _WS_KEYS[kind]
+        keys = set(message)
+        if not required <= keys or keys - required - optional:
+            return _ws_error(f"a {kind} message has exactly the keys "
+                             f"{sorted(required)} (optional: {sorted(optional)})",
+                             "VALIDATION_ERROR")
+        data = message.get("data", {})
         if not isinstance(data, dict):
             return _ws_error("data must be an object", "VALIDATION_ERROR")
         try:
             if kind == "reset":
                 return {"type": "observation", "data": await session.reset(data)}
             if kind == "step":
-                # openenv-core sends the bare action as data.
-                step = data if "action" in data else {"action": data}
-                return {"type": "observation", "data": await session.step(step)}
+                return {"type": "observation", "data": await session.step(data)}
             if kind == "state":
                 return {"type": "state", "data": session.state()}
-            if kind == "close":
-                await session.close()
-                return None
-            return _ws_error(f"unknown message type {kind!r}", "UNKNOWN_TYPE")
+            await session.close()
+            return None
         except CamgError as exc:
             code = ("CAPACITY_REACHED" if isinstance(exc, AtCapacity) else
                     "VALIDATION_ERROR" if isinstance(exc, BadRequest) else "EXECUTION_ERROR")
-            return {"type": "error", "data": {"code": code, **exc.to_dict()}}
+            return {"type": "error", "data": {**exc.to_dict(), "code": code}}
 
 
 def _ws_error(message: str, code: str) -> dict:
@@ -172,8 +232,7 @@ def _ws_error(message: str, code: str) -> dict:
 
 
 def add_routes(app: falcon.asgi.App, service: Service) -> None:
-    session = Session(service)
-    app.add_route("/reset", Reset(service, session))
-    app.add_route("/step", Step(service, session))
-    app.add_route("/state", State(session))
+    app.add_route("/reset", Reset(service))
+    app.add_route("/step", Step(service))
+    app.add_route("/state", State(service))
     app.add_route("/ws", WebSocket(service))

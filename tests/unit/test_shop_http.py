@@ -90,6 +90,37 @@ def test_schema_and_bad_actions_over_http(services):
     assert step["observation"]["valid_action"] is False
 
 
+def test_stock_openenv_client_runs_a_whole_shop_episode(services):
+    """openenv-core's GenericEnvClient over /ws: its step data is the bare
+    action {"action": "search[...]"} (was taken for a wrapper and refused)."""
+    from openenv.core import GenericEnvClient
+
+    service = services[0]
+    manifest = json.loads((testing.prepared()[0] / "manifest.json").read_text())
+    task = manifest["tasks"][7]
+    goal = task["data"]["goal"]
+    products = {p["asin"]: p for p in json.loads(
+        (testing.prepared()[0] / "product_pool.json").read_text())}
+    title = products[goal["asin"]]["Title"].replace("[", " ").replace("]", " ")
+    with GenericEnvClient(base_url=service.url).sync() as env:
+        result = env.reset(task_id=task["task_id"])
+        assert result.done is False and result.observation["page"] == "search"
+        result = env.step({"action": f"search[{title}]"})
+        assert result.observation["page"] == "results" and result.reward == 0.0
+        while goal["asin"].lower() not in result.observation["available_actions"]["clickables"]:
+            result = env.step({"action": "click[next >]"})
+        env.step({"action": f"click[{goal['asin'].lower()}]"})
+        for value in goal["goal_options"].values():
+            result = env.step({"action": f"click[{value}]"})
+            assert result.observation["valid_action"]
+        state = env.state()
+        assert state["task_id"] == task["task_id"] and state["status"] == "running"
+        result = env.step({"action": "click[buy now]"})
+        assert result.done is True and result.reward == 1.0
+        eid = env.state()["episode_id"]
+    assert any(r["episode_id"] == eid and r["reward"] == 1.0 for r in service.outcomes())
+
+
 def test_sigterm_is_a_graceful_stop_despite_the_jvm(services):
     # Runs last in this module: it stops the second service. The JVM must
     # leave SIGTERM to Python (-Xrs), or it exits the worker with 143 before
