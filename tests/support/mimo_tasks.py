@@ -47,3 +47,25 @@ def code_task(root: Path, *, cwd: Path, test_command_lines: list[str] | None = N
                               problem_statement="add() subtracts instead of adding.",
                               cwd=str(cwd), verifier_timeout_sec=60)
     return instance
+
+
+def general_task(base: Path, which: int = 0) -> tuple[Path, list[dict], dict]:
+    """A demo general_agent task rooted under ``base`` (root-only task dir) with
+    its workspace, state and verifier output redirected under ``base``; returns
+    (task root, oracle actions with the host's python, bind() path overrides)."""
+    import json
+
+    from tools.general import agent_tasks
+
+    roots = agent_tasks.build_all(base / "tasks")
+    root = roots[which]
+    instance = json.loads((root / "instance.json").read_text())
+    instance["cwd"] = str(base / "workspace")
+    (root / "instance.json").write_text(json.dumps(instance))
+    oracle = json.loads((base / "tasks" / f"{root.name}.oracle.json").read_text())
+    for action in oracle:
+        if action["operation"] == "shell":
+            action["command"] = action["command"].replace(agent_tasks.AGENT_PY, sys.executable)
+    os.chmod(base / "tasks", 0o700)
+    paths = {"state_root": str(base / "state"), "verifier_out": str(base / "verifier")}
+    return root, oracle, paths

@@ -121,15 +121,20 @@ def judge_prompt(item: dict, workspace: Path) -> str:
     return "\n".join(parts)
 
 
+def _weight(item: dict) -> float:
+    weight = item.get("weight")
+    return 1.0 if weight is None else float(weight)
+
+
 def aggregate(items: list[dict], scores: dict[str, float]) -> float:
     """sum(w*s)/sum(w) over every item; a failed gate makes it 0."""
     for item in items:
         if item.get("gate") and scores.get(item["id"], 0.0) < 1.0:
             return 0.0
-    total = sum(float(item.get("weight", 1.0)) for item in items)
+    total = sum(_weight(item) for item in items)
     if total <= 0:
         return 0.0
-    return sum(float(item.get("weight", 1.0)) * scores.get(item["id"], 0.0) for item in items) / total
+    return sum(_weight(item) * scores.get(item["id"], 0.0) for item in items) / total
 
 
 def run(task_dir: Path, workspace: Path, state_root: Path, out: Path) -> dict:
@@ -149,11 +154,12 @@ def run(task_dir: Path, workspace: Path, state_root: Path, out: Path) -> dict:
     if not gate_failed:
         for item in items:
             if item.get("method") == "llm":
-                requests.append({"id": item["id"], "weight": float(item.get("weight", 1.0)),
+                requests.append({"id": item["id"], "weight": _weight(item),
                                  "system": JUDGE_SYSTEM, "prompt": judge_prompt(item, workspace)})
     out.mkdir(parents=True, exist_ok=True)
     detail = {"results": results, "judge_requests": requests,
-              "items": [{k: item.get(k) for k in ("id", "method", "weight", "gate")} for item in items],
+              "items": [{"id": item["id"], "method": item.get("method"), "weight": _weight(item),
+                         "gate": bool(item.get("gate"))} for item in items],
               "gate_failed": gate_failed}
     (out / "reward_detail.json").write_text(json.dumps(detail, indent=1))
     if requests:

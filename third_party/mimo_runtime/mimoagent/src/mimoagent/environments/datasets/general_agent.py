@@ -31,6 +31,7 @@ from pathlib import Path
 
 from mimoagent.environments.datasets.base import DatasetEnvironment
 from mimoagent.tools import mcp_bridge
+from mimoagent.verify import general as verify_runner
 
 TESTBED_CORRUPTED = "reward/testbed_corrupted"
 STATE_ROOT = "/var/lib/mimo-system"
@@ -117,7 +118,7 @@ class GeneralAgentEnvironment(DatasetEnvironment):
                                        "reward_error": "mcp_backend_down"}
         shutil.rmtree(self.verifier_out, ignore_errors=True)
         command = " ".join(shlex.quote(a) for a in (
-            self.python, "-m", "mimoagent.verify.general", "--task-dir", str(self.task_dir),
+            self.python, str(Path(verify_runner.__file__)), "--task-dir", str(self.task_dir),
             "--workspace", self.repo_path, "--state-root", str(self.state_root),
             "--out", str(self.verifier_out)))
         result = self.execute(command, cwd="/", timeout=timeout or self.instance.get(
