@@ -65,6 +65,9 @@ ERROR_CLASSES: dict[str, type[errors.CamgError]] = {
     "probes_failed": errors.Unavailable,
     "sandbox_died": errors.SandboxDied,
     "internal": errors.InfraFailure,
+    "not_allowed": errors.PermissionDenied,
+    "docker_unavailable": errors.Unavailable,
+    "connection_refused": errors.Unavailable,
 }
 assert set(ERROR_CLASSES) == wire.ERRORS, "every helper error name maps to one class"
 

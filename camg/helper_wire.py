@@ -19,6 +19,7 @@ itself a leaf): what the root helper runs of camg/ is these two files.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 
@@ -29,6 +30,10 @@ PREFIX = "io.camg.helper."
 VERBS = tuple(PREFIX + v for v in (
     "Ping", "Probe", "CreateSandbox", "Exec", "PutArchive", "GetArchive",
     "DestroySandbox", "ReleaseAll", "ListSandboxes",
+    # The container mediator (helper/containers.py): Docker through the helper.
+    "ContainerPull", "ContainerCreate", "ContainerConnect", "ContainerExec",
+    "ContainerPutArchive", "ContainerGetArchive", "ContainerLogs", "ContainerRemove",
+    "ContainerList", "ContainerReleaseAll",
 ))
 
 HEADER = struct.Struct(">II")
@@ -45,6 +50,9 @@ ERRORS = frozenset({
     "bad_request", "unknown_verb", "path_escape", "limit_exceeded", "payload_too_large",
     "permission_denied", "not_found", "at_capacity", "probes_failed", "sandbox_died",
     "internal",
+    # The container mediator: a policy refusal, Docker not reachable or not
+    # configured, nothing listening on the port ContainerConnect asked for.
+    "not_allowed", "docker_unavailable", "connection_refused",
 })
 
 class WireError(Exception):
@@ -70,6 +78,64 @@ class FrameError(Exception):
 def encode(obj: dict, blob: bytes = b"") -> bytes:
     body = json.dumps(obj, separators=(",", ":")).encode()
     return HEADER.pack(len(body), len(blob)) + body + blob
+
+
+class FdBlob(bytes):
+    """A reply blob that also hands the peer one file descriptor (SCM_RIGHTS).
+
+    ContainerConnect replies with a socket connected inside a container's
+    network namespace; the helper closes its copy once the frame is sent.
+    """
+
+    fd: int = -1
+
+    @classmethod
+    def carrying(cls, fd: int, data: bytes = b"") -> "FdBlob":
+        blob = cls(data)
+        blob.fd = fd
+        return blob
+
+
+def send_frame(sock: socket.socket, obj: dict, blob: bytes = b"") -> None:
+    """Send one frame; an FdBlob's descriptor rides on its first bytes."""
+    data = encode(obj, blob)
+    fd = getattr(blob, "fd", -1)
+    if fd < 0:
+        sock.sendall(data)
+        return
+    try:
+        sent = socket.send_fds(sock, [data], [fd])
+        if sent < len(data):
+            sock.sendall(data[sent:])
+    finally:
+        os.close(fd)
+
+
+def read_frame_with_fd(sock: socket.socket, max_blob: int) -> tuple[dict, bytes, int]:
+    """Like read_frame, but also returns the descriptor sent with it (-1: none).
+
+    The descriptor arrives with the frame's first bytes, so those are read
+    with recvmsg; plain recv would drop (and close) it.
+    """
+    data, fds, _flags, _addr = socket.recv_fds(sock, HEADER.size, 1)
+    if not data:
+        raise EOFError("peer closed")
+    fd = fds[0] if fds else -1
+    try:
+        head = data + (_recv_exact(sock, HEADER.size - len(data)) if len(data) < HEADER.size else b"")
+        jlen, blen = HEADER.unpack(head)
+        if jlen > MAX_JSON or blen > max_blob:
+            raise FrameError("payload_too_large", "reply frame too large")
+        body = _recv_exact(sock, jlen)
+        blob = _recv_exact(sock, blen) if blen else b""
+        obj = json.loads(body)
+        if not isinstance(obj, dict):
+            raise FrameError("bad_request", "frame must be a JSON object")
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return obj, blob, fd
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -76,6 +76,8 @@ class HelperConfig:
     # Seconds a sandbox may take to come up before creation fails.
     create_timeout: float = 10.0
     ceilings: Ceilings = dataclasses.field(default_factory=Ceilings)
+    # The container mediator (helper/containers.py); None: no Docker verbs.
+    containers: ContainerConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("socket", "state_dir", "upper_root", "agent_home"):

@@ -11,7 +11,7 @@ import sys
 import threading
 
 from helper.config import ConfigError
-from helper import cgroups, config as configmod, initbin, log as logmod, verbs
+from helper import cgroups, config as configmod, containers, initbin, log as logmod, verbs
 from helper.ledger import Ledger, sweep
 
 _RETRY_PROBES = 30.0
@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         log.critical("cannot start: %s", exc)
         return 2
     swept = sweep(ledger, parents, cfg.upper_root, log.info)
+    # Containers of this helper scope from an earlier instance (helper/containers.py).
+    swept += containers.sweep(cfg, log.info)
     if args.sweep:
         cgroups.release_parents(created_parents)
         log.info("sweep reclaimed %d sandbox(es)", swept)
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         notifier.notify("STOPPING=1")
         listener.close()
         n = registry.destroy_all()
+        containers.sweep(cfg, log.info)
         cgroups.release_parents(created_parents)
         log.info("stopped; destroyed %d sandbox(es)", n)
         if bound:

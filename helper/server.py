@@ -113,6 +113,6 @@ class Server:
 
 def _send(conn: socket.socket, obj: dict, blob: bytes = b"") -> None:
     try:
-        conn.sendall(wire.encode(obj, blob))
+        wire.send_frame(conn, obj, blob)  # closes a passed descriptor (ContainerConnect)
     except OSError:
         pass

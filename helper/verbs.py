@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from camg.helper_wire import PREFIX, TIMEOUT_MARKER, TRUNCATION_MARKER, WireError, parse
-from helper import paths
+from helper import container_verbs, paths
 from helper.registry import Peer, Registry, SandboxSpec
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -189,7 +189,7 @@ def destroy_sandbox(ctx: Context, peer: Peer, p: SandboxParams, blob: bytes) -> 
 
 def release_all(ctx: Context, peer: Peer, p: NoParams, blob: bytes) -> Result:
     n = sum(ctx.registry.destroy(s) for s in ctx.registry.mine(peer))
-    return {"released": n}, b""
+    return {"released": n, "containers": container_verbs.release_for(ctx, peer)}, b""
 
 
 def list_sandboxes(ctx: Context, peer: Peer, p: NoParams, blob: bytes) -> Result:
@@ -213,6 +213,9 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
     Verb(PREFIX + "ReleaseAll", NoParams, release_all, "Destroy every sandbox of the caller."),
     Verb(PREFIX + "ListSandboxes", NoParams, list_sandboxes, "The caller's sandboxes."),
 )}
+# The container mediator's verbs (helper/container_verbs.py).
+VERBS.update({PREFIX + n: Verb(PREFIX + n, NoParams if prm == "NoParams" else prm, h, doc, bi, bo)
+              for n, prm, h, doc, bi, bo in container_verbs.TABLE})
 
 
 def dispatch(ctx: Context, peer: Peer, verb: object, params: object, blob: bytes) -> Result:

@@ -133,10 +133,34 @@ def _state_entries() -> set[str]:
     return out
 
 
+_docker_api = None
+
+
+def _containers() -> set[str]:
+    """Docker containers of this suite (label camg.helper = a helper's scope).
+
+    Scopes tagged with another live process's pid (test-PID-…) belong to a
+    parallel run and are ignored, like its cgroups.
+    """
+    global _docker_api
+    if not os.path.exists("/var/run/docker.sock"):
+        return set()
+    try:
+        if _docker_api is None:
+            import docker
+            _docker_api = docker.APIClient(base_url="unix:///var/run/docker.sock", timeout=30)
+        found = _docker_api.containers(all=True, filters={"label": ["camg.helper"]})
+    except Exception:  # noqa: BLE001  no dockerd: no container can have leaked
+        return set()
+    return {f"{c['Id'][:12]} ({c['Labels'].get('camg.helper')}, {c['Names'][0] if c['Names'] else ''})"
+            for c in found if not _foreign(c["Labels"].get("camg.helper", ""))}
+
+
 def _snapshot() -> dict:
     watched = {os.getpid()} | _allowed_pids
     return {"mounts": _mounts(), "cgroups": _cgroups(),
-            "procs": {p for w in watched for p in _children(w)}, "state": _state_entries()}
+            "procs": {p for w in watched for p in _children(w)}, "state": _state_entries(),
+            "containers": _containers()}
 
 
 def _leaks(before: dict) -> list[str]:
@@ -151,6 +175,7 @@ def _leaks(before: dict) -> list[str]:
     leaks += [f"cgroup {c}" for c in sorted(now["cgroups"] - before["cgroups"])]
     leaks += [f"process {p}" for p in sorted(now["procs"] - before["procs"] - _allowed_pids)]
     leaks += [f"state entry {s}" for s in sorted(now["state"] - before["state"])]
+    leaks += [f"container {c}" for c in sorted(now["containers"] - before["containers"])]
     return leaks
 
 

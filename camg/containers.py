@@ -1,0 +1,246 @@
+"""Docker containers for environment services, through the helper's mediator.
+
+The service never holds the Docker socket: every operation is a helper verb
+(helper/containers.py), checked against the allowed-images manifest, the
+project's labels and the configured ceilings. See /work/notes/containers-api.md.
+
+    cc = ContainerClient("/run/camg/helper.sock", owner="general")
+    spec = ContainerSpec(image="127.0.0.1:5000/camg/x@sha256:...", command=("python3", "-m", "t"),
+                         cpu=1.0, memory_bytes=2 << 30, pids_max=512)
+    pool = ContainerPool(cc, spec, size=4)
+    c = pool.claim("episode-1")
+    sock = cc.connect(c.id, 8000)          # a socket connected to 127.0.0.1:8000 inside c
+    ...
+    cc.remove(c.id)
+
+Containers have no network: ``connect`` is how a service reaches a server
+inside one (the helper connects inside the container's network namespace
+and passes the socket over). Errors are camg.errors classes, as for
+HelperClient; SandboxDied means the container is gone or exited.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Literal
+
+from camg import errors
+from camg import helper_wire as wire
+from camg.helper_client import DEFAULT_SOCKET, ExecResult, HelperClient, error_from_reply
+
+log = logging.getLogger("camg.containers")
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerSpec:
+    """What every container of one kind is created with (a pool's key)."""
+
+    image: str  # REPO@sha256:HEX, listed in the helper's allowed-images manifest
+    cpu: float
+    memory_bytes: int
+    pids_max: int
+    command: tuple[str, ...] = ()  # exec form; empty: the image's CMD
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    workdir: str = ""
+    user: Literal["", "agent", "root"] = ""
+    mount_agent_env: bool = False
+
+    def params(self) -> dict:
+        return {"image": self.image, "cpu": self.cpu, "memory_bytes": self.memory_bytes,
+                "pids_max": self.pids_max, "command": list(self.command), "env": dict(self.env),
+                "workdir": self.workdir, "user": self.user, "mount_agent_env": self.mount_agent_env}
+
+
+@dataclasses.dataclass(frozen=True)
+class Container:
+    id: str
+    image: str
+    episode_id: str
+    pool: bool
+
+
+class ContainerClient:
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, *, owner: str = "default",
+                 helper: HelperClient | None = None) -> None:
+        self.helper = helper or HelperClient(socket_path, owner=owner)
+
+    def pull(self, image: str) -> str:
+        """Make a manifest image present locally; its image id."""
+        return self.helper.call("ContainerPull", {"image": image})[0]["image_id"]
+
+    def create(self, spec: ContainerSpec, *, episode_id: str = "", pool: bool = False) -> Container:
+        r = self.helper.call("ContainerCreate", {**spec.params(), "episode_id": episode_id, "pool": pool})[0]
+        return Container(r["container_id"], r["image"], episode_id, pool)
+
+    def create_raw(self, params: dict) -> dict:
+        """ContainerCreate with exactly these parameters (tests of the refusals)."""
+        return self.helper.call("ContainerCreate", params)[0]
+
+    def connect(self, container_id: str, port: int, *, timeout: float = 10.0) -> socket.socket:
+        """A socket connected to 127.0.0.1:port inside the container.
+
+        Retries while nothing listens yet (the server inside is starting),
+        until ``timeout``; then Unavailable. SandboxDied if the container is gone.
+        """
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            try:
+                return self._connect_once(container_id, port, min(5.0, max(0.1, deadline - time.monotonic())))
+            except errors.Unavailable as exc:
+                if exc.details.get("helper_error") != "connection_refused" or time.monotonic() >= deadline:
+                    raise
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.2)
+
+    def _connect_once(self, container_id: str, port: int, timeout: float) -> socket.socket:
+        h = self.helper
+        sock = h._connect()
+        try:
+            sock.sendall(wire.encode({"verb": wire.PREFIX + "ContainerConnect", "owner": h.owner,
+                                      "params": {"container_id": container_id, "port": port,
+                                                 "timeout": timeout}}))
+            reply, _, fd = wire.read_frame_with_fd(sock, 1 << 20)
+        except (OSError, EOFError, wire.FrameError) as exc:
+            raise errors.Unavailable(f"helper connection failed during ContainerConnect: {exc}") from None
+        finally:
+            sock.close()
+        if reply.get("ok") is not True:
+            if fd >= 0:
+                os.close(fd)
+            raise error_from_reply(reply)
+        if fd < 0:
+            raise errors.InfraFailure("helper: ContainerConnect answered without a descriptor")
+        return socket.socket(fileno=fd)
+
+    def exec(self, container_id: str, command: str, *, user: Literal["agent", "root"] = "agent",
+             cwd: str = "/", env: dict[str, str] | None = None, stdin: bytes = b"",
+             timeout: float = 60, output_limit: int = 12000) -> ExecResult:
+        params = {"container_id": container_id, "command": command, "user": user, "cwd": cwd,
+                  "env": dict(env or {}), "timeout": timeout, "output_limit": output_limit}
+        r = self.helper.call("ContainerExec", params, stdin)[0]
+        return ExecResult(r["exit_code"], r["output"], r["truncated"], r["timed_out"], r["duration"])
+
+    def put_archive(self, container_id: str, dest_dir: str, tar_bytes: bytes) -> None:
+        self.helper.call("ContainerPutArchive", {"container_id": container_id, "dest_dir": dest_dir}, tar_bytes)
+
+    def get_archive(self, container_id: str, path: str) -> bytes:
+        return self.helper.call("ContainerGetArchive", {"container_id": container_id, "path": path})[1]
+
+    def logs(self, container_id: str, *, tail_bytes: int = 65536) -> str:
+        return self.helper.call("ContainerLogs", {"container_id": container_id, "tail_bytes": tail_bytes})[0]["logs"]
+
+    def remove(self, container_id: str) -> bool:
+        """Idempotent: False when the container was already gone."""
+        return self.helper.call("ContainerRemove", {"container_id": container_id})[0]["removed"]
+
+    def list(self) -> list[dict]:
+        return self.helper.call("ContainerList")[0]["containers"]
+
+    def release_all(self) -> int:
+        return self.helper.call("ContainerReleaseAll")[0]["released"]
+
+    def close(self) -> None:
+        self.helper.close()
+
+
+class ContainerPool:
+    """A bounded set of started, never-used containers of one spec, refilled in the background.
+
+    ``claim`` hands one out (or, when the pool is empty, creates one on the
+    spot: a miss, counted). Pool containers carry the label camg.pool=1 and
+    no episode id (labels are fixed at creation): the service records which
+    episode claimed which container. Unclaimed ones are removed by
+    ``close``, and by the helper's release and sweeps like any other.
+    """
+
+    def __init__(self, client: ContainerClient, spec: ContainerSpec, size: int, *,
+                 refill_threads: int = 1, retry_delay: float = 1.0) -> None:
+        if size < 0 or refill_threads < 1:
+            raise ValueError("size >= 0 and refill_threads >= 1")
+        self.client = client
+        self.spec = spec
+        self.size = size
+        self.retry_delay = retry_delay
+        self.ready: collections.deque[Container] = collections.deque()
+        self.cond = threading.Condition()
+        self.inflight = 0
+        self.closed = False
+        self.hits = 0
+        self.misses = 0
+        self.last_error: Exception | None = None
+        self.threads = [threading.Thread(target=self._refill, name=f"container-pool-{i}", daemon=True)
+                        for i in range(refill_threads)]
+        for t in self.threads:
+            t.start()
+
+    def _refill(self) -> None:
+        while True:
+            with self.cond:
+                while not self.closed and len(self.ready) + self.inflight >= self.size:
+                    self.cond.wait()
+                if self.closed:
+                    return
+                self.inflight += 1
+            container = None
+            try:
+                container = self.client.create(self.spec, pool=True)
+                self.last_error = None
+            except errors.CamgError as exc:
+                self.last_error = exc
+                log.warning("container pool refill failed: %s", exc)
+            with self.cond:
+                self.inflight -= 1
+                if container is not None and not self.closed:
+                    self.ready.append(container)
+                    self.cond.notify_all()
+                    continue
+                if container is None and not self.closed:
+                    self.cond.wait(self.retry_delay)  # back off before the next try
+            if container is not None:  # closed meanwhile
+                self._remove(container)
+
+    def claim(self, episode_id: str = "") -> Container:
+        with self.cond:
+            container = self.ready.popleft() if self.ready else None
+            self.cond.notify_all()
+        if container is None:
+            self.misses += 1
+            return self.client.create(self.spec, episode_id=episode_id)
+        self.hits += 1
+        return dataclasses.replace(container, episode_id=episode_id)
+
+    def wait_full(self, timeout: float) -> bool:
+        """Block until the pool holds ``size`` containers (tests, warm-up)."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while len(self.ready) < self.size:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.closed:
+                    return False
+                self.cond.wait(min(left, 0.1))
+        return True
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        for t in self.threads:
+            t.join(timeout=60)
+        with self.cond:
+            left, self.ready = list(self.ready), collections.deque()
+        for container in left:
+            self._remove(container)
+
+    def _remove(self, container: Container) -> None:
+        try:
+            self.client.remove(container.id)
+        except errors.CamgError as exc:  # the helper's release/sweep takes it
+            log.warning("removing pool container %s failed: %s", container.id[:12], exc)

@@ -1,0 +1,53 @@
+"""The helper's configuration of the container mediator (key ``containers``).
+
+Absent, the container verbs answer ``docker_unavailable``: a helper serving
+only sandboxes (Coding, AutoResearch) needs no Docker. Stdlib only, like
+helper/config.py, so a configuration can be checked without the docker SDK.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+SCOPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
+
+
+class ContainerConfigError(ValueError):
+    """Raised by __post_init__; camg.typed.parse reports it under the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerConfig:
+    docker_socket: str = "/var/run/docker.sock"
+    # JSON {"images": ["REGISTRY/REPO@sha256:HEX", ...]}: the only images a
+    # peer may run (re-read when its mtime changes).
+    images_manifest: str = "/etc/camg/container-images.json"
+    # Every container carries camg.helper=<scope>; a start-up sweep and
+    # --sweep remove exactly that scope's containers (tests use their own).
+    scope: str = "system"
+    # The one host path a container may see: a Python environment for the
+    # agent/tool bridge (mimo.agent_environment), mounted read-only.
+    agent_env_source: str = ""
+    agent_env_target: str = "/opt/camg/agent-env"
+    max_cpu: float = 4.0
+    max_memory_bytes: int = 8 << 30
+    max_pids: int = 4096
+    containers_per_peer: int = 256
+    containers_total: int = 512
+    # Seconds any one Docker API call may take (pull excepted).
+    api_timeout: float = 60.0
+    pull_timeout: float = 900.0
+
+    def __post_init__(self) -> None:
+        for name in ("docker_socket", "images_manifest", "agent_env_target"):
+            if not os.path.isabs(getattr(self, name)):
+                raise ContainerConfigError(f"containers.{name}: must be an absolute path")
+        if self.agent_env_source and not os.path.isabs(self.agent_env_source):
+            raise ContainerConfigError("containers.agent_env_source: must be an absolute path")
+        if not SCOPE.match(self.scope):
+            raise ContainerConfigError("containers.scope: 1-40 of [A-Za-z0-9_.-], not starting with . _ -")
+        if min(self.max_cpu, self.max_memory_bytes, self.max_pids, self.containers_per_peer,
+               self.containers_total, self.api_timeout, self.pull_timeout) <= 0:
+            raise ContainerConfigError("containers: every ceiling and timeout must be positive")

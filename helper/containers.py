@@ -1,0 +1,392 @@
+"""The container mediator: Docker through the helper's closed verbs.
+
+Docker access is root-equivalent, so environment daemons never hold the
+Docker socket; they ask the helper, which runs only manifest images pinned
+by digest, with the project's labels, bounded resources, ``--init``, no
+network (each container has only its own loopback), no privilege, no added
+capability, no device and no host path but the configured agent
+environment (read-only). Every other request is refused by a closed error
+name before Docker is called. A container belongs to the peer (uid + owner
+label) that created it; another peer's container is reported as missing.
+
+The service reaches a server inside a container (the transport) with
+ContainerConnect: the helper enters the container's network namespace in a
+throwaway thread (setns on a pidfd of the container's init), connects to
+127.0.0.1:PORT there and hands the connected socket over (SCM_RIGHTS). No
+bridge, no container IP: a container cannot reach the host or another
+container, and the service's unit stays loopback-only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import errno
+import json
+import logging
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Literal
+
+from camg.helper_wire import FdBlob, WireError
+from helper import container_ops as ops
+from helper.container_config import ContainerConfig
+
+log = logging.getLogger("camg.helper")
+_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]{0,254}@sha256:[0-9a-f]{64}$")
+_ID = re.compile(r"^[0-9a-f]{64}$")
+_EPISODE = re.compile(r"^[A-Za-z0-9._:-]{0,128}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+def _empty() -> Mapping[str, str]:
+    return _EMPTY
+
+
+# -- wire parameters -----------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PullParams:
+    image: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateParams:
+    image: str
+    cpu: float
+    memory_bytes: int
+    pids_max: int
+    episode_id: str = ""
+    command: tuple[str, ...] = ()  # exec form; empty: the image's CMD
+    env: Mapping[str, str] = dataclasses.field(default_factory=_empty)
+    workdir: str = ""
+    user: Literal["", "agent", "root"] = ""  # "": the image's USER
+    mount_agent_env: bool = False
+    pool: bool = False  # a warm-pool container: no episode yet
+    labels: Mapping[str, str] = dataclasses.field(default_factory=_empty)
+    # These exist only so that asking for them gets a named refusal.
+    network: str = "none"
+    privileged: bool = False
+    cap_add: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    binds: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerParams:
+    container_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectParams:
+    container_id: str
+    port: int
+    timeout: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecParams:
+    container_id: str
+    command: str
+    user: Literal["agent", "root"] = "agent"
+    cwd: str = "/"
+    env: Mapping[str, str] = dataclasses.field(default_factory=_empty)
+    timeout: float = 60.0
+    output_limit: int = 12000
+
+
+@dataclasses.dataclass(frozen=True)
+class PutArchiveParams:
+    container_id: str
+    dest_dir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GetArchiveParams:
+    container_id: str
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LogsParams:
+    container_id: str
+    tail_bytes: int = 65536
+
+
+@dataclasses.dataclass
+class Held:
+    """A container this helper instance created and still holds."""
+
+    id: str
+    uid: int
+    owner: str
+    image: str
+    episode_id: str
+    pool: bool
+    created_at: float
+    pidfd: int
+
+
+# -- the mediator -----------------------------------------------------------------
+
+class Mediator:
+    def __init__(self, cfg: ContainerConfig, *, agent_uid: int, agent_gid: int,
+                 archive_bytes: int, output_bytes: int, timeout: float, command_bytes: int) -> None:
+        self.cfg = cfg
+        self.agent = f"{agent_uid}:{agent_gid}"
+        self.archive_bytes = archive_bytes
+        self.output_bytes = output_bytes
+        self.timeout = timeout
+        self.command_bytes = command_bytes
+        # A fresh id per helper instance: the start-up sweep removed every
+        # container of this scope, so all that carry it were made by us.
+        self.boot = secrets.token_hex(8)
+        self.docker = ops.Docker(cfg)
+        self.lock = threading.Lock()
+        self.held: dict[str, Held] = {}
+        self._manifest: tuple[float, frozenset[str]] = (-1.0, frozenset())
+
+    # -- admission --------------------------------------------------------
+
+    def allowed_images(self) -> frozenset[str]:
+        path = self.cfg.images_manifest
+        try:
+            mtime = os.stat(path).st_mtime
+            if mtime == self._manifest[0]:
+                return self._manifest[1]
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            images = data["images"] if isinstance(data, dict) else None
+            if not isinstance(images, list) or not all(isinstance(i, str) and _IMAGE.match(i) for i in images):
+                raise ValueError('expected {"images": ["REPO@sha256:HEX", ...]}')
+        except (OSError, ValueError, KeyError) as exc:
+            raise WireError("not_allowed", f"no image is allowed: manifest {path} unreadable: {exc}") from None
+        self._manifest = (mtime, frozenset(images))
+        return self._manifest[1]
+
+    def check_image(self, image: str) -> str:
+        if not isinstance(image, str) or not _IMAGE.match(image):
+            raise WireError("not_allowed", "image: must be a digest-pinned reference REPO@sha256:HEX")
+        if image not in self.allowed_images():
+            raise WireError("not_allowed", f"image {image[:200]!r} is not in the allowed-images manifest")
+        return image
+
+    def labels_for(self, peer, p: CreateParams) -> dict[str, str]:
+        labels = {"camg.helper": self.cfg.scope, "camg.boot": self.boot, "camg.service": peer.owner,
+                  "camg.uid": str(peer.uid), "camg.episode": p.episode_id,
+                  "camg.pool": "1" if p.pool else "0"}
+        for key, value in p.labels.items():
+            if labels.get(key) != value:
+                raise WireError("not_allowed", f"label {key[:100]!r}: only the project's labels with "
+                                "their true values may be set")
+        return labels
+
+    def check_create(self, peer, p: CreateParams) -> dict:
+        cfg = self.cfg
+        if p.privileged:
+            raise WireError("not_allowed", "privileged containers are not allowed")
+        if p.cap_add:
+            raise WireError("not_allowed", "adding capabilities is not allowed")
+        if p.devices:
+            raise WireError("not_allowed", "devices are not allowed")
+        if p.binds:
+            raise WireError("not_allowed", "host bind mounts are not allowed (mount_agent_env is the only one)")
+        if p.network != "none":
+            raise WireError("not_allowed", "network: only 'none' (reach the container with ContainerConnect)")
+        if p.mount_agent_env and not cfg.agent_env_source:
+            raise WireError("not_allowed", "mount_agent_env: no agent environment is configured")
+        if not 0.01 <= p.cpu <= cfg.max_cpu:
+            raise WireError("limit_exceeded", f"cpu: must be within [0.01, {cfg.max_cpu}]")
+        if not 6 << 20 <= p.memory_bytes <= cfg.max_memory_bytes:
+            raise WireError("limit_exceeded", f"memory_bytes: must be within [6 MiB, {cfg.max_memory_bytes}]")
+        if not 8 <= p.pids_max <= cfg.max_pids:
+            raise WireError("limit_exceeded", f"pids_max: must be within [8, {cfg.max_pids}]")
+        if not _EPISODE.match(p.episode_id):
+            raise WireError("bad_request", "episode_id: at most 128 of [A-Za-z0-9._:-]")
+        if any("\0" in a for a in p.command) or sum(len(a.encode()) for a in p.command) > self.command_bytes:
+            raise WireError("limit_exceeded", f"command: at most {self.command_bytes} bytes without NUL")
+        if p.workdir and not (p.workdir.startswith("/") and "\0" not in p.workdir and len(p.workdir) < 4096):
+            raise WireError("bad_request", "workdir: an absolute path")
+        check_env(p.env)
+        labels = self.labels_for(peer, p)
+        return labels
+
+    def admit(self, peer) -> None:
+        """Called with self.lock held."""
+        if len(self.held) >= self.cfg.containers_total:
+            raise WireError("at_capacity", f"the helper holds {self.cfg.containers_total} containers already")
+        mine = sum(1 for h in self.held.values() if (h.uid, h.owner) == (peer.uid, peer.owner))
+        if mine >= self.cfg.containers_per_peer:
+            raise WireError("at_capacity", f"this peer holds {self.cfg.containers_per_peer} containers already")
+
+    # -- lifecycle --------------------------------------------------------
+
+    def create(self, peer, p: CreateParams) -> Held:
+        image = self.check_image(p.image)
+        labels = self.check_create(peer, p)
+        token = secrets.token_hex(6)
+        with self.lock:
+            self.admit(peer)
+            self.held[token] = Held(token, peer.uid, peer.owner, image, p.episode_id, p.pool, 0.0, -1)
+        try:
+            user = {"": "", "agent": self.agent, "root": "0:0"}[p.user]
+            mounts = {}
+            if p.mount_agent_env:
+                mounts[self.cfg.agent_env_source] = {"bind": self.cfg.agent_env_target, "mode": "ro"}
+            name = f"camg-{self.cfg.scope}-{peer.owner}-{token}"[:120]
+            cid, pid = self.docker.run(name=name, image=image, command=list(p.command), env=dict(p.env),
+                                       workdir=p.workdir, user=user, labels=labels, cpu=p.cpu,
+                                       memory=p.memory_bytes, pids=p.pids_max, binds=mounts)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self.docker.remove(cid)
+                raise WireError("sandbox_died", "the container exited as soon as it started") from None
+            held = Held(cid, peer.uid, peer.owner, image, p.episode_id, p.pool, time.time(), pidfd)
+            with self.lock:
+                self.held[cid] = held
+            return held
+        finally:
+            with self.lock:
+                self.held.pop(token, None)
+
+    def get(self, peer, container_id: str) -> Held:
+        if not isinstance(container_id, str) or not _ID.match(container_id):
+            raise WireError("bad_request", "container_id: the 64-hex id ContainerCreate returned")
+        with self.lock:
+            held = self.held.get(container_id)
+        # Someone else's container is reported exactly like a missing one.
+        if held is None or (held.uid, held.owner) != (peer.uid, peer.owner):
+            raise WireError("not_found", f"no container {container_id[:12]} for this peer")
+        return held
+
+    def remove(self, held: Held) -> bool:
+        gone = self.docker.remove(held.id)
+        with self.lock:
+            if self.held.pop(held.id, None) is not None and held.pidfd >= 0:
+                os.close(held.pidfd)
+        return gone
+
+    def mine(self, peer) -> list[Held]:
+        with self.lock:
+            return [h for h in self.held.values()
+                    if (h.uid, h.owner) == (peer.uid, peer.owner) and h.pidfd >= 0]
+
+    def release_all(self, peer) -> int:
+        """Every container of this peer: those held, and any the labels name."""
+        n = sum(self.remove(h) for h in self.mine(peer))
+        n += self.docker.remove_labelled({"camg.helper": self.cfg.scope, "camg.service": peer.owner,
+                                          "camg.uid": str(peer.uid)})
+        return n
+
+    def connect(self, held: Held, port: int, timeout: float) -> socket.socket:
+        if not 1 <= port <= 65535:
+            raise WireError("bad_request", "port: within [1, 65535]")
+        if not 0 < timeout <= 60:
+            raise WireError("limit_exceeded", "timeout: within (0, 60]")
+        if ops.pid_exited(held.pidfd):
+            raise WireError("sandbox_died", f"container {held.id[:12]} is not running")
+        return connect_in_netns(held.pidfd, port, timeout)
+
+
+def check_env(env: Mapping[str, str]) -> None:
+    if len(env) > 256:
+        raise WireError("limit_exceeded", "env: at most 256 entries")
+    for k, v in env.items():
+        if not _ENV_NAME.match(k) or "\0" in v or len(v) > 65536:
+            raise WireError("bad_request", f"env: invalid entry {k[:64]!r}")
+
+
+def connect_in_netns(pidfd: int, port: int, timeout: float) -> socket.socket:
+    """A TCP socket connected to 127.0.0.1:port in the network namespace of pidfd's process.
+
+    setns(CLONE_NEWNET) changes only the calling thread, and this thread
+    ends right after: the helper's other threads never leave the host's
+    namespace. A socket keeps the namespace it was created in.
+    """
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            if _libc.setns(pidfd, _CLONE_NEWNET) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, os.strerror(e))
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(timeout)
+                sock.connect(("127.0.0.1", port))
+                sock.settimeout(None)
+            except BaseException:
+                sock.close()
+                raise
+            out["sock"] = sock
+        except BaseException as exc:  # handed to the caller's thread
+            out["error"] = exc
+
+    t = threading.Thread(target=run, name="netns-connect")
+    t.start()
+    t.join()
+    err = out.get("error")
+    if isinstance(err, (ConnectionRefusedError, TimeoutError, socket.timeout)):
+        raise WireError("connection_refused", f"nothing accepts on 127.0.0.1:{port} in the container")
+    if isinstance(err, OSError) and err.errno in (errno.ESRCH, errno.EINVAL):
+        raise WireError("sandbox_died", "the container's init is gone")
+    if err is not None:
+        raise err
+    return out["sock"]
+
+
+# -- process-wide instance and the sweep -----------------------------------------
+
+_mediator: Mediator | None = None
+_mediator_lock = threading.Lock()
+
+
+def mediator(config) -> Mediator:
+    """The helper's mediator, made on first use from its HelperConfig."""
+    global _mediator
+    if config.containers is None:
+        raise WireError("docker_unavailable", "this helper has no containers configuration")
+    with _mediator_lock:
+        if _mediator is None:
+            c = config.ceilings
+            _mediator = Mediator(config.containers, agent_uid=config.agent_uid, agent_gid=config.agent_gid,
+                                 archive_bytes=c.archive_bytes, output_bytes=c.output_bytes,
+                                 timeout=c.timeout, command_bytes=c.command_bytes)
+        return _mediator
+
+
+def sweep(config, say: Callable[[str], None]) -> int:
+    """Remove every container and network of this helper's scope (start-up, stop, --sweep).
+
+    Containers of other scopes, and anything without the label, are never
+    looked at. Docker being down is not an error here: there is nothing of
+    ours running without it, and the next sweep tries again.
+    """
+    cfg: ContainerConfig | None = config.containers
+    if cfg is None:
+        return 0
+    try:
+        n = ops.Docker(cfg).sweep_scope(cfg.scope)
+    except WireError as exc:
+        say(f"container sweep skipped: {exc.message}")
+        return 0
+    with _mediator_lock:
+        if _mediator is not None:
+            with _mediator.lock:
+                for held in _mediator.held.values():
+                    if held.pidfd >= 0:
+                        os.close(held.pidfd)
+                _mediator.held.clear()
+    if n:
+        say(f"container sweep removed {n} container(s)/network(s) of scope {cfg.scope}")
+    return n

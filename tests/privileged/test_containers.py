@@ -1,0 +1,223 @@
+"""The container mediator against a real dockerd: refusals, round trip, connect, ownership.
+
+Every container is made through a helper started with a ``containers``
+section; the test image comes back from a loopback registry by digest.
+The leak check (conftest) fails any test that leaves a container of ours.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import socket
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from camg import errors
+from camg.containers import ContainerClient, ContainerSpec
+from camg.helper_client import HelperClient
+from tests.privileged.conftest import helper_config, start_helper, stop_helper
+from tests.privileged.oci_fixtures import registry  # noqa: F401  (module fixture)
+from tests.support import container_image as ci
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/var/run/docker.sock"),
+                                reason="no dockerd (packaging/run-tests.sh starts one)")
+
+PORT = 8123
+
+
+@pytest.fixture(scope="module")
+def image_ref(registry, rootfs):  # noqa: F811
+    api = ci.docker_api()
+    ref = ci.publish_test_image(api, rootfs, registry.address)
+    yield ref
+    ci.remove_image(api, ref)
+    api.close()
+
+
+@pytest.fixture(scope="module")
+def container_helper(image_ref, lower_root, rootfs):
+    base = Path(tempfile.mkdtemp(prefix="camg-containers-test-"))
+    base.chmod(0o711)
+    manifest = ci.write_manifest(base / "images.json", [image_ref])
+    cfg = helper_config(base, lower_root, rootfs, probe_on_start=False,
+                        containers=ci.containers_config(manifest, ci.scope_for("containers"),
+                                                        max_cpu=2.0, max_memory_bytes=1 << 30,
+                                                        max_pids=1024, containers_per_peer=8))
+    helper = start_helper(base, cfg, wait_probes=False)
+    ContainerClient(helper.socket, owner="pull").pull(image_ref)
+    yield helper
+    stop_helper(helper)
+    shutil.rmtree(base)
+
+
+@pytest.fixture
+def cc(container_helper):
+    c = ContainerClient(container_helper.socket, owner=f"t{os.getpid()}")
+    yield c
+    assert container_helper.proc.poll() is None, "the helper died during the test"
+    left = c.list()
+    c.release_all()
+    c.close()
+    assert left == [], f"the test left containers behind: {left}"
+
+
+def spec(image: str, **kw) -> ContainerSpec:
+    base = dict(image=image, cpu=0.5, memory_bytes=128 << 20, pids_max=64)
+    base.update(kw)
+    return ContainerSpec(**base)
+
+
+def server_spec(image: str) -> ContainerSpec:
+    return spec(image, command=("perl", "-e", ci.PERL_SERVER, str(PORT)))
+
+
+def tar_of(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+# -- refusals ----------------------------------------------------------------
+
+def _refused(cc: ContainerClient, params: dict, cls: type, name: str) -> None:
+    with pytest.raises(cls) as info:
+        cc.create_raw(params)
+    assert info.value.details["helper_error"] == name, info.value
+
+
+def test_mediator_refuses_what_is_not_allowed(cc, image_ref):
+    ok = spec(image_ref).params()
+    unlisted = image_ref.rsplit("@", 1)[0] + "@sha256:" + "0" * 64
+    _refused(cc, {**ok, "image": unlisted}, errors.PermissionDenied, "not_allowed")
+    _refused(cc, {**ok, "image": "debian:bookworm"}, errors.PermissionDenied, "not_allowed")
+    _refused(cc, {**ok, "privileged": True}, errors.PermissionDenied, "not_allowed")
+    _refused(cc, {**ok, "binds": ["/etc:/host-etc"]}, errors.PermissionDenied, "not_allowed")
+    _refused(cc, {**ok, "cap_add": ["SYS_ADMIN"]}, errors.PermissionDenied, "not_allowed")
+    _refused(cc, {**ok, "devices": ["/dev/kmsg"]}, errors.PermissionDenied, "not_allowed")
+    _refused(cc, {**ok, "network": "host"}, errors.PermissionDenied, "not_allowed")
+    _refused(cc, {**ok, "mount_agent_env": True}, errors.PermissionDenied, "not_allowed")
+    _refused(cc, {**ok, "labels": {"camg.service": "coding"}}, errors.PermissionDenied, "not_allowed")
+    _refused(cc, {**ok, "labels": {"com.example.owner": "x"}}, errors.PermissionDenied, "not_allowed")
+    _refused(cc, {**ok, "memory_bytes": 2 << 30}, errors.BadRequest, "limit_exceeded")
+    _refused(cc, {**ok, "cpu": 3.0}, errors.BadRequest, "limit_exceeded")
+    _refused(cc, {**ok, "pids_max": 100000}, errors.BadRequest, "limit_exceeded")
+    _refused(cc, {**ok, "security_opt": ["seccomp=unconfined"]}, errors.BadRequest, "bad_request")
+    _refused(cc, {**ok, "episode_id": "../x y"}, errors.BadRequest, "bad_request")
+    assert cc.list() == []
+
+
+def test_true_labels_may_be_repeated(cc, image_ref):
+    c = cc.create_raw({**spec(image_ref).params(), "episode_id": "ep-1",
+                       "labels": {"camg.service": f"t{os.getpid()}", "camg.episode": "ep-1"}})
+    [listed] = cc.list()
+    assert listed["container_id"] == c["container_id"] and listed["episode_id"] == "ep-1"
+    assert cc.remove(c["container_id"]) is True
+
+
+# -- an accepted container ------------------------------------------------------
+
+def test_round_trip_create_exec_copy_remove(cc, image_ref):
+    c = cc.create(spec(image_ref), episode_id="ep-round")
+    info = ci.docker_api().inspect_container(c.id)
+    host = info["HostConfig"]
+    assert host["Init"] is True and host["NetworkMode"] == "none" and host["Privileged"] is False
+    assert host["Memory"] == 128 << 20 and host["PidsLimit"] == 64 and host["NanoCpus"] == 5 * 10**8
+    assert not host["Binds"] and not host["CapAdd"] and "no-new-privileges" in host["SecurityOpt"]
+    labels = info["Config"]["Labels"]
+    assert labels["camg.episode"] == "ep-round" and labels["camg.service"] == f"t{os.getpid()}"
+    assert labels["camg.uid"] == "0" and labels["camg.helper"] == ci.scope_for("containers")
+
+    r = cc.exec(c.id, "id -u; ls /sys/class/net", user="agent")
+    assert (r.exit_code, r.output.split()) == (0, ["2000", "lo"])  # no network but loopback
+    r = cc.exec(c.id, "cat; echo; exit 3", user="root", stdin=b"from stdin")
+    assert (r.exit_code, r.output) == (3, "from stdin\n")
+
+    cc.exec(c.id, "mkdir -p /work", user="root")
+    cc.put_archive(c.id, "/work", tar_of({"a.txt": b"alpha", "sub/b.txt": b"beta"}))
+    assert cc.exec(c.id, "cat /work/a.txt /work/sub/b.txt").output == "alphabeta"
+    with tarfile.open(fileobj=io.BytesIO(cc.get_archive(c.id, "/work/sub"))) as tar:
+        assert tar.extractfile("sub/b.txt").read() == b"beta"
+    with pytest.raises(errors.NotFound):
+        cc.get_archive(c.id, "/no/such/path")
+
+    assert cc.remove(c.id) is True
+    assert cc.remove(c.id) is False  # idempotent
+    with pytest.raises(errors.NotFound):
+        cc.exec(c.id, "true")
+
+
+def test_exec_output_tail_and_timeout(cc, image_ref):
+    c = cc.create(spec(image_ref))
+    r = cc.exec(c.id, "head -c 50000 /dev/zero | tr '\\0' a; printf END", output_limit=1000)
+    assert r.truncated and r.output.endswith("a" * 997 + "END") and r.output.startswith("[output truncated")
+    t0 = time.monotonic()
+    r = cc.exec(c.id, "sleep 30 & sleep 30", timeout=1)
+    assert r.timed_out and r.exit_code == 124 and time.monotonic() - t0 < 10
+    cc.remove(c.id)
+
+
+def test_connect_reaches_the_server_inside(cc, image_ref):
+    c = cc.create(server_spec(image_ref), episode_id="ep-conn")
+    for i in range(3):
+        with cc.connect(c.id, PORT, timeout=15) as sock:
+            assert sock.family == socket.AF_INET
+            sock.sendall(b"hello %d\n" % i)
+            assert sock.makefile("rb").readline() == b"echo:hello %d\n" % i
+    with pytest.raises(errors.Unavailable) as info:
+        cc.connect(c.id, PORT + 1, timeout=0.3)
+    assert info.value.details["helper_error"] == "connection_refused"
+    cc.remove(c.id)
+    with pytest.raises(errors.NotFound):
+        cc.connect(c.id, PORT, timeout=1)
+
+
+def test_connect_to_an_exited_container_is_sandbox_died(cc, image_ref):
+    c = cc.create(spec(image_ref, command=("sleep", "0.3")))
+    time.sleep(1.5)
+    with pytest.raises(errors.SandboxDied):
+        cc.connect(c.id, PORT, timeout=1)
+    cc.remove(c.id)
+
+
+def test_a_peer_sees_only_its_own_containers(cc, container_helper, image_ref):
+    c = cc.create(spec(image_ref))
+    other = ContainerClient(container_helper.socket, owner="someone-else")
+    try:
+        assert other.list() == []
+        for call in (lambda: other.exec(c.id, "true"), lambda: other.connect(c.id, PORT, timeout=1),
+                     lambda: other.get_archive(c.id, "/etc"), lambda: other.logs(c.id)):
+            with pytest.raises(errors.NotFound):
+                call()
+        assert other.remove(c.id) is False
+        assert other.release_all() == 0
+        assert [x["container_id"] for x in cc.list()] == [c.id]
+    finally:
+        other.close()
+    cc.remove(c.id)
+
+
+def test_release_all_verb_removes_containers_too(cc, container_helper, image_ref):
+    for _ in range(2):
+        cc.create(spec(image_ref))
+    # The units' ExecStopPost: python -m camg.helper_client release-all --owner NAME
+    result = HelperClient(container_helper.socket, owner=cc.helper.owner).call("ReleaseAll")[0]
+    assert result == {"released": 0, "containers": 2}
+    assert cc.list() == []
+
+
+def test_capacity_per_peer(cc, image_ref):
+    made = [cc.create(spec(image_ref)) for _ in range(8)]
+    with pytest.raises(errors.AtCapacity):
+        cc.create(spec(image_ref))
+    for c in made:
+        cc.remove(c.id)
