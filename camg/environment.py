@@ -83,6 +83,11 @@ class Episode(abc.ABC):
         """Extra, environment-specific state shown by GET /episodes/{id}."""
         return {}
 
+    def outcome(self) -> Mapping[str, Any]:
+        """Extra fields for the episode's outcome record (e.g. Coding's
+        ``integrity`` verdict); called once, after grading or failure."""
+        return {}
+
 
 class Environment(abc.ABC):
     """An environment service's domain object; one per service process."""

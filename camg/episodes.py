@@ -304,6 +304,11 @@ class EpisodeManager:
             | {"wall_s": round(time.monotonic() - rec.started, 6)},
             "config_hash": self.config_hash,
         }
+        if rec.episode is not None:
+            try:
+                record.update({k: v for k, v in rec.episode.outcome().items() if k not in record})
+            except Exception:  # extra fields must never cost the record itself
+                log.exception("outcome fields of the episode failed", **rec.fields)
         self.outcomes.trajectory(rec.episode_id, {"event": "end", "step": rec.step_count,
                                                   "action": action, "observation": body["observation"],
                                                   "reward": rec.reward,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import secrets
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from camg import errors
 from camg.environment import Episode, Step
 
 from camg.helper_client import HelperClient
-from daemons.coding import grading, layers, mirrors, profiles, rows
+from daemons.coding import grading, integrity, layers, mirrors, profiles, rows
 from daemons.coding.settings import Settings
 
 log = logging.getLogger("camg.coding")
@@ -163,24 +164,30 @@ class CodingEpisode(Episode):
             self.report = grading.Report(False, self.diff_problem)
             return 0.0
         kept, dropped = grading.filter_diff(self.diff)
+        findings = integrity.screen(self.diff)
         try:
-            result = self._run_grader(kept)
+            self.report = self._run_grader(kept, dropped, findings)
         except errors.GraderError:
             raise
         except errors.InfraFailure as exc:
             # Whatever broke (sandbox died, helper gone), no honest grade exists.
             raise errors.GraderError(f"grader sandbox: {exc}") from None
-        self.report = grading.evaluate(result.output, self.task.row, exit_code=result.exit_code,
-                                       timed_out=result.timed_out, dropped=dropped)
-        log.info("graded: %s (reward %.1f, %d F2P and %d P2P failed, dropped %s)",
-                 self.report.reason, self.report.reward, len(self.report.fail_to_pass_failed),
-                 len(self.report.pass_to_pass_failed), list(dropped) or "nothing",
-                 extra=self.fields)
+        log.info("graded: %s (reward %.1f, integrity %s, %d F2P and %d P2P failed, dropped %s)",
+                 self.report.reason, self.report.reward, self.report.integrity,
+                 len(self.report.fail_to_pass_failed), len(self.report.pass_to_pass_failed),
+                 list(dropped) or "nothing", extra=self.fields)
+        if self.report.integrity != "ok":
+            log.warning("tampering: %s", list(self.report.evidence), extra=self.fields)
         return self.report.reward
 
-    def _run_grader(self, diff: bytes):
-        script = grading.eval_script(self.task.profile, self.task.ref.tests)
-        timeout = self.settings.grade_timeout or self.task.profile.timeout
+    def _run_grader(self, diff: bytes, dropped, findings) -> grading.Report:
+        profile = self.task.profile
+        script = grading.eval_script(profile, self.task.ref.tests)
+        timeout = self.settings.grade_timeout or profile.timeout
+        # A fresh key per grade; it reaches the guard through the environment
+        # only (the script text is world-readable in /proc).
+        key = secrets.token_hex(16).encode()
+        env = {**self.exec_env, "CAMG_GUARD_KEY": key.decode()}
         grader = self._create([self.task.image.rootfs, self.task.layers.grader])
         with self._lock:
             self.grader = grader
@@ -188,9 +195,20 @@ class CodingEpisode(Episode):
         try:
             if closed:
                 raise errors.GraderError("episode closed during grading")
-            return self._call(self.helper.exec, grader, script, user="agent", cwd=WORKDIR,
-                              env=self.exec_env, stdin=diff, timeout=timeout,
-                              output_limit=GRADE_OUTPUT_LIMIT)
+            result = self._call(self.helper.exec, grader, script, user="agent", cwd=WORKDIR,
+                                env=env, stdin=diff, timeout=timeout,
+                                output_limit=GRADE_OUTPUT_LIMIT)
+            report = grading.evaluate(result.output, self.task.row, exit_code=result.exit_code,
+                                      timed_out=result.timed_out, key=key, dropped=dropped,
+                                      findings=findings)
+            if report.none_collected and not report.resolved:
+                # None of the listed tests was collected: the agent broke
+                # collection (0.0), or the grader cannot collect them at all.
+                check = self._call(self.helper.exec, grader, grading.collect_script(profile),
+                                   user="agent", cwd=WORKDIR, env=env, timeout=timeout,
+                                   output_limit=GRADE_OUTPUT_LIMIT)
+                grading.require_collectable(check.output, key, self.task.row)
+            return report
         finally:
             with self._lock:
                 self.grader = None
@@ -204,13 +222,20 @@ class CodingEpisode(Episode):
         for sandbox in sandboxes:
             self._destroy_quietly(sandbox)
 
+    def outcome(self) -> Mapping[str, Any]:
+        if self.report is None:
+            return {}
+        return self.report.outcome()
+
     def state(self) -> Mapping[str, Any]:
         body: dict[str, Any] = {"steps": self.steps, "finished": self.terminal is not None}
         if self.report is not None:
             body["grade"] = {"reason": self.report.reason, "resolved": self.report.resolved,
                              "fail_to_pass_failed": list(self.report.fail_to_pass_failed),
                              "pass_to_pass_failed": list(self.report.pass_to_pass_failed),
-                             "dropped_paths": list(self.report.dropped_paths)}
+                             "dropped_paths": list(self.report.dropped_paths),
+                             "integrity": self.report.integrity,
+                             "integrity_evidence": list(self.report.evidence)}
         return body
 
     # -- helper plumbing --------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import json
 import os
 import re
 import shlex
@@ -38,7 +39,8 @@ EXIT_STATE = 91
 # collects or how Python starts (a sitecustomize or .pth runs before any test).
 _PROTECTED_DIRS = ("test", "tests", "testing")
 _PROTECTED_NAMES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
-                    ".pytest.ini", "noxfile.py", "sitecustomize.py", "usercustomize.py")
+                    ".pytest.ini", "pytest.toml", ".pytest.toml", "noxfile.py",
+                    "sitecustomize.py", "usercustomize.py")
 _PROTECTED_GLOBS = ("test_*.py", "*_test.py", "*.pth")
 # Build and cache artifacts the agent's test runs leave behind; never a fix.
 DIFF_EXCLUDES = ("**/__pycache__/**", "**/*.pyc", "**/.pytest_cache/**", "**/*.egg-info/**")
@@ -82,15 +84,20 @@ _SECTION = re.compile(rb"^diff --git ", re.M)
 _PATH_LINES = (b"--- ", b"+++ ", b"rename from ", b"rename to ", b"copy from ", b"copy to ")
 
 
+def split_sections(diff: bytes) -> list[bytes]:
+    """The ``diff --git`` file sections of ``diff``, in order."""
+    starts = [m.start() for m in _SECTION.finditer(diff)]
+    return [diff[b:e] for b, e in zip(starts, starts[1:] + [len(diff)])]
+
+
 def filter_diff(diff: bytes) -> tuple[bytes, list[str]]:
     """Drop every file section of ``diff`` that touches a protected path."""
     starts = [m.start() for m in _SECTION.finditer(diff)]
     if not starts:
         return b"", []
     kept, dropped = [diff[:starts[0]]] if starts[0] else [], []
-    for begin, end in zip(starts, starts[1:] + [len(diff)]):
-        section = diff[begin:end]
-        paths = _section_paths(section)
+    for section in split_sections(diff):
+        paths = section_paths(section)
         touched = [p for p in paths if is_protected(p)]
         if touched:
             dropped.append(touched[0])
@@ -99,7 +106,7 @@ def filter_diff(diff: bytes) -> tuple[bytes, list[str]]:
     return b"".join(kept), dropped
 
 
-def _section_paths(section: bytes) -> list[str]:
+def section_paths(section: bytes) -> list[str]:
     lines = section.split(b"\n")
     header = lines[0][len(b"diff --git "):]
     paths = []
@@ -163,31 +170,81 @@ def _unquote(data: bytes) -> tuple[str, bytes]:
 
 # --- the evaluation script ----------------------------------------------------
 
-def eval_script(profile: Profile, tests_commit: str) -> str:
-    """The bash script the grader sandbox runs; the diff arrives on stdin."""
-    protected_case = "|".join(
-        [f"*/{d}/*" for d in _PROTECTED_DIRS]
-        + [f"*/{n}" for n in _PROTECTED_NAMES]
-        + [f"*/{g}" for g in _PROTECTED_GLOBS])
-    start, end = ">>>>> Start Test Output", ">>>>> End Test Output"
+EXIT_RUNNER = 92
+GUARD_OUT = "/tmp/camg-guard.jsonl"
+CHANGED_LIST = "/tmp/camg-changed"
+#: where grader layers hold guard/camg_guard.py (root-owned)
+GUARD_DIR = "/opt/camg-grader"
+GUARD_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard")
+
+
+def _preamble(profile: Profile, guard_dir: str) -> str:
+    """Shell shared by the eval and pristine-collection scripts.
+
+    Git runs with no system/global configuration, no hooks, no fsmonitor,
+    no filters from the repository's attributes. The test command gets the
+    grader's plugin first (-p camg_guard from ``guard_dir``) and plugin
+    autoloading off; the guard restores the variables it changed for any
+    child process.
+    """
+    workdir = shlex.quote(profile.workdir)
     return f"""#!/bin/bash
 exec 2>&1
 set -uo pipefail
-export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
-git() {{ command git -c safe.directory='*' -c core.hooksPath=/dev/null "$@"; }}
-cd {shlex.quote(profile.workdir)} || exit {EXIT_SETUP}
-cat > {DIFF_PATH} || exit {EXIT_SETUP}
-head=$(git rev-parse HEAD) || exit {EXIT_STATE}
-[ "$head" = {shlex.quote(tests_commit)} ] || {{ echo "camg: grader repo at $head"; exit {EXIT_STATE}; }}
-# Untracked files before the diff is applied (an image's build artifacts can
-# show through under /testbed): only files the diff creates are ever removed.
+export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1
+git() {{ command git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false \
+  -c core.attributesFile=/dev/null -c diff.external= "$@"; }}
+cd {workdir} || exit {EXIT_SETUP}
+orig() {{ if [ -n "${{!1+x}}" ]; then printf '%s' "${{!1}}"; else printf 'camg:unset'; fi; }}
+export CAMG_GUARD_ORIG_PYTEST_ADDOPTS="$(orig PYTEST_ADDOPTS)"
+export CAMG_GUARD_ORIG_PYTEST_DISABLE_PLUGIN_AUTOLOAD="$(orig PYTEST_DISABLE_PLUGIN_AUTOLOAD)"
+export CAMG_GUARD_ORIG_PYTHONPATH="$(orig PYTHONPATH)"
+base_addopts="-p {GUARD_MODULE_NAME}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}"
+export PYTEST_ADDOPTS="$base_addopts" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+export PYTHONPATH={shlex.quote(guard_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"
+export CAMG_GUARD_WORKDIR={workdir} CAMG_GUARD_OUT={GUARD_OUT} CAMG_GUARD_CHANGED={CHANGED_LIST}
 before=/tmp/camg-untracked-before
-git ls-files --others -z | sort -z > "$before" || exit {EXIT_STATE}
 created() {{ git ls-files --others -z | sort -z | comm -z -13 "$before" -; }}
 pristine() {{
   git checkout -q -f HEAD -- . || return 1
   created | xargs -0 -r rm -f -- || return 1
 }}
+show_channel() {{ echo; cat {GUARD_OUT} 2>/dev/null; rm -f {GUARD_OUT}; }}
+"""
+
+
+GUARD_MODULE_NAME = "camg_guard"
+
+
+def eval_script(profile: Profile, tests_commit: str, guard_dir: str = GUARD_DIR) -> str:
+    """The bash script the grader sandbox runs; the diff arrives on stdin.
+
+    The guard's key arrives in the exec environment (CAMG_GUARD_KEY), never
+    in the script text (which any process can read from /proc).
+    """
+    protected_case = "|".join(
+        [f"*/{d}/*" for d in _PROTECTED_DIRS]
+        + [f"*/{n}" for n in _PROTECTED_NAMES]
+        + [f"*/{g}" for g in _PROTECTED_GLOBS])
+    start, end = ">>>>> Start Test Output", ">>>>> End Test Output"
+    return _preamble(profile, guard_dir) + f"""cat > {DIFF_PATH} || exit {EXIT_SETUP}
+head=$(git rev-parse HEAD) || exit {EXIT_STATE}
+[ "$head" = {shlex.quote(tests_commit)} ] || {{ echo "camg: grader repo at $head"; exit {EXIT_STATE}; }}
+# Untracked files before the diff is applied (an image's build artifacts can
+# show through under /testbed): only files the diff creates are ever removed.
+git ls-files --others -z | sort -z > "$before" || exit {EXIT_STATE}
+: > {CHANGED_LIST}
+# The grader's own environment, on the pristine tree: the test command's
+# interpreter and runner must start (the guard answers and exits).
+rm -f {GUARD_OUT}
+( export CAMG_GUARD_MODE=probe; {profile.test_cmd} ) > /tmp/camg-probe.log 2>&1
+probe=$?
+if [ $probe -ne 0 ] || ! grep -q '"t":"hello"' {GUARD_OUT} 2>/dev/null; then
+  echo "camg: the test command did not start on the pristine tree (exit $probe)"
+  tail -c 3000 /tmp/camg-probe.log
+  exit {EXIT_RUNNER}
+fi
+show_channel
 protected() {{ case "/$1" in {protected_case}) return 0;; esac; return 1; }}
 if [ -s {DIFF_PATH} ]; then
   applied=""
@@ -206,10 +263,28 @@ created | while IFS= read -r -d '' f; do
   case "$f" in *.rej|*.orig) rm -f -- "$f"; continue;; esac
   if protected "$f"; then echo "camg: removing $f"; rm -f -- "$f"; fi
 done || exit {EXIT_STATE}
+{{ git diff --name-only -z HEAD; created; }} > {CHANGED_LIST} || exit {EXIT_STATE}
 set -x
 : '{start}'
 {profile.test_cmd}
 : '{end}'
+{{ set +x; }} 2>/dev/null
+show_channel
+"""
+
+
+def collect_script(profile: Profile, guard_dir: str = GUARD_DIR) -> str:
+    """Run after an eval script in the same sandbox: back to the pristine
+    tree, collect only. Tells an agent that broke collection (0.0) from a
+    grader that cannot collect the listed tests at all (GraderError)."""
+    return _preamble(profile, guard_dir) + f"""pristine || exit {EXIT_STATE}
+: > {CHANGED_LIST}
+export PYTEST_ADDOPTS="$base_addopts --collect-only -q"
+rm -f {GUARD_OUT}
+{profile.test_cmd} > /tmp/camg-collect.log 2>&1
+echo "camg: collect-only exit $?"
+tail -c 2000 /tmp/camg-collect.log
+show_channel
 """
 
 
@@ -222,10 +297,19 @@ class Report:
     fail_to_pass_failed: tuple[str, ...] = ()
     pass_to_pass_failed: tuple[str, ...] = ()
     dropped_paths: tuple[str, ...] = ()
+    integrity: str = "ok"             # "ok" or "tampered"
+    evidence: tuple[dict, ...] = ()   # {rule, path, detail} per finding
+    none_collected: bool = False      # the run collected none of the listed tests
 
     @property
     def reward(self) -> float:
-        return 1.0 if self.resolved else 0.0
+        return 1.0 if self.resolved and self.integrity == "ok" else 0.0
+
+    def outcome(self) -> dict:
+        body = {"integrity": self.integrity, "grade_reason": self.reason}
+        if self.evidence:
+            body["integrity_evidence"] = list(self.evidence)
+        return body
 
 
 def preload() -> None:
@@ -234,49 +318,99 @@ def preload() -> None:
     import swebench.harness.test_spec.test_spec  # noqa: F401
 
 
-def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool,
-             dropped: list[str] | tuple[str, ...] = ()) -> Report:
-    """Grade one eval-script run; GraderError when no honest grade exists."""
+def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
+             dropped: list[str] | tuple[str, ...] = (), findings=()) -> Report:
+    """Grade one eval-script run; GraderError when no honest grade exists.
+
+    ``findings`` are the diff screen's (integrity.screen); the guard's
+    channel in ``log`` is checked against swebench's parse of the log.
+    """
     from swebench.harness.constants import (APPLY_PATCH_FAIL, END_TEST_OUTPUT, FAIL_TO_PASS,
                                             PASS_TO_PASS, START_TEST_OUTPUT, ResolvedStatus)
     from swebench.harness.grading import (get_eval_tests_report, get_logs_eval,
                                           get_resolution_status)
     from swebench.harness.test_spec.test_spec import TestSpec
 
+    from daemons.coding import integrity
+
     dropped = tuple(dropped)
+    findings = list(findings)
+    listed = list(row.fail_to_pass) + list(row.pass_to_pass)
+
+    def done(resolved, reason, f2p=(), p2p=(), none_collected=False):
+        unique = dict.fromkeys(json.dumps(f.to_data(), sort_keys=True) for f in findings)
+        return Report(resolved, reason, tuple(f2p), tuple(p2p), dropped,
+                      "tampered" if findings else "ok",
+                      tuple(json.loads(u) for u in unique), none_collected)
+
+    if exit_code == EXIT_RUNNER and not timed_out:
+        raise GraderError(f"the grader's test command cannot start: {log[-2000:]}")
     if exit_code in (EXIT_SETUP, EXIT_STATE) and not timed_out:
         raise GraderError(f"grader sandbox setup failed (exit {exit_code}): {log[-2000:]}")
+    channel = integrity.read_channel(log, key)
+    if channel.forged:
+        findings.append(integrity.Finding("forged_channel", "-",
+                                          f"{channel.forged} unsigned guard line(s)"))
     if APPLY_PATCH_FAIL in log and START_TEST_OUTPUT not in log:
-        return Report(False, "patch_apply_failed", dropped_paths=dropped)
+        return done(False, "patch_apply_failed")
     if timed_out:
         # SWE-smith: a test run that times out is not resolved.
-        return Report(False, "tests_timed_out", dropped_paths=dropped)
+        return done(False, "tests_timed_out")
     if START_TEST_OUTPUT not in log or END_TEST_OUTPUT not in log:
         raise GraderError(f"grader log lacks the test output markers (exit {exit_code}): "
                           f"{log[-2000:]}")
+    test_part = log[log.index(START_TEST_OUTPUT):]
+    run = integrity.read_channel(test_part, key)
+    if exit_code in (126, 127) and not run.hello:
+        raise GraderError(f"the test command could not be run after the diff (exit {exit_code})")
     spec = TestSpec(instance_id=row.instance_id, repo=row.repo, version=SWEBENCH_VERSION,
                     repo_script_list=[], eval_script_list=[], env_script_list=[],
                     arch="x86_64", FAIL_TO_PASS=list(row.fail_to_pass),
                     PASS_TO_PASS=list(row.pass_to_pass), language="py", docker_specs={},
                     namespace=None)
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".log") as handle:
-        handle.write(log)
+        handle.write(integrity.strip_channel(log))
         handle.flush()
         status_map, found = get_logs_eval(spec, handle.name)
+    section = test_part[:test_part.index(END_TEST_OUTPUT)] if END_TEST_OUTPUT in test_part \
+        else test_part
+    findings += [f for f in integrity.cross_check(run, status_map if found else {}, listed,
+                                                  exit_code, timed_out, section)
+                 if f.rule != "forged_channel"]
+    none_collected = bool(run.hello) and not (run.collected or set()) & set(listed)
     if not found:
-        return Report(False, "no_test_output", dropped_paths=dropped)
+        return done(False, "no_test_output", none_collected=none_collected)
     report = get_eval_tests_report(status_map, {FAIL_TO_PASS: list(row.fail_to_pass),
                                                 PASS_TO_PASS: list(row.pass_to_pass)})
     resolved = get_resolution_status(report) == ResolvedStatus.FULL.value
-    return Report(resolved, "resolved" if resolved else "tests_failed",
-                  tuple(report[FAIL_TO_PASS]["failure"]), tuple(report[PASS_TO_PASS]["failure"]),
-                  dropped)
+    if resolved and not integrity.all_passed(run, listed):
+        resolved = False
+    return done(resolved, "resolved" if resolved else "tests_failed",
+                report[FAIL_TO_PASS]["failure"], report[PASS_TO_PASS]["failure"],
+                none_collected)
 
 
-def local_eval(script: str, diff: bytes, cwd: str, timeout: float) -> tuple[str, int, bool]:
+def require_collectable(log: str, key: bytes, row: Row) -> None:
+    """After collect_script: GraderError unless the pristine tree collects
+    at least one listed test (else a 0.0 would blame the agent for the
+    grader's environment)."""
+    from daemons.coding import integrity
+    channel = integrity.read_channel(log, key)
+    if not channel.hello:
+        raise GraderError(f"pristine collection did not start the runner: {log[-2000:]}")
+    listed = set(row.fail_to_pass) | set(row.pass_to_pass)
+    if not (channel.collected or set()) & listed:
+        raise GraderError("the grader's test command collects none of the task's tests on "
+                          f"the pristine tree: {log[-2000:]}")
+
+
+def local_eval(script: str, diff: bytes, cwd: str, timeout: float,
+               key: bytes = b"") -> tuple[str, int, bool]:
     """Run the eval script on a local checkout (builder and unit tests only)."""
     import subprocess
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PYTEST", "CAMG_GUARD"))}
+    env["CAMG_GUARD_KEY"] = key.decode()
     try:
         proc = subprocess.run(["bash", "-c", script], input=diff, cwd=cwd, env=env,
                               capture_output=True, timeout=timeout, check=False)

@@ -26,19 +26,16 @@ directory as a lower.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import re
 import os
 import shutil
 import stat
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 
 from camg.errors import ConfigError, PreparationMissing
-from camg.oci.apply import extract_tree
 
 from daemons.coding.mirrors import TaskRef, git
 
@@ -47,7 +44,17 @@ AGENT_GID = 2000
 WORKDIR = "testbed"
 PRIVATE_GIT = "var/lib/camg-task/git"
 STAMP = "camg-layer.json"
-FORMAT = 3
+FORMAT = 4
+GUARD_FILE = "opt/camg-grader/camg_guard.py"      # grading.GUARD_DIR, in the grader layer
+# Git run as root on anything an image or a mirror ships reads none of its
+# configuration that can run a program: no system/global config, no hooks,
+# no fsmonitor, no attributes file; trees are exported blob by blob (no
+# smudge/textconv filters).
+_SAFE_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+                 "GIT_ATTR_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "HOME": "/nonexistent"}
+_SAFE_GIT_ARGS = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
+                  "-c", "core.untrackedCache=false", "-c", "core.attributesFile=/dev/null",
+                  "-c", "safe.directory=*")
 # A fixed identity and date make the snapshot commit a pure function of the
 # tree, so rebuilding a layer reproduces the same commit id.
 _COMMIT_ENV = {
@@ -70,9 +77,18 @@ class TaskLayers:
     snapshot: str       # the agent repo's only commit
 
 
+def guard_digest() -> str:
+    from camg.hashing import sha256_file
+    return sha256_file(_guard_source()).split(":")[-1]
+
+
+def _guard_source() -> Path:
+    return Path(__file__).resolve().parent / "guard" / "camg_guard.py"
+
+
 def layer_dir(root: str | os.PathLike, ref: TaskRef, image_key: str = "") -> Path:
     image = image_key.split(":")[-1][:12] or "none"
-    return Path(root) / ref.branch / f"{ref.tip[:16]}-{image}-v{FORMAT}"
+    return Path(root) / ref.branch / f"{ref.tip[:16]}-{image}-v{FORMAT}-g{guard_digest()[:8]}"
 
 
 def ensure(root: str | os.PathLike, ref: TaskRef, *, build: bool, privileged: bool = True,
@@ -120,6 +136,12 @@ def _verify(base: Path, ref: TaskRef, privileged: bool, image_key: str) -> TaskL
         raise ConfigError(f"{base}: the layer's private git directory does not match")
     if git(grader / WORKDIR, "rev-parse", "HEAD").strip() != ref.tests:
         raise ConfigError(f"{base}: grader layer is not at {ref.tests}")
+    guard = grader / GUARD_FILE
+    from camg.hashing import sha256_file
+    if not guard.is_file() or sha256_file(guard).split(":")[-1] != guard_digest():
+        raise ConfigError(f"{base}: the grader layer's guard plugin is missing or changed")
+    if privileged and (guard.stat().st_uid != 0 or guard.stat().st_mode & 0o022):
+        raise ConfigError(f"{base}: the guard plugin must be root-owned and not writable")
     return TaskLayers(str(agent), str(grader), stamp["snapshot"])
 
 
@@ -161,10 +183,7 @@ def _build(base: Path, ref: TaskRef, privileged: bool, image_rootfs: str | None,
 def _build_agent(layer: Path, ref: TaskRef, privileged: bool) -> tuple[str, str]:
     work = layer / WORKDIR
     work.mkdir(parents=True)
-    archive = subprocess.run(["git", "-c", "safe.directory=*", "-C", ref.mirror, "archive",
-                              "--format=tar", ref.tip], capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        extract_tree(tar, work, what=f"{ref.mirror}@{ref.tip}")
+    export_tree(ref.mirror, ref.tip, work)
     _run(["git", "init", "-q", "--template=", "-b", "main", str(work)])
     # Agents commit; without an identity every `git commit` fails.
     for key, value in (*_REPO_CONFIG, ("user.name", "agent"), ("user.email", "agent@sandbox")):
@@ -209,15 +228,97 @@ def _build_grader(layer: Path, ref: TaskRef, privileged: bool) -> None:
     if privileged:
         _chown_tree(work, AGENT_UID, AGENT_GID)
         _opaque(work / ".git")
+    # The grader's own pytest plugin, root-owned, outside anything the
+    # agent's diff can reach (the diff only ever touches /testbed).
+    guard = layer / GUARD_FILE
+    guard.parent.mkdir(parents=True)
+    shutil.copyfile(_guard_source(), guard)
+    for path in (guard, guard.parent, guard.parent.parent):
+        os.chmod(path, 0o644 if path == guard else 0o755)
+
+
+def export_tree(mirror: str, commit: str, dest: Path) -> None:
+    """Write ``commit``'s tree under ``dest`` from raw blobs.
+
+    Unlike ``git archive`` or a checkout, nothing of the repository's
+    configuration or attributes is applied: no smudge/clean filter, no eol
+    conversion, no export-subst. Paths are checked like an OCI layer's.
+    """
+    env = {**os.environ, **_SAFE_GIT_ENV}
+    listing = subprocess.run(["git", *_SAFE_GIT_ARGS, "-C", mirror, "ls-tree", "-r", "-z",
+                              "--full-tree", commit], capture_output=True, env=env, check=False)
+    if listing.returncode != 0:
+        raise ConfigError(f"{mirror}@{commit}: cannot list the tree: "
+                          f"{listing.stderr.decode(errors='replace').strip()}")
+    entries = []
+    for record in listing.stdout.split(b"\0"):
+        if not record:
+            continue
+        meta, _, raw_path = record.partition(b"\t")
+        mode, kind, sha = meta.decode().split()
+        path = raw_path.decode("utf-8", "surrogateescape")
+        parts = path.split("/")
+        if path.startswith("/") or any(p in ("", ".", "..", ".git") for p in parts):
+            raise ConfigError(f"{mirror}@{commit}: unsafe path {path!r} in the tree")
+        if kind == "commit":
+            continue   # a submodule: git archive leaves it empty too
+        entries.append((mode, sha, parts))
+    batch = subprocess.run(["git", *_SAFE_GIT_ARGS, "-C", mirror, "cat-file", "--batch"],
+                           input=b"".join(sha.encode() + b"\n" for _, sha, _ in entries),
+                           capture_output=True, env=env, check=False)
+    if batch.returncode != 0:
+        raise ConfigError(f"{mirror}@{commit}: cannot read blobs")
+    data, offset = batch.stdout, 0
+    for mode, sha, parts in entries:
+        header_end = data.index(b"\n", offset)
+        size = int(data[offset:header_end].split()[2])
+        body = data[header_end + 1:header_end + 1 + size]
+        offset = header_end + 1 + size + 1
+        target = dest.joinpath(*parts)
+        parent = target.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        if parent.is_symlink() or not parent.resolve().is_relative_to(dest.resolve()):
+            raise ConfigError(f"{mirror}@{commit}: {'/'.join(parts)} goes through a symlink")
+        if mode == "120000":
+            os.symlink(os.fsdecode(body), target)
+        else:
+            target.write_bytes(body)
+            os.chmod(target, 0o755 if mode == "100755" else 0o644)
+
+
+def _image_git(workspace: Path, *args: str) -> subprocess.CompletedProcess:
+    """git on an image's own clone, as root, without its configuration.
+
+    The image's .git/config can name an fsmonitor, hooks, filters or diff
+    drivers; none of it is read: git gets a fresh empty repository of ours
+    as its git dir and only the image's index file (GIT_INDEX_FILE), which
+    can name files but run nothing.
+    """
+    dot_git = workspace / ".git"
+    index = dot_git / "index"
+    for path, want in ((dot_git, stat.S_ISDIR), (index, stat.S_ISREG)):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            raise ConfigError(f"the image's workspace {workspace} has no {path.name}") from None
+        if not want(mode):
+            raise ConfigError(f"the image's {path} is not a plain "
+                              f"{'directory' if want is stat.S_ISDIR else 'file'}")
+    with tempfile.TemporaryDirectory(prefix="camg-image-git.") as empty:
+        subprocess.run(["git", "init", "-q", "--bare", "--template=", empty],
+                       env={**os.environ, **_SAFE_GIT_ENV}, check=True, capture_output=True)
+        env = {**os.environ, **_SAFE_GIT_ENV, "GIT_INDEX_FILE": str(index),
+               "GIT_DIR": empty, "GIT_WORK_TREE": str(workspace)}
+        return subprocess.run(["git", *_SAFE_GIT_ARGS, "-c", "core.bare=false", *args],
+                              cwd=workspace, env=env, capture_output=True, check=False)
 
 
 def image_tracked(image_rootfs: str | os.PathLike) -> list[str]:
     """Files the image's own clone at /testbed tracks (none without a clone)."""
     workspace = Path(image_rootfs) / WORKDIR
-    if not (workspace / ".git").exists():
+    if not os.path.lexists(workspace / ".git"):
         return []
-    out = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(workspace), "ls-files",
-                          "-z"], capture_output=True, check=False)
+    out = _image_git(workspace, "ls-files", "-z")
     if out.returncode != 0:
         raise ConfigError(f"cannot list the image's workspace {workspace}: "
                           f"{out.stderr.decode(errors='replace').strip()}")
@@ -253,8 +354,10 @@ def _exclude_artifacts(private: Path, image_rootfs: str | os.PathLike) -> None:
     has: the whole diff would then fail to apply.
     """
     workspace = Path(image_rootfs) / WORKDIR
-    out = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(workspace), "ls-files",
-                          "--others", "--directory", "-z"], capture_output=True, check=True)
+    out = _image_git(workspace, "ls-files", "--others", "--directory", "-z")
+    if out.returncode != 0:
+        raise ConfigError(f"cannot list the image's build artifacts in {workspace}: "
+                          f"{out.stderr.decode(errors='replace').strip()}")
     entries = [p for p in out.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
     info = private / "info"
     if not info.exists():
@@ -283,7 +386,7 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 
 
 def _run(cmd: list[str], env: dict[str, str] | None = None) -> None:
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**os.environ, **_SAFE_GIT_ENV, **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, env=full_env, check=False)
     if proc.returncode != 0:
         raise ConfigError(f"{' '.join(cmd[:6])}... failed: "

@@ -20,7 +20,11 @@ from daemons.coding.rows import Row
 
 # Mirrors are usually owned by whoever fetched them, not by the service user;
 # git's ownership check would otherwise refuse to read them.
-_GIT = ("git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null")
+_GIT = ("git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null",
+        "-c", "core.fsmonitor=false", "-c", "core.attributesFile=/dev/null")
+# Nothing from the machine's or root's own git configuration either.
+_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_TERMINAL_PROMPT": "0"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +43,7 @@ class TaskRef:
 
 def git(repo: str | os.PathLike, *args: str, input: bytes | None = None) -> str:
     proc = subprocess.run([*_GIT, "-C", str(repo), *args], input=input,
-                          capture_output=True, check=False)
+                          capture_output=True, env={**os.environ, **_GIT_ENV}, check=False)
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, ["git", *args],
                                             proc.stdout, proc.stderr)

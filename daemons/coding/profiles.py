@@ -26,8 +26,11 @@ DEMO_VENV = "/opt/testbed-venv"
 # Same flags as SWE-smith's Python profiles, so the verbose per-test lines the
 # parser reads look the same. No cache provider: the grader's repo must not
 # grow files the next run could read.
+# The package is importable without PYTHONPATH (the plain image's venv has a
+# testbed.pth for /testbed/src; the SWE-smith-shaped image installs it
+# editable), so the command leaves PYTHONPATH to the grader.
 DEMO_TEST_CMD = (". {venv}/bin/activate; "
-                 "PYTHONPATH=src pytest --disable-warnings --color=no --tb=no --verbose "
+                 "pytest --disable-warnings --color=no --tb=no --verbose "
                  "-p no:cacheprovider")
 SWEBENCH_VERSION = "camg"
 WORKDIR = "/testbed"
@@ -70,7 +73,8 @@ def local_profile(key: str, python: str, workdir: str) -> Profile:
     """The demo profile run by a local interpreter (task builder and unit
     tests without the image): same flags, so the same parser applies."""
     import shlex
-    cmd = (f"PYTHONPATH=src {shlex.quote(python)} -m pytest --disable-warnings --color=no "
+    cmd = (f"PYTHONPATH=src${{PYTHONPATH:+:$PYTHONPATH}} {shlex.quote(python)} -m pytest "
+           "--disable-warnings --color=no "
            "--tb=no --verbose -p no:cacheprovider")
     return Profile(key=key, test_cmd=cmd, parser=parse_pytest_verbose, timeout=300.0,
                    source="demo", workdir=workdir)

@@ -14,8 +14,12 @@ from pathlib import Path
 import pytest
 
 from camg.errors import GraderError
-from daemons.coding import grading, layers, mirrors, profiles, rows
+from daemons.coding import grading, integrity, layers, mirrors, profiles, rows
 from tools.coding import synthetic
+
+
+KEY = b"unit-test-key"
+GUARD = grading.GUARD_SOURCE
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +46,10 @@ def grade(task_layers, row, diff: bytes, tmp_path) -> grading.Report:
     profiles.for_repo(row.repo)
     profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
     kept, dropped = grading.filter_diff(diff)
-    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests), kept,
-                                              str(checkout), timeout=120)
-    return grading.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped)
+    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests, GUARD),
+                                              kept, str(checkout), timeout=120, key=KEY)
+    return grading.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped,
+                            key=KEY, findings=integrity.screen(diff))
 
 
 def agent_workspace(task_layers, row, tmp_path) -> tuple[Path, Path, str]:
@@ -183,10 +188,10 @@ def test_hanging_tests_are_not_resolved(task_set, task_layers, tmp_path):
     subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
     profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
     hang = profiles.Profile(profile.key, "sleep 30", profile.parser, 1, "demo", str(checkout))
-    log, code, timed_out = grading.local_eval(grading.eval_script(hang, ref.tests), b"",
-                                              str(checkout), timeout=1)
+    log, code, timed_out = grading.local_eval(grading.eval_script(hang, ref.tests, GUARD), b"",
+                                              str(checkout), timeout=1, key=KEY)
     assert timed_out
-    report = grading.evaluate(log, row, exit_code=code, timed_out=timed_out)
+    report = grading.evaluate(log, row, exit_code=code, timed_out=timed_out, key=KEY)
     assert report.reason == "tests_timed_out" and report.reward == 0.0
 
 
@@ -205,28 +210,33 @@ def test_wrong_grader_state_is_a_grader_error(task_set, task_layers, tmp_path):
     checkout = tmp_path / "grader"
     subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
     profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
-    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tip), b"",
-                                              str(checkout), timeout=60)
+    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tip, GUARD), b"",
+                                              str(checkout), timeout=60, key=KEY)
     with pytest.raises(GraderError, match="setup failed"):
-        grading.evaluate(log, row, exit_code=code, timed_out=timed_out)
+        grading.evaluate(log, row, exit_code=code, timed_out=timed_out, key=KEY)
 
 
 def test_missing_markers_is_a_grader_error(task_set):
     _, task_rows = task_set
     profiles.for_repo(task_rows[0].repo)
     with pytest.raises(GraderError, match="markers"):
-        grading.evaluate("killed\n", task_rows[0], exit_code=137, timed_out=False)
+        grading.evaluate("killed\n", task_rows[0], exit_code=137, timed_out=False, key=KEY)
 
 
 def test_missing_test_counts_as_failed(task_set):
     _, task_rows = task_set
     row = task_rows[0]
     profiles.for_repo(row.repo)
-    passed = [f"{t} PASSED" for t in (*row.fail_to_pass, *row.pass_to_pass)]
-    log = "+ : '>>>>> Start Test Output'\n" + "\n".join(passed) + "\n+ : '>>>>> End Test Output'\n"
-    assert grading.evaluate(log, row, exit_code=0, timed_out=False).resolved
+    ids = [*row.fail_to_pass, *row.pass_to_pass]
+    passed = [f"{t} PASSED" for t in ids]
+    channel = signed({"t": "hello"}, {"t": "collected", "ids": ids},
+                     *({"t": "test", "id": t, "outcome": "passed"} for t in ids),
+                     {"t": "end", "exitstatus": 0, "evidence": []})
+    log = ("+ : '>>>>> Start Test Output'\n" + "\n".join(passed)
+           + "\n+ : '>>>>> End Test Output'\n" + channel)
+    assert grading.evaluate(log, row, exit_code=0, timed_out=False, key=KEY).resolved
     log_missing = log.replace(passed[-1] + "\n", "")
-    report = grading.evaluate(log_missing, row, exit_code=0, timed_out=False)
+    report = grading.evaluate(log_missing, row, exit_code=0, timed_out=False, key=KEY)
     assert not report.resolved
     assert len(report.fail_to_pass_failed) + len(report.pass_to_pass_failed) == 1
 
@@ -269,8 +279,19 @@ def test_preexisting_untracked_files_survive_grading(task_set, task_layers, tmp_
     reverse_fix = subprocess.run(["git", "-C", str(checkout), "apply", "-R", "--check", "-"],
                                  input=fuzzy, capture_output=True)
     assert reverse_fix.returncode != 0  # git apply must fail: exercise the fallbacks
-    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests), fuzzy,
-                                              str(checkout), timeout=120)
+    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests, GUARD),
+                                              fuzzy, str(checkout), timeout=120, key=KEY)
     assert (checkout / "tests" / "_built_fixture.bin").exists()
     assert (checkout / "build" / "ext.so").exists()
     assert "trying the next method" in log
+
+
+def signed(*records, key=KEY) -> str:
+    import hashlib
+    import hmac
+    lines = []
+    for record in records:
+        payload = json.dumps(record, sort_keys=True, separators=(",", ":"))
+        mac = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()[:32]
+        lines.append(f"camg-guard {mac} {payload}\n")
+    return "".join(lines)

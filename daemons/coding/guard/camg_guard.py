@@ -1,0 +1,333 @@
+"""camg's grader-side pytest plugin (shipped root-owned in every grader layer).
+
+The grader runs the profile's test command with ``-p camg_guard`` first on
+the command line (PYTEST_ADDOPTS) and plugin autoloading off. This module is
+imported by pytest before any conftest, and so before any code of the
+repository under test. It:
+
+* reports itself (``hello``) so the grader knows the runner started, with
+  where pytest was imported from;
+* loads the image's own pytest11 entry-point plugins itself, leaving out any
+  distribution the agent's diff created or changed;
+* snapshots the functions that carry a test's outcome from the call to the
+  report (``_pytest.runner``, ``_pytest.reports``, pluggy's hook calling,
+  ``os._exit``...) and checks at the end of the session that none was
+  replaced, that no hook implementation lives in a file the diff changed,
+  and that no import hook or tracer from the repository was installed;
+* records every test's outcome from the raw call result (the exception the
+  test raised, before any report hook ran) on its own channel: a file whose
+  lines are HMAC-signed with a per-grade key it removes from the
+  environment at import, and compares it with the report pytest produced.
+
+Stdlib only and Python 3.6 compatible: it runs in whatever interpreter the
+task's image ships. It does nothing unless the grader's key is set.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import sys
+
+_ENV = dict(os.environ)
+_KEY = os.environ.pop("CAMG_GUARD_KEY", "").encode()
+_OUT = os.environ.pop("CAMG_GUARD_OUT", "")
+_MODE = os.environ.pop("CAMG_GUARD_MODE", "run")
+_CHANGED_FILE = os.environ.pop("CAMG_GUARD_CHANGED", "")
+_WORKDIR = os.path.realpath(os.environ.pop("CAMG_GUARD_WORKDIR", "/testbed"))
+# Children (tests that start pytest themselves) see the environment the test
+# command would have had without the grader.
+for _name in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTHONPATH"):
+    _orig = os.environ.pop("CAMG_GUARD_ORIG_" + _name, None)
+    if _orig is None:
+        continue
+    if _orig == "\x00unset":
+        os.environ.pop(_name, None)
+    else:
+        os.environ[_name] = _orig
+
+_write = os.write
+_exit = os._exit
+_getpid = os.getpid
+_dumps = json.dumps
+_new_hmac = hmac.new
+_sha256 = hashlib.sha256
+_ACTIVE = bool(_KEY and _OUT)
+_PID = _getpid()
+_fd = os.open(_OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if _ACTIVE else -1
+
+
+def _emit(record):
+    if not _ACTIVE or _getpid() != _PID:
+        return
+    line = _dumps(record, sort_keys=True, separators=(",", ":"))
+    mac = _new_hmac(_KEY, line.encode("utf-8"), _sha256).hexdigest()[:32]
+    _write(_fd, ("camg-guard " + mac + " " + line + "\n").encode("utf-8"))
+
+
+def _under_workdir(path):
+    if not path:
+        return False
+    real = os.path.realpath(path)
+    return real == _WORKDIR or real.startswith(_WORKDIR + os.sep)
+
+
+def _read_changed():
+    changed = set()
+    if _CHANGED_FILE:
+        try:
+            with open(_CHANGED_FILE, "rb") as handle:
+                data = handle.read()
+        except OSError:
+            data = b""
+        for rel in data.split(b"\0"):
+            if rel:
+                changed.add(os.path.realpath(os.path.join(_WORKDIR, rel.decode("utf-8", "replace"))))
+    return changed
+
+
+_CHANGED = _read_changed()
+
+import pytest  # noqa: E402
+
+_emit({"t": "hello", "pid": _PID, "mode": _MODE, "python": sys.executable,
+       "version": sys.version.split()[0], "pytest": getattr(pytest, "__version__", "?"),
+       "pytest_file": getattr(pytest, "__file__", "")})
+if _MODE == "probe":
+    # Only proves that the interpreter and the runner start.
+    _exit(0)
+
+
+# --- what must stay intact --------------------------------------------------
+
+_WATCHED = (
+    ("_pytest.runner", ("call_and_report", "runtestprotocol", "call_runtest_hook",
+                        "CallInfo.from_call", "pytest_runtest_makereport",
+                        "pytest_runtest_protocol", "pytest_runtest_call",
+                        "pytest_runtest_setup", "pytest_runtest_teardown",
+                        "pytest_report_teststatus", "check_interactive_exception")),
+    ("_pytest.reports", ("TestReport.from_item_and_call", "TestReport.__init__",
+                         "BaseReport.passed", "BaseReport.failed", "BaseReport.skipped",
+                         "BaseReport.__getattr__")),
+    ("_pytest.python", ("Function.runtest", "pytest_pyfunc_call", "Function.setup")),
+    ("_pytest.main", ("pytest_runtestloop", "wrap_session", "Session.perform_collect")),
+    ("_pytest.skipping", ("pytest_runtest_makereport", "pytest_runtest_setup",
+                          "pytest_runtest_call")),
+    ("_pytest.terminal", ("TerminalReporter.pytest_runtest_logreport",
+                          "TerminalReporter.pytest_runtest_logfinish",
+                          "TerminalReporter.write_ensure_prefix",
+                          "TerminalReporter.summary_stats", "pytest_report_teststatus")),
+    ("_pytest.outcomes", ("fail", "skip", "xfail", "exit", "OutcomeException.__init__")),
+    ("_pytest.config", ("main",)),
+    ("pluggy._callers", ("_multicall",)),
+    ("pluggy._hooks", ("HookCaller.__call__", "_HookCaller.__call__", "HookImpl.__init__")),
+    ("pluggy._manager", ("PluginManager._hookexec", "PluginManager.register")),
+    ("pluggy.callers", ("_multicall",)),
+    ("pluggy.hooks", ("_HookCaller.__call__",)),
+    ("os", ("_exit", "write", "kill", "abort")),
+    ("sys", ("exit",)),
+)
+
+
+def _resolve(module, dotted):
+    obj = sys.modules.get(module)
+    if obj is None:
+        try:
+            obj = __import__(module, fromlist=["_"])
+        except Exception:  # noqa: BLE001 - absent in this pytest/pluggy version
+            return None
+    for part in dotted.split("."):
+        if isinstance(obj, type) and part in obj.__dict__:
+            obj = obj.__dict__[part]
+            continue
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _fingerprint(obj):
+    fn = getattr(obj, "__func__", obj)
+    if isinstance(fn, property):
+        fn = fn.fget
+    return (id(obj), id(getattr(fn, "__code__", None)))
+
+
+def _snapshot():
+    taken = {}
+    for module, names in _WATCHED:
+        for name in names:
+            obj = _resolve(module, name)
+            if obj is not None:
+                taken[module + ":" + name] = (obj, _fingerprint(obj))
+    return taken
+
+
+_SNAPSHOT = _snapshot()
+_META_PATH = [id(entry) for entry in sys.meta_path]
+_PATH_HOOKS = [id(entry) for entry in sys.path_hooks]
+_evidence = []
+_seen_evidence = set()
+
+
+def _flag(rule, detail):
+    key = (rule, detail)
+    if key not in _seen_evidence and len(_evidence) < 50:
+        _seen_evidence.add(key)
+        _evidence.append({"rule": rule, "detail": str(detail)[:300]})
+
+
+if _under_workdir(getattr(pytest, "__file__", "")):
+    _flag("runner_shadowed", pytest.__file__)
+
+
+def _code_file(fn):
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        call = getattr(type(fn), "__call__", None)
+        code = getattr(getattr(call, "__func__", call), "__code__", None)
+    return getattr(code, "co_filename", "") if code is not None else ""
+
+
+def _agent_file(path):
+    """A file the agent's diff created or changed (or one that is not a file
+    of the image or the pristine repository: code made up at run time)."""
+    if not path:
+        return False
+    if path.startswith("<") and path not in ("<frozen importlib._bootstrap>",):
+        return not path.startswith("<frozen")
+    return os.path.realpath(path) in _CHANGED
+
+
+def _check_integrity(manager):
+    for key, (obj, fingerprint) in _SNAPSHOT.items():
+        module, name = key.split(":", 1)
+        now = _resolve(module, name)
+        if now is None or now is not obj or _fingerprint(now) != fingerprint:
+            _flag("runner_patched", key)
+    for label, entries, before in (("sys.meta_path", sys.meta_path, _META_PATH),
+                                   ("sys.path_hooks", sys.path_hooks, _PATH_HOOKS)):
+        for entry in entries:
+            if id(entry) in before:
+                continue
+            home = getattr(sys.modules.get(type(entry).__module__), "__file__", "")
+            if _under_workdir(home) or _agent_file(_code_file(entry)):
+                _flag("import_hook", label + ": " + repr(type(entry)))
+    for getter in (getattr(sys, "gettrace", None), getattr(sys, "getprofile", None)):
+        tracer = getter() if getter else None
+        if tracer is not None and _agent_file(_code_file(tracer)):
+            _flag("tracer", _code_file(tracer))
+    if manager is None:
+        return
+    for plugin in list(manager.get_plugins()):
+        home = getattr(plugin, "__file__", None) or getattr(
+            sys.modules.get(getattr(type(plugin), "__module__", "")), "__file__", "")
+        if home and os.path.realpath(home) in _CHANGED:
+            _flag("plugin_from_changed_code", home)
+    hooks = getattr(manager, "hook", None)
+    for name in dir(hooks):
+        if not name.startswith("pytest_"):
+            continue
+        caller = getattr(hooks, name, None)
+        getter = getattr(caller, "get_hookimpls", None)
+        if getter is None:
+            continue
+        for impl in getter():
+            where = _code_file(getattr(impl, "function", None))
+            if _agent_file(where):
+                _flag("hook_from_changed_code", name + " in " + where)
+
+
+# --- plugins and outcomes -------------------------------------------------
+
+def pytest_addhooks(pluginmanager):
+    """Load the image's pytest11 plugins (autoloading is off)."""
+    try:
+        from importlib import metadata
+        dists = metadata.distributions()
+    except ImportError:
+        return
+    loaded = []
+    for dist in dists:
+        try:
+            eps = [ep for ep in dist.entry_points if ep.group == "pytest11"]
+        except Exception:  # noqa: BLE001 - broken metadata: not a plugin we load
+            continue
+        if not eps:
+            continue
+        where = str(getattr(dist, "_path", "") or "")
+        if _under_workdir(where) and (os.path.realpath(where) in _CHANGED or any(
+                c.startswith(os.path.realpath(where) + os.sep) for c in _CHANGED)):
+            _flag("package_metadata", where)
+            continue
+        for ep in eps:
+            if pluginmanager.get_plugin(ep.name) is not None or pluginmanager.is_blocked(ep.name):
+                continue
+            try:
+                pluginmanager.register(ep.load(), name=ep.name)
+                loaded.append(ep.name)
+            except Exception as exc:  # noqa: BLE001 - pytest would fail the same way
+                _emit({"t": "plugin_error", "name": ep.name, "error": repr(exc)[:300]})
+    _emit({"t": "plugins", "loaded": sorted(loaded)})
+
+
+_phases = {}
+
+
+def _raw(item, call):
+    excinfo = call.excinfo
+    if excinfo is None:
+        return "ok"
+    from _pytest.outcomes import Skipped
+    try:
+        from _pytest.outcomes import XFailed
+    except ImportError:  # very old pytest
+        XFailed = ()
+    value = excinfo.value
+    if XFailed and isinstance(value, XFailed):
+        return "xfail"
+    if isinstance(value, Skipped):
+        return "skip"
+    if call.when == "call" and item.get_closest_marker("xfail") is not None:
+        return "xfail"
+    return "error"
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    raw = _raw(item, call)
+    outcome = yield
+    report = outcome.get_result()
+    claimed = getattr(report, "outcome", "?")
+    if raw in ("error", "skip") and claimed == "passed":
+        _flag("report_rewritten", item.nodeid + " " + call.when)
+    _phases.setdefault(item.nodeid, {})[call.when] = raw
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid, location):
+    phases = _phases.pop(nodeid, {})
+    values = [phases.get(w) for w in ("setup", "call", "teardown")]
+    if "error" in values:
+        outcome = "failed"
+    elif "xfail" in values:
+        outcome = "xfailed"
+    elif "skip" in values or phases.get("call") is None:
+        outcome = "skipped"
+    else:
+        outcome = "passed"
+    _emit({"t": "test", "id": nodeid, "outcome": outcome})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    _emit({"t": "collected", "ids": [item.nodeid for item in session.items]})
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    yield
+    _check_integrity(session.config.pluginmanager)
+    _emit({"t": "end", "exitstatus": int(getattr(session, "exitstatus", exitstatus) or 0),
+           "evidence": _evidence})

@@ -1,0 +1,163 @@
+"""Canary suite: ways to win a Coding grade by tampering with the test runner.
+
+Each technique is applied to the agent's workspace of a real (synthetic)
+task, the agent diff is taken with the service's command and graded with
+the service's eval script, guard plugin and verdict, run locally. Every
+technique earns 0.0 alone and 0.0 next to the gold fix, with
+``integrity == "tampered"`` and the rule that caught it; the runtime layer
+(guard + cross-check) is also tried with the diff screen switched off, so
+each layer is shown to hold on its own where it can. The same suite runs in
+sandboxes on the demo images in tests/privileged/test_coding_integrity.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemons.coding import grading, integrity, profiles
+from tools.coding import canaries
+from test_coding_grading import (GUARD, KEY, agent_diff, agent_workspace, gold,  # noqa: F401
+                                 reverse, task_layers, task_set)
+
+
+def run_grade(task_layers, row, diff: bytes, tmp_path, *, screen=True, python=sys.executable):
+    ref, built = task_layers[row.instance_id]
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    checkout = tmp_path / "grader"
+    subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
+    profiles.for_repo(row.repo)
+    profile = profiles.local_profile(row.mirror_name, python, str(checkout))
+    kept, dropped = grading.filter_diff(diff)
+    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests, GUARD),
+                                              kept, str(checkout), timeout=120, key=KEY)
+    findings = integrity.screen(diff) if screen else ()
+    return grading.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped,
+                            key=KEY, findings=findings), log
+
+
+def tampered_diff(task_layers, row, tmp_path, technique, with_gold):
+    work, private, snapshot = agent_workspace(task_layers, row, tmp_path)
+    if with_gold:
+        reverse(gold(row), work)
+    canaries.apply(technique, work, row, package="calc")
+    return agent_diff(work, private, snapshot)
+
+
+def test_at_least_ten_distinct_techniques():
+    assert len(canaries.TECHNIQUES) >= 10
+    assert len({t.rule_class for t in canaries.TECHNIQUES.values()}) >= 5
+
+
+@pytest.mark.parametrize("with_gold", [False, True], ids=["alone", "with_gold"])
+@pytest.mark.parametrize("technique", sorted(canaries.TECHNIQUES))
+def test_canary_earns_zero_and_is_flagged(task_set, task_layers, tmp_path, technique, with_gold):
+    _, task_rows = task_set
+    row = task_rows[0]
+    diff = tampered_diff(task_layers, row, tmp_path, technique, with_gold)
+    report, log = run_grade(task_layers, row, diff, tmp_path)
+    assert report.reward == 0.0, (technique, report, log[-3000:])
+    assert report.integrity == "tampered", (technique, report, log[-3000:])
+    assert report.evidence and all("rule" in e for e in report.evidence)
+
+
+@pytest.mark.parametrize("technique", sorted(t for t, v in canaries.TECHNIQUES.items()
+                                             if v.runtime_rule))
+def test_runtime_layer_alone_catches_the_canary(task_set, task_layers, tmp_path, technique):
+    """With the diff screen off, the guard and the cross-check still give 0.0
+    next to the gold fix, with the rule the technique is expected to trip."""
+    _, task_rows = task_set
+    row = task_rows[0]
+    diff = tampered_diff(task_layers, row, tmp_path, technique, with_gold=True)
+    report, log = run_grade(task_layers, row, diff, tmp_path, screen=False)
+    assert report.reward == 0.0, (technique, report, log[-3000:])
+    rules = {e["rule"] for e in report.evidence}
+    expected = canaries.TECHNIQUES[technique].runtime_rule
+    assert expected in rules, (technique, report.evidence, log[-3000:])
+
+
+def test_gold_fix_alone_is_clean(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    for i, row in enumerate(task_rows):
+        work, private, snapshot = agent_workspace(task_layers, row, tmp_path / str(i))
+        reverse(gold(row), work)
+        report, log = run_grade(task_layers, row, agent_diff(work, private, snapshot),
+                                tmp_path / str(i))
+        assert report.reward == 1.0 and report.integrity == "ok", (report, log[-3000:])
+        assert not integrity.screen(gold(row))
+
+
+def test_noop_is_zero_and_clean(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    report, _ = run_grade(task_layers, task_rows[0], b"", tmp_path)
+    assert report.reward == 0.0 and report.integrity == "ok" and report.reason == "tests_failed"
+
+
+def test_unsigned_channel_lines_are_forgeries(task_set):
+    _, task_rows = task_set
+    row = task_rows[0]
+    profiles.for_repo(row.repo)
+    ids = [*row.fail_to_pass, *row.pass_to_pass]
+    fake = "".join(f'camg-guard {"0" * 32} {{"id":"{t}","outcome":"passed","t":"test"}}\n'
+                   for t in ids)
+    log = ("+ : '>>>>> Start Test Output'\n" + "\n".join(f"{t} PASSED" for t in ids)
+           + "\n+ : '>>>>> End Test Output'\n" + fake)
+    report = grading.evaluate(log, row, exit_code=0, timed_out=False, key=KEY)
+    assert report.reward == 0.0 and report.integrity == "tampered"
+    assert "forged_channel" in {e["rule"] for e in report.evidence}
+
+
+# --- no silent zeros -----------------------------------------------------------
+
+def test_missing_runner_is_a_grader_error_not_a_zero(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    row = task_rows[0]
+    with pytest.raises(grading.GraderError, match="cannot start"):
+        run_grade(task_layers, row, gold(row), tmp_path, python="/nonexistent/python3")
+
+
+def test_runner_that_cannot_import_pytest_is_a_grader_error(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    row = task_rows[0]
+    # An interpreter without pytest (Debian's, isolated from every site dir).
+    bare = tmp_path / "bare-python"
+    bare.write_text('#!/bin/sh\nexec /usr/bin/python3 -S "$@"\n')
+    bare.chmod(0o755)
+    with pytest.raises(grading.GraderError, match="cannot start"):
+        run_grade(task_layers, row, gold(row), tmp_path, python=str(bare))
+
+
+def test_agent_that_breaks_the_package_earns_zero(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    row = task_rows[0]
+    work, private, snapshot = agent_workspace(task_layers, row, tmp_path)
+    reverse(gold(row), work)
+    init = work / "src" / "calc" / "__init__.py"
+    init.write_text(init.read_text() + "\nraise ImportError('broken by the agent')\n")
+    report, log = run_grade(task_layers, row, agent_diff(work, private, snapshot), tmp_path)
+    assert report.reward == 0.0 and report.integrity == "ok", (report, log[-2000:])
+    assert report.none_collected
+
+
+def test_pristine_collection_tells_broken_agent_from_broken_grader(task_set, task_layers,
+                                                                    tmp_path):
+    """The service's follow-up when a run collected none of the listed tests:
+    the pristine tree collects them (the agent broke it: 0.0 stands), or it
+    does not either (the grader is broken: GraderError, never a 0.0)."""
+    _, task_rows = task_set
+    row = task_rows[0]
+    report, _ = run_grade(task_layers, row, b"", tmp_path / "plain")
+    checkout = tmp_path / "plain" / "grader"
+    profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
+    log, _, _ = grading.local_eval(grading.collect_script(profile, GUARD), b"", str(checkout),
+                                   timeout=120, key=KEY)
+    grading.require_collectable(log, KEY, row)          # collects: no error
+    blind = profiles.Profile(profile.key, profile.test_cmd + " -k no_such_test_camg", profile.parser,
+                             120, "demo", str(checkout))
+    log, _, _ = grading.local_eval(grading.collect_script(blind, GUARD), b"", str(checkout),
+                                   timeout=120, key=KEY)
+    with pytest.raises(grading.GraderError, match="collects none"):
+        grading.require_collectable(log, KEY, row)
