@@ -37,8 +37,9 @@ class ShopEnvironment(Environment):
         "type": "object",
         "properties": {"action": {
             "type": "string", "minLength": 1, "maxLength": ACTION_MAX,
-            "description": "search[keywords] on the search page, or click[<clickable>] "
-                           "with one of observation.available_actions.clickables"}},
+            "description": "search[keywords] (on any page, as WebShop's text environment), "
+                           "or click[<clickable>] with one of "
+                           "observation.available_actions.clickables"}},
         "required": ["action"],
         "additionalProperties": False,
     }

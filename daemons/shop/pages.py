@@ -7,16 +7,26 @@ text environment lowercases the action argument):
 
 * search — the search box (``search[...]``; ``search`` itself is listed as
   a clickable but clicking it does nothing, as upstream)
-* results — ``back to search``, ``< prev`` (page > 1), ``next >`` (more
-  results), and each result's ASIN; top 50 hits, 10 per page
+* results — ``back to search``, ``< prev`` (page > 1), ``next >`` (always,
+  as upstream: past the last hit it shows an empty page), and each result's
+  ASIN; top 50 hits, 10 per page
 * item — ``back to search``, ``< prev``, ``description``, ``features``,
   ``reviews`` (and ``attributes`` when shown), ``buy now``, and every option
   value
 * item_sub — ``back to search``, ``< prev``
 * done — nothing
 
-An action that is not ``search[...]`` on the search page or ``click[x]``
-on a listed clickable changes nothing (``apply`` returns False).
+``search[...]`` works from every page but the done page, as in upstream's
+text environment (its search bar is only on the search page, but its
+``step`` runs any search action). An action that is neither a search nor
+``click[x]`` on a listed clickable changes nothing (``apply`` returns False).
+
+Text follows upstream's ``observation_mode='text'``: the visible text nodes
+of the page, stripped and joined with `` [SEP] ``. A value rendered into an
+empty element leaves no node; a whitespace-only node without a newline
+stays as an empty part (an empty bullet point gives ``[SEP]  [SEP]``), one
+with a newline is dropped (BeautifulSoup collapses it to ``\n``, which
+upstream skips). Nothing is invented for empty texts.
 
 The observation never marks the goal's product: result lists are the
 search engine's ranking, unfiltered and unannotated, and the done page
@@ -75,8 +85,7 @@ class Store:
             items["back to search"] = ("back", None)
             if self.page_number > 1:
                 items["< prev"] = ("prev", None)
-            if self.page_number * PRODUCT_WINDOW < len(self.results):
-                items["next >"] = ("next", None)
+            items["next >"] = ("next", None)
             for asin in self._page_results():
                 items[asin.lower()] = ("product", None)
         elif page == "item":
@@ -107,7 +116,7 @@ class Store:
         name, arg = parse_action(action)
         if arg is not None:
             arg = arg.lower()
-        if name == "search" and arg and self.page == "search":
+        if name == "search" and arg:
             self.keywords = arg
             # upstream splits the argument on spaces and joins the words again
             self.results = self._search(" ".join(arg.split(" ")))
@@ -157,55 +166,68 @@ class Store:
     # --- rendering -------------------------------------------------------
     def text(self) -> str:
         if self.page == "search":
-            parts = ["WebShop", "Instruction:", self.instruction, "Search"]
+            parts = ["WebShop", "Instruction:", _node(self.instruction), "Search"]
         elif self.page == "done":
             parts = ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)",
                      f"{self.score}"]
         else:
-            parts = ["Instruction:", self.instruction, "Back to Search"]
+            parts = ["Instruction:", _node(self.instruction), "Back to Search"]
             parts += getattr(self, f"_text_{self.page}")()
-        return SEP.join(p.strip() for p in parts if p and p.strip())
+        return SEP.join(p for p in parts if p is not None)
 
-    def _text_results(self) -> list[str]:
-        parts = [f"Page {self.page_number} (Total results: {len(self.results)})"]
+    def _text_results(self) -> list[str | None]:
+        parts: list[str | None] = [f"Page {self.page_number} (Total results: {len(self.results)})"]
         if self.page_number > 1:
             parts.append("< Prev")
-        if self.page_number * PRODUCT_WINDOW < len(self.results):
-            parts.append("Next >")
+        parts.append("Next >")
         for asin in self._page_results():
             product = self._products[asin]
-            parts += [asin, product["Title"], product["Price"]]
+            parts += [_node(asin), _node(product["Title"]), _node(product["Price"])]
         return parts
 
-    def _text_item(self) -> list[str]:
+    def _text_item(self) -> list[str | None]:
         product = self._product()
-        parts = ["< Prev"]
+        parts: list[str | None] = ["< Prev"]
         for name, values in product["options"].items():
-            parts.append(name)
-            parts += values
-        parts += [product["Title"], f"Price: {product['Price']}",
-                  f"Rating: {product.get('Rating', 'N.A.')}",
+            parts.append(_node(name))
+            parts += [_node(v) for v in values]
+        parts += [_node(product["Title"]), _node(f"Price: {product['Price']}"),
+                  _node(f"Rating: {product.get('Rating', '')}"),
                   "Description", "Features", "Reviews"]
         if self._show_attrs:
             parts.append("Attributes")
         parts.append("Buy Now")
         return parts
 
-    def _text_item_sub(self) -> list[str]:
+    def _text_item_sub(self) -> list[str | None]:
         product = self._product()
-        parts = ["< Prev"]
+        parts: list[str | None] = ["< Prev"]
         if self.sub_page == "description":
-            parts.append(product["Description"] or "No Description")
+            parts.append(_node(product["Description"]))
         elif self.sub_page == "features":
-            parts += product["BulletPoints"] or ["No Features"]
+            # upstream's bullet element holds " " + the bullet
+            parts += [_node(" " + bullet) for bullet in product["BulletPoints"]]
         elif self.sub_page == "reviews":
-            reviews = product.get("Reviews") or []
-            for review in reviews:
-                parts += [f"\"{review.get('title', '')}\"", str(review.get("score", "")),
-                          str(review.get("body", ""))]
-            if not reviews:
-                parts.append("No reviews found")
+            for review in product.get("Reviews") or []:
+                parts += [_node(f"\"{_str(review.get('title'))}\""),
+                          _node(_str(review.get("score"))), _node(_str(review.get("body")))]
         else:
-            parts += list(product["Attributes"])
-            parts += [product["category"], product["query"], product["product_category"]]
+            parts += [_node(" " + attr) for attr in product["Attributes"]]
+            parts += [_node(product["category"]), _node(product["query"]),
+                      _node(product["product_category"])]
         return parts
+
+
+def _str(value: Any) -> str:
+    """A value as the template prints it (a missing one prints nothing)."""
+    return "" if value is None else str(value)
+
+
+def _node(text: str) -> str | None:
+    """The part one rendered text node gives, or None when it gives none:
+    an empty value makes no node, and a whitespace-only node holding a
+    newline is the ``\\n`` upstream skips; any other node is stripped (so a
+    blank one is an empty part)."""
+    if not text or (not text.strip() and "\n" in text):
+        return None
+    return text.strip()
