@@ -112,7 +112,8 @@ install_venv() {
         [ -e "$vendored" ] || continue
         camg_pip "$VENV" install -q --no-deps --force-reinstall "$(dirname "$vendored")"
     done
-    "$VENV/bin/pip" check >&2 || die "the service venv's dependencies are inconsistent"
+    local broken
+    broken=$("$VENV/bin/pip" check 2>&1) || die "the service venv's dependencies are inconsistent: $broken"
     # The helper's own venv: what runs as root is helper/ and its few pins,
     # not the services' ~200 packages (helper/README.md).
     log "helper venv: $HELPER_VENV"

@@ -76,9 +76,10 @@ camg_install_apt() {
 }
 
 # pip's own noise (a configured local index folder that does not exist,
-# setuptools' beta/deprecation warnings of the builds) hides real errors;
+# legacy setup.py installs of sdists on Debian's pip, setuptools'
+# beta/deprecation warnings of the builds) hides real errors;
 # drop only those lines.
-_camg_pip_noise='is ignored: it is neither a file nor a directory|SetuptoolsDeprecationWarning|_BetaConfiguration|^ *warnings\.warn\('
+_camg_pip_noise='is ignored: it is neither a file nor a directory|legacy .setup\.py install. method|SetuptoolsDeprecationWarning|_BetaConfiguration|^ *warnings\.warn\('
 
 camg_pip() {
     local venv=$1

@@ -32,8 +32,8 @@ UPPERS = "/var/lib/camg/uppers"
 
 
 def http(machine: Machine, method: str, path: str, body: dict | None = None,
-         *, timeout: float = 600.0) -> tuple[int, dict | str]:
-    result = machine.run(["python3", "-c", _HTTP, method, SERVICE_URL + path,
+         *, timeout: float = 600.0, base: str = SERVICE_URL) -> tuple[int, dict | str]:
+    result = machine.run(["python3", "-c", _HTTP, method, base + path,
                           json.dumps(body) if body is not None else "", str(timeout)],
                          timeout=timeout + 30)
     reply = json.loads(result.stdout)
@@ -118,5 +118,5 @@ def diagnose(machine: Machine, lines: int = 40) -> str:
     """The recent journal of the suite's units, for assertion messages."""
     out = machine.run(["journalctl", "--no-pager", "-o", "short-monotonic", "-n", str(lines),
                        "-u", "camg-helper.service", "-u", "camg-helper.socket",
-                       "-u", "camg-coding.service"], check=False)
+                       "-u", "camg-coding.service", "-u", "camg-shop.service"], check=False)
     return out.stdout[-6000:]

@@ -31,7 +31,12 @@ class MachineError(RuntimeError):
 
 class Machine:
     def __init__(self, root: Path, log: Path, *, binds: list[str] = (),
-                 private_network: bool = True, capabilities: tuple[str, ...] = ()) -> None:
+                 private_network: bool = True, capabilities: tuple[str, ...] = (),
+                 payload: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        # payload: run this command instead of booting systemd (nspawn's
+        # stub init is PID 1, the payload PID 2): a machine without systemd.
+        self.payload = payload
+        self.env = dict(env or {})
         self.private_network = private_network
         self.capabilities = capabilities
         self.root = root
@@ -56,14 +61,18 @@ class Machine:
         self.cgroup.create()
         for path in self.helper_cgroups().values():
             path.mkdir()
-        argv = ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "--boot",
+        argv = ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit",
+                "--as-pid2" if self.payload else "--boot",
                 "-D", str(self.root), f"--machine={self.token}", "--console=pipe"]
+        argv += [f"--setenv={k}={v}" for k, v in self.env.items()]
         if self.private_network:
             argv.append("--private-network")
         if self.capabilities:
             argv.append("--capability=" + ",".join(self.capabilities))
         argv += [f"--bind={p}:/run/hostcg/{c}" for c, p in self.helper_cgroups().items()]
         argv += [f"--bind-ro={b[:-3]}" if b.endswith(":ro") else f"--bind={b}" for b in self.binds]
+        if self.payload:
+            argv += ["--", *self.payload]
         out = open(self.log, "ab")
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
@@ -78,6 +87,8 @@ class Machine:
                 raise MachineError(f"no container init after {timeout}s: {self._log_tail()}")
             self.leader = self._find_leader()
             time.sleep(0.1)
+        if self.payload:
+            return
         # The leader exists before it execs systemd, and systemd needs a
         # moment before its private bus answers: retry until it does.
         while True:

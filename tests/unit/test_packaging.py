@@ -4,6 +4,7 @@ seed's requirements file, the environment list read from the registry."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -103,3 +104,53 @@ def test_pip_noise_is_filtered_and_errors_stay(tmp_path):
     assert "ERROR: No matching distribution" in result.stderr
     assert "is ignored" not in result.stderr
     assert "_BetaConfiguration" not in result.stderr
+
+
+def _third_party_imports(package: Path) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n not in ("camg", "helper")}
+
+
+def test_the_helper_venv_holds_every_package_the_helper_imports():
+    # The helper runs from /srv/camg/helper-venv, built from requirements/helper.in
+    # alone: an import missing there is a helper that dies at start.
+    from importlib import metadata
+
+    wanted = {line.split("==")[0].strip().lower()
+              for line in (CHECKOUT / "requirements" / "helper.in").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    # pip installs what they require too (docker brings requests).
+    closure, todo = set(), list(wanted)
+    while todo:
+        name = todo.pop()
+        if name in closure:
+            continue
+        closure.add(name)
+        try:
+            requires = metadata.distribution(name).requires or []
+        except metadata.PackageNotFoundError:
+            continue  # a requirement for another platform (a marker)
+        for req in requires:
+            if "extra ==" not in req:
+                todo.append(re.split(r"[ ;<>=!~\[(]", req, maxsplit=1)[0].lower())
+    wanted = {n.replace("_", "-") for n in closure}
+    providers = metadata.packages_distributions()
+    for module in sorted(_third_party_imports(CHECKOUT / "helper")):
+        dists = {d.lower().replace("_", "-") for d in providers.get(module, [])}
+        assert dists & wanted, f"helper/ imports {module} ({dists}); add it to requirements/helper.in"
+
+
+def test_the_helper_pins_are_the_locks():
+    lock = {line.split("==")[0].lower(): line for line in
+            (CHECKOUT / "requirements.lock").read_text().splitlines() if "==" in line}
+    for line in (CHECKOUT / "requirements" / "helper.in").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            assert lock.get(line.split("==")[0].lower()) == line.strip(), line
