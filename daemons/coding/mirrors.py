@@ -77,6 +77,18 @@ def heads(mirror: Path) -> dict[str, str]:
     return result
 
 
+def remote_tracking(mirror: Path, branch: str) -> str | None:
+    """The remote-tracking ref holding ``branch``, if only a clone's remote has it."""
+    try:
+        out = git(mirror, "for-each-ref", "--format=%(refname)", "refs/remotes/")
+    except subprocess.CalledProcessError:
+        return None
+    for ref in out.splitlines():
+        if ref.split("/", 3)[-1] == branch:
+            return ref
+    return None
+
+
 def resolve(root: str | os.PathLike, rows: Sequence[Row]) -> list[TaskRef]:
     """Check every row's mirror and branch; return their refs in row order.
 
@@ -102,6 +114,14 @@ def resolve(root: str | os.PathLike, rows: Sequence[Row]) -> list[TaskRef]:
         branches = cache[mirror]
         tip = branches.get(row.instance_id)
         if tip is None:
+            remote = remote_tracking(mirror, row.instance_id)
+            if remote:
+                raise DatasetError(
+                    f"{row.instance_id}: mirror {mirror} has this task only as the "
+                    f"remote-tracking ref {remote} (a plain `git clone` of the SWE-smith "
+                    "mirror), not as a local branch. Clone it with `git clone --mirror "
+                    f"<url> {mirror}` (or run `git -C {mirror} fetch origin "
+                    "'+refs/heads/*:refs/heads/*'`) and prepare again.", field="instance_id")
             raise DatasetError(f"{row.instance_id}: mirror {mirror} has no branch named "
                                f"{row.instance_id!r}", field="instance_id")
         refs.append(TaskRef(str(mirror), row.instance_id, tip, _parent(mirror, row.instance_id, tip)))

@@ -181,3 +181,21 @@ def test_swesmith_image_names_match_their_docker_hub_spelling(tmp_path):
     assert images_mod.lookup(catalog, "swesmith.x86_64.pandas-dev__pandas.95280573").name == hub
     with pytest.raises(DatasetError, match="not materialized"):
         images_mod.lookup(catalog, "swesmith.x86_64.other__thing.00000000")
+
+
+def test_plain_clone_with_remote_tracking_branches_is_refused_with_the_fix(task_set, images,
+                                                                             tmp_path, capsys):
+    """A plain `git clone` of a mirror has the task branches only under
+    refs/remotes/origin/: refused, saying so and how to fix it."""
+    (mirror,) = (task_set / "mirrors").iterdir()
+    clones = tmp_path / "clones"
+    subprocess.run(["git", "clone", "-q", str(mirror), str(clones / mirror.name)], check=True,
+                   capture_output=True)
+    with pytest.raises(DatasetError, match="remote-tracking ref refs/remotes/origin/") as info:
+        prep(task_set, images, tmp_path, mirrors_root=clones)
+    assert "git clone --mirror" in str(info.value)
+    args = ["--environment", "coding", "--rows", str(task_set / "tasks.jsonl"),
+            "--mirrors-root", str(clones), "--images", str(images),
+            "--output", str(tmp_path / "m.json"), "--no-layers"]
+    assert main(args) == 2
+    assert "git clone --mirror" in capsys.readouterr().err
