@@ -21,14 +21,14 @@ from camg.errors import ConfigError, DatasetError, GraderError, InfraFailure, In
 from camg.hashing import sha256_bytes, verify_recorded
 from camg.typed import parse
 
-from daemons.shop import catalog, goals, javahome, rewards, search
+from daemons.shop import catalog, goals, javahome, memoryarena, rewards, search
 from daemons.shop.pages import Store
 from daemons.shop.settings import Settings
 
 log = logging.getLogger("camg.shop")
 
 ACTION_MAX = 1000
-_GRADER_MODULES = ("rewards.py", "goals.py", "pages.py", "catalog.py")
+_GRADER_MODULES = ("rewards.py", "goals.py", "pages.py", "catalog.py", "memoryarena.py")
 
 
 class ShopEnvironment(Environment):
@@ -68,6 +68,7 @@ class ShopEnvironment(Environment):
         self.products: dict[str, dict] = {}
         self.prices: dict[str, float] = {}
         self.searcher: search.Searcher | None = None
+        self.judge = None
         self._facts: dict[str, Any] = {}
 
     # -- service lifecycle ---------------------------------------------
@@ -83,6 +84,12 @@ class ShopEnvironment(Environment):
         except DatasetError as exc:
             raise ConfigError(f"shop: {exc}") from None
         self.prices = catalog.product_prices(pool, random.Random(s.goal_seed))
+        if s.memoryarena_attributes == "judge" and any(
+                t.data.get("kind") == "memoryarena" for t in self.tasks):
+            from camg.judge import Judge, JudgeConfig
+            # refuses to start (naming the variables) when credentials are missing
+            self.judge = Judge(JudgeConfig.from_env(s.memoryarena_judge_env, temperature=0.0,
+                                                    attempts=3, backoff_s=1.5))
         search.boot_jvm(s.java_home, s.jvm_heap_mb)
         self.searcher = search.Searcher(s.index_dir, frozenset(self.products))
         search.verify_index(self.searcher, [catalog.document(p) for p in pool],
@@ -96,7 +103,10 @@ class ShopEnvironment(Environment):
             "goal_seed": s.goal_seed,
             "java_version": javahome.feature_version(s.java_home),
             "jvm_heap_max_bytes": search.jvm_heap_max_bytes(),
+            "memoryarena_attributes": s.memoryarena_attributes,
         }
+        if self.judge is not None:
+            self._facts["judge"] = self.judge.config.describe()
         log.info("shop ready: %d products, %d tasks", len(self.products), len(self.tasks))
 
     def stop(self) -> None:
@@ -149,6 +159,8 @@ class ShopEpisode(Episode):
         self.purchase: dict | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._last_action: str | None = None
+        self._repeats = 0
         self._log_extra = {"EPISODE_ID": episode_id, "TASK_ID": task.task_id}
 
     def reset(self) -> Mapping[str, Any]:
@@ -179,7 +191,18 @@ class ShopEpisode(Episode):
                 log.info("bought %s, reward %.4f", self.store.asin, self.reward,
                          extra=self._log_extra)
                 return Step(self._observation(True), reward=self.reward, done=True, graded=True)
+            self._repeats = self._repeats + 1 if text == self._last_action else 1
+            self._last_action = text
             limit = self.env.settings.max_steps
+            data = self.task.data
+            if data.get("kind") == "memoryarena":
+                # MemoryArena's per-subtask limits replace max_steps
+                limit = data["turn_limit"]
+                if self._repeats >= data["repeat_limit"]:
+                    # its soft exit: the same action N times in a row, no purchase
+                    self.reward, self.reward_info = 0.0, {"soft_exit": True, "purchased": False}
+                    obs = dict(self._observation(changed), truncated=True)
+                    return Step(obs, reward=0.0, done=True, graded=True)
             if limit and self.steps >= limit:
                 self.reward, self.reward_info = 0.0, {"truncated": True}
                 obs = dict(self._observation(changed), truncated=True)
@@ -193,6 +216,12 @@ class ShopEpisode(Episode):
 
     def close(self) -> None:
         self._closed = True
+
+    def outcome(self) -> Mapping[str, Any]:
+        out: dict[str, Any] = {"purchase": self.purchase, "reward_info": self.reward_info}
+        if "attribute_method" in self.reward_info:
+            out["attribute_method"] = self.reward_info["attribute_method"]
+        return out
 
     def state(self) -> Mapping[str, Any]:
         store = self.store
@@ -213,6 +242,10 @@ class ShopEpisode(Episode):
             if data.get("kind") == "exact_product":
                 reward, info = rewards.exact_product_reward(
                     store.asin, options, data["target_asins"], data["target_options"])
+            elif data.get("kind") == "memoryarena":
+                reward, info = memoryarena.score(
+                    data, store.asin, product.get("name") or "",
+                    product.get("catalog_category") or "", self._judge_fn())
             else:
                 reward, info = rewards.webshop_reward(
                     product, data["goal"], self.env.prices[store.asin], options)
@@ -221,6 +254,18 @@ class ShopEpisode(Episode):
         self.reward, self.reward_info = float(reward), info
         self.purchase = {"asin": store.asin, "options": options}
         store.score = self.reward
+
+    def _judge_fn(self):
+        judge = self.env.judge
+        if judge is None:
+            return None    # the documented substring setting
+
+        def count(name: str, attributes: list[str]) -> int:
+            # JudgeError (an InfraFailure) propagates: reward null, judge_error
+            verdict = judge.ask(memoryarena.judge_prompt(name, attributes),
+                                parse=lambda text: memoryarena.parse_judgement(text, attributes))
+            return int(verdict.score)
+        return count
 
     def _observation(self, valid: bool) -> dict:
         store = self.store

@@ -200,6 +200,10 @@ def check_tasks(tasks: Sequence[Any], products: Mapping[str, Mapping[str, Any]],
                 if asin not in products:
                     raise DatasetError(f"task {task.task_id}: target {asin} not in the pool")
             continue
+        if kind == "memoryarena":
+            if data.get("target_asin") not in products:
+                raise DatasetError(f"task {task.task_id}: target not in the pool")
+            continue
         if kind != "webshop":
             raise DatasetError(f"task {task.task_id}: unknown kind {kind!r}")
         goal = data.get("goal")

@@ -28,6 +28,13 @@ For the full catalog (e.g. a MemoryArena checkout's WebShop data) pass
 --goals human`` and, to reuse its prebuilt index, ``--index-dir
 .../search_engine/indexes`` (it is verified, not rebuilt).
 
+MemoryArena: ``--memoryarena-db DIR`` takes the pool from a MemoryArena
+product DB (``items_shuffle.json`` processed as its loader does, its
+``items_ins_v2.json``, ``product_catalog/`` categories) and its
+``search_engine/indexes-full`` (verified in place); ``--memoryarena-rows``
+adds one task per subtask of its rows (JSONL or Parquet; see
+daemons/shop/memoryarena.py). Use ``--goals none`` to serve only those.
+
 ``--verify`` re-checks an OUTPUT prepared earlier (hashes, every index
 document, regenerated goals) and changes nothing.
 """
@@ -45,7 +52,7 @@ from pathlib import Path
 from camg import manifest, progress
 from camg.errors import CamgError, ConfigError, DatasetError
 
-from daemons.shop import catalog, goals, javahome, search
+from daemons.shop import catalog, goals, javahome, memoryarena, search
 
 DATA = Path(__file__).resolve().parent / "data"
 DEFAULT_CATALOG = DATA / "documents_1k.jsonl.gz"
@@ -85,6 +92,30 @@ def build_pool(catalog_path: str | os.PathLike, instructions: str | os.PathLike 
     return products
 
 
+def memoryarena_pool(db: Path) -> tuple[list[dict], dict[str, str]]:
+    """The pool of a MemoryArena product DB: items_shuffle.json processed as
+    its loader does, each product carrying its product_catalog category
+    (``catalog_category``, read by the MemoryArena score)."""
+    memoryarena.check_db_layout(db)
+    raw = _read_json_list(db / "items_shuffle.json")
+    products = memoryarena.process_products(raw, _read_json(db / "items_ins_v2.json"))
+    categories = memoryarena.catalog_categories(db)
+    for product in products:
+        product["catalog_category"] = categories.get(product["asin"].upper(), "")
+    return [catalog.validate_product(p, f"{db}/items_shuffle.json") for p in products], categories
+
+
+def _read_json_list(path: Path) -> list:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            body = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"cannot read {path}: {exc}") from None
+    if not isinstance(body, list):
+        raise DatasetError(f"{path}: expected a JSON list of products")
+    return body
+
+
 def pool_bytes(products: list[dict]) -> bytes:
     return (json.dumps(products, ensure_ascii=False) + "\n").encode()
 
@@ -120,7 +151,14 @@ def build_index(collection: Path, index: Path, java_home: str, threads: int = 1)
 def prepare(args: argparse.Namespace) -> dict:
     out = Path(args.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    products = build_pool(args.catalog, args.instructions, args.human_instructions)
+    db = Path(args.memoryarena_db).resolve() if args.memoryarena_db else None
+    categories: dict[str, str] = {}
+    if db is not None:
+        products, categories = memoryarena_pool(db)
+        if not args.index_dir:
+            args.index_dir = str(db / "search_engine" / "indexes-full")
+    else:
+        products = build_pool(args.catalog, args.instructions, args.human_instructions)
     body = pool_bytes(products)
     pool_path = out / "product_pool.json"
     if not pool_path.exists() or pool_path.read_bytes() != body:
@@ -152,8 +190,12 @@ def prepare(args: argparse.Namespace) -> dict:
             for number, line in enumerate(handle, 1):
                 if line.strip():
                     tasks.append(goals.exact_product_task(json.loads(line), number, by_asin))
+    if args.memoryarena_rows:
+        tasks += memoryarena.subtask_tasks(memoryarena.read_rows(args.memoryarena_rows),
+                                           {p["asin"]: p for p in products}, categories)
     if not tasks:
-        raise DatasetError("no tasks: choose --goals synthetic|human or --exact-product-rows")
+        raise DatasetError("no tasks: choose --goals synthetic|human, --exact-product-rows "
+                           "or --memoryarena-rows")
     sampling = {
         "goal_source": args.goals, "goal_seed": args.goal_seed,
         "shuffle_seed": goals.SHUFFLE_SEED, "selected_splits": splits,
@@ -213,6 +255,11 @@ def parser() -> argparse.ArgumentParser:
                    help="goal splits to serve (test 0-499, eval 500-1499, train 1500+)")
     p.add_argument("--exact-product-rows", help="JSONL of MemoryArena-style rows "
                    "{instruction, target_asin(s), attributes|target_options}")
+    p.add_argument("--memoryarena-rows", help="MemoryArena bundled_shopping rows (JSONL or "
+                   ".parquet): one task per subtask, in row then subtask order")
+    p.add_argument("--memoryarena-db", help="a MemoryArena product DB directory (items_shuffle.json, "
+                   "items_ins_v2.json, search_engine/indexes-full, product_catalog/, "
+                   "domain_data.json) used instead of --catalog")
     p.add_argument("--index-dir", help="use (and verify) this existing Lucene index")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--jvm-heap-mb", type=int, default=1024)

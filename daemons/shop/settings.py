@@ -31,6 +31,12 @@ class Settings:
     max_steps: int = 100
     #: compare every stored index document with the pool at start (off: count + sample)
     verify_index_full: bool = True
+    #: MemoryArena tasks: how the bought product's name is checked for the
+    #: attributes -- "judge" (the LLM attribute judge, MemoryArena's default)
+    #: or "substring" (its --no-llm rule: normalised substring match)
+    memoryarena_attributes: str = "judge"
+    #: environment-variable prefix of the judge's credentials (<prefix>_URL, _MODEL, _KEY, _API)
+    memoryarena_judge_env: str = "SHOP_JUDGE"
 
     def __post_init__(self) -> None:
         for field in ("java_home", "product_pool", "index_dir"):
@@ -42,5 +48,7 @@ class Settings:
                 raise ConfigError(f"shop.settings.{field} must look like sha256:<64 hex>")
         if not 128 <= self.jvm_heap_mb <= 262144:
             raise ConfigError("shop.settings.jvm_heap_mb must be between 128 and 262144")
+        if self.memoryarena_attributes not in ("judge", "substring"):
+            raise ConfigError('shop.settings.memoryarena_attributes must be "judge" or "substring"')
         if self.max_steps < 0:
             raise ConfigError("shop.settings.max_steps must be 0 (no limit) or positive")
