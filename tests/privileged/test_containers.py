@@ -9,82 +9,20 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import socket
 import tarfile
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from camg import errors
-from camg.containers import ContainerClient, ContainerSpec
+from camg.containers import ContainerClient
 from camg.helper_client import HelperClient
-from tests.privileged.conftest import helper_config, start_helper, stop_helper
-from tests.privileged.oci_fixtures import registry  # noqa: F401  (module fixture)
+from tests.privileged.container_fixtures import (  # noqa: F401  (fixtures)
+    PORT, cc, container_helper, image_ref, needs_docker, server_spec, spec, tar_of)
 from tests.support import container_image as ci
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/var/run/docker.sock"),
-                                reason="no dockerd (packaging/run-tests.sh starts one)")
-
-PORT = 8123
-
-
-@pytest.fixture(scope="module")
-def image_ref(registry, rootfs):  # noqa: F811
-    api = ci.docker_api()
-    ref = ci.publish_test_image(api, rootfs, registry.address)
-    yield ref
-    ci.remove_image(api, ref)
-    api.close()
-
-
-@pytest.fixture(scope="module")
-def container_helper(image_ref, lower_root, rootfs):
-    base = Path(tempfile.mkdtemp(prefix="camg-containers-test-"))
-    base.chmod(0o711)
-    manifest = ci.write_manifest(base / "images.json", [image_ref])
-    cfg = helper_config(base, lower_root, rootfs, probe_on_start=False,
-                        containers=ci.containers_config(manifest, ci.scope_for("containers"),
-                                                        max_cpu=2.0, max_memory_bytes=1 << 30,
-                                                        max_pids=1024, containers_per_peer=8))
-    helper = start_helper(base, cfg, wait_probes=False)
-    ContainerClient(helper.socket, owner="pull").pull(image_ref)
-    yield helper
-    stop_helper(helper)
-    shutil.rmtree(base)
-
-
-@pytest.fixture
-def cc(container_helper):
-    c = ContainerClient(container_helper.socket, owner=f"t{os.getpid()}")
-    yield c
-    assert container_helper.proc.poll() is None, "the helper died during the test"
-    left = c.list()
-    c.release_all()
-    c.close()
-    assert left == [], f"the test left containers behind: {left}"
-
-
-def spec(image: str, **kw) -> ContainerSpec:
-    base = dict(image=image, cpu=0.5, memory_bytes=128 << 20, pids_max=64)
-    base.update(kw)
-    return ContainerSpec(**base)
-
-
-def server_spec(image: str) -> ContainerSpec:
-    return spec(image, command=("perl", "-e", ci.PERL_SERVER, str(PORT)))
-
-
-def tar_of(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+pytestmark = needs_docker
 
 
 # -- refusals ----------------------------------------------------------------
