@@ -7,6 +7,11 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
 packaging/bootstrap.sh
 export CAMG_CACHE="${CAMG_CACHE:-/var/cache/camg-test}"
+# The container tests need a Docker engine: one is started unless one
+# answers, and stopped afterwards if it was started here.
+. packaging/dockerd.sh
+camg_dockerd_start
+trap camg_dockerd_stop EXIT
 set +e
 .venv/bin/pytest tests -p no:cacheprovider "$@"
 status=$?
