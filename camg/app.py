@@ -13,7 +13,7 @@ import falcon
 import falcon.asgi
 
 from camg import openenv_compat, wire
-from camg.errors import AtCapacity, CamgError
+from camg.errors import AtCapacity, CamgError, PermissionDenied
 from camg.http import dumps, read_body, reply
 from camg.service import Service
 
@@ -82,6 +82,20 @@ class Episode:
         reply(resp, await self.manager.close(episode_id))
 
 
+class EpisodeReference:
+    """The oracle's next action; only where the deployment enables references."""
+
+    def __init__(self, service: Service) -> None:
+        self.manager = service.manager
+        self.enabled = service.config.references
+
+    async def on_get(self, req, resp, episode_id):
+        if not self.enabled:
+            raise PermissionDenied("references are not enabled in this deployment "
+                                   "(environments.<name>.references)")
+        reply(resp, await self.manager.reference(episode_id))
+
+
 class EpisodeStep:
     def __init__(self, service: Service) -> None:
         self.manager = service.manager
@@ -148,6 +162,7 @@ def create_app(service: Service) -> falcon.asgi.App:
     app.add_route("/episodes", Episodes(service))
     app.add_route("/episodes/{episode_id}", Episode(service))
     app.add_route("/episodes/{episode_id}/step", EpisodeStep(service))
+    app.add_route("/episodes/{episode_id}/reference", EpisodeReference(service))
     openenv_compat.add_routes(app, service)
     app.add_error_handler(Exception, _handle_unexpected)
     app.add_error_handler(falcon.HTTPError, _handle_http_error)

@@ -1,9 +1,14 @@
-"""A small trainer-side client for the camg HTTP contract.
+"""Trainer-side clients for the camg HTTP contract.
 
-Standard library only, one persistent keep-alive connection per client
-(use one client per thread). Errors come back as ``ServiceError`` with the
-service's error name, so a trainer can tell ``at_capacity`` (retry later)
-from ``invalid_action`` (its own bug).
+``Client`` is synchronous, standard library only, one persistent keep-alive
+connection per client (use one client per thread). ``AsyncClient`` is the
+asyncio twin over httpx (one pooled client for many concurrent episodes).
+Both wait out 429 with the service's Retry-After where asked, resend only
+retry-safe requests (reads, closes, steps with a ``request_id``, which the
+service de-duplicates), and raise a ``ServiceError`` subclass named for the
+service's error (``AtCapacity``, ``EpisodeDone``, ``InvalidAction`` …), so
+a trainer can tell "retry later" from its own bug. ``load_routes`` reads the
+``routes.json`` camg.configure writes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,14 @@ _IDLE_RECONNECT = 4.0
 
 
 class ServiceError(Exception):
+    """An error answer; ``name`` is the service's error name."""
+
+    def __new__(cls, status: int, body: Any, retry_after: float | None = None):
+        name = body.get("error") if isinstance(body, dict) else None
+        if cls is ServiceError:
+            cls = _BY_NAME.get(name, ServiceError)
+        return super().__new__(cls)
+
     def __init__(self, status: int, body: Any, retry_after: float | None = None) -> None:
         self.status = status
         self.body = body
@@ -29,7 +42,71 @@ class ServiceError(Exception):
         name = body.get("error") if isinstance(body, dict) else None
         self.name = name or f"http_{status}"
         message = body.get("message") if isinstance(body, dict) else body
+        self.failure_class = body.get("failure_class") if isinstance(body, dict) else None
         super().__init__(f"{status} {self.name}: {message}")
+
+
+class BadRequest(ServiceError):
+    """bad_request, payload_too_large: the request itself is wrong."""
+
+
+class InvalidAction(BadRequest):
+    """invalid_action: the action does not fit /schema; nothing changed."""
+
+
+class NotFound(ServiceError):
+    """episode_not_found, task_not_found."""
+
+
+class EpisodeBusy(ServiceError):
+    """episode_busy: a step is already running on the episode."""
+
+
+class EpisodeDone(ServiceError):
+    """episode_done: the body's ``details.terminal`` is the sticky answer."""
+
+
+class AtCapacity(ServiceError):
+    """at_capacity (429): retry after ``retry_after`` seconds."""
+
+
+class Unavailable(ServiceError):
+    """unavailable, or an infrastructure failure of a reset (``failure_class``)."""
+
+
+class PermissionDenied(ServiceError):
+    """permission_denied, e.g. references not enabled by the deployment."""
+
+
+_BY_NAME: dict[str | None, type[ServiceError]] = {
+    "bad_request": BadRequest, "payload_too_large": BadRequest, "invalid_action": InvalidAction,
+    "episode_not_found": NotFound, "task_not_found": NotFound, "not_found": NotFound,
+    "episode_busy": EpisodeBusy, "episode_done": EpisodeDone, "at_capacity": AtCapacity,
+    "unavailable": Unavailable, "infra": Unavailable, "sandbox_died": Unavailable,
+    "grader_error": Unavailable, "judge_error": Unavailable, "timeout": Unavailable,
+    "render_error": Unavailable, "permission_denied": PermissionDenied,
+}
+
+
+def load_routes(path: str) -> dict[str, str]:
+    """``{environment: "http://127.0.0.1:PORT"}`` from camg.configure's routes.json."""
+    with open(path, encoding="utf-8") as handle:
+        routes = json.load(handle)
+    if not isinstance(routes, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in routes.items()):
+        raise ValueError(f"{path}: not a routes.json (an object of environment -> URL)")
+    return routes
+
+
+def _step_body(action: dict, request_id: str | None) -> dict:
+    # Always de-duplicated server-side, so a resend after a dropped
+    # connection can never run the action twice.
+    return {"action": action, "request_id": request_id or uuid.uuid4().hex}
+
+
+def _create_body(task_id: str | None, seed: int | None, episode_id: str | None) -> dict:
+    return {k: v for k, v in (("task_id", task_id), ("seed", seed),
+                              ("episode_id", episode_id)) if v is not None}
 
 
 class Client:
@@ -94,8 +171,7 @@ class Client:
     def create(self, task_id: str | None = None, seed: int | None = None,
                episode_id: str | None = None, wait: float = 0.0) -> dict:
         """Start an episode; with ``wait`` > 0, retry at capacity until then."""
-        body = {k: v for k, v in (("task_id", task_id), ("seed", seed),
-                                  ("episode_id", episode_id)) if v is not None}
+        body = _create_body(task_id, seed, episode_id)
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -106,10 +182,12 @@ class Client:
                 time.sleep(min(exc.retry_after or 1.0, max(0.0, deadline - time.monotonic())))
 
     def step(self, episode_id: str, action: dict, request_id: str | None = None) -> dict:
-        # Always de-duplicated server-side, so a resend after a dropped
-        # connection can never run the action twice.
-        body = {"action": action, "request_id": request_id or uuid.uuid4().hex}
-        return self.request("POST", f"/episodes/{episode_id}/step", body)[1]
+        return self.request("POST", f"/episodes/{episode_id}/step",
+                            _step_body(action, request_id))[1]
+
+    def reference(self, episode_id: str) -> dict:
+        """The reference solution's next action (deployments with references)."""
+        return self.request("GET", f"/episodes/{episode_id}/reference")[1]
 
     def get(self, episode_id: str) -> dict:
         return self.request("GET", f"/episodes/{episode_id}")[1]
@@ -119,3 +197,88 @@ class Client:
 
     def close(self, episode_id: str) -> dict:
         return self.request("DELETE", f"/episodes/{episode_id}")[1]
+
+
+class AsyncClient:
+    """The asyncio client: one pooled httpx connection set for many episodes."""
+
+    def __init__(self, base_url: str, timeout: float = 3600.0, max_connections: int = 256) -> None:
+        import httpx
+
+        url = urllib.parse.urlsplit(base_url)
+        if url.scheme != "http" or not url.hostname:
+            raise ValueError(f"expected http://host:port, got {base_url!r}")
+        self._httpx = httpx
+        self._client = httpx.AsyncClient(
+            base_url=base_url, timeout=timeout,
+            limits=httpx.Limits(max_connections=max_connections,
+                                max_keepalive_connections=max_connections,
+                                keepalive_expiry=_IDLE_RECONNECT))
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        retry_safe = method in ("GET", "DELETE") or (isinstance(body, dict) and "request_id" in body)
+        for attempt in (1, 2):
+            try:
+                response = await self._client.request(method, path, json=body)
+                break
+            except (self._httpx.RemoteProtocolError, self._httpx.ConnectError,
+                    self._httpx.ReadError):
+                if attempt == 2 or not retry_safe:
+                    raise
+        data = response.json() if response.content else None
+        if response.status_code >= 400:
+            retry = response.headers.get("Retry-After")
+            raise ServiceError(response.status_code, data, float(retry) if retry else None)
+        return data
+
+    async def health(self) -> dict:
+        try:
+            return await self.request("GET", "/health")
+        except ServiceError as exc:
+            if exc.status == 503:
+                return exc.body
+            raise
+
+    async def metadata(self) -> dict:
+        return await self.request("GET", "/metadata")
+
+    async def schema(self) -> dict:
+        return await self.request("GET", "/schema")
+
+    async def create(self, task_id: str | None = None, seed: int | None = None,
+                     episode_id: str | None = None, wait: float = 0.0) -> dict:
+        """Start an episode; with ``wait`` > 0, wait out 429 (Retry-After) until then."""
+        import asyncio
+
+        body = _create_body(task_id, seed, episode_id)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return await self.request("POST", "/episodes", body)
+            except AtCapacity as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(exc.retry_after or 1.0,
+                                        max(0.0, deadline - time.monotonic())))
+
+    async def step(self, episode_id: str, action: dict, request_id: str | None = None) -> dict:
+        return await self.request("POST", f"/episodes/{episode_id}/step",
+                                  _step_body(action, request_id))
+
+    async def reference(self, episode_id: str) -> dict:
+        return await self.request("GET", f"/episodes/{episode_id}/reference")
+
+    async def get(self, episode_id: str) -> dict:
+        return await self.request("GET", f"/episodes/{episode_id}")
+
+    async def close(self, episode_id: str) -> dict:
+        return await self.request("DELETE", f"/episodes/{episode_id}")

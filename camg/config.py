@@ -57,6 +57,9 @@ class EnvironmentDeployment:
     port: int | None = None
     factory: str | None = None
     enabled: bool = True
+    #: serve GET /episodes/{id}/reference (the oracle of camg.rollout) — for
+    #: an operator's end-to-end check, never for a training run
+    references: bool = False
     limits: Limits = Limits()
     executables: Mapping[str, str] = dataclasses.field(default_factory=dict)
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -104,6 +107,7 @@ class ServiceConfig:
     executables: Mapping[str, HashedFile]
     settings: Mapping[str, Any]
     config_hash: str
+    references: bool = False
 
     def __post_init__(self) -> None:
         if self.format != SERVICE_FORMAT:

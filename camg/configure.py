@@ -85,6 +85,7 @@ def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Dep
             base / path, step=f"install the {label} executable", what=f"executable {label}"))
             for label, path in sorted(executables.items())},
         "settings": typed.to_json(env.settings),
+        "references": env.references,
     }
     body["config_hash"] = sha256_json(body)
     typed.parse(cfg.ServiceConfig, body, f"{name} config", ConfigError)

@@ -22,6 +22,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from camg.errors import NotFound
+
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -82,6 +84,16 @@ class Episode(abc.ABC):
     def state(self) -> Mapping[str, Any]:
         """Extra, environment-specific state shown by GET /episodes/{id}."""
         return {}
+
+    def reference_action(self) -> Mapping[str, Any] | None:
+        """The next action of the environment's reference solution from this
+        episode's current state (None: the reference has nothing more to do).
+
+        It is the oracle of an operator's end-to-end check (``camg.rollout
+        --policy oracle``), served only where the deployment enables
+        ``references``; it must not change the episode.
+        """
+        raise NotFound(f"{type(self).__name__} has no reference solution")
 
     def outcome(self) -> Mapping[str, Any]:
         """Extra fields for the episode's outcome record (e.g. Coding's

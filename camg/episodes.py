@@ -194,6 +194,18 @@ class EpisodeManager:
         task = asyncio.ensure_future(self._step(rec, request))
         return await asyncio.shield(task)
 
+    async def reference(self, episode_id: str) -> dict:
+        """The reference solution's next action for a running episode."""
+        rec = self._lookup(episode_id)
+        if rec.status != "running":
+            raise EpisodeDone(f"episode {episode_id!r} is {rec.status}",
+                              terminal=rec.terminal or {"episode_id": episode_id, "done": True})
+        if rec.busy:
+            raise EpisodeBusy(f"episode {episode_id!r} is running a step")
+        action = await self._call(rec.episode.reference_action,
+                                  timeout=self.limits.action_timeout_s)
+        return {"episode_id": episode_id, "action": None if action is None else dict(action)}
+
     async def _closed_while_created(self, rec: Record) -> None:
         """A DELETE (or shutdown) reached the episode before create answered.
 

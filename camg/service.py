@@ -100,6 +100,7 @@ class Service:
             "task_selection_hash": c.task_selection_hash,
             "task_count": len(self.env.tasks),
             "capacity": c.capacity,
+            "references": c.references,
             "limits": {k: getattr(c.limits, k) for k in c.limits.__dataclass_fields__},
             "hashes": {
                 "manifest": c.manifest.sha256,

@@ -227,6 +227,21 @@ class CodingEpisode(Episode):
             return {}
         return self.report.outcome()
 
+    def reference_action(self) -> Mapping[str, Any] | None:
+        """The gold fix (the row's patch, reversed), as shell actions from
+        step 0, then finish: chunks of the base64 patch appended to a file
+        (a command holds at most max_command_chars), then one git apply -R."""
+        encoded = base64.b64encode(self.task.row.patch.encode()).decode()
+        size = max(1000, self.settings.max_command_chars - 200)
+        chunks = [encoded[i:i + size] for i in range(0, len(encoded), size)]
+        store = "/tmp/.camg-reference.b64"
+        plan = [{"operation": "shell", "command": f"printf %s '{chunk}' >> {store}"}
+                for chunk in chunks]
+        plan.append({"operation": "shell", "command":
+                     f"base64 -d {store} | git apply -R && rm -f {store}"})
+        plan.append({"operation": "finish"})
+        return plan[min(self.steps, len(plan) - 1)]
+
     def state(self) -> Mapping[str, Any]:
         body: dict[str, Any] = {"steps": self.steps, "finished": self.terminal is not None}
         if self.report is not None:

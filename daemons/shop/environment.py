@@ -22,7 +22,7 @@ from camg.hashing import sha256_bytes, verify_recorded
 from camg.typed import parse
 
 from daemons.shop import catalog, goals, javahome, memoryarena, rewards, search
-from daemons.shop.pages import Store
+from daemons.shop.pages import PRODUCT_WINDOW, Store
 from daemons.shop.settings import Settings
 
 log = logging.getLogger("camg.shop")
@@ -227,6 +227,47 @@ class ShopEpisode(Episode):
         store = self.store
         return {"page": store.page if store else None, "steps": self.steps,
                 "purchased": self.purchase is not None}
+
+    def reference_action(self) -> Mapping[str, Any] | None:
+        """The oracle from the current page: search the target's title, page
+        to it, open it, choose the goal's options, buy (None if it is not
+        among the results)."""
+        store, data = self.store, self.task.data
+        if store is None:
+            return None
+        if data.get("kind") == "exact_product":
+            target, options = data["target_asins"][0], data.get("target_options") or {}
+        elif data.get("kind") == "memoryarena":
+            target, options = data["target_asin"], {}
+        else:
+            target, options = data["goal"]["asin"], data["goal"].get("goal_options") or {}
+        target = target.upper()
+        clickables = store.available_actions()["clickables"]
+        if store.page == "search":
+            return {"action": f"search[{self._title_query(target)}]"}
+        if store.page == "results":
+            if target.lower() in clickables:
+                return {"action": f"click[{target.lower()}]"}
+            if target not in store.results:
+                # not among these results (or not found at all by its title)
+                return None if store.keywords == self._title_query(target) \
+                    else {"action": "click[back to search]"}
+            where = store.results.index(target) // PRODUCT_WINDOW + 1
+            return {"action": "click[next >]" if where > store.page_number else "click[< prev]"}
+        if store.page == "item_sub" or (store.page == "item" and store.asin != target):
+            return {"action": "click[< prev]"}
+        if store.page == "item":
+            for value in options.values():
+                if str(value).lower() not in store.options.values() \
+                        and str(value).lower() in clickables:
+                    return {"action": f"click[{str(value).lower()}]"}
+            return {"action": "click[buy now]"}
+        return None
+
+    def _title_query(self, asin: str) -> str:
+        # brackets end WebShop's action argument early; the store lowercases
+        title = self.env.products[asin]["Title"].replace("[", " ").replace("]", " ")
+        return " ".join(title.lower().split(" "))
 
     # -- internals -----------------------------------------------------
     def _check_open(self) -> None:

@@ -79,6 +79,9 @@ class CounterEpisode(Episode):
     def state(self) -> Mapping[str, Any]:
         return {"guesses": len(self.guesses)}
 
+    def reference_action(self) -> Mapping[str, Any] | None:
+        return {"operation": "guess", "value": self.target}
+
 
 class CounterEnvironment(Environment):
     name = "counter"

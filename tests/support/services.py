@@ -45,7 +45,7 @@ def counter_tasks(n: int = 5) -> list[dict]:
 
 def configure_counter(tmp: Path, *, tasks: list[dict] | None = None, capacity: int = 4,
                       limits: dict | None = None, settings: dict | None = None,
-                      sampling: dict | None = None) -> Path:
+                      sampling: dict | None = None, references: bool = False) -> Path:
     """Write manifest + deployment and run camg.configure; return the config path."""
     tmp.mkdir(parents=True, exist_ok=True)
     lock = tmp / "requirements.lock"
@@ -60,7 +60,8 @@ def configure_counter(tmp: Path, *, tasks: list[dict] | None = None, capacity: i
         "executables": {"python": sys.executable},
         "environments": {"counter": {
             "manifest": "counter-manifest.json", "port": free_port(), "capacity": capacity,
-            "factory": COUNTER_FACTORY, "limits": limits or {}, "settings": settings or {}}},
+            "factory": COUNTER_FACTORY, "limits": limits or {}, "settings": settings or {},
+            "references": references}},
     }
     (tmp / "deployment.json").write_text(json.dumps(deployment))
     configure(tmp / "deployment.json", tmp / "prepared", source_tree=clean_git_tree(tmp / "src"))

@@ -345,3 +345,21 @@ def test_files_the_service_verified_are_not_hashed_again(prepared, tasks, tmp_pa
                                             verified_files=verified), tasks)
     with pytest.raises(ConfigError, match="product_pool (changed|.* differs)"):
         edited.start()
+
+
+def test_reference_actions_play_the_oracle(env, tasks):
+    """Episode.reference_action (camg.rollout --policy oracle) reaches the
+    most upstream's reward gives for each goal, from any page it starts on."""
+    for task in random.Random(7).sample(list(tasks), 20):
+        episode, _ = start(env, task)
+        act(episode, "search[pillow cover]")          # start from somewhere else
+        for _ in range(60):
+            action = episode.reference_action()
+            assert action is not None, task.task_id
+            step = episode.step(action)
+            if step.done:
+                break
+        goal = task.data["goal"]
+        _, n_option = rewards.option_reward(goal["goal_options"], goal["goal_options"])
+        n = len(goal["attributes"]) + len(goal["goal_options"]) + 1
+        assert step.done and step.reward == pytest.approx((n - len(goal["goal_options"]) + n_option) / n)

@@ -1,0 +1,91 @@
+"""camg.rollout and the trainer clients against a real camg.serve process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from camg import client as client_mod
+from camg.client import AsyncClient, Client, ServiceError
+from tests.support.services import REPO
+
+
+def run_rollout(routes, *args):
+    return subprocess.run([sys.executable, "-m", "camg.rollout", "--routes", str(routes),
+                           "--env", "counter", "--no-progress", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def summary_of(stdout: str) -> dict:
+    return dict(line.split(None, 1) for line in stdout.splitlines() if line.strip())
+
+
+def test_references_are_refused_unless_the_deployment_enables_them(counter_service):
+    svc = counter_service()
+    client = Client(svc.url)
+    created = client.create()
+    with pytest.raises(client_mod.PermissionDenied, match="references are not enabled"):
+        client.reference(created["episode_id"])
+    assert client.metadata()["references"] is False
+
+
+def test_oracle_earns_the_maximum_and_noop_the_minimum(counter_service, tmp_path):
+    svc = counter_service(references=True, capacity=4)
+    routes = svc.config_path.parent / "routes.json"
+    out = tmp_path / "run.jsonl"
+    oracle = run_rollout(routes, "--policy", "oracle", "--episodes", "12", "--concurrency", "6",
+                         "--out", str(out))
+    assert oracle.returncode == 0, oracle.stderr + oracle.stdout
+    body = summary_of(oracle.stdout)
+    assert body["episodes"] == "12" and body["rewarded"] == "12" and body["errors"] == "0"
+    assert body["reward_min"] == "1" and body["failure_classes"] == "{}"
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 12 and all(line["reward"] == 1.0 for line in lines)
+    # seeds 0..11 over the 5 tasks: every task ran
+    assert len({line["task_id"] for line in lines}) == 5
+    noop = run_rollout(routes, "--policy", "noop", "--episodes", "5", "--concurrency", "2")
+    assert noop.returncode == 0, noop.stderr
+    assert summary_of(noop.stdout)["reward_max"] == "0"
+    # every episode was closed afterwards: nothing is left running
+    assert Client(svc.url).list()["active"] == 0
+
+
+def test_rollout_refuses_an_unknown_environment(tmp_path):
+    routes = tmp_path / "routes.json"
+    routes.write_text(json.dumps({"coding": "http://127.0.0.1:1"}))
+    proc = run_rollout(routes, "--policy", "noop")
+    assert proc.returncode == 2 and "'counter' is not in" in proc.stderr
+
+
+def test_async_client_waits_out_capacity_and_types_errors(counter_service):
+    svc = counter_service(capacity=1)
+
+    async def scenario():
+        async with AsyncClient(svc.url) as client:
+            first = await client.create()
+            with pytest.raises(client_mod.AtCapacity) as info:
+                await client.create()
+            assert info.value.status == 429 and info.value.retry_after >= 1
+
+            async def release_later():
+                await asyncio.sleep(0.5)
+                await client.close(first["episode_id"])
+
+            releaser = asyncio.create_task(release_later())
+            second = await client.create(wait=30)
+            await releaser
+            with pytest.raises(client_mod.InvalidAction):
+                await client.step(second["episode_id"], {"operation": "fly"})
+            done = await client.step(second["episode_id"], {"operation": "finish"})
+            assert done["done"] is True
+            with pytest.raises(client_mod.EpisodeDone):
+                await client.step(second["episode_id"], {"operation": "finish"})
+            with pytest.raises(client_mod.NotFound):
+                await client.get("nope")
+            assert isinstance(info.value, ServiceError)
+
+    asyncio.run(scenario())
