@@ -89,3 +89,34 @@ def test_async_client_waits_out_capacity_and_types_errors(counter_service):
             assert isinstance(info.value, ServiceError)
 
     asyncio.run(scenario())
+
+
+def test_openai_policy_plays_through_a_scripted_model(counter_service, tmp_path):
+    """--policy openai against a local server speaking the real chat protocol:
+    the scripted "model" binary-searches the counter's hidden number from the
+    observations it is sent and answers JSON actions wrapped in prose."""
+    from tests.support.fake_judge import FakeJudge, Reply
+
+    def model(request):
+        messages = request.body["messages"]
+        assert messages[0]["role"] == "system" and '"guess"' in messages[0]["content"]
+        lo, hi = 0, 100
+        guesses = [json.loads(m["content"].split("action: ", 1)[1])["value"]
+                   for m in messages if m["role"] == "assistant"]
+        hints = [json.loads(m["content"]).get("text") for m in messages if m["role"] == "user"][1:]
+        for guess, hint in zip(guesses, hints):
+            lo, hi = (guess + 1, hi) if hint == "higher" else (lo, guess - 1)
+        return Reply(text='my next action: {"operation": "guess", "value": %d}' % ((lo + hi) // 2))
+
+    svc = counter_service(capacity=2)
+    routes = svc.config_path.parent / "routes.json"
+    with FakeJudge(responder=model) as server:
+        proc = subprocess.run(
+            [sys.executable, "-m", "camg.rollout", "--routes", str(routes), "--env", "counter",
+             "--policy", "openai", "--episodes", "3", "--no-progress"], cwd=REPO,
+            capture_output=True, text=True, timeout=300,
+            env={**__import__("os").environ, "CAMG_POLICY_URL": server.url,
+                 "CAMG_POLICY_MODEL": "scripted", "CAMG_POLICY_KEY": "k"})
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    body = summary_of(proc.stdout)
+    assert body["reward_min"] == "1" and body["errors"] == "0"
