@@ -121,6 +121,26 @@ def test_stock_openenv_client_runs_a_whole_shop_episode(services):
     assert any(r["episode_id"] == eid and r["reward"] == 1.0 for r in service.outcomes())
 
 
+def test_openenv_http_routes_drive_a_shop_episode_per_client(services):
+    """OpenEnv's HTTP StepRequest wraps the action: {"action": {"action": ...}};
+    each client (cookie) has its own episode."""
+    import requests
+
+    url = services[0].url
+    first, second = requests.Session(), requests.Session()
+    a = first.post(url + "/reset", json={"seed": 5})
+    b = second.post(url + "/reset", json={"seed": 6})
+    assert a.status_code == b.status_code == 200
+    assert a.json().keys() == {"observation", "reward", "done"}
+    step = first.post(url + "/step", json={"action": {"action": "search[cotton socks]"}})
+    assert step.status_code == 200 and step.json()["observation"]["page"] == "results"
+    assert second.get(url + "/state").json()["environment_state"]["page"] == "search"
+    assert first.get(url + "/state").json()["environment_state"]["page"] == "results"
+    for session in (first, second):
+        eid = session.get(url + "/state").json()["episode_id"]
+        Client(url).close(eid)
+
+
 def test_sigterm_is_a_graceful_stop_despite_the_jvm(services):
     # Runs last in this module: it stops the second service. The JVM must
     # leave SIGTERM to Python (-Xrs), or it exits the worker with 143 before
