@@ -77,6 +77,7 @@ class DemoBuild:
     tag: str
     digest: str
     layers: tuple[layout.Layer, ...]
+    flavor: str = "plain"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,13 +225,154 @@ def _venv(demo: Path, rootfs: Path, base: layout.Layer, wheels: Path) -> layout.
     return _cached_layer(final)
 
 
-def build_demo(cache_root: Path) -> DemoBuild:
-    """The demo image as an OCI layout under ``cache_root``/demo (cached)."""
+# --- the SWE-smith-shaped flavour ---------------------------------------------
+#
+# Laid out like a SWE-smith image: the repository cloned at /testbed with its
+# own history, installed editable into an environment that the profiles'
+# test command activates (``source /opt/miniconda3/bin/activate; conda
+# activate testbed``), and untracked build artifacts left in the clone.
+# Conda itself cannot be installed from the package registries, so
+# /opt/miniconda3/bin/activate is a small stand-in: it defines ``conda
+# activate``/``deactivate`` over environments under /opt/miniconda3/envs,
+# each a venv. Nothing puts the environment on PATH until it is activated.
+
+SWESMITH_NAME = "camg/demo-apispec-6.8.1-swesmith"
+SWESMITH_REPOSITORY = "camg/demo-apispec-swesmith"
+CONDA_ROOT = "/opt/miniconda3"
+CONDA_ENV = f"{CONDA_ROOT}/envs/testbed"
+BUILD_REQUIREMENTS = ("flit-core==3.12.0",)      # apispec's build backend (flit_core<4)
+SWESMITH_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "LANG=C.UTF-8")
+CONDA_ACTIVATE = """\
+# camg stand-in for conda's activation script (conda is not installable from
+# the package registries). Source it, then `conda activate NAME`: NAME is an
+# environment under /opt/miniconda3/envs (a venv). Only activate/deactivate.
+export CONDA_EXE=/opt/miniconda3/bin/conda CONDA_SHLVL=0
+case ":$PATH:" in *:/opt/miniconda3/bin:*) ;; *) export PATH="/opt/miniconda3/bin:$PATH";; esac
+conda() {
+  case "${1-}" in
+    activate)
+      local name="${2-base}" prefix
+      if [ "$name" = base ]; then prefix=/opt/miniconda3; else prefix="/opt/miniconda3/envs/$name"; fi
+      if [ ! -d "$prefix" ]; then
+        echo "EnvironmentNameNotFound: Could not find conda environment: $name" >&2
+        return 1
+      fi
+      if [ "$prefix" != /opt/miniconda3 ]; then
+        VIRTUAL_ENV_DISABLE_PROMPT=1 . "$prefix/bin/activate" || return 1
+      fi
+      export CONDA_PREFIX="$prefix" CONDA_DEFAULT_ENV="$name" CONDA_SHLVL=1
+      ;;
+    deactivate)
+      if command -v deactivate >/dev/null 2>&1; then deactivate; fi
+      unset CONDA_PREFIX CONDA_DEFAULT_ENV
+      export CONDA_SHLVL=0
+      ;;
+    *)
+      echo "conda (camg stand-in): only 'conda activate' and 'conda deactivate'" >&2
+      return 2
+      ;;
+  esac
+}
+"""
+
+
+def _build_wheels(demo: Path) -> Path:
+    key = _key({"requirements": BUILD_REQUIREMENTS})
+    final = demo / f"build-wheels-{key}"
+    if (final / "requirements.txt").is_file():
+        return final
+    with _building(final) as work:
+        _run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+              "--no-deps", "--only-binary=:all:", "-d", str(work), *BUILD_REQUIREMENTS],
+             "pip download (build backend)")
+        (work / "requirements.txt").write_text("\n".join(BUILD_REQUIREMENTS) + "\n")
+    return final
+
+
+def _base_repo(sdist: Path, dest: Path) -> str:
+    """The demo project's repository as tools.coding.demo_tasks.build makes
+    its mirror's base commit (same files, identity and dates: same commit)."""
+    from tools.coding import demo_tasks
+
+    demo_tasks.extract_sdist(sdist, dest)
+    (dest / ".gitignore").write_text(demo_tasks.GITIGNORE)
+    version = sdist.name.removesuffix(".tar.gz").rpartition("-")[2]
+    for args in (("init", "-q", "--template=", "-b", "main"), ("add", "-A", "-f"),
+                 ("commit", "-q", "-m", f"apispec {version} from its sdist")):
+        demo_tasks._git(dest, *args)
+    return demo_tasks._git(dest, "rev-parse", "HEAD").strip()
+
+
+def _swesmith(demo: Path, rootfs: Path, base: layout.Layer, wheels: Path) -> layout.Layer:
+    from tools.coding import demo_tasks
+
+    sdist = demo_tasks.fetch_sdist(demo / "sdist")
+    build = _build_wheels(demo)
+    key = _key({"base": base.digest, "requirements": REQUIREMENTS, "build": BUILD_REQUIREMENTS,
+                "sdist": sdist.name, "activate": CONDA_ACTIVATE, "layout": "v1"})
+    final = demo / f"swesmith-{key}"
+    cached = _cached_layer(final)
+    if cached is not None:
+        return cached
+    inside = rootfs / "tmp" / "camg-wheels"
+    owned = (CONDA_ROOT.lstrip("/"), WORKSPACE.lstrip("/"))
+    try:
+        with _building(final) as work:
+            for rel in owned:
+                shutil.rmtree(rootfs / rel, ignore_errors=True)
+            shutil.rmtree(inside, ignore_errors=True)
+            shutil.copytree(wheels, inside)
+            for wheel in build.glob("*.whl"):
+                shutil.copy(wheel, inside)
+            # The clone: the same base commit the demo mirror has (same sdist,
+            # same fixed identity and dates), so it is this project's history.
+            testbed = rootfs / WORKSPACE.lstrip("/")
+            _base_repo(sdist, testbed)
+            chroot = ["unshare", "--mount", "--net", "--propagation", "private", "chroot", str(rootfs)]
+            _run([*chroot, "/usr/bin/python3", "-m", "venv", CONDA_ENV], "venv", env=CHROOT_ENV)
+            pip = [*chroot, f"{CONDA_ENV}/bin/python", "-m", "pip", "install", "--quiet",
+                   "--no-index", "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
+                   "--find-links", "/tmp/camg-wheels"]
+            _run([*pip, "-r", "/tmp/camg-wheels/requirements.txt", *BUILD_REQUIREMENTS],
+                 "pip install (env)", env=CHROOT_ENV)
+            # SWE-smith's install_cmds: `python -m pip install -e .` in /testbed.
+            _run([*pip, "--no-build-isolation", "-e", WORKSPACE], "pip install -e /testbed",
+                 env=CHROOT_ENV)
+            # Build artifacts the clone keeps untracked (SWE-smith images carry
+            # egg-info, compiled extensions, bytecode): byte-compiled sources.
+            _run([*chroot, f"{CONDA_ENV}/bin/python", "-m", "compileall", "-q",
+                  f"{WORKSPACE}/src"], "compileall", env=CHROOT_ENV)
+            activate = rootfs / CONDA_ROOT.lstrip("/") / "bin" / "activate"
+            activate.parent.mkdir(parents=True, exist_ok=True)
+            activate.write_text(CONDA_ACTIVATE)
+            os.chmod(activate, 0o644)
+            layer = layout.layer_from_tree(rootfs, work / "layer.tar.gz", include=owned)
+            _finish_layer(work, layer)
+    finally:
+        shutil.rmtree(inside, ignore_errors=True)
+        # The shared build rootfs goes back to what the plain flavour expects.
+        for rel in owned:
+            shutil.rmtree(rootfs / rel, ignore_errors=True)
+        (rootfs / WORKSPACE.lstrip("/")).mkdir(mode=0o755, exist_ok=True)
+    return _cached_layer(final)
+
+
+def build_demo(cache_root: Path, flavor: str = "plain") -> DemoBuild:
+    """The demo image as an OCI layout under ``cache_root``/demo (cached).
+
+    ``flavor``: "plain" (the test venv at /opt/testbed-venv, an empty
+    /testbed) or "swesmith" (laid out like a SWE-smith image, see above).
+    """
+    if flavor not in FLAVORS:
+        raise DatasetError(f"demo image: unknown flavour {flavor!r}")
     demo = Path(cache_root).absolute() / "demo"
     with _locked(demo / "lock"):
         shutil.rmtree(demo / "tmp", ignore_errors=True)
         (demo / "tmp").mkdir(parents=True)
         rootfs, base = _base(demo)
+        if flavor == "swesmith":
+            return _swesmith_build(demo, rootfs, base)
         venv = _venv(demo, rootfs, base, _wheels(demo))
         layers = (base, venv)
         config = layout.image_config(
@@ -248,12 +390,36 @@ def build_demo(cache_root: Path) -> DemoBuild:
         return DemoBuild(out, TAG, digest_file.read_text().strip(), layers)
 
 
-def spec_for(registry: str, digest: str) -> ImageSpec:
-    return ImageSpec(name=NAME, repository=f"{registry}/{REPOSITORY}", digest=digest, workspace=WORKSPACE)
+def _swesmith_build(demo: Path, rootfs: Path, base: layout.Layer) -> DemoBuild:
+    layer = _swesmith(demo, rootfs, base, _wheels(demo))
+    layers = (base, layer)
+    config = layout.image_config(
+        layers, env=SWESMITH_ENV, working_dir=WORKSPACE,
+        labels={"org.opencontainers.image.title": SWESMITH_NAME,
+                "camg.demo.requirements": ",".join(REQUIREMENTS + BUILD_REQUIREMENTS)},
+        history=(f"debootstrap --variant=minbase --include={','.join(BASE_PACKAGES)} {SUITE}",
+                 f"git clone (base commit) /testbed; venv {CONDA_ENV}; pip install -e /testbed; "
+                 "conda activation stand-in"))
+    out = demo / f"layout-swesmith-{_key([base.digest, layer.digest, sha256_json(config.decode())])}"
+    digest_file = out / "digest"
+    if not digest_file.is_file():
+        shutil.rmtree(out, ignore_errors=True)
+        digest = layout.write_layout(out, layers, config, TAG)
+        digest_file.write_text(digest + "\n")
+    return DemoBuild(out, TAG, digest_file.read_text().strip(), layers, "swesmith")
+
+
+FLAVORS = {"plain": (NAME, REPOSITORY), "swesmith": (SWESMITH_NAME, SWESMITH_REPOSITORY)}
+
+
+def spec_for(registry: str, digest: str, flavor: str = "plain") -> ImageSpec:
+    name, repository = FLAVORS[flavor]
+    return ImageSpec(name=name, repository=f"{registry}/{repository}", digest=digest,
+                     workspace=WORKSPACE)
 
 
 def publish(build: DemoBuild, registry: str, *, skopeo: str = "skopeo") -> ImageSpec:
-    spec = spec_for(registry, build.digest)
+    spec = spec_for(registry, build.digest, build.flavor)
     served = layout.push(build.layout, build.tag, spec.repository, skopeo=skopeo)
     if served != build.digest:
         raise DatasetError(f"demo image: registry {registry} serves {served}, built {build.digest}")
@@ -274,7 +440,7 @@ def cache_root_from_env() -> Path:
 
 
 def ensure_demo_image(cache_root: str | Path, registry: str | None = None, *,
-                      skopeo: str = "skopeo") -> DemoImage:
+                      skopeo: str = "skopeo", flavor: str = "plain") -> DemoImage:
     """Build (cached), publish and pull back the demo image; returns its materialized rootfs.
 
     With ``registry=None`` a throwaway docker-registry is started on
@@ -283,11 +449,12 @@ def ensure_demo_image(cache_root: str | Path, registry: str | None = None, *,
     cache, nothing is pushed or pulled.
     """
     cache_root = Path(cache_root).absolute()
-    build = build_demo(cache_root)
+    build = build_demo(cache_root, flavor)
     options = default_options()
     marker = cache.read_marker(cache_root, build.digest)
     if cache.marker_matches(marker, build.digest, options) and registry is None:
-        spec = spec_for(marker["repository"].rsplit("/", 2)[0], build.digest)
+        registry_part = marker["repository"][:-len(FLAVORS[flavor][1]) - 1]
+        spec = spec_for(registry_part, build.digest, flavor)
         return _materialize(spec, cache_root, skopeo)
     if registry is not None:
         return _materialize(publish(build, registry, skopeo=skopeo), cache_root, skopeo)

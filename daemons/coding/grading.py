@@ -9,6 +9,12 @@ test command between swebench's start/end markers under ``set -x``. The log
 is parsed on the service side by the installed swebench (get_logs_eval,
 get_eval_tests_report, get_resolution_status) through swebench_shim.
 
+Before the diff is applied the test command is started once on the pristine
+tree with the grader's guard plugin in probe mode (a runner that cannot
+start is a GraderError, never a 0.0); the graded run has the guard loaded
+first and plugin autoloading off, and its signed channel is printed after
+the end marker for integrity.py's cross-check.
+
 The agent's diff is filtered twice: test files are dropped from it before it
 is applied (so recreating a test file the agent never saw cannot make the
 whole diff fail), and the script reverts anything that slipped through
@@ -267,9 +273,15 @@ done || exit {EXIT_STATE}
 set -x
 : '{start}'
 {profile.test_cmd}
+rc=$?
 : '{end}'
 {{ set +x; }} 2>/dev/null
 show_channel
+# The test command's own status is the script's (the agent's code cannot
+# forge a process's exit status the way it can print lines); never one of
+# the grader's own codes.
+if [ $rc -ge {EXIT_SETUP} ] && [ $rc -le {EXIT_RUNNER} ]; then rc=1; fi
+exit $rc
 """
 
 
@@ -361,7 +373,7 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
                           f"{log[-2000:]}")
     test_part = log[log.index(START_TEST_OUTPUT):]
     run = integrity.read_channel(test_part, key)
-    if exit_code in (126, 127) and not run.hello:
+    if exit_code in (126, 127) and not run.hello and not findings:
         raise GraderError(f"the test command could not be run after the diff (exit {exit_code})")
     spec = TestSpec(instance_id=row.instance_id, repo=row.repo, version=SWEBENCH_VERSION,
                     repo_script_list=[], eval_script_list=[], env_script_list=[],

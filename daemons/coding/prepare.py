@@ -5,6 +5,7 @@
         --images /srv/camg/data/coding/materialized-images.json \\
         --output /srv/camg/data/coding/manifest.json \\
         [--select ids.txt] [--limit N] [--seed S] [--layers-root DIR | --no-layers]
+        [--validate [--sample N] [--helper-socket SOCK]]
 
 Every row is validated (a bad row names its index, instance_id and field),
 the selection keeps the ids and the order given (the --select file's order,
@@ -52,9 +53,15 @@ def read_selection(path: str | Path) -> list[str]:
 
 def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_path: str | Path,
                    output: str | Path, select: str | Path | None = None, limit: int | None = None,
-                   seed: int | None = None, layers_root: str | Path | None = DEFAULT_LAYERS_ROOT
-                   ) -> dict:
-    """Validate, select, resolve and write the manifest; return its body."""
+                   seed: int | None = None, layers_root: str | Path | None = DEFAULT_LAYERS_ROOT,
+                   validate: bool = False, sample: int | None = None,
+                   helper_socket: str | None = None) -> dict:
+    """Validate, select, resolve and write the manifest; return its body.
+
+    ``validate``: also grade gold and no-op of every task (or of a seeded
+    ``sample``) in sandboxes and refuse, naming them, the tasks whose gold
+    is not 1.0 or whose no-op is not 0.0 (daemons.coding.validate).
+    """
     from camg.hashing import sha256_file
 
     raw = rows_mod.read(rows_path)
@@ -82,13 +89,17 @@ def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_pa
     for row in chosen:
         profiles.for_repo(row.repo)
     catalog = images_mod.load(images_path)
+    if validate and layers_root is None:
+        raise DatasetError("--validate grades in sandboxes over the task layers: "
+                           "it cannot be combined with --no-layers")
     tasks = []
+    built_layers = {}
     bar = progress.Progress("coding: task layers", len(chosen), "task")
     for row, ref in zip(chosen, refs):
         image = images_mod.lookup(catalog, row.image_name)
         if layers_root is not None:
-            layers.ensure(layers_root, ref, build=True, image_rootfs=image.rootfs,
-                          image_key=image.hash)
+            built_layers[row.instance_id] = layers.ensure(
+                layers_root, ref, build=True, image_rootfs=image.rootfs, image_key=image.hash)
         bar.update()
         data = row.to_data()
         data["mirror"] = ref.to_data()
@@ -98,11 +109,42 @@ def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_pa
     sampling = {"order": "select" if select is not None else "rows", "seed": seed,
                 "limit": limit,
                 "select_sha256": sha256_file(select) if select is not None else None}
+    if validate:
+        sampling["validation"] = _validate(chosen, refs, catalog, built_layers, mirrors_root,
+                                           images_path, layers_root, sample, seed,
+                                           helper_socket)
     body = manifest.build("coding", tasks, sampling=sampling,
                           files={"rows": rows_path, "images": images_path},
                           created_by=CREATED_BY)
     manifest.write(output, body)
     return body
+
+
+def _validate(chosen, refs, catalog, built_layers, mirrors_root, images_path, layers_root,
+              sample, seed, helper_socket) -> dict:
+    from camg.helper_client import DEFAULT_SOCKET
+    from camg.hashing import sha256_json
+
+    from daemons.coding import validate as validation
+    from daemons.coding.episode import Prepared
+    from daemons.coding.settings import Settings
+
+    ids = validation.sample([r.instance_id for r in chosen], sample, seed)
+    by_id = {row.instance_id: (row, ref) for row, ref in zip(chosen, refs)}
+    prepared = []
+    for task_id in ids:
+        row, ref = by_id[task_id]
+        image = images_mod.lookup(catalog, row.image_name)
+        prepared.append(Prepared(row, ref, image, built_layers[task_id],
+                                 profiles.for_repo(row.repo)))
+    settings = Settings(mirrors_root=str(Path(mirrors_root).resolve()),
+                        images=str(Path(images_path).resolve()),
+                        layers_root=str(Path(layers_root).resolve()))
+    results = validation.validate(prepared, settings, helper_socket or DEFAULT_SOCKET)
+    validation.refuse_bad(results)
+    return {"sample": sample, "validated": len(results), "of": len(chosen),
+            "grader": sha256_json({"guard": layers.guard_digest(), "created_by": CREATED_BY}),
+            "results": {r.task_id: r.to_data() for r in results}}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,16 +162,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                               help=f"where task layers are built (default {DEFAULT_LAYERS_ROOT})")
     layers_group.add_argument("--no-layers", action="store_true",
                               help="skip building task layers (the service builds them as root)")
+    ap.add_argument("--validate", action="store_true",
+                    help="grade gold and no-op per task in sandboxes; refuse bad tasks")
+    ap.add_argument("--sample", type=int, help="with --validate: validate N tasks (seeded)")
+    ap.add_argument("--helper-socket", help="with --validate: the camg-helper socket")
     args = ap.parse_args(argv)
+    if args.sample is not None and not args.validate:
+        ap.error("--sample needs --validate")
     try:
         body = prepare_coding(rows_path=args.rows, mirrors_root=args.mirrors_root,
                               images_path=args.images, output=args.output, select=args.select,
                               limit=args.limit, seed=args.seed,
-                              layers_root=None if args.no_layers else args.layers_root)
+                              layers_root=None if args.no_layers else args.layers_root,
+                              validate=args.validate, sample=args.sample,
+                              helper_socket=args.helper_socket)
     except (CamgError, OSError) as exc:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2
-    print(f"camg.prepare: wrote {args.output} with {len(body['tasks'])} coding task(s)")
+    checked = body["sampling"].get("validation")
+    note = f", {checked['validated']} validated (gold 1.0, no-op 0.0)" if checked else ""
+    print(f"camg.prepare: wrote {args.output} with {len(body['tasks'])} coding task(s){note}")
     return 0
 
 

@@ -22,6 +22,12 @@ from pathlib import Path
 from camg.errors import DatasetError
 
 DEMO_OWNER = "camg-demo"
+#: rows of the demo project served from the SWE-smith-shaped demo image
+DEMO_SWESMITH_OWNER = "camg-demo-swesmith"
+# SWE-smith's PythonProfile.test_cmd (swesmith 0.0.9), verbatim: the
+# SWE-smith-shaped demo image is graded with it unmodified.
+SWESMITH_PYTHON_TEST_CMD = ("source /opt/miniconda3/bin/activate; conda activate testbed; "
+                            "pytest --disable-warnings --color=no --tb=no --verbose")
 DEMO_VENV = "/opt/testbed-venv"
 # Same flags as SWE-smith's Python profiles, so the verbose per-test lines the
 # parser reads look the same. No cache provider: the grader's repo must not
@@ -85,6 +91,9 @@ def for_repo(repo: str) -> Profile:
     owner, _, name = repo.partition("/")
     if owner == DEMO_OWNER:
         profile = demo_profile(name)
+    elif owner == DEMO_SWESMITH_OWNER:
+        profile = Profile(key=name, test_cmd=SWESMITH_PYTHON_TEST_CMD,
+                          parser=parse_pytest_verbose, timeout=300.0, source="demo-swesmith")
     else:
         registry = _swesmith_registry()
         if registry is None:

@@ -347,6 +347,15 @@ def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, t
         done = client.step(noop["episode_id"], {"operation": "finish"})
         assert done["reward"] == 0.0 and done.get("failure_class") is None, done
 
+        # Gold fix plus a process that ends with success before the session
+        # does: 0.0, and the outcome record says why.
+        tampered = client.create(task_id=task.task_id)
+        client.step(tampered["episode_id"], {"operation": "shell", "command":
+                    f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF\n"
+                    "printf 'import os\\nos._exit(0)\\n' >> src/apispec/__init__.py"})
+        done = client.step(tampered["episode_id"], {"operation": "finish"})
+        assert done["reward"] == 0.0 and done.get("failure_class") is None, done
+
         before = coding_helper.sandbox_inits()
         killed = client.create(task_id=task.task_id)
         (init,) = coding_helper.sandbox_inits() - before
@@ -355,7 +364,9 @@ def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, t
         assert done["done"] is True and done["reward"] is None, done
         assert done["failure_class"] == "sandbox_died"
         outcomes = service.outcomes()
-        assert [o["reward"] for o in outcomes] == [1.0, 0.0, None]
+        assert [o["reward"] for o in outcomes] == [1.0, 0.0, 0.0, None]
+        assert [o.get("integrity") for o in outcomes] == ["ok", "ok", "tampered", None]
+        assert {e["rule"] for e in outcomes[2]["integrity_evidence"]} >= {"runner_internals"}
     finally:
         assert service.stop() == 0, service.output()[-3000:]
 
@@ -443,7 +454,7 @@ def test_image_workspace_is_masked_but_its_build_artifacts_show(prepared, coding
         try:
             real = env.prepared[task.task_id]
             stacked = dataclasses_replace(real, layers=built)
-            episode = CodingEpisode(env, stacked, "masked")
+            episode = CodingEpisode(env.settings, env.helper, stacked, "masked")
             original = episode._create
             episode._create = lambda lowers: original([lowers[0], str(fake), *lowers[1:]])
             try:
@@ -520,3 +531,18 @@ def test_grader_sandbox_killed_is_grader_error(env, coding_helper):
         assert info.value.failure_class is FailureClass.GRADER_ERROR
     finally:
         episode.close()
+
+
+def test_reference_actions_earn_one_on_every_task(env):
+    """Episode.reference_action (camg.rollout --policy oracle) is the gold fix."""
+    for task in env.tasks:
+        episode = env.create_episode(task, seed=None, episode_id="ref")
+        try:
+            episode.reset()
+            for _ in range(50):
+                step = episode.step(episode.reference_action())
+                if step.done:
+                    break
+            assert step.done and episode.grade() == 1.0, (task.task_id, episode.state())
+        finally:
+            episode.close()

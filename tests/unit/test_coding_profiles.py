@@ -79,3 +79,11 @@ def test_mutations_are_deterministic_for_a_seed():
     one = [m.source for m in bugs.mutations("m.py", SOURCE, random.Random(5))]
     two = [m.source for m in bugs.mutations("m.py", SOURCE, random.Random(5))]
     assert one == two and len(set(one)) == len(one)
+
+
+def test_swesmith_shaped_demo_runs_swesmiths_own_python_test_command():
+    from swesmith.profiles.python import PythonProfile
+    from daemons.coding import profiles as p
+    default = PythonProfile.__dataclass_fields__["test_cmd"].default
+    assert p.SWESMITH_PYTHON_TEST_CMD == default
+    assert p.for_repo("camg-demo-swesmith/x__y.12345678").test_cmd == default

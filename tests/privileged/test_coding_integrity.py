@@ -1,0 +1,182 @@
+"""Tamper resistance and no silent zeros, graded in real grader sandboxes on the demo image.
+
+Each canary of tools/coding/canaries.py is applied to a copy of a task's
+agent layer, the agent diff is taken with the service's command, and the
+episode grades it exactly as the service does (fresh grader sandbox over
+[image, grader layer], the root-owned guard plugin, swebench's parse, the
+cross-check). Every technique earns 0.0 alone and next to the gold fix,
+with integrity "tampered"; a runner that cannot start is a GraderError;
+an agent that breaks the package's imports earns an honest 0.0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from camg import errors
+from daemons.coding import grading, layers
+from tools.coding import canaries
+from test_coding_episodes import (CACHE, coding_helper, demo_image, demo_set, env,  # noqa: F401
+                                  prepared)
+
+pytestmark = [pytest.mark.privileged, pytest.mark.slow]
+
+
+def workspace_diff(env, task, edit) -> bytes:
+    """Apply ``edit(work)`` to a copy of the task's agent layer; the agent diff."""
+    built = env.prepared[task.task_id].layers
+    tmp = Path(tempfile.mkdtemp(prefix="camg-canary-"))
+    try:
+        subprocess.run(["cp", "-a", built.agent, str(tmp / "agent")], check=True)
+        work = tmp / "agent" / "testbed"
+        edit(work)
+        cmd = grading.diff_command(built.snapshot, private_git=str(tmp / "agent" / layers.PRIVATE_GIT),
+                                   workdir=str(work))
+        return subprocess.run(["bash", "-c", cmd], capture_output=True, check=True).stdout
+    finally:
+        shutil.rmtree(tmp)
+
+
+def grade(env, task, diff: bytes, episode_id: str, **prepared_changes):
+    episode = env.create_episode(task, seed=None, episode_id=episode_id)
+    if prepared_changes:
+        episode.task = dataclasses.replace(episode.task, **prepared_changes)
+    episode.diff = diff
+    try:
+        reward = episode.grade()
+        return reward, episode.report, episode.outcome()
+    finally:
+        episode.close()
+
+
+def reverse_gold(task):
+    def edit(work):
+        subprocess.run(["git", "apply", "-R", "-"], input=task.data["patch"].encode(), cwd=work,
+                       check=True)
+    return edit
+
+
+@pytest.mark.parametrize("with_gold", [False, True], ids=["alone", "with_gold"])
+@pytest.mark.parametrize("technique", sorted(canaries.TECHNIQUES))
+def test_canary_earns_zero_in_the_grader_sandbox(env, technique, with_gold):
+    task = env.tasks[0]
+    row = env.prepared[task.task_id].row
+
+    def edit(work):
+        if with_gold:
+            reverse_gold(task)(work)
+        canaries.apply(technique, work, row, package="apispec")
+    reward, report, outcome = grade(env, task, workspace_diff(env, task, edit),
+                                    f"canary-{technique}-{with_gold}")
+    assert reward == 0.0, (technique, report)
+    assert outcome["integrity"] == "tampered" and outcome["integrity_evidence"], outcome
+
+
+# The demo profile starts pytest through its entry script, which does not put
+# /testbed on sys.path first: a top-level pytest.py there is inert (the gold
+# fix under it honestly earns 1.0 when the screen is off). `python -m pytest`
+# commands are covered by the unit suite.
+_INERT_HERE = {"shadow_pytest_module"}
+
+
+@pytest.mark.parametrize("technique", sorted(t for t, v in canaries.TECHNIQUES.items()
+                                             if v.runtime_rule and t not in _INERT_HERE))
+def test_guard_alone_catches_the_canary_in_the_sandbox(env, technique, monkeypatch):
+    from daemons.coding import integrity
+    monkeypatch.setattr(integrity, "screen", lambda diff: [])
+    task = env.tasks[0]
+    row = env.prepared[task.task_id].row
+
+    def edit(work):
+        reverse_gold(task)(work)
+        canaries.apply(technique, work, row, package="apispec")
+    reward, report, _ = grade(env, task, workspace_diff(env, task, edit), f"guard-{technique}")
+    assert reward == 0.0, (technique, report)
+    assert canaries.TECHNIQUES[technique].runtime_rule in {e["rule"] for e in report.evidence}
+
+
+def test_gold_alone_is_one_and_clean_on_every_task(env):
+    for task in env.tasks:
+        reward, report, outcome = grade(env, task, workspace_diff(env, task, reverse_gold(task)),
+                                        f"gold-{task.task_id[-8:]}")
+        assert reward == 1.0 and outcome["integrity"] == "ok", (task.task_id, report)
+
+
+def test_missing_runner_is_grader_error(env):
+    task = env.tasks[0]
+    base = env.prepared[task.task_id].profile
+    for broken in (base.test_cmd.replace("pytest ", "no-such-pytest ", 1),
+                   "/opt/no-such-env/bin/python -m pytest --verbose"):
+        profile = dataclasses.replace(base, test_cmd=broken)
+        with pytest.raises(errors.GraderError, match="cannot start") as info:
+            grade(env, task, workspace_diff(env, task, reverse_gold(task)), "no-runner",
+                  profile=profile)
+        assert info.value.failure_class is errors.FailureClass.GRADER_ERROR
+
+
+def test_runner_that_collects_none_of_the_tests_is_grader_error(env):
+    task = env.tasks[0]
+    base = env.prepared[task.task_id].profile
+    profile = dataclasses.replace(base, test_cmd=base.test_cmd + " -k camg_no_such_test")
+    with pytest.raises(errors.GraderError, match="collects none"):
+        grade(env, task, b"", "blind-runner", profile=profile)
+
+
+def test_agent_breaking_the_package_earns_zero(env):
+    task = env.tasks[0]
+
+    def edit(work):
+        reverse_gold(task)(work)
+        init = work / "src" / "apispec" / "__init__.py"
+        init.write_text(init.read_text() + "\nraise ImportError('broken by the agent')\n")
+    reward, report, outcome = grade(env, task, workspace_diff(env, task, edit), "broken")
+    assert reward == 0.0 and outcome["integrity"] == "ok", report
+    assert report.none_collected
+
+
+def test_validate_refuses_planted_bad_tasks_and_records_good_ones(demo_set, prepared,
+                                                                  coding_helper, tmp_path):
+    """camg.prepare --validate: gold and no-op graded in sandboxes; a task whose
+    gold cannot pass (a FAIL_TO_PASS test that does not exist) and one whose
+    no-op already passes (a passing test planted in FAIL_TO_PASS) are refused
+    by name; the good tasks' results are recorded in the manifest."""
+    import json
+    from camg import manifest
+    from camg.prepare import main
+
+    rows = [json.loads(line) for line in (demo_set / "tasks.jsonl").read_text().splitlines()]
+    good = rows[:2]
+    bad_gold = dict(rows[2], FAIL_TO_PASS=rows[2]["FAIL_TO_PASS"]
+                    + ["tests/test_core.py::test_camg_planted_missing"])
+    bad_noop = dict(rows[3], FAIL_TO_PASS=[rows[3]["PASS_TO_PASS"][0]],
+                    PASS_TO_PASS=rows[3]["PASS_TO_PASS"][1:])
+    planted = tmp_path / "rows.jsonl"
+    planted.write_text("".join(json.dumps(r) + "\n" for r in [*good, bad_gold, bad_noop]))
+    common = ["--environment", "coding", "--mirrors-root", str(demo_set / "mirrors"),
+              "--images", str(prepared["images"]), "--layers-root", str(CACHE / "layers"),
+              "--helper-socket", coding_helper.socket, "--validate"]
+    out = tmp_path / "manifest.json"
+    import io
+    import contextlib
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main([*common, "--rows", str(planted), "--output", str(out)]) == 2
+    message = err.getvalue()
+    assert "refused 2 of 4" in message, message
+    assert bad_gold["instance_id"] in message and bad_noop["instance_id"] in message
+    assert good[0]["instance_id"] not in message and not out.exists()
+
+    fine = tmp_path / "good.jsonl"
+    fine.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main([*common, "--rows", str(fine), "--output", str(out), "--sample", "2",
+                 "--seed", "3"]) == 0
+    body = manifest.load(out)
+    validation = body.sampling["validation"]
+    assert validation["validated"] == 2 and validation["of"] == len(rows)
+    assert all(r == {"gold": 1.0, "noop": 0.0} for r in validation["results"].values())

@@ -1,0 +1,151 @@
+"""Coding on an image laid out like SWE-smith's (tools.oci_demo flavour "swesmith").
+
+The image has the repository cloned at /testbed with its own history,
+installed editable into /opt/miniconda3/envs/testbed, activated through
+/opt/miniconda3/bin/activate + `conda activate testbed` (a stand-in for
+conda's), and untracked build artifacts (bytecode) in the clone. The demo
+tasks are served from it with SWE-smith's own Python test command,
+unmodified; preparation validates every task (gold 1.0, no-op 0.0) in
+sandboxes; the clone-masking path (opaque .git, whiteouts, artifacts
+showing through) is checked from inside an episode; tampering still earns
+0.0.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from camg import manifest
+from camg.environment import ServiceContext
+from daemons.coding import profiles
+from tools.coding import canaries
+from test_coding_episodes import (CACHE, FINISH, coding_helper, demo_image, demo_set,  # noqa: F401
+                                  run_episode, shell)
+from test_coding_integrity import grade, reverse_gold, workspace_diff
+
+pytestmark = [pytest.mark.privileged, pytest.mark.slow]
+
+ACTIVATE = "source /opt/miniconda3/bin/activate; conda activate testbed; "
+
+
+@pytest.fixture(scope="module")
+def swesmith_image(coding_helper):
+    from tools import oci_demo as demo
+    return demo.ensure_demo_image(demo.cache_root_from_env(), flavor="swesmith")
+
+
+@pytest.fixture(scope="module")
+def swesmith_prepared(swesmith_image, demo_set, coding_helper, tmp_path_factory):
+    """The demo rows, served from the SWE-smith-shaped image, validated."""
+    from camg.oci.images import write_materialized
+    from daemons.coding.prepare import prepare_coding
+    from tools import oci_demo as demo
+    from tools.coding.swesmith_demo import rewrite_rows
+    work = tmp_path_factory.mktemp("coding-swesmith")
+    rows = rewrite_rows(demo_set / "tasks.jsonl", work / "rows.jsonl")
+    images = work / "materialized-images.json"
+    write_materialized(images, (swesmith_image.image,))
+    out = work / "manifest.json"
+    prepare_coding(rows_path=work / "rows.jsonl", mirrors_root=demo_set / "mirrors",
+                   images_path=images, output=out, layers_root=CACHE / "layers",
+                   validate=True, helper_socket=coding_helper.socket)
+    return {"manifest": out, "images": images, "mirrors": demo_set / "mirrors", "work": work,
+            "rows": rows}
+
+
+@pytest.fixture(scope="module")
+def swesmith_env(swesmith_prepared, coding_helper):
+    from daemons.coding.environment import CodingEnvironment
+    loaded = manifest.load(swesmith_prepared["manifest"])
+    state = swesmith_prepared["work"] / "state"
+    state.mkdir(exist_ok=True)
+    context = ServiceContext("coding", str(state), {
+        "mirrors_root": str(swesmith_prepared["mirrors"]),
+        "images": str(swesmith_prepared["images"]),
+        "layers_root": str(CACHE / "layers")}, coding_helper.socket)
+    environment = CodingEnvironment(context, loaded.tasks)
+    environment.start()
+    yield environment
+    environment.stop()
+
+
+def test_image_is_laid_out_like_swesmith(swesmith_image):
+    import subprocess
+    root = swesmith_image.rootfs
+    assert (root / "testbed/.git").is_dir()
+    log = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(root / "testbed"), "log",
+                          "--format=%s"], capture_output=True, text=True, check=True).stdout
+    assert log.strip() == "apispec 6.8.1 from its sdist"
+    assert (root / "opt/miniconda3/bin/activate").is_file()
+    assert (root / "opt/miniconda3/envs/testbed/bin/pytest").is_file()
+    site = root / "opt/miniconda3/envs/testbed/lib/python3.11/site-packages"
+    assert list(site.glob("apispec-6.8.1.dist-info")), "not installed (editable)"
+    assert list((root / "testbed/src/apispec").glob("__pycache__/*.pyc")), "no build artifacts"
+    assert not (root / "opt/testbed-venv").exists()
+    assert not any("testbed" in e for e in swesmith_image.image.env if e.startswith("PATH="))
+
+
+def test_every_task_validated_gold_one_noop_zero(swesmith_prepared):
+    body = manifest.load(swesmith_prepared["manifest"])
+    validation = body.sampling["validation"]
+    assert validation["validated"] == len(swesmith_prepared["rows"]) == len(body.tasks)
+    assert all(r == {"gold": 1.0, "noop": 0.0} for r in validation["results"].values())
+
+
+def test_profile_runs_swesmiths_command_unmodified(swesmith_env):
+    task = swesmith_env.tasks[0]
+    assert swesmith_env.prepared[task.task_id].profile.test_cmd == \
+        profiles.SWESMITH_PYTHON_TEST_CMD
+
+
+def test_workspace_is_the_task_repo_over_the_image_clone(swesmith_env):
+    task = swesmith_env.tasks[0]
+    row = swesmith_env.prepared[task.task_id].row
+    hidden = sorted({t.split("::")[0] for t in row.fail_to_pass})
+    checks = [
+        shell("git log --format=%s | wc -l"),
+        shell("git status --porcelain | wc -l"),
+        shell(" ; ".join(f"test -e {shlex.quote(p)} && echo present-{i}"
+                         for i, p in enumerate(hidden)) + " ; echo checked"),
+        shell("ls src/apispec/__pycache__ | grep -c '\\.pyc$'"),
+        shell("command -v pytest || echo no-pytest-before-activation"),
+        shell(ACTIVATE + "python -c 'import apispec, sys; print(apispec.__file__)'"),
+        shell(ACTIVATE + "pytest --disable-warnings --color=no --tb=no --verbose "
+              "tests/test_utils.py 2>&1 | tail -3"),
+    ]
+    _, out, _, _ = run_episode(swesmith_env, task, checks, episode_id="swesmith-ws")
+    texts = [o["output"].strip() for o in out]
+    assert texts[0] == "1", texts[0]                       # only the snapshot commit
+    assert texts[1] == "0", texts[1]                       # artifacts do not show as changes
+    assert "present-" not in texts[2] and texts[2].endswith("checked"), texts[2]
+    assert int(texts[3]) > 0, texts[3]                     # the image's bytecode shows through
+    assert "no-pytest-before-activation" in texts[4], texts[4]
+    assert texts[5] == "/testbed/src/apispec/__init__.py", texts[5]
+    assert " passed" in texts[6], texts[6]
+
+
+def test_gold_through_shell_actions_earns_one(swesmith_env):
+    task = swesmith_env.tasks[1]
+    patch = task.data["patch"]
+    _, out, reward, episode = run_episode(
+        swesmith_env, task, [shell(f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF"), FINISH],
+        episode_id="swesmith-gold")
+    assert reward == 1.0, episode.state()
+
+
+@pytest.mark.parametrize("technique", ["hook_registered_on_import", "os_exit_0_early",
+                                       "forged_log_lines", "patch_pytest_on_import",
+                                       "dist_info_entry_point_plugin"])
+def test_canary_with_gold_earns_zero(swesmith_env, technique):
+    task = swesmith_env.tasks[0]
+    row = swesmith_env.prepared[task.task_id].row
+
+    def edit(work):
+        reverse_gold(task)(work)
+        canaries.apply(technique, work, row, package="apispec")
+    reward, report, outcome = grade(swesmith_env, task, workspace_diff(swesmith_env, task, edit),
+                                    f"swesmith-{technique}")
+    assert reward == 0.0 and outcome["integrity"] == "tampered", report
