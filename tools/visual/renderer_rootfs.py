@@ -44,7 +44,8 @@ from camg.hashing import sha256_json
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 SECURITY = "http://deb.debian.org/debian-security"
-BROWSER_PACKAGES = ("chromium-headless-shell",)
+# Playwright's driver is a node binary that links libatomic.
+BROWSER_PACKAGES = ("chromium-headless-shell", "libatomic1")
 FONT_PACKAGES = ("fonts-dejavu-core", "fonts-liberation", "fontconfig")
 WHEELS = ("playwright==1.65.2", "greenlet==3.5.6")
 SITE = "opt/camg-render/site"
@@ -131,6 +132,7 @@ def ensure_renderer_rootfs(output: Path) -> Path:
         if (final / "renderer.json").is_file():
             return final
         work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        os.chmod(work, 0o755)
         try:
             info = _build(work)
             (work / "renderer.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
