@@ -1,0 +1,242 @@
+"""The Visual environment: web-development tasks scored from real screenshots by a vision judge.
+
+Per episode: a task container (the container substrate, camg/containers.py:
+manifest image by digest, no network, helper-mediated) where the agent
+builds a site under /workspace/dist with shell actions; at the end the
+container is removed, a copy of dist/ is rendered by headless Chromium in a
+renderer sandbox (render.py), and one vision call judges the screenshot
+against the seven-dimension rubric (rubric.py). Upstream: NeMo-Gym's
+``webdev_eval_v1`` (shared/data/mimo/FACTS.md 3.3 and 4).
+
+What decides a reward and is hashed: the task rows, the renderer tree's
+renderer.json (Debian package versions, wheel pins), the CDN mirror's
+mirror.json (each file's sha256 is checked at start), the rubric text and
+the judge model. Judge credentials (WD_JUDGE_URL/MODEL/KEY) come only from
+the service's environment; without them the service is degraded and every
+episode ends ``judge_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from camg import errors, typed
+from camg.environment import Environment, ServiceContext, Task
+
+from daemons.visual import rubric
+from daemons.visual.episode import VisualEpisode
+from daemons.visual.render import Mirror, Renderer, RenderLimits, Shot
+from daemons.visual.settings import Settings
+
+log = logging.getLogger("camg.visual")
+
+ACTION_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["operation"],
+    "properties": {
+        "operation": {"enum": ["shell", "finish"],
+                      "description": "Run a bash command, or finish: render dist/ and judge it."},
+        "command": {"type": "string", "maxLength": 16000,
+                    "description": "Bash command; each call starts in the task's cwd (/workspace)."},
+    },
+    "if": {"properties": {"operation": {"const": "shell"}}},
+    "then": {"required": ["command"]},
+}
+
+IMAGE_SCHEMA = {
+    "type": "object",
+    "description": "An image: PNG bytes as base64, with their sha256 and the pixel size.",
+    "required": ["mime", "base64", "sha256", "width", "height"],
+    "properties": {"mime": {"const": "image/png"}, "base64": {"type": "string"},
+                   "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                   "width": {"type": "integer"}, "height": {"type": "integer"}},
+}
+
+OBSERVATION_SCHEMA = {
+    "type": "object",
+    "required": ["task_id", "output"],
+    "properties": {
+        "task_id": {"type": "string"},
+        "output": {"type": "string"},
+        "exit_code": {"type": ["integer", "null"]},
+        "timed_out": {"type": "boolean"},
+        "truncated": {"type": "boolean"},
+        "step": {"type": "integer"},
+        "finished_by": {"enum": ["finish", "step_limit"]},
+        "screenshot": IMAGE_SCHEMA,
+        "console_errors": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
+class ContainerBox:
+    """A task container through the helper's container verbs."""
+
+    def __init__(self, client, container) -> None:
+        self.client = client
+        self.container = container
+
+    def exec(self, command: str, *, user: str, cwd: str, timeout: float, output_limit: int):
+        return self.client.exec(self.container.id, command, user=user, cwd=cwd, timeout=timeout,
+                                 output_limit=output_limit)
+
+    def get_archive(self, path: str) -> bytes:
+        return self.client.get_archive(self.container.id, path)
+
+    def remove(self) -> None:
+        self.client.remove(self.container.id)
+
+
+class VisualEnvironment(Environment):
+    name = "visual"
+    action_schema = ACTION_SCHEMA
+    observation_schema = OBSERVATION_SCHEMA
+    rubric_id = rubric.RUBRIC_ID
+    rubric_hash = rubric.RUBRIC_HASH
+
+    def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
+        super().__init__(context, tasks)
+        self.settings = typed.parse(Settings, context.settings, "visual.settings", errors.ConfigError)
+        self.renderer: Renderer | None = None
+        self.renderer_info: dict = {}
+        self.mirror_urls: list[str] = []
+        self.judge = None
+        self.judge_problem = ""
+        self.helper = None
+        self.containers = None
+        self.pools: dict[str, Any] = {}
+        self._pool_lock = threading.Lock()
+        self.shots_dir = Path(context.state_dir) / self.settings.screenshots_dir
+
+    # -- start / stop ------------------------------------------------------------
+    def start(self) -> None:
+        from camg.containers import ContainerClient
+        from camg.helper_client import DEFAULT_SOCKET, HelperClient
+
+        s = self.settings
+        files = self.context.verified_files
+        for label in ("renderer", "cdn_mirror"):
+            if label not in files:
+                raise errors.ConfigError(f"the visual manifest names no {label!r} file "
+                                         "(python -m camg.prepare --environment visual)")
+        info_path = Path(files["renderer"]["path"])
+        self.renderer_info = json.loads(info_path.read_text())
+        rootfs = info_path.parent / "rootfs"
+        if not (rootfs / self.renderer_info["browser"].lstrip("/")).is_file():
+            raise errors.PreparationMissing(f"renderer tree {rootfs} has no browser",
+                                            step="python -m tools.visual.renderer_rootfs")
+        mirror = Mirror.load(files["cdn_mirror"]["path"])
+        self.mirror_urls = sorted(mirror.files)
+        self.helper = HelperClient(self.context.helper_socket or DEFAULT_SOCKET, owner=s.helper_owner)
+        self.containers = ContainerClient(helper=self.helper)
+        self.renderer = Renderer(self.helper, str(rootfs), self.renderer_info, mirror,
+                                 RenderLimits(timeout=s.render_timeout,
+                                              memory_bytes=s.render_memory_bytes,
+                                              cpu_quota=s.render_cpu, pids_max=s.render_pids_max,
+                                              dist_bytes=s.dist_bytes))
+        self.shots_dir.mkdir(parents=True, exist_ok=True)
+        self._start_judge()
+        for image in sorted({t.data["image"] for t in self.tasks}):
+            self._pool(image)
+
+    def _start_judge(self) -> None:
+        from camg.judge import Judge, JudgeConfig
+
+        s = self.settings
+        try:
+            config = JudgeConfig.from_env(s.judge_env_prefix, ensure_v1=True,
+                                          strip_openai_prefix=True, temperature=s.judge_temperature,
+                                          timeout_s=s.judge_timeout_s, attempts=s.judge_attempts,
+                                          backoff_s=s.judge_backoff_s)
+        except errors.ConfigError as exc:
+            self.judge_problem = exc.message
+            log.warning("judge unconfigured: %s", exc.message)
+            return
+        self.judge = Judge(config)
+
+    def _pool(self, image: str):
+        from camg.containers import ContainerPool, ContainerSpec
+
+        s = self.settings
+        with self._pool_lock:
+            pool = self.pools.get(image)
+            if pool is None:
+                spec = ContainerSpec(image=image, cpu=s.cpu, memory_bytes=s.memory_bytes,
+                                     pids_max=s.pids_max, command=("sleep", "infinity"))
+                self.containers.pull(image)
+                pool = self.pools[image] = ContainerPool(self.containers, spec, size=s.pool_size)
+            return pool
+
+    def stop(self) -> None:
+        for pool in list(self.pools.values()):
+            try:
+                pool.close()
+            except errors.CamgError as exc:
+                log.warning("closing a container pool: %s", exc)
+        self.pools.clear()
+        if self.judge is not None:
+            self.judge.close()
+        if self.helper is not None:
+            self.helper.close()
+
+    # -- what episodes use -------------------------------------------------------------
+    def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> VisualEpisode:
+        return VisualEpisode(self, task, episode_id)
+
+    def open_box(self, task: Task, episode_id: str) -> ContainerBox:
+        container = self._pool(task.data["image"]).claim(episode_id)
+        return ContainerBox(self.containers, container)
+
+    def store_screenshot(self, episode_id: str, shot: Shot) -> str:
+        path = self.shots_dir / f"{episode_id}.jpg"
+        fd, tmp = tempfile.mkstemp(prefix=".shot-", dir=self.shots_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(shot.jpeg)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return str(path)
+
+    def judge_shot(self, task: Task, shot: Shot):
+        from camg.judge import Image
+
+        if self.judge is None:
+            raise errors.JudgeError(f"judge unconfigured: {self.judge_problem}",
+                                    reason="unconfigured")
+        verdict = self.judge.ask(rubric.prompt(task.data["problem_statement"]),
+                                 images=[Image(shot.jpeg, "image/jpeg")], parse=rubric.score)
+        return verdict, rubric.parse(verdict.raw)
+
+    # -- service surface ------------------------------------------------------------
+    def health(self) -> list[str]:
+        reasons = []
+        if self.judge is None:
+            reasons.append(f"judge unconfigured: {self.judge_problem or 'not started'}")
+        return reasons
+
+    def metadata(self) -> Mapping[str, Any]:
+        meta: dict[str, Any] = {
+            "rubric": {"id": self.rubric_id, "sha256": self.rubric_hash,
+                       "query_cap": rubric.QUERY_CAP},
+            "renderer": {k: self.renderer_info.get(k) for k in ("key", "packages", "wheels")},
+            "render": {"viewport": [1440, 900], "jpeg_quality": 75, "max_pixels": 20_000_000,
+                       "timeout_s": self.settings.render_timeout},
+            "cdn_mirror_urls": self.mirror_urls,
+            "images": sorted({t.data["image"] for t in self.tasks}),
+        }
+        if self.judge is not None:
+            meta["judge"] = {k: v for k, v in self.judge.config.describe().items() if k != "host"}
+            meta["judge"]["temperature"] = self.settings.judge_temperature
+        return meta

@@ -1,0 +1,210 @@
+"""One Visual episode: build a website in a task container, then render and judge it.
+
+Actions (seed 001): ``{"operation": "shell", "command": ...}`` runs as uid
+2000 from the task's cwd (/workspace) in the episode's own container, 60 s,
+the output's final 12000 bytes with the truncation note, exit 124 on
+timeout; ``{"operation": "finish"}`` -- or the 64th step -- ends the
+episode. The terminal observation is sticky (the episode manager keeps it).
+
+At the end, dist/ is copied out of the container as a tar stream and the
+container is removed: the agent is gone before anything is rendered. The
+copy is rendered in a renderer sandbox (render.py); the terminal
+observation carries the screenshot (PNG, base64, sha256, width, height).
+``grade`` then asks the vision judge (judging.py). A render failure is
+``render_error`` and a judge failure ``judge_error``: reward null, never 0.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from camg import errors
+from camg.environment import Episode, Step
+
+from daemons.visual.render import Shot
+
+log = logging.getLogger("camg.visual")
+
+DELIVERY = (
+    "Build the website described below and deliver it to {dist}/: opening {dist}/index.html "
+    "in a browser has to show the finished site. Always deliver a working site and never ask "
+    "the user to confirm details.\n\n"
+    "- Work however you like under {cwd}; only {dist}/ is delivered. If you use a build step, "
+    "put its static output there.\n"
+    "- The entry point must be exactly {dist}/index.html, starting with <!DOCTYPE html>. "
+    "Everything it needs (scripts, styles, images, fonts) must be inside {dist}/ and referenced "
+    "by paths relative to it.\n"
+    "- You may use Tailwind CSS from its CDN build "
+    "(<script src=\"https://cdn.jsdelivr.net/npm/@tailwindcss/browser@4\"></script>) and/or "
+    "inline <style>. Other external URLs will not load when the site is reviewed.\n\n"
+    "Request:\n\n{brief}\n\n"
+    "Use shell actions ({{\"operation\": \"shell\", \"command\": ...}}) to work; each starts in "
+    "{cwd}, runs for at most 60 seconds, and shows the final 12000 bytes of output. Send "
+    "{{\"operation\": \"finish\"}} when the site is ready: it is then rendered as one "
+    "full-page screenshot at 1440x900 and reviewed.")
+
+
+class TaskBox(Protocol):
+    """The agent's container, as the episode uses it."""
+
+    def exec(self, command: str, *, user: str, cwd: str, timeout: float,
+             output_limit: int) -> Any: ...
+
+    def get_archive(self, path: str) -> bytes: ...
+
+    def remove(self) -> None: ...
+
+
+def png_image(jpeg: bytes) -> dict:
+    """An image for an observation: PNG bytes as base64, with sha256 and size."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(jpeg)) as im:
+        buf = io.BytesIO()
+        im.convert("RGB").save(buf, "PNG", optimize=False, compress_level=6)
+        width, height = im.size
+    data = buf.getvalue()
+    return {"mime": "image/png", "base64": base64.b64encode(data).decode("ascii"),
+            "sha256": hashlib.sha256(data).hexdigest(), "width": width, "height": height}
+
+
+class VisualEpisode(Episode):
+    def __init__(self, env, task, episode_id: str) -> None:
+        self.env = env
+        self.settings = env.settings
+        self.task = task
+        self.episode_id = episode_id
+        self.cwd = str(task.data.get("cwd") or "/workspace")
+        self.box: TaskBox | None = None
+        self.steps = 0
+        self.shot: Shot | None = None
+        self.shot_path: str | None = None
+        self.verdict: dict | None = None
+        self.failure: dict | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------
+    def reset(self) -> Mapping[str, Any]:
+        box = self.env.open_box(self.task, self.episode_id)
+        with self._lock:
+            if self._closed:
+                box.remove()
+                raise errors.InfraFailure("episode closed during reset")
+            self.box = box
+        # Upstream's environment setup is exactly this.
+        res = box.exec(f"mkdir -p {self.cwd}/dist && chown -R 2000:2000 {self.cwd}", user="root",
+                       cwd="/", timeout=60, output_limit=2000)
+        if res.exit_code != 0:
+            raise errors.InfraFailure(f"workspace setup failed: {res.output[-500:]}")
+        dist = f"{self.cwd.rstrip('/')}/dist"
+        text = DELIVERY.format(dist=dist, cwd=self.cwd, brief=self.task.data["problem_statement"])
+        return {"task_id": self.task.task_id, "output": text, "step": 0}
+
+    def step(self, action: Mapping[str, Any]) -> Step:
+        s = self.settings
+        self.steps += 1
+        if action["operation"] == "finish":
+            return self._finish("finish")
+        command = action.get("command", "")
+        if len(command) > s.max_command_chars:
+            raise errors.InvalidAction(f"command longer than {s.max_command_chars} characters")
+        box = self._box()
+        res = box.exec(command, user="agent", cwd=self.cwd, timeout=s.command_timeout,
+                       output_limit=s.output_bytes)
+        obs = {"task_id": self.task.task_id, "output": res.output, "exit_code": res.exit_code,
+               "timed_out": res.timed_out, "truncated": res.truncated, "step": self.steps}
+        if self.steps >= s.max_steps:
+            return self._finish("step_limit", last=obs)
+        return Step(observation=obs)
+
+    def _box(self) -> TaskBox:
+        with self._lock:
+            if self._closed or self.box is None:
+                raise errors.SandboxDied("the episode's container is gone")
+            return self.box
+
+    def _finish(self, why: str, last: Mapping[str, Any] | None = None) -> Step:
+        box = self._box()
+        dist = f"{self.cwd.rstrip('/')}/dist"
+        try:
+            tar = box.get_archive(dist)
+        except errors.NotFound:
+            tar = b""  # no dist/ at all: rendered like a missing index.html
+        finally:
+            self._drop_box()
+        self.shot = self.env.renderer.render(_strip_top(tar))
+        self.shot_path = self.env.store_screenshot(self.episode_id, self.shot)
+        obs = {"task_id": self.task.task_id, "step": self.steps, "finished_by": why,
+               "output": (last or {}).get("output", "Site delivered; rendered for review."),
+               "screenshot": png_image(self.shot.jpeg),
+               "console_errors": list(self.shot.console_errors)}
+        return Step(observation=obs, done=True, graded=False)
+
+    def grade(self) -> float:
+        if self.shot is None:
+            raise errors.GraderError("nothing was rendered")
+        verdict, parsed = self.env.judge_shot(self.task, self.shot)
+        self.verdict = {**verdict.record(), "rubric": parsed}
+        return parsed["score"]
+
+    def outcome(self) -> Mapping[str, Any]:
+        out: dict[str, Any] = {"rubric_id": self.env.rubric_id, "rubric_hash": self.env.rubric_hash}
+        if self.shot is not None:
+            out["screenshot"] = {"sha256": self.shot.sha256, "width": self.shot.width,
+                                 "height": self.shot.height, "path": self.shot_path,
+                                 "downscaled": self.shot.downscaled, "format": "jpeg",
+                                 "render_timings": dict(self.shot.timings)}
+        if self.verdict is not None:
+            out["judge"] = self.verdict
+        return out
+
+    def state(self) -> Mapping[str, Any]:
+        return {"steps": self.steps, "rendered": self.shot is not None}
+
+    def _drop_box(self) -> None:
+        with self._lock:
+            box, self.box = self.box, None
+        if box is not None:
+            box.remove()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._drop_box()
+
+
+def _strip_top(tar: bytes) -> bytes:
+    """Docker's archive of /workspace/dist names its members ``dist/...``;
+    the renderer wants them relative to dist/."""
+    import tarfile
+
+    if not tar:
+        return _empty_tar()
+    src = tarfile.open(fileobj=io.BytesIO(tar), mode="r:*")
+    out = io.BytesIO()
+    with src, tarfile.open(fileobj=out, mode="w") as dst:
+        for member in src.getmembers():
+            parts = Path(member.name).parts
+            if len(parts) < 2 or not (member.isfile() or member.isdir()):
+                continue
+            member.name = os.path.join(*parts[1:])
+            dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+    return out.getvalue()
+
+
+def _empty_tar() -> bytes:
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w"):
+        pass
+    return out.getvalue()

@@ -1,0 +1,262 @@
+"""Visual without root: rubric parsing and score, observation images, the episode's
+action semantics and its reward/failure mapping, with a real judge client
+talking HTTP to the scripted image-statistics judge.
+
+The task container is a local directory driven by bash (the real container
+path is tests/privileged/test_visual_episodes.py) and the renderer draws
+with Pillow (the real browser: tests/privileged/test_visual_render.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from camg import errors
+from camg.environment import ServiceContext, Task
+from camg.helper_client import ExecResult
+from daemons.visual import rubric
+from daemons.visual.environment import VisualEnvironment
+from daemons.visual.episode import png_image
+from daemons.visual.render import Shot, downscale
+from tests.support.fake_judge import Reply
+from tests.support.visual_judge import scripted_judge
+
+FULL = {k: 0.5 for k in rubric.KEYS}
+
+
+def test_rubric_score_formula_and_clamping():
+    text = json.dumps({**FULL, "layout_integrity": 1.0, "typography_hierarchy": 0.0,
+                       "color_harmony": 1.7, "whitespace": -3, "content_richness": 0.5,
+                       "query_fulfillment": 0.9, "premium_assets": 0.3, "reason": "ok"})
+    parsed = rubric.parse("Here you go:\n" + text + "\nthanks")
+    assert parsed["dims"]["color_harmony"] == 1.0 and parsed["dims"]["whitespace"] == 0.0
+    visual = (1.0 + 0.0 + 1.0 + 0.0 + 0.5) / 5
+    assert parsed["visual"] == round(visual, 4)
+    assert parsed["score"] == round((visual + 0.9 + 0.3) / 3, 4)
+    assert rubric.score(text) == parsed["score"]
+
+
+@pytest.mark.parametrize("bad", [
+    "no json here", json.dumps({k: v for k, v in FULL.items() if k != "premium_assets"}),
+    json.dumps({**FULL, "whitespace": "high"}), json.dumps({**FULL, "whitespace": True}),
+    "[1, 2]"])
+def test_rubric_rejects_incomplete_verdicts(bad):
+    with pytest.raises(ValueError):
+        rubric.parse(bad)
+
+
+def test_rubric_prompt_caps_the_brief_and_has_a_fixed_hash():
+    text = rubric.prompt("x" * 5000)
+    assert "x" * rubric.QUERY_CAP in text and "x" * (rubric.QUERY_CAP + 1) not in text
+    assert all(k in text for k in rubric.KEYS)
+    assert rubric.RUBRIC_HASH.startswith("sha256:")
+
+
+def _jpeg(color=(255, 255, 255), size=(1440, 900), stripes=False) -> bytes:
+    from PIL import Image, ImageDraw
+    im = Image.new("RGB", size, color)
+    if stripes:
+        draw = ImageDraw.Draw(im)
+        for i, c in enumerate([(29, 53, 87), (230, 57, 70), (69, 123, 157), (241, 250, 238)]):
+            draw.rectangle([0, i * 200, size[0], i * 200 + 120], fill=c)
+            draw.text((40, i * 200 + 40), "Section %d" % i, fill=(0, 0, 0))
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=75)
+    return buf.getvalue()
+
+
+def test_png_image_observation_part():
+    jpeg = _jpeg(stripes=True)
+    img = png_image(jpeg)
+    data = base64.b64decode(img["base64"])
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert img["sha256"] == hashlib.sha256(data).hexdigest()
+    assert (img["width"], img["height"]) == (1440, 900) and img["mime"] == "image/png"
+
+
+def test_downscale_only_above_20_megapixels():
+    small = _jpeg(size=(1440, 5000))
+    assert downscale(small)[3] is False
+    big = _jpeg(size=(1440, 15000))  # 21.6 MP
+    out, w, h, shrunk = downscale(big)
+    assert shrunk and w * h <= 20_000_000 and abs(w / h - 1440 / 15000) < 0.01 and w < 1440
+
+
+# -- the episode, with a directory for a container --------------------------------------
+
+class DirBox:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.removed = False
+
+    def _path(self, p: str) -> Path:
+        return self.root / p.lstrip("/")
+
+    def exec(self, command, *, user, cwd, timeout, output_limit):
+        command = command.replace("/workspace", str(self._path("/workspace")))
+        proc = subprocess.run(["bash", "-c", command], cwd=self._path(cwd), capture_output=True,
+                              timeout=timeout)
+        out = (proc.stdout + proc.stderr)[-output_limit:].decode(errors="replace")
+        return ExecResult(proc.returncode, out, False, False, 0.0)
+
+    def get_archive(self, path):
+        src = self._path(path)
+        if not src.exists():
+            raise errors.NotFound("no such path")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(src, arcname=src.name)
+        return buf.getvalue()
+
+    def remove(self):
+        self.removed = True
+
+
+class PillowRenderer:
+    """Blank page when dist/index.html is missing or empty, stripes otherwise."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.fail = fail
+        self.seen: list[set[str]] = []
+
+    def render(self, dist_tar: bytes) -> Shot:
+        if self.fail:
+            raise self.fail
+        with tarfile.open(fileobj=io.BytesIO(dist_tar)) as tar:
+            files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        self.seen.append(set(files))
+        content = files.get("index.html", b"").strip()
+        jpeg = _jpeg(stripes=bool(content))
+        return Shot(jpeg, 1440, 900, False, (), {"total": 0.1})
+
+
+@pytest.fixture
+def judge():
+    with scripted_judge() as j:
+        yield j
+
+
+def make_env(tmp_path, judge, monkeypatch, renderer=None, **settings):
+    monkeypatch.setenv("WD_JUDGE_URL", judge.url)
+    monkeypatch.setenv("WD_JUDGE_MODEL", "openai/fake-vision")
+    monkeypatch.setenv("WD_JUDGE_KEY", "sk-test-secret")
+    task = Task("t1", {"problem_statement": "A bakery site", "cwd": "/workspace",
+                       "image": "r/x@sha256:" + "0" * 64})
+    env = VisualEnvironment(ServiceContext("visual", str(tmp_path / "state"),
+                                           {"judge_backoff_s": 0.0, "judge_attempts": 2, **settings}),
+                            [task])
+    env.renderer = renderer or PillowRenderer()
+    env.shots_dir.mkdir(parents=True)
+    env._start_judge()
+    boxes = []
+
+    def open_box(task, episode_id):
+        root = tmp_path / f"box-{len(boxes)}"
+        (root / "workspace").mkdir(parents=True)
+        boxes.append(DirBox(root))
+        return boxes[-1]
+
+    env.open_box = open_box
+    return env, task, boxes
+
+
+REFERENCE = "mkdir -p /workspace/dist && echo '<!DOCTYPE html><h1>Crumb</h1>' > /workspace/dist/index.html"
+
+
+def run(env, task, actions, episode_id="e1"):
+    ep = env.create_episode(task, seed=None, episode_id=episode_id)
+    first = ep.reset()
+    steps = [ep.step(a) for a in actions]
+    return ep, first, steps
+
+
+def test_reference_scores_higher_than_blank(tmp_path, judge, monkeypatch):
+    env, task, boxes = make_env(tmp_path, judge, monkeypatch)
+    ref, first, steps = run(env, task, [{"operation": "shell", "command": REFERENCE},
+                                        {"operation": "finish"}], "ref")
+    assert "Tailwind" in first["output"] and "A bakery site" in first["output"]
+    assert steps[-1].done and not steps[-1].graded
+    assert boxes[0].removed, "the agent's container is gone before rendering"
+    reward_ref = ref.grade()
+    blank, _, _ = run(env, task, [{"operation": "finish"}], "blank")
+    reward_blank = blank.grade()
+    assert 0 <= reward_blank < reward_ref <= 1
+    # The judge got one image content part and upstream's sampling.
+    body = judge.requests[0].body
+    assert body["model"] == "fake-vision" and body["temperature"] == 1.0
+    parts = body["messages"][-1]["content"]
+    assert [p["type"] for p in parts].count("image_url") == 1
+    assert parts[1]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    # Terminal observation carries the screenshot; the outcome names everything.
+    shot = steps[-1].observation["screenshot"]
+    assert shot["width"] == 1440 and len(shot["sha256"]) == 64
+    out = ref.outcome()
+    assert Path(out["screenshot"]["path"]).read_bytes()[:2] == b"\xff\xd8"
+    assert out["screenshot"]["sha256"] == hashlib.sha256(
+        Path(out["screenshot"]["path"]).read_bytes()).hexdigest()
+    assert out["judge"]["judge_model"] == "fake-vision"
+    assert out["judge"]["judge_prompt_hash"].startswith("sha256:")
+    assert json.loads(out["judge"]["judge_raw"])["reason"]
+    assert out["judge"]["rubric"]["score"] == reward_ref
+    assert out["rubric_hash"] == rubric.RUBRIC_HASH
+    assert "sk-test-secret" not in json.dumps(out) + json.dumps(env.metadata())
+
+
+@pytest.mark.parametrize("reply", [Reply(status=500), Reply(text="I like it"),
+                                   Reply(text=json.dumps({"layout_integrity": 1}))])
+def test_judge_failure_is_judge_error(tmp_path, judge, monkeypatch, reply):
+    env, task, _ = make_env(tmp_path, judge, monkeypatch)
+    judge.script(reply, reply)
+    ep, _, _ = run(env, task, [{"operation": "shell", "command": REFERENCE},
+                               {"operation": "finish"}])
+    with pytest.raises(errors.JudgeError) as info:
+        ep.grade()
+    assert info.value.failure_class == errors.FailureClass.JUDGE_ERROR
+    assert len(judge.requests) == 2, "bounded retries: judge_attempts"
+
+
+def test_missing_judge_variables_degrade_and_fail_as_judge_error(tmp_path, judge, monkeypatch):
+    env, task, _ = make_env(tmp_path, judge, monkeypatch)
+    monkeypatch.delenv("WD_JUDGE_KEY")
+    env.judge = None
+    env._start_judge()
+    assert any("WD_JUDGE_KEY" in r for r in env.health())
+    ep, _, _ = run(env, task, [{"operation": "finish"}])
+    with pytest.raises(errors.JudgeError):
+        ep.grade()
+
+
+def test_render_failure_propagates_as_render_error(tmp_path, judge, monkeypatch):
+    env, task, boxes = make_env(tmp_path, judge, monkeypatch,
+                                renderer=PillowRenderer(errors.RenderError("no browser",
+                                                                           reason="browser")))
+    ep = env.create_episode(task, seed=None, episode_id="e")
+    ep.reset()
+    with pytest.raises(errors.RenderError) as info:
+        ep.step({"operation": "finish"})
+    assert info.value.failure_class.value == "render_error"
+    assert boxes[0].removed
+
+
+def test_shell_semantics_and_step_limit(tmp_path, judge, monkeypatch):
+    env, task, _ = make_env(tmp_path, judge, monkeypatch, max_steps=3)
+    ep = env.create_episode(task, seed=None, episode_id="e")
+    ep.reset()
+    s1 = ep.step({"operation": "shell", "command": "pwd; id -u >/dev/null; exit 3"})
+    assert s1.observation["exit_code"] == 3 and s1.observation["output"].strip().endswith("workspace")
+    assert not s1.done
+    ep.step({"operation": "shell", "command": REFERENCE})
+    s3 = ep.step({"operation": "shell", "command": "true"})
+    assert s3.done and s3.observation["finished_by"] == "step_limit"
+    assert "screenshot" in s3.observation
+    assert env.renderer.seen[-1] == {"index.html"}, "dist/ arrives relative to dist/"
+    with pytest.raises(errors.SandboxDied):
+        ep.step({"operation": "shell", "command": "true"})
