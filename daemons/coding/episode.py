@@ -26,6 +26,9 @@ from daemons.coding import grading, integrity, layers, mirrors, profiles, rows
 from daemons.coding.settings import Settings
 
 log = logging.getLogger("camg.coding")
+# (image hash, grader layer, test command) whose runner started on the
+# pristine tree in this process.
+_PROBED: set[tuple[str, str, str]] = set()
 
 WORKDIR = "/testbed"
 DIFF_LIMIT = 1 << 20          # bytes of base64 the helper returns for a diff
@@ -182,7 +185,13 @@ class CodingEpisode(Episode):
 
     def _run_grader(self, diff: bytes, dropped, findings) -> grading.Report:
         profile = self.task.profile
-        script = grading.eval_script(profile, self.task.ref.tests)
+        # The runner is probed on the pristine tree before the first grade of
+        # each (image, grader layer, command); later grades probe only when
+        # their run never started (below): the answer cannot differ, the
+        # lowers are read-only.
+        probe_key = (self.task.image.hash, self.task.layers.grader, profile.test_cmd)
+        first = probe_key not in _PROBED
+        script = grading.eval_script(profile, self.task.ref.tests, probe=first)
         timeout = self.settings.grade_timeout or profile.timeout
         # A fresh key per grade; it reaches the guard through the environment
         # only (the script text is world-readable in /proc).
@@ -201,6 +210,16 @@ class CodingEpisode(Episode):
             report = grading.evaluate(result.output, self.task.row, exit_code=result.exit_code,
                                       timed_out=result.timed_out, key=key, dropped=dropped,
                                       findings=findings)
+            if first:
+                _PROBED.add(probe_key)
+            if not report.runner_started:
+                check = self._call(self.helper.exec, grader, grading.probe_script(profile),
+                                   user="agent", cwd=WORKDIR, env=env, timeout=timeout,
+                                   output_limit=GRADE_OUTPUT_LIMIT)
+                if check.exit_code != 0:
+                    _PROBED.discard(probe_key)
+                    raise errors.GraderError(f"the grader's test command cannot start "
+                                             f"(exit {check.exit_code}): {check.output[-2000:]}")
             if report.none_collected and not report.resolved:
                 # None of the listed tests was collected: the agent broke
                 # collection (0.0), or the grader cannot collect them at all.

@@ -222,11 +222,39 @@ show_channel() {{ echo; cat {GUARD_OUT} 2>/dev/null; rm -f {GUARD_OUT}; }}
 GUARD_MODULE_NAME = "camg_guard"
 
 
-def eval_script(profile: Profile, tests_commit: str, guard_dir: str = GUARD_DIR) -> str:
+def _probe_lines(profile: Profile) -> str:
+    # The grader's own environment, on the pristine tree: the test command's
+    # interpreter and runner must start (the guard answers and exits).
+    return f"""rm -f {GUARD_OUT}
+( export CAMG_GUARD_MODE=probe; {profile.test_cmd} ) > /tmp/camg-probe.log 2>&1
+probe=$?
+if [ $probe -ne 0 ] || ! grep -q '"t":"hello"' {GUARD_OUT} 2>/dev/null; then
+  echo "camg: the test command did not start on the pristine tree (exit $probe)"
+  tail -c 3000 /tmp/camg-probe.log
+  exit {EXIT_RUNNER}
+fi
+show_channel
+"""
+
+
+def probe_script(profile: Profile, guard_dir: str = GUARD_DIR) -> str:
+    """Run after an eval script whose test command never started: back to
+    the pristine tree, start the runner there. Exit EXIT_RUNNER when it
+    cannot start (the grader is broken), 0 when it can (the diff was)."""
+    return _preamble(profile, guard_dir) + f"""pristine || exit {EXIT_STATE}
+: > {CHANGED_LIST}
+{_probe_lines(profile)}"""
+
+
+def eval_script(profile: Profile, tests_commit: str, guard_dir: str = GUARD_DIR,
+                probe: bool = True) -> str:
     """The bash script the grader sandbox runs; the diff arrives on stdin.
 
     The guard's key arrives in the exec environment (CAMG_GUARD_KEY), never
-    in the script text (which any process can read from /proc).
+    in the script text (which any process can read from /proc). ``probe``:
+    start the runner on the pristine tree before applying the diff (the
+    service does it for the first grade of each task; later grades whose run
+    never starts are probed afterwards with ``probe_script``).
     """
     protected_case = "|".join(
         [f"*/{d}/*" for d in _PROTECTED_DIRS]
@@ -240,18 +268,7 @@ head=$(git rev-parse HEAD) || exit {EXIT_STATE}
 # show through under /testbed): only files the diff creates are ever removed.
 git ls-files --others -z | sort -z > "$before" || exit {EXIT_STATE}
 : > {CHANGED_LIST}
-# The grader's own environment, on the pristine tree: the test command's
-# interpreter and runner must start (the guard answers and exits).
-rm -f {GUARD_OUT}
-( export CAMG_GUARD_MODE=probe; {profile.test_cmd} ) > /tmp/camg-probe.log 2>&1
-probe=$?
-if [ $probe -ne 0 ] || ! grep -q '"t":"hello"' {GUARD_OUT} 2>/dev/null; then
-  echo "camg: the test command did not start on the pristine tree (exit $probe)"
-  tail -c 3000 /tmp/camg-probe.log
-  exit {EXIT_RUNNER}
-fi
-show_channel
-protected() {{ case "/$1" in {protected_case}) return 0;; esac; return 1; }}
+{_probe_lines(profile) if probe else ""}protected() {{ case "/$1" in {protected_case}) return 0;; esac; return 1; }}
 if [ -s {DIFF_PATH} ]; then
   applied=""
   for cmd in "git apply --verbose" "git apply --verbose --reject" "patch --batch --fuzz=5 -p1 -i"; do
@@ -312,6 +329,7 @@ class Report:
     integrity: str = "ok"             # "ok" or "tampered"
     evidence: tuple[dict, ...] = ()   # {rule, path, detail} per finding
     none_collected: bool = False      # the run collected none of the listed tests
+    runner_started: bool = True       # the guard answered in the graded run
 
     @property
     def reward(self) -> float:
@@ -349,11 +367,11 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
     findings = list(findings)
     listed = list(row.fail_to_pass) + list(row.pass_to_pass)
 
-    def done(resolved, reason, f2p=(), p2p=(), none_collected=False):
+    def done(resolved, reason, f2p=(), p2p=(), none_collected=False, started=True):
         unique = dict.fromkeys(json.dumps(f.to_data(), sort_keys=True) for f in findings)
         return Report(resolved, reason, tuple(f2p), tuple(p2p), dropped,
                       "tampered" if findings else "ok",
-                      tuple(json.loads(u) for u in unique), none_collected)
+                      tuple(json.loads(u) for u in unique), none_collected, started)
 
     if exit_code == EXIT_RUNNER and not timed_out:
         raise GraderError(f"the grader's test command cannot start: {log[-2000:]}")
@@ -373,8 +391,7 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
                           f"{log[-2000:]}")
     test_part = log[log.index(START_TEST_OUTPUT):]
     run = integrity.read_channel(test_part, key)
-    if exit_code in (126, 127) and not run.hello and not findings:
-        raise GraderError(f"the test command could not be run after the diff (exit {exit_code})")
+    started = bool(run.hello)
     spec = TestSpec(instance_id=row.instance_id, repo=row.repo, version=SWEBENCH_VERSION,
                     repo_script_list=[], eval_script_list=[], env_script_list=[],
                     arch="x86_64", FAIL_TO_PASS=list(row.fail_to_pass),
@@ -390,6 +407,10 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
                                                   exit_code, timed_out, section)
                  if f.rule != "forged_channel"]
     none_collected = bool(run.hello) and not (run.collected or set()) & set(listed)
+    if not started:
+        # The caller probes the pristine tree: GraderError if the runner
+        # cannot start there either, else this 0.0 stands.
+        return done(False, "runner_did_not_start", started=False)
     if not found:
         return done(False, "no_test_output", none_collected=none_collected)
     report = get_eval_tests_report(status_map, {FAIL_TO_PASS: list(row.fail_to_pass),

@@ -111,13 +111,21 @@ def test_gold_alone_is_one_and_clean_on_every_task(env):
 def test_missing_runner_is_grader_error(env):
     task = env.tasks[0]
     base = env.prepared[task.task_id].profile
+    from daemons.coding import episode as episode_mod
+    prepared_task = env.prepared[task.task_id]
     for broken in (base.test_cmd.replace("pytest ", "no-such-pytest ", 1),
                    "/opt/no-such-env/bin/python -m pytest --verbose"):
         profile = dataclasses.replace(base, test_cmd=broken)
-        with pytest.raises(errors.GraderError, match="cannot start") as info:
-            grade(env, task, workspace_diff(env, task, reverse_gold(task)), "no-runner",
-                  profile=profile)
-        assert info.value.failure_class is errors.FailureClass.GRADER_ERROR
+        # First grade: the up-front probe; later grades: the run that never
+        # started, then the probe on the pristine tree.
+        for probed_before in (False, True):
+            if probed_before:
+                episode_mod._PROBED.add((prepared_task.image.hash, prepared_task.layers.grader,
+                                         broken))
+            with pytest.raises(errors.GraderError, match="cannot start") as info:
+                grade(env, task, workspace_diff(env, task, reverse_gold(task)), "no-runner",
+                      profile=profile)
+            assert info.value.failure_class is errors.FailureClass.GRADER_ERROR
 
 
 def test_runner_that_collects_none_of_the_tests_is_grader_error(env):

@@ -128,6 +128,23 @@ def test_runner_that_cannot_import_pytest_is_a_grader_error(task_set, task_layer
     bare.chmod(0o755)
     with pytest.raises(grading.GraderError, match="cannot start"):
         run_grade(task_layers, row, gold(row), tmp_path, python=str(bare))
+    # Without the up-front probe (a later grade of the same task), the run
+    # that never started is flagged and the pristine probe decides.
+    ref, _ = task_layers[row.instance_id]
+    checkout = tmp_path / "grader"
+    profile = profiles.local_profile(row.mirror_name, str(bare), str(checkout))
+    log, code, timed_out = grading.local_eval(
+        grading.eval_script(profile, ref.tests, GUARD, probe=False), gold(row), str(checkout),
+        timeout=120, key=KEY)
+    report = grading.evaluate(log, row, exit_code=code, timed_out=timed_out, key=KEY)
+    assert not report.runner_started and report.reason == "runner_did_not_start"
+    _, probe_exit, _ = grading.local_eval(grading.probe_script(profile, GUARD), b"",
+                                          str(checkout), timeout=120, key=KEY)
+    assert probe_exit == grading.EXIT_RUNNER
+    good = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
+    _, probe_exit, _ = grading.local_eval(grading.probe_script(good, GUARD), b"",
+                                          str(checkout), timeout=120, key=KEY)
+    assert probe_exit == 0
 
 
 def test_agent_that_breaks_the_package_earns_zero(task_set, task_layers, tmp_path):
