@@ -341,9 +341,10 @@ class EpisodeManager:
         self.outcomes.finish_trajectory(rec.episode_id)
         self.outcomes.append(record)
 
-    def state(self, episode_id: str) -> dict:
+    def state(self, episode_id: str, *, renew: bool = True) -> dict:
+        """An episode's state; asking for one episode renews its lease."""
         rec = self._lookup(episode_id)
-        if rec.status == "running" and not rec.busy:
+        if renew and rec.status == "running" and not rec.busy:
             rec.touch()
         state = {"episode_id": rec.episode_id, "task_id": rec.task.task_id,
                  "status": "running" if rec.status == "starting" else rec.status,
@@ -357,7 +358,9 @@ class EpisodeManager:
         return state
 
     def list(self) -> list[dict]:
-        return [self.state(eid) for eid in list(self.records)]
+        # Listing renews nothing: a monitor polling GET /episodes must not
+        # keep abandoned episodes (and their sandboxes) alive forever.
+        return [self.state(eid, renew=False) for eid in list(self.records)]
 
     async def close(self, episode_id: str, reason: str = "closed by trainer",
                     failure: FailureClass | None = None) -> dict:

@@ -338,3 +338,21 @@ def test_close_during_creation_is_not_lost(tmp_path, gate):
     records = [json.loads(line) for line in (tmp_path / "outcomes.jsonl").read_text().splitlines()]
     assert [(r["episode_id"], r["status"], r["reward"]) for r in records] == [("e1", "closed", None)]
     manager.pool.shutdown(wait=True)
+
+
+def test_listing_episodes_does_not_renew_their_leases(counter_service):
+    """Polling GET /episodes (a monitor, `camg status`) kept abandoned
+    episodes alive forever; only touching one episode renews its lease."""
+    svc = counter_service(limits={"idle_ttl_s": 1.0})
+    client = Client(svc.url)
+    abandoned = client.create()["episode_id"]
+    kept = client.create()["episode_id"]
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and client.list()["active"] == 2:
+        client.get(kept)
+        time.sleep(0.1)
+    assert client.get(abandoned)["status"] == "closed"
+    assert client.get(abandoned)["failure_class"] == "timeout"
+    assert client.get(kept)["status"] == "running"
+    [record] = svc.outcomes()
+    assert record["episode_id"] == abandoned and record["reason"] == "lease expired"
