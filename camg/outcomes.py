@@ -30,13 +30,32 @@ class OutcomeLog:
         self._lock = threading.Lock()
         # O_APPEND: concurrent writers (a restarted service, a second
         # process) never interleave inside one record.
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        self._cut_torn_tail()
         self._traj_fds: dict[str, int] = {}
+
+    def _cut_torn_tail(self) -> None:
+        # kill -9 inside a write leaves a short write (a fatal signal stops
+        # a regular-file write at a page boundary): a record never
+        # acknowledged, since the reply waits for the fsync. Cut it, or the
+        # next record would be appended onto the fragment and both be lost.
+        size = os.fstat(self._fd).st_size
+        if size == 0 or os.pread(self._fd, 1, size - 1) == b"\n":
+            return
+        start = max(0, size - (1 << 20))
+        tail = os.pread(self._fd, size - start, start)
+        if b"\n" in tail or start == 0:
+            os.ftruncate(self._fd, start + tail.rfind(b"\n") + 1)
+        else:  # no record is this long: end the fragment's line, keep the rest
+            os.write(self._fd, b"\n")
+        os.fsync(self._fd)
 
     def append(self, record: dict) -> None:
         data = _line(record)
         with self._lock:
-            os.write(self._fd, data)
+            view = memoryview(data)
+            while view:  # a short write is finished, never left torn
+                view = view[os.write(self._fd, view):]
             os.fsync(self._fd)
 
     def trajectory_path(self, episode_id: str) -> Path:
