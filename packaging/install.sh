@@ -145,6 +145,15 @@ install_system_files() {
         install -m 0644 "$SRC/units/camg-$env.service" "$UNITDIR/camg-$env.service"
         install -D -m 0644 "$SRC/units/camg-environment.conf" \
             "$UNITDIR/camg-$env.service.d/10-environment.conf"
+        # An environment's own drop-ins: units/camg-<env>-NAME.conf is
+        # installed as camg-<env>.service.d/20-NAME.conf (after the shared one).
+        local extra
+        for extra in "$SRC/units/camg-$env"-*.conf; do
+            [ -f "$extra" ] || continue
+            extra=$(basename "$extra" .conf)
+            install -m 0644 "$SRC/units/$extra.conf" \
+                "$UNITDIR/camg-$env.service.d/20-${extra#camg-"$env"-}.conf"
+        done
     done
     install -d -m 0755 "$ETC"
     install -m 0644 "$helper_config" "$ETC/helper.json"

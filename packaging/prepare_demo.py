@@ -37,6 +37,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from camg.errors import CamgError
@@ -155,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no demo preparation for: {', '.join(unknown)}")
     try:
         for name in names:
+            started = time.monotonic()
+            print(f"prepare_demo: {name}: preparing the demo data", file=sys.stderr, flush=True)
             result = PREPARERS[name](args.data, args.images_root, args.cache, args.helper_socket)
-            print(f"prepare_demo: {name}: {result}", file=sys.stderr)
+            print(f"prepare_demo: {name}: {result} ({time.monotonic() - started:.0f}s)",
+                  file=sys.stderr, flush=True)
         if args.deployment_out:
             write_deployment(args.deployment_template, args.deployment_out, args.data, names)
     except CamgError as exc:

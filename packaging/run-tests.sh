@@ -5,6 +5,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
+# .venv is made by the interpreter the services use (packaging/lib.sh
+# camg_python), so every tier runs the code the way the services run it.
 packaging/bootstrap.sh
 export CAMG_CACHE="${CAMG_CACHE:-/var/cache/camg-test}"
 # The container tests need a Docker engine: one is started unless one
@@ -12,6 +14,7 @@ export CAMG_CACHE="${CAMG_CACHE:-/var/cache/camg-test}"
 . packaging/dockerd.sh
 camg_dockerd_start
 trap camg_dockerd_stop EXIT
+echo "run-tests.sh: $(.venv/bin/python -c 'import sys; print(sys.version.split()[0], sys._base_executable)')" >&2
 set +e
 .venv/bin/pytest tests -p no:cacheprovider "$@"
 status=$?

@@ -48,8 +48,18 @@ pytestmark = [pytest.mark.system, pytest.mark.privileged, pytest.mark.slow]
 
 NOTHING_OF_CAMG = ("srv/camg", "etc/camg", "var/lib/camg", "var/cache/camg", "run/camg")
 DEMO = f"{GUEST_CHECKOUT}/packaging/demo.sh"
-# Environments the demo serves: registered ones with demo data.
-DEMO_ENVIRONMENTS = ("coding", "shop")
+
+
+def demo_environments() -> list[str]:
+    """What the demo serves: the registered environments with demo data
+    (packaging/prepare_demo.py PREPARERS)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "prepare_demo", CHECKOUT / "packaging" / "prepare_demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return sorted(n for n in plugins.all_plugins() if n in module.PREPARERS)
 
 
 def _port_busy(port: int) -> bool:
@@ -94,7 +104,9 @@ def served(root: Path) -> list[str]:
 
 def step_times(log_text: str) -> list[str]:
     """install.sh's own timestamps: '[  42s] …' lines, for the report."""
-    return [line for line in log_text.splitlines() if re.search(r"^(install\.sh|run-foreground|prepare_demo).*\[ *\d+s\]", line)]
+    pattern = (r"^(install\.sh|run-foreground): \[ *\d+s\]|^prepare_demo: .*\(\d+s\)$"
+               r"|, \d+s done$|: \d+s done$")
+    return [line for line in log_text.splitlines() if re.search(pattern, line)]
 
 
 def _drive_all(root: Path, names: list[str], alive=lambda: True) -> None:
@@ -126,7 +138,7 @@ def test_demo_under_systemd_from_nothing(fresh_root, tmp_path):
         print("\n".join(step_times(result.stderr)))
         assert result.returncode == 0, f"demo.sh failed:\n{result.stderr[-6000:]}"
         names = served(fresh_root)
-        assert names == sorted(DEMO_ENVIRONMENTS), names
+        assert names == demo_environments(), names
         for env in names:
             # Type=notify: active means the service said READY=1.
             wait_for(lambda: show(machine, f"camg-{env}.service", "ActiveState")["ActiveState"]
@@ -174,7 +186,7 @@ def test_demo_in_the_foreground_runner_from_nothing(fresh_root, tmp_path):
         print(f"newcomer (foreground): install took {time.monotonic() - started:.0f}s")
         print("\n".join(step_times(log.read_text(errors="replace"))))
         names = served(fresh_root)
-        assert names == sorted(DEMO_ENVIRONMENTS), names
+        assert names == demo_environments(), names
         _drive_all(fresh_root, names, running)
         # As an operator's Ctrl-C would: the runner stops everything itself.
         machine.run(["sh", "-c", "kill -TERM $(cat /run/demo.pid)"])
