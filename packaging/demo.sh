@@ -8,8 +8,11 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -d /run/systemd/system ]; then
     "$here/install.sh" "$@"
+    # The target is ordered after the services it wants, so this returns once
+    # every one of them said READY=1 (or failed).
     systemctl start camg.target
-    systemctl --no-pager status 'camg-*' || true
+    # The verdict: one row per environment, the helper, leftovers.
+    exec /srv/camg/service-venv/bin/camg status
 else
     exec "$here/run-foreground.sh" "$@"
 fi

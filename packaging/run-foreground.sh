@@ -87,6 +87,8 @@ for env in "${envs[@]}"; do
     log "camg-$env started (pid $!)"
 done
 
+log "all started; \`/srv/camg/service-venv/bin/camg status\` shows them (Ctrl-C stops everything)"
+
 # Like Restart=no for a foreground run: the first service that exits ends
 # the whole run, so a failure is never silently half-running.
 wait -n "${service_pids[@]}" || true

@@ -136,7 +136,10 @@ def test_demo_under_systemd_from_nothing(fresh_root, tmp_path):
         (tmp_path / "demo.log").write_text(result.stdout + result.stderr)
         print(f"newcomer (systemd): demo.sh took {took:.0f}s")
         print("\n".join(step_times(result.stderr)))
-        assert result.returncode == 0, f"demo.sh failed:\n{result.stderr[-6000:]}"
+        # demo.sh ends with `camg status`: its table, and exit 0 only when all is well.
+        print(result.stdout)
+        assert result.returncode == 0, f"demo.sh failed:\n{result.stdout}\n{result.stderr[-6000:]}"
+        assert "all well" in result.stdout, result.stdout
         names = served(fresh_root)
         assert names == demo_environments(), names
         for env in names:
@@ -179,8 +182,7 @@ def test_demo_in_the_foreground_runner_from_nothing(fresh_root, tmp_path):
         def installed() -> bool:
             if not running() or "demo.sh exited" in log.read_text(errors="replace"):
                 raise AssertionError(f"demo.sh exited:\n{log.read_text(errors='replace')[-6000:]}")
-            return "camg-" in log.read_text(errors="replace") and " started (pid " in \
-                log.read_text(errors="replace")
+            return "] all started" in log.read_text(errors="replace")
 
         wait_for(installed, 3600, "demo.sh to install and start the services", interval=2)
         print(f"newcomer (foreground): install took {time.monotonic() - started:.0f}s")
@@ -188,6 +190,9 @@ def test_demo_in_the_foreground_runner_from_nothing(fresh_root, tmp_path):
         names = served(fresh_root)
         assert names == demo_environments(), names
         _drive_all(fresh_root, names, running)
+        status = machine.run(["/srv/camg/service-venv/bin/camg", "status"], check=False)
+        print(status.stdout)
+        assert status.returncode == 0, status.stdout + status.stderr
         # As an operator's Ctrl-C would: the runner stops everything itself.
         machine.run(["sh", "-c", "kill -TERM $(cat /run/demo.pid)"])
         wait_for(lambda: "demo.sh exited" in log.read_text(errors="replace"), 300,
