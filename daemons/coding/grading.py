@@ -369,6 +369,9 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
 
     def done(resolved, reason, f2p=(), p2p=(), none_collected=False, started=True):
         unique = dict.fromkeys(json.dumps(f.to_data(), sort_keys=True) for f in findings)
+        if findings:
+            # What the tests did no longer matters: the grade is the tampering.
+            resolved, reason = False, "tampered"
         return Report(resolved, reason, tuple(f2p), tuple(p2p), dropped,
                       "tampered" if findings else "ok",
                       tuple(json.loads(u) for u in unique), none_collected, started)
