@@ -2,7 +2,12 @@
 """Build the demo OCI image (Debian bookworm + apispec 6.8.1's test venv) and publish it.
 
     python scripts/build_demo_image.py --cache-root DIR --registry HOST:PORT --output OUTDIR
-        [--materialize materialized-images.json]
+        [--materialize materialized-images.json] [--flavor plain|swesmith]
+
+--flavor swesmith builds the image laid out like SWE-smith's (the repository
+cloned at /testbed, installed editable into /opt/miniconda3/envs/testbed,
+activated with `source /opt/miniconda3/bin/activate; conda activate testbed`);
+see tools/oci_demo.py.
 
 Run as root (debootstrap, chroot). Every step is cached under DIR/demo.
 Writes OUTDIR/images.json (the demo image by digest; its digest is known
@@ -44,12 +49,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also pull the image back and write materialized-images.json here")
     parser.add_argument("--output", required=True, type=Path)
     parser.add_argument("--skopeo", default="skopeo")
+    parser.add_argument("--flavor", choices=sorted(demo.FLAVORS), default="plain")
     args = parser.parse_args(argv)
     if args.registry is None and args.materialize is None:
         parser.error("without --registry the image lives only for this run: give --materialize")
     started = time.monotonic()
     try:
-        build = demo.build_demo(args.cache_root)
+        build = demo.build_demo(args.cache_root, args.flavor)
         with contextlib.ExitStack() as stack:
             registry = args.registry
             if registry is None:

@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", help="materialized-images.json: also prepare a manifest")
     parser.add_argument("--manifest", help="where to write the prepared manifest (with --images)")
     parser.add_argument("--layers-root", default="/var/lib/camg/task-layers/coding")
+    parser.add_argument("--swesmith-rows", type=Path,
+                        help="also write the rows served from the SWE-smith-shaped demo image "
+                             "(scripts/build_demo_image.py --flavor swesmith) here")
     args = parser.parse_args(argv)
     if bool(args.images) != bool(args.manifest):
         parser.error("--images and --manifest go together")
@@ -62,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                                    seed=args.seed)
         rows = demo_tasks.build(spec, args.output, runner)
         jsonl, parquet = demo_tasks.write_rows(rows, args.output)
+        if args.swesmith_rows:
+            from tools.coding.swesmith_demo import rewrite_rows
+            rewrite_rows(jsonl, args.swesmith_rows)
         info = {"sdist": str(sdist), "sdist_sha256": sha256_file(sdist), "seed": args.seed,
                 "count": len(rows), **how,
                 "mirror": str(next((args.output / "mirrors").iterdir())),
