@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,8 +18,9 @@ import pytest
 
 import systest_rootfs as rootfs
 from systest_machine import Machine
-from systest_install import (CHECKOUT, GUEST_CHECKOUT, GUEST_HELPER_CONFIG, GUEST_PIP_CACHE,
-                             GUEST_VENV, INSTALL_FLAGS, host_binds, host_pip_env, venv_cache)
+from systest_install import (GUEST_CHECKOUT, GUEST_HELPER_CONFIG, GUEST_PIP_CACHE,
+                             GUEST_VENV, INSTALL_FLAGS, guest_root, host_binds, host_pip_env,
+                             venv_cache)
 
 
 def _require_tools() -> None:
@@ -35,19 +35,8 @@ def _require_tools() -> None:
 def installed_root(tmp_path_factory):
     """A fresh copy of the cached root with camg installed by install.sh."""
     _require_tools()
-    template = rootfs.deps_rootfs(CHECKOUT)
-    run_dir = rootfs.cache_root() / "runs"
-    run_dir.mkdir(exist_ok=True)
-    root = run_dir / f"root-{os.getpid()}"
-    rootfs.fresh_copy(template, root)
+    root = guest_root("root")
     try:
-        # The operator's checkout: a clone of what is committed here, as a
-        # fresh CI clone would be.
-        subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(CHECKOUT),
-                        str(root / GUEST_CHECKOUT.lstrip("/"))], check=True, timeout=300)
-        base = json.loads((CHECKOUT / "units" / "helper.json").read_text())
-        helper = Machine.helper_config_for_guest(base)
-        (root / GUEST_HELPER_CONFIG.lstrip("/")).write_text(json.dumps(helper, indent=1))
         pip_cache = rootfs.cache_root() / "pip"
         pip_cache.mkdir(exist_ok=True)
         # Build caches of the demo data, shared with tests/privileged (same

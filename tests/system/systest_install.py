@@ -4,7 +4,9 @@ guest borrows from the host, the pip settings of an install in a guest."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import systest_rootfs as rootfs
@@ -67,3 +69,21 @@ def host_pip_env() -> dict[str, str]:
     if "PIP_DEFAULT_TIMEOUT" in os.environ:
         env["PIP_DEFAULT_TIMEOUT"] = os.environ["PIP_DEFAULT_TIMEOUT"]
     return env
+
+
+def guest_root(name: str) -> Path:
+    """A fresh copy of the cached Debian root holding the operator's checkout
+    (a clone of what is committed here, as a fresh CI clone would be) and
+    the helper config whose cgroup parents are the bound host controllers."""
+    from systest_machine import Machine
+
+    template = rootfs.deps_rootfs(CHECKOUT)
+    run_dir = rootfs.cache_root() / "runs"
+    run_dir.mkdir(exist_ok=True)
+    root = rootfs.fresh_copy(template, run_dir / f"{name}-{os.getpid()}")
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(CHECKOUT),
+                    str(root / GUEST_CHECKOUT.lstrip("/"))], check=True, timeout=300)
+    base = json.loads((CHECKOUT / "units" / "helper.json").read_text())
+    (root / GUEST_HELPER_CONFIG.lstrip("/")).write_text(
+        json.dumps(Machine.helper_config_for_guest(base), indent=1))
+    return root

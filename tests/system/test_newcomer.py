@@ -24,12 +24,9 @@ printed (`-s`) and in the log.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -37,7 +34,7 @@ import pytest
 
 import systest_rootfs as rootfs
 from systest_install import CHECKOUT, GUEST_CHECKOUT, GUEST_HELPER_CONFIG, GUEST_PIP_CACHE, \
-    host_binds, host_pip_env
+    guest_root, host_binds, host_pip_env
 from systest_episodes import drive, wait_healthy
 from systest_guest import leftovers, show, wait_for
 from systest_machine import Machine
@@ -70,19 +67,10 @@ def _port_busy(port: int) -> bool:
 @pytest.fixture
 def fresh_root(tmp_path):
     """A copy of the cached Debian root with the operator's checkout in it."""
-    template = rootfs.deps_rootfs(CHECKOUT)
-    run_dir = rootfs.cache_root() / "runs"
-    run_dir.mkdir(exist_ok=True)
-    root = run_dir / f"newcomer-{os.getpid()}"
-    rootfs.fresh_copy(template, root)
+    root = guest_root("newcomer")
     try:
         for path in NOTHING_OF_CAMG:
             assert not (root / path).exists(), f"the fresh root already has /{path}"
-        subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(CHECKOUT),
-                        str(root / GUEST_CHECKOUT.lstrip("/"))], check=True, timeout=300)
-        base = json.loads((CHECKOUT / "units" / "helper.json").read_text())
-        (root / GUEST_HELPER_CONFIG.lstrip("/")).write_text(
-            json.dumps(Machine.helper_config_for_guest(base), indent=1))
         busy = [p.port for p in plugins.all_plugins().values() if _port_busy(p.port)]
         if busy:
             pytest.fail(f"something on this host listens on {busy}: the demo needs those ports")
