@@ -9,6 +9,7 @@ and a second worker would be a second, inconsistent episode table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -89,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="prepared/<env>.json")
     parser.add_argument("--check-config", action="store_true",
                         help="verify every recorded hash and exit")
+    parser.add_argument("--check-clean", action="store_true",
+                        help="check that nothing of a previous run of this service remains, "
+                             "release what its ledger names, mark the state directory clean "
+                             "(the environment decides what that means) and exit")
     args = parser.parse_args(argv)
     try:
         config = cfg.load_service_config(args.config)
@@ -101,9 +106,53 @@ def main(argv: list[str] | None = None) -> int:
         print(f"camg.serve: {args.config} verified ({config.environment}, "
               f"config hash {config.config_hash}, {len(manifest.tasks)} tasks)")
         return 0
+    if args.check_clean:
+        return check_clean(config)
     os.makedirs(config.state_dir, exist_ok=True)
     notify.stash_notify_socket()
-    GunicornService(config, manifest, gunicorn_options(config)).run()
+    # Environments that must stop the whole service (a supervised child
+    # died) signal the master by this pid and leave STOP_FAILED with the
+    # reason; the service then exits non-zero so systemd restarts it.
+    os.environ["CAMG_SERVE_PID"] = str(os.getpid())
+    os.environ["CAMG_SERVE_CONFIG"] = os.path.abspath(args.config)
+    stop_failed = os.path.join(config.state_dir, STOP_FAILED)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(stop_failed)  # a previous run's, already reported
+    try:
+        GunicornService(config, manifest, gunicorn_options(config)).run()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    if os.path.exists(stop_failed):
+        with open(stop_failed, encoding="utf-8", errors="replace") as f:
+            print(f"<3>camg.serve: stopped as failed: {f.read().strip()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+STOP_FAILED = "stop-failed"
+
+
+def check_clean(config: cfg.ServiceConfig) -> int:
+    """``--check-clean``: the environment class's ``check_clean(config)``
+    returns (clean, notes); environments without one have nothing to check."""
+    env_class = plugins.resolve(config.factory)
+    check = getattr(env_class, "check_clean", None)
+    if check is None:
+        print(f"camg.serve: {config.environment} keeps no per-run state; nothing to check")
+        return 0
+    try:
+        clean, notes = check(config)
+    except CamgError as exc:
+        print(f"<3>camg.serve: --check-clean failed: {exc}", file=sys.stderr)
+        return 1
+    for note in notes:
+        print(f"camg.serve: {note}", file=sys.stderr if not clean else sys.stdout)
+    if not clean:
+        print(f"<3>camg.serve: {config.state_dir} is NOT clean; the service will not start "
+              "on it", file=sys.stderr)
+        return 1
+    print(f"camg.serve: {config.state_dir} checked and marked clean")
     return 0
 
 

@@ -1,0 +1,1 @@
+"""AutoResearch: research runs in helper sandboxes, scored by a private grader."""

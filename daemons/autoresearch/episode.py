@@ -1,0 +1,291 @@
+"""One AutoResearch episode: a sandbox over [image rootfs, the task's public workspace].
+
+The agent runs experiments as uid 2000 from /workspace (writable: the
+sandbox's disk upper, ``disk_bytes``), reads the task from /task (the
+read-only public workspace), may start long commands in the background
+(their output goes to /workspace/.jobs/N.log, read back by a later
+``jobs`` or ``log`` action) and ends with ``submit``: the bytes of
+/workspace/submission.csv are copied out of the sandbox, the sandbox is
+destroyed, and only those bytes go to the private grader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from camg import errors
+from camg.environment import Episode, Step
+
+from daemons.autoresearch.settings import Settings
+
+log = logging.getLogger("camg.autoresearch")
+
+WORKDIR = "/workspace"
+TASK_DIR = "/task"
+SUBMISSION = "/workspace/submission.csv"
+JOBS = "/workspace/.jobs"
+MAX_SUBMISSION = 8 << 20
+
+INSTRUCTIONS = (
+    "\n\nThe task's files are in /task (read-only); work in /workspace. "
+    "Actions: {{\"operation\":\"shell\",\"command\":...}} runs bash (at most {minutes:g} minutes; "
+    "output is cut to its final {output} bytes); {{\"operation\":\"background\",\"command\":...}} "
+    "starts a long job and returns its number at once (its output goes to /workspace/.jobs/N.log); "
+    "{{\"operation\":\"jobs\"}} lists jobs with their state and the end of their logs; "
+    "{{\"operation\":\"log\",\"job\":N}} shows the end of one job's log; "
+    "{{\"operation\":\"submit\"}} grades /workspace/submission.csv (CSV header id,prediction) "
+    "and ends the episode. The episode ends on its own after {episode:g} minutes or "
+    "{steps} steps; whatever /workspace/submission.csv holds then is graded.")
+
+_JOB_LAUNCH = (
+    "mkdir -p {jobs} && cd {work} && "
+    "setsid -f bash -c 'timeout -s KILL \"$1\" bash -c \"$2\" > {jobs}/$0.log 2>&1 < /dev/null; "
+    "echo $? > {jobs}/$0.exit' {n} {seconds} \"$CAMG_JOB_COMMAND\" && echo started")
+_JOBS_LIST = (
+    "cd {jobs} 2>/dev/null || {{ echo 'no jobs'; exit 0; }}; "
+    "for log in $(ls *.log 2>/dev/null | sort -n); do n=${{log%.log}}; "
+    "if [ -f $n.exit ]; then s=\"exited $(cat $n.exit)\"; else s=running; fi; "
+    "echo \"== job $n: $s, $(stat -c %s $log) bytes of output\"; tail -n 5 $log; done")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    task_id: str
+    statement: str
+    workspace: str            # the public workspace lower
+    image: Any                # camg.oci.images.MaterializedImage
+
+
+@dataclasses.dataclass
+class Report:
+    submitted: bool
+    valid: bool = False
+    score: float | None = None
+    detail: str = ""
+    grade_seconds: float | None = None
+
+
+class ResearchEpisode(Episode):
+    def __init__(self, settings: Settings, helper, grade: Callable[[str, bytes], dict],
+                 prepared: Prepared, episode_id: str, ledger=None) -> None:
+        self.settings = settings
+        self.helper = helper
+        self.grade_submission = grade
+        self.task = prepared
+        self.episode_id = episode_id
+        self.ledger = ledger
+        self.fields = {"EPISODE_ID": episode_id, "TASK_ID": prepared.task_id}
+        self.sandbox: str | None = None
+        self.steps = 0
+        self.jobs = 0
+        self.started = 0.0
+        self.terminal: Step | None = None
+        self.submission: bytes | None = None
+        self.report: Report | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._step_lock = threading.Lock()
+        image_env = dict(e.split("=", 1) for e in prepared.image.env if "=" in e)
+        self.exec_env = {k: v for k, v in image_env.items()
+                         if k not in ("USER", "LOGNAME", "HOSTNAME")}
+        self.exec_env["HOME"] = WORKDIR
+
+    # -- lifecycle ------------------------------------------------------
+
+    def reset(self) -> Mapping[str, Any]:
+        s = self.settings
+        sandbox = self._call(self.helper.create_sandbox,
+                             [self.task.image.rootfs, self.task.workspace],
+                             memory_bytes=s.memory_bytes, cpu_quota=s.cpu_quota,
+                             pids_max=s.pids_max, hostname="research", upper="disk",
+                             upper_bytes=s.disk_bytes)
+        if self.ledger is not None:
+            self.ledger.add_sandbox(sandbox)
+        with self._lock:
+            if self._closed:
+                self._destroy(sandbox)
+                raise errors.SandboxDied("episode closed during reset")
+            self.sandbox = sandbox
+        self.started = time.monotonic()
+        text = self.task.statement + INSTRUCTIONS.format(
+            minutes=s.command_minutes, output=s.output_bytes, episode=s.episode_minutes,
+            steps=s.max_steps)
+        return self._observation(text, None)
+
+    def _remaining(self) -> float:
+        return self.settings.episode_minutes * 60 - (time.monotonic() - self.started)
+
+    def _observation(self, output: str, exit_code: int | None, **extra: Any) -> dict:
+        body = {"task_id": self.task.task_id, "output": output, "exit_code": exit_code,
+                "timed_out": False, "truncated": False, "step": self.steps,
+                "elapsed_s": round(time.monotonic() - self.started, 3) if self.started else 0.0,
+                "remaining_s": round(max(0.0, self._remaining()), 3) if self.started else None}
+        body.update(extra)
+        return body
+
+    def step(self, action: Mapping[str, Any]) -> Step:
+        with self._step_lock:
+            if self.terminal is not None:
+                return self.terminal
+            op = action.get("operation")
+            command = action.get("command")
+            if op in ("shell", "background"):
+                if not isinstance(command, str) or not command.strip():
+                    raise errors.InvalidAction(f"a {op} action needs a command string")
+                if len(command) > self.settings.max_command_chars or "\x00" in command:
+                    raise errors.InvalidAction(f"command must be at most "
+                                               f"{self.settings.max_command_chars} characters, "
+                                               "without NUL")
+            elif op == "log":
+                if not isinstance(action.get("job"), int) or not 1 <= action["job"] <= self.jobs:
+                    raise errors.InvalidAction(f"job must be a started job number (1..{self.jobs})")
+            elif op not in ("jobs", "submit"):
+                raise errors.InvalidAction("operation must be shell, background, jobs, log or "
+                                           "submit")
+            self.steps += 1
+            if op == "submit":
+                return self._finish("Submitted.")
+            if self._remaining() <= 0:
+                return self._finish("The episode's wall time is over; the workspace's "
+                                    "submission was taken as it is.")
+            if self.steps >= self.settings.max_steps:
+                return self._finish("Step limit reached; the workspace's submission was "
+                                    "taken as it is.")
+            if op == "shell":
+                return self._shell(command)
+            if op == "background":
+                return self._background(command)
+            if op == "jobs":
+                return self._run_quiet(_JOBS_LIST.format(jobs=JOBS))
+            return self._run_quiet(f"tail -c {self.settings.output_bytes} {JOBS}/{action['job']}.log")
+
+    def _shell(self, command: str) -> Step:
+        budget = min(self.settings.command_minutes * 60, max(1.0, self._remaining()))
+        r = self._call(self.helper.exec, self._sandbox(), command, user="agent", cwd=WORKDIR,
+                       env=self.exec_env, timeout=budget, output_limit=self.settings.output_bytes)
+        output = r.output
+        if r.timed_out:
+            output += f"\n[command timed out after {budget:g} seconds]"
+        return Step(self._observation(output, 124 if r.timed_out else r.exit_code,
+                                      timed_out=r.timed_out, truncated=r.truncated))
+
+    def _background(self, command: str) -> Step:
+        if self.jobs >= self.settings.max_jobs:
+            raise errors.InvalidAction(f"at most {self.settings.max_jobs} background jobs")
+        self.jobs += 1
+        minutes = self.settings.background_minutes or self.settings.episode_minutes
+        seconds = int(max(1.0, min(minutes * 60, self._remaining())))
+        script = _JOB_LAUNCH.format(jobs=JOBS, work=WORKDIR, n=self.jobs, seconds=seconds)
+        r = self._call(self.helper.exec, self._sandbox(), script, user="agent", cwd=WORKDIR,
+                       env={**self.exec_env, "CAMG_JOB_COMMAND": command}, timeout=60,
+                       output_limit=4000)
+        if r.exit_code != 0:
+            return Step(self._observation(f"the job did not start: {r.output}", r.exit_code))
+        return Step(self._observation(f"job {self.jobs} started; its output goes to "
+                                      f"{JOBS}/{self.jobs}.log (limit {seconds} s)", 0,
+                                      job=self.jobs))
+
+    def _run_quiet(self, script: str) -> Step:
+        r = self._call(self.helper.exec, self._sandbox(), script, user="agent", cwd=WORKDIR,
+                       env=self.exec_env, timeout=60, output_limit=self.settings.output_bytes)
+        return Step(self._observation(r.output, r.exit_code, truncated=r.truncated))
+
+    def _finish(self, text: str) -> Step:
+        sandbox = self._sandbox()
+        self.submission, problem = self._collect(sandbox)
+        with self._lock:
+            self.sandbox = None
+        self._destroy(sandbox)
+        if problem:
+            text += f" ({problem})"
+        self.terminal = Step(self._observation(text, None), done=True)
+        return self.terminal
+
+    def _collect(self, sandbox: str) -> tuple[bytes | None, str]:
+        """The submission's bytes, copied out as the agent's own file."""
+        probe = self._call(self.helper.exec, sandbox,
+                           f"if [ -f {SUBMISSION} ] && [ ! -L {SUBMISSION} ]; then "
+                           f"stat -c %s {SUBMISSION}; else echo missing; fi",
+                           user="agent", cwd=WORKDIR, env=self.exec_env, timeout=60,
+                           output_limit=200)
+        answer = probe.output.strip()
+        if answer == "missing":
+            return None, "no /workspace/submission.csv"
+        if not answer.isdigit() or int(answer) > MAX_SUBMISSION:
+            return None, f"submission is not a regular file of at most {MAX_SUBMISSION} bytes"
+        archive = self._call(self.helper.get_archive, sandbox, SUBMISSION)
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+                member = tar.next()
+                if member is None or not member.isfile() or member.size > MAX_SUBMISSION:
+                    return None, "submission is not a regular file"
+                data = tar.extractfile(member).read()
+        except (tarfile.TarError, OSError) as exc:
+            raise errors.InfraFailure(f"reading the submission archive failed: {exc}") from None
+        log.info("submission collected: %d bytes", len(data), extra=self.fields)
+        return data, ""
+
+    def grade(self) -> float:
+        if self.terminal is None:
+            raise errors.GraderError("grade() before the episode finished")
+        if self.submission is None:
+            self.report = Report(submitted=False, detail="missing")
+            return 0.0
+        reply = self.grade_submission(self.task.task_id, self.submission)
+        self.report = Report(True, bool(reply.get("valid")), reply.get("score"),
+                             str(reply.get("detail", "")), reply.get("seconds"))
+        reward = float(reply["reward"])
+        log.info("graded: reward %.4f score %s %s", reward, reply.get("score"),
+                 self.report.detail, extra=self.fields)
+        return reward
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sandbox, self.sandbox = self.sandbox, None
+        if sandbox is not None:
+            self._destroy(sandbox)
+
+    def state(self) -> Mapping[str, Any]:
+        body: dict[str, Any] = {"steps": self.steps, "jobs": self.jobs,
+                                "finished": self.terminal is not None}
+        if self.report is not None:
+            body["grade"] = dataclasses.asdict(self.report)
+        return body
+
+    # -- helper plumbing --------------------------------------------------
+
+    def _sandbox(self) -> str:
+        with self._lock:
+            if self._closed or self.sandbox is None:
+                raise errors.SandboxDied("the episode's sandbox is gone (episode closed)")
+            return self.sandbox
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except errors.SandboxDied:
+            raise
+        except errors.NotFound as exc:
+            raise errors.SandboxDied(f"sandbox is gone: {exc}") from None
+        except errors.InfraFailure:
+            raise
+        except errors.CamgError as exc:
+            raise errors.InfraFailure(f"helper: {exc}") from None
+
+    def _destroy(self, sandbox: str) -> None:
+        try:
+            self.helper.destroy(sandbox)
+        except errors.CamgError as exc:
+            # The ledger keeps naming it: --check-clean releases it.
+            log.warning("destroying sandbox %s failed: %s", sandbox, exc, extra=self.fields)
+            return
+        if self.ledger is not None:
+            self.ledger.remove_sandbox(sandbox)

@@ -1,0 +1,294 @@
+"""AutoResearch acceptance in real helper sandboxes on the research image.
+
+The image (Debian + numpy/scipy/scikit-learn from PyPI) is built, pushed to
+a loopback registry, pulled back by digest and materialized (cached under
+$CAMG_CACHE/oci); the demo bundles come from scikit-learn's own data; the
+three roots are installed by camg.prepare's code as root with the private
+answers owned by camg-grader (created here when missing). The environment
+runs in this process with its private grader as a real child under the
+camg-grader uid, behind a helper whose deny-list holds the private root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import conftest as pc
+from camg import manifest
+
+pytestmark = [pytest.mark.privileged, pytest.mark.slow]
+
+GRADER_USER = "camg-grader"
+
+
+def ensure_grader_user() -> None:
+    try:
+        pwd.getpwnam(GRADER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
+                        "--shell", "/usr/sbin/nologin", GRADER_USER], check=True)
+
+
+@pytest.fixture(scope="module")
+def research_image():
+    from tools import oci_demo
+    from tools.autoresearch import image
+    return image.ensure_image(oci_demo.cache_root_from_env())
+
+
+@pytest.fixture(scope="module")
+def roots(research_image):
+    from camg.oci.images import write_materialized
+    from daemons.autoresearch.prepare import prepare
+    from tools.autoresearch import demo_tasks
+    ensure_grader_user()
+    base = Path(tempfile.mkdtemp(prefix="camg-ar-test-"))
+    base.chmod(0o711)
+    demo_tasks.build(base / "bundles")
+    images = base / "materialized-images.json"
+    write_materialized(images, (research_image.image,))
+    out = {"base": base, "packages": base / "packages", "workspaces": base / "workspaces",
+           "private": base / "private", "images": images, "manifest": base / "manifest.json",
+           "image": research_image}
+    prepare(source=base / "bundles", packages_root=out["packages"],
+            workspaces_root=out["workspaces"], private_root=out["private"], images=images,
+            image_name="camg/demo-autoresearch", output=out["manifest"], grader_user=GRADER_USER)
+    yield out
+    shutil.rmtree(base)
+
+
+@pytest.fixture(scope="module")
+def ar_helper(roots, rootfs):
+    from tools import oci_demo
+    base = roots["base"] / "helper"
+    cfg = pc.helper_config(base, roots["workspaces"], rootfs,
+                           lower_roots=[str(oci_demo.cache_root_from_env()),
+                                        str(roots["workspaces"]), str(pc.CACHE / "helper")],
+                           private_roots=[str(roots["private"])])
+    helper = pc.start_helper(base, cfg)
+    pc.state_root(base / "state" / "ledger")
+    pc.state_root(base / "uppers")
+    yield helper
+    pc.stop_helper(helper)
+
+
+def settings_for(roots, **extra) -> dict:
+    return {"packages_root": str(roots["packages"]), "workspaces_root": str(roots["workspaces"]),
+            "private_root": str(roots["private"]), "images": str(roots["images"]),
+            "memory_bytes": 1 << 30, "cpu_quota": 1.0, "pids_max": 512,
+            "disk_bytes": 512 << 20, "command_minutes": 5, "episode_minutes": 30, **extra}
+
+
+def make_env(roots, helper, state: Path, **extra):
+    from camg.environment import ServiceContext
+    from daemons.autoresearch import runstate
+    from daemons.autoresearch.environment import ResearchEnvironment
+    ok, notes = runstate.check_clean(str(state), helper_socket=helper.socket,
+                                     owner="autoresearch")
+    assert ok, notes
+    context = ServiceContext("autoresearch", str(state), settings_for(roots, **extra),
+                             helper.socket)
+    return ResearchEnvironment(context, manifest.load(roots["manifest"]).tasks)
+
+
+@pytest.fixture(scope="module")
+def env(roots, ar_helper):
+    state = roots["base"] / "state-episodes"
+    environment = make_env(roots, ar_helper, state)
+    environment.start()
+    pc.allow_process(environment.grader.pid)
+    yield environment
+    environment.stop()
+
+
+def shell(command: str) -> dict:
+    return {"operation": "shell", "command": command}
+
+
+SUBMIT = {"operation": "submit"}
+
+
+def write_file(path: str, text: str) -> dict:
+    return shell(f"cat > {path} <<'CAMG_EOF'\n{text}\nCAMG_EOF")
+
+
+def run_episode(env, task, actions, episode_id="e"):
+    episode = env.create_episode(task, seed=None, episode_id=episode_id)
+    try:
+        first = episode.reset()
+        outputs = []
+        for action in actions:
+            step = episode.step(action)
+            outputs.append(step.observation)
+            if step.done:
+                return first, outputs, episode.grade(), episode
+        return first, outputs, None, episode
+    finally:
+        episode.close()
+
+
+def reference(roots, task_id: str) -> str:
+    return (roots["packages"] / task_id / "reference" / "solve.py").read_text()
+
+
+def test_three_tasks_from_real_data(env):
+    assert [t.task_id for t in env.tasks] == ["breast-cancer", "diabetes", "digits"]
+    assert {t.data["metric"] for t in env.tasks} == {"roc_auc", "accuracy", "mae"}
+
+
+def test_reference_earns_at_least_0_9_on_every_task(env, roots):
+    for task in env.tasks:
+        first, outputs, reward, episode = run_episode(env, task, [
+            write_file("/workspace/solve.py", reference(roots, task.task_id)),
+            shell("python /workspace/solve.py && wc -l /workspace/submission.csv && id -u"),
+            SUBMIT])
+        assert "/task" in first["output"] and first["task_id"] == task.task_id
+        assert outputs[1]["exit_code"] == 0, outputs[1]
+        assert outputs[1]["output"].strip().endswith("2000")  # the agent's uid
+        assert reward is not None and reward >= 0.9, (task.task_id, reward, episode.state())
+        assert episode.state()["grade"]["valid"] is True
+
+
+def test_baseline_earns_about_zero(env):
+    task = env.tasks[0]
+    _, outputs, reward, _ = run_episode(env, task, [shell("python /task/baseline.py"), SUBMIT])
+    assert outputs[0]["exit_code"] == 0, outputs[0]
+    assert reward is not None and reward <= 0.05
+
+
+@pytest.mark.parametrize("actions", [
+    [SUBMIT],                                                          # nothing submitted
+    [shell("echo 'not,a,submission' > /workspace/submission.csv"), SUBMIT],  # malformed
+    [shell("head -3 /task/test.csv | cut -d, -f1 | sed 1d | "
+           "(echo id,prediction; sed 's/$/,1/') > /workspace/submission.csv"), SUBMIT],  # ids missing
+    [shell("ln -s /task/test.csv /workspace/submission.csv"), SUBMIT],  # not a regular file
+], ids=["missing", "malformed", "partial", "symlink"])
+def test_no_or_bad_submission_earns_zero(env, actions):
+    _, outputs, reward, episode = run_episode(env, env.tasks[1], actions)
+    assert outputs[-1]["output"]
+    assert reward == 0.0, episode.state()
+
+
+def test_background_job_log_read_by_a_later_action(env):
+    task = env.tasks[0]
+    episode = env.create_episode(task, seed=None, episode_id="bg")
+    try:
+        episode.reset()
+        started = episode.step({"operation": "background",
+                                "command": "echo begin; sleep 2; echo finished-ok; exit 3"})
+        assert started.observation["job"] == 1 and started.observation["exit_code"] == 0
+        listing = episode.step({"operation": "jobs"}).observation["output"]
+        assert "job 1: running" in listing, listing
+        episode.step(shell("sleep 3"))
+        listing = episode.step({"operation": "jobs"}).observation["output"]
+        assert "job 1: exited 3" in listing and "finished-ok" in listing, listing
+        log = episode.step({"operation": "log", "job": 1}).observation["output"]
+        assert log.splitlines() == ["begin", "finished-ok"]
+    finally:
+        episode.close()
+
+
+def test_command_budget_kills_a_long_command(roots, ar_helper, tmp_path):
+    environment = make_env(roots, ar_helper, tmp_path / "state", command_minutes=0.05)
+    environment.start()
+    pc.allow_process(environment.grader.pid)
+    try:
+        _, outputs, _, _ = run_episode(environment, environment.tasks[0],
+                                       [shell("sleep 30; echo never")])
+        assert outputs[0]["timed_out"] and outputs[0]["exit_code"] == 124
+        assert "never" not in outputs[0]["output"]
+    finally:
+        environment.stop()
+
+
+def test_episode_and_sandbox_released_and_ledger_empty(env, ar_helper, roots):
+    run_episode(env, env.tasks[0], [shell("true"), SUBMIT])
+    ledger = json.loads((roots["base"] / "state-episodes" / "run.json").read_text())
+    assert ledger["sandboxes"] == [] and ledger["grader_pid"] == env.grader.pid
+    with ar_helper.client(owner="autoresearch") as client:
+        assert client.list_sandboxes() == []
+
+
+# -- the escape battery --------------------------------------------------------
+
+def _private_snapshot(root: Path) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            digest = hashlib.sha256(open(path, "rb").read()).hexdigest() if name in filenames else ""
+            out[path] = (st.st_mode, st.st_uid, digest)
+    return out
+
+
+def test_escape_battery(env, roots):
+    credential = env.grader._credential.hex()
+    assert len(credential) == 64
+    private = roots["private"]
+    before = _private_snapshot(private)
+    grader_ino = os.fstat(env.grader.sock.fileno()).st_ino
+    episode = env.create_episode(env.tasks[0], seed=None, episode_id="escape")
+    try:
+        episode.reset()
+
+        def run(command):
+            return episode.step(shell(command)).observation
+
+        # 1. read the private root, by its host path and by a search.
+        r = run(f"cat {private}/breast-cancer/answers.csv; ls -la {private} {roots['base']}")
+        assert "id,target" not in r["output"] and r["output"].count("No such file") >= 2
+        r = run("find / -xdev \\( -name answers.csv -o -name scoring.json \\) 2>/dev/null; "
+                "echo searched")
+        assert r["output"].strip() == "searched", r["output"]
+        # 2. reach the grader's socket: no unix socket of this sandbox's net
+        #    namespace is the grader's socketpair end, and no named socket exists.
+        r = run("cat /proc/net/unix; find / -xdev -type s 2>/dev/null")
+        inodes = {line.split()[6] for line in r["output"].splitlines()[1:]
+                  if len(line.split()) >= 7 and line.split()[6].isdigit()}
+        assert str(grader_ino) not in inodes
+        r = run("ls /proc | grep -E '^[0-9]+$' | while read p; do "
+                "cat /proc/$p/cmdline 2>/dev/null | tr '\\0' ' '; echo; done")
+        # Only the sandbox's own processes (its init and the agent's); never the grader.
+        assert "autoresearch.grader" not in r["output"] and "camg.serve" not in r["output"]
+        # 3. find the credential: environment, /proc, files anywhere we can read.
+        r = run(f"env; cat /proc/*/environ /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n'; "
+                f"grep -r -F -l -s {credential} /proc/[0-9]*/environ /workspace /task /tmp /etc "
+                f"/root /home /var /run /dev/shm 2>/dev/null; echo searched")
+        assert credential not in r["output"] and "searched" in r["output"]
+        # 4. write where the grader reads: the private root's path inside the
+        #    sandbox is the sandbox's own file system, never the host's.
+        r = run(f"mkdir -p {private}/breast-cancer 2>&1; "
+                f"echo 'id,target' > {private}/breast-cancer/answers.csv 2>&1; echo wrote")
+        assert "wrote" in r["output"]
+    finally:
+        episode.close()
+    assert _private_snapshot(private) == before
+    # The service's own state holds no credential either.
+    for path in (roots["base"] / "state-episodes").iterdir():
+        assert credential not in path.read_text(errors="replace")
+    # Nor does the grader's environment or command line (read from the host).
+    for name in ("environ", "cmdline"):
+        assert credential.encode() not in Path(f"/proc/{env.grader.pid}/{name}").read_bytes()
+    # The grader runs as its own uid and the private root is its alone.
+    assert os.stat(f"/proc/{env.grader.pid}").st_uid == pwd.getpwnam(GRADER_USER).pw_uid
+    assert (os.stat(private).st_mode & 0o777) == 0o700
+    assert os.stat(private).st_uid == pwd.getpwnam(GRADER_USER).pw_uid
+
+
+def test_private_root_refused_as_a_lower(env, ar_helper, roots):
+    from camg import errors
+    with ar_helper.client(owner="autoresearch") as client:
+        for lower in (roots["private"], roots["private"] / "breast-cancer"):
+            with pytest.raises(errors.BadRequest):
+                client.create_sandbox([str(roots["image"].rootfs), str(lower)],
+                                      memory_bytes=64 << 20, cpu_quota=0.5, pids_max=32)

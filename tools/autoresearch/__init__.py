@@ -1,0 +1,1 @@
+"""Build-time tooling of the AutoResearch environment: the demo image and the demo task set."""

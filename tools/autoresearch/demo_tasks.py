@@ -1,0 +1,203 @@
+"""The AutoResearch demo task set, from real data shipped inside scikit-learn's wheel.
+
+Three tasks, each with a fixed public/private split (seeded permutation),
+a baseline (public, /task/baseline.py) and a reference solution (kept in
+the task package, never shown to the agent):
+
+* ``breast-cancer`` — Wisconsin diagnostic breast cancer (569 rows, 30
+  features); ROC AUC of P(malignant). Baseline: logistic regression on two
+  raw features; reference: standardised logistic regression on all 30.
+* ``digits`` — UCI optical digits 8x8 (1797 images); accuracy. Baseline:
+  nearest centroid; reference: RBF SVM.
+* ``diabetes`` — Efron et al.'s diabetes progression (442 rows, 10
+  features); mean absolute error (lower is better). Baseline: the training
+  mean; reference: ridge regression.
+
+The baseline and reference scores are computed here by running the very
+scripts the bundle ships, with the scikit-learn/numpy releases the image
+pins (requirements.lock's), so the reference earns 1.0 in the sandbox.
+Data license: scikit-learn's bundled datasets (BSD-3-Clause package; the
+data sets are the UCI/Efron public data sets it redistributes).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from daemons.autoresearch import metrics
+
+SEED = 20261130
+PRIVATE_FRACTION = 0.3
+
+_READ = '''
+import csv, sys
+import numpy as np
+
+TASK = sys.argv[1] if len(sys.argv) > 1 else "/task"
+OUT = sys.argv[2] if len(sys.argv) > 2 else "/workspace/submission.csv"
+
+
+def read(name):
+    with open(f"{TASK}/{name}") as f:
+        rows = list(csv.reader(f))
+    head, body = rows[0], rows[1:]
+    ids = [r[0] for r in body]
+    values = np.array([[float(v) for v in r[1:]] for r in body])
+    return head, ids, values
+
+
+head, _, train = read("train.csv")
+X, y = train[:, :-1], train[:, -1]
+_, test_ids, X_test = read("test.csv")
+
+
+def write(predictions):
+    with open(OUT, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "prediction"])
+        for i, p in zip(test_ids, predictions):
+            w.writerow([i, repr(float(p))])
+'''
+
+SCRIPTS = {
+    "breast-cancer": {
+        "baseline": _READ + '''
+from sklearn.linear_model import LogisticRegression
+model = LogisticRegression(max_iter=1000).fit(X[:, :2], y)
+write(model.predict_proba(X_test[:, :2])[:, 1])
+''',
+        "reference": _READ + '''
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+model = make_pipeline(StandardScaler(), LogisticRegression(C=0.3, max_iter=5000)).fit(X, y)
+write(model.predict_proba(X_test)[:, 1])
+'''},
+    "digits": {
+        "baseline": _READ + '''
+from sklearn.neighbors import NearestCentroid
+write(NearestCentroid().fit(X, y).predict(X_test).astype(int))
+''',
+        "reference": _READ + '''
+from sklearn.svm import SVC
+write(SVC(gamma=0.001, C=10.0).fit(X, y).predict(X_test).astype(int))
+'''},
+    "diabetes": {
+        "baseline": _READ + '''
+write(np.full(len(X_test), y.mean()))
+''',
+        "reference": _READ + '''
+from sklearn.linear_model import Ridge
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+write(make_pipeline(StandardScaler(), Ridge(alpha=1.0)).fit(X, y).predict(X_test))
+'''},
+}
+
+STATEMENTS = {
+    "breast-cancer": ("Breast cancer diagnosis", "roc_auc",
+                      "Predict, for each row of /task/test.csv, the probability that the tumour "
+                      "is malignant (target 1 in /task/train.csv; 30 features of the Wisconsin "
+                      "diagnostic breast cancer data). Scored by ROC AUC on hidden labels."),
+    "digits": ("Handwritten digits", "accuracy",
+               "Classify each 8x8 image (64 pixel intensities 0-16) of /task/test.csv as a "
+               "digit 0-9; /task/train.csv has labelled images (last column). Scored by "
+               "accuracy on hidden labels; predictions must be integers."),
+    "diabetes": ("Diabetes progression", "mae",
+                 "Predict the disease progression one year after baseline for each patient of "
+                 "/task/test.csv from ten baseline variables (age, sex, BMI, blood pressure, "
+                 "six serum measurements; /task/train.csv has the target as its last column). "
+                 "Scored by mean absolute error on hidden targets (lower is better)."),
+}
+
+
+def _dataset(name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    from sklearn import datasets
+    if name == "breast-cancer":
+        d = datasets.load_breast_cancer()
+        # sklearn codes malignant as 0; the task asks for P(malignant).
+        return d.data, (d.target == 0).astype(int), [f.replace(" ", "_") for f in d.feature_names]
+    if name == "digits":
+        d = datasets.load_digits()
+        return d.data, d.target, [f"pixel_{i}" for i in range(d.data.shape[1])]
+    d = datasets.load_diabetes(scaled=False)
+    return d.data, d.target, list(d.feature_names)
+
+
+def _fmt(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def _write_csv(path: Path, head: list[str], rows) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(head)
+        writer.writerows(rows)
+
+
+def _run_script(script: Path, task_dir: Path, out: Path, python: str) -> bytes:
+    subprocess.run([python, str(script), str(task_dir), str(out)], check=True,
+                   capture_output=True, timeout=600)
+    return out.read_bytes()
+
+
+def build_task(name: str, dest: Path, python: str = sys.executable) -> dict:
+    X, y, features = _dataset(name)
+    order = np.random.RandomState(SEED).permutation(len(y))
+    n_private = int(round(len(y) * PRIVATE_FRACTION))
+    private_idx, public_idx = order[:n_private], order[n_private:]
+    bundle = dest / name
+    shutil.rmtree(bundle, ignore_errors=True)
+    public, private, reference = bundle / "public", bundle / "private", bundle / "reference"
+    for d in (public, private, reference):
+        d.mkdir(parents=True)
+    ids = [f"{name[:2]}{i:04d}" for i in range(len(y))]
+    _write_csv(public / "train.csv", ["id", *features, "target"],
+               ([ids[i], *map(_fmt, X[i]), _fmt(y[i])] for i in public_idx))
+    _write_csv(public / "test.csv", ["id", *features],
+               ([ids[i], *map(_fmt, X[i])] for i in private_idx))
+    _write_csv(private / "answers.csv", ["id", "target"],
+               ([ids[i], _fmt(y[i])] for i in private_idx))
+    (public / "baseline.py").write_text(SCRIPTS[name]["baseline"].lstrip())
+    (reference / "solve.py").write_text(SCRIPTS[name]["reference"].lstrip())
+    title, metric, statement = STATEMENTS[name]
+    (public / "README.md").write_text(
+        f"# {title}\n\n{statement}\n\nSubmit /workspace/submission.csv with the header "
+        f"`id,prediction` and one line per id of test.csv.\n`python /task/baseline.py` writes "
+        "the baseline's submission.\n")
+    answer_ids, truth = metrics.read_answers((private / "answers.csv").read_bytes())
+    scores = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, script in (("baseline", public / "baseline.py"),
+                             ("reference", reference / "solve.py")):
+            data = _run_script(script, public, Path(tmp) / f"{kind}.csv", python)
+            predicted = metrics.parse_submission(data, answer_ids, integer=metric == "accuracy")
+            scores[kind] = metrics.score(metric, truth, predicted)
+    if not (scores["reference"] > scores["baseline"]) == metrics.HIGHER_IS_BETTER[metric]:
+        raise RuntimeError(f"{name}: reference {scores['reference']} does not beat baseline "
+                           f"{scores['baseline']}")
+    (private / "scoring.json").write_text(json.dumps(
+        {"metric": metric, "baseline_score": scores["baseline"],
+         "reference_score": scores["reference"]}, indent=1) + "\n")
+    (bundle / "task.json").write_text(json.dumps(
+        {"task_id": name, "title": title, "metric": metric, "statement": statement,
+         "baseline_score": scores["baseline"], "reference_score": scores["reference"]},
+        indent=1) + "\n")
+    return scores
+
+
+def build(dest: Path, python: str = sys.executable) -> dict:
+    dest.mkdir(parents=True, exist_ok=True)
+    return {name: build_task(name, dest, python) for name in SCRIPTS}
+
+
+if __name__ == "__main__":
+    print(json.dumps(build(Path(sys.argv[1])), indent=1))
