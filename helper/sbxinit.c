@@ -138,7 +138,12 @@ static void setup_root(const char *scratch, const char *lowerdir, const char *up
      * helper's umask must not narrow them. Commands set their own. */
     umask(0);
     xmount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
-    snprintf(opts, sizeof opts, "mode=0700,size=%s", tmpfs_bytes);
+    /* One inode per 4 KiB of the size: without nr_inodes a tmpfs allows
+     * half of the host's RAM pages in inodes, and millions of empty files
+     * would cost kernel memory no byte limit sees. */
+    unsigned long long inodes = strtoull(tmpfs_bytes, NULL, 10) / 4096;
+    snprintf(opts, sizeof opts, "mode=0700,size=%s,nr_inodes=%llu", tmpfs_bytes,
+             inodes < 4096 ? 4096ULL : inodes);
     xmount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, opts);
     if (strcmp(upper, "tmpfs") == 0) {
         snprintf(upperdir, sizeof upperdir, "%s/u", scratch);

@@ -1,0 +1,148 @@
+"""Run the reliability suites and print one table.
+
+    sudo .venv/bin/python -m tools.reliability [--full] [--suites churn,escape,fuzz,load]
+        [--environments sandbox,coding,...] [--json OUT]
+
+Short by default (what CI runs through tests/privileged/test_reliability.py):
+9 churn episodes per environment, the whole escape battery, 300 helper
+frames, 100 malformed files per kind, schemathesis with 10 examples per
+operation, 16 concurrent episodes stepping for 3 s. ``--full``: 1000 churn
+episodes per environment, 5000 frames, 1000 files per kind, 100 examples,
+256 concurrent episodes for 60 s. Needs root (real sandboxes). Every
+environment registered in camg.plugins gets a row, run or not (and why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from tools.reliability import churn, escape, fuzz, load
+from tools.reliability.rig import CACHE, Helper
+from tools.reliability.service import Prepared
+from tools.reliability.table import Row, render
+from tools.reliability.targets import all_targets
+
+SHORT = {"churn": 9, "frames": 300, "files": 100, "examples": 10, "load": 16, "seconds": 3.0}
+FULL = {"churn": 1000, "frames": 5000, "files": 1000, "examples": 100, "load": 256,
+        "seconds": 60.0}
+SUITES = ("escape", "fuzz", "churn", "load")
+
+
+def note(text: str) -> None:
+    print(f"[reliability {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def run(suites: tuple[str, ...], names: set[str] | None, sizes: dict) -> list[Row]:
+    targets = [t for t in all_targets() if names is None or t.name in names]
+    roots = {str(CACHE / "helper")}
+    for t in targets:
+        if not t.missing:
+            try:
+                roots.update(t.lower_roots())
+            except Exception as exc:  # its caches cannot even be located
+                t.missing = f"lower roots unavailable: {exc}"
+    rows: list[Row] = []
+    work = Path(tempfile.mkdtemp(prefix="camg-rel-work-"))
+    work.chmod(0o755)
+    note("starting the rig's helper (isolation probes)")
+    helper = Helper(sorted(roots))
+    try:
+        if "escape" in suites:
+            note("escape battery")
+            row, detail = escape.run(helper)
+            rows.append(row)
+            print(escape.print_detail(detail), flush=True)
+        if "fuzz" in suites:
+            note("fuzz: helper socket, files")
+            rows.append(_guard("fuzz", "helper", lambda: fuzz.helper_socket(helper, sizes["frames"])))
+            rows.append(_guard("fuzz", "files", lambda: fuzz.files(sizes["files"])))
+        for target in targets:
+            rows += _target(target, helper, work, suites, sizes)
+        leftover = helper.census()
+        rows.append(Row("census", "helper", "after every suite",
+                        ", ".join(f"{k} {v}" for k, v in leftover.items()),
+                        not any(leftover.values())))
+    finally:
+        helper.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def _target(target, helper: Helper, work: Path, suites, sizes) -> list[Row]:
+    wanted = [s for s in ("churn", "fuzz", "load") if s in suites]
+    if target.missing:
+        return [Row(s, target.name, "-", target.missing, None) for s in wanted]
+    note(f"{target.name}: preparing")
+    try:
+        prepared = Prepared(target, helper, work / target.name)
+    except Exception as exc:
+        return [Row(s, target.name, "-", f"preparation failed: {type(exc).__name__}: {exc}"[:300],
+                    None) for s in wanted]
+    rows = []
+    if "churn" in suites:
+        note(f"{target.name}: churn x{sizes['churn']}")
+        rows.append(_guard("churn", target.name, lambda: churn.run(prepared, sizes["churn"])))
+    if "fuzz" in suites:
+        note(f"{target.name}: schemathesis")
+
+        def http() -> Row:
+            with prepared.serve(capacity=16, limits={"idle_ttl_s": 5, "max_steps": 8}) as svc:
+                return fuzz.http(svc, target.name, sizes["examples"])
+        rows.append(_guard("fuzz", target.name, http))
+    if "load" in suites:
+        note(f"{target.name}: load {sizes['load']} x {sizes['seconds']} s")
+        rows.append(_guard("load", target.name,
+                           lambda: load.run(prepared, sizes["load"], sizes["seconds"])))
+    return rows
+
+
+def _guard(suite: str, env: str, fn) -> Row:
+    try:
+        return fn()
+    except Exception as exc:
+        traceback.print_exc()
+        return Row(suite, env, "-", f"crashed: {type(exc).__name__}: {exc}"[:300], False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import logging
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    ap = argparse.ArgumentParser(prog="python -m tools.reliability", description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="the full sizes (long)")
+    ap.add_argument("--suites", default=",".join(SUITES))
+    ap.add_argument("--environments", help="comma-separated (default: sandbox + every plugin)")
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    for key in SHORT:
+        ap.add_argument(f"--{key}", type=type(SHORT[key]), help=f"override the {key} size")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("the reliability suites need root (real sandboxes)", file=sys.stderr)
+        return 2
+    sizes = dict(FULL if args.full else SHORT)
+    sizes.update({k: getattr(args, k) for k in SHORT if getattr(args, k) is not None})
+    suites = tuple(s for s in args.suites.split(",") if s)
+    unknown = set(suites) - set(SUITES)
+    if unknown:
+        ap.error(f"unknown suite(s): {', '.join(sorted(unknown))}")
+    names = set(args.environments.split(",")) if args.environments else None
+    started = time.monotonic()
+    rows = run(suites, names, sizes)
+    print(render(rows))
+    print(f"({'full' if args.full else 'short'} run, {time.monotonic() - started:.0f} s)")
+    if args.json:
+        args.json.write_text(json.dumps([dataclasses.asdict(r) | {"result": r.result} for r in rows],
+                                        indent=1) + "\n")
+    return 0 if all(r.ok is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Churn: many episodes through a real service, ended every way an episode
+ends, then a census that must find nothing left.
+
+Each episode: reset → 1-3 cheap actions → one of
+  * finish   — actions until the step budget ends it (graded),
+  * close    — DELETE,
+  * abandon  — never touched again: the lease reaper must end it.
+Afterwards (service still running, then stopped): no sandbox in the
+helper's ledger, no upper, cgroup, process or host mount of a sandbox, no
+container, and nothing in the state directory beyond one outcome record and
+one trajectory per episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+
+from camg.client import AsyncClient, ServiceError
+from tools.reliability.rig import state_strays
+from tools.reliability.service import Prepared
+from tools.reliability.table import Row
+
+BUDGET = 4  # max_steps: "finish" episodes end by the budget, as any would
+IDLE_TTL = 2.0
+WORKERS = 8
+
+
+async def _episode(client: AsyncClient, action: dict, mode: str, rng: random.Random) -> str:
+    created = await client.create(wait=600)
+    eid = created["episode_id"]
+    for _ in range(BUDGET if mode == "finish" else rng.randint(1, BUDGET - 1)):
+        answer = await client.step(eid, action)
+        if answer["done"]:
+            break
+    if mode == "close":
+        await client.close(eid)
+    return eid
+
+
+async def _churn(url: str, action: dict, n: int, seed: int) -> tuple[set[str], list[str]]:
+    modes = ["finish", "close", "abandon"]
+    ids: set[str] = set()
+    errors: list[str] = []
+    queue = list(range(n))
+    async with AsyncClient(url, timeout=900) as client:
+        async def worker(w: int) -> None:
+            rng = random.Random(seed * 1000 + w)
+            while queue:
+                i = queue.pop()
+                try:
+                    ids.add(await _episode(client, action, modes[i % 3], rng))
+                except (ServiceError, OSError) as exc:
+                    errors.append(f"episode {i}: {exc}")
+        await asyncio.gather(*(worker(w) for w in range(WORKERS)))
+        # The reaper ends the abandoned ones within a lease and a tick.
+        deadline = time.monotonic() + IDLE_TTL * 10 + 60
+        while time.monotonic() < deadline:
+            if (await client.request("GET", "/episodes"))["active"] == 0:
+                break
+            await asyncio.sleep(0.5)
+    return ids, errors
+
+
+def run(prepared: Prepared, n: int, seed: int = 0) -> Row:
+    target, helper = prepared.target, prepared.helper
+    limits = {"idle_ttl_s": IDLE_TTL, "max_steps": BUDGET}
+    with prepared.serve(capacity=max(WORKERS, 16), limits=limits) as service:
+        ids, errors = asyncio.run(_churn(service.url, target.action, n, seed))
+        running = helper.census()
+        state = Path(service.config["state_dir"])
+    stopped = helper.census()
+    records = [json.loads(line) for line in (state / "outcomes.jsonl").read_text().splitlines()]
+    strays = state_strays(state, ids)
+    by = {s: sum(1 for r in records if r["status"] == s) for s in ("done", "closed")}
+    reaped = sum(1 for r in records if r["reason"] == "lease expired")
+    leaks = {k: v for k, v in stopped.items() if v} | {
+        f"{k} (while serving)": v for k, v in running.items() if v}
+    ok = (not errors and not leaks and not strays and len(records) == len(ids) == n
+          and reaped >= n // 3)
+    counted = (f"{len(records)} records ({by['done']} done, {by['closed']} closed, {reaped} reaped); "
+               f"leaks {leaks or 0}; strays {len(strays)}; errors {len(errors)}")
+    if errors:
+        counted += f"; first error: {errors[0][:200]}"
+    return Row("churn", target.name, f"{n} episodes (finish/close/abandon)", counted, ok)

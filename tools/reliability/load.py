@@ -1,0 +1,83 @@
+"""Load: N concurrent episodes stepping for a bounded time on loopback.
+
+Every episode is created first (all N live at once, each with its own
+sandbox where the environment uses them), then each steps a cheap action
+in a loop until the deadline. Counted: errors (any HTTP error or
+failure_class), step latency p50/p99, the service's and helper's peak
+memory. The service runs at its default capacity when that is at least N
+(see camg.config: the default derives from what the helper can hold), so
+the run also shows the default holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from camg.client import AsyncClient, ServiceError
+from tools.reliability.service import Prepared, service_rss_kib
+from tools.reliability.table import Row
+
+
+def _pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))] * 1e3 if s else float("nan")
+
+
+async def _load(url: str, action: dict, n: int, seconds: float, on_live) -> dict:
+    latencies: list[float] = []
+    errors: list[str] = []
+    async with AsyncClient(url, timeout=600, max_connections=n + 8) as client:
+        async def create() -> str | None:
+            try:
+                return (await client.create(wait=300))["episode_id"]
+            except (ServiceError, OSError) as exc:
+                errors.append(f"create: {exc}")
+                return None
+
+        started = time.monotonic()
+        ids = [eid for eid in await asyncio.gather(*(create() for _ in range(n))) if eid]
+        created_s = time.monotonic() - started
+        live = on_live()
+        deadline = time.monotonic() + seconds
+        steps = 0
+
+        async def stepper(eid: str) -> None:
+            nonlocal steps
+            while time.monotonic() < deadline:
+                t = time.perf_counter()
+                try:
+                    answer = await client.step(eid, action)
+                except (ServiceError, OSError) as exc:
+                    errors.append(f"step: {exc}")
+                    return
+                latencies.append(time.perf_counter() - t)
+                steps += 1
+                if answer.get("failure_class") or answer["done"]:
+                    errors.append(f"step ended the episode: {answer.get('failure_class')}")
+                    return
+
+        await asyncio.gather(*(stepper(eid) for eid in ids))
+        await asyncio.gather(*(client.close(eid) for eid in ids), return_exceptions=True)
+    return {"created": len(ids), "create_s": created_s, "live": live, "steps": steps, "errors": errors,
+            "p50_ms": _pct(latencies, 0.5), "p99_ms": _pct(latencies, 0.99)}
+
+
+def run(prepared: Prepared, n: int, seconds: float, capacity: int | None = None) -> Row:
+    target, helper = prepared.target, prepared.helper
+    limits = {"max_steps": 1_000_000, "idle_ttl_s": 600}
+    with prepared.serve(capacity=capacity or n, limits=limits) as service:
+        helper_before = helper.rss_kib()
+        r = asyncio.run(_load(service.url, target.action, n, seconds,
+                              lambda: helper.census()["ledger"]))
+        service_kib = service_rss_kib(service)
+        helper_kib = helper.rss_kib()
+    ok = not r["errors"] and r["created"] == n
+    counted = (f"{r['created']}/{n} live, {r['steps']} steps, errors {len(r['errors'])}, "
+               f"step p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms, "
+               f"service peak RSS {service_kib // 1024} MiB, helper RSS "
+               f"{helper_before // 1024}->{helper_kib // 1024} MiB, "
+               f"sandboxes live {r['live']}, created in {r['create_s']:.1f} s")
+    if r["errors"]:
+        counted += f"; first error: {r['errors'][0][:200]}"
+    return Row("load", target.name, f"{n} concurrent episodes stepping {seconds:g} s", counted, ok)

@@ -1,0 +1,42 @@
+"""One real ``python -m camg.serve`` process of a target, on the rig's helper."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import tempfile
+from pathlib import Path
+
+from tools.reliability.rig import Helper, rss_kib
+from tools.reliability.targets import Target, configure
+
+
+class Prepared:
+    """A target's preparation, done once per run and shared by its suites."""
+
+    def __init__(self, target: Target, helper: Helper, work: Path) -> None:
+        self.target = target
+        self.helper = helper
+        self.work = work
+        work.mkdir(parents=True, exist_ok=True)
+        self.result = target.prepare(work / "prepared-data", helper.socket)
+        self.count = 0
+
+    @contextlib.contextmanager
+    def serve(self, *, capacity: int, limits: dict, ready_timeout: float = 300):
+        from tests.support.services import ServiceProcess
+        self.count += 1
+        work = Path(tempfile.mkdtemp(prefix=f"svc{self.count}-", dir=self.work))
+        config = configure(self.target, work, self.result, self.helper.socket,
+                           capacity=capacity, limits=limits)
+        service = ServiceProcess(config)
+        try:
+            service.wait_ready(timeout=ready_timeout)
+            yield service
+        finally:
+            # SIGTERM: the graceful path (episodes closed, sandboxes released).
+            service.stop(signal.SIGTERM)
+
+
+def service_rss_kib(service) -> int:
+    return rss_kib(service.proc.pid, "VmHWM")

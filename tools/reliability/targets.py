@@ -1,0 +1,131 @@
+"""What the suites run against: one target per environment in camg.plugins,
+plus ``sandbox`` (tools.reliability.sandbox_env: the framework and real
+helper sandboxes with nothing of a product in the way).
+
+A target knows the lower roots its sandboxes need, how to prepare itself
+(from the caches the privileged tests and benches build under $CAMG_CACHE)
+and how to configure a real ``camg.serve`` process through
+``camg.configure``; an environment without such a recipe here is listed
+with the reason, never silently left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from camg import manifest, plugins
+from tools.reliability.rig import CACHE, minbase
+
+SANDBOX_FACTORY = "tools.reliability.sandbox_env:SandboxEnvironment"
+
+
+@dataclasses.dataclass
+class Target:
+    name: str
+    #: a cheap action that never ends the episode (load, churn)
+    action: dict
+    lower_roots: Callable[[], list[str]] = lambda: []
+    #: (work, helper socket) -> (manifest path, settings, factory or None)
+    prepare: Callable[[Path, str], tuple[Path, dict, str | None]] | None = None
+    #: why it cannot run here (None: it can)
+    missing: str | None = None
+    sandboxes: bool = True
+
+
+def configure(target: Target, work: Path, prepared: tuple[Path, dict, str | None], socket: str,
+              *, capacity: int, limits: dict) -> Path:
+    """camg.configure for one service on a free loopback port; its config path."""
+    from camg.configure import configure as run_configure
+    from tests.support.services import clean_git_tree, free_port
+    manifest_path, settings, factory = prepared
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "requirements.lock").write_text("falcon==4.4.0\n")
+    env = {"manifest": str(manifest_path), "port": free_port(), "capacity": capacity,
+           "limits": limits, "settings": settings}
+    if factory:
+        env["factory"] = factory
+    deployment = {"runtime_lock": str(work / "requirements.lock"),
+                  "state_root": str(work / "state"), "helper_socket": socket,
+                  "executables": {"python": sys.executable},
+                  "environments": {target.name: env}}
+    (work / "deployment.json").write_text(json.dumps(deployment))
+    run_configure(work / "deployment.json", work / "prepared",
+                  source_tree=clean_git_tree(work / "src"))
+    return work / "prepared" / f"{target.name}.json"
+
+
+# -- the targets -----------------------------------------------------------------
+
+def _sandbox_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
+    tasks = [{"task_id": f"t{i:03d}", "data": {"target": i}} for i in range(16)]
+    body = manifest.build("sandbox", tasks, created_by="tools.reliability",
+                          sampling={"mode": "sequential", "seed": 0}, files={})
+    path = work / "sandbox-manifest.json"
+    work.mkdir(parents=True, exist_ok=True)
+    manifest.write(path, body)
+    return path, {"lowers": [str(minbase())]}, SANDBOX_FACTORY
+
+
+def _coding_roots() -> list[str]:
+    from tools import oci_demo as demo
+    layers = CACHE / "coding" / "layers"
+    layers.mkdir(parents=True, exist_ok=True)
+    return [str(demo.cache_root_from_env()), str(layers), str(CACHE / "helper")]
+
+
+def _coding_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
+    """The Coding demo (image, task set, task layers), as the privileged tests build it."""
+    from camg.oci.images import write_materialized
+    from daemons.coding.prepare import prepare_coding
+    from tools import oci_demo as demo
+    from tools.coding.demo_tasks import fetch_sdist
+    from tools.coding.sandbox_runner import ensure_demo_set
+    image = demo.ensure_demo_image(demo.cache_root_from_env())
+    demo_set = ensure_demo_set(CACHE / "coding", image.image, socket,
+                               fetch_sdist(CACHE / "coding" / "sdist"))
+    work.mkdir(parents=True, exist_ok=True)
+    images = work / "materialized-images.json"
+    write_materialized(images, (image.image,))
+    out = work / "coding-manifest.json"
+    rows = demo_set / "tasks.parquet"
+    if not rows.exists():
+        rows = demo_set / "tasks.jsonl"
+    prepare_coding(rows_path=rows, mirrors_root=demo_set / "mirrors", images_path=images,
+                   output=out, layers_root=CACHE / "coding" / "layers")
+    return out, {"mirrors_root": str(demo_set / "mirrors"), "images": str(images),
+                 "layers_root": str(CACHE / "coding" / "layers"),
+                 "memory_bytes": 512 << 20}, None
+
+
+def _shop_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
+    from tests.support.shop_testing import prepared
+    prepared_dir, settings = prepared()
+    return (prepared_dir / "manifest.json",
+            dict(settings, jvm_heap_mb=512, verify_index_full=False), None)
+
+
+RECIPES = {
+    "sandbox": Target("sandbox", {"operation": "shell", "command": "echo $((6*7))"},
+                      lambda: [str(CACHE / "helper")], _sandbox_prepare),
+    "coding": Target("coding", {"operation": "shell", "command": "true"}, _coding_roots,
+                     _coding_prepare),
+    "shop": Target("shop", {"action": "search[red shoes]"}, prepare=_shop_prepare,
+                   sandboxes=False),
+}
+
+
+def all_targets() -> list[Target]:
+    """``sandbox`` first, then every registered environment, in registry order."""
+    out = [RECIPES["sandbox"]]
+    for name in plugins.all_plugins():
+        recipe = RECIPES.get(name)
+        if recipe is None:
+            out.append(Target(name, {}, missing="no demo preparation in the runner yet: "
+                                                "run its suites against a prepared service"))
+        else:
+            out.append(recipe)
+    return out
