@@ -50,8 +50,9 @@ def mapped(what: str) -> Iterator[None]:
 
 
 class Docker:
-    def __init__(self, cfg: ContainerConfig) -> None:
+    def __init__(self, cfg: ContainerConfig, timeout: float | None = None) -> None:
         self.cfg = cfg
+        self.timeout = timeout or cfg.api_timeout
         self._api = None
         self._lock = threading.Lock()
 
@@ -62,7 +63,7 @@ class Docker:
                 import docker
                 with mapped("connecting to dockerd"):
                     self._api = docker.APIClient(base_url="unix://" + self.cfg.docker_socket,
-                                                 timeout=self.cfg.api_timeout, max_pool_size=64)
+                                                 timeout=self.timeout, max_pool_size=64)
             return self._api
 
     # -- lifecycle --------------------------------------------------------

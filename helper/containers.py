@@ -376,7 +376,8 @@ def sweep(config, say: Callable[[str], None]) -> int:
     if cfg is None:
         return 0
     try:
-        n = ops.Docker(cfg).sweep_scope(cfg.scope)
+        # A hung dockerd must not hold up the helper's start (or a unit's stop) for long.
+        n = ops.Docker(cfg, timeout=min(10.0, cfg.api_timeout)).sweep_scope(cfg.scope)
     except WireError as exc:
         say(f"container sweep skipped: {exc.message}")
         return 0

@@ -1,0 +1,142 @@
+"""The container mediator's policy and wire pieces, without Docker or root.
+
+The same refusals run against a real dockerd in
+tests/privileged/test_containers.py; here each rule is checked in isolation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from camg import errors, helper_client
+from camg import helper_wire as wire
+from helper import config as helper_config
+from helper import containers as mc
+from helper.registry import Peer
+
+IMAGE = "127.0.0.1:5000/camg/x@sha256:" + "a" * 64
+PEER = Peer(uid=990, gid=990, pid=1, owner="general")
+
+
+@pytest.fixture
+def mediator(tmp_path):
+    manifest = tmp_path / "images.json"
+    manifest.write_text(json.dumps({"images": [IMAGE]}))
+    cfg = mc.ContainerConfig(images_manifest=str(manifest), scope="unit", max_cpu=2.0,
+                             max_memory_bytes=1 << 30, max_pids=512)
+    return mc.Mediator(cfg, agent_uid=2000, agent_gid=2000, archive_bytes=1 << 20, output_bytes=1 << 16,
+                       timeout=60, command_bytes=1 << 16)
+
+
+def params(**kw) -> mc.CreateParams:
+    base = dict(image=IMAGE, cpu=1.0, memory_bytes=256 << 20, pids_max=128)
+    base.update(kw)
+    return mc.CreateParams(**base)
+
+
+def refused(fn, name: str) -> None:
+    with pytest.raises(wire.WireError) as info:
+        fn()
+    assert info.value.name == name, info.value.message
+
+
+def test_only_manifest_images_by_digest(mediator):
+    assert mediator.check_image(IMAGE) == IMAGE
+    refused(lambda: mediator.check_image(IMAGE.replace("a" * 64, "b" * 64)), "not_allowed")
+    refused(lambda: mediator.check_image("127.0.0.1:5000/camg/x:latest"), "not_allowed")
+    refused(lambda: mediator.check_image("debian"), "not_allowed")
+
+
+def test_an_unreadable_manifest_allows_nothing(tmp_path):
+    m = mc.Mediator(mc.ContainerConfig(images_manifest=str(tmp_path / "missing.json")), agent_uid=2000,
+                    agent_gid=2000, archive_bytes=1, output_bytes=1, timeout=1, command_bytes=1)
+    refused(lambda: m.check_image(IMAGE), "not_allowed")
+    (tmp_path / "missing.json").write_text(json.dumps({"images": ["debian:latest"]}))
+    refused(lambda: m.check_image(IMAGE), "not_allowed")
+
+
+@pytest.mark.parametrize("kw,name", [
+    ({"privileged": True}, "not_allowed"),
+    ({"cap_add": ("NET_ADMIN",)}, "not_allowed"),
+    ({"devices": ("/dev/sda",)}, "not_allowed"),
+    ({"binds": ("/:/host",)}, "not_allowed"),
+    ({"network": "bridge"}, "not_allowed"),
+    ({"mount_agent_env": True}, "not_allowed"),  # none configured
+    ({"labels": {"camg.service": "coding"}}, "not_allowed"),
+    ({"labels": {"camg.boot": "forged"}}, "not_allowed"),
+    ({"labels": {"org.example": "x"}}, "not_allowed"),
+    ({"cpu": 2.5}, "limit_exceeded"),
+    ({"cpu": 0.0}, "limit_exceeded"),
+    ({"memory_bytes": 2 << 30}, "limit_exceeded"),
+    ({"pids_max": 513}, "limit_exceeded"),
+    ({"episode_id": "a b"}, "bad_request"),
+    ({"command": ("a\0b",)}, "limit_exceeded"),
+    ({"env": {"BAD-NAME": "x"}}, "bad_request"),
+    ({"workdir": "relative"}, "bad_request"),
+])
+def test_create_refusals(mediator, kw, name):
+    refused(lambda: mediator.check_create(PEER, params(**kw)), name)
+
+
+def test_labels_are_the_helpers(mediator):
+    labels = mediator.check_create(PEER, params(episode_id="ep-1", labels={"camg.episode": "ep-1"}))
+    assert labels == {"camg.helper": "unit", "camg.boot": mediator.boot, "camg.service": "general",
+                      "camg.uid": "990", "camg.episode": "ep-1", "camg.pool": "0"}
+
+
+def test_unknown_create_fields_are_bad_requests():
+    with pytest.raises(wire.WireError) as info:
+        wire.parse(mc.CreateParams, {"image": IMAGE, "cpu": 1.0, "memory_bytes": 1 << 28, "pids_max": 64,
+                                     "security_opt": ["seccomp=unconfined"]}, "params",
+                   lambda m: wire.WireError("bad_request", m))
+    assert "security_opt" in info.value.message
+
+
+def test_container_ids_and_ownership(mediator):
+    refused(lambda: mediator.get(PEER, "../../etc"), "bad_request")
+    refused(lambda: mediator.get(PEER, "0" * 64), "not_found")
+    mediator.held["1" * 64] = mc.Held("1" * 64, 990, "general", IMAGE, "", False, 0.0, -1)
+    assert mediator.get(PEER, "1" * 64).owner == "general"
+    refused(lambda: mediator.get(Peer(990, 990, 1, "visual"), "1" * 64), "not_found")
+    refused(lambda: mediator.get(Peer(991, 990, 1, "general"), "1" * 64), "not_found")
+
+
+def test_config_section_parses_strictly(tmp_path):
+    path = tmp_path / "helper.json"
+    path.write_text(json.dumps({"containers": {"scope": "system", "max_cpu": 2}}))
+    assert helper_config.load(str(path)).containers.max_cpu == 2.0
+    for bad in ({"scope": "-x"}, {"docker_socket": "relative"}, {"max_pids": 0}, {"privileged": True}):
+        path.write_text(json.dumps({"containers": bad}))
+        with pytest.raises(helper_config.ConfigError):
+            helper_config.load(str(path))
+    assert helper_config.load(None).containers is None
+
+
+def test_new_error_names_map_to_classes():
+    assert helper_client.ERROR_CLASSES["not_allowed"] is errors.PermissionDenied
+    assert helper_client.ERROR_CLASSES["docker_unavailable"] is errors.Unavailable
+    assert helper_client.ERROR_CLASSES["connection_refused"] is errors.Unavailable
+
+
+def test_a_descriptor_rides_on_a_frame():
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    try:
+        wire.send_frame(a, {"ok": True, "result": {"port": 1}}, wire.FdBlob.carrying(w))
+        with pytest.raises(OSError):
+            os.fstat(w)  # the sender's copy is closed once sent
+        obj, blob, fd = wire.read_frame_with_fd(b, 1 << 20)
+        assert obj == {"ok": True, "result": {"port": 1}} and blob == b"" and fd >= 0
+        os.write(fd, b"x")
+        os.close(fd)
+        assert os.read(r, 1) == b"x"
+        wire.send_frame(a, {"ok": False, "error": "not_found", "message": "m"})
+        assert wire.read_frame_with_fd(b, 1 << 20)[2] == -1
+    finally:
+        a.close()
+        b.close()
+        os.close(r)
