@@ -1,0 +1,214 @@
+"""AutoResearch without root: metrics, submission parsing, normalisation, the
+grader's authenticated wire (the real grader loop on a socketpair), settings,
+the run ledger's refusal of an unchecked state directory, and the helper's
+deny-list path checks."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from camg import errors
+from daemons.autoresearch import gradewire, grader, metrics, runstate
+from daemons.autoresearch.environment import load_settings
+
+
+# -- metrics -------------------------------------------------------------------
+
+def test_roc_auc_matches_pairwise_definition_with_ties():
+    rng = np.random.RandomState(0)
+    truth = rng.randint(0, 2, 200)
+    scores = np.round(rng.rand(200), 1)  # many ties
+    pos, neg = scores[truth == 1], scores[truth == 0]
+    pairwise = np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg])
+    assert metrics.roc_auc(truth, scores) == pytest.approx(pairwise)
+    from sklearn.metrics import roc_auc_score
+    assert metrics.roc_auc(truth, scores) == pytest.approx(roc_auc_score(truth, scores))
+
+
+def test_accuracy_mae_dice():
+    assert metrics.accuracy(np.array([1, 2, 3]), np.array([1, 2, 4])) == pytest.approx(2 / 3)
+    assert metrics.mae(np.array([1.0, 2.0]), np.array([2.0, 4.0])) == 1.5
+    assert metrics.dice(np.array([1, 1, 0, 0]), np.array([1, 0, 0, 0])) == pytest.approx(2 / 3)
+    assert metrics.dice(np.zeros(4), np.zeros(4)) == 1.0
+
+
+@pytest.mark.parametrize("value,baseline,reference,expected", [
+    (0.9, 0.8, 1.0, 0.5), (0.7, 0.8, 1.0, 0.0), (1.2, 0.8, 1.0, 1.0),
+    (50.0, 60.0, 40.0, 0.5), (70.0, 60.0, 40.0, 0.0), (30.0, 60.0, 40.0, 1.0)])
+def test_normalise_both_directions_clipped(value, baseline, reference, expected):
+    assert metrics.normalise(value, baseline, reference) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("data,problem", [
+    (b"", "header"), (b"\xff\xfe", "UTF-8"), (b"id,pred\na,1\n", "header"),
+    (b"id,prediction\na,1\n", "1 of the 2"), (b"id,prediction\na,1\na,2\nb,1\n", "twice"),
+    (b"id,prediction\na,1\nz,1\n", "unknown id"), (b"id,prediction\na,nan\nb,1\n", "finite"),
+    (b"id,prediction\na,x\nb,1\n", "not a number"), (b"id,prediction\na,1,2\nb,1\n", "2 fields"),
+])
+def test_malformed_submissions_are_invalid(data, problem):
+    with pytest.raises(metrics.SubmissionInvalid, match=problem):
+        metrics.parse_submission(data, ["a", "b"])
+
+
+def test_integer_metric_refuses_fractions_and_order_is_by_id():
+    with pytest.raises(metrics.SubmissionInvalid, match="integer"):
+        metrics.parse_submission(b"id,prediction\na,1.5\nb,1\n", ["a", "b"], integer=True)
+    got = metrics.parse_submission(b"id,prediction\nb,2\na,1\n", ["a", "b"], integer=True)
+    assert got.tolist() == [1.0, 2.0]
+
+
+# -- the grader's loop over its authenticated wire -------------------------------
+
+@pytest.fixture
+def private(tmp_path: Path) -> Path:
+    task = tmp_path / "t1"
+    task.mkdir()
+    (task / "answers.csv").write_text("id,target\na,1\nb,0\nc,1\nd,0\n")
+    (task / "scoring.json").write_text(json.dumps(
+        {"metric": "roc_auc", "baseline_score": 0.5, "reference_score": 1.0}))
+    return tmp_path
+
+
+@pytest.fixture
+def grader_loop(private):
+    ours, theirs = socket.socketpair()
+    credential = b"k" * 32
+    tasks = {"t1": grader._load(str(private), "t1")}
+    thread = threading.Thread(target=grader.serve, args=(theirs, credential, tasks), daemon=True)
+    thread.start()
+    hello, _ = gradewire.receive(ours, credential, gradewire.FROM_GRADER, 0)
+    yield ours, credential, hello
+    ours.close()
+    thread.join(5)
+    theirs.close()
+    assert not thread.is_alive(), "the grader must exit when the service closes its end"
+
+
+def _ask(sock, credential, seq, task_id, blob):
+    gradewire.send(sock, credential, gradewire.TO_GRADER, seq, {"task_id": task_id}, blob)
+    return gradewire.receive(sock, credential, gradewire.FROM_GRADER, seq)[0]
+
+
+def test_grader_scores_normalises_and_reports_answers_hash(grader_loop, private):
+    sock, credential, hello = grader_loop
+    from daemons.autoresearch.prepare import answers_hash
+    assert hello["hello"] and hello["answers"] == {"t1": answers_hash(private / "t1")}
+    perfect = _ask(sock, credential, 1, "t1", b"id,prediction\na,0.9\nb,0.1\nc,0.8\nd,0.2\n")
+    assert perfect["ok"] and perfect["valid"] and perfect["reward"] == 1.0
+    random = _ask(sock, credential, 2, "t1", b"id,prediction\na,0.5\nb,0.5\nc,0.5\nd,0.5\n")
+    assert random["reward"] == 0.0 and random["score"] == 0.5
+    bad = _ask(sock, credential, 3, "t1", b"garbage")
+    assert bad["ok"] and not bad["valid"] and bad["reward"] == 0.0
+    unknown = _ask(sock, credential, 4, "nope", b"")
+    assert not unknown["ok"]
+
+
+def test_grader_refuses_a_forged_request(private):
+    ours, theirs = socket.socketpair()
+    tasks = {"t1": grader._load(str(private), "t1")}
+    result = {}
+
+    def run():
+        try:
+            grader.serve(theirs, b"k" * 32, tasks)
+        except gradewire.Tampered as exc:
+            result["tampered"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    gradewire.receive(ours, b"k" * 32, gradewire.FROM_GRADER, 0)
+    gradewire.send(ours, b"x" * 32, gradewire.TO_GRADER, 1, {"task_id": "t1"}, b"")
+    thread.join(5)
+    assert "tampered" in result
+    ours.close()
+    theirs.close()
+
+
+def test_replies_are_authenticated_too():
+    a, b = socket.socketpair()
+    gradewire.send(a, b"k" * 32, gradewire.FROM_GRADER, 1, {"ok": True, "reward": 1.0})
+    with pytest.raises(gradewire.Tampered):
+        gradewire.receive(b, b"k" * 32, gradewire.FROM_GRADER, 2)  # replayed/out of order
+    a.close()
+    b.close()
+
+
+# -- settings, ledger -----------------------------------------------------------
+
+BASE = {"packages_root": "/srv/p", "workspaces_root": "/srv/w", "private_root": "/srv/x",
+        "images": "/srv/i.json"}
+
+
+@pytest.mark.parametrize("change,problem", [
+    ({"private_root": "/srv/w/x"}, "separate"), ({"private_root": "/srv/w"}, "differ"),
+    ({"images": "rel.json"}, "absolute"), ({"command_minutes": 0}, "positive"),
+    ({"credential": "x"}, "credential"), ({"disk_bytes": 0}, "positive")])
+def test_settings_refused(change, problem):
+    with pytest.raises(errors.ConfigError, match=problem):
+        load_settings({**BASE, **change})
+
+
+def test_unchecked_state_dir_refused_naming_check_clean(tmp_path):
+    ledger = runstate.RunLedger(str(tmp_path), "autoresearch", "/nonexistent.sock")
+    with pytest.raises(errors.ConfigError, match="--check-clean"):
+        ledger.claim("prepared/autoresearch.json")
+    ok, notes = runstate.check_clean(str(tmp_path), helper_socket="/nonexistent.sock",
+                                     owner="autoresearch")
+    assert ok, notes
+    ledger.claim("prepared/autoresearch.json")
+    assert not (tmp_path / "clean.json").exists() and (tmp_path / "run.json").exists()
+    # A second service on the same directory is refused: the mark was consumed.
+    with pytest.raises(errors.ConfigError, match="--check-clean"):
+        runstate.RunLedger(str(tmp_path), "autoresearch", "/x").claim("c.json")
+
+
+def test_check_clean_refuses_while_the_run_lives_or_its_sandboxes_cannot_be_released(tmp_path):
+    import subprocess
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "run.json").write_text(json.dumps(
+            {"pid": sleeper.pid, "grader_pid": None, "sandboxes": [], "owner": "autoresearch"}))
+        ok, notes = runstate.check_clean(str(tmp_path), helper_socket="/x", owner="a")
+        assert not ok and "still running" in notes[0]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    (tmp_path / "run.json").write_text(json.dumps(
+        {"pid": 0, "grader_pid": None, "sandboxes": ["abc"], "owner": "autoresearch",
+         "helper_socket": str(tmp_path / "missing.sock")}))
+    ok, notes = runstate.check_clean(str(tmp_path), helper_socket="/x", owner="a")
+    assert not ok and "abc" in notes[0]
+    assert not (tmp_path / "clean.json").exists()
+
+
+# -- the helper's deny-list, by path (the mount cases are privileged tests) -------
+
+def test_private_roots_refused_by_path(tmp_path):
+    from camg.helper_wire import WireError
+    from helper import paths
+    lowers = tmp_path / "lowers"
+    (lowers / "ok").mkdir(parents=True)
+    (lowers / "answers" / "t").mkdir(parents=True)
+    private = (str(lowers / "answers"),)
+    assert paths.resolve_lower(str(lowers / "ok"), (str(lowers),), private)
+    for target in (lowers / "answers", lowers / "answers" / "t"):
+        with pytest.raises(WireError) as info:
+            paths.resolve_lower(str(target), (str(lowers),), private)
+        assert info.value.name == "path_escape"
+    with pytest.raises(ValueError, match="overlaps"):
+        paths.probe_private_roots((str(lowers),), private, ())
+
+
+def test_helper_config_refuses_overlapping_private_root(tmp_path):
+    from helper import config
+    path = tmp_path / "helper.json"
+    path.write_text(json.dumps({"lower_roots": [str(tmp_path / "l")],
+                                "upper_root": str(tmp_path / "private" / "u"),
+                                "private_roots": [str(tmp_path / "private")]}))
+    with pytest.raises(config.ConfigError, match="private_roots"):
+        config.load(str(path))
