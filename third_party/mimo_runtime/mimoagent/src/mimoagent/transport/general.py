@@ -51,6 +51,9 @@ class GeneralObservation(Observation):
     output: str = Field(max_length=16000)
     exit_code: int | None = None
     tools: list[dict] | None = None
+    #: terminal only: "complete" (reward final) or "pending_judge" (LLM items
+    #: await the judge; openenv does not serialize metadata, so it is a field)
+    verifier: str | None = None
 
 
 def _tail(text: str) -> str:
@@ -145,7 +148,8 @@ def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
             self.terminal = GeneralObservation(
                 task_id=instance["instance_id"], output="Verifier completed.",
                 exit_code=info["verifier_returncode"], reward=None if pending else float(reward),
-                done=True, metadata={"pending_judge": pending,
+                done=True, verifier="pending_judge" if pending else "complete",
+                metadata={"pending_judge": pending,
                                      "verifier_returncode": info["verifier_returncode"]})
             return self.terminal
 

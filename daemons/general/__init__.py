@@ -1,0 +1,1 @@
+"""General: MiMo opensource-code and general_agent tasks in per-episode Docker containers."""

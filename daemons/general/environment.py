@@ -1,0 +1,225 @@
+"""The General environment: each episode is a fresh Docker container running
+the MiMo transport (mimoagent.transport), reached through the helper.
+
+Per episode: claim a started, never-used container of the task's image from
+a bounded warm pool (or create one), get a socket to the transport inside it
+from the helper (containers have no network), and proxy reset/step over the
+OpenEnv WebSocket protocol. Software tasks are graded by the transport (the
+MiMo verifier, inside the container); general_agent tasks leave judge
+requests that this service answers with the LLM judge (only the service
+holds GA_JUDGE_*). Transport and verifier failures end the episode with
+reward null and a failure class; judge failures with ``judge_error``.
+Closing removes the container.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from camg import errors, typed
+from camg.environment import Environment, Episode, ServiceContext, Step, Task
+
+from daemons.general import rubric
+from daemons.general.channel import TransportChannel, observation_of
+from daemons.general.schemas import ACTION_SCHEMA, OBSERVATION_SCHEMA, allowed_action
+from daemons.general.settings import Settings
+
+log = logging.getLogger("camg.general")
+
+KINDS = ("opensource-code", "general_agent")
+TASK_ROOT = "/opt/mimo-task"
+AGENT_ENV = "/opt/camg/agent-env"
+VERIFIER_OUT = "/logs/verifier"
+
+
+def transport_command(port: int) -> tuple[str, ...]:
+    return (f"{AGENT_ENV}/bin/python", "-m", "mimoagent.transport", "--root", TASK_ROOT,
+            "--port", str(port))
+
+
+def judge_config(settings: Settings, environ: Mapping[str, str] | None = None):
+    from camg.judge import JudgeConfig
+
+    return JudgeConfig.from_env(settings.judge_env, environ, timeout_s=settings.judge_timeout_s,
+                                attempts=settings.judge_attempts, backoff_s=settings.judge_backoff_s,
+                                backoff_max_s=max(60.0, settings.judge_backoff_s))
+
+
+class GeneralEnvironment(Environment):
+    name = "general"
+    action_schema = ACTION_SCHEMA
+    observation_schema = OBSERVATION_SCHEMA
+
+    def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
+        super().__init__(context, tasks)
+        self.settings = typed.parse(Settings, context.settings, "general.settings", errors.ConfigError)
+        for task in tasks:
+            if task.data.get("kind") not in KINDS or not str(task.data.get("image", "")).count("@sha256:"):
+                raise errors.ConfigError(f"general task {task.task_id!r}: needs kind in {KINDS} "
+                                         "and an image pinned by digest")
+        self.client = None
+        self.pools: dict[str, Any] = {}
+        self.judge = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """``camg.serve --check-config``: the judge variables must be in the environment."""
+        settings = typed.parse(Settings, config.settings, "general.settings", errors.ConfigError)
+        judge_config(settings)
+
+    # -- service life cycle ------------------------------------------------------
+    def start(self) -> None:
+        from camg.containers import ContainerClient, ContainerPool
+        from camg.helper_client import DEFAULT_SOCKET
+        from camg.judge import Judge
+
+        s = self.settings
+        self.judge = Judge(judge_config(s))
+        self.client = ContainerClient(self.context.helper_socket or DEFAULT_SOCKET, owner=s.helper_owner)
+        # Containers of an earlier run of this service (killed with -9, say)
+        # carry our owner label: nothing of theirs is reusable.
+        left = self.client.release_all()
+        if left:
+            log.warning("removed %d container(s) left by an earlier run", left)
+        for image in sorted({t.data["image"] for t in self.tasks}):
+            self.client.pull(image)
+            self.pools[image] = ContainerPool(self.client, self.spec(image), s.pool_size)
+
+    def spec(self, image: str):
+        from camg.containers import ContainerSpec
+
+        s = self.settings
+        return ContainerSpec(image=image, command=transport_command(s.transport_port), cpu=s.cpu,
+                             memory_bytes=s.memory_bytes, pids_max=s.pids_max, mount_agent_env=True)
+
+    def stop(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
+        if self.judge is not None:
+            self.judge.close()
+        if self.client is not None:
+            self.client.close()
+
+    def health(self) -> list[str]:
+        return [f"container pool for {image.rsplit('@', 1)[-1][:19]}: {pool.last_error}"
+                for image, pool in self.pools.items() if pool.last_error is not None]
+
+    def metadata(self) -> Mapping[str, Any]:
+        kinds: dict[str, int] = {}
+        for task in self.tasks:
+            kinds[task.data["kind"]] = kinds.get(task.data["kind"], 0) + 1
+        return {"task_kinds": kinds,
+                "images": sorted({t.data["image"] for t in self.tasks}),
+                "judge": self.judge.config.describe() if self.judge else None,
+                "pool": {"size_per_image": self.settings.pool_size,
+                         "hits": sum(p.hits for p in self.pools.values()),
+                         "misses": sum(p.misses for p in self.pools.values())},
+                "container": {"cpu": self.settings.cpu, "memory_bytes": self.settings.memory_bytes,
+                              "pids_max": self.settings.pids_max, "network": "none"}}
+
+    def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> Episode:
+        return GeneralEpisode(self, task, episode_id)
+
+
+class GeneralEpisode(Episode):
+    def __init__(self, env: GeneralEnvironment, task: Task, episode_id: str) -> None:
+        self.env = env
+        self.task = task
+        self.kind = task.data["kind"]
+        self.episode_id = episode_id
+        self.container = None
+        self.channel: TransportChannel | None = None
+        self.pending_judge = False
+        self.verifier_exit: int | None = None
+        self.judge_records: list[dict] = []
+        self.judge_failure: dict | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def reset(self) -> Mapping[str, Any]:
+        env, s = self.env, self.env.settings
+        pool = env.pools[self.task.data["image"]]
+        container = pool.claim(self.episode_id)
+        with self._lock:
+            self.container = container
+            if self._closed:  # closed while claiming
+                self._remove()
+                raise errors.InfraFailure("episode closed during reset")
+        sock = env.client.connect(container.id, s.transport_port, timeout=s.connect_timeout_s)
+        self.channel = TransportChannel(sock, open_timeout=s.connect_timeout_s)
+        payload = self.channel.request("reset", {"task_id": self.task.data["instance_id"],
+                                                 "episode_id": self.episode_id},
+                                       timeout=s.step_timeout_s)
+        observation, _, _ = observation_of(payload)
+        return {**observation, "task_kind": self.kind}
+
+    def step(self, action: Mapping[str, Any]) -> Step:
+        problem = allowed_action(self.kind, action)
+        if problem:
+            raise errors.InvalidAction(problem)
+        if self.channel is None:
+            raise errors.InfraFailure("step before a successful reset")
+        payload = self.channel.request("step", dict(action), timeout=self.env.settings.step_timeout_s)
+        observation, reward, done = observation_of(payload)
+        if not done:
+            return Step(observation=observation, reward=0.0)
+        self.verifier_exit = observation.get("exit_code")
+        if self.kind == "general_agent" and observation.get("verifier") == "pending_judge":
+            self.pending_judge = True
+            return Step(observation=observation, reward=0.0, done=True, graded=False)
+        if reward is None:
+            raise errors.GraderError("the transport finished without a reward")
+        return Step(observation=observation, reward=self._binarized(reward), done=True, graded=True)
+
+    def grade(self) -> float:
+        if not self.pending_judge:
+            raise errors.GraderError("nothing to grade: the transport gave no reward")
+        tar = self.env.client.get_archive(self.container.id, VERIFIER_OUT)
+        detail = rubric.read_detail(tar)
+        try:
+            reward, self.judge_records = rubric.judge_episode(
+                self.env.judge, detail, deadline_s=self.env.settings.judge_deadline_s)
+        except errors.JudgeError as exc:
+            self.judge_failure = {k: v for k, v in exc.details.items()}
+            raise
+        return self._binarized(reward)
+
+    def _binarized(self, reward: float) -> float:
+        if self.env.settings.binarize:
+            return 1.0 if reward >= 1.0 - 1e-6 else 0.0
+        return reward
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.channel is not None:
+            self.channel.close()
+        self._remove()
+
+    def _remove(self) -> None:
+        if self.container is None or self.env.client is None:
+            return
+        try:
+            self.env.client.remove(self.container.id)
+        except errors.CamgError as exc:  # the helper's release and sweeps take it
+            log.warning("removing container %s failed: %s", self.container.id[:12], exc)
+
+    def state(self) -> Mapping[str, Any]:
+        return {"task_kind": self.kind,
+                "container": self.container.id[:12] if self.container else None}
+
+    def outcome(self) -> Mapping[str, Any]:
+        record: dict[str, Any] = {"task_kind": self.kind, "image": self.task.data["image"],
+                                  "verifier_exit_code": self.verifier_exit}
+        if self.judge_records:
+            record["judge"] = self.judge_records
+        if self.judge_failure:
+            record["judge_failure"] = self.judge_failure
+        return record

@@ -1,0 +1,203 @@
+"""``python -m camg.prepare --environment general``: MiMo rows -> task folders,
+Parquet tables and a prepared manifest.
+
+    python -m camg.prepare --environment general \\
+        --code-rows code.parquet --general-rows general/train.parquet \\
+        --envs general/envs --images image-mapping.jsonl \\
+        --output-dir /srv/camg/data/general [--select ids.txt] [--limit N] [--seed S]
+
+Rows are MiMo-V2.6-RL-oss rows in any of the shapes the ports use: a column
+``instance`` (dict, NeMo-Gym's rows), ``instance_json`` (string) or
+``extra_info.instance_json`` (the raw parquet), ``.parquet`` or ``.jsonl``.
+Every instance is validated for its dataset type (opensource-code: the eight
+fields; general_agent: its fields and a task folder ``<envs>/<id>``).
+``--images`` maps each row's ``docker_image`` to an image pinned by digest
+(``image-mapping.jsonl``: ``{"dataset_image", "dockerhub_image"}`` lines).
+The selection keeps ids and order (the --select file's, else code rows then
+general rows as given); ``--limit`` cuts it. Output: ``code.parquet`` and
+``general.parquet`` (the selected rows: instance_id, dataset_type,
+instance_json, image), ``envs/<id>/`` (copied task folders) and
+``manifest.json`` recording all of them and the image mapping by hash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from camg import manifest
+from camg.errors import CamgError, DatasetError
+
+CREATED_BY = "camg.prepare general 0.1.0"
+CODE_FIELDS = ("dataset_type", "docker_image", "cwd", "instance_id", "problem_statement",
+               "test_patch", "test_command", "verifier_timeout_sec")
+GENERAL_FIELDS = ("instance_id", "dataset_type", "docker_image", "env_task_dir", "cwd",
+                  "problem_statement")
+KIND_FIELDS = {"opensource-code": CODE_FIELDS, "general_agent": GENERAL_FIELDS}
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as exc:
+                    raise DatasetError(f"{path}:{lineno}: not JSON ({exc})") from None
+    return rows
+
+
+def instance_of(row: dict, where: str) -> dict:
+    if isinstance(row.get("instance"), dict):
+        instance = row["instance"]
+    else:
+        raw = row.get("instance_json") or (row.get("extra_info") or {}).get("instance_json")
+        if not isinstance(raw, str):
+            raise DatasetError(f"{where}: no instance, instance_json or extra_info.instance_json")
+        try:
+            instance = json.loads(raw)
+        except ValueError:
+            raise DatasetError(f"{where}: instance_json is not JSON") from None
+    kind = instance.get("dataset_type")
+    if kind not in KIND_FIELDS:
+        raise DatasetError(f"{where}: dataset_type {kind!r} is not served by General "
+                           f"({', '.join(KIND_FIELDS)})")
+    for field in KIND_FIELDS[kind]:
+        if field not in instance or instance[field] in (None, ""):
+            raise DatasetError(f"{where} ({instance.get('instance_id')!r}): field {field} missing")
+    if kind == "opensource-code" and not str(instance["cwd"]).startswith("/"):
+        raise DatasetError(f"{where}: cwd must be absolute")
+    return instance
+
+
+def read_selection(path: str | Path) -> list[str]:
+    """Ids, one per line, in the order to serve them ('#' comments allowed)."""
+    ids: list[str] = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            value = line.split("#", 1)[0].strip()
+            if value in ids:
+                raise DatasetError(f"{path}:{lineno}: id {value!r} is selected twice")
+            if value:
+                ids.append(value)
+    if not ids:
+        raise DatasetError(f"{path}: selects no task")
+    return ids
+
+
+def read_images(path: str | Path) -> dict[str, str]:
+    mapping: dict[str, str] = {}
+    for index, row in enumerate(read_rows(path)):
+        source, target = row.get("dataset_image"), row.get("dockerhub_image")
+        if not isinstance(source, str) or not isinstance(target, str) or "@sha256:" not in target:
+            raise DatasetError(f"{path}: line {index + 1}: need dataset_image and a dockerhub_image "
+                               "pinned by digest (REPO@sha256:HEX)")
+        mapping[source] = target
+    return mapping
+
+
+def prepare_general(*, code_rows: str | None, general_rows: str | None, envs: str | None,
+                    images: str, output_dir: str | Path, select: str | None = None,
+                    limit: int | None = None, seed: int | None = None) -> dict:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from camg.hashing import sha256_file
+
+    out = Path(output_dir)
+    mapping = read_images(images)
+    chosen: list[dict] = []
+    seen: set[str] = set()
+    for label, path in (("code", code_rows), ("general", general_rows)):
+        if path is None:
+            continue
+        for index, row in enumerate(read_rows(path)):
+            instance = instance_of(row, f"{path} row {index}")
+            if instance["instance_id"] in seen:
+                raise DatasetError(f"{path} row {index}: instance_id {instance['instance_id']!r} twice")
+            seen.add(instance["instance_id"])
+            chosen.append(instance)
+    if not chosen:
+        raise DatasetError("no rows given (--code-rows and/or --general-rows)")
+    if select is not None:
+        by_id = {i["instance_id"]: i for i in chosen}
+        wanted = read_selection(select)
+        missing = [i for i in wanted if i not in by_id]
+        if missing:
+            raise DatasetError(f"{select}: selected id {missing[0]!r} is in no rows file")
+        chosen = [by_id[i] for i in wanted]
+    if limit is not None:
+        if limit < 1:
+            raise DatasetError("--limit must be at least 1")
+        chosen = chosen[:limit]
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "envs", ignore_errors=True)
+    tasks, files, tables = [], {}, {"opensource-code": [], "general_agent": []}
+    for instance in chosen:
+        task_id, kind = instance["instance_id"], instance["dataset_type"]
+        image = mapping.get(instance["docker_image"])
+        if image is None:
+            raise DatasetError(f"{task_id}: docker_image {instance['docker_image']!r} is not in {images}")
+        data = {"kind": kind, "instance_id": task_id, "image": image, "instance": instance}
+        if kind == "general_agent":
+            if envs is None:
+                raise DatasetError("general_agent rows need --envs (the task folders)")
+            source = Path(envs) / task_id
+            if not (source / "instance.json").is_file() or not (source / "workspace").is_dir():
+                raise DatasetError(f"{task_id}: task folder {source} lacks instance.json or workspace/")
+            shutil.copytree(source, out / "envs" / task_id, symlinks=False)
+            files[f"env:{task_id}"] = out / "envs" / task_id
+            data["task_dir"] = str((out / "envs" / task_id).resolve())
+        tasks.append({"task_id": task_id, "data": data})
+        tables[kind].append({"instance_id": task_id, "dataset_type": kind,
+                             "instance_json": json.dumps(instance, ensure_ascii=False),
+                             "image": image})
+    schema = pa.schema([("instance_id", pa.string()), ("dataset_type", pa.string()),
+                        ("instance_json", pa.string()), ("image", pa.string())])
+    for kind, name in (("opensource-code", "code.parquet"), ("general_agent", "general.parquet")):
+        pq.write_table(pa.Table.from_pylist(tables[kind], schema=schema), out / name)
+        files[name.split(".")[0] + "_table"] = out / name
+    files["images"] = Path(images)
+    sampling = {"order": "select" if select is not None else "rows", "seed": seed, "limit": limit,
+                "select_sha256": sha256_file(select) if select is not None else None}
+    body = manifest.build("general", tasks, sampling=sampling, files=files, created_by=CREATED_BY)
+    manifest.write(out / "manifest.json", body)
+    return body
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m camg.prepare --environment general",
+                                 description="Prepare General's task folders, tables and manifest.")
+    ap.add_argument("--code-rows", help="opensource-code rows (.parquet or .jsonl)")
+    ap.add_argument("--general-rows", help="general_agent rows (.parquet or .jsonl)")
+    ap.add_argument("--envs", help="directory of general_agent task folders (<envs>/<instance_id>)")
+    ap.add_argument("--images", required=True, help="image-mapping.jsonl (images pinned by digest)")
+    ap.add_argument("--output-dir", required=True)
+    ap.add_argument("--select", help="file of instance ids to serve, in order")
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--seed", type=int)
+    args = ap.parse_args(argv)
+    try:
+        body = prepare_general(code_rows=args.code_rows, general_rows=args.general_rows,
+                               envs=args.envs, images=args.images, output_dir=args.output_dir,
+                               select=args.select, limit=args.limit, seed=args.seed)
+    except (CamgError, OSError) as exc:
+        print(f"camg.prepare: {exc}", file=sys.stderr)
+        return 2
+    print(f"camg.prepare: wrote {Path(args.output_dir) / 'manifest.json'} with "
+          f"{len(body['tasks'])} general task(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The General environment's settings (the deployment's ``settings`` object).
+
+Credentials are never settings: the judge's URL, model and key come from the
+service's environment under ``judge_env`` (GA_JUDGE_URL/MODEL/KEY, optional
+GA_JUDGE_API), which camg.configure refuses to write anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+_PREFIX = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    helper_owner: str = "general"
+    #: started, never-used containers kept per image (0: create on reset)
+    pool_size: int = 2
+    cpu: float = 1.0
+    memory_bytes: int = 2 << 30
+    pids_max: int = 512
+    #: the transport's port inside the container (the image's command)
+    transport_port: int = 8000
+    #: how long reset waits for the transport to listen (pool misses boot a container)
+    connect_timeout_s: float = 60.0
+    #: a shell/tool step is bounded by the transport (60 s); this bounds the
+    #: service's wait for any message, finish (the verifier) included
+    step_timeout_s: float = 1900.0
+    judge_env: str = "GA_JUDGE"
+    judge_timeout_s: float = 180.0
+    judge_attempts: int = 4
+    judge_backoff_s: float = 2.0
+    #: the whole judging of one episode, retries included
+    judge_deadline_s: float = 600.0
+    #: upstream's REWARD_BINARIZE: 1 iff the rubric score reaches 1 - 1e-6
+    binarize: bool = False
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", self.helper_owner):
+            raise ValueError("helper_owner must be a short lowercase name")
+        if not 0 <= self.pool_size <= 64:
+            raise ValueError("pool_size must be in [0, 64]")
+        if not (0 < self.cpu <= 64 and self.memory_bytes >= 64 << 20 and self.pids_max >= 16):
+            raise ValueError("cpu, memory_bytes (>= 64 MiB) and pids_max (>= 16) must be sane")
+        if not 1 <= self.transport_port <= 65535:
+            raise ValueError("transport_port out of range")
+        for name in ("connect_timeout_s", "step_timeout_s", "judge_timeout_s", "judge_deadline_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if not 1 <= self.judge_attempts <= 10 or self.judge_backoff_s < 0:
+            raise ValueError("judge_attempts must be in [1, 10], judge_backoff_s >= 0")
+        if not _PREFIX.fullmatch(self.judge_env):
+            raise ValueError("judge_env must be an environment-variable prefix like GA_JUDGE")

@@ -1,0 +1,226 @@
+"""General acceptance through the real service: per-episode Docker containers
+(through the helper's mediator), the MiMo transport inside, a fake judge
+speaking the real OpenAI protocol."""
+
+from __future__ import annotations
+
+import base64
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from camg.client import Client
+from test_coding_episodes import coding_helper, demo_image, demo_set  # noqa: F401
+from general_fixtures import (KEY, fake_judge, general_demo, general_helper,  # noqa: F401
+                              general_prepared, general_service, tasks_of)
+from tests.support.fake_judge import Reply
+
+pytestmark = [pytest.mark.privileged, pytest.mark.slow]
+
+
+def shell(command):
+    return {"operation": "shell", "command": command}
+
+
+def apply_gold(patch: str) -> dict:
+    data = base64.b64encode(patch.encode()).decode()
+    return shell(f"echo {data} | base64 -d | git apply && echo GOLD-APPLIED")
+
+
+def run(client, task_id, actions):
+    episode = client.create(task_id=task_id, wait=120)
+    outputs = [episode["observation"]]
+    reply = None
+    for action in actions:
+        reply = client.step(episode["episode_id"], action)
+        outputs.append(reply["observation"])
+        if reply["done"]:
+            break
+    return episode, reply, outputs
+
+
+def outcome(service, episode_id):
+    return next(o for o in service.outcomes() if o["episode_id"] == episode_id)
+
+
+def test_gold_earns_one_and_noop_zero_on_every_code_task(general_service, general_demo,
+                                                        general_prepared):
+    client = Client(general_service.url)
+    tasks = tasks_of(general_prepared, "opensource-code")
+    assert len(tasks) >= 3
+    for task in tasks:
+        gold = (general_demo["out"] / "gold" / f"{task['task_id']}.patch").read_text()
+        first, reply, outputs = run(client, task["task_id"], [apply_gold(gold),
+                                                              {"operation": "finish"}])
+        assert first["observation"]["task_kind"] == "opensource-code"
+        assert "Commands time out after 60 seconds" in first["observation"]["output"]
+        assert "GOLD-APPLIED" in outputs[1]["output"], outputs[1]
+        assert reply["done"] and reply["reward"] == 1.0, reply
+        _, noop, _ = run(client, task["task_id"], [{"operation": "finish"}])
+        assert noop["done"] and noop["reward"] == 0.0 and noop["failure_class"] is None, noop
+
+
+def test_history_stripped_and_agent_uid(general_service, general_prepared):
+    client = Client(general_service.url)
+    task = tasks_of(general_prepared, "opensource-code")[0]
+    episode = client.create(task_id=task["task_id"])
+    try:
+        out = client.step(episode["episode_id"], shell(
+            "id -u; git log --all --oneline | wc -l; git branch -a | grep -c upstream-fix; "
+            "ls /opt/mimo-task 2>&1 | head -1"))["observation"]["output"].split("\n")
+        assert out[0] == "2000" and out[1] == "1" and out[2] == "0" and "Permission denied" in out[3]
+    finally:
+        client.close(episode["episode_id"])
+
+
+def test_verifier_crash_is_null_with_class(general_service, general_prepared):
+    client = Client(general_service.url)
+    task = tasks_of(general_prepared, "opensource-code")[0]
+    _, reply, _ = run(client, task["task_id"], [shell("rm -rf .git"), {"operation": "finish"}])
+    assert reply["done"] and reply["reward"] is None and reply["failure_class"] == "grader_error"
+
+
+def test_software_tasks_refuse_tool_actions(general_service, general_prepared):
+    client = Client(general_service.url)
+    task = tasks_of(general_prepared, "opensource-code")[0]
+    episode = client.create(task_id=task["task_id"])
+    try:
+        with pytest.raises(Exception) as info:
+            client.step(episode["episode_id"], {"operation": "tool", "server": "crm", "name": "x"})
+        assert getattr(info.value, "status", None) == 422
+    finally:
+        client.close(episode["episode_id"])
+
+
+def oracle(general_demo, task_id):
+    return json.loads((general_demo["out"] / f"{task_id}.oracle.json").read_text())
+
+
+def test_general_agent_oracle_judged(general_service, general_demo, general_prepared, fake_judge):
+    client = Client(general_service.url)
+    fake_judge.default = Reply(text='{"score": 1, "reason": "names it"}')
+    for task in tasks_of(general_prepared, "general_agent"):
+        first, reply, outputs = run(client, task["task_id"], oracle(general_demo, task["task_id"]))
+        assert first["observation"]["tools"], first
+        assert all(o.get("exit_code") in (0, None) for o in outputs[1:]), outputs
+        assert reply["done"] and reply["reward"] == 1.0, reply
+        record = outcome(general_service, reply["episode_id"])
+        judged = record["judge"]
+        assert judged and all(j["judge_model"] == "fake-judge-1" and j["judge_score"] == 1.0
+                              and j["judge_host"] == f"127.0.0.1:{fake_judge.port}"
+                              and j["judge_prompt_hash"].startswith("sha256:")
+                              and "names it" in j["judge_raw"] for j in judged)
+        assert KEY not in json.dumps(record)
+    assert fake_judge.requests[-1].headers["authorization"] == f"Bearer {KEY}"
+
+
+def test_general_agent_noop_scores_low(general_service, general_prepared, fake_judge):
+    client = Client(general_service.url)
+    fake_judge.default = Reply(text='{"score": 0}')
+    task = tasks_of(general_prepared, "general_agent")[0]
+    _, reply, _ = run(client, task["task_id"], [{"operation": "finish", "answer": "no idea"}])
+    assert reply["done"] and reply["reward"] == 0.0 and reply["failure_class"] is None
+
+
+@pytest.mark.parametrize("bad", [Reply(status=500), Reply(delay=5.0), Reply(text="looks fine to me")],
+                         ids=["http500", "timeout", "unparseable"])
+def test_judge_failures_are_null_judge_error(general_service, general_demo, general_prepared,
+                                             fake_judge, bad):
+    client = Client(general_service.url)
+    fake_judge.default = bad
+    try:
+        task = tasks_of(general_prepared, "general_agent")[1]
+        _, reply, _ = run(client, task["task_id"], oracle(general_demo, task["task_id"]))
+        assert reply["done"] and reply["reward"] is None and reply["failure_class"] == "judge_error"
+        record = outcome(general_service, reply["episode_id"])
+        assert record["judge_failure"]["host"] == f"127.0.0.1:{fake_judge.port}"
+        assert KEY not in json.dumps(record)
+    finally:
+        fake_judge.default = Reply(text='{"score": 1}')
+
+
+def test_metadata_and_schema(general_service):
+    client = Client(general_service.url)
+    meta = client.metadata()
+    text = json.dumps(meta)
+    assert KEY not in text and "fake-judge-1" in text
+    schema = client.schema()
+    branches = schema["action"]["anyOf"]
+    assert {b["title"] for b in branches} == {"opensource-code action (seed 001)", "general_agent action"}
+
+
+def test_stock_openenv_client_runs_an_episode(general_service, general_demo, general_prepared):
+    from openenv.core import GenericEnvClient
+
+    task = tasks_of(general_prepared, "opensource-code")[1]
+    gold = (general_demo["out"] / "gold" / f"{task['task_id']}.patch").read_text()
+    with GenericEnvClient(base_url=general_service.url, message_timeout_s=600).sync() as env:
+        result = env.reset(task_id=task["task_id"])
+        assert result.done is False
+        result = env.step(apply_gold(gold))
+        assert "GOLD-APPLIED" in result.observation["output"]
+        result = env.step({"operation": "finish"})
+        assert result.done is True and result.reward == 1.0
+
+
+def test_32_concurrent_episodes(general_service, general_demo, general_prepared):
+    tasks = tasks_of(general_prepared, "opensource-code")
+
+    def one(i):
+        client = Client(general_service.url)
+        task = tasks[i % len(tasks)]
+        if i % 2:
+            gold = (general_demo["out"] / "gold" / f"{task['task_id']}.patch").read_text()
+            actions, want = [apply_gold(gold), {"operation": "finish"}], 1.0
+        else:
+            actions, want = [shell("echo hi"), {"operation": "finish"}], 0.0
+        _, reply, _ = run(client, task["task_id"], actions)
+        return reply["reward"], want
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(32)))
+    assert all(got == want for got, want in results), results
+
+
+def test_warm_pool_serves_resets_and_everything_goes_at_stop(general_prepared, general_helper,
+                                                            fake_judge, tmp_path):
+    """A service with a warm pool; kill -9 mid-episode leaves containers that the
+    next start removes; a clean stop leaves none."""
+    import signal
+    import time
+
+    from camg.containers import ContainerClient
+    from general_fixtures import configure_general, judge_env
+    from tests.support.services import ServiceProcess
+
+    config = configure_general(tmp_path, general_prepared, general_helper, pool_size=1)
+    watcher = ContainerClient(general_helper.socket, owner="general")
+    images = {t["data"]["image"] for t in tasks_of(general_prepared, "opensource-code")} | \
+        {t["data"]["image"] for t in tasks_of(general_prepared, "general_agent")}
+    service = ServiceProcess(config, env=judge_env(fake_judge)).wait_ready(timeout=300)
+    try:
+        deadline = time.monotonic() + 120
+        while len(watcher.list()) < len(images) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(watcher.list()) == len(images)
+        task = tasks_of(general_prepared, "opensource-code")[0]
+        client = Client(service.url)
+        episode = client.create(task_id=task["task_id"])
+        assert client.metadata()["environment_metadata" if "environment_metadata" in client.metadata()
+                                 else "environment"] is not None
+        client.step(episode["episode_id"], shell("echo mid-episode"))
+        service.proc.send_signal(signal.SIGKILL)
+        service.proc.wait()
+        assert watcher.list(), "the killed service's containers are still there before restart"
+    finally:
+        service.stop()
+    restarted = ServiceProcess(config, env=judge_env(fake_judge)).wait_ready(timeout=300)
+    try:
+        # Only the new pool remains (nothing labelled with the killed run's episode).
+        time.sleep(1)
+        assert all(not c["episode_id"] for c in watcher.list())
+    finally:
+        assert restarted.stop() == 0
+    assert watcher.list() == []
+    watcher.close()

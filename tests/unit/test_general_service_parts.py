@@ -1,0 +1,158 @@
+"""General's service-side parts without containers: schemas per task kind,
+transport error mapping, rubric aggregation and judging, preparation."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from camg import errors
+from camg.judge import Judge, JudgeConfig
+from daemons.general import channel, rubric
+from daemons.general.environment import GeneralEnvironment, judge_config
+from daemons.general.prepare import main as prepare_main, prepare_general
+from daemons.general.schemas import ACTION_SCHEMA, allowed_action
+from daemons.general.settings import Settings
+from tests.support.fake_judge import FakeJudge, Reply
+
+ROWS = str(Path(__file__).resolve().parents[1] / "support" / "mimo_rows" / "example_rows_nemo_gym.jsonl")
+
+
+def test_schema_branches_and_kind_rules():
+    import fastjsonschema
+
+    validate = fastjsonschema.compile(ACTION_SCHEMA)
+    validate({"operation": "shell", "command": "ls"})
+    validate({"operation": "tool", "server": "crm", "name": "x", "arguments": {"a": 1}})
+    with pytest.raises(fastjsonschema.JsonSchemaException):
+        validate({"operation": "shell", "command": "x" * 16001})
+    with pytest.raises(fastjsonschema.JsonSchemaException):
+        validate({"operation": "rm"})
+    assert allowed_action("opensource-code", {"operation": "finish"}) is None
+    assert "only" in allowed_action("opensource-code", {"operation": "tool", "server": "a", "name": "b"})
+    assert "only" in allowed_action("opensource-code", {"operation": "finish", "answer": "x"})
+    assert allowed_action("general_agent", {"operation": "finish", "answer": "x"}) is None
+    assert "server and name" in allowed_action("general_agent", {"operation": "tool"})
+
+
+@pytest.mark.parametrize("message,cls,failure", [
+    ("[grader_error] MiMo verifier infrastructure failed", errors.GraderError, "grader_error"),
+    ("[infra] tool server down", errors.InfraFailure, "infra"),
+    ("something else broke", errors.InfraFailure, "infra"),
+])
+def test_transport_errors_map_to_failure_classes(message, cls, failure):
+    err = channel.error_of({"message": message, "code": "EXECUTION_ERROR"}, "step")
+    assert type(err) is cls and err.failure_class.value == failure
+    assert not err.message.startswith("[")
+
+
+def test_transport_validation_error_is_invalid_action():
+    err = channel.error_of({"message": "Invalid message", "code": "VALIDATION_ERROR"}, "step")
+    assert isinstance(err, errors.InvalidAction)
+
+
+def test_aggregate_weights_and_gates():
+    items = [{"id": "g", "gate": True, "weight": 1.0}, {"id": "a", "weight": 2.0}, {"id": "b", "weight": None}]
+    assert rubric.aggregate(items, {"g": 1, "a": 1, "b": 0}) == pytest.approx(3 / 4)
+    assert rubric.aggregate(items, {"g": 0, "a": 1, "b": 1}) == 0.0
+
+
+def _tar(detail: dict) -> bytes:
+    buf = io.BytesIO()
+    data = json.dumps(detail).encode()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("verifier/reward_detail.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+DETAIL = {"results": [{"id": "r", "score": 1.0, "passed": True, "gate": False}],
+          "judge_requests": [{"id": "l", "weight": 1.0, "system": "s", "prompt": "p"}],
+          "items": [{"id": "r", "weight": 1.0}, {"id": "l", "weight": 1.0}]}
+
+
+def test_judge_episode_records_and_failures():
+    with FakeJudge() as fake:
+        cfg = JudgeConfig.from_env("GA_JUDGE", {"GA_JUDGE_URL": fake.url, "GA_JUDGE_MODEL": "m",
+                                                "GA_JUDGE_KEY": "k"}, attempts=1, timeout_s=2)
+        judge = Judge(cfg)
+        detail = rubric.read_detail(_tar(DETAIL))
+        fake.script(Reply(text='{"score": 0}'))
+        reward, records = rubric.judge_episode(judge, detail, deadline_s=30)
+        assert reward == 0.5 and records[0]["item"] == "l" and records[0]["judge_score"] == 0.0
+        fake.default = Reply(status=500)
+        with pytest.raises(errors.JudgeError):
+            rubric.judge_episode(judge, detail, deadline_s=30)
+    with pytest.raises(errors.GraderError):
+        rubric.read_detail(b"not a tar")
+
+
+def test_check_config_needs_the_judge_variables(monkeypatch):
+    class Config:
+        settings = {}
+    for name in ("GA_JUDGE_URL", "GA_JUDGE_MODEL", "GA_JUDGE_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(errors.ConfigError) as info:
+        GeneralEnvironment.check_config(Config)
+    assert "GA_JUDGE_KEY" in str(info.value)
+    monkeypatch.setenv("GA_JUDGE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("GA_JUDGE_MODEL", "m")
+    monkeypatch.setenv("GA_JUDGE_KEY", "secret")
+    GeneralEnvironment.check_config(Config)
+    assert judge_config(Settings()).api == "chat"
+
+
+def test_settings_refuse_nonsense():
+    with pytest.raises(ValueError):
+        Settings(pool_size=-1)
+    with pytest.raises(ValueError):
+        Settings(judge_env="lower")
+
+
+def _mapping(tmp_path, rows):
+    lines = [{"dataset_image": json.loads(r)["instance"]["docker_image"],
+              "dockerhub_image": "127.0.0.1:5000/x@sha256:" + "a" * 64} for r in rows]
+    path = tmp_path / "image-mapping.jsonl"
+    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    return path
+
+
+def test_prepare_keeps_order_and_writes_parquet(tmp_path):
+    import pyarrow.parquet as pq
+
+    rows = open(ROWS).read().splitlines()
+    code = [r for r in rows if json.loads(r)["instance"]["dataset_type"] == "opensource-code"]
+    (tmp_path / "code.jsonl").write_text("\n".join(code) + "\n")
+    images = _mapping(tmp_path, code)
+    body = prepare_general(code_rows=str(tmp_path / "code.jsonl"), general_rows=None, envs=None,
+                           images=str(images), output_dir=tmp_path / "out")
+    assert [t["task_id"] for t in body["tasks"]] == ["format-code-task-001457"]
+    table = pq.read_table(tmp_path / "out" / "code.parquet").to_pylist()
+    assert table[0]["instance_id"] == "format-code-task-001457"
+    assert json.loads(table[0]["instance_json"])["test_command"] == "bash /testbed/mimo_test_command.sh"
+    assert set(body["files"]) == {"code_table", "general_table", "images"}
+
+
+def test_prepare_refuses_bad_input(tmp_path, capsys):
+    rows = open(ROWS).read().splitlines()
+    webdev = [r for r in rows if json.loads(r)["instance"]["dataset_type"] == "webdev"]
+    (tmp_path / "w.jsonl").write_text(webdev[0] + "\n")
+    images = _mapping(tmp_path, webdev)
+    assert prepare_main(["--code-rows", str(tmp_path / "w.jsonl"), "--images", str(images),
+                         "--output-dir", str(tmp_path / "o")]) == 2
+    assert "not served by General" in capsys.readouterr().err
+    general = [r for r in rows if json.loads(r)["instance"]["dataset_type"] == "general_agent"]
+    (tmp_path / "g.jsonl").write_text(general[0] + "\n")
+    images = _mapping(tmp_path, general)
+    assert prepare_main(["--general-rows", str(tmp_path / "g.jsonl"), "--images", str(images),
+                         "--envs", str(tmp_path / "none"), "--output-dir", str(tmp_path / "o")]) == 2
+    assert "task folder" in capsys.readouterr().err
+    (tmp_path / "bad.jsonl").write_text('{"dataset_image": "a", "dockerhub_image": "b:latest"}\n')
+    assert prepare_main(["--general-rows", str(tmp_path / "g.jsonl"), "--images",
+                         str(tmp_path / "bad.jsonl"), "--output-dir", str(tmp_path / "o")]) == 2
+    assert "pinned by digest" in capsys.readouterr().err

@@ -1,0 +1,72 @@
+"""General's demo task set, end to end: rows, task folders, images by digest.
+
+* opensource-code: the first ``code_count`` rows of the Coding demo set
+  (apispec 6.8.1 from PyPI with SWE-smith-style bugs; tools.coding) turned
+  into MiMo instances (tools.general.code_tasks);
+* general_agent: the office tasks of tools.general.agent_tasks;
+* one image per task (tools.general.images), pushed to ``registry`` and
+  named by digest in ``image-mapping.jsonl`` (upstream's format);
+* ``code.jsonl`` / ``general.jsonl`` rows in NeMo-Gym's shape
+  (``{"instance": ...}``) and ``envs/<id>`` task folders, ready for
+  ``python -m camg.prepare --environment general``.
+
+Oracle material for tests and the demo stays beside it: ``gold/<id>.patch``
+for code tasks, ``<id>.oracle.json`` action lists for general_agent tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tools.general import agent_tasks, code_tasks, images
+
+IMAGE_NAME = "camg/mimo-general"
+
+
+def build(cache_root: Path, coding_demo: Path, registry: str, out: Path, *,
+          code_count: int = 3) -> dict:
+    cache_root, out = Path(cache_root), Path(out)
+    work = cache_root / "general" / "tasks"
+    rows = [json.loads(line) for line in (coding_demo / "tasks.jsonl").read_text().splitlines()]
+    mirror_root = coding_demo / "mirrors"
+    code_dirs = []
+    for row in rows[:code_count]:
+        mirror = mirror_root / row["repo"].split("/", 1)[1]
+        target = work / "code" / row["instance_id"]
+        if not (target / "instance.json").is_file():
+            code_tasks.from_coding_row(row, mirror, target)
+        code_dirs.append(target)
+    general_dirs = agent_tasks.build_all(work / "general")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gold").mkdir(exist_ok=True)
+    shutil.rmtree(out / "envs", ignore_errors=True)
+    mapping, code_rows, general_rows = [], [], []
+    for kind, dirs in (("opensource-code", code_dirs), ("general_agent", general_dirs)):
+        for task_dir in dirs:
+            instance = json.loads((task_dir / "instance.json").read_text())
+            layout_dir, tag, digest = images.build_task_image(cache_root, task_dir, kind)
+            ref = images.publish(layout_dir, tag, digest, registry)
+            instance["docker_image"] = f"{IMAGE_NAME}:{tag}"
+            mapping.append({"dataset_image": instance["docker_image"], "dockerhub_image": ref})
+            row = {"responses_create_params": {"input": [{"role": "user",
+                                                          "content": instance["problem_statement"]}],
+                                               "metadata": {"workdir": instance["cwd"]}},
+                   "instance": instance, "subset": "code" if kind == "opensource-code" else "general"}
+            if kind == "opensource-code":
+                code_rows.append(row)
+                shutil.copyfile(task_dir / "gold.patch", out / "gold" / f"{instance['instance_id']}.patch")
+            else:
+                general_rows.append(row)
+                shutil.copytree(task_dir, out / "envs" / instance["instance_id"])
+                (out / "envs" / instance["instance_id"] / "instance.json").write_text(
+                    json.dumps(instance, indent=1))
+                shutil.copyfile(task_dir.parent / f"{instance['instance_id']}.oracle.json",
+                                out / f"{instance['instance_id']}.oracle.json")
+    for name, items in (("code.jsonl", code_rows), ("general.jsonl", general_rows),
+                        ("image-mapping.jsonl", mapping)):
+        (out / name).write_text("".join(json.dumps(i, ensure_ascii=False) + "\n" for i in items))
+    return {"code_rows": out / "code.jsonl", "general_rows": out / "general.jsonl",
+            "envs": out / "envs", "images": out / "image-mapping.jsonl",
+            "refs": [m["dockerhub_image"] for m in mapping], "out": out}
