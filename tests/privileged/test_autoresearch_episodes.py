@@ -261,9 +261,11 @@ def test_escape_battery(env, roots):
         # Only the sandbox's own processes (its init and the agent's); never the grader.
         assert "autoresearch.grader" not in r["output"] and "camg.serve" not in r["output"]
         # 3. find the credential: environment, /proc, files anywhere we can read.
-        r = run(f"env; cat /proc/*/environ /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n'; "
-                f"grep -r -F -l -s {credential} /proc/[0-9]*/environ /workspace /task /tmp /etc "
-                f"/root /home /var /run /dev/shm 2>/dev/null; echo searched")
+        # (The pattern is split so the search's own command line does not hold it.)
+        r = run(f"a={credential[:32]}; b={credential[32:]}; env; "
+                "cat /proc/*/environ /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n'; "
+                'grep -r -F -l -s "$a$b" /proc/[0-9]*/environ /workspace /task /tmp /etc '
+                "/root /home /var /run /dev/shm 2>/dev/null; echo searched")
         assert credential not in r["output"] and "searched" in r["output"]
         # 4. write where the grader reads: the private root's path inside the
         #    sandbox is the sandbox's own file system, never the host's.
