@@ -113,3 +113,23 @@ def test_wrong_task_id_refused(env):
     e, _ = env
     with pytest.raises(ValueError):
         e.reset(task_id="other")
+
+
+def test_prewarmed_reset_takes_the_prepared_workspace():
+    import time
+
+    base = world_dir("mimo-prewarm.")
+    try:
+        cwd = base / "testbed"
+        mimo_tasks.code_task(base, cwd=cwd)
+        cls = software.bind(base / "task", workspaces=(cwd,))
+        cls.prewarm()
+        time.sleep(3)
+        started = time.monotonic()
+        env = cls()
+        env.reset()
+        assert time.monotonic() - started < 0.2  # nothing left to prepare
+        assert env.step(shell("git branch -a | grep -c upstream-fix || true")).output.strip() == "0"
+        assert env.step(FINISH).reward == 0.0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

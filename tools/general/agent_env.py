@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from camg.errors import DatasetError
-from camg.hashing import sha256_json, sha256_tree
+from camg.hashing import sha256_file, sha256_json
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = REPO / "third_party" / "mimo_runtime" / "mimoagent"
@@ -46,10 +46,17 @@ def _pins() -> list[str]:
     return pins
 
 
+def _sources() -> list:
+    """The runtime's sources (not the __pycache__ tests leave in the tree)."""
+    return [[str(p.relative_to(RUNTIME)), sha256_file(p)]
+            for p in sorted(RUNTIME.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
+            and not p.name.endswith(".pyc") and ".egg-info" not in str(p)]
+
+
 def key() -> str:
     """Inputs of the build: pins, lock, runtime sources."""
     return sha256_json({"pins": _pins(), "lock": (REPO / "requirements.lock").read_text(),
-                        "runtime": sha256_tree(RUNTIME / "src"), "python": PYTHON,
+                        "runtime": _sources(), "python": PYTHON,
                         "v": 1}).split(":", 1)[1][:16]
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 
-def create(root: Path):
+def create(root: Path, prewarm: bool = True):
     from openenv.core.env_server import create_app
 
     instance = json.loads((root / "instance.json").read_text())
@@ -25,6 +25,8 @@ def create(root: Path):
         name = "mimo_general"
     else:
         raise SystemExit(f"unsupported dataset_type {kind!r}")
+    if prewarm:
+        env.prewarm()  # the container serves one episode: prepare it before anyone asks
     return create_app(env, action, observation, env_name=name, max_concurrent_envs=1)
 
 
@@ -33,10 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default="/opt/mimo-task", type=Path)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", default=8000, type=int)
+    ap.add_argument("--no-prewarm", action="store_true", help="prepare the task only at reset")
     args = ap.parse_args(argv)
     import uvicorn
 
-    uvicorn.run(create(args.root), host=args.host, port=args.port, log_level="warning",
+    uvicorn.run(create(args.root, prewarm=not args.no_prewarm), host=args.host, port=args.port, log_level="warning",
                 ws_max_size=1 << 24)
     return 0
 

@@ -68,3 +68,39 @@ class VerifierExecution(LocalEnvironment):
 
 def chown_tree(path: str, uid: int) -> None:
     subprocess.run(["chown", "-R", f"{uid}:{uid}", path], check=True)
+
+
+def prewarmer(prepare):
+    """(take, start): ``start()`` runs ``prepare`` once in the background as
+    soon as the container is up; the first reset ``take()``s its result
+    (waiting for it) instead of preparing again. A container serves one
+    episode, so a reset never waits for the workspace and verifier setup
+    when the container had time to warm. A failed prewarm is ignored: the
+    reset then prepares (and reports) itself."""
+    import threading
+
+    slot: dict = {}
+
+    def start() -> None:
+        done = threading.Event()
+        slot["done"] = done
+
+        def run() -> None:
+            try:
+                slot["value"] = prepare()
+            except BaseException as exc:  # noqa: BLE001 -- the reset retries and reports
+                slot["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="mimo-prewarm", daemon=True).start()
+
+    def take():
+        done = slot.pop("done", None)
+        if done is None:
+            return None
+        done.wait()
+        slot.pop("error", None)
+        return slot.pop("value", None)
+
+    return take, start

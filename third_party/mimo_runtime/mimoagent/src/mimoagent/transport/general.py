@@ -28,7 +28,7 @@ from pydantic import Field
 from mimoagent.environments.datasets.general_agent import GeneralAgentEnvironment
 from mimoagent.tools.mcp_bridge import ToolServerDown
 from mimoagent.transport.common import (AGENT_UID, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
-                                        OUTPUT_LIMIT, InfraError, VerifierExecution, chown_tree,
+                                        OUTPUT_LIMIT, InfraError, prewarmer, VerifierExecution, chown_tree,
                                         run_command)
 
 MAX_ANSWER_CHARS = 100000
@@ -68,6 +68,18 @@ def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
     instance = json.loads((root / "instance.json").read_text())
     workspace = Path(instance["cwd"])
 
+    def _prepare():
+        task = GeneralAgentEnvironment(VerifierExecution(cwd=str(workspace), privileged=True),
+                                       instance, task_dir=str(root), **paths)
+        try:
+            task.setup_environment()
+        except ToolServerDown as exc:
+            raise InfraError("infra", f"tool server down at setup: {exc}") from None
+        chown_tree(str(workspace), agent_uid)
+        return task
+
+    _take_prewarmed, prewarm = prewarmer(_prepare)
+
     class GeneralEnvironment(Environment):
         SUPPORTS_CONCURRENT_SESSIONS = False
 
@@ -80,13 +92,7 @@ def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
         def reset(self, seed=None, episode_id=None, task_id=None, **kwargs):
             if task_id not in (None, instance["instance_id"]):
                 raise ValueError("This image does not contain that task_id")
-            task = GeneralAgentEnvironment(VerifierExecution(cwd=str(workspace), privileged=True),
-                                           instance, task_dir=str(root), **paths)
-            try:
-                task.setup_environment()
-            except ToolServerDown as exc:
-                raise InfraError("infra", f"tool server down at setup: {exc}") from None
-            chown_tree(str(workspace), agent_uid)
+            task = _take_prewarmed() or _prepare()
             self.task, self.terminal = task, None
             self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
             catalogue = [{"server": server, **tool} for server, tools in task.tools.items()
@@ -157,4 +163,5 @@ def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
         def state(self):
             return self._state
 
+    GeneralEnvironment.prewarm = staticmethod(prewarm)
     return GeneralEnvironment

@@ -21,7 +21,7 @@ from openenv.core.env_server import Action, Environment, Observation, State
 from pydantic import Field
 
 from mimoagent.environments.datasets.opensource_code import OpenSourceCodeEnvironment
-from mimoagent.transport.common import (AGENT_UID, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
+from mimoagent.transport.common import (AGENT_UID, prewarmer, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
                                         InfraError, VerifierExecution, chown_tree, run_command)
 
 
@@ -46,6 +46,24 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
     instance = json.loads((root / "instance.json").read_text())
     workspace = Path(instance["cwd"])
 
+    def _prepare():
+        """A fresh workspace and a set-up verifier (history stripped)."""
+        if workspace not in workspaces:
+            raise RuntimeError("Unsupported workspace in pinned task")
+        if workspace.exists():
+            shutil.rmtree(workspace)
+        workspace.parent.mkdir(parents=True, exist_ok=True)
+        # 3.11.2's tarfile has no extraction filters; the archive is ours (built with the image).
+        subprocess.run(["tar", "-C", str(workspace.parent), "-xf", str(root / "workspace.tar")],
+                       check=True)
+        chown_tree(str(workspace), agent_uid)
+        verifier = OpenSourceCodeEnvironment(
+            VerifierExecution(cwd=str(workspace), agent_uid=agent_uid), instance)
+        verifier.setup_environment()
+        return verifier
+
+    _take_prewarmed, prewarm = prewarmer(_prepare)
+
     class MiMoEnvironment(Environment):
         SUPPORTS_CONCURRENT_SESSIONS = False
 
@@ -58,18 +76,7 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
         def reset(self, seed=None, episode_id=None, task_id=None, **kwargs):
             if task_id not in (None, instance["instance_id"]):
                 raise ValueError("This image does not contain that task_id")
-            if workspace not in workspaces:
-                raise RuntimeError("Unsupported workspace in pinned task")
-            if workspace.exists():
-                shutil.rmtree(workspace)
-            workspace.parent.mkdir(parents=True, exist_ok=True)
-            # 3.11.2's tarfile has no extraction filters; the archive is ours (built with the image).
-            subprocess.run(["tar", "-C", str(workspace.parent), "-xf", str(root / "workspace.tar")],
-                           check=True)
-            chown_tree(str(workspace), agent_uid)
-            self.verifier = OpenSourceCodeEnvironment(
-                VerifierExecution(cwd=str(workspace), agent_uid=agent_uid), instance)
-            self.verifier.setup_environment()
+            self.verifier = _take_prewarmed() or _prepare()
             self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
             self.terminal = None
             text = (instance["problem_statement"]
@@ -111,4 +118,5 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
         def state(self):
             return self._state
 
+    MiMoEnvironment.prewarm = staticmethod(prewarm)
     return MiMoEnvironment
