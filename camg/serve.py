@@ -103,6 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"<3>camg.serve: {exc}", file=sys.stderr)
         return 2
     if args.check_config:
+        # An environment may check what only the service's environment holds
+        # (General/Visual: the judge variables) with a ``check_config(config)``
+        # classmethod raising a CamgError.
+        check = getattr(plugins.resolve(config.factory), "check_config", None)
+        if check is not None:
+            try:
+                check(config)
+            except CamgError as exc:
+                print(f"<3>camg.serve: {exc}", file=sys.stderr)
+                return 2
         print(f"camg.serve: {args.config} verified ({config.environment}, "
               f"config hash {config.config_hash}, {len(manifest.tasks)} tasks)")
         return 0

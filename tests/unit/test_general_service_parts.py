@@ -156,3 +156,36 @@ def test_prepare_refuses_bad_input(tmp_path, capsys):
     assert prepare_main(["--general-rows", str(tmp_path / "g.jsonl"), "--images",
                          str(tmp_path / "bad.jsonl"), "--output-dir", str(tmp_path / "o")]) == 2
     assert "pinned by digest" in capsys.readouterr().err
+
+
+def test_check_config_cli_refuses_without_judge_variables(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from camg.configure import configure
+    from tests.support.services import REPO, clean_git_tree
+
+    rows = open(ROWS).read().splitlines()
+    code = [r for r in rows if json.loads(r)["instance"]["dataset_type"] == "opensource-code"]
+    (tmp_path / "code.jsonl").write_text("\n".join(code) + "\n")
+    prepare_general(code_rows=str(tmp_path / "code.jsonl"), general_rows=None, envs=None,
+                    images=str(_mapping(tmp_path, code)), output_dir=tmp_path / "out")
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("openai==3.57.0\n")
+    (tmp_path / "deployment.json").write_text(json.dumps({
+        "runtime_lock": str(lock), "state_root": str(tmp_path / "state"),
+        "environments": {"general": {"manifest": str(tmp_path / "out" / "manifest.json")}}}))
+    configure(tmp_path / "deployment.json", tmp_path / "prepared",
+              source_tree=clean_git_tree(tmp_path / "src"))
+    config = tmp_path / "prepared" / "general.json"
+    assert "KEY" not in config.read_text().upper().replace("KEYS", "")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GA_JUDGE")}
+    env["PYTHONPATH"] = str(REPO)
+    cmd = [sys.executable, "-m", "camg.serve", "--config", str(config), "--check-config"]
+    refused = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    assert refused.returncode == 2 and "GA_JUDGE_KEY" in refused.stderr
+    env.update(GA_JUDGE_URL="http://127.0.0.1:9/v1", GA_JUDGE_MODEL="m", GA_JUDGE_KEY="sk-secret-9")
+    ok = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    assert ok.returncode == 0, ok.stderr
+    assert "sk-secret-9" not in ok.stdout + ok.stderr
