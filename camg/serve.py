@@ -128,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     stop_failed = os.path.join(config.state_dir, STOP_FAILED)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(stop_failed)  # a previous run's, already reported
+    master = os.getpid()
     try:
         GunicornService(config, manifest, gunicorn_options(config)).run()
     except SystemExit as exc:
-        if exc.code not in (0, None):
+        # A forked worker ends through here too: only the master reports.
+        if exc.code not in (0, None) or os.getpid() != master:
             raise
     if os.path.exists(stop_failed):
         with open(stop_failed, encoding="utf-8", errors="replace") as f:
