@@ -212,3 +212,17 @@ def test_helper_config_refuses_overlapping_private_root(tmp_path):
                                 "private_roots": [str(tmp_path / "private")]}))
     with pytest.raises(config.ConfigError, match="private_roots"):
         config.load(str(path))
+
+
+# -- camg.serve --check-clean delegates to the environment ------------------------
+
+def test_check_clean_is_a_no_op_for_environments_without_run_state(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from tests.support.services import REPO, configure_counter
+    config = configure_counter(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "camg.serve", "--config", str(config),
+                             "--check-clean"], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert result.returncode == 0 and "nothing to check" in result.stdout
