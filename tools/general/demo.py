@@ -70,3 +70,57 @@ def build(cache_root: Path, coding_demo: Path, registry: str, out: Path, *,
     return {"code_rows": out / "code.jsonl", "general_rows": out / "general.jsonl",
             "envs": out / "envs", "images": out / "image-mapping.jsonl",
             "refs": [m["dockerhub_image"] for m in mapping], "out": out}
+
+
+def prepare_data(data: Path, cache_root: Path, coding_demo: Path) -> dict:
+    """Everything the demo's General service needs under ``data``/general:
+    the prepared manifest and tables, the helper's allowed-images manifest
+    (``container-images.json``) and the agent environment. The images are
+    pushed to a throwaway loopback registry and pulled into dockerd by
+    digest, so the service finds them after the registry is gone."""
+    import tempfile
+
+    from daemons.general.prepare import prepare_general
+    from tools.general import agent_env
+    from tools.loopback_registry import LocalRegistry
+
+    out = Path(data) / "general"
+    with tempfile.TemporaryDirectory(prefix="camg-general-registry.") as state, \
+            LocalRegistry(Path(state)) as registry:
+        built = build(cache_root, coding_demo, registry.address, out / "demo")
+        import docker
+
+        api = docker.APIClient(base_url="unix:///var/run/docker.sock", timeout=600)
+        try:
+            for ref in built["refs"]:
+                for line in api.pull(ref, stream=True, decode=True):
+                    if isinstance(line, dict) and line.get("error"):
+                        raise RuntimeError(f"pulling {ref}: {line['error']}")
+        finally:
+            api.close()
+    prepare_general(code_rows=str(built["code_rows"]), general_rows=str(built["general_rows"]),
+                    envs=str(built["envs"]), images=str(built["images"]), output_dir=out)
+    (out / "container-images.json").write_text(json.dumps({"images": built["refs"]}, indent=1) + "\n")
+    env_dir = agent_env.build(out / "agent-env")
+    return {"manifest": out / "manifest.json", "container_images": out / "container-images.json",
+            "agent_env": env_dir}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import os
+
+    ap = argparse.ArgumentParser(description="Prepare General's demo data (root, dockerd).")
+    ap.add_argument("--data", required=True, help="e.g. /srv/camg/data")
+    ap.add_argument("--cache", default=os.environ.get("CAMG_CACHE") or "/var/cache/camg-test")
+    ap.add_argument("--coding-demo", required=True, help="the Coding demo set (tasks.jsonl, mirrors/)")
+    args = ap.parse_args(argv)
+    result = prepare_data(Path(args.data), Path(args.cache), Path(args.coding_demo))
+    print(json.dumps({k: str(v) for k, v in result.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
