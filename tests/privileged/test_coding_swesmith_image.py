@@ -149,3 +149,44 @@ def test_canary_with_gold_earns_zero(swesmith_env, technique):
     reward, report, outcome = grade(swesmith_env, task, workspace_diff(swesmith_env, task, edit),
                                     f"swesmith-{technique}")
     assert reward == 0.0 and outcome["integrity"] == "tampered", report
+
+
+def test_served_over_http_gold_one_noop_zero(swesmith_prepared, coding_helper, tmp_path):
+    """The SWE-smith-shaped demo through camg.configure + `python -m camg.serve`."""
+    import sys
+    from camg.client import Client
+    from camg.configure import configure
+    from tests.support.services import ServiceProcess, clean_git_tree, free_port
+
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("swebench==4.1.0\n")
+    deployment = {
+        "runtime_lock": str(lock), "state_root": str(tmp_path / "state"),
+        "helper_socket": coding_helper.socket, "executables": {"python": sys.executable},
+        "environments": {"coding": {
+            "manifest": str(swesmith_prepared["manifest"]), "port": free_port(), "capacity": 2,
+            "settings": {"mirrors_root": str(swesmith_prepared["mirrors"]),
+                         "images": str(swesmith_prepared["images"]),
+                         "layers_root": str(CACHE / "layers")}}},
+    }
+    (tmp_path / "deployment.json").write_text(json.dumps(deployment))
+    configure(tmp_path / "deployment.json", tmp_path / "prepared",
+              source_tree=clean_git_tree(tmp_path / "src"))
+    service = ServiceProcess(tmp_path / "prepared" / "coding.json")
+    try:
+        service.wait_ready(timeout=120)
+        client = Client(service.url, timeout=600)
+        task = manifest.load(swesmith_prepared["manifest"]).tasks[2]
+        gold = client.create(task_id=task.task_id)
+        patch = task.data["patch"]
+        client.step(gold["episode_id"], {"operation": "shell", "command":
+                    f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF"})
+        done = client.step(gold["episode_id"], {"operation": "finish"})
+        assert done["reward"] == 1.0, done
+        noop = client.create(task_id=task.task_id)
+        done = client.step(noop["episode_id"], {"operation": "finish"})
+        assert done["reward"] == 0.0 and done.get("failure_class") is None, done
+        outcomes = service.outcomes()
+        assert [(o["reward"], o["integrity"]) for o in outcomes] == [(1.0, "ok"), (0.0, "ok")]
+    finally:
+        assert service.stop() == 0, service.output()[-3000:]
