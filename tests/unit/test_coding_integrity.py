@@ -178,3 +178,38 @@ def test_pristine_collection_tells_broken_agent_from_broken_grader(task_set, tas
                                    timeout=120, key=KEY)
     with pytest.raises(grading.GraderError, match="collects none"):
         grading.require_collectable(log, KEY, row)
+
+
+def _section(path: str, *added: str) -> bytes:
+    body = "".join(f"+{line}\n" for line in added)
+    return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+            f"@@ -0,0 +1,{len(added)} @@\n{body}").encode()
+
+
+@pytest.mark.parametrize("path,lines,rule", [
+    ("src/x.pth", ["import os"], "startup_hook"),
+    ("src/sitecustomize.py", ["x = 1"], "startup_hook"),
+    ("src/a-1.0.dist-info/entry_points.txt", ["[pytest11]", "a = a"], "package_metadata"),
+    ("pyproject.toml", ["[project.entry-points.pytest11]"], "package_metadata"),
+    ("pytest.py", ["x = 1"], "runner_shadowed"),
+    ("src/_pytest/runner.py", ["x = 1"], "runner_shadowed"),
+    ("pytest.toml", ["[pytest]"], "runner_config"),
+    ("src/pkg/core.py", ["import _pytest.runner"], "runner_internals"),
+    ("src/pkg/core.py", ["    os._exit(0)"], "runner_internals"),
+    ("src/pkg/core.py", ["sys.meta_path.insert(0, F())"], "runner_internals"),
+    ("src/pkg/core.py", ["print('>>>>> End Test Output')"], "runner_internals"),
+    ("tests/conftest.py", ["def pytest_runtest_makereport(item, call):"], "runner_hook_in_tests"),
+])
+def test_screen_rules(path, lines, rule):
+    findings = integrity.screen(_section(path, *lines))
+    assert rule in {f.rule for f in findings}, findings
+
+
+@pytest.mark.parametrize("path,lines", [
+    ("src/pkg/core.py", ["    return value if value < high else high"]),
+    ("tests/test_new.py", ["def test_repro():", "    assert f(1) == 2"]),   # dropped, not tampering
+    ("tests/conftest.py", ["import pytest", "@pytest.fixture", "def numbers():"]),
+    ("docs/usage.rst", ["Uses pytest."]),
+])
+def test_screen_leaves_honest_changes_alone(path, lines):
+    assert integrity.screen(_section(path, *lines)) == []
