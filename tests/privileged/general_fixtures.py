@@ -90,8 +90,9 @@ def configure_general(tmp: Path, prepared: Path, helper, *, capacity: int = 40, 
         "helper_socket": helper.socket, "executables": {"python": sys.executable},
         "environments": {"general": {
             "manifest": str(prepared / "manifest.json"), "port": free_port(), "capacity": capacity,
-            "limits": {"reset_timeout_s": 120.0, "action_timeout_s": 120.0, "grade_timeout_s": 300.0},
+            "limits": {"reset_timeout_s": 400.0, "action_timeout_s": 300.0, "grade_timeout_s": 300.0},
             "settings": {"pool_size": 0, "cpu": 0.5, "memory_bytes": 1 << 30, "pids_max": 256,
+                         "connect_timeout_s": 300.0,
                          "judge_timeout_s": 2.0, "judge_attempts": 2, "judge_backoff_s": 0.05,
                          **settings}}},
     }
