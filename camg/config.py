@@ -53,7 +53,9 @@ class Limits:
 @dataclasses.dataclass(frozen=True)
 class EnvironmentDeployment:
     manifest: str
-    capacity: int = 8
+    #: concurrent episodes; None: camg.plugins.default_capacity (what the
+    #: helper can hold for one service, at most 256)
+    capacity: int | None = None
     port: int | None = None
     factory: str | None = None
     enabled: bool = True
@@ -65,7 +67,7 @@ class EnvironmentDeployment:
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.capacity <= 4096:
+        if self.capacity is not None and not 1 <= self.capacity <= 4096:
             raise ValueError("capacity must be between 1 and 4096")
         if self.port is not None and not 1 <= self.port <= 65535:
             raise ValueError("port must be between 1 and 65535")

@@ -74,7 +74,7 @@ def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Dep
         "port": env.port or plugin.port,
         "state_dir": str(Path(deployment.state_root) / name),
         "helper_socket": deployment.helper_socket,
-        "capacity": env.capacity,
+        "capacity": env.capacity if env.capacity is not None else plugins.default_capacity(plugin),
         "limits": typed.to_json(env.limits),
         "manifest": typed.to_json(manifest_file),
         "task_selection_hash": manifest.selection_hash(),

@@ -36,6 +36,11 @@ VERBS = tuple(PREFIX + v for v in (
     "ContainerList", "ContainerReleaseAll",
 ))
 
+#: The helper's default ceiling of live sandboxes per peer (one service's
+#: owner label); environments derive their default capacity from it
+#: (camg.plugins.default_capacity).
+SANDBOXES_PER_PEER = 512
+
 HEADER = struct.Struct(">II")
 # The JSON part carries commands and small parameters only; bulk bytes go
 # in the blob, whose ceiling the helper's configuration sets.

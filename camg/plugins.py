@@ -29,6 +29,7 @@ from importlib import metadata
 from typing import Any
 
 from camg.errors import ConfigError
+from camg.helper_wire import SANDBOXES_PER_PEER
 
 GROUP = "camg.environments"
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -56,6 +57,10 @@ class EnvironmentPlugin:
     title: str = ""
     #: the systemd unit, when the package ships one (units/camg-<name>.service)
     unit: str | None = None
+    #: helper sandboxes one episode holds at its peak (Coding: its own plus a
+    #: fresh one while grading; 0 without sandboxes): decides the default
+    #: capacity (default_capacity)
+    sandboxes_per_episode: int = 1
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -75,6 +80,23 @@ class EnvironmentPlugin:
 
     def run_prepare(self, argv: list[str]) -> int:
         return int(resolve(self.prepare)(argv) or 0)
+
+
+#: The most concurrent episodes a service takes by default: what the load
+#: suite (python -m tools.reliability --full) shows holding with 0 errors.
+MAX_DEFAULT_CAPACITY = 256
+
+
+def default_capacity(plugin: EnvironmentPlugin | None) -> int:
+    """Episodes a service takes when its deployment names no ``capacity``.
+
+    Derived from what the helper can hold, not from the core count: a
+    sandbox idles while the model thinks, so one peer's sandbox ceiling
+    (camg.helper_wire.SANDBOXES_PER_PEER) divided by the sandboxes an
+    episode holds at its peak, capped at MAX_DEFAULT_CAPACITY.
+    """
+    per = plugin.sandboxes_per_episode if plugin is not None else 1
+    return min(MAX_DEFAULT_CAPACITY, SANDBOXES_PER_PEER // max(1, per))
 
 
 def resolve(spec: str) -> Any:

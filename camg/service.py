@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,18 @@ from camg.notify import Notifier
 from camg.outcomes import OutcomeLog
 
 log = logging.getLogger("camg.service")
+
+
+def raise_fd_limit(want: int = 1 << 16) -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit (no privilege needed).
+
+    systemd's soft default is 1024; at the default capacity every episode
+    can hold a trainer connection and a helper connection at once.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 class Service:
@@ -35,6 +48,7 @@ class Service:
         self.started = False
 
     async def start(self) -> None:
+        raise_fd_limit()
         # Environment start-up (JVMs, indexes, helper connection) blocks.
         await asyncio.get_running_loop().run_in_executor(self.manager.pool, self.env.start)
         self._tasks.append(asyncio.create_task(self._reaper()))

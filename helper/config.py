@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from camg.helper_wire import parse
+from camg.helper_wire import SANDBOXES_PER_PEER, parse
 from helper.container_config import ContainerConfig
 
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
@@ -33,7 +33,7 @@ class Ceilings:
     timeout: float = 3600.0
     output_bytes: int = 1 << 20
     archive_bytes: int = 64 << 20
-    sandboxes_per_peer: int = 512
+    sandboxes_per_peer: int = SANDBOXES_PER_PEER
     sandboxes_total: int = 1024
     env_entries: int = 256
     command_bytes: int = 128 << 10
@@ -101,7 +101,7 @@ class HelperConfig:
             raise ConfigError("agent_uid/agent_gid: must be an unprivileged id")
         c = self.ceilings
         if min(c.memory_bytes, c.pids_max, c.output_bytes, c.archive_bytes, c.sandboxes_per_peer,
-               c.sandboxes_total, c.command_bytes, c.upper_bytes) <= 0 or c.cpu_quota <= 0 or c.timeout <= 0:
+               c.sandboxes_total, c.command_bytes, c.upper_bytes, c.lowers, c.connections) <= 0 or c.cpu_quota <= 0 or c.timeout <= 0:
             raise ConfigError("ceilings: every ceiling must be positive")
         if self.create_timeout <= 0:
             raise ConfigError("create_timeout: must be positive")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import sys
@@ -91,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     # Every sandbox's pid 1 is re-parented to us, so its pid stays ours
     # until destroy() reaps it.
     prctl.set_child_subreaper(True)
+    # Each sandbox holds a control socket, each request a connection and
+    # each running command three pipes: systemd's soft 1024 would cap the
+    # helper at a few hundred sandboxes. Raising the soft limit to the hard
+    # one needs no privilege.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < min(hard, 1 << 17):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 17), hard))
     try:
         init_binary = initbin.ensure(cfg.init_binary, os.path.join(cfg.state_dir, "bin"))
     except ConfigError as exc:

@@ -11,4 +11,6 @@ PLUGIN = EnvironmentPlugin(
     prepare="daemons.coding.prepare:main",
     prepare_hint="python -m camg.prepare --environment coding",
     unit="camg-coding.service",
+    # its agent sandbox, and a fresh one while grading
+    sandboxes_per_episode=2,
 )

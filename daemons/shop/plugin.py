@@ -11,4 +11,6 @@ PLUGIN = EnvironmentPlugin(
     prepare="daemons.shop.prepare:main",
     prepare_hint="python -m camg.prepare_shop",
     unit="camg-shop.service",
+    # no helper sandbox: episodes are in-process sessions
+    sandboxes_per_episode=0,
 )

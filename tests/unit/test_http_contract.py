@@ -356,3 +356,18 @@ def test_listing_episodes_does_not_renew_their_leases(counter_service):
     assert client.get(kept)["status"] == "running"
     [record] = svc.outcomes()
     assert record["episode_id"] == abandoned and record["reason"] == "lease expired"
+
+
+def test_default_capacity_is_derived_from_what_the_helper_holds(tmp_path):
+    """No capacity in the deployment: what one peer's sandbox ceiling holds at
+    the environment's sandboxes per episode, capped (issue 17)."""
+    from camg import helper_wire, plugins
+    from tests.support.services import configure_counter
+    config = json.loads(configure_counter(tmp_path, capacity=None).read_text())
+    assert config["capacity"] == plugins.default_capacity(None) == plugins.MAX_DEFAULT_CAPACITY
+    coding = plugins.all_plugins()["coding"]
+    assert coding.sandboxes_per_episode == 2
+    assert plugins.default_capacity(coding) == helper_wire.SANDBOXES_PER_PEER // 2 == 256
+    import dataclasses
+    greedy = dataclasses.replace(coding, sandboxes_per_episode=8)
+    assert plugins.default_capacity(greedy) == helper_wire.SANDBOXES_PER_PEER // 8

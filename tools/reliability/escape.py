@@ -154,6 +154,7 @@ def run(helper: Helper, verbose: bool = True) -> tuple[Row, list[tuple[str, bool
     def new() -> str:
         sandboxes.append(client.create_sandbox(lowers, **spec))
         return sandboxes[-1]
+    new.lowers, new.spec, new.made = lowers, spec, sandboxes
 
     try:
         sid = new()
@@ -177,11 +178,14 @@ def run(helper: Helper, verbose: bool = True) -> tuple[Row, list[tuple[str, bool
         client.close()
         listener.close()
         secret.unlink()
-    blocked = sum(ok for _, ok, _ in results)
-    row = Row("escape", "sandbox", f"{len(results)} probes from inside an agent sandbox",
-              f"{blocked}/{len(results)} blocked" + "".join(
-                  f"; NOT BLOCKED: {n}" for n, ok, _ in results if not ok),
-              blocked == len(results))
+    gaps = [n for n, ok, _ in results if ok is None]
+    probed = [r for r in results if r[1] is not None]
+    blocked = sum(ok for _, ok, _ in probed)
+    row = Row("escape", "sandbox", f"{len(probed)} probes from inside an agent sandbox",
+              f"{blocked}/{len(probed)} blocked" + "".join(
+                  f"; NOT BLOCKED: {n}" for n, ok, _ in probed if not ok)
+              + "".join(f"; known gap: {n}" for n in gaps),
+              blocked == len(probed))
     return row, results
 
 
@@ -243,11 +247,23 @@ def _resources(client, helper: Helper, new) -> list[tuple[str, bool, str]]:
     made = int(r.output.split()[0]) if r.output.split() and r.output.split()[0].isdigit() else -1
     out.append(("inode exhaustion of the upper", 0 <= made < 100000, f"{made} files"))
     bomb = new()
-    client.exec(bomb, ":(){ :|:& };:", timeout=5)
+    # The caller stays (sleep): the bomb must meet pids.max, not the
+    # process-group kill that follows a command's exit.
+    client.exec(bomb, ":(){ :|:& };:; sleep 4", timeout=8)
     alive = client.exec(bomb, "echo alive", timeout=30).output.strip()
     hits = _pids_max_events(helper, bomb)
     out.append(("fork bomb", hits > 0 and alive.endswith("alive"),
                 f"pids.max refused {hits} forks; sandbox {alive[-10:]}"))
+    # A disk upper (AutoResearch's) writes to the upper root's filesystem:
+    # nothing bounds it yet. Reported as a known gap, not counted as blocked.
+    disk = client.create_sandbox(new.lowers, **dict(new.spec, upper="disk"))
+    new.made.append(disk)
+    r = client.exec(disk, "dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1 | tail -1; "
+                    "rm -f /tmp/fill", timeout=120)
+    capped = "No space left" in r.output
+    out.append(("disk exhaustion of a disk upper (upper_bytes ignored)", True if capped else None,
+                "capped" if capped else "KNOWN GAP: 100 MB written past upper_bytes; no bound on "
+                "disk uppers (needs a per-sandbox filesystem or project quota)"))
     hog = new()
     r = client.exec(hog, "head -c 2000000000 /dev/zero | tail > /dev/null", timeout=60)
     alive = client.exec(hog, "echo alive", timeout=30).output.strip()
@@ -267,5 +283,5 @@ def _pids_max_events(helper: Helper, sandbox: str) -> int:
 
 def print_detail(results: list[tuple[str, bool, str]]) -> str:
     w = max(len(n) for n, _, _ in results)
-    return "\n".join(f"  {'blocked' if ok else 'NOT BLOCKED':<11}  {n:<{w}}  {d}"
-                     for n, ok, d in results)
+    word = {True: "blocked", False: "NOT BLOCKED", None: "known gap"}
+    return "\n".join(f"  {word[ok]:<11}  {n:<{w}}  {d}" for n, ok, d in results)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from camg.client import AsyncClient, ServiceError
+from camg.client import AsyncClient, Client, ServiceError
 from tools.reliability.service import Prepared, service_rss_kib
 from tools.reliability.table import Row
 
@@ -63,17 +63,19 @@ async def _load(url: str, action: dict, n: int, seconds: float, on_live) -> dict
             "p50_ms": _pct(latencies, 0.5), "p99_ms": _pct(latencies, 0.99)}
 
 
-def run(prepared: Prepared, n: int, seconds: float, capacity: int | None = None) -> Row:
+def run(prepared: Prepared, n: int, seconds: float) -> Row:
+    """At the environment's default capacity (the deployment names none)."""
     target, helper = prepared.target, prepared.helper
     limits = {"max_steps": 1_000_000, "idle_ttl_s": 600}
-    with prepared.serve(capacity=capacity or n, limits=limits) as service:
+    with prepared.serve(capacity=None, limits=limits) as service:
+        capacity = Client(service.url).metadata()["capacity"]
         helper_before = helper.rss_kib()
         r = asyncio.run(_load(service.url, target.action, n, seconds,
                               lambda: helper.census()["ledger"]))
         service_kib = service_rss_kib(service)
         helper_kib = helper.rss_kib()
-    ok = not r["errors"] and r["created"] == n
-    counted = (f"{r['created']}/{n} live, {r['steps']} steps, errors {len(r['errors'])}, "
+    ok = not r["errors"] and r["created"] == n and capacity >= n
+    counted = (f"default capacity {capacity}; {r['created']}/{n} live, {r['steps']} steps, errors {len(r['errors'])}, "
                f"step p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms, "
                f"service peak RSS {service_kib // 1024} MiB, helper RSS "
                f"{helper_before // 1024}->{helper_kib // 1024} MiB, "

@@ -7,7 +7,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from tools.reliability.rig import Helper, rss_kib
+from tools.reliability.rig import Helper, children, rss_kib
 from tools.reliability.targets import Target, configure
 
 
@@ -23,7 +23,7 @@ class Prepared:
         self.count = 0
 
     @contextlib.contextmanager
-    def serve(self, *, capacity: int, limits: dict, ready_timeout: float = 300):
+    def serve(self, *, capacity: int | None, limits: dict, ready_timeout: float = 300):
         from tests.support.services import ServiceProcess
         self.count += 1
         work = Path(tempfile.mkdtemp(prefix=f"svc{self.count}-", dir=self.work))
@@ -39,4 +39,6 @@ class Prepared:
 
 
 def service_rss_kib(service) -> int:
-    return rss_kib(service.proc.pid, "VmHWM")
+    """Peak RSS of the service: gunicorn's arbiter plus its worker."""
+    pids = {service.proc.pid} | children(service.proc.pid)
+    return sum(rss_kib(pid, "VmHWM") for pid in pids)

@@ -37,15 +37,18 @@ class Target:
 
 
 def configure(target: Target, work: Path, prepared: tuple[Path, dict, str | None], socket: str,
-              *, capacity: int, limits: dict) -> Path:
-    """camg.configure for one service on a free loopback port; its config path."""
+              *, capacity: int | None, limits: dict) -> Path:
+    """camg.configure for one service on a free loopback port; its config path
+    (``capacity`` None: the environment's default capacity)."""
     from camg.configure import configure as run_configure
     from tests.support.services import clean_git_tree, free_port
     manifest_path, settings, factory = prepared
     work.mkdir(parents=True, exist_ok=True)
     (work / "requirements.lock").write_text("falcon==4.4.0\n")
-    env = {"manifest": str(manifest_path), "port": free_port(), "capacity": capacity,
-           "limits": limits, "settings": settings}
+    env = {"manifest": str(manifest_path), "port": free_port(), "limits": limits,
+           "settings": settings}
+    if capacity is not None:
+        env["capacity"] = capacity
     if factory:
         env["factory"] = factory
     deployment = {"runtime_lock": str(work / "requirements.lock"),
