@@ -37,9 +37,10 @@ class TransportChannel:
         self._lock = threading.Lock()
         self._closed = False
         try:
+            # Entered by hand: the connection outlives this call (one per episode).
             self._ws = connect("ws://mimo-transport/ws", sock=sock, open_timeout=open_timeout,
                                ping_interval=None, close_timeout=2, max_size=max_size,
-                               proxy=None, compression=None)
+                               proxy=None, compression=None).__enter__()
         except Exception as exc:  # handshake failed: the transport is not healthy
             sock.close()
             raise errors.SandboxDied(f"transport handshake failed: {type(exc).__name__}: {exc}") from None
