@@ -13,8 +13,10 @@ a second install does no build at all.
 
 Coding (what the demo deployment's settings name):
   IMAGES_ROOT/images/<digest>/rootfs      the materialized demo image (a helper lower root)
-  DATA/coding/materialized-images.json    the image listing the service verifies
+  DATA/coding/materialized-images.json    the image listing the service verifies (the
+                                          SWE-smith-shaped demo image, tools/oci_demo.py)
   DATA/coding/demo/{tasks.parquet,mirrors/}  the task rows and their git mirrors
+  DATA/coding/rows-swesmith.jsonl         those rows as served from that image
   DATA/coding/manifest.json               camg.prepare's manifest (task layers under
                                           /var/lib/camg/task-layers/coding)
 
@@ -62,11 +64,17 @@ def prepare_coding(data: Path, images_root: Path, cache: Path, helper_socket: st
     from tools.coding.demo_tasks import fetch_sdist
     from tools.coding.sandbox_runner import ensure_demo_set
 
+    from tools.coding.swesmith_demo import rewrite_rows
+
     out = data / "coding"
     out.mkdir(parents=True, exist_ok=True)
+    # The task set is found with the plain image; it is served from the image
+    # laid out like SWE-smith's (clone at /testbed, conda-style activation,
+    # SWE-smith's own test command), as real SWE-smith tasks are.
     image = demo.ensure_demo_image(images_root)
+    served = demo.ensure_demo_image(images_root, flavor="swesmith")
     images_json = out / "materialized-images.json"
-    write_materialized(images_json, (image.image,))
+    write_materialized(images_json, (served.image,))
     built = ensure_demo_set(cache / "coding", image.image, helper_socket, fetch_sdist(cache / "coding" / "sdist"))
     # The cache may be shared or pruned; the service reads its own copy.
     demo_set = out / "demo"
@@ -77,7 +85,9 @@ def prepare_coding(data: Path, images_root: Path, cache: Path, helper_socket: st
         shutil.rmtree(demo_set, ignore_errors=True)
         staging.rename(demo_set)
     manifest = out / "manifest.json"
-    prepare_manifest(rows_path=demo_set / "tasks.parquet", mirrors_root=demo_set / "mirrors",
+    rows = out / "rows-swesmith.jsonl"
+    rewrite_rows(demo_set / "tasks.jsonl", rows)
+    prepare_manifest(rows_path=rows, mirrors_root=demo_set / "mirrors",
                      images_path=images_json, output=manifest)
     # The service (User=camg) reads all of it; nothing here is secret.
     subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)
