@@ -140,9 +140,18 @@ def reference(roots, task_id: str) -> str:
     return (roots["packages"] / task_id / "reference" / "solve.py").read_text()
 
 
-def test_three_tasks_from_real_data(env):
-    assert [t.task_id for t in env.tasks] == ["breast-cancer", "diabetes", "digits"]
-    assert {t.data["metric"] for t in env.tasks} == {"roc_auc", "accuracy", "mae"}
+def test_four_tasks_from_real_data(env):
+    assert [t.task_id for t in env.tasks] == ["breast-cancer", "diabetes", "digits",
+                                              "segmentation"]
+    assert {t.data["metric"] for t in env.tasks} == {"roc_auc", "accuracy", "mae", "dice"}
+
+
+def test_image_has_monai_on_cpu_torch(env):
+    _, outputs, _, _ = run_episode(env, env.tasks[0], [shell(
+        "python -c 'import monai, torch, sklearn; "
+        "print(monai.__version__, torch.__version__, sklearn.__version__)'")])
+    assert outputs[0]["exit_code"] == 0, outputs[0]
+    assert outputs[0]["output"].split() == ["1.6.1", "2.13.0+cpu", "1.9.1"]
 
 
 def test_reference_earns_at_least_0_9_on_every_task(env, roots):
@@ -159,10 +168,11 @@ def test_reference_earns_at_least_0_9_on_every_task(env, roots):
 
 
 def test_baseline_earns_about_zero(env):
-    task = env.tasks[0]
-    _, outputs, reward, _ = run_episode(env, task, [shell("python /task/baseline.py"), SUBMIT])
-    assert outputs[0]["exit_code"] == 0, outputs[0]
-    assert reward is not None and reward <= 0.05
+    for task in env.tasks:
+        _, outputs, reward, _ = run_episode(env, task, [shell("python /task/baseline.py"),
+                                                        SUBMIT])
+        assert outputs[0]["exit_code"] == 0, outputs[0]
+        assert reward is not None and reward <= 0.05, (task.task_id, reward)
 
 
 @pytest.mark.parametrize("actions", [

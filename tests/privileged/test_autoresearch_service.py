@@ -87,7 +87,7 @@ def test_check_clean_serve_and_killing_the_grader_stops_the_service(config_path,
         from camg.client import Client
         client = Client(svc.url, timeout=120)
         meta = client.metadata()
-        assert meta["environment"] == "autoresearch" and meta["task_count"] == 3
+        assert meta["environment"] == "autoresearch" and meta["task_count"] == 4
         assert "grader" in meta["hashes"]
         created = client.create(task_id="digits")
         client.step(created["episode_id"], {"operation": "background", "command": "sleep 300"})

@@ -12,6 +12,13 @@ the task package, never shown to the agent):
 * ``diabetes`` — Efron et al.'s diabetes progression (442 rows, 10
   features); mean absolute error (lower is better). Baseline: the training
   mean; reference: ridge regression.
+* ``segmentation`` — MONAI's seeded synthetic 2-D images
+  (``monai.data.create_test_image_2d``: 64x64, five discs, uniform noise
+  0.6; 32 public with masks, 16 private); Dice of the predicted foreground.
+  Baseline: threshold the raw intensity at 0.5; reference: Gaussian smoothing
+  (sigma 1) then the same threshold. MONAI (with CPU torch) is in the image
+  for agents who train a network; generating the data needs only MONAI's
+  generator, installed here with ``pip --target`` into the cache.
 
 The baseline and reference scores are computed here by running the very
 scripts the bundle ships, with the scikit-learn/numpy releases the image
@@ -102,6 +109,70 @@ write(make_pipeline(StandardScaler(), Ridge(alpha=1.0)).fit(X, y).predict(X_test
 '''},
 }
 
+_SEG_IO = '''
+import sys
+import numpy as np
+
+TASK = sys.argv[1] if len(sys.argv) > 1 else "/task"
+OUT = sys.argv[2] if len(sys.argv) > 2 else "/workspace/submission.csv"
+X = np.load(f"{TASK}/test_images.npy")
+
+
+def write(masks):
+    with open(OUT, "w") as f:
+        f.write("id,prediction\\n")
+        for n, mask in enumerate(masks):
+            for p, v in enumerate(np.asarray(mask).ravel()):
+                f.write(f"sg{n:02d}_{p:04d},{int(bool(v))}\\n")
+'''
+
+SCRIPTS["segmentation"] = {
+    "baseline": _SEG_IO + '''
+write(X > 0.5)
+''',
+    "reference": _SEG_IO + '''
+from scipy import ndimage
+write(np.array([ndimage.gaussian_filter(x, 1.0) for x in X]) > 0.5)
+'''}
+
+SEG_SHAPE, SEG_PUBLIC, SEG_PRIVATE = (64, 64), 32, 16
+_SEG_GENERATE = '''
+import sys
+import numpy as np
+from monai.data import create_test_image_2d
+seed, n, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+pairs = [create_test_image_2d(64, 64, num_objs=5, rad_max=10, noise_max=0.6, num_seg_classes=1,
+                              random_state=np.random.RandomState(seed + i)) for i in range(n)]
+np.save(f"{out}/images.npy", np.array([p[0] for p in pairs], dtype=np.float32))
+np.save(f"{out}/masks.npy", (np.array([p[1] for p in pairs]) > 0).astype(np.uint8))
+'''
+MONAI = "monai==1.6.1"
+
+
+def _monai_path() -> Path:
+    import os
+    cache = Path(os.environ.get("CAMG_CACHE") or "/var/cache/camg-test") / "autoresearch"
+    target = cache / MONAI.replace("==", "-")
+    if not (target / "monai" / "__init__.py").is_file():
+        tmp = Path(tempfile.mkdtemp(prefix="monai.", dir=cache if cache.is_dir() else None))
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                        "--disable-pip-version-check", "--target", str(tmp), MONAI],
+                       check=True, capture_output=True, timeout=600)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    return target
+
+
+def _segmentation_data(work: Path) -> tuple[np.ndarray, np.ndarray]:
+    import os
+    script = work / "generate.py"
+    script.write_text(_SEG_GENERATE)
+    env = {**os.environ, "PYTHONPATH": str(_monai_path()), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(script), str(SEED), str(SEG_PUBLIC + SEG_PRIVATE),
+                    str(work)], check=True, env=env, capture_output=True, timeout=900)
+    return np.load(work / "images.npy"), np.load(work / "masks.npy")
+
+
 STATEMENTS = {
     "breast-cancer": ("Breast cancer diagnosis", "roc_auc",
                       "Predict, for each row of /task/test.csv, the probability that the tumour "
@@ -116,6 +187,13 @@ STATEMENTS = {
                  "/task/test.csv from ten baseline variables (age, sex, BMI, blood pressure, "
                  "six serum measurements; /task/train.csv has the target as its last column). "
                  "Scored by mean absolute error on hidden targets (lower is better)."),
+    "segmentation": ("Synthetic image segmentation (MONAI)", "dice",
+                     "Segment the bright discs in 16 noisy 64x64 images (/task/test_images.npy, "
+                     "float32 [16, 64, 64]); /task/train_images.npy and /task/train_masks.npy "
+                     "hold 32 labelled examples made by MONAI's create_test_image_2d. Submit one "
+                     "line per pixel: id sgNN_PPPP (image NN, row-major pixel PPPP), prediction "
+                     "1 for foreground, 0 for background. Scored by Dice over all pixels. "
+                     "MONAI and CPU torch are installed."),
 }
 
 
@@ -149,16 +227,11 @@ def _run_script(script: Path, task_dir: Path, out: Path, python: str) -> bytes:
     return out.read_bytes()
 
 
-def build_task(name: str, dest: Path, python: str = sys.executable) -> dict:
+def _write_tabular(name: str, public: Path, private: Path) -> None:
     X, y, features = _dataset(name)
     order = np.random.RandomState(SEED).permutation(len(y))
     n_private = int(round(len(y) * PRIVATE_FRACTION))
     private_idx, public_idx = order[:n_private], order[n_private:]
-    bundle = dest / name
-    shutil.rmtree(bundle, ignore_errors=True)
-    public, private, reference = bundle / "public", bundle / "private", bundle / "reference"
-    for d in (public, private, reference):
-        d.mkdir(parents=True)
     ids = [f"{name[:2]}{i:04d}" for i in range(len(y))]
     _write_csv(public / "train.csv", ["id", *features, "target"],
                ([ids[i], *map(_fmt, X[i]), _fmt(y[i])] for i in public_idx))
@@ -166,12 +239,35 @@ def build_task(name: str, dest: Path, python: str = sys.executable) -> dict:
                ([ids[i], *map(_fmt, X[i])] for i in private_idx))
     _write_csv(private / "answers.csv", ["id", "target"],
                ([ids[i], _fmt(y[i])] for i in private_idx))
+
+
+def _write_segmentation(public: Path, private: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        images, masks = _segmentation_data(Path(tmp))
+    np.save(public / "train_images.npy", images[:SEG_PUBLIC])
+    np.save(public / "train_masks.npy", masks[:SEG_PUBLIC])
+    np.save(public / "test_images.npy", images[SEG_PUBLIC:])
+    _write_csv(private / "answers.csv", ["id", "target"],
+               ([f"sg{n:02d}_{p:04d}", str(int(v))]
+                for n, mask in enumerate(masks[SEG_PUBLIC:]) for p, v in enumerate(mask.ravel())))
+
+
+def build_task(name: str, dest: Path, python: str = sys.executable) -> dict:
+    bundle = dest / name
+    shutil.rmtree(bundle, ignore_errors=True)
+    public, private, reference = bundle / "public", bundle / "private", bundle / "reference"
+    for d in (public, private, reference):
+        d.mkdir(parents=True)
+    if name == "segmentation":
+        _write_segmentation(public, private)
+    else:
+        _write_tabular(name, public, private)
     (public / "baseline.py").write_text(SCRIPTS[name]["baseline"].lstrip())
     (reference / "solve.py").write_text(SCRIPTS[name]["reference"].lstrip())
     title, metric, statement = STATEMENTS[name]
     (public / "README.md").write_text(
         f"# {title}\n\n{statement}\n\nSubmit /workspace/submission.csv with the header "
-        f"`id,prediction` and one line per id of test.csv.\n`python /task/baseline.py` writes "
+        "`id,prediction`.\n`python /task/baseline.py` writes "
         "the baseline's submission.\n")
     answer_ids, truth = metrics.read_answers((private / "answers.csv").read_bytes())
     scores = {}

@@ -33,14 +33,21 @@ from tools.loopback_registry import LocalRegistry
 
 NAME = "camg/demo-autoresearch"
 REPOSITORY = "camg/demo-autoresearch"
-TAG = "sklearn-1.9.1"
+TAG = "sklearn-1.9.1-monai-1.6.1"
 VENV = "/opt/research-venv"
 WORKSPACE = "/workspace"
 AGENT_UID = 2000
 # The versions requirements.lock pins for the service (the grader's numpy
 # and the builder's scikit-learn are the same releases).
 REQUIREMENTS = ("numpy==2.4.6", "scipy==1.17.1", "scikit-learn==1.9.1", "joblib==1.6.0",
-                "threadpoolctl==3.8.0", "cloudpickle==3.1.3", "narwhals==2.29.0")
+                "threadpoolctl==3.8.0", "cloudpickle==3.1.3", "narwhals==2.29.0",
+                # MONAI on CPU torch (torch's own dependencies, at the lock's versions)
+                "monai==1.6.1", "torch==2.13.0+cpu", "filelock==4.3.1", "fsspec==2026.9.0",
+                "Jinja2==3.1.6", "MarkupSafe==3.0.4", "mpmath==1.3.0", "networkx==3.6.1",
+                "sympy==1.14.0", "typing_extensions==4.16.0")
+# The CPU build of torch is not on PyPI's default index; these machines keep
+# it in a local wheel directory.
+LOCAL_WHEELS = os.environ.get("CAMG_LOCAL_WHEELS", "/opt/wheels")
 VENV_LAYER_VERSION = 1
 ENV = (f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
        "LANG=C.UTF-8", f"VIRTUAL_ENV={VENV}", "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1",
@@ -70,7 +77,8 @@ def _wheels(root: Path) -> Path:
         base_demo._run([sys.executable, "-m", "pip", "download", "--quiet",
                         "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
                         "--python-version", version, "--implementation", impl, "--abi", abi,
-                        *platforms, "-d", str(work), *REQUIREMENTS], "pip download")
+                        *platforms, "--find-links", LOCAL_WHEELS, "-d", str(work),
+                        *REQUIREMENTS], "pip download")
         (work / "requirements.txt").write_text("\n".join(REQUIREMENTS) + "\n")
     return final
 
