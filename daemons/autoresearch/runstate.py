@@ -129,6 +129,22 @@ def check_clean(state_dir: str, *, helper_socket: str, owner: str,
                 client.close()
             if left:
                 return False, [f"sandboxes still held after release: {', '.join(sorted(left))}"]
+        # A sandbox created in the instant before its ledger entry was
+        # written still carries this service's owner label: release those too.
+        client = HelperClient(run.get("helper_socket") or helper_socket,
+                              owner=run.get("owner") or owner)
+        try:
+            stray = [e.get("sandbox_id") for e in client.list_sandboxes()]
+            if stray:
+                client.release_all()
+                notes.append(f"released {len(stray)} unledgered sandbox(es) of owner "
+                             f"{run.get('owner') or owner}: {', '.join(map(str, stray))}")
+        except errors.Unavailable:
+            pass  # no helper running: it holds no sandbox (its start-up sweep reclaims)
+        except errors.CamgError as exc:
+            return False, notes + [f"cannot list the owner's sandboxes: {exc}"]
+        finally:
+            client.close()
         os.unlink(os.path.join(state_dir, RUN))
         notes.append("previous run's ledger released")
     try:
