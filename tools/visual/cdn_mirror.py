@@ -3,10 +3,12 @@
 Upstream renders with internet access; camg's renderer has none. The URLs a
 task prompt itself offers (the Tailwind browser build on jsDelivr) are served
 from a mirror prepared here, like any other asset: each allowlisted URL names
-an npm package, an exact version and a file inside it. ``npm pack`` fetches
-the tarball from the npm registry (npm checks its integrity), the file is
-extracted, and ``mirror.json`` records, per URL, the file, its sha256, the
-package, version and the tarball's integrity string. ``camg.configure``
+an npm package, an exact version and a file inside it. The tarball is
+fetched from the npm registry (``$npm_config_registry``, default
+registry.npmjs.org; no npm client needed) and checked against the sha512
+integrity the registry publishes for that version, the file is read out of
+it, and ``mirror.json`` records, per URL, the file, its sha256, the package,
+version and the tarball's integrity string. ``camg.configure``
 hashes mirror.json and every file it names; the renderer answers exactly
 these URLs and aborts every other external request.
 
@@ -16,16 +18,16 @@ these URLs and aborts every other external request.
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import hashlib
 import io
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tarfile
-import tempfile
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from camg.errors import DatasetError
@@ -52,15 +54,31 @@ DEFAULT_ALLOWLIST = (
 )
 
 
-def _npm_pack(spec: str, workdir: Path) -> tuple[bytes, str]:
-    proc = subprocess.run(["npm", "pack", "--json", "--silent", spec], cwd=workdir,
-                          capture_output=True, timeout=300, check=False,
-                          env=dict(os.environ, npm_config_update_notifier="false",
-                                   npm_config_fund="false", npm_config_audit="false"))
-    if proc.returncode != 0:
-        raise DatasetError(f"cdn mirror: npm pack {spec} failed: {proc.stderr.decode()[-1500:]}")
-    info = json.loads(proc.stdout)[0]
-    return (workdir / info["filename"]).read_bytes(), info.get("integrity", "")
+def _fetch(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            return response.read()
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"cdn mirror: cannot fetch {url}: {exc}") from None
+
+
+def _npm_tarball(package: str, version: str) -> tuple[bytes, str]:
+    """The package tarball of an exact version, verified against the sha512
+    integrity the registry publishes for it."""
+    registry = os.environ.get("npm_config_registry", "https://registry.npmjs.org/")
+    name = urllib.parse.quote(package, safe="@")
+    try:
+        dist = json.loads(_fetch(f"{registry.rstrip('/')}/{name}/{version}"))["dist"]
+        tarball_url, integrity = dist["tarball"], dist["integrity"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"cdn mirror: no dist for {package}@{version}: {exc}") from None
+    algorithm, _, expected = integrity.partition("-")
+    if algorithm != "sha512":
+        raise DatasetError(f"cdn mirror: {package}@{version} has no sha512 integrity ({integrity})")
+    tarball = _fetch(tarball_url)
+    if base64.b64encode(hashlib.sha512(tarball).digest()).decode() != expected:
+        raise DatasetError(f"cdn mirror: {tarball_url} does not match its integrity {integrity}")
+    return tarball, integrity
 
 
 def _member(tarball: bytes, name: str) -> bytes:
@@ -80,21 +98,20 @@ def build_mirror(output: Path, allowlist: tuple[Entry, ...] = DEFAULT_ALLOWLIST)
     output = Path(output).absolute()
     (output / "files").mkdir(parents=True, exist_ok=True)
     urls: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="camg-cdn-") as tmp:
-        for entry in allowlist:
-            tarball, integrity = _npm_pack(f"{entry.package}@{entry.version}", Path(tmp))
-            data = _member(tarball, entry.file)
-            digest = hashlib.sha256(data).hexdigest()
-            suffix = Path(entry.file).suffix or ".bin"
-            name = f"files/{digest}{suffix}"
-            path = output / name
-            if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-                path.write_bytes(data)
-                os.chmod(path, 0o644)
-            for url in entry.urls:
-                urls[url] = {"file": name, "sha256": digest, "package": entry.package,
-                             "version": entry.version, "path": entry.file,
-                             "tarball_integrity": integrity}
+    for entry in allowlist:
+        tarball, integrity = _npm_tarball(entry.package, entry.version)
+        data = _member(tarball, entry.file)
+        digest = hashlib.sha256(data).hexdigest()
+        suffix = Path(entry.file).suffix or ".bin"
+        name = f"files/{digest}{suffix}"
+        path = output / name
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            path.write_bytes(data)
+            os.chmod(path, 0o644)
+        for url in entry.urls:
+            urls[url] = {"file": name, "sha256": digest, "package": entry.package,
+                         "version": entry.version, "path": entry.file,
+                         "tarball_integrity": integrity}
     manifest = output / "mirror.json"
     tmp_manifest = manifest.with_suffix(".json.tmp")
     tmp_manifest.write_text(json.dumps({"format": FORMAT, "urls": urls}, indent=2,
@@ -118,9 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allowlist", type=Path,
                     help="JSON list of {package, version, file, urls}; default: the Tailwind build")
     args = ap.parse_args(argv)
-    if shutil.which("npm") is None:
-        print("error: npm is needed (apt-get install npm)", file=sys.stderr)
-        return 1
     try:
         allow = _load_allowlist(args.allowlist) if args.allowlist else DEFAULT_ALLOWLIST
         print(build_mirror(args.output, allow))
