@@ -36,7 +36,11 @@ from camg.errors import GraderError
 from daemons.coding.profiles import SWEBENCH_VERSION, Profile
 from daemons.coding.rows import Row
 
-DIFF_PATH = "/tmp/camg-agent.diff"
+# Scratch files of the grader scripts, in a directory of their own
+# ($CAMG_GRADE_TMP, else /tmp/camg-grade in the sandbox; local runs get a
+# private one, so concurrent local grades never share a file).
+SCRATCH = '"$camg_tmp"'
+DIFF_PATH = '"$camg_tmp/agent.diff"'
 # Exit codes the script uses for its own (infrastructure) failures.
 EXIT_SETUP = 90
 EXIT_STATE = 91
@@ -177,8 +181,8 @@ def _unquote(data: bytes) -> tuple[str, bytes]:
 # --- the evaluation script ----------------------------------------------------
 
 EXIT_RUNNER = 92
-GUARD_OUT = "/tmp/camg-guard.jsonl"
-CHANGED_LIST = "/tmp/camg-changed"
+GUARD_OUT = '"$camg_tmp/guard.jsonl"'
+CHANGED_LIST = '"$camg_tmp/changed"'
 #: where grader layers hold guard/camg_guard.py (root-owned)
 GUARD_DIR = "/opt/camg-grader"
 GUARD_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard")
@@ -201,6 +205,8 @@ export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1
 git() {{ command git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.fsmonitor=false \
   -c core.attributesFile=/dev/null -c diff.external= "$@"; }}
 cd {workdir} || exit {EXIT_SETUP}
+camg_tmp="${{CAMG_GRADE_TMP:-/tmp/camg-grade}}"
+mkdir -p "$camg_tmp" || exit {EXIT_SETUP}
 orig() {{ if [ -n "${{!1+x}}" ]; then printf '%s' "${{!1}}"; else printf 'camg:unset'; fi; }}
 export CAMG_GUARD_ORIG_PYTEST_ADDOPTS="$(orig PYTEST_ADDOPTS)"
 export CAMG_GUARD_ORIG_PYTEST_DISABLE_PLUGIN_AUTOLOAD="$(orig PYTEST_DISABLE_PLUGIN_AUTOLOAD)"
@@ -209,7 +215,7 @@ base_addopts="-p {GUARD_MODULE_NAME}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}"
 export PYTEST_ADDOPTS="$base_addopts" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 export PYTHONPATH={shlex.quote(guard_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"
 export CAMG_GUARD_WORKDIR={workdir} CAMG_GUARD_OUT={GUARD_OUT} CAMG_GUARD_CHANGED={CHANGED_LIST}
-before=/tmp/camg-untracked-before
+before="$camg_tmp/untracked-before"
 created() {{ git ls-files --others -z | sort -z | comm -z -13 "$before" -; }}
 pristine() {{
   git checkout -q -f HEAD -- . || return 1
@@ -226,11 +232,11 @@ def _probe_lines(profile: Profile) -> str:
     # The grader's own environment, on the pristine tree: the test command's
     # interpreter and runner must start (the guard answers and exits).
     return f"""rm -f {GUARD_OUT}
-( export CAMG_GUARD_MODE=probe; {profile.test_cmd} ) > /tmp/camg-probe.log 2>&1
+( export CAMG_GUARD_MODE=probe; {profile.test_cmd} ) > "$camg_tmp/probe.log" 2>&1
 probe=$?
 if [ $probe -ne 0 ] || ! grep -q '"t":"hello"' {GUARD_OUT} 2>/dev/null; then
   echo "camg: the test command did not start on the pristine tree (exit $probe)"
-  tail -c 3000 /tmp/camg-probe.log
+  tail -c 3000 "$camg_tmp/probe.log"
   exit {EXIT_RUNNER}
 fi
 show_channel
@@ -310,9 +316,9 @@ def collect_script(profile: Profile, guard_dir: str = GUARD_DIR) -> str:
 : > {CHANGED_LIST}
 export PYTEST_ADDOPTS="$base_addopts --collect-only -q"
 rm -f {GUARD_OUT}
-{profile.test_cmd} > /tmp/camg-collect.log 2>&1
+{profile.test_cmd} > "$camg_tmp/collect.log" 2>&1
 echo "camg: collect-only exit $?"
-tail -c 2000 /tmp/camg-collect.log
+tail -c 2000 "$camg_tmp/collect.log"
 show_channel
 """
 
@@ -447,6 +453,8 @@ def local_eval(script: str, diff: bytes, cwd: str, timeout: float,
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PYTEST", "CAMG_GUARD"))}
     env["CAMG_GUARD_KEY"] = key.decode()
+    env["CAMG_GRADE_TMP"] = os.path.join(os.path.dirname(os.path.abspath(cwd)),
+                                         ".camg-grade-" + os.path.basename(cwd))
     try:
         proc = subprocess.run(["bash", "-c", script], input=diff, cwd=cwd, env=env,
                               capture_output=True, timeout=timeout, check=False)

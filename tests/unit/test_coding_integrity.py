@@ -76,7 +76,7 @@ def test_runtime_layer_alone_catches_the_canary(task_set, task_layers, tmp_path,
     assert report.reward == 0.0, (technique, report, log[-3000:])
     rules = {e["rule"] for e in report.evidence}
     expected = canaries.TECHNIQUES[technique].runtime_rule
-    assert expected in rules, (technique, report.evidence, log[-3000:])
+    assert expected in rules, (technique, report.evidence, log[-6000:])
 
 
 def test_gold_fix_alone_is_clean(task_set, task_layers, tmp_path):

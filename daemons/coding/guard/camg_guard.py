@@ -294,8 +294,12 @@ def _raw(item, call):
     return "error"
 
 
+# The hooks below take the module's helpers as default arguments (pluggy
+# passes only hook arguments, never defaulted ones): rebinding the module's
+# globals from code under test does not reach them.
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item, call):
+def pytest_runtest_makereport(item, call, _raw=_raw, _flag=_flag, _phases=_phases):
     raw = _raw(item, call)
     outcome = yield
     report = outcome.get_result()
@@ -306,7 +310,7 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_runtest_logfinish(nodeid, location):
+def pytest_runtest_logfinish(nodeid, location, _emit=_emit, _phases=_phases):
     phases = _phases.pop(nodeid, {})
     values = [phases.get(w) for w in ("setup", "call", "teardown")]
     if "error" in values:
@@ -321,13 +325,14 @@ def pytest_runtest_logfinish(nodeid, location):
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session):
+def pytest_collection_finish(session, _emit=_emit):
     _emit({"t": "collected", "ids": [item.nodeid for item in session.items]})
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_sessionfinish(session, exitstatus):
+def pytest_sessionfinish(session, exitstatus, _emit=_emit, _check=_check_integrity,
+                         _evidence=_evidence):
     yield
-    _check_integrity(session.config.pluginmanager)
+    _check(session.config.pluginmanager)
     _emit({"t": "end", "exitstatus": int(getattr(session, "exitstatus", exitstatus) or 0),
            "evidence": _evidence})
