@@ -355,8 +355,11 @@ class Storm:
             states = {u: self.guest.show(u, "ActiveState")["ActiveState"] for u in units}
             kill.problems.append(f"units not back in 300s: {states}")
             return
-        if target == "service" and not _wait(lambda: self.healthy(env), 300, 0.5):
-            kill.problems.append(f"{env.unit} active but not healthy")
+        # Back means serving: every service healthy again (the helper's
+        # return included, which a service's /health reports).
+        for other in self.envs.values():
+            if not _wait(lambda: self.healthy(other), 300, 0.3):
+                kill.problems.append(f"{other.unit} active but not healthy")
         kill.back_s = time.monotonic() - killed_at
 
     def _ended(self, kill: Kill, target: str, env: Env, eid: str, answer: Answer | None) -> None:
@@ -498,7 +501,8 @@ def summarize(done: list[Kill], kills: int) -> list[Row]:
             ends[label] = ends.get(label, 0) + 1
         counted = (f"back max {max(k.back_s for k in ks):.1f}s; reclaimed max "
                    f"{max(k.reclaim_s for k in ks):.1f}s (<= {RECLAIM_S:.0f}s); records parse; "
-                   f"in flight: " + ", ".join(f"{n}x {e}" for e, n in sorted(ends.items())))
+                   f"{sum(k.in_flight for k in ks)} with a request in flight, the episode: "
+                   + ", ".join(f"{n}x {e}" for e, n in sorted(ends.items())))
         if missed:
             counted += f"; {missed} tries repeated (the target finished before the kill)"
         if problems:
