@@ -27,7 +27,8 @@ import pytest
 
 from camg import plugins
 from systest_guest import diagnose, leftovers, show, wait_for
-from tools.reliability.killstorm import Guest, describe, storm
+from tools.reliability.killstorm import storm
+from tools.reliability.killstorm_guest import Guest, describe
 from tools.reliability.table import Row, render
 
 pytestmark = [pytest.mark.system, pytest.mark.privileged, pytest.mark.slow]

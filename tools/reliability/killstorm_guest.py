@@ -1,0 +1,146 @@
+"""What a kill storm needs of the booted guest (tests/system's nspawn
+machine): HTTP on its loopback as a trainer would send it, unit properties,
+process children, file lines; and how each environment's episodes are
+driven to a kill point."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import threading
+from typing import Callable
+
+POINTS = ("reset", "step", "grading", "idle")
+
+# The trainer's side of the loopback, run inside the guest (its python3,
+# stdlib only); a refused or dropped connection is an answer too.
+_HTTP = r"""
+import json, sys, urllib.request, urllib.error
+method, url, body, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+req = urllib.request.Request(url, data=body.encode() if body else None, method=method,
+                             headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        out = {"status": resp.status, "body": resp.read().decode()}
+except urllib.error.HTTPError as exc:
+    out = {"status": exc.code, "body": exc.read().decode()}
+except Exception as exc:
+    out = {"status": None, "body": f"{type(exc).__name__}: {exc}"}
+print(json.dumps(out))
+"""
+
+
+@dataclasses.dataclass
+class Answer:
+    status: int | None  # None: no HTTP answer (connection refused or dropped)
+    body: dict | str
+
+    @property
+    def json(self) -> dict:
+        return self.body if isinstance(self.body, dict) else {}
+
+
+class Guest:
+    """What a storm needs of the booted machine: ``run(argv, timeout=,
+    check=)`` inside it, and ``census()`` of everything a sandbox holds
+    (empty dict when nothing)."""
+
+    def __init__(self, run: Callable[..., subprocess.CompletedProcess],
+                 census: Callable[[], dict]) -> None:
+        self.run = run
+        self.census = census
+
+    def http(self, port: int, method: str, path: str, body: dict | None = None,
+             timeout: float = 600.0) -> Answer:
+        result = self.run(["python3", "-c", _HTTP, method, f"http://127.0.0.1:{port}{path}",
+                           json.dumps(body) if body is not None else "", str(timeout)],
+                          timeout=timeout + 60, check=True)
+        reply = json.loads(result.stdout)
+        try:
+            return Answer(reply["status"], json.loads(reply["body"]))
+        except ValueError:
+            return Answer(reply["status"], reply["body"])
+
+    def show(self, unit: str, *props: str) -> dict[str, str]:
+        argv = ["systemctl", "show", unit] + [a for p in props for a in ("-p", p)]
+        out = self.run(argv, timeout=60, check=True).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def children(self, pid: str) -> set[str]:
+        if pid in ("", "0"):
+            return set()
+        return set(self.run(["ps", "--ppid", pid, "-o", "pid="], timeout=60,
+                            check=False).stdout.split())
+
+    def lines(self, path: str) -> list[str]:
+        out = self.run(["sh", "-c", f"cat {path} 2>/dev/null || true"], timeout=60, check=True)
+        return [line for line in out.stdout.split("\n") if line]
+
+
+@dataclasses.dataclass
+class Env:
+    """How a storm drives one environment's episodes."""
+    name: str
+    port: int
+    create: dict                       # POST /episodes body (without episode_id)
+    slow_step: dict | None = None      # an action that takes a while
+    to_grading: list[dict] = dataclasses.field(default_factory=list)  # then finish
+    finish: dict | None = None         # the action whose answer grades
+    sandboxes: bool = False            # its episodes hold helper sandboxes
+    reset_s: float = 1.0               # measured by Storm.settle(): where to aim
+    step_s: float = 1.0
+
+    @property
+    def unit(self) -> str:
+        return f"camg-{self.name}.service"
+
+    @property
+    def points(self) -> tuple[str, ...]:
+        return tuple(p for p in POINTS if (p != "step" or self.slow_step)
+                     and (p != "grading" or self.finish))
+
+
+def describe(guest: Guest, name: str, port: int) -> Env:
+    """The drive of a known environment; a newer one gets reset and idle."""
+    if name == "coding":
+        task = json.loads(guest.run(["cat", "/srv/camg/data/coding/manifest.json"],
+                                    check=True).stdout)["tasks"][0]
+        fix = f"git apply -R - <<'CAMG_EOF'\n{task['data']['patch']}\nCAMG_EOF"
+        return Env(name, port, {"task_id": task["task_id"]},
+                   slow_step={"operation": "shell", "command": "sleep 3; echo slept"},
+                   to_grading=[{"operation": "shell", "command": fix}],
+                   finish={"operation": "finish"}, sandboxes=True)
+    if name == "shop":
+        task = json.loads(guest.run(["cat", "/srv/camg/data/shop/manifest.json"],
+                                    check=True).stdout)["tasks"][0]
+        return Env(name, port, {"task_id": task["task_id"]},
+                   slow_step={"action": "search[wireless bluetooth headphones with noise "
+                                        "cancelling long battery life]"})
+    return Env(name, port, {})
+
+
+class Background(threading.Thread):
+    """One HTTP request outstanding while the kill happens."""
+
+    def __init__(self, guest: Guest, port: int, method: str, path: str, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.args = (port, method, path, body)
+        self.guest = guest
+        self.answer: Answer | None = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.answer = self.guest.http(*self.args, timeout=600)
+        except BaseException as exc:  # reported by the storm, never lost in a thread
+            self.error = exc
+
+    def result(self, timeout: float) -> Answer:
+        self.join(timeout)
+        if self.is_alive():
+            return Answer(None, f"no answer in {timeout}s")
+        if self.error is not None:
+            return Answer(None, f"{type(self.error).__name__}: {self.error}")
+        return self.answer
