@@ -137,6 +137,12 @@ class VisualEnvironment(Environment):
         self.mirror_urls = sorted(mirror.files)
         self.helper = HelperClient(self.context.helper_socket or DEFAULT_SOCKET, owner=s.helper_owner)
         self.containers = ContainerClient(helper=self.helper)
+        # A previous instance killed with -9 leaves its task containers,
+        # warm pool and renderer sandboxes (browsers included) behind; they
+        # belong to this (uid, owner) and nothing else may use them.
+        released = self.helper.release_all()
+        if released:
+            log.warning("released %d container(s)/sandbox(es) a previous instance left", released)
         self.renderer = Renderer(self.helper, str(rootfs), self.renderer_info, mirror,
                                  RenderLimits(timeout=s.render_timeout,
                                               memory_bytes=s.render_memory_bytes,
