@@ -35,6 +35,7 @@ import dataclasses
 import socket
 import sys
 import threading
+import time
 from typing import Literal
 
 from camg import errors
@@ -93,13 +94,26 @@ class HelperClient:
     # -- transport --------------------------------------------------------
 
     def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.connect_timeout)
-        try:
-            sock.connect(self.socket_path)
-        except OSError as exc:
-            sock.close()
-            raise errors.Unavailable(f"helper unreachable at {self.socket_path}: {exc}") from None
+        deadline = time.monotonic() + self.connect_timeout
+        delay = 0.005
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.connect_timeout)
+            try:
+                sock.connect(self.socket_path)
+                break
+            except BlockingIOError:
+                # EAGAIN: the listen backlog is full (a burst of resets);
+                # the helper is there and accepting, so wait our turn.
+                sock.close()
+                if time.monotonic() >= deadline:
+                    raise errors.Unavailable(f"helper at {self.socket_path} stayed busy for "
+                                             f"{self.connect_timeout:g} s") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+            except OSError as exc:
+                sock.close()
+                raise errors.Unavailable(f"helper unreachable at {self.socket_path}: {exc}") from None
         # Replies may take as long as the command's own deadline.
         sock.settimeout(None)
         return sock

@@ -46,7 +46,9 @@ def _listener(path: str) -> tuple[socket.socket, str | None]:
         pass  # no stale socket
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
-    sock.listen(128)
+    # A burst of clients (hundreds of episodes resetting at once) must
+    # queue, not be refused: the kernel caps this at net.core.somaxconn.
+    sock.listen(4096)
     return sock, path
 
 

@@ -187,3 +187,29 @@ def test_non_positive_ceilings_are_config_errors(tmp_path, field):
     with pytest.raises(config.ConfigError, match="ceiling"):
         config.load(str(path))
     assert os.path.exists(path)
+
+
+def test_a_burst_of_connections_queues_instead_of_failing(helper):
+    """Hundreds of episodes resetting at once: every connect is served (the
+    backlog was 128 and a full one made connect fail with EAGAIN)."""
+    import threading
+    from camg.helper_client import HelperClient
+    barrier = threading.Barrier(400)
+    failures: list[str] = []
+
+    def ping() -> None:
+        client = HelperClient(helper.socket, owner="burst")
+        barrier.wait()
+        try:
+            client.ping()
+        except Exception as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=ping) for _ in range(400)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failures, failures[:3]

@@ -74,12 +74,14 @@ def run(prepared: Prepared, n: int, seconds: float) -> Row:
                               lambda: helper.census()["ledger"]))
         service_kib = service_rss_kib(service)
         helper_kib = helper.rss_kib()
-    ok = not r["errors"] and r["created"] == n and capacity >= n
+    leaks = {k: v for k, v in helper.census().items() if v}
+    ok = not r["errors"] and r["created"] == n and capacity >= n and not leaks
     counted = (f"default capacity {capacity}; {r['created']}/{n} live, {r['steps']} steps, errors {len(r['errors'])}, "
                f"step p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms, "
                f"service peak RSS {service_kib // 1024} MiB, helper RSS "
                f"{helper_before // 1024}->{helper_kib // 1024} MiB, "
-               f"sandboxes live {r['live']}, created in {r['create_s']:.1f} s")
+               f"sandboxes live {r['live']}, created in {r['create_s']:.1f} s; "
+               f"left after stop {leaks or 0}")
     if r["errors"]:
         counted += f"; first error: {r['errors'][0][:200]}"
     return Row("load", target.name, f"{n} concurrent episodes stepping {seconds:g} s", counted, ok)
