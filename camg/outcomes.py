@@ -5,6 +5,13 @@ trainer sees the reply, so a reward a trainer received is never lost by a
 crash. ``trajectories/<episode_id>.jsonl`` keeps every step beside it;
 steps are appended as they happen (not fsync'd: the outcome record is the
 durable fact) and the file is fsync'd when the episode ends.
+
+While an episode runs, ``trajectories/<episode_id>.open`` marks it. A
+service killed (or crashed) with episodes running cannot write their
+records; the next start of the service does (``recover``): ``reward:
+null``, ``failure_class: infra``, ``recovered: true``. Episodes live in the
+process, so the restarted service answers 404 for them, and the record is
+what a trainer finds.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +65,63 @@ class OutcomeLog:
             while view:  # a short write is finished, never left torn
                 view = view[os.write(self._fd, view):]
             os.fsync(self._fd)
+        if isinstance(record.get("episode_id"), str):
+            self._marker(record["episode_id"]).unlink(missing_ok=True)
+
+    def _marker(self, episode_id: str) -> Path:
+        return self.trajectories / f"{episode_id}.open"
+
+    def recover(self, environment: str, config_hash: str) -> list[str]:
+        """Record the end of every episode a killed predecessor left running
+        (its marker is still there); returns their ids."""
+        markers = sorted(self.trajectories.glob("*.open"))
+        if not markers:
+            return []
+        # A kill between a record's fsync and its marker's unlink: recorded.
+        wanted = {m.name.removesuffix(".open") for m in markers}
+        recorded = set()
+        with open(self.path, "rb") as handle:
+            for line in handle:
+                if any(eid.encode() in line for eid in wanted):
+                    try:
+                        recorded.add(json.loads(line)["episode_id"])
+                    except (ValueError, KeyError, TypeError):
+                        pass
+        ended = []
+        for marker in markers:
+            eid = marker.name.removesuffix(".open")
+            if eid not in recorded:
+                entries = self._entries(eid)
+                reset = next((e for e in entries if e.get("event") == "reset"), {})
+                reason = ("the service process ended while the episode ran (killed or "
+                          "crashed); recorded by its next start")
+                self.trajectory(eid, {"event": "end", "reward": None, "failure_class": "infra",
+                                      "reason": reason})
+                self.finish_trajectory(eid)
+                self.append({
+                    "environment": environment, "episode_id": eid,
+                    "task_id": reset.get("task_id"), "seed": reset.get("seed"),
+                    "reward": None, "failure_class": "infra", "status": "closed",
+                    "reason": reason, "recovered": True,
+                    "steps": sum(1 for e in entries if e.get("event") == "step"),
+                    "started_at": marker.stat().st_mtime, "ended_at": time.time(),
+                    "timings": {}, "config_hash": config_hash})
+                ended.append(eid)
+            marker.unlink(missing_ok=True)
+        return ended
+
+    def _entries(self, episode_id: str) -> list[dict]:
+        entries = []
+        try:
+            with open(self.trajectory_path(episode_id), "rb") as handle:
+                for line in handle:
+                    try:
+                        entries.append(json.loads(line))
+                    except ValueError:
+                        pass  # the killed writer's last, torn line
+        except FileNotFoundError:
+            pass
+        return entries
 
     def trajectory_path(self, episode_id: str) -> Path:
         return self.trajectories / f"{episode_id}.jsonl"
@@ -64,6 +129,9 @@ class OutcomeLog:
     def trajectory(self, episode_id: str, entry: dict) -> None:
         fd = self._traj_fds.get(episode_id)
         if fd is None:
+            if not self._marker(episode_id).exists():
+                os.close(os.open(self._marker(episode_id),
+                                 os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640))
             fd = os.open(self.trajectory_path(episode_id),
                          os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
             self._traj_fds[episode_id] = fd

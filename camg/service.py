@@ -41,6 +41,10 @@ class Service:
         self.env = environment
         self.notifier = notifier or Notifier()
         self.outcomes = OutcomeLog(config.state_dir)
+        # Episodes a killed predecessor left running end here, masked.
+        for episode_id in self.outcomes.recover(environment.name, config.config_hash):
+            log.warning("episode %s ended with the previous process: recorded as infra",
+                        episode_id)
         self.manager = EpisodeManager(environment, capacity=config.capacity,
                                       limits=config.limits, config_hash=config.config_hash,
                                       outcomes=self.outcomes, on_change=self._status)
