@@ -45,7 +45,8 @@ INSTRUCTIONS = (
     "{steps} steps; whatever /workspace/submission.csv holds then is graded.")
 
 _JOB_LAUNCH = (
-    "mkdir -p {jobs} && cd {work} && "
+    # The log exists before the job starts, so a listing right after sees it.
+    "mkdir -p {jobs} && : > {jobs}/{n}.log && cd {work} && "
     "setsid -f bash -c 'timeout -s KILL \"$1\" bash -c \"$2\" > {jobs}/$0.log 2>&1 < /dev/null; "
     "echo $? > {jobs}/$0.exit' {n} {seconds} \"$CAMG_JOB_COMMAND\" && echo started")
 _JOBS_LIST = (
