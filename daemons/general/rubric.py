@@ -4,7 +4,8 @@ The verifier (mimoagent.verify.general, in the container) scores rule items
 and writes one judge request per LLM item into /logs/verifier; only the
 service holds the judge credentials, so it asks the judge here and
 aggregates like upstream: sum(weight * score) / sum(weight), a missing
-weight counting 1, a failed gate making it 0. Any judge failure raises
+weight counting 1, a failed gate making it 0 (gates themselves earn no
+credit). Any judge failure raises
 JudgeError (reward null, class judge_error), never a 0.
 """
 
@@ -37,10 +38,13 @@ def read_detail(tar_bytes: bytes) -> dict:
 
 
 def aggregate(items: list[dict], scores: dict[str, float]) -> float:
+    """Σw·s/Σw over the non-gate items; a failed gate gives 0. Gates are
+    preconditions, not credit (a do-nothing agent must earn 0)."""
     for item in items:
         if item.get("gate") and scores.get(item["id"], 0.0) < 1.0:
             return 0.0
-    weights = {item["id"]: 1.0 if item.get("weight") is None else float(item["weight"]) for item in items}
+    weights = {item["id"]: 1.0 if item.get("weight") is None else float(item["weight"])
+               for item in items if not item.get("gate")}
     total = sum(weights.values())
     if total <= 0:
         raise errors.GraderError("rubric has no positive weight")

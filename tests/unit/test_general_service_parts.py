@@ -57,7 +57,7 @@ def test_transport_validation_error_is_invalid_action():
 
 def test_aggregate_weights_and_gates():
     items = [{"id": "g", "gate": True, "weight": 1.0}, {"id": "a", "weight": 2.0}, {"id": "b", "weight": None}]
-    assert rubric.aggregate(items, {"g": 1, "a": 1, "b": 0}) == pytest.approx(3 / 4)
+    assert rubric.aggregate(items, {"g": 1, "a": 1, "b": 0}) == pytest.approx(2 / 3)
     assert rubric.aggregate(items, {"g": 0, "a": 1, "b": 1}) == 0.0
 
 

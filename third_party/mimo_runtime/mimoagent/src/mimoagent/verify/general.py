@@ -17,7 +17,8 @@ and ``judge_requests``; ``reward.json`` with ``{"reward": x}`` when no LLM
 item needs judging (or a gate failed: reward 0, LLM items skipped), else
 ``{"pending_judge": true}`` -- the judge is called by whoever holds its
 credentials (the General service), which then aggregates with
-``aggregate``: sum(weight * score) / sum(weight), a missing weight counting 1.
+``aggregate``: sum(weight * score) / sum(weight) over the non-gate items, a missing
+weight counting 1, a failed gate giving 0.
 """
 
 from __future__ import annotations
@@ -127,14 +128,18 @@ def _weight(item: dict) -> float:
 
 
 def aggregate(items: list[dict], scores: dict[str, float]) -> float:
-    """sum(w*s)/sum(w) over every item; a failed gate makes it 0."""
+    """sum(w*s)/sum(w) over the non-gate items; a failed gate makes it 0.
+
+    Gates (src_protect) are preconditions, not credit: an agent that does
+    nothing must not earn the gate's share."""
     for item in items:
         if item.get("gate") and scores.get(item["id"], 0.0) < 1.0:
             return 0.0
-    total = sum(_weight(item) for item in items)
+    scored = [item for item in items if not item.get("gate")]
+    total = sum(_weight(item) for item in scored)
     if total <= 0:
         return 0.0
-    return sum(_weight(item) * scores.get(item["id"], 0.0) for item in items) / total
+    return sum(_weight(item) * scores.get(item["id"], 0.0) for item in scored) / total
 
 
 def run(task_dir: Path, workspace: Path, state_root: Path, out: Path) -> dict:
