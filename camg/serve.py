@@ -82,7 +82,31 @@ def gunicorn_options(config: cfg.ServiceConfig) -> dict:
         "max_requests": 0,
         "reuse_port": False,
         "worker_connections": 1000,
+        "pre_fork": _release_before_respawn(config),
     }
+
+
+def _release_before_respawn(config: cfg.ServiceConfig):
+    """gunicorn's pre_fork hook (in the master): before it replaces a worker
+    that died (kill -9, a crash), release the dead worker's sandboxes, as the
+    unit's ExecStopPost= would; the unit itself never stopped. With one
+    worker nothing of a live worker can be released here."""
+    forks = []
+
+    def pre_fork(server, worker) -> None:
+        forks.append(worker)
+        if len(forks) == 1:
+            return  # the first worker: ExecStopPost= left nothing behind
+        from camg.helper_client import HelperClient
+        owner = str(config.settings.get("helper_owner") or config.environment)
+        try:
+            released = HelperClient(config.helper_socket, owner=owner).release_all()
+        except Exception as exc:  # the helper's own sweep is the backstop
+            log.warning("releasing the dead worker's sandboxes failed: %s", exc)
+            return
+        log.warning("worker replaced: released %d sandbox(es) of the dead one", released)
+
+    return pre_fork
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,6 +89,10 @@ def test_kill_storm(machine):
                               log=lambda s: print(f"[{time.monotonic() - started:6.1f}s] {s}",
                                                   flush=True))
     rows = storm_rows + rows
+    # What the master released when it replaced a killed worker (camg/serve.py).
+    replaced = machine.run(["journalctl", "--no-pager", "-o", "cat", "-g", "worker replaced"],
+                           check=False).stdout.strip()
+    print(replaced or "(no worker replaced)")
     print(render(rows))
     print(f"({len(kills)} kills in {time.monotonic() - started:.0f} s, seed {SEED})")
     if os.environ.get("CAMG_KILLSTORM_REPORT"):

@@ -1,25 +1,29 @@
-"""Kill storms: ``kill -9`` of the helper, of each environment service and
-of Coding's grader sandbox, at random points of an episode, on an
-installation booted under real systemd (tests/system's nspawn machine).
+"""Kill storms: ``kill -9`` of the helper, of each environment service
+(gunicorn's master, the unit's MainPID, and its one worker, where the
+episodes live) and of Coding's grader sandbox, at random points of an
+episode, on an installation booted under real systemd (tests/system's
+nspawn machine).
 
 Each kill: one episode (its id chosen by us, so it is known before the
 kill) is driven to the kill point, the target is killed, and then
 
 * every unit that was active is active again (Restart=; the helper by
-  Restart= or socket activation), the killed one with a new MainPID;
+  Restart= or socket activation), the killed one with a new MainPID, and
+  every service answers /health healthy;
 * every sandbox is reclaimed within ``RECLAIM_S`` of the kill (helper
   ledger, uppers, overlay mounts, sandbox cgroups, uid-2000 processes);
 * every service's outcomes.jsonl parses line by line (no torn line) and
   still begins with what it held before the kill; every episode that got a
   terminal answer has its record, with the same reward;
-* the in-flight episode is ended as the product promises (README
-  "For operators", packaging/README.md "Kill storms"):
+* the in-flight episode is ended as the product promises
+  (packaging/README.md "Kill storms"):
   - helper or grader killed: the service lives on, so the episode ends with
     ``reward: null`` and a failure class, in its answer and its record;
-  - service killed: episodes live in the service's memory, so the
-    in-flight one leaves no resources and no record; the trainer sees a
-    connection error, then 404 ``episode_not_found`` from the restarted
-    service (a record exists only if the episode finished before the kill).
+  - service (master or worker) killed: episodes live in the worker's
+    memory; the trainer sees a dropped connection, then 404 from the
+    restarted service, and the restarted service has recorded the episode
+    ``reward: null``, ``failure_class: infra`` (camg/outcomes.py
+    ``recover``). A reset the kill cut short made no episode and no record.
 
 Kill points: ``reset`` (POST /episodes outstanding), ``step`` (a step
 outstanding), ``grading`` (Coding's finish: the grader sandbox running),
@@ -182,8 +186,11 @@ class Storm:
     def _pid(self, target: str, env: Env, kill: Kill) -> str | None:
         if target == "helper":
             pid = self.main_pid("camg-helper.service")
-        elif target == "service":
+        elif target == "service":  # gunicorn's master: the unit's MainPID
             pid = self.main_pid(env.unit)
+        elif target == "worker":  # its one worker, where the episodes live
+            workers = self.guest.children(self.main_pid(env.unit))
+            pid = max(workers, key=int) if workers else "0"
         else:  # grader: the sandbox init the finish started (its whole tree dies)
             pid = max(self.grader, key=int) if self.grader else "0"
         if pid in ("", "0"):
@@ -231,14 +238,14 @@ class Storm:
 
     def _ended(self, kill: Kill, target: str, env: Env, eid: str, answer: Answer | None) -> None:
         if answer is not None and answer.status is not None and answer.status >= 500 \
-                and target != "service":
+                and target not in ("service", "worker"):
             # A reset the kill broke: a typed error naming the failure class.
             kill.ended = f"reset answered {answer.status} {answer.json.get('error')}"
             if not answer.json.get("error"):
                 kill.problems.append(f"untyped error answer: {str(answer.body)[:300]}")
         elif answer is not None and answer.json.get("done"):
             self.terminal[env.name][eid] = answer.json
-        if target == "service":
+        if target in ("service", "worker"):
             if answer is not None and answer.status is not None and answer.status >= 300:
                 kill.problems.append(f"in-flight request answered {answer.status}: "
                                      f"{str(answer.body)[:200]}")
@@ -246,9 +253,27 @@ class Storm:
             if state.status != 404:
                 kill.problems.append(f"GET /episodes/{eid} after a restart answered "
                                      f"{state.status}: {str(state.body)[:200]}")
-            kill.ended = kill.ended or (
-                "answered before the kill, then 404" if answer is not None and answer.status
-                else "connection lost, then 404" if answer is not None else "idle, then 404")
+            # The restarted service records what its predecessor left
+            # running (camg/outcomes.py recover): reward null, a class. A
+            # reset the kill cut short made no episode, hence no record.
+            finished = answer is not None and bool(answer.json.get("done"))
+            created = point_created(kill.point, answer)
+            found = self._found(env, eid)
+            how = ("answered before the kill" if answer is not None and answer.status
+                   else "connection lost" if answer is not None else "idle")
+            if finished:
+                kill.ended = f"{how}, then 404"
+            elif found:
+                last = found[-1]
+                kill.ended = f"{how}, then 404; recorded {last['reward']} {last['failure_class']}"
+                if last["reward"] is not None or not last["failure_class"]:
+                    kill.problems.append(f"record of {eid}: reward {last['reward']}, "
+                                         f"class {last['failure_class']}")
+            elif created:
+                kill.problems.append(f"episode {eid} was running, and the restarted service "
+                                     "wrote no record of it")
+            else:
+                kill.ended = "reset cut short: no episode, no record"
             return
         if not kill.ended:
             terminal = answer.json if answer is not None and answer.json.get("done") else None
@@ -274,13 +299,16 @@ class Storm:
                                      "not reward null with a failure class")
         if env.sandboxes or target == "grader":
             # The service wrote the outcome: it must be there, masked.
-            found = [json.loads(line) for line in self.guest.lines(
-                f"/var/lib/camg/{env.name}/outcomes.jsonl") if eid in line]
+            found = self._found(env, eid)
             if not found:
                 kill.problems.append(f"no outcome record for ended episode {eid}")
             elif found[-1]["reward"] is not None or not found[-1]["failure_class"]:
                 kill.problems.append(f"record of {eid}: reward {found[-1]['reward']}, "
                                      f"class {found[-1]['failure_class']}")
+
+    def _found(self, env: Env, eid: str) -> list[dict]:
+        return [json.loads(line) for line in self.guest.lines(
+            f"/var/lib/camg/{env.name}/outcomes.jsonl") if eid in line]
 
     def _records(self, kill: Kill, before: dict[str, list[str]]) -> None:
         after = self.records()
@@ -303,6 +331,11 @@ class Storm:
                                          f", recorded {record['reward']}")
 
 
+def point_created(point: str, answer: Answer | None) -> bool:
+    """Whether the episode surely existed when its service was killed."""
+    return point != "reset" or (answer is not None and answer.status == 201)
+
+
 def plan(envs: list[Env], kills: int, rng: random.Random) -> list[tuple[str, Env, str]]:
     """(target, environment, point) for every kill: the points of each
     target cycle in a shuffled order, so a short storm still spreads."""
@@ -310,6 +343,7 @@ def plan(envs: list[Env], kills: int, rng: random.Random) -> list[tuple[str, Env
     sandboxed = [e for e in envs if e.sandboxes]
     targets: list[tuple[str, list[Env]]] = [("helper", sandboxed or envs)]
     targets += [("service", [e]) for e in envs]
+    targets += [("worker", [e]) for e in envs]
     targets += [("grader", [e]) for e in envs if e.finish and e.sandboxes]
     for target, choices in targets:
         orders = {}
@@ -357,6 +391,7 @@ def summarize(done: list[Kill], kills: int) -> list[Row]:
         groups.setdefault(key, []).append(k)
     for (target, env), ks in groups.items():
         what = {"helper": "camg-helper", "service": f"camg-{env}",
+                "worker": f"camg-{env}'s worker",
                 "grader": f"camg-{env}'s grader sandbox"}[target]
         points = ", ".join(f"{p} {sum(1 for k in ks if k.point == p)}" for p in POINTS
                            if any(k.point == p for k in ks))
