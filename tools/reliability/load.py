@@ -40,26 +40,40 @@ async def _load(url: str, action: dict, n: int, seconds: float, on_live) -> dict
         created_s = time.monotonic() - started
         live = on_live()
         deadline = time.monotonic() + seconds
-        steps = 0
+        steps = renewed = 0
+        last: list[str] = []
 
         async def stepper(eid: str) -> None:
-            nonlocal steps
+            nonlocal steps, renewed
             while time.monotonic() < deadline:
                 t = time.perf_counter()
                 try:
                     answer = await client.step(eid, action)
                 except (ServiceError, OSError) as exc:
                     errors.append(f"step: {exc}")
-                    return
-                latencies.append(time.perf_counter() - t)
+                    break
                 steps += 1
-                if answer.get("failure_class") or answer["done"]:
-                    errors.append(f"step ended the episode: {answer.get('failure_class')}")
+                if answer.get("failure_class"):
+                    errors.append(f"step ended the episode: {answer['failure_class']}")
+                    break
+                if not answer["done"]:
+                    latencies.append(time.perf_counter() - t)
+                    continue
+                # The environment's own step budget ended it (graded): keep
+                # N live with a fresh episode; the grading step is not a
+                # step latency.
+                renewed += 1
+                try:
+                    eid = (await client.create(wait=300))["episode_id"]
+                except (ServiceError, OSError) as exc:
+                    errors.append(f"create: {exc}")
                     return
+            last.append(eid)
 
         await asyncio.gather(*(stepper(eid) for eid in ids))
-        await asyncio.gather(*(client.close(eid) for eid in ids), return_exceptions=True)
-    return {"created": len(ids), "create_s": created_s, "live": live, "steps": steps, "errors": errors,
+        await asyncio.gather(*(client.close(eid) for eid in last), return_exceptions=True)
+    return {"created": len(ids), "create_s": created_s, "live": live, "steps": steps,
+            "renewed": renewed, "errors": errors,
             "p50_ms": _pct(latencies, 0.5), "p99_ms": _pct(latencies, 0.99)}
 
 
@@ -76,7 +90,9 @@ def run(prepared: Prepared, n: int, seconds: float) -> Row:
         helper_kib = helper.rss_kib()
     leaks = {k: v for k, v in helper.census().items() if v}
     ok = not r["errors"] and r["created"] == n and capacity >= n and not leaks
-    counted = (f"default capacity {capacity}; {r['created']}/{n} live, {r['steps']} steps, errors {len(r['errors'])}, "
+    counted = (f"default capacity {capacity}; {r['created']}/{n} live, {r['steps']} steps "
+               f"({r['renewed']} episodes ended by their step budget and replaced), "
+               f"errors {len(r['errors'])}, "
                f"step p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms, "
                f"service peak RSS {service_kib // 1024} MiB, helper RSS "
                f"{helper_before // 1024}->{helper_kib // 1024} MiB, "
