@@ -13,11 +13,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from collections.abc import Callable
 
 from camg import atomic
-from helper import cgroups
+from helper import cgroups, uppers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +67,7 @@ class Ledger:
 
 
 def remove_upper(upper_dir: str) -> None:
-    if upper_dir:
-        try:
-            shutil.rmtree(upper_dir)
-        except FileNotFoundError:
-            pass  # already gone
+    uppers.remove(upper_dir)
 
 
 def sweep(ledger: Ledger, parents: dict[str, str], upper_root: str,

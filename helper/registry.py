@@ -18,7 +18,7 @@ import time
 from typing import Literal
 
 from camg.helper_wire import WireError
-from helper import cgroups, paths
+from helper import cgroups, paths, uppers
 from helper.config import HelperConfig
 from helper.ledger import Ledger, Record, remove_upper
 from helper.sandbox import Sandbox
@@ -134,8 +134,8 @@ class Registry:
             cgroups.create(cg, memory_bytes=spec.memory_bytes, cpu_quota=spec.cpu_quota,
                            pids_max=spec.pids_max)
             if upper_dir:
-                os.makedirs(os.path.join(upper_dir, "upper"), mode=0o755)
-                os.mkdir(os.path.join(upper_dir, "work"), 0o700)
+                # Its own filesystem of `size` bytes (helper/uppers.py).
+                uppers.create_disk(upper_dir, size)
             sandbox = Sandbox.spawn(record, init_binary=self.init_binary, hostname=spec.hostname,
                                     scratch=self.scratch, lowers=lowers, tmpfs_bytes=size,
                                     timeout=self.config.create_timeout)

@@ -51,11 +51,29 @@ def test_task_layer_is_writable_by_agent_via_copy_up(client, rootfs, task_layer,
         assert "Permission denied" in r.output and r.exit_code != 0
         assert (task_layer / "testbed" / "README").read_text() == "original\n"
         assert not (task_layer / "testbed" / "added").exists()
-        uppers = os.listdir(helper.config["upper_root"])
-        assert (len(uppers) == 1) == (upper == "disk")
+        uppers = sorted(os.listdir(helper.config["upper_root"]))
+        # A disk upper is its own filesystem: the mount point and its image.
+        assert len(uppers) == (2 if upper == "disk" else 0)
+        if upper == "disk":
+            assert uppers[1] == uppers[0] + ".img"
+            assert os.path.ismount(os.path.join(helper.config["upper_root"], uppers[0]))
     finally:
         client.destroy(sid)
     assert os.listdir(helper.config["upper_root"]) == []
+
+
+def test_disk_upper_is_bounded_by_upper_bytes(client, rootfs):
+    """A disk upper is its own filesystem of upper_bytes: an agent filling it
+    meets ENOSPC (bytes and inodes), not the host's disk (issue 11 escape
+    battery). It wrote without bound before."""
+    sid = client.create_sandbox([str(rootfs)], memory_bytes=128 << 20, cpu_quota=1.0,
+                                pids_max=64, upper="disk", upper_bytes=32 << 20)
+    try:
+        r = client.exec(sid, "dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1; df -k /tmp")
+        assert "No space left on device" in r.output, r.output
+        assert int(r.output.splitlines()[-1].split()[1]) < 32 * 1024, r.output
+    finally:
+        client.destroy(sid)
 
 
 def test_archive_round_trip(client, sandbox):

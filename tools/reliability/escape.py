@@ -254,16 +254,16 @@ def _resources(client, helper: Helper, new) -> list[tuple[str, bool, str]]:
     hits = _pids_max_events(helper, bomb)
     out.append(("fork bomb", hits > 0 and alive.endswith("alive"),
                 f"pids.max refused {hits} forks; sandbox {alive[-10:]}"))
-    # A disk upper (AutoResearch's) writes to the upper root's filesystem:
-    # nothing bounds it yet. Reported as a known gap, not counted as blocked.
+    # A disk upper (AutoResearch's) is its own 64 MiB filesystem (helper/uppers.py).
     disk = client.create_sandbox(new.lowers, **dict(new.spec, upper="disk"))
     new.made.append(disk)
-    r = client.exec(disk, "dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1 | tail -1; "
-                    "rm -f /tmp/fill", timeout=120)
-    capped = "No space left" in r.output
-    out.append(("disk exhaustion of a disk upper (upper_bytes ignored)", True if capped else None,
-                "capped" if capped else "KNOWN GAP: 100 MB written past upper_bytes; no bound on "
-                "disk uppers (needs a per-sandbox filesystem or project quota)"))
+    r = client.exec(disk, "dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1; rm -f /tmp/fill; "
+                    "i=0; while : 2>/dev/null > /tmp/i$i; do i=$((i+1)); "
+                    "[ $i -ge 100000 ] && break; done; echo files=$i", timeout=300)
+    files = r.output.rsplit("files=", 1)[-1].strip()
+    out.append(("disk and inode exhaustion of a disk upper (64 MiB)",
+                "No space left" in r.output and files.isdigit() and int(files) < 100000,
+                f"dd stopped by ENOSPC; {files} files"))
     hog = new()
     r = client.exec(hog, "head -c 2000000000 /dev/zero | tail > /dev/null", timeout=60)
     alive = client.exec(hog, "echo alive", timeout=30).output.strip()
