@@ -241,34 +241,50 @@ def _check_integrity(manager):
 
 # --- plugins and outcomes -------------------------------------------------
 
-def pytest_addhooks(pluginmanager):
-    """Load the image's pytest11 plugins (autoloading is off)."""
+def _pytest11():
+    """(metadata location, entry point name, loader) of every pytest11 plugin
+    installed: importlib.metadata (3.8+), its backport, else pkg_resources."""
+    metadata = None
     try:
         from importlib import metadata
-        dists = metadata.distributions()
+    except ImportError:
+        try:
+            import importlib_metadata as metadata
+        except ImportError:
+            metadata = None
+    if metadata is not None:
+        for dist in metadata.distributions():
+            try:
+                eps = [ep for ep in dist.entry_points if ep.group == "pytest11"]
+            except Exception:  # noqa: BLE001 - broken metadata: not a plugin we load
+                continue
+            for ep in eps:
+                yield str(getattr(dist, "_path", "") or ""), ep.name, ep.load
+        return
+    try:
+        import pkg_resources
     except ImportError:
         return
+    for ep in pkg_resources.iter_entry_points("pytest11"):
+        yield str(getattr(ep.dist, "location", "") or ""), ep.name, ep.load
+
+
+def pytest_addhooks(pluginmanager):
+    """Load the image's pytest11 plugins (autoloading is off)."""
     loaded = []
-    for dist in dists:
-        try:
-            eps = [ep for ep in dist.entry_points if ep.group == "pytest11"]
-        except Exception:  # noqa: BLE001 - broken metadata: not a plugin we load
-            continue
-        if not eps:
-            continue
-        where = str(getattr(dist, "_path", "") or "")
-        if _under_workdir(where) and (os.path.realpath(where) in _CHANGED or any(
-                c.startswith(os.path.realpath(where) + os.sep) for c in _CHANGED)):
+    for where, name, load in _pytest11():
+        real = os.path.realpath(where) if where else ""
+        if real and _under_workdir(real) and (real in _CHANGED or any(
+                c.startswith(real + os.sep) for c in _CHANGED)):
             _flag("package_metadata", where)
             continue
-        for ep in eps:
-            if pluginmanager.get_plugin(ep.name) is not None or pluginmanager.is_blocked(ep.name):
-                continue
-            try:
-                pluginmanager.register(ep.load(), name=ep.name)
-                loaded.append(ep.name)
-            except Exception as exc:  # noqa: BLE001 - pytest would fail the same way
-                _emit({"t": "plugin_error", "name": ep.name, "error": repr(exc)[:300]})
+        if pluginmanager.get_plugin(name) is not None or pluginmanager.is_blocked(name):
+            continue
+        try:
+            pluginmanager.register(load(), name=name)
+            loaded.append(name)
+        except Exception as exc:  # noqa: BLE001 - pytest would fail the same way
+            _emit({"t": "plugin_error", "name": name, "error": repr(exc)[:300]})
     _emit({"t": "plugins", "loaded": sorted(loaded)})
 
 
