@@ -146,7 +146,7 @@ def bench_service(service, task_id: str, n: int, interval: float, steps: int) ->
         time.sleep(interval)
     meta = client.metadata()
     return {"reset": summary(resets), "step": summary(step_times) if step_times else None,
-            "pool": (meta.get("environment") or meta).get("pool") if isinstance(meta, dict) else None}
+            "pool": meta.get("pool")}
 
 
 def bench_docker(image: str, agent_env: Path, scope: str, n: int) -> dict:
