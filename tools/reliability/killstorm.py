@@ -250,6 +250,13 @@ class Storm:
                 kill.problems.append(f"in-flight request answered {answer.status}: "
                                      f"{str(answer.body)[:200]}")
             state = self.guest.http(env.port, "GET", f"/episodes/{eid}", timeout=30)
+            if kill.point == "reset" and state.status == 200 and answer is not None \
+                    and answer.status == 201 and state.json.get("status") == "running":
+                # The reset reached the listening socket (the master's) before
+                # the killed worker took it: the replacement served it.
+                kill.ended = "unaffected (closed)"
+                self.guest.http(env.port, "DELETE", f"/episodes/{eid}")
+                return
             if state.status != 404:
                 kill.problems.append(f"GET /episodes/{eid} after a restart answered "
                                      f"{state.status}: {str(state.body)[:200]}")
