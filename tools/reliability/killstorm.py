@@ -421,15 +421,18 @@ def summarize(done: list[Kill], kills: int) -> list[Row]:
     return rows
 
 
-def rows(kills: int = 3, seed: int = 0) -> list[Row]:
-    """Run tests/system/test_kill_storms.py (boots the machine) and return
-    its rows: what the reliability runner calls."""
+def rows(kills: int = 3, seed: int = 0, lock: str | None = None) -> list[Row]:
+    """Run tests/system/test_kill_storms.py (it boots the machine) and return
+    its rows: what the reliability runner calls. ``lock``: a flock file to
+    hold while it runs (the shared machine's /tmp/camg-privileged.lock);
+    never one the caller already holds."""
     with tempfile.TemporaryDirectory(prefix="camg-killstorm-") as tmp:
         report = Path(tmp) / "rows.json"
         env = {**os.environ, "CAMG_KILLSTORM_KILLS": str(kills), "CAMG_KILLSTORM_SEED": str(seed),
                "CAMG_KILLSTORM_REPORT": str(report)}
-        result = subprocess.run([sys.executable, "-m", "pytest", "tests/system/test_kill_storms.py",
-                                 "-q", "-p", "no:cacheprovider"], cwd=ROOT, env=env)
+        argv = [sys.executable, "-m", "pytest", "tests/system/test_kill_storms.py", "-q", "-s",
+                "-p", "no:cacheprovider"]
+        result = subprocess.run((["flock", lock] if lock else []) + argv, cwd=ROOT, env=env)
         if not report.exists():
             return [Row("kill storm", "-", f"{kills} kills per target",
                         f"the system test did not report (pytest exit {result.returncode})", False)]
