@@ -101,9 +101,11 @@ def job_archive(dist_tar: bytes, mirror: Mirror, browser: str, limit: int) -> by
             tar.addfile(info)
         with tarfile.open(fileobj=io.BytesIO(dist_tar), mode="r:*") as src:
             for member in src.getmembers():
-                name = member.name.lstrip("./")
+                name = member.name
+                while name.startswith("./"):
+                    name = name[2:]
                 parts = Path(name).parts
-                if not name or ".." in parts or name.startswith("/"):
+                if name in ("", ".") or ".." in parts or name.startswith("/"):
                     continue
                 if member.isdir():
                     info = tarfile.TarInfo(f"dist/{name}")

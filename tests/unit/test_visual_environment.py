@@ -260,3 +260,27 @@ def test_shell_semantics_and_step_limit(tmp_path, judge, monkeypatch):
     assert env.renderer.seen[-1] == {"index.html"}, "dist/ arrives relative to dist/"
     with pytest.raises(errors.SandboxDied):
         ep.step({"operation": "shell", "command": "true"})
+
+
+def test_job_archive_copies_only_regular_files_and_dirs_of_dist():
+    from daemons.visual.render import Mirror, job_archive
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in {"./index.html": b"<p>", "./.well-known/x.txt": b"x",
+                           "../escape.html": b"no", "/abs.html": b"no"}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("./link.html")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/shadow"
+        tar.addfile(link)
+    out = job_archive(buf.getvalue(), Mirror({"https://cdn/x.js": ("x.js", b"js")}), "/b", 1 << 20)
+    with tarfile.open(fileobj=io.BytesIO(out)) as tar:
+        names = {m.name for m in tar.getmembers() if m.isfile()}
+        job = json.loads(tar.extractfile("job.json").read())
+    assert names == {"dist/index.html", "dist/.well-known/x.txt", "mirror/x.js", "job.json",
+                     "shot.py"}
+    assert job["mirror"] == {"https://cdn/x.js": "/tmp/camg-render/mirror/x.js"}
+    with pytest.raises(errors.RenderError):
+        job_archive(buf.getvalue(), Mirror({}), "/b", 2)
