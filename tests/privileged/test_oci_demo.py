@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from oci_fixtures import REPO_ROOT, registry, run_prepare  # noqa: E402
 
 from tools import oci_demo as demo  # noqa: E402
 from camg.oci.images import load_materialized  # noqa: E402
-from tools.coding.demo_tasks import fetch_sdist  # noqa: E402
+from tools.coding.demo_tasks import extract_sdist, fetch_sdist  # noqa: E402
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 _ = registry
@@ -38,8 +37,9 @@ def apispec_source():
     target = demo.cache_root_from_env() / "apispec-sdist"
     tree = target / "apispec-6.8.1"
     if not (tree / "pyproject.toml").is_file():
-        with tarfile.open(fetch_sdist(target)) as sdist:
-            sdist.extractall(target, filter="data")
+        # The project's own safe extraction: Debian's 3.11.2 has no tarfile filters.
+        shutil.rmtree(tree, ignore_errors=True)
+        extract_sdist(fetch_sdist(target), tree)
     return tree
 
 
