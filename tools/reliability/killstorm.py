@@ -246,7 +246,11 @@ class Storm:
         elif answer is not None and answer.json.get("done"):
             self.terminal[env.name][eid] = answer.json
         if target in ("service", "worker"):
-            if answer is not None and answer.status is not None and answer.status >= 300:
+            # 404: a step still queued on the master's listening socket when
+            # the worker died is answered by the replacement, which never
+            # knew the episode.
+            if answer is not None and answer.status is not None and answer.status >= 300 \
+                    and answer.json.get("error") != "episode_not_found":
                 kill.problems.append(f"in-flight request answered {answer.status}: "
                                      f"{str(answer.body)[:200]}")
             state = self.guest.http(env.port, "GET", f"/episodes/{eid}", timeout=30)
