@@ -149,7 +149,10 @@ def test_sweep_reclaims_after_helper_is_killed(private_base, lower_root, rootfs)
         while any(os.path.exists(f"/proc/{p}") for p in inits) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(_cgroup_dirs(cfg)) == 12
-        assert len(os.listdir(cfg["upper_root"])) == 2
+        # Two disk uppers, each a mount point and its filesystem image.
+        assert sorted(os.listdir(cfg["upper_root"]))[1::2] == \
+            [n + ".img" for n in sorted(os.listdir(cfg["upper_root"]))[::2]]
+        assert len(os.listdir(cfg["upper_root"])) == 4
         assert len(os.listdir(Path(cfg["state_dir"]) / "ledger")) == 3
         swept = _run_helper(private_base / "helper.json", "--sweep")
         assert swept.returncode == 0, swept.stderr
