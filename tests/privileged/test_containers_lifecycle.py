@@ -89,6 +89,7 @@ def test_kill9_of_a_service_then_its_release_leaves_nothing(container_helper, im
         assert proc.stdout.readline() == b"ready\n"
         watcher = ContainerClient(container_helper.socket, owner=owner)
         assert len(watcher.list()) == 4
+        volumes = _volumes([c["container_id"] for c in watcher.list()])
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -97,7 +98,25 @@ def test_kill9_of_a_service_then_its_release_leaves_nothing(container_helper, im
                     container_helper.socket, "--owner", owner], check=True, env=env, cwd=ROOT,
                    capture_output=True)
     assert watcher.list() == []
+    assert len(volumes) == 4 and _existing_volumes(volumes) == set()
     assert not [c for c in _scope_containers("containers") if c["Labels"]["camg.service"] == owner]
+
+
+def _volumes(container_ids: list[str]) -> set[str]:
+    api = ci.docker_api()
+    try:
+        return {m["Name"] for cid in container_ids for m in api.inspect_container(cid)["Mounts"]
+                if m["Type"] == "volume"}
+    finally:
+        api.close()
+
+
+def _existing_volumes(names: set[str]) -> set[str]:
+    api = ci.docker_api()
+    try:
+        return names & {v["Name"] for v in api.volumes()["Volumes"] or []}
+    finally:
+        api.close()
 
 
 def _bystander(image_ref: str) -> str:
@@ -124,7 +143,10 @@ def test_kill9_of_the_helper_then_sweep_and_restart(image_ref, lower_root, rootf
             for _ in range(2):
                 cc.create(spec(image_ref))
             cc.close()
-            assert len(_scope_containers("sweep")) == 2
+            held = [c["Id"] for c in _scope_containers("sweep")]
+            assert len(held) == 2
+            volumes = _volumes(held)
+            assert len(volumes) == 2  # the image's VOLUME: one anonymous volume each
             helper.proc.send_signal(signal.SIGKILL)
             helper.proc.wait()
             # A dead helper's containers outlive it (Docker keeps them)...
@@ -136,12 +158,14 @@ def test_kill9_of_the_helper_then_sweep_and_restart(image_ref, lower_root, rootf
                                    capture_output=True, text=True)
                 assert r.returncode == 0, r.stderr
                 assert _scope_containers("sweep") == []
+                assert _existing_volumes(volumes) == set()
                 stop_helper(helper)
             else:
                 # ...or the next helper's start-up sweep.
                 stop_helper(helper)
                 helper = start_container_helper(base, image_ref, lower_root, rootfs, "sweep")
                 assert _scope_containers("sweep") == []
+                assert _existing_volumes(volumes) == set()
                 assert ContainerClient(helper.socket, owner="victim").list() == []
                 stop_helper(helper)
             helper = None

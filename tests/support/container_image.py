@@ -57,7 +57,10 @@ def publish_test_image(api, rootfs: Path, registry_address: str,
     repo = f"{registry_address}/{repository}"
     tag = f"t{os.getpid()}"
     api.import_image_from_data(rootfs_tar(rootfs), repository=repo, tag=tag,
-                               changes=[f"LABEL {TEST_LABEL}=containers", 'CMD ["sleep", "infinity"]'])
+                               changes=[f"LABEL {TEST_LABEL}=containers", 'CMD ["sleep", "infinity"]',
+                                        # Each container gets an anonymous volume, so tests see
+                                        # that removal and sweeps take volumes too.
+                                        'VOLUME ["/data"]'])
     digest = None
     for line in api.push(repo, tag=tag, stream=True, decode=True):
         if line.get("error"):
