@@ -107,12 +107,25 @@ class Server:
         except Exception as exc:  # a bug must cost one request, not the helper
             log.exception("verb %r failed", request.get("verb"))
             reply, out = {"ok": False, "error": "internal", "message": f"{type(exc).__name__}: {exc}"}, b""
-        _send(conn, reply, out)
+        if not _send(conn, reply, out) and reply["ok"] and request.get("verb") == CREATE:
+            # The requester died while its sandbox was made (kill -9 of a
+            # service mid-reset): nobody holds the id, and the release its
+            # unit or master ran may have come first. Roll the sandbox back.
+            try:
+                verbs.dispatch(self.ctx, peer, DESTROY, {"sandbox_id": reply["result"]["sandbox_id"]}, b"")
+            except Exception:
+                log.exception("rolling back an unclaimed sandbox failed (the sweep reclaims it)")
+            return False
         return True
 
 
-def _send(conn: socket.socket, obj: dict, blob: bytes = b"") -> None:
+CREATE, DESTROY = wire.PREFIX + "CreateSandbox", wire.PREFIX + "DestroySandbox"
+
+
+def _send(conn: socket.socket, obj: dict, blob: bytes = b"") -> bool:
+    """False when the peer is gone."""
     try:
         wire.send_frame(conn, obj, blob)  # closes a passed descriptor (ContainerConnect)
     except OSError:
-        pass
+        return False
+    return True
