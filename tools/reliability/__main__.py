@@ -25,16 +25,18 @@ import time
 import traceback
 from pathlib import Path
 
-from tools.reliability import churn, escape, fuzz, load
+from tools.reliability import churn, escape, fuzz, killstorm, load
 from tools.reliability.rig import CACHE, Helper
 from tools.reliability.service import Prepared
 from tools.reliability.table import Row, render
 from tools.reliability.targets import all_targets
 
-SHORT = {"churn": 9, "frames": 300, "files": 100, "examples": 10, "load": 16, "seconds": 3.0}
+SHORT = {"churn": 9, "frames": 300, "files": 100, "examples": 10, "load": 16, "seconds": 3.0,
+         "kills": 3}
 FULL = {"churn": 1000, "frames": 5000, "files": 1000, "examples": 100, "load": 256,
-        "seconds": 60.0}
-SUITES = ("escape", "fuzz", "churn", "load")
+        "seconds": 60.0, "kills": 20}
+# killstorm boots the units under systemd in nspawn (tests/system/test_kill_storms.py)
+SUITES = ("escape", "fuzz", "churn", "load", "killstorm")
 
 
 def note(text: str) -> None:
@@ -67,6 +69,11 @@ def run(suites: tuple[str, ...], names: set[str] | None, sizes: dict) -> list[Ro
             rows.append(_guard("fuzz", "files", lambda: fuzz.files(sizes["files"])))
         for target in targets:
             rows += _target(target, helper, work, suites, sizes)
+        if "killstorm" in suites:
+            note("kill storms under systemd in nspawn")
+            # its own machine and helpers; the shared machine's test lock is
+            # held only while it runs (this runner does not hold it)
+            rows += killstorm.rows(kills=sizes["kills"], lock=os.environ.get("CAMG_TEST_LOCK"))
         leftover = helper.census()
         rows.append(Row("census", "helper", "after every suite",
                         ", ".join(f"{k} {v}" for k, v in leftover.items()),
