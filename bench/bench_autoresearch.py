@@ -93,7 +93,7 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (helper, grader uid)")
-    from camg import manifest
+    from camg import task_manifest as manifest
     from camg.environment import ServiceContext
     from daemons.autoresearch import grader as grader_mod
     from daemons.autoresearch import runstate

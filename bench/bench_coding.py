@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from camg import manifest  # noqa: E402
+from camg import task_manifest as manifest  # noqa: E402
 from camg.environment import ServiceContext  # noqa: E402
 from camg.helper_client import HelperClient  # noqa: E402
 from helperproc import PrivateHelper  # noqa: E402

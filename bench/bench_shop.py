@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from camg import manifest  # noqa: E402
+from camg import task_manifest as manifest  # noqa: E402
 from camg.environment import ServiceContext  # noqa: E402
 from tests.support import shop_testing as testing  # noqa: E402
 from daemons.shop.environment import ShopEnvironment  # noqa: E402

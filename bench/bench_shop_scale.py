@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_shop import percentiles, rss_mb, timed  # noqa: E402
-from camg import manifest  # noqa: E402
+from camg import task_manifest as manifest  # noqa: E402
 from daemons.shop import prepare as prepare_shop  # noqa: E402
 from daemons.shop import search  # noqa: E402
 from tests.support import shop_testing as testing  # noqa: E402

@@ -12,7 +12,7 @@ import logging
 import falcon
 import falcon.asgi
 
-from camg import openenv_compat, wire
+from camg import openenv_compat, http_wire as wire
 from camg.errors import AtCapacity, CamgError, PermissionDenied
 from camg.http import dumps, read_body, reply
 from camg.service import Service

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import camg
-from camg import config as cfg
-from camg import manifest as manifest_mod
+from camg import service_config as cfg
+from camg import task_manifest as manifest_mod
 from camg import atomic, plugins, typed
 from camg.errors import CamgError, ConfigError, PreparationMissing
 from camg.hashing import sha256_json

@@ -21,8 +21,8 @@ from typing import Any
 
 import fastjsonschema
 
-from camg import wire
-from camg.config import Limits
+from camg import http_wire as wire
+from camg.service_config import Limits
 from camg.environment import Environment, Step, Task
 from camg.errors import (AtCapacity, DeadlineExceeded, EpisodeBusy, EpisodeDone,
                          EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,

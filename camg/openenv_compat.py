@@ -37,7 +37,7 @@ import logging
 import falcon
 import falcon.asgi
 
-from camg import wire
+from camg import http_wire as wire
 from camg.errors import AtCapacity, BadRequest, CamgError, EpisodeDone, EpisodeNotFound
 from camg.http import read_body, reply
 from camg.service import Service

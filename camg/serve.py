@@ -16,7 +16,7 @@ import sys
 
 from gunicorn.app.base import BaseApplication
 
-from camg import config as cfg
+from camg import service_config as cfg
 from camg import logs, notify, plugins
 from camg.environment import ServiceContext
 from camg.errors import CamgError

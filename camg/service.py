@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import camg
-from camg.config import ServiceConfig
+from camg.service_config import ServiceConfig
 from camg.environment import Environment
 from camg.episodes import EpisodeManager
 from camg.notify import Notifier

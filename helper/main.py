@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     import prctl  # only the serving modes spawn sandboxes
     from sdnotify import SystemdNotifier
     from helper.probes import Probes
-    from helper.registry import Registry
+    from helper.sandbox_table import Registry
     from helper.server import Server
 
     # Every sandbox's pid 1 is re-parented to us, so its pid stays ours

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from camg.helper_wire import WireError
 from helper import proberoot
-from helper.registry import Peer, Registry, SandboxSpec
+from helper.sandbox_table import Peer, Registry, SandboxSpec
 from helper.sandbox import Sandbox
 
 log = logging.getLogger("camg.helper")

@@ -19,7 +19,7 @@ import threading
 
 from camg import helper_wire as wire
 from helper import verbs
-from helper.registry import Peer
+from helper.sandbox_table import Peer
 
 log = logging.getLogger("camg.helper")
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)

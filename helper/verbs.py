@@ -17,7 +17,7 @@ from typing import Literal
 
 from camg.helper_wire import PREFIX, TIMEOUT_MARKER, TRUNCATION_MARKER, WireError, parse
 from helper import container_verbs, paths
-from helper.registry import Peer, Registry, SandboxSpec
+from helper.sandbox_table import Peer, Registry, SandboxSpec
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from camg import manifest
+from camg import task_manifest as manifest
 from camg.errors import CamgError, DatasetError
 from camg.hashing import sha256_tree
 from camg.oci.images import by_name, load_materialized

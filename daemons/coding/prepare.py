@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from camg import manifest, progress
+from camg import task_manifest as manifest, progress
 from camg.errors import CamgError, DatasetError
 
 from daemons.coding import images as images_mod

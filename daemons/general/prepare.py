@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from camg import manifest
+from camg import task_manifest as manifest
 from camg.errors import CamgError, DatasetError
 
 CREATED_BY = "camg.prepare general 0.1.0"

@@ -49,7 +49,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from camg import manifest, progress
+from camg import task_manifest as manifest, progress
 from camg.errors import CamgError, ConfigError, DatasetError
 
 from daemons.shop import catalog, goals, javahome, memoryarena, search

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from camg import manifest
+from camg import task_manifest as manifest
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 

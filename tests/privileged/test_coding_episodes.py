@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from camg import errors, manifest
+from camg import errors, task_manifest as manifest
 from camg.environment import ServiceContext
 from camg.errors import FailureClass
 

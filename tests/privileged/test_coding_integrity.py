@@ -155,7 +155,7 @@ def test_validate_refuses_planted_bad_tasks_and_records_good_ones(demo_set, prep
     no-op already passes (a passing test planted in FAIL_TO_PASS) are refused
     by name; the good tasks' results are recorded in the manifest."""
     import json
-    from camg import manifest
+    from camg import task_manifest as manifest
     from camg.prepare import main
 
     rows = [json.loads(line) for line in (demo_set / "tasks.jsonl").read_text().splitlines()]

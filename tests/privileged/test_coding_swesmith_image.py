@@ -18,7 +18,7 @@ import shlex
 
 import pytest
 
-from camg import manifest
+from camg import task_manifest as manifest
 from camg.environment import ServiceContext
 from daemons.coding import profiles
 from tools.coding import canaries

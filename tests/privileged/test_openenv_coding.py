@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from camg import manifest
+from camg import task_manifest as manifest
 from test_coding_episodes import CACHE, coding_helper, demo_image, demo_set, prepared  # noqa: F401
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from camg import manifest
+from camg import task_manifest as manifest
 from camg.client import Client
 from camg.configure import configure
 from camg.containers import ContainerClient

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from camg import manifest
+from camg import task_manifest as manifest
 from camg.client import Client
 from camg.configure import configure
 

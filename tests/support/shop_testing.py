@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from camg import manifest
+from camg import task_manifest as manifest
 from camg.errors import ConfigError
 from camg.hashing import sha256_bytes
 

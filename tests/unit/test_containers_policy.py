@@ -16,7 +16,7 @@ from camg import errors, helper_client
 from camg import helper_wire as wire
 from helper import config as helper_config
 from helper import containers as mc
-from helper.registry import Peer
+from helper.sandbox_table import Peer
 
 IMAGE = "127.0.0.1:5000/camg/x@sha256:" + "a" * 64
 PEER = Peer(uid=990, gid=990, pid=1, owner="general")

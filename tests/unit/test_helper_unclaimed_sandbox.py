@@ -10,7 +10,7 @@ import socket
 
 from camg import helper_wire as wire
 from helper import server as server_mod
-from helper.registry import Peer
+from helper.sandbox_table import Peer
 
 
 def _serve_one(monkeypatch, verb: str, *, peer_gone: bool) -> list[tuple[str, dict]]:

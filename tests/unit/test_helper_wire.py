@@ -148,7 +148,7 @@ def test_lower_resolution(tmp_path):
 
 def test_verb_parameters_are_strict():
     ctx = verbs.Context(registry=None, run_probes=lambda: {})
-    from helper.registry import Peer
+    from helper.sandbox_table import Peer
     peer = Peer(0, 0, 1, "t")
     for verb, params, name in [
         ("io.camg.helper.Exec", {"sandbox_id": "a"}, "bad_request"),

@@ -276,7 +276,7 @@ class _GatedEpisode:
 def _gated_manager(tmp_path, gate: str):
     """An EpisodeManager whose environment blocks in ``gate``."""
     import threading
-    from camg.config import Limits
+    from camg.service_config import Limits
     from camg.environment import Task
     from camg.episodes import EpisodeManager
     from camg.outcomes import OutcomeLog
@@ -309,7 +309,7 @@ def _gated_manager(tmp_path, gate: str):
 @pytest.mark.parametrize("gate", ["create", "reset"])
 def test_close_during_creation_is_not_lost(tmp_path, gate):
     import asyncio
-    from camg import wire
+    from camg import http_wire as wire
     from camg.errors import EpisodeDone
 
     manager, env = _gated_manager(tmp_path, gate)

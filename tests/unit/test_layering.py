@@ -46,7 +46,7 @@ def tree_copy(tmp_path_factory):
 PLANTED = [
     # (file, line to add, what the report must name)
     ("camg/hashing.py", "from daemons.coding import rows", "camg.hashing -> daemons.coding.rows"),
-    ("camg/manifest.py", "import tools.oci_demo", "camg.manifest -> tools.oci_demo"),
+    ("camg/task_manifest.py", "import tools.oci_demo", "camg.task_manifest -> tools.oci_demo"),
     ("helper/paths.py", "from camg import errors", "helper.paths -> camg.errors"),
     ("helper/ledger.py", "import camg.helper_client", "helper.ledger -> camg.helper_client"),
     ("camg/typed.py", "from camg.errors import ConfigError", "camg.typed -> camg.errors"),

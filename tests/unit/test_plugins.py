@@ -50,7 +50,7 @@ class ToyEnvironment(CounterEnvironment):
 
 PREPARE_PY = '''
 import argparse
-from camg import manifest
+from camg import task_manifest as manifest
 
 
 def main(argv):

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from camg import manifest
+from camg import task_manifest as manifest
 from camg.environment import ServiceContext, Task
 from camg.errors import ConfigError, InvalidAction
 from daemons.shop import rewards, search

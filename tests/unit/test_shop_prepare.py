@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from camg import manifest
+from camg import task_manifest as manifest
 from camg.hashing import sha256_path
 from tests.support import shop_testing as testing
 

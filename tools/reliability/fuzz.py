@@ -7,7 +7,7 @@
 * The helper socket: random bytes, torn frames, mutated valid frames
   (bit flips, wrong lengths, swapped types) — every reply is a named error
   of the closed set, and the helper keeps serving.
-* Files: mutated manifests (camg.manifest.load), task rows
+* Files: mutated manifests (camg.task_manifest.load), task rows
   (daemons.coding.rows.validate) and OCI layer blobs (the materializer's
   own layer path) — only camg's typed errors, never a traceback.
 """
@@ -203,7 +203,7 @@ def _mutations(rng: random.Random, obj):
 
 
 def files(cases: int, seed: int = 0) -> Row:
-    from camg import manifest
+    from camg import task_manifest as manifest
     from camg.oci import cache
     from daemons.coding import rows as coding_rows
     rng = random.Random(seed)

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from camg import manifest, plugins
+from camg import task_manifest as manifest, plugins
 from tools.reliability.rig import CACHE, minbase
 
 SANDBOX_FACTORY = "tools.reliability.sandbox_env:SandboxEnvironment"

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from camg import manifest as manifest_mod
+from camg import task_manifest as manifest_mod
 from camg import plugins, typed
 from camg.errors import ConfigError, PreparationMissing
 from camg.hashing import sha256_json, sha256_path, verify_recorded
