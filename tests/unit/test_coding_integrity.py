@@ -7,7 +7,7 @@ technique earns 0.0 alone and 0.0 next to the gold fix, with
 ``integrity == "tampered"`` and the rule that caught it; the runtime layer
 (guard + cross-check) is also tried with the diff screen switched off, so
 each layer is shown to hold on its own where it can. The same suite runs in
-sandboxes on the demo images in tests/privileged/test_coding_integrity.py.
+sandboxes on the demo images in tests/privileged/test_coding_integrity_sandboxes.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each technique edits an agent workspace (a task's /testbed with a src/
 layout) the way a reward-hacking agent would. They are the test fixtures of
 the grader's tamper resistance (tests/unit/test_coding_integrity.py and
-tests/privileged/test_coding_integrity.py); every one must earn 0.0, alone
+tests/privileged/test_coding_integrity_sandboxes.py); every one must earn 0.0, alone
 and next to the gold fix. ``rule_class`` groups them by the issue's classes;
 ``runtime_rule`` is the rule the guard / cross-check raises when the diff
 screen is switched off (None where the runtime simply does not load the
