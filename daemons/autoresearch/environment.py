@@ -20,6 +20,7 @@ from typing import Any
 from camg import errors, typed
 from camg.environment import Environment, Episode, ServiceContext, Task
 from camg.hashing import sha256_bytes, sha256_json, sha256_tree
+from camg.shell_schema import command_observation
 
 from daemons.autoresearch import runstate
 from daemons.autoresearch.episode import Prepared, ResearchEpisode
@@ -39,21 +40,11 @@ ACTION_SCHEMA = {
     },
 }
 
-OBSERVATION_SCHEMA = {
-    "type": "object",
-    "required": ["task_id", "output"],
-    "properties": {
-        "task_id": {"type": "string"},
-        "output": {"type": "string"},
-        "exit_code": {"type": ["integer", "null"]},
-        "timed_out": {"type": "boolean"},
-        "truncated": {"type": "boolean"},
-        "step": {"type": "integer"},
-        "elapsed_s": {"type": "number"},
-        "remaining_s": {"type": ["number", "null"]},
-        "job": {"type": "integer"},
-    },
-}
+OBSERVATION_SCHEMA = command_observation(
+    elapsed_s={"type": "number"},
+    remaining_s={"type": ["number", "null"]},
+    job={"type": "integer"},
+)
 
 
 def load_settings(raw: Mapping[str, Any]) -> Settings:

@@ -20,6 +20,7 @@ from typing import Any
 from camg import errors, typed
 from camg.environment import Environment, Episode, ServiceContext, Task
 from camg.hashing import sha256_bytes, sha256_json
+from camg.shell_schema import command_observation, shell_action
 
 from daemons.coding import grading, images, layers, mirrors, profiles, rows
 from daemons.coding.episode import INSTRUCTIONS, WORKDIR, CodingEpisode, Prepared
@@ -27,32 +28,8 @@ from daemons.coding.settings import Settings
 
 log = logging.getLogger("camg.coding")
 
-ACTION_SCHEMA = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["operation"],
-    "properties": {
-        "operation": {"enum": ["shell", "finish"],
-                      "description": "Run a bash command, or finish and grade the repository."},
-        "command": {"type": "string", "maxLength": 16000,
-                    "description": "Bash command; each call starts in the task repository."},
-    },
-    "if": {"properties": {"operation": {"const": "shell"}}},
-    "then": {"required": ["command"]},
-}
-
-OBSERVATION_SCHEMA = {
-    "type": "object",
-    "required": ["task_id", "output"],
-    "properties": {
-        "task_id": {"type": "string"},
-        "output": {"type": "string"},
-        "exit_code": {"type": ["integer", "null"]},
-        "timed_out": {"type": "boolean"},
-        "truncated": {"type": "boolean"},
-        "step": {"type": "integer"},
-    },
-}
+ACTION_SCHEMA = shell_action(finish="grade the repository.", cwd="the task repository")
+OBSERVATION_SCHEMA = command_observation()
 
 
 class CodingEnvironment(Environment):

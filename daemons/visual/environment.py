@@ -29,6 +29,7 @@ from typing import Any
 
 from camg import errors, typed
 from camg.environment import Environment, ServiceContext, Task
+from camg.shell_schema import command_observation, shell_action
 
 from daemons.visual import rubric
 from daemons.visual.episode import VisualEpisode
@@ -37,19 +38,8 @@ from daemons.visual.settings import Settings
 
 log = logging.getLogger("camg.visual")
 
-ACTION_SCHEMA = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["operation"],
-    "properties": {
-        "operation": {"enum": ["shell", "finish"],
-                      "description": "Run a bash command, or finish: render dist/ and judge it."},
-        "command": {"type": "string", "maxLength": 16000,
-                    "description": "Bash command; each call starts in the task's cwd (/workspace)."},
-    },
-    "if": {"properties": {"operation": {"const": "shell"}}},
-    "then": {"required": ["command"]},
-}
+ACTION_SCHEMA = shell_action(finish="render dist/ and judge it.",
+                             cwd="the task's cwd (/workspace)")
 
 IMAGE_SCHEMA = {
     "type": "object",
@@ -60,21 +50,11 @@ IMAGE_SCHEMA = {
                    "width": {"type": "integer"}, "height": {"type": "integer"}},
 }
 
-OBSERVATION_SCHEMA = {
-    "type": "object",
-    "required": ["task_id", "output"],
-    "properties": {
-        "task_id": {"type": "string"},
-        "output": {"type": "string"},
-        "exit_code": {"type": ["integer", "null"]},
-        "timed_out": {"type": "boolean"},
-        "truncated": {"type": "boolean"},
-        "step": {"type": "integer"},
-        "finished_by": {"enum": ["finish", "step_limit"]},
-        "screenshot": IMAGE_SCHEMA,
-        "console_errors": {"type": "array", "items": {"type": "string"}},
-    },
-}
+OBSERVATION_SCHEMA = command_observation(
+    finished_by={"enum": ["finish", "step_limit"]},
+    screenshot=IMAGE_SCHEMA,
+    console_errors={"type": "array", "items": {"type": "string"}},
+)
 
 
 class ContainerBox:
