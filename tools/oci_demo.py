@@ -92,7 +92,8 @@ def _key(value: object) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if missing): one builder at a time."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
@@ -367,7 +368,7 @@ def build_demo(cache_root: Path, flavor: str = "plain") -> DemoBuild:
     if flavor not in FLAVORS:
         raise DatasetError(f"demo image: unknown flavour {flavor!r}")
     demo = Path(cache_root).absolute() / "demo"
-    with _locked(demo / "lock"):
+    with locked(demo / "lock"):
         shutil.rmtree(demo / "tmp", ignore_errors=True)
         (demo / "tmp").mkdir(parents=True)
         rootfs, base = _base(demo)

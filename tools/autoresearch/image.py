@@ -119,10 +119,10 @@ def build(cache_root: Path) -> base_demo.DemoBuild:
     cache_root = Path(cache_root).absolute()
     demo = cache_root / "demo"
     root = cache_root / "autoresearch"
-    with base_demo._locked(demo / "lock"):
+    with base_demo.locked(demo / "lock"):
         (demo / "tmp").mkdir(parents=True, exist_ok=True)
         rootfs, base = base_demo._base(demo)
-    with base_demo._locked(root / "lock"):
+    with base_demo.locked(root / "lock"):
         shutil.rmtree(root / "tmp", ignore_errors=True)
         (root / "tmp").mkdir(parents=True)
         venv = _venv(root, rootfs, base, _wheels(root))

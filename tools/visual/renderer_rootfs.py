@@ -27,19 +27,17 @@ under ``$CAMG_CACHE/helper``.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from camg.errors import DatasetError
 from camg.hashing import sha256_json
+from tools.oci_demo import locked
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -72,17 +70,6 @@ def _run(argv: list[str], what: str, timeout: float = 3600, env: dict | None = N
     if proc.returncode != 0:
         raise DatasetError(f"renderer rootfs: {what} failed (exit {proc.returncode}): {out[-3000:]}")
     return out
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _chroot(rootfs: Path, command: str, what: str) -> str:
@@ -128,7 +115,7 @@ def _build(work: Path) -> dict:
 def ensure_renderer_rootfs(output: Path) -> Path:
     """Build (or reuse) the renderer tree under ``output``; returns its directory."""
     final = target_for(output)
-    with _locked(final.parent / f".{final.name}.lock"):
+    with locked(final.parent / f".{final.name}.lock"):
         if (final / "renderer.json").is_file():
             return final
         work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
