@@ -68,11 +68,16 @@ def document(product: Mapping[str, Any]) -> dict:
     return {"id": product["asin"], "contents": contents, "product": product}
 
 
-def read_catalog_documents(path: str | Path) -> Iterator[dict]:
-    """Rows ``{id, contents, product}`` of a documents.jsonl(.gz) catalog."""
+def read_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of a JSON-lines file (.gz too); blank lines are
+    skipped, anything but an object is a DatasetError naming the line."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
+    try:
+        handle = opener(path, "rt", encoding="utf-8")
+    except OSError as exc:
+        raise DatasetError(f"cannot read {path}: {exc}") from None
+    with handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
@@ -80,9 +85,17 @@ def read_catalog_documents(path: str | Path) -> Iterator[dict]:
                 row = json.loads(line)
             except ValueError as exc:
                 raise DatasetError(f"{path}:{number}: not JSON: {exc}") from None
-            if not isinstance(row, dict) or not isinstance(row.get("product"), dict):
-                raise DatasetError(f"{path}:{number}: expected {{id, contents, product}}")
-            yield row
+            if not isinstance(row, dict):
+                raise DatasetError(f"{path}:{number}: expected an object")
+            yield number, row
+
+
+def read_catalog_documents(path: str | Path) -> Iterator[dict]:
+    """Rows ``{id, contents, product}`` of a documents.jsonl(.gz) catalog."""
+    for number, row in read_json_lines(path):
+        if not isinstance(row.get("product"), dict):
+            raise DatasetError(f"{path}:{number}: expected {{id, contents, product}}")
+        yield row
 
 
 def select_products(rows: Iterable[Mapping], where: str) -> list[dict]:

@@ -19,7 +19,6 @@ the exit status is 0 only when every case is equal.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -39,26 +38,13 @@ COMPONENTS = ("r_type", "r_att", "w_att", "query_match", "category_match", "titl
 
 def read_cases(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, case) for every non-header line."""
-    try:
-        handle = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise DatasetError(f"cannot read {path}: {exc}") from None
-    with handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise DatasetError(f"{path}:{number}: not JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise DatasetError(f"{path}:{number}: expected an object")
-            if row.get("header") is True:
-                continue
-            for key in ("goal", "purchase"):
-                if not isinstance(row.get(key), dict):
-                    raise DatasetError(f"{path}:{number}: {key!r} must be an object")
-            yield number, row
+    for number, row in catalog.read_json_lines(path):
+        if row.get("header") is True:
+            continue
+        for key in ("goal", "purchase"):
+            if not isinstance(row.get(key), dict):
+                raise DatasetError(f"{path}:{number}: {key!r} must be an object")
+        yield number, row
 
 
 def products_by_asin(path: str | Path) -> dict[str, dict]:
