@@ -1,0 +1,303 @@
+"""A scripted judge speaking the real OpenAI HTTP protocols, for the demo and the tests.
+
+``POST /v1/chat/completions`` answers a ``chat.completion`` object and
+``POST /v1/responses`` a ``response`` object, byte-compatible with what the
+``openai`` SDK parses. Errors use the API's ``{"error": {...}}`` body.
+
+Behaviour is a script: a queue of ``Reply`` objects consumed one per request,
+then a ``responder`` (a function of the request) or ``default`` for every
+request after. A reply can be a verdict text, an HTTP error status, a delay
+(for client timeouts), a body that is not JSON, or a dropped connection.
+Every request is recorded (path, headers, JSON body) so tests can check what
+the client sent, including its bearer key.
+
+    with FakeJudge() as judge:
+        judge.script(Reply(status=500), Reply(text='{"score": 1}'))
+        url = judge.url            # http://127.0.0.1:<port>/v1
+
+The demo (packaging/demo.sh) runs it standalone as the judge of General
+(GA_JUDGE_*) and Visual (WD_JUDGE_*) when the operator gave no real one:
+
+    python -m tools.judge_stub --port 65149
+
+It is SCRIPTED, not a model: a request carrying an image (Visual's vision
+judge) is scored by simple image statistics (``verdict``: ink, colours,
+contrast), so a blank page scores lower than a designed one and runs are
+reproducible; any other request (General's rubric items) gets ``--text``
+(default ``{"score": 1, ...}``: every LLM rubric item passes). Point the
+services at a real OpenAI-compatible endpoint by writing
+/etc/camg/credentials/{general,visual}-judge.env (packaging/README.md).
+
+Lives in tools/ (not tests/support, which re-exports it) because the demo
+runs it; it needs only the standard library, plus Pillow for images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import dataclasses
+import io
+import json
+import signal
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+
+@dataclasses.dataclass
+class Reply:
+    text: str = '{"score": 1.0}'
+    status: int = 200
+    #: seconds to wait before answering
+    delay: float = 0.0
+    #: raw body instead of a protocol object (e.g. b"not json")
+    raw_body: bytes | None = None
+    #: close the connection without an answer
+    drop: bool = False
+    error_type: str = "server_error"
+    #: extra response headers (e.g. {"Retry-After": "2"})
+    headers: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Request:
+    path: str
+    headers: dict
+    body: Any
+
+
+class FakeJudge:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 default: Reply | None = None,
+                 responder: Callable[[Request], Reply] | None = None) -> None:
+        self.default = default or Reply()
+        #: optional function deciding the reply from the request (after the script)
+        self.responder = responder
+        self._queue: collections.deque[Reply] = collections.deque()
+        self._lock = threading.Lock()
+        self.requests: list[Request] = []
+        self._server = ThreadingHTTPServer((host, port), _handler(self))
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    # -- control ---------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def script(self, *replies: Reply) -> None:
+        with self._lock:
+            self._queue.extend(replies)
+
+    def next_reply(self, request: Request) -> Reply:
+        with self._lock:
+            self.requests.append(request)
+            if self._queue:
+                return self._queue.popleft()
+        if self.responder is not None:
+            return self.responder(request)
+        return self.default
+
+    def start(self) -> "FakeJudge":
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="fake-judge", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> "FakeJudge":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def chat_completion(model: str, text: str) -> dict:
+    return {
+        "id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion",
+        "created": int(time.time()), "model": model, "system_fingerprint": None,
+        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                     "message": {"role": "assistant", "content": text, "refusal": None}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+def response_object(model: str, text: str) -> dict:
+    return {
+        "id": "resp_" + uuid.uuid4().hex[:24], "object": "response",
+        "created_at": int(time.time()), "model": model, "status": "completed",
+        "error": None, "incomplete_details": None, "instructions": None,
+        "metadata": {}, "parallel_tool_calls": True, "temperature": 1.0,
+        "tool_choice": "auto", "tools": [], "top_p": 1.0,
+        "output": [{"type": "message", "id": "msg_" + uuid.uuid4().hex[:24],
+                    "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+        "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
+                  "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+    }
+
+
+def _handler(judge: FakeJudge):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:  # quiet tests
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server API)
+            length = int(self.headers.get("Content-Length") or 0)
+            data = self.rfile.read(length)
+            try:
+                body = json.loads(data or b"null")
+            except ValueError:
+                body = None
+            path = self.path.split("?")[0]
+            request = Request(path=path, headers={k.lower(): v for k, v in self.headers.items()},
+                              body=body)
+            if path not in ("/v1/chat/completions", "/v1/responses"):
+                return self._send(404, {"error": {"message": f"no route {path}",
+                                                  "type": "invalid_request_error"}})
+            reply = judge.next_reply(request)
+            if reply.delay:
+                time.sleep(reply.delay)
+            if reply.drop:
+                self.close_connection = True
+                self.connection.close()
+                return
+            if reply.raw_body is not None:
+                return self._send(reply.status, reply.raw_body, reply.headers)
+            if reply.status != 200:
+                return self._send(reply.status, {"error": {
+                    "message": f"scripted failure {reply.status}", "type": reply.error_type,
+                    "param": None, "code": None}}, reply.headers)
+            model = (body or {}).get("model", "fake-judge")
+            make = chat_completion if path.endswith("chat/completions") else response_object
+            self._send(200, make(model, reply.text))
+
+        def _send(self, status: int, payload: Any, headers: dict | None = None) -> None:
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, str(value))
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (timeout test)
+
+    return Handler
+
+
+# -- the scripted vision verdict ------------------------------------------------
+# Seven rubric keys from deterministic statistics of the screenshot's pixels:
+# ink (share of pixels that differ clearly from the most common colour),
+# colours (distinct colours after coarse quantisation, saturating at 24),
+# contrast (grey-level standard deviation, saturating at 64).
+
+
+def image_from_request(body) -> bytes:
+    for message in (body or {}).get("messages", []):
+        content = message.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if part.get("type") == "image_url":
+                    url = part["image_url"]["url"]
+                    return base64.b64decode(url.split(",", 1)[1])
+    raise ValueError("no image in the request")
+
+
+def statistics(data: bytes) -> dict:
+    from PIL import Image, ImageStat
+
+    with Image.open(io.BytesIO(data)) as im:
+        small = im.convert("RGB").resize((144, max(1, im.height * 144 // im.width)))
+    raw = small.tobytes()
+    pixels = [tuple(raw[i:i + 3]) for i in range(0, len(raw), 3)]
+    quant = [(r >> 5, g >> 5, b >> 5) for r, g, b in pixels]
+    common = max(set(quant), key=quant.count)
+    ink = sum(1 for q in quant if q != common) / len(quant)
+    colours = len(set(quant))
+    contrast = ImageStat.Stat(small.convert("L")).stddev[0]
+    return {"ink": ink, "colours": colours, "contrast": contrast}
+
+
+def verdict(data: bytes) -> dict:
+    s = statistics(data)
+    ink = min(1.0, s["ink"] / 0.5)
+    colours = min(1.0, s["colours"] / 24)
+    contrast = min(1.0, s["contrast"] / 64)
+    base = round((ink + colours + contrast) / 3, 4)
+    return {"layout_integrity": base, "typography_hierarchy": round(contrast, 4),
+            "color_harmony": round(colours, 4), "whitespace": base,
+            "content_richness": round(ink, 4), "query_fulfillment": base,
+            "premium_assets": round(min(0.6, colours), 4),
+            "reason": f"ink {s['ink']:.3f}, colours {s['colours']}, contrast {s['contrast']:.1f}"}
+
+
+def responder(request: Request) -> Reply:
+    try:
+        return Reply(text=json.dumps(verdict(image_from_request(request.body))))
+    except Exception as exc:  # a test that sends no image sees an unparseable verdict
+        return Reply(text=f"cannot score: {exc}")
+
+
+def scripted_judge() -> FakeJudge:
+    """The vision judge of the Visual tests: image statistics for every request."""
+    return FakeJudge(responder=responder)
+
+
+DEMO_TEXT = '{"score": 1, "reason": "scripted demo judge (tools/judge_stub.py): not a model"}'
+
+
+def demo_responder(text: str) -> Callable[[Request], Reply]:
+    """Images -> the statistics verdict; anything else -> ``text``."""
+    def respond(request: Request) -> Reply:
+        try:
+            image = image_from_request(request.body)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return Reply(text=text)
+        try:
+            return Reply(text=json.dumps(verdict(image)))
+        except Exception as exc:  # noqa: BLE001 -- an unreadable image is an unparseable verdict
+            return Reply(text=f"cannot score: {exc}")
+    return respond
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="A scripted OpenAI-compatible judge on loopback "
+                                                 "(images: pixel statistics; text: --text).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--text", default=DEMO_TEXT,
+                        help="the verdict for requests without an image")
+    args = parser.parse_args(argv)
+    judge = FakeJudge(args.host, args.port, responder=demo_responder(args.text)).start()
+    print(f"judge_stub: scripted judge (not a model) on {judge.url}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    judge.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
