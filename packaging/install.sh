@@ -18,7 +18,8 @@
 #                            (requirements/helper.in; helper/README.md)
 #   /srv/camg/data           prepared demo data (tasks, mirrors, manifests)
 #   /var/lib/camg/oci-rootfs materialized images (helper lower root)
-#   /var/cache/camg          build caches of the demo data ($CAMG_CACHE)
+#   /var/cache/camg          build caches of the demo data ($CAMG_DEMO_CACHE;
+#                            its oci/ and helper/ are helper lower roots)
 #   /etc/camg                helper.json, deployment.json, prepared/<env>.json
 #   /var/lib/camg/<env>      state: outcome records, trajectories (kept by
 #                            --uninstall unless --purge)
@@ -35,10 +36,21 @@ UNITDIR=/usr/local/lib/systemd/system
 SYSUSERS=/usr/local/lib/sysusers.d/camg.conf
 TMPFILES=/usr/local/lib/tmpfiles.d/camg.conf
 HELPER_VENV=$PREFIX/helper-venv
+# The demo build cache (images, the renderer tree, task sets), keyed by
+# inputs; --uninstall keeps it.
+DEMO_CACHE=${CAMG_DEMO_CACHE:-/var/cache/camg}
+CREDENTIALS=/etc/camg/credentials
+# The scripted judge of the demo (tools/judge_stub.py) and the first line of
+# the credential files that point at it.
+DEMO_JUDGE_PORT=${CAMG_DEMO_JUDGE_PORT:-65149}
+DEMO_JUDGE_MARK="# camg demo: the scripted judge (tools/judge_stub.py), not a model"
+CAMG_DOCKERD_PID=
 CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CAMG_LOG_TAG=install.sh
 # shellcheck source=packaging/lib.sh
 . "$CHECKOUT/packaging/lib.sh"
+# shellcheck source=packaging/dockerd.sh
+. "$CHECKOUT/packaging/dockerd.sh"
 log() { camg_log "$@"; }
 die() { camg_die "$@"; }
 # Filled from the installed venv's registry (python -m camg.plugins --names).
@@ -180,16 +192,69 @@ prepare_demo() {
     # The demo data of the demo deployment, made with the environments' own
     # preparation code (packaging/prepare_demo.py). Runs as root: the helper's
     # lower roots are root-owned and read-only to everyone else.
-    install -d -m 0755 "$DATA"
+    local prep=("$VENV/bin/python" "$SRC/packaging/prepare_demo.py" --data "$DATA"
+                --cache "$DEMO_CACHE" --environments "$demo_environments"
+                --helper-config-in "$helper_config")
+    local names
+    names=$("${prep[@]}" --helper-socket "" --list)
+    install -d -m 0755 "$DATA" "$DEMO_CACHE"
+    # What preparation's own sandboxes need: the cache's lower roots.
+    "${prep[@]}" --helper-socket "" --helper-config-only --helper-config-out "$ETC/helper.json"
+    if grep -qxE 'general|visual' <<<"$names"; then
+        start_docker
+    fi
     start_prep_helper
-    trap stop_prep_helper EXIT
-    "$VENV/bin/python" "$SRC/packaging/prepare_demo.py" --data "$DATA" \
-        --images-root "$STATE/oci-rootfs" --cache "${CAMG_CACHE:-/var/cache/camg}" \
-        --helper-socket "$PREP_SOCKET" --environments "$demo_environments" \
+    trap 'stop_prep_helper; camg_dockerd_stop' EXIT
+    "${prep[@]}" --helper-socket "$PREP_SOCKET" \
         --deployment-template "$SRC/packaging/demo-deployment.json" \
-        --deployment-out "$DATA/deployment.json"
+        --deployment-out "$DATA/deployment.json" --helper-config-out "$DATA/helper.json"
     stop_prep_helper
     trap - EXIT
+    camg_dockerd_stop
+    # The served helper configuration: plus the container mediator (allowed
+    # images by digest, the agent environment) when General or Visual is served.
+    install -m 0644 "$DATA/helper.json" "$ETC/helper.json"
+    if systemd_running; then
+        # Socket-activated again on the next connection, with this configuration.
+        systemctl stop camg-helper.service
+    fi
+    if grep -qxE 'general|visual' <<<"$names"; then
+        write_demo_judge "$(grep -xE 'general|visual' <<<"$names")"
+    fi
+}
+
+# General and Visual take the judge's URL, model and key from the service's
+# environment only (units: EnvironmentFile=/etc/camg/credentials/<env>-judge.env,
+# written by the operator). For the demo, unless the operator wrote one, the
+# files point at the scripted judge on loopback (tools/judge_stub.py, which
+# demo.sh / run-foreground.sh start). A file the operator wrote is never touched.
+write_demo_judge() {
+    local env prefix file key
+    install -d -m 0700 "$CREDENTIALS"
+    for env in $1; do
+        case $env in general) prefix=GA_JUDGE ;; visual) prefix=WD_JUDGE ;; esac
+        file=$CREDENTIALS/$env-judge.env
+        if [ -f "$file" ] && ! grep -q "^$DEMO_JUDGE_MARK" "$file"; then
+            log "$env: judge from $file (the operator's)"
+            continue
+        fi
+        key=demo-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
+        (umask 077; printf '%s\n%s\n%s_URL=http://127.0.0.1:%s/v1\n%s_MODEL=scripted-demo-judge\n%s_KEY=%s\n' \
+            "$DEMO_JUDGE_MARK" "# Replace this file with your judge's ${prefix}_URL, ${prefix}_MODEL, ${prefix}_KEY." \
+            "$prefix" "$DEMO_JUDGE_PORT" "$prefix" "$prefix" "$key" > "$file.new")
+        mv "$file.new" "$file"
+        log "$env: judge = the SCRIPTED demo judge on 127.0.0.1:$DEMO_JUDGE_PORT (not a model; write $file to use a real one)"
+    done
+}
+
+# General and Visual run task containers: a Docker engine must answer on
+# /var/run/docker.sock (docker.io, packaging/apt/helper.txt).
+start_docker() {
+    if systemd_running; then
+        systemctl start docker.service
+        return
+    fi
+    CAMG_CACHE=$DEMO_CACHE camg_dockerd_start || die "no Docker engine (General and Visual need one)"
 }
 
 configure_services() {
@@ -231,7 +296,8 @@ uninstall() {
         case $unit in camg-helper.service) ;; *) units+=("$unit") ;; esac
     done
     if systemd_running; then
-        systemctl stop "${units[@]}" 2>/dev/null || true
+        # The demo's scripted judge is a transient unit (demo.sh).
+        systemctl stop "${units[@]}" camg-demo-judge.service 2>/dev/null || true
     fi
     if [ -f "$UNITDIR/camg.target" ]; then
         systemctl disable --quiet "${units[@]}" 2>/dev/null || true
@@ -240,9 +306,17 @@ uninstall() {
         rm -rf "${UNITDIR:?}/$unit" "$UNITDIR/$unit.d"
     done
     rm -f "$SYSUSERS" "$TMPFILES"
+    if [ "$purge" -eq 1 ] && [ -f "$DATA/container-images.json" ] && camg_docker_answers; then
+        # The demo's task images in dockerd, exactly the references it pulled
+        # (containers are the helper's to remove; other images are not ours).
+        grep -o '"[^"]*@sha256:[0-9a-f]*"' "$DATA/container-images.json" | tr -d '"' \
+            | xargs -r docker image rm >/dev/null 2>&1 || true
+    fi
     rm -rf "$PREFIX" "$ETC" /run/camg /run/camg-helper
     if [ "$purge" -eq 1 ]; then
-        rm -rf "$STATE"
+        # AutoResearch's private answers too.
+        rm -rf "$STATE" /var/lib/camg-grader
+        log "kept the demo build cache $DEMO_CACHE (rm -rf it to rebuild from nothing)"
     elif [ -d "$STATE" ]; then
         log "kept $STATE (outcome records, trajectories); --purge removes it"
     fi

@@ -1,33 +1,51 @@
 #!/usr/bin/env python3
 """Prepare the demo data of the demo deployment (packaging/demo-deployment.json).
 
-    prepare_demo.py --data /srv/camg/data --images-root /var/lib/camg/oci-rootfs \\
-        --cache /var/cache/camg --helper-socket /run/camg/helper.sock \
-        [--environments coding,shop] [--deployment-template T --deployment-out D]
+    prepare_demo.py --data /srv/camg/data --cache /var/cache/camg \\
+        --helper-socket /run/camg/helper.sock [--environments coding,shop,...] \\
+        [--deployment-template T --deployment-out D] [--helper-config-in H --helper-config-out O]
 
 Run by packaging/install.sh as root, with a helper listening on
---helper-socket (the demo task set is found by running apispec's suite in
-real sandboxes). Every expensive step is content-keyed and cached: the demo
-image build under IMAGES_ROOT/demo, the demo task set under CACHE/coding, so
-a second install does no build at all.
+--helper-socket (the Coding demo task set is found by running apispec's
+suite in real sandboxes) and, for General and Visual, a Docker engine on
+/var/run/docker.sock. Every expensive step is content-keyed and cached in
+the demo build cache CACHE (default /var/cache/camg; the same layout as the
+tests' $CAMG_CACHE), which install.sh --uninstall never removes, so a second
+install builds nothing:
 
-Coding (what the demo deployment's settings name):
-  IMAGES_ROOT/images/<digest>/rootfs      the materialized demo image (a helper lower root)
-  DATA/coding/materialized-images.json    the image listing the service verifies (the
-                                          SWE-smith-shaped demo image, tools/oci_demo.py)
-  DATA/coding/demo/{tasks.parquet,mirrors/}  the task rows and their git mirrors
-  DATA/coding/rows-swesmith.jsonl         those rows as served from that image
-  DATA/coding/manifest.json               camg.prepare's manifest (task layers under
-                                          /var/lib/camg/task-layers/coding)
+  CACHE/oci       the Debian base (debootstrap) every demo image shares, the
+                  image layouts, and the materialized rootfs of the Coding and
+                  AutoResearch images (CACHE/oci/images/<digest>/rootfs: a
+                  helper lower root)
+  CACHE/helper    Visual's renderer tree (Debian + chromium-headless-shell +
+                  Playwright; a helper lower root)
+  CACHE/general   General's task images and task folders
+  CACHE/coding    the Coding demo task set; CACHE/autoresearch its bundles
 
-Shop (the embedded WebShop 1k catalog):
-  DATA/shop/java                          Conda-style JAVA_HOME over Debian's openjdk-17
-  DATA/shop/{product_pool.json,index/,manifest.json,settings.json}  camg.prepare_shop's output
+Coding: DATA/coding/{materialized-images.json,demo/,rows-swesmith.jsonl,manifest.json}
+  (the SWE-smith-shaped apispec image, task rows and git mirrors; task layers
+  under /var/lib/camg/task-layers/coding).
+Shop: DATA/shop/{java,product_pool.json,index/,manifest.json,settings.json}.
+General: DATA/general/{manifest.json,agent-env,...} (tools.general.demo): three
+  opensource-code tasks from the Coding demo set and the general_agent office
+  tasks, one image each, published to a loopback registry and pulled into
+  dockerd by digest.
+Visual: DATA/visual/{manifest.json,cdn-mirror,demo,images.json}
+  (tools.visual.prepare_demo), its image likewise pulled into dockerd.
+AutoResearch: the research image (Debian + numpy/scikit-learn/MONAI on CPU
+  torch), its four tasks split over the three roots (packages
+  /var/lib/camg/autoresearch-tasks, workspaces /var/lib/camg/task-layers/
+  autoresearch, private answers /var/lib/camg-grader/answers, owned by
+  camg-grader), DATA/autoresearch/{materialized-images.json,manifest.json}.
 
 With --deployment-out, the demo deployment is written there: the template's
 entries for the prepared environments, each with the settings its
 preparation recorded merged in (Shop's pool and index hashes change with
-every index build, so they cannot be written in the template).
+every index build, so they cannot be written in the template). With
+--helper-config-out, the helper configuration for it: --helper-config-in
+plus the cache's lower roots and, when General or Visual is prepared, the
+``containers`` section (allowed images DATA/container-images.json, the
+agent environment).
 """
 
 from __future__ import annotations
@@ -39,10 +57,18 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from camg.errors import CamgError
+
+STATE = Path("/var/lib/camg")
+AR_PACKAGES = STATE / "autoresearch-tasks"
+AR_WORKSPACES = STATE / "task-layers" / "autoresearch"
+AR_PRIVATE = Path("/var/lib/camg-grader/answers")
+DOCKER_SOCKET = "unix:///var/run/docker.sock"
+
 
 def _same_tree(a: Path, b: Path) -> bool:
     if not b.is_dir():
@@ -57,25 +83,23 @@ def _same_tree(a: Path, b: Path) -> bool:
     return True
 
 
-def prepare_coding(data: Path, images_root: Path, cache: Path, helper_socket: str) -> Path:
+def _readable(path: Path) -> None:
+    # The services (User=camg) read all of it; nothing here is secret.
+    subprocess.run(["chmod", "-R", "a+rX", str(path)], check=True)
+
+
+def coding_demo_set(data: Path, cache: Path, helper_socket: str) -> Path:
+    """DATA/coding/demo (tasks.jsonl, mirrors/): found with the plain demo
+    image in real sandboxes, cached under CACHE/coding."""
     from tools import oci_demo as demo
-    from camg.oci.images import write_materialized
-    from daemons.coding.prepare import prepare_coding as prepare_manifest
     from tools.coding.demo_tasks import fetch_sdist
     from tools.coding.sandbox_runner import ensure_demo_set
 
-    from tools.coding.swesmith_demo import rewrite_rows
-
     out = data / "coding"
     out.mkdir(parents=True, exist_ok=True)
-    # The task set is found with the plain image; it is served from the image
-    # laid out like SWE-smith's (clone at /testbed, conda-style activation,
-    # SWE-smith's own test command), as real SWE-smith tasks are.
-    image = demo.ensure_demo_image(images_root)
-    served = demo.ensure_demo_image(images_root, flavor="swesmith")
-    images_json = out / "materialized-images.json"
-    write_materialized(images_json, (served.image,))
-    built = ensure_demo_set(cache / "coding", image.image, helper_socket, fetch_sdist(cache / "coding" / "sdist"))
+    image = demo.ensure_demo_image(cache / "oci")
+    built = ensure_demo_set(cache / "coding", image.image, helper_socket,
+                            fetch_sdist(cache / "coding" / "sdist"))
     # The cache may be shared or pruned; the service reads its own copy.
     demo_set = out / "demo"
     if not _same_tree(built, demo_set):
@@ -84,17 +108,33 @@ def prepare_coding(data: Path, images_root: Path, cache: Path, helper_socket: st
         shutil.copytree(built, staging, symlinks=True)
         shutil.rmtree(demo_set, ignore_errors=True)
         staging.rename(demo_set)
+    return demo_set
+
+
+def prepare_coding(data: Path, cache: Path, helper_socket: str) -> Path:
+    from tools import oci_demo as demo
+    from camg.oci.images import write_materialized
+    from daemons.coding.prepare import prepare_coding as prepare_manifest
+    from tools.coding.swesmith_demo import rewrite_rows
+
+    out = data / "coding"
+    # The task set is found with the plain image; it is served from the image
+    # laid out like SWE-smith's (clone at /testbed, conda-style activation,
+    # SWE-smith's own test command), as real SWE-smith tasks are.
+    demo_set = coding_demo_set(data, cache, helper_socket)
+    served = demo.ensure_demo_image(cache / "oci", flavor="swesmith")
+    images_json = out / "materialized-images.json"
+    write_materialized(images_json, (served.image,))
     manifest = out / "manifest.json"
     rows = out / "rows-swesmith.jsonl"
     rewrite_rows(demo_set / "tasks.jsonl", rows)
     prepare_manifest(rows_path=rows, mirrors_root=demo_set / "mirrors",
                      images_path=images_json, output=manifest)
-    # The service (User=camg) reads all of it; nothing here is secret.
-    subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)
+    _readable(out)
     return manifest
 
 
-def prepare_shop(data: Path, images_root: Path, cache: Path, helper_socket: str) -> Path:
+def prepare_shop(data: Path, cache: Path, helper_socket: str) -> Path:
     from daemons.shop import prepare as shop
     from daemons.shop import javahome
 
@@ -109,11 +149,91 @@ def prepare_shop(data: Path, images_root: Path, cache: Path, helper_socket: str)
         shop.verify(args)
     except (CamgError, OSError, ValueError):
         shop.prepare(args)
-    subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)
+    _readable(out)
     return out / "manifest.json"
 
 
-PREPARERS = {"coding": prepare_coding, "shop": prepare_shop}
+def _pull_into_dockerd(refs: list[str]) -> None:
+    """While the loopback registry still serves them: dockerd keeps the
+    images by digest after the registry is gone."""
+    import docker
+
+    api = docker.APIClient(base_url=DOCKER_SOCKET, timeout=900)
+    try:
+        for ref in refs:
+            for line in api.pull(ref, stream=True, decode=True):
+                if isinstance(line, dict) and line.get("error"):
+                    raise RuntimeError(f"pulling {ref}: {line['error']}")
+    finally:
+        api.close()
+
+
+def prepare_general(data: Path, cache: Path, helper_socket: str) -> Path:
+    from tools.general import demo
+
+    demo_set = data / "coding" / "demo"
+    if not (demo_set / "tasks.jsonl").is_file():
+        demo_set = coding_demo_set(data, cache, helper_socket)
+    result = demo.prepare_data(data, cache, demo_set)
+    _readable(data / "general")
+    return Path(result["manifest"])
+
+
+def prepare_visual(data: Path, cache: Path, helper_socket: str) -> Path:
+    from tools.loopback_registry import LocalRegistry
+    from tools.visual import prepare_demo as visual
+
+    out = data / "visual"
+    with tempfile.TemporaryDirectory(prefix="camg-visual-registry.") as state, \
+            LocalRegistry(Path(state)) as registry:
+        manifest = visual.prepare(out, cache / "helper", registry.address, cache)
+        refs = json.loads((out / "images.json").read_text())["images"]
+        _pull_into_dockerd(refs)
+    _readable(out)
+    return manifest
+
+
+def _tree_key(*paths: Path) -> str:
+    from camg.hashing import sha256_json
+
+    return sha256_json([[str(p), p.read_text()] for p in paths]).split(":", 1)[1][:16]
+
+
+def prepare_autoresearch(data: Path, cache: Path, helper_socket: str) -> Path:
+    from camg.oci.images import write_materialized
+    from daemons.autoresearch import metrics
+    from daemons.autoresearch.prepare import prepare
+    from tools.autoresearch import demo_tasks, image
+
+    out = data / "autoresearch"
+    out.mkdir(parents=True, exist_ok=True)
+    research = image.ensure_image(cache / "oci")
+    images_json = out / "materialized-images.json"
+    write_materialized(images_json, (research.image,))
+    # The bundles (scikit-learn's data, MONAI's synthetic images, the baseline
+    # and reference scores measured here) are keyed by the code that makes them.
+    bundles = cache / "autoresearch" / f"bundles-{_tree_key(Path(demo_tasks.__file__), Path(metrics.__file__))}"
+    if not (bundles / "done").is_file():
+        shutil.rmtree(bundles, ignore_errors=True)
+        demo_tasks.build(bundles)
+        (bundles / "done").write_text("")
+    for root in (AR_PACKAGES, AR_WORKSPACES):
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o755)
+    AR_PRIVATE.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    manifest = out / "manifest.json"
+    prepare(source=bundles, packages_root=AR_PACKAGES, workspaces_root=AR_WORKSPACES,
+            private_root=AR_PRIVATE, images=images_json, image_name=image.NAME,
+            output=manifest, grader_user="camg-grader")
+    _readable(out)
+    return manifest
+
+
+# In the order they are prepared (General reuses Coding's demo set).
+PREPARERS = {"coding": prepare_coding, "shop": prepare_shop, "general": prepare_general,
+             "visual": prepare_visual, "autoresearch": prepare_autoresearch}
+# What needs a Docker engine (task containers through the helper's mediator).
+CONTAINER_ENVIRONMENTS = ("general", "visual")
 
 
 def write_deployment(template: Path, output: Path, data: Path, names: list[str]) -> None:
@@ -124,16 +244,48 @@ def write_deployment(template: Path, output: Path, data: Path, names: list[str])
         recorded = data / name / "settings.json"
         if recorded.is_file():
             entry["settings"] = {**json.loads(recorded.read_text()), **entry.get("settings", {})}
+    _write_json(output, body)
+
+
+def _write_json(output: Path, body: dict) -> None:
     tmp = output.with_name(f".{output.name}.tmp")
     tmp.write_text(json.dumps(body, indent=1) + "\n")
     tmp.replace(output)
 
 
+def helper_config(base: dict, data: Path, cache: Path, names: list[str]) -> dict:
+    """The helper configuration the demo needs: ``base`` (units/helper.json or
+    the operator's) plus the cache's lower roots (materialized images, the
+    renderer tree) and, for General/Visual, the container mediator."""
+    config = dict(base)
+    lowers = list(config.get("lower_roots", []))
+    for root in (cache / "oci", cache / "helper"):
+        if str(root) not in lowers:
+            lowers.append(str(root))
+    config["lower_roots"] = lowers
+    refs: list[str] = []
+    if "general" in names:
+        refs += json.loads((data / "general" / "container-images.json").read_text())["images"]
+    if "visual" in names:
+        refs += json.loads((data / "visual" / "images.json").read_text())["images"]
+    if refs:
+        allowed = data / "container-images.json"
+        _write_json(allowed, {"images": refs})
+        allowed.chmod(0o644)
+        containers = dict(config.get("containers") or {})
+        containers["images_manifest"] = str(allowed)
+        if "general" in names:
+            containers["agent_env_source"] = str(data / "general" / "agent-env")
+        config["containers"] = containers
+    return config
+
+
 def demo_names(requested: str) -> list[str]:
-    """``all``: the registered environments (camg.plugins) with demo data,
-    in registry order; otherwise the names given."""
+    """``all``: the registered environments (camg.plugins) with demo data;
+    otherwise the names given. In preparation order."""
     if requested != "all":
-        return [n for n in requested.split(",") if n]
+        wanted = [n for n in requested.split(",") if n]
+        return [n for n in PREPARERS if n in wanted] + [n for n in wanted if n not in PREPARERS]
     from camg import plugins
 
     registered = list(plugins.all_plugins())
@@ -141,13 +293,12 @@ def demo_names(requested: str) -> list[str]:
         if name not in PREPARERS:
             print(f"prepare_demo: {name}: registered, but has no demo data yet; not served",
                   file=sys.stderr)
-    return [n for n in registered if n in PREPARERS]
+    return [n for n in PREPARERS if n in registered]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--images-root", type=Path, required=True)
     parser.add_argument("--cache", type=Path, required=True)
     parser.add_argument("--helper-socket", required=True)
     parser.add_argument("--environments", default="all",
@@ -157,24 +308,48 @@ def main(argv: list[str] | None = None) -> int:
                         help="packaging/demo-deployment.json")
     parser.add_argument("--deployment-out", type=Path,
                         help="write the demo deployment for the prepared environments here")
+    parser.add_argument("--helper-config-in", type=Path, help="units/helper.json or the operator's")
+    parser.add_argument("--helper-config-out", type=Path,
+                        help="write the helper configuration the prepared environments need here")
+    parser.add_argument("--helper-config-only", action="store_true",
+                        help="write only --helper-config-out (the cache's lower roots, no "
+                             "containers section: what preparation itself needs) and exit")
+    parser.add_argument("--list", action="store_true",
+                        help="print the environments that would be prepared, one a line, and exit")
     args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        parser.error("run as root (image rootfs and task layers are root-owned)")
     names = demo_names(args.environments)
     unknown = sorted(set(names) - set(PREPARERS))
     if unknown:
         parser.error(f"no demo preparation for: {', '.join(unknown)}")
+    if args.list:
+        print("\n".join(names))
+        return 0
+    if os.geteuid() != 0:
+        parser.error("run as root (image rootfs and task layers are root-owned)")
+    cache = args.cache.absolute()
+    for root in (cache / "oci", cache / "helper"):
+        root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if args.helper_config_only:
+        base = json.loads(args.helper_config_in.read_text()) if args.helper_config_in else {}
+        _write_json(args.helper_config_out, helper_config(base, args.data, cache, []))
+        return 0
+    # The builders below read $CAMG_CACHE where they take no argument (MONAI's
+    # generator for AutoResearch's data): the demo's cache, not the tests'.
+    os.environ["CAMG_CACHE"] = str(cache)
     try:
         for name in names:
             started = time.monotonic()
             print(f"prepare_demo: {name}: preparing the demo data", file=sys.stderr, flush=True)
-            result = PREPARERS[name](args.data, args.images_root, args.cache, args.helper_socket)
+            result = PREPARERS[name](args.data, cache, args.helper_socket)
             print(f"prepare_demo: {name}: {result} ({time.monotonic() - started:.0f}s)",
                   file=sys.stderr, flush=True)
         if args.deployment_out:
             write_deployment(args.deployment_template, args.deployment_out, args.data, names)
-    except CamgError as exc:
-        print(f"prepare_demo: {exc.name}: {exc}", file=sys.stderr)
+        if args.helper_config_out:
+            base = json.loads(args.helper_config_in.read_text()) if args.helper_config_in else {}
+            _write_json(args.helper_config_out, helper_config(base, args.data, cache, names))
+    except (CamgError, OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        print(f"prepare_demo: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     return 0
 
