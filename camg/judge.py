@@ -17,9 +17,13 @@ Rules this module keeps:
   a fake 0. Only "the judge answered and the work is poor" is a 0.
 * Retries are bounded: ``attempts`` tries in all, with exponential backoff
   and jitter between them, and a parse failure uses up an attempt (as
-  upstream's webdev judge does). Client errors that a retry cannot fix
-  (400/401/403/404/422) fail at once. The SDK's own retries are off so the
-  bound is ours.
+  upstream's webdev judge does). A 429/5xx answer's ``Retry-After`` (or
+  ``retry-after-ms``) is honoured: the wait is at least what the server
+  asked, capped by ``backoff_max_s`` and the caller's deadline. Client
+  errors that a retry cannot fix (400/401/403/404/422) fail at once. The
+  SDK's own retries are off so the bound is ours.
+* Image content parts come before the text, as upstream's webdev judge
+  sends them (the screenshot first, then the rubric).
 
 A verdict carries what an outcome record needs: raw text, parsed score,
 model, URL host, API, a hash of the prompt, attempts and latency.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import email.utils
 import json
 import logging
 import os
@@ -106,7 +111,7 @@ class JudgeConfig:
         """
         env = os.environ if environ is None else environ
         names = {f: f"{prefix}_{f.upper()}" for f in ("url", "model", "key", "api")}
-        missing = [names[f] for f in ("url", "model", "key") if not env.get(names[f])]
+        missing = [names[f] for f in ("url", "model", "key") if not (env.get(names[f]) or "").strip()]
         if missing:
             raise ConfigError(f"judge variables missing from the service environment: "
                               f"{', '.join(missing)}", missing=missing)
@@ -242,12 +247,16 @@ class Judge:
                 break
             except _Retryable as exc:
                 last = (exc.reason, exc.message)
+                retry_after = exc.retry_after
             except (ValueError, TypeError) as exc:
                 last = ("unparseable", f"judge answer not parseable: {self._scrub(str(exc))}")
+                retry_after = None
             log.warning("judge %s attempt %d/%d failed: %s", cfg.host, attempt, cfg.attempts, last[1])
             if attempt < cfg.attempts:
                 delay = min(cfg.backoff_max_s, cfg.backoff_s * 2 ** (attempt - 1))
                 delay *= self._rng.uniform(0.5, 1.5)
+                if retry_after is not None:  # the server said when: never sooner
+                    delay = min(cfg.backoff_max_s, max(delay, retry_after))
                 if deadline_s is not None:
                     delay = min(delay, max(0.0, deadline_s - (time.monotonic() - started)))
                 self._sleep(delay)
@@ -289,7 +298,8 @@ class Judge:
             detail = f"HTTP {status} from {cfg.host}: {self._scrub(_short(exc.message))}"
             if status in _FATAL_STATUSES:
                 raise _Fatal(f"http_{status}", detail) from exc
-            raise _Retryable(f"http_{status}", detail) from exc
+            raise _Retryable(f"http_{status}", detail,
+                             retry_after=retry_after_s(getattr(exc, "response", None))) from exc
         except (oa.OpenAIError, ValueError) as exc:  # a body that is not the protocol
             raise _Retryable("protocol", "malformed answer: " + self._scrub(_short(str(exc)))) from exc
         if not isinstance(text, str) or not text.strip():
@@ -302,9 +312,32 @@ class Judge:
 
 
 class _Retryable(Exception):
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
-        self.reason, self.message = reason, message
+        self.reason, self.message, self.retry_after = reason, message, retry_after
+
+
+def retry_after_s(response: Any, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds an HTTP answer asks the client to wait: ``retry-after-ms``
+    (OpenAI's), else ``Retry-After`` as seconds or an HTTP date; None when
+    absent or unreadable (then plain backoff applies)."""
+    headers = getattr(response, "headers", None)
+    if not headers:
+        return None
+    try:
+        value = headers.get("retry-after-ms")
+        if value is not None:
+            return max(0.0, float(value) / 1000.0)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(0.0, when.timestamp() - now())
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 class _Fatal(_Retryable):
@@ -321,8 +354,8 @@ def _chat_messages(system: str | None, prompt: str, images: Sequence[Image]) -> 
     if system is not None:
         messages.append({"role": "system", "content": system})
     if images:
-        content: Any = [{"type": "text", "text": prompt}] + [
-            {"type": "image_url", "image_url": {"url": i.data_url()}} for i in images]
+        content: Any = [{"type": "image_url", "image_url": {"url": i.data_url()}}
+                        for i in images] + [{"type": "text", "text": prompt}]
     else:
         content = prompt
     messages.append({"role": "user", "content": content})
@@ -330,8 +363,8 @@ def _chat_messages(system: str | None, prompt: str, images: Sequence[Image]) -> 
 
 
 def _responses_input(prompt: str, images: Sequence[Image]) -> list[dict]:
-    content = [{"type": "input_text", "text": prompt}] + [
-        {"type": "input_image", "image_url": i.data_url()} for i in images]
+    content = [{"type": "input_image", "image_url": i.data_url()} for i in images] + [
+        {"type": "input_text", "text": prompt}]
     return [{"role": "user", "content": content}]
 
 

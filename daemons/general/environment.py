@@ -40,12 +40,24 @@ def transport_command(port: int) -> tuple[str, ...]:
             "--port", str(port))
 
 
+JUDGE_ENV_FILE = "/etc/camg/credentials/general-judge.env"
+
+
 def judge_config(settings: Settings, environ: Mapping[str, str] | None = None):
+    """GA_JUDGE_URL/MODEL/KEY (+ optional GA_JUDGE_API). A missing variable
+    is a ConfigError naming it (never a value): no judge, no service."""
     from camg.judge import JudgeConfig
 
-    return JudgeConfig.from_env(settings.judge_env, environ, timeout_s=settings.judge_timeout_s,
-                                attempts=settings.judge_attempts, backoff_s=settings.judge_backoff_s,
-                                backoff_max_s=max(60.0, settings.judge_backoff_s))
+    try:
+        return JudgeConfig.from_env(settings.judge_env, environ,
+                                    timeout_s=settings.judge_timeout_s,
+                                    attempts=settings.judge_attempts,
+                                    backoff_s=settings.judge_backoff_s,
+                                    backoff_max_s=max(60.0, settings.judge_backoff_s))
+    except errors.ConfigError as exc:
+        raise errors.ConfigError(f"general: {exc.message} (the operator provides them; under "
+                                 f"systemd in {JUDGE_ENV_FILE}, see daemons/general/README.md)",
+                                 **exc.details) from None
 
 
 class GeneralEnvironment(Environment):

@@ -59,7 +59,9 @@ def judge_episode(judge: Judge, detail: dict, *, deadline_s: float) -> tuple[flo
     for request in detail.get("judge_requests", []):
         remaining = deadline_s - (time.monotonic() - started)
         if remaining <= 0:
-            raise errors.JudgeError("judging exceeded its deadline", reason="deadline")
+            raise errors.JudgeError("judging exceeded its deadline", reason="deadline",
+                                    host=judge.config.host, model=judge.config.model,
+                                    item=request["id"])
         verdict = judge.ask(request["prompt"], system=request.get("system"), deadline_s=remaining)
         score = min(1.0, max(0.0, verdict.score))
         scores[request["id"]] = score

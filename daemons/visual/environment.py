@@ -12,8 +12,9 @@ What decides a reward and is hashed: the task rows, the renderer tree's
 renderer.json (Debian package versions, wheel pins), the CDN mirror's
 mirror.json (each file's sha256 is checked at start), the rubric text and
 the judge model. Judge credentials (WD_JUDGE_URL/MODEL/KEY) come only from
-the service's environment; without them the service is degraded and every
-episode ends ``judge_error``.
+the service's environment (under systemd the operator's
+/etc/camg/credentials/visual-judge.env); without them ``camg.serve
+--check-config`` and the service's start fail, naming the variables.
 """
 
 from __future__ import annotations
@@ -55,6 +56,27 @@ OBSERVATION_SCHEMA = command_observation(
     screenshot=IMAGE_SCHEMA,
     console_errors={"type": "array", "items": {"type": "string"}},
 )
+
+
+JUDGE_ENV_FILE = "/etc/camg/credentials/visual-judge.env"
+
+
+def judge_config(settings: Settings, environ: Mapping[str, str] | None = None):
+    """The vision judge from WD_JUDGE_URL/MODEL/KEY with upstream's webdev
+    client rules (/v1 appended, "openai/" stripped, temperature 1.0, no
+    max_tokens). A missing variable is a ConfigError naming it (never a value)."""
+    from camg.judge import JudgeConfig
+
+    s = settings
+    try:
+        return JudgeConfig.from_env(s.judge_env_prefix, environ, ensure_v1=True,
+                                    strip_openai_prefix=True, temperature=s.judge_temperature,
+                                    timeout_s=s.judge_timeout_s, attempts=s.judge_attempts,
+                                    backoff_s=s.judge_backoff_s)
+    except errors.ConfigError as exc:
+        raise errors.ConfigError(f"visual: {exc.message} (the operator provides them; under "
+                                 f"systemd in {JUDGE_ENV_FILE}, see daemons/visual/README.md)",
+                                 **exc.details) from None
 
 
 class ContainerBox:
@@ -102,6 +124,7 @@ class VisualEnvironment(Environment):
         from camg.helper_client import DEFAULT_SOCKET, HelperClient
 
         s = self.settings
+        self._start_judge()  # first: a missing judge fails before anything is touched
         files = self.context.verified_files
         for label in ("renderer", "cdn_mirror"):
             if label not in files:
@@ -129,24 +152,19 @@ class VisualEnvironment(Environment):
                                               cpu_quota=s.render_cpu, pids_max=s.render_pids_max,
                                               dist_bytes=s.dist_bytes))
         self.shots_dir.mkdir(parents=True, exist_ok=True)
-        self._start_judge()
         for image in sorted({t.data["image"] for t in self.tasks}):
             self._pool(image)
 
-    def _start_judge(self) -> None:
-        from camg.judge import Judge, JudgeConfig
+    @classmethod
+    def check_config(cls, config) -> None:
+        """``camg.serve --check-config``: the judge variables must be in the environment."""
+        judge_config(typed.parse(Settings, config.settings, "visual.settings", errors.ConfigError))
 
-        s = self.settings
-        try:
-            config = JudgeConfig.from_env(s.judge_env_prefix, ensure_v1=True,
-                                          strip_openai_prefix=True, temperature=s.judge_temperature,
-                                          timeout_s=s.judge_timeout_s, attempts=s.judge_attempts,
-                                          backoff_s=s.judge_backoff_s)
-        except errors.ConfigError as exc:
-            self.judge_problem = exc.message
-            log.warning("judge unconfigured: %s", exc.message)
-            return
-        self.judge = Judge(config)
+    def _start_judge(self) -> None:
+        from camg.judge import Judge
+
+        # No judge, no service: a degraded Visual would only mask episodes.
+        self.judge = Judge(judge_config(self.settings))
 
     def _pool(self, image: str):
         from camg.containers import ContainerPool, ContainerSpec

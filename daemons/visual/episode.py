@@ -152,7 +152,11 @@ class VisualEpisode(Episode):
     def grade(self) -> float:
         if self.shot is None:
             raise errors.GraderError("nothing was rendered")
-        verdict, parsed = self.env.judge_shot(self.task, self.shot)
+        try:
+            verdict, parsed = self.env.judge_shot(self.task, self.shot)
+        except errors.JudgeError as exc:  # the record says what was asked of whom
+            self.failure = {"judge_failure": exc.message, **exc.details}
+            raise
         self.verdict = {**verdict.record(), "rubric": parsed}
         return parsed["score"]
 
@@ -165,6 +169,8 @@ class VisualEpisode(Episode):
                                  "render_timings": dict(self.shot.timings)}
         if self.verdict is not None:
             out["judge"] = self.verdict
+        if self.failure is not None:
+            out["judge_failure"] = self.failure
         return out
 
     def state(self) -> Mapping[str, Any]:

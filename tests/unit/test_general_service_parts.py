@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from camg import errors
-from camg.judge import Judge, JudgeConfig
+from camg.judge import Judge, JudgeConfig, prompt_hash
 from daemons.general import channel, rubric
 from daemons.general.environment import GeneralEnvironment, judge_config
 from daemons.general.prepare import main as prepare_main, prepare_general
@@ -85,6 +85,9 @@ def test_judge_episode_records_and_failures():
         fake.script(Reply(text='{"score": 0}'))
         reward, records = rubric.judge_episode(judge, detail, deadline_s=30)
         assert reward == 0.5 and records[0]["item"] == "l" and records[0]["judge_score"] == 0.0
+        assert records[0]["judge_host"] == f"127.0.0.1:{fake.port}"
+        assert records[0]["judge_model"] == "m" and records[0]["judge_raw"] == '{"score": 0}'
+        assert records[0]["judge_prompt_hash"] == prompt_hash("chat", "s", "p", ())
         fake.default = Reply(status=500)
         with pytest.raises(errors.JudgeError):
             rubric.judge_episode(judge, detail, deadline_s=30)
@@ -99,7 +102,8 @@ def test_check_config_needs_the_judge_variables(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(errors.ConfigError) as info:
         GeneralEnvironment.check_config(Config)
-    assert "GA_JUDGE_KEY" in str(info.value)
+    assert all(n in info.value.message for n in ("GA_JUDGE_URL", "GA_JUDGE_MODEL", "GA_JUDGE_KEY"))
+    assert "general-judge.env" in info.value.message
     monkeypatch.setenv("GA_JUDGE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("GA_JUDGE_MODEL", "m")
     monkeypatch.setenv("GA_JUDGE_KEY", "secret")
@@ -158,7 +162,7 @@ def test_prepare_refuses_bad_input(tmp_path, capsys):
     assert "pinned by digest" in capsys.readouterr().err
 
 
-def test_check_config_cli_refuses_without_judge_variables(tmp_path):
+def test_check_config_cli_refuses_without_judge_variables(tmp_path, monkeypatch):
     import os
     import subprocess
     import sys
@@ -176,16 +180,57 @@ def test_check_config_cli_refuses_without_judge_variables(tmp_path):
     (tmp_path / "deployment.json").write_text(json.dumps({
         "runtime_lock": str(lock), "state_root": str(tmp_path / "state"),
         "environments": {"general": {"manifest": str(tmp_path / "out" / "manifest.json")}}}))
+    planted = {"GA_JUDGE_URL": "http://judge.example:8000/v1", "GA_JUDGE_MODEL": "planted-model",
+               "GA_JUDGE_KEY": "sk-planted-general-77"}
+    for name, value in planted.items():
+        monkeypatch.setenv(name, value)
     configure(tmp_path / "deployment.json", tmp_path / "prepared",
               source_tree=clean_git_tree(tmp_path / "src"))
     config = tmp_path / "prepared" / "general.json"
     assert "KEY" not in config.read_text().upper().replace("KEYS", "")
+    for path in (tmp_path / "prepared").iterdir():  # configure never writes judge variables
+        assert not any(v in path.read_text() for v in planted.values()), path
     env = {k: v for k, v in os.environ.items() if not k.startswith("GA_JUDGE")}
     env["PYTHONPATH"] = str(REPO)
     cmd = [sys.executable, "-m", "camg.serve", "--config", str(config), "--check-config"]
     refused = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     assert refused.returncode == 2 and "GA_JUDGE_KEY" in refused.stderr
+    assert "GA_JUDGE_URL" in refused.stderr and "general-judge.env" in refused.stderr
     env.update(GA_JUDGE_URL="http://127.0.0.1:9/v1", GA_JUDGE_MODEL="m", GA_JUDGE_KEY="sk-secret-9")
     ok = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     assert ok.returncode == 0, ok.stderr
     assert "sk-secret-9" not in ok.stdout + ok.stderr
+    env["GA_JUDGE_MODEL"] = ""  # an empty variable is a missing one; the key stays unprinted
+    empty = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    assert empty.returncode == 2 and "GA_JUDGE_MODEL" in empty.stderr
+    assert "sk-secret-9" not in empty.stdout + empty.stderr
+
+
+def test_units_read_the_judge_from_an_operator_file_and_stay_loopback_only():
+    """General and Visual take their judge from an EnvironmentFile= the operator
+    writes; the units themselves allow no address beyond the shared
+    loopback-only policy (the operator's drop-in adds the judge's); nothing in
+    camg/ (configure included) names the credentials directory or writes a
+    judge variable (the demo install's loopback stub files are packaging's)."""
+    from daemons.general.environment import JUDGE_ENV_FILE as GENERAL_FILE
+    from daemons.visual.environment import JUDGE_ENV_FILE as VISUAL_FILE
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def directives(path: Path) -> list[tuple[str, str]]:
+        return [tuple(line.split("=", 1)) for line in path.read_text().splitlines()
+                if line and not line.startswith("#") and "=" in line]
+
+    shared = directives(repo / "units" / "camg-environment.conf")
+    assert ("IPAddressAllow", "localhost") in shared and ("IPAddressDeny", "any") in shared
+    for env, path in (("general", GENERAL_FILE), ("visual", VISUAL_FILE)):
+        unit = repo / "units" / f"camg-{env}.service"
+        lines = directives(unit)
+        assert ("EnvironmentFile", f"-{path}") in lines
+        assert path == f"/etc/camg/credentials/{env}-judge.env"
+        assert not [v for k, v in lines if k.startswith("IPAddress")], f"{unit}: loopback only"
+        assert f"systemctl edit camg-{env}" in unit.read_text()
+        assert f"systemctl edit camg-{env}" in (repo / "daemons" / env / "README.md").read_text()
+    for source in sorted(repo.glob("camg/**/*.py")):
+        text = source.read_text()
+        assert "/etc/camg/credentials" not in text and "_JUDGE_KEY=" not in text, source

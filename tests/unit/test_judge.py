@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from camg.errors import ConfigError, FailureClass, JudgeError
-from camg.judge import Image, Judge, JudgeConfig, parse_score, prompt_hash
+from camg.judge import Image, Judge, JudgeConfig, parse_score, prompt_hash, retry_after_s
 from tests.support.fake_judge import FakeJudge, Reply
 
 KEY = "sk-test-SECRET-0123456789"
@@ -57,10 +57,11 @@ def test_image_content_parts(fake, api):
     make(fake, api).ask("look", images=[Image(png)])
     body = fake.requests[0].body
     parts = body["messages"][-1]["content"] if api == "chat" else body["input"][0]["content"]
-    url = parts[1]["image_url"]["url"] if api == "chat" else parts[1]["image_url"]
+    # Upstream's webdev judge: the image part first, then the text.
+    url = parts[0]["image_url"]["url"] if api == "chat" else parts[0]["image_url"]
     assert url.startswith("data:image/png;base64,")
     assert base64.b64decode(url.split(",", 1)[1]) == png
-    assert parts[0]["text"] == "look"
+    assert parts[1]["text"] == "look" and len(parts) == 2
 
 
 def test_retries_a_500_then_succeeds(fake):
@@ -169,3 +170,42 @@ def test_custom_parser_failure_uses_attempts(fake):
         return 1.0 if text == "PASS" else 0.0
 
     assert make(fake).ask("q", parse=parser).score == 1.0 and len(calls) == 2
+
+
+@pytest.mark.parametrize("headers,at_least", [
+    ({"Retry-After": "2"}, 2.0), ({"retry-after-ms": "1500"}, 1.5),
+    ({"Retry-After": "120"}, 3.0),  # capped by backoff_max_s
+])
+def test_retry_after_is_honoured_and_bounded(fake, headers, at_least):
+    fake.script(Reply(status=429, error_type="rate_limit_exceeded", headers=headers),
+                Reply(status=503, headers=headers), Reply(text='{"score": 1}'))
+    sleeps = []
+    cfg = JudgeConfig.from_env("GA_JUDGE", {"GA_JUDGE_URL": fake.url, "GA_JUDGE_MODEL": "m",
+                                            "GA_JUDGE_KEY": KEY},
+                               attempts=4, backoff_s=0.01, backoff_max_s=3.0)
+    verdict = Judge(cfg, sleep=sleeps.append).ask("q")
+    assert verdict.attempts == 3 and len(sleeps) == 2
+    assert all(at_least <= s <= 3.0 for s in sleeps), sleeps
+
+
+def test_retry_after_never_outlives_the_deadline(fake):
+    fake.default = Reply(status=429, headers={"Retry-After": "30"})
+    sleeps = []
+    cfg = JudgeConfig.from_env("GA_JUDGE", {"GA_JUDGE_URL": fake.url, "GA_JUDGE_MODEL": "m",
+                                            "GA_JUDGE_KEY": KEY}, attempts=3, backoff_s=0.01)
+    with pytest.raises(JudgeError) as info:
+        Judge(cfg, sleep=sleeps.append).ask("q", deadline_s=5)
+    assert info.value.details["reason"] == "http_429"
+    assert sleeps and all(s <= 5 for s in sleeps)
+
+
+def test_retry_after_header_forms():
+    class Response:
+        def __init__(self, headers):
+            self.headers = headers
+    assert retry_after_s(Response({"retry-after": "7"})) == 7.0
+    assert retry_after_s(Response({"retry-after-ms": "250", "retry-after": "9"})) == 0.25
+    assert retry_after_s(Response({"retry-after": "Wed, 21 Oct 2015 07:28:30 GMT"}),
+                         now=lambda: 1445412500.0) == 10.0
+    assert retry_after_s(Response({"retry-after": "soon"})) is None
+    assert retry_after_s(Response({})) is None and retry_after_s(None) is None

@@ -26,6 +26,7 @@ from daemons.visual import rubric
 from daemons.visual.environment import VisualEnvironment
 from daemons.visual.episode import png_image
 from daemons.visual.render import Shot, downscale
+from daemons.visual.settings import Settings
 from tests.support.fake_judge import Reply
 from tests.support.visual_judge import scripted_judge
 
@@ -193,8 +194,7 @@ def test_reference_scores_higher_than_blank(tmp_path, judge, monkeypatch):
     body = judge.requests[0].body
     assert body["model"] == "fake-vision" and body["temperature"] == 1.0
     parts = body["messages"][-1]["content"]
-    assert [p["type"] for p in parts].count("image_url") == 1
-    assert parts[1]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    assert [p["type"] for p in parts] == ["image_url", "text"]
     # Terminal observation carries the screenshot; the outcome names everything.
     shot = steps[-1].observation["screenshot"]
     assert shot["width"] == 1440 and len(shot["sha256"]) == 64
@@ -221,17 +221,100 @@ def test_judge_failure_is_judge_error(tmp_path, judge, monkeypatch, reply):
         ep.grade()
     assert info.value.failure_class == errors.FailureClass.JUDGE_ERROR
     assert len(judge.requests) == 2, "bounded retries: judge_attempts"
+    out = ep.outcome()  # what was asked of whom, and the screenshot, even without a verdict
+    failure = out["judge_failure"]
+    assert failure["model"] == "fake-vision" and failure["host"] == f"127.0.0.1:{judge.port}"
+    assert failure["prompt_hash"].startswith("sha256:") and failure["attempts"] == 2
+    assert len(out["screenshot"]["sha256"]) == 64 and Path(out["screenshot"]["path"]).is_file()
+    assert (out["screenshot"]["width"], out["screenshot"]["height"]) == (1440, 900)
+    assert "judge" not in out and "sk-test-secret" not in json.dumps(out)
 
 
-def test_missing_judge_variables_degrade_and_fail_as_judge_error(tmp_path, judge, monkeypatch):
+def test_judge_message_matches_upstream_webdev_call(tmp_path, judge, monkeypatch):
+    """FACTS.md 3.3/4: one vision call; the user message holds the screenshot
+    first (a data:image/jpeg;base64 image_url), then the rubric text with the
+    brief (capped at 1500 characters); payload model, messages, temperature
+    1.0 and nothing else (no max_tokens, no system message); /v1 appended,
+    "openai/" stripped, Bearer auth."""
     env, task, _ = make_env(tmp_path, judge, monkeypatch)
-    monkeypatch.delenv("WD_JUDGE_KEY")
-    env.judge = None
+    monkeypatch.setenv("WD_JUDGE_URL", judge.url[:-len("/v1")])  # upstream appends /v1
     env._start_judge()
-    assert any("WD_JUDGE_KEY" in r for r in env.health())
-    ep, _, _ = run(env, task, [{"operation": "finish"}])
-    with pytest.raises(errors.JudgeError):
-        ep.grade()
+    jpeg = _jpeg(stripes=True)
+    verdict, parsed = env.judge_shot(task, Shot(jpeg, 1440, 900, False, (), {}))
+    request = judge.requests[-1]
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == "Bearer sk-test-secret"
+    assert set(request.body) == {"model", "messages", "temperature"}
+    assert request.body["model"] == "fake-vision" and request.body["temperature"] == 1.0
+    assert request.body["messages"] == [{"role": "user", "content": [
+        {"type": "image_url",
+         "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()}},
+        {"type": "text", "text": rubric.prompt("A bakery site")}]}]
+    assert verdict.score == parsed["score"] and verdict.record()["judge_host"].startswith("127.0.0.1:")
+    s = Settings()  # upstream's client: 180 s per call, 4 attempts, temperature 1.0
+    assert (s.judge_timeout_s, s.judge_attempts, s.judge_temperature) == (180.0, 4, 1.0)
+    assert env.judge.config.max_tokens is None and env.judge.config.timeout_s == 180.0
+
+
+def test_missing_judge_variables_refuse_check_config_and_start(tmp_path, judge, monkeypatch):
+    env, _, _ = make_env(tmp_path, judge, monkeypatch)
+
+    class Config:
+        settings: dict = {}
+    VisualEnvironment.check_config(Config)  # all three present
+    for missing in (("WD_JUDGE_KEY",), ("WD_JUDGE_URL", "WD_JUDGE_MODEL")):
+        for name in missing:
+            monkeypatch.delenv(name)
+        with pytest.raises(errors.ConfigError) as info:
+            VisualEnvironment.check_config(Config)
+        assert all(n in info.value.message for n in missing)
+        assert "visual-judge.env" in info.value.message
+        assert "sk-test-secret" not in info.value.message + json.dumps(info.value.to_dict())
+        env.helper = None
+        with pytest.raises(errors.ConfigError):
+            env.start()  # fails first, before the helper is touched
+        assert env.helper is None
+    monkeypatch.setenv("WD_JUDGE_KEY", "   ")
+    with pytest.raises(errors.ConfigError, match="WD_JUDGE_KEY"):
+        VisualEnvironment.check_config(Config)
+
+
+def test_check_config_cli_refuses_without_judge_variables(tmp_path, monkeypatch, capsys):
+    from camg import serve
+    from camg.configure import configure
+    from daemons.visual.prepare import prepare_visual
+    from tests.support.services import clean_git_tree
+
+    renderer = tmp_path / "renderer"
+    (renderer / "rootfs").mkdir(parents=True)
+    (renderer / "renderer.json").write_text('{"browser": "/usr/bin/chromium"}')
+    (tmp_path / "mirror.json").write_text("{}")
+    (tmp_path / "rows.jsonl").write_text(json.dumps(
+        {"instance_id": "w1", "problem_statement": "A bakery site", "dataset_type": "webdev"}) + "\n")
+    prepare_visual(rows_path=str(tmp_path / "rows.jsonl"), renderer=str(renderer),
+                   cdn_mirror=str(tmp_path / "mirror.json"), output=str(tmp_path / "manifest.json"),
+                   image="r/x@sha256:" + "0" * 64)
+    (tmp_path / "requirements.lock").write_text("openai==3.57.0\n")
+    (tmp_path / "deployment.json").write_text(json.dumps({
+        "runtime_lock": str(tmp_path / "requirements.lock"), "state_root": str(tmp_path / "state"),
+        "environments": {"visual": {"manifest": str(tmp_path / "manifest.json")}}}))
+    planted = "sk-planted-visual-4242"
+    monkeypatch.setenv("WD_JUDGE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("WD_JUDGE_MODEL", "m")
+    monkeypatch.setenv("WD_JUDGE_KEY", planted)
+    configure(tmp_path / "deployment.json", tmp_path / "prepared",
+              source_tree=clean_git_tree(tmp_path / "src"))
+    for path in (tmp_path / "prepared").iterdir():  # configure never writes judge variables
+        assert planted not in path.read_text() and "WD_JUDGE" not in path.read_text()
+    monkeypatch.setattr(serve.logs, "setup", lambda environment: None)
+    argv = ["--config", str(tmp_path / "prepared" / "visual.json"), "--check-config"]
+    assert serve.main(argv) == 0
+    monkeypatch.delenv("WD_JUDGE_KEY")
+    monkeypatch.delenv("WD_JUDGE_MODEL")
+    assert serve.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "WD_JUDGE_KEY" in err and "WD_JUDGE_MODEL" in err and "WD_JUDGE_URL" not in err
+    assert planted not in err
 
 
 def test_render_failure_propagates_as_render_error(tmp_path, judge, monkeypatch):
