@@ -33,46 +33,19 @@ import json
 import re
 from collections.abc import Iterable
 
+from camg import tamper_rules
+from camg.tamper_rules import Finding
 from daemons.coding import grading
 
 GUARD_MODULE = "camg_guard"
 GUARD_DIR = "/opt/camg-grader"
-# Modules whose shadowing by a file in the repository would replace the runner.
-_RUNNER_MODULES = {"pytest", "_pytest", "pluggy", "py", "camg_guard", "iniconfig",
-                   "sitecustomize", "usercustomize", "site", "conftest", "xdist"}
-_CONFIG_NAMES = {"pytest.toml", ".pytest.toml", ".env", "pytest.cfg"}
-# Added lines in non-test code that reach into the runner. A real fix of a
-# library has no business with any of these; validation at preparation
-# refuses a task whose gold patch trips one.
-_INTERNALS = re.compile(
-    r"\b_pytest\b|\bpluggy\b|\bhookimpl\b|\bhookwrapper\b|\bpytest_plugins\b"
-    r"|\bpytest_(?:runtest|collect|session|configure|unconfigure|report|terminal|make|pyfunc"
-    r"|load|cmdline|addoption|addhooks|plugin|itemcollected|exception|keyboard|internalerror"
-    r"|warning|assertrepr|fixture|generate|ignore|deselected|logreport|logstart|logfinish"
-    r"|collection|enter_pdb|leave_pdb|markeval)\w*"
-    r"|PYTEST_ADDOPTS|PYTEST_PLUGINS|PYTEST_DISABLE_PLUGIN_AUTOLOAD|PYTEST_CURRENT_TEST"
-    r"|\bos\s*\.\s*_exit\b|\bmeta_path\b|\bpath_hooks\b|\bsettrace\b|\bsetprofile\b"
-    r"|>>>>>|\bcamg\b|\bcamg_guard\b|/proc/|\bTestReport\b|\bCallInfo\b"
-    r"|^\s*(?:import|from)\s+pytest\b|\bimport_module\(\s*['\"]pytest"
-    r"|\bPASSED\b|\bXFAIL\b")
-
-
-# In test and collection files (which the agent may legitimately edit, and
-# which are reverted anyway): hook implementations and runner internals only.
-_HOOKS = re.compile(
-    r"\bdef\s+pytest_\w+|\b_pytest\b|\bpluggy\b|\bhookimpl\b|\bhookwrapper\b"
-    r"|\bos\s*\.\s*_exit\b|\bmeta_path\b|\bsettrace\b|>>>>>|\bcamg_guard\b|pytest11"
-    r"|\baddopts\b|PYTEST_ADDOPTS|PYTEST_PLUGINS")
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    rule: str
-    path: str
-    detail: str = ""
-
-    def to_data(self) -> dict:
-        return {"rule": self.rule, "path": self.path, "detail": self.detail[:300]}
+# The rules themselves are shared with General (camg.tamper_rules).
+_RUNNER_MODULES = tamper_rules.RUNNER_MODULES
+_CONFIG_NAMES = tamper_rules.CONFIG_NAMES
+_INTERNALS = tamper_rules.INTERNALS
+_HOOKS = tamper_rules.HOOKS
+_path_rules = tamper_rules.path_rules
+_content_rules = tamper_rules.content_rules
 
 
 # --- 1. the diff screen ---------------------------------------------------------
@@ -105,37 +78,6 @@ def _added_lines(section: bytes) -> list[str]:
         elif in_hunk and raw.startswith(b"+") and not raw.startswith(b"+++ "):
             lines.append(raw[1:].decode("utf-8", "replace"))
     return lines
-
-
-def _path_rules(path: str, added: list[str]) -> list[Finding]:
-    parts = [p for p in path.split("/") if p]
-    if not parts:
-        return []
-    name = parts[-1]
-    found = []
-    if name.endswith(".pth") or name in ("sitecustomize.py", "usercustomize.py"):
-        found.append(Finding("startup_hook", path, "runs when the interpreter starts"))
-    if any(p.endswith((".dist-info", ".egg-info", ".egg-link")) for p in parts) \
-            or name in ("entry_points.txt", "METADATA", "PKG-INFO"):
-        found.append(Finding("package_metadata", path, "declares a distribution"))
-    if any("pytest11" in line for line in added):
-        found.append(Finding("package_metadata", path, "declares a pytest11 entry point"))
-    module = name[:-3] if name.endswith(".py") else name
-    top = [p[:-3] if p.endswith(".py") else p for p in parts]
-    if (module in _RUNNER_MODULES and module != "conftest") or any(
-            p in _RUNNER_MODULES - {"conftest", "site"} for p in top[:-1]):
-        found.append(Finding("runner_shadowed", path, f"module name {module!r}"))
-    if name in _CONFIG_NAMES:
-        found.append(Finding("runner_config", path, "configures pytest outside the protected names"))
-    return found
-
-
-def _content_rules(path: str, added: list[str], pattern: re.Pattern, rule: str) -> list[Finding]:
-    for line in added:
-        match = pattern.search(line)
-        if match:
-            return [Finding(rule, path, f"{match.group(0)!r} in: {line.strip()}")]
-    return []
 
 
 # --- 2. the guard's channel ---------------------------------------------------
