@@ -50,6 +50,7 @@ class Schema:
             "create_episode": wire.CREATE_SCHEMA,
             "step_request": wire.step_request_schema(env.action_schema),
             "step_response": wire.step_response_schema(env.observation_schema),
+            "regrade_response": wire.REGRADE_SCHEMA,
         }
 
     async def on_get(self, req, resp):
@@ -104,6 +105,18 @@ class EpisodeStep:
     async def on_post(self, req, resp, episode_id):
         request = wire.parse_body(await read_body(req, self.limit), wire.StepRequest, "body")
         reply(resp, await self.manager.step(episode_id, request))
+
+
+class EpisodeRegrade:
+    """Grade a finished episode's stored submission again (camg.regrading)."""
+
+    def __init__(self, service: Service) -> None:
+        self.manager = service.manager
+        self.limit = service.config.limits.max_body_bytes
+
+    async def on_post(self, req, resp, episode_id):
+        wire.parse_body(await read_body(req, self.limit), wire.RegradeRequest, "body")
+        reply(resp, await self.manager.regrade(episode_id))
 
 
 async def _handle_camg_error(req, resp, exc: CamgError, params, ws=None):
@@ -163,6 +176,7 @@ def create_app(service: Service) -> falcon.asgi.App:
     app.add_route("/episodes/{episode_id}", Episode(service))
     app.add_route("/episodes/{episode_id}/step", EpisodeStep(service))
     app.add_route("/episodes/{episode_id}/reference", EpisodeReference(service))
+    app.add_route("/episodes/{episode_id}/regrade", EpisodeRegrade(service))
     openenv_compat.add_routes(app, service)
     app.add_error_handler(Exception, _handle_unexpected)
     app.add_error_handler(falcon.HTTPError, _handle_http_error)

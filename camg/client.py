@@ -66,6 +66,19 @@ class EpisodeDone(ServiceError):
     """episode_done: the body's ``details.terminal`` is the sticky answer."""
 
 
+class EpisodeRunning(ServiceError):
+    """episode_running: a regrade of an episode that has not ended yet."""
+
+
+class NoSubmission(ServiceError):
+    """no_submission: the episode ended before it submitted, or its stored
+    submission was evicted; nothing to regrade."""
+
+
+class RegradeUnsupported(ServiceError):
+    """regrade_unsupported (501): this environment cannot regrade."""
+
+
 class AtCapacity(ServiceError):
     """at_capacity (429): retry after ``retry_after`` seconds."""
 
@@ -85,6 +98,8 @@ _BY_NAME: dict[str | None, type[ServiceError]] = {
     "unavailable": Unavailable, "infra": Unavailable, "sandbox_died": Unavailable,
     "grader_error": Unavailable, "judge_error": Unavailable, "timeout": Unavailable,
     "render_error": Unavailable, "permission_denied": PermissionDenied,
+    "episode_running": EpisodeRunning, "no_submission": NoSubmission,
+    "regrade_unsupported": RegradeUnsupported,
 }
 
 
@@ -189,6 +204,12 @@ class Client:
         """The reference solution's next action (deployments with references)."""
         return self.request("GET", f"/episodes/{episode_id}/reference")[1]
 
+    def regrade(self, episode_id: str) -> dict:
+        """Grade a finished episode's stored submission again; the appended
+        outcome record (``reward``, ``grader_hash``, ``regrade_of`` …).
+        Not resent after a dropped connection: a resend would grade twice."""
+        return self.request("POST", f"/episodes/{episode_id}/regrade", {})[1]
+
     def get(self, episode_id: str) -> dict:
         return self.request("GET", f"/episodes/{episode_id}")[1]
 
@@ -276,6 +297,10 @@ class AsyncClient:
 
     async def reference(self, episode_id: str) -> dict:
         return await self.request("GET", f"/episodes/{episode_id}/reference")
+
+    async def regrade(self, episode_id: str) -> dict:
+        """Grade a finished episode's stored submission again (see Client.regrade)."""
+        return await self.request("POST", f"/episodes/{episode_id}/regrade", {})
 
     async def get(self, episode_id: str) -> dict:
         return await self.request("GET", f"/episodes/{episode_id}")

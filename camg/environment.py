@@ -22,7 +22,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from camg.errors import NotFound
+from camg.errors import NotFound, RegradeUnsupported
+from camg.hashing import sha256_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,29 @@ class Step:
     reward: float = 0.0
     done: bool = False
     graded: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Submission:
+    """What a finished episode handed its grader, kept so it can be graded
+    again (``POST /episodes/{id}/regrade``) after the episode is gone.
+
+    ``data`` is the submitted bytes (a diff, a CSV, a verifier's detail),
+    stored content-addressed under the service's state directory; ``meta``
+    is small JSON (at most 64 KiB) kept in the outcome record itself (Shop's
+    purchase, a screenshot's path and hash).
+    """
+
+    data: bytes = b""
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Grade:
+    """A regrade's answer: the reward and extra outcome-record fields."""
+
+    reward: float
+    outcome: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +124,13 @@ class Episode(abc.ABC):
         ``integrity`` verdict); called once, after grading or failure."""
         return {}
 
+    def submission(self) -> Submission | None:
+        """What this episode submitted for grading (None: nothing, e.g. it
+        was closed before it finished); called once, after grading or its
+        failure. Environments that implement ``Environment.regrade`` return
+        enough here to grade it again without the episode."""
+        return None
+
 
 class Environment(abc.ABC):
     """An environment service's domain object; one per service process."""
@@ -125,6 +156,22 @@ class Environment(abc.ABC):
     def metadata(self) -> Mapping[str, Any]:
         """Hashes of whatever decides a reward, and other facts for /metadata."""
         return {}
+
+    def grader_hash(self) -> str | None:
+        """Hash of what decides a reward now, written into every outcome
+        record: ``metadata()["grader"]`` alone when it is the only such
+        entry, else the hash of its ``grader``, ``judge`` and ``rubric``."""
+        meta = self.metadata()
+        parts = {k: meta[k] for k in ("grader", "judge", "rubric") if meta.get(k) is not None}
+        if set(parts) == {"grader"} and isinstance(parts["grader"], str):
+            return parts["grader"]
+        return sha256_json(parts) if parts else None
+
+    def regrade(self, task: Task, submission: Submission) -> Grade:
+        """Grade a stored submission of ``task`` again with the current
+        grader, without an episode (a worker thread, under the grading
+        deadline). Raise ``InfraFailure`` as ``Episode.grade`` does."""
+        raise RegradeUnsupported(f"the {self.name} environment cannot regrade episodes")
 
     def start(self) -> None:
         """Called once in the serving process before READY=1 (load indexes,

@@ -29,6 +29,8 @@ from camg.errors import (AtCapacity, DeadlineExceeded, EpisodeBusy, EpisodeDone,
                          TaskNotFound, Unavailable)
 from camg.logs import episode_fields
 from camg.outcomes import OutcomeLog
+from camg.regrading import REGRADE_FIELDS, Regrader
+from camg.submissions import SubmissionStore
 
 log = logging.getLogger("camg.episodes")
 
@@ -62,6 +64,8 @@ class Record:
         self.failure_class: str | None = None
         self.responses: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self.timings = {"reset_s": 0.0, "steps_s": 0.0, "grade_s": 0.0}
+        #: the outcome record's fields a regrade needs (set when it is written)
+        self.outcome: dict | None = None
 
     @property
     def fields(self) -> dict:
@@ -83,12 +87,14 @@ class Record:
 class EpisodeManager:
     def __init__(self, environment: Environment, *, capacity: int, limits: Limits,
                  config_hash: str, outcomes: OutcomeLog,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None,
+                 submissions: SubmissionStore | None = None) -> None:
         self.env = environment
         self.capacity = capacity
         self.limits = limits
         self.config_hash = config_hash
         self.outcomes = outcomes
+        self.submissions = submissions or SubmissionStore(outcomes.root)
         self.on_change = on_change or (lambda: None)
         self.records: dict[str, Record] = {}
         self.finished: collections.OrderedDict[str, Record] = collections.OrderedDict()
@@ -101,10 +107,13 @@ class EpisodeManager:
         # Enough threads for a running step and an abort per episode.
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=2 * capacity + 4, thread_name_prefix=f"camg-{environment.name}")
+        self._grader_hash: str | None = None
+        self.regrader = Regrader(self)
 
     # -- helpers ---------------------------------------------------------
-    async def _call(self, fn: Callable, *args: Any, timeout: float | None = None) -> Any:
-        future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+    async def _call(self, fn: Callable, *args: Any, timeout: float | None = None,
+                    pool: concurrent.futures.Executor | None = None) -> Any:
+        future = asyncio.get_running_loop().run_in_executor(pool or self.pool, fn, *args)
         if timeout is None:
             return await future
         try:
@@ -314,7 +323,7 @@ class EpisodeManager:
             "steps": rec.step_count, "started_at": rec.started_wall, "ended_at": time.time(),
             "timings": {k: round(v, 6) for k, v in rec.timings.items()}
             | {"wall_s": round(time.monotonic() - rec.started, 6)},
-            "config_hash": self.config_hash,
+            "config_hash": self.config_hash, "grader_hash": self.grader_hash(),
         }
         if rec.episode is not None:
             try:
@@ -339,7 +348,37 @@ class EpisodeManager:
 
     def _persist(self, rec: Record, record: dict) -> None:
         self.outcomes.finish_trajectory(rec.episode_id)
+        self._store_submission(rec, record)
         self.outcomes.append(record)
+        rec.outcome = {k: record.get(k) for k in REGRADE_FIELDS}
+
+    def _store_submission(self, rec: Record, record: dict) -> None:
+        # Before the record: a record never names bytes that are not stored.
+        # Only an episode that ended on its own submitted anything (one closed
+        # by the trainer, its lease or a shutdown did not).
+        if rec.status != "done" or rec.episode is None \
+                or not callable(getattr(rec.episode, "submission", None)):
+            return
+        try:
+            submission = rec.episode.submission()
+            if submission is not None:
+                record["submission"] = self.submissions.put(submission)
+        except Exception:  # a lost submission costs a regrade, never the record
+            log.exception("storing the episode's submission failed", **rec.fields)
+
+    def grader_hash(self) -> str | None:
+        """The environment's grader hash (fixed for the life of the process
+        once known: the grader is code and data loaded at start)."""
+        if self._grader_hash is None:
+            try:
+                self._grader_hash = self.env.grader_hash()
+            except Exception:
+                log.exception("the environment's grader hash failed")
+        return self._grader_hash
+
+    async def regrade(self, episode_id: str) -> dict:
+        """Grade a finished episode's stored submission again (camg.regrading)."""
+        return await self.regrader.regrade(episode_id)
 
     def state(self, episode_id: str, *, renew: bool = True) -> dict:
         """An episode's state; asking for one episode renews its lease."""
@@ -395,3 +434,4 @@ class EpisodeManager:
             except Exception:
                 log.exception("closing episode %s at shutdown failed", episode_id)
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.regrader.shutdown()

@@ -129,6 +129,26 @@ class EpisodeDone(Conflict):
     name = "episode_done"
 
 
+class EpisodeRunning(Conflict):
+    """The episode has not finished yet (e.g. a regrade of a running episode)."""
+
+    name = "episode_running"
+
+
+class NoSubmission(Conflict):
+    """A finished episode has no stored submission to regrade: it ended
+    before it submitted, or its stored bytes were evicted or lost."""
+
+    name = "no_submission"
+
+
+class RegradeUnsupported(CamgError, NotImplementedError):
+    """This environment cannot grade a stored submission again."""
+
+    name = "regrade_unsupported"
+    http_status = 501
+
+
 class AtCapacity(CamgError, RuntimeError):
     name = "at_capacity"
     http_status = 429

@@ -116,3 +116,39 @@ STATE_SCHEMA = {
         "lease_expires_at": {"type": "number"},
     },
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class RegradeRequest:
+    """``POST /episodes/{id}/regrade`` takes no parameters (an empty body or
+    ``{}``): the current grader grades the stored submission."""
+
+
+REGRADE_SCHEMA = {
+    "type": "object",
+    "description": "the appended outcome record of the regrade",
+    "required": ["episode_id", "task_id", "reward", "failure_class", "status", "grader_hash",
+                 "regrade_of", "same_grader", "submission"],
+    "properties": {
+        "episode_id": {"type": "string"},
+        "task_id": {"type": "string"},
+        "reward": _NULLABLE_NUMBER,
+        "failure_class": {"enum": FAILURE_CLASSES + [None]},
+        "status": {"const": "regraded"},
+        "grader_hash": {"type": ["string", "null"]},
+        "same_grader": {"type": "boolean",
+                        "description": "the grader hash equals the original record's"},
+        "regrade_of": {
+            "type": "object",
+            "description": "the episode's own outcome record, as it was graded then",
+            "properties": {"reward": _NULLABLE_NUMBER,
+                           "failure_class": {"enum": FAILURE_CLASSES + [None]},
+                           "grader_hash": {"type": ["string", "null"]},
+                           "ended_at": {"type": ["number", "null"]}}},
+        "submission": {
+            "type": "object",
+            "properties": {"sha256": {"type": ["string", "null"]}, "bytes": {"type": "integer"},
+                           "meta": {"type": "object"}}},
+        "timings": {"type": "object"},
+    },
+}

@@ -150,6 +150,25 @@ class OutcomeLog:
             self.finish_trajectory(episode_id)
         os.close(self._fd)
 
+    def find(self, episode_id: str) -> dict | None:
+        """The episode's own outcome record (not a regrade of it), or None.
+
+        A linear scan (the log is not indexed): only regrades of episodes
+        older than the manager's in-memory table come here.
+        """
+        needle = json.dumps(episode_id).encode()
+        with open(self.path, "rb") as handle:
+            for line in handle:
+                if needle not in line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("episode_id") == episode_id and "regrade_of" not in record:
+                    return record
+        return None
+
     def read(self) -> list[dict]:
         with open(self.path, encoding="utf-8") as handle:
             return [json.loads(line) for line in handle if line.strip()]

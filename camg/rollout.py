@@ -20,6 +20,12 @@ Policies:
   message the observation as JSON, and the reply must be one JSON action
   (the first ``{…}`` block of the text is taken).
 
+``--regrade run.jsonl`` (instead of ``--policy``) grades every episode of
+an earlier run again from its stored submission with the service's current
+grader (``POST /episodes/{id}/regrade``), writes one JSON line per episode
+(new and recorded reward, both grader hashes) and a summary of how many
+rewards stayed the same.
+
 It prints a live progress bar on a terminal, a summary at the end (reward
 mean and distribution, failure classes, p50/p99 of reset, step and the last
 step, which carries grading), and writes one JSON line per episode to
@@ -236,11 +242,90 @@ async def rollout(url: str, policy_name: str, episodes: int, concurrency: int,
         return summary(results, time.monotonic() - started)
 
 
+def regrade_line(episode_id: str, run_reward: float | None, record: dict | None,
+                 error: str | None) -> dict:
+    record = record or {}
+    was = (record.get("regrade_of") or {}).get("reward")
+    return {"episode_id": episode_id, "task_id": record.get("task_id"),
+            "reward": record.get("reward"), "failure_class": record.get("failure_class"),
+            "recorded_reward": was, "run_reward": run_reward,
+            "same_reward": bool(record) and record.get("reward") == was,
+            "same_grader": record.get("same_grader"), "grader_hash": record.get("grader_hash"),
+            "grade_s": (record.get("timings") or {}).get("grade_s"), "error": error}
+
+
+async def regrade_run(url: str, run: list[dict], concurrency: int, out, progress: bool) -> dict:
+    """Regrade every episode of a run's JSON lines; the summary."""
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+    for line in run:
+        queue.put_nowait(line)
+    lines: list[dict] = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(run), unit="ep", dynamic_ncols=True)
+    async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
+        async def worker() -> None:
+            while not queue.empty():
+                entry = queue.get_nowait()
+                record, error = None, None
+                try:
+                    record = await client.regrade(entry["episode_id"])
+                except ServiceError as exc:
+                    error = str(exc)
+                line = regrade_line(entry["episode_id"], entry.get("reward"), record, error)
+                lines.append(line)
+                if out is not None:
+                    out.write(json.dumps(line) + "\n")
+                    out.flush()
+                if bar is not None:
+                    bar.set_postfix(same=sum(x["same_reward"] for x in lines),
+                                    errors=sum(1 for x in lines if x["error"]))
+                    bar.update(1)
+
+        started = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(run))))))
+    if bar is not None:
+        bar.close()
+    grades = [x["grade_s"] for x in lines if x["grade_s"] is not None]
+    return {
+        "episodes": len(lines),
+        "regraded": sum(1 for x in lines if x["error"] is None),
+        "same_reward": sum(1 for x in lines if x["same_reward"]),
+        "changed_reward": sum(1 for x in lines if x["error"] is None and not x["same_reward"]),
+        "same_grader": sum(1 for x in lines if x["same_grader"]),
+        "failure_classes": dict(Counter(x["failure_class"] for x in lines if x["failure_class"])),
+        "errors": sum(1 for x in lines if x["error"]),
+        "grade_p50_s": percentile(grades, 0.5),
+        "grade_p99_s": percentile(grades, 0.99),
+        "wall_s": time.monotonic() - started,
+    }
+
+
+def read_run(path: str) -> list[dict]:
+    """The episodes of a run's JSON lines (those the service gave an id)."""
+    run = []
+    with open(path, encoding="utf-8") as handle:
+        for number, text in enumerate(handle, 1):
+            if not text.strip():
+                continue
+            try:
+                line = json.loads(text)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON line ({exc})") from None
+            if isinstance(line, dict) and isinstance(line.get("episode_id"), str):
+                run.append(line)
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m camg.rollout", description=__doc__.split("\n")[0])
     ap.add_argument("--routes", required=True, help="routes.json written by camg.configure")
     ap.add_argument("--env", required=True, help="environment name in routes.json")
-    ap.add_argument("--policy", choices=("oracle", "noop", "openai"), required=True)
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--policy", choices=("oracle", "noop", "openai"))
+    what.add_argument("--regrade", metavar="RUN_JSONL",
+                      help="regrade the episodes of an earlier run's --out file")
     ap.add_argument("--episodes", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--tasks", help="file of task ids, one a line (cycled in order)")
@@ -258,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"camg.rollout: {args.env!r} is not in {args.routes} ({', '.join(routes)})",
               file=sys.stderr)
         return 2
+    if args.regrade:
+        return main_regrade(args, routes[args.env])
     task_ids = None
     if args.tasks:
         with open(args.tasks, encoding="utf-8") as handle:
@@ -268,6 +355,23 @@ def main(argv: list[str] | None = None) -> int:
         body = asyncio.run(rollout(routes[args.env], args.policy, args.episodes,
                                    args.concurrency, task_ids, out,
                                    progress=not args.no_progress and sys.stderr.isatty()))
+    finally:
+        if out is not None:
+            out.close()
+    print_summary(body)
+    return 0 if body["errors"] == 0 else 1
+
+
+def main_regrade(args, url: str) -> int:
+    try:
+        run = read_run(args.regrade)
+    except (OSError, ValueError) as exc:
+        print(f"camg.rollout: {exc}", file=sys.stderr)
+        return 2
+    out = open(args.out, "a", encoding="utf-8") if args.out else None
+    try:
+        body = asyncio.run(regrade_run(url, run, args.concurrency, out,
+                                       progress=not args.no_progress and sys.stderr.isatty()))
     finally:
         if out is not None:
             out.close()

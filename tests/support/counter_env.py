@@ -7,12 +7,13 @@ step and grade, unexpected exceptions, and aborts through close().
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from camg.environment import Environment, Episode, Step, Task
+from camg.environment import Environment, Episode, Grade, Step, Submission, Task
 from camg.errors import GraderError, InvalidAction, SandboxDied
 
 ACTION_SCHEMA = {
@@ -39,6 +40,7 @@ class CounterEpisode(Episode):
         self.guesses: list[int] = []
         self.closed = threading.Event()
         self.runs = 0
+        self.finished = False
 
     def reset(self) -> Mapping[str, Any]:
         if self.task.data.get("reset_fails"):
@@ -58,12 +60,14 @@ class CounterEpisode(Episode):
         if op == "boom":
             raise RuntimeError("unexpected bug")
         if op == "finish":
+            self.finished = True
             return Step({"text": "finished", "task_id": self.task.task_id}, done=True)
         if "value" not in action:
             raise InvalidAction("guess needs a value")
         value = action["value"]
         self.guesses.append(value)
         if value == self.target:
+            self.finished = True
             return Step({"text": "correct", "task_id": self.task.task_id}, done=True)
         hint = "higher" if value < self.target else "lower"
         return Step({"text": hint, "task_id": self.task.task_id})
@@ -81,6 +85,11 @@ class CounterEpisode(Episode):
 
     def reference_action(self) -> Mapping[str, Any] | None:
         return {"operation": "guess", "value": self.target}
+
+    def submission(self) -> Submission | None:
+        if not self.finished:
+            return None
+        return Submission(json.dumps(self.guesses).encode(), {"guesses": len(self.guesses)})
 
 
 class CounterEnvironment(Environment):
@@ -103,3 +112,20 @@ class CounterEnvironment(Environment):
 
     def metadata(self) -> Mapping[str, Any]:
         return {"grader": "counter-exact-match/1"}
+
+    def regrade(self, task: Task, submission: Submission) -> Grade:
+        # settings: regrade_sleep (seconds, to hold a regrade open) and
+        # regrade_fails (the grader's infrastructure is down)
+        time.sleep(float(self.context.settings.get("regrade_sleep", 0)))
+        if task.data.get("grade_fails") or self.context.settings.get("regrade_fails"):
+            raise GraderError("grader crashed")
+        guesses = json.loads(submission.data)
+        target = int(task.data["target"])
+        return Grade(1.0 if guesses and guesses[-1] == target else 0.0,
+                     {"regraded_guesses": len(guesses)})
+
+
+class PlainCounterEnvironment(CounterEnvironment):
+    """The counter without the regrade capability."""
+
+    regrade = Environment.regrade

@@ -1,0 +1,140 @@
+"""``POST /episodes/{id}/regrade``: grade a finished episode again.
+
+The episode is gone by then (its sandbox, container or page state): what
+is left is its outcome record and the submission the record names
+(camg.submissions). The environment grades that submission with its
+current grader (``Environment.regrade``) and a second outcome record is
+appended: ``status: "regraded"``, the new ``reward``/``failure_class``,
+the current ``grader_hash``, ``regrade_of`` (the original reward, failure
+class, grader hash and end time) and ``same_grader``. Both records stay.
+
+One regrade at a time per episode (409 ``episode_busy``), none while the
+episode runs (409 ``episode_running``), at most ``REGRADES`` at once per
+service on threads of their own, under the grading deadline. A regrade
+that fails for infrastructure reasons is recorded like a grade: ``reward:
+null`` and the failure class, never a fake 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from camg.environment import Environment
+from camg.errors import (EpisodeBusy, EpisodeNotFound, EpisodeRunning, FailureClass, InfraFailure,
+                         NoSubmission, RegradeUnsupported, TaskNotFound)
+from camg.logs import episode_fields
+
+if TYPE_CHECKING:
+    from camg.episodes import EpisodeManager
+
+log = logging.getLogger("camg.episodes")
+
+#: regrades graded at once per service (each may hold a sandbox or a judge call)
+REGRADES = 4
+#: what a regrade needs of the episode's own outcome record (kept in memory
+#: for the manager's finished episodes; older ones are found in the log)
+REGRADE_FIELDS = ("task_id", "seed", "reward", "failure_class", "status", "grader_hash",
+                  "ended_at", "submission")
+
+
+class Regrader:
+    def __init__(self, manager: "EpisodeManager") -> None:
+        self.manager = manager
+        # Threads of their own: a regrade never takes a running episode's
+        # step or abort thread. Twice the slots: a regrade past its deadline
+        # keeps its thread until the environment returns.
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2 * REGRADES, thread_name_prefix=f"camg-{manager.env.name}-regrade")
+        self._slots: asyncio.Semaphore | None = None
+        self._running: set[str] = set()
+
+    def supported(self) -> bool:
+        return type(self.manager.env).regrade is not Environment.regrade
+
+    async def regrade(self, episode_id: str) -> dict:
+        m = self.manager
+        if not self.supported():
+            raise RegradeUnsupported(f"the {m.env.name} environment cannot regrade episodes")
+        rec = m.records.get(episode_id)
+        if rec is not None:
+            raise EpisodeRunning(f"episode {episode_id!r} is {rec.status}: regrade it once it "
+                                 "has ended")
+        if episode_id in self._running:
+            raise EpisodeBusy(f"a regrade of episode {episode_id!r} is running")
+        self._running.add(episode_id)
+        # Shielded like a step: a trainer that hangs up still gets its record.
+        return await asyncio.shield(asyncio.ensure_future(self._regrade(episode_id)))
+
+    async def _original(self, episode_id: str) -> dict:
+        m = self.manager
+        done = m.finished.get(episode_id)
+        original = done.outcome if done is not None else None
+        if original is None:
+            original = await m._call(m.outcomes.find, episode_id, pool=self.pool)
+        if original is None:
+            raise EpisodeNotFound(f"no episode {episode_id!r} in this service's outcome log")
+        return original
+
+    async def _regrade(self, episode_id: str) -> dict:
+        m = self.manager
+        try:
+            original = await self._original(episode_id)
+            ref = original.get("submission")
+            if not ref:
+                raise NoSubmission(f"episode {episode_id!r} has no stored submission (it ended "
+                                   f"{original.get('status')} before it submitted)")
+            task = m.tasks.get(original.get("task_id"))
+            if task is None:
+                raise TaskNotFound(f"task {original.get('task_id')!r} is not in this service's "
+                                   "selection any more")
+            submission = await m._call(m.submissions.get, ref, pool=self.pool)
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(REGRADES)
+            async with self._slots:
+                started_wall, started = time.time(), time.monotonic()
+                reward, failure, reason, extra = await self._grade(task, submission, episode_id)
+                seconds = time.monotonic() - started
+            now = m.grader_hash()
+            record = {
+                "environment": m.env.name, "episode_id": episode_id, "task_id": task.task_id,
+                "seed": original.get("seed"), "reward": reward,
+                "failure_class": failure.value if failure else None, "status": "regraded",
+                "reason": reason[:2000], "started_at": started_wall, "ended_at": time.time(),
+                "timings": {"grade_s": round(seconds, 6)}, "config_hash": m.config_hash,
+                "grader_hash": now,
+                "regrade_of": {k: original.get(k) for k in
+                               ("reward", "failure_class", "grader_hash", "ended_at")},
+                "same_grader": now is not None and now == original.get("grader_hash"),
+                "submission": ref,
+            }
+            record.update({k: v for k, v in extra.items() if k not in record})
+            await m._call(m.outcomes.append, record, pool=self.pool)
+            log.info("regraded: reward %s failure %s (was %s)", reward, record["failure_class"],
+                     original.get("reward"), extra=episode_fields(episode_id, task.task_id))
+            return record
+        finally:
+            self._running.discard(episode_id)
+
+    async def _grade(self, task, submission, episode_id: str):
+        """(reward, failure class, reason, extra record fields)."""
+        m = self.manager
+        fields = {"extra": episode_fields(episode_id, task.task_id)}
+        try:
+            grade = await m._call(m.env.regrade, task, submission,
+                                  timeout=m.limits.grade_timeout_s, pool=self.pool)
+            return float(grade.reward), None, "regraded", dict(grade.outcome)
+        except (RegradeUnsupported, NoSubmission):
+            raise  # answered as errors: nothing was graded
+        except InfraFailure as exc:
+            log.warning("regrade failed (%s): %s", exc.failure_class.value, exc, **fields)
+            return None, exc.failure_class, str(exc), {}
+        except Exception as exc:  # no honest grade: reward null, never a fake 0
+            log.error("regrade raised an unexpected error", exc_info=exc, **fields)
+            return None, FailureClass.INFRA, f"{type(exc).__name__}: {exc}", {}
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
