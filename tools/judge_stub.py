@@ -107,7 +107,10 @@ class FakeJudge:
         return self.default
 
     def start(self) -> "FakeJudge":
+        # A short poll: stop() (shutdown) waits up to one poll interval, and
+        # the tests start and stop a judge per test.
         self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05},
                                         name="fake-judge", daemon=True)
         self._thread.start()
         return self
