@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from camg.environment import Environment, Episode, ServiceContext, Step, Task
+from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
 from camg.errors import ConfigError, DatasetError, GraderError, InfraFailure, InvalidAction
 from camg.hashing import sha256_bytes, verify_recorded
 from camg.typed import parse
@@ -134,6 +134,53 @@ class ShopEnvironment(Environment):
             raise InfraFailure("the shop search engine is not running")
         return ShopEpisode(self, task, episode_id)
 
+    def score(self, task: Task, asin: str, options: Mapping[str, str]) -> tuple[float, dict]:
+        """The reward of buying ``asin`` with ``options`` for ``task``, and
+        its details: an episode's purchase and a regrade both come here."""
+        data = task.data
+        try:
+            product = self.products[asin]
+            if data.get("kind") == "exact_product":
+                reward, info = rewards.exact_product_reward(
+                    asin, dict(options), data["target_asins"], data["target_options"])
+            elif data.get("kind") == "memoryarena":
+                reward, info = memoryarena.score(
+                    data, asin, product.get("name") or "",
+                    product.get("catalog_category") or "", self._judge_fn())
+            else:
+                reward, info = rewards.webshop_reward(
+                    product, data["goal"], self.prices[asin], dict(options))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GraderError(f"cannot grade task {task.task_id}: {exc!r}") from None
+        return float(reward), info
+
+    def _judge_fn(self):
+        judge = self.judge
+        if judge is None:
+            return None    # the documented substring setting
+
+        def count(name: str, attributes: list[str]) -> int:
+            # JudgeError (an InfraFailure) propagates: reward null, judge_error
+            verdict = judge.ask(memoryarena.judge_prompt(name, attributes),
+                                parse=lambda text: memoryarena.parse_judgement(text, attributes))
+            return int(verdict.score)
+        return count
+
+    def regrade(self, task: Task, submission: Submission) -> Grade:
+        """The stored purchase through the reward function again (an episode
+        that ended without one -- step limit, MemoryArena's soft exit --
+        earns 0 by rule, as it did)."""
+        purchase = submission.meta.get("purchase")
+        if not isinstance(purchase, Mapping):
+            return Grade(0.0, {"purchase": None,
+                               "reward_info": dict(submission.meta.get("reward_info") or {})})
+        reward, info = self.score(task, str(purchase.get("asin")),
+                                  dict(purchase.get("options") or {}))
+        out: dict[str, Any] = {"purchase": dict(purchase), "reward_info": info}
+        if "attribute_method" in info:
+            out["attribute_method"] = info["attribute_method"]
+        return Grade(reward, out)
+
     def search(self, keywords: str) -> list[str]:
         searcher = self.searcher
         if searcher is None:
@@ -217,6 +264,14 @@ class ShopEpisode(Episode):
     def close(self) -> None:
         self._closed = True
 
+    def submission(self) -> Submission | None:
+        # The purchase is all the reward function sees; a few hundred bytes
+        # kept in the record itself, no stored file.
+        if self.purchase is None and not self.reward_info:
+            return None
+        return Submission(meta={"purchase": self.purchase, "reward_info": (
+            None if self.purchase is not None else self.reward_info)})
+
     def outcome(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {"purchase": self.purchase, "reward_info": self.reward_info}
         if "attribute_method" in self.reward_info:
@@ -276,37 +331,10 @@ class ShopEpisode(Episode):
 
     def _grade_purchase(self) -> None:
         store = self.store
-        data = self.task.data
-        product = self.env.products[store.asin]
         options = dict(store.options)
-        try:
-            if data.get("kind") == "exact_product":
-                reward, info = rewards.exact_product_reward(
-                    store.asin, options, data["target_asins"], data["target_options"])
-            elif data.get("kind") == "memoryarena":
-                reward, info = memoryarena.score(
-                    data, store.asin, product.get("name") or "",
-                    product.get("catalog_category") or "", self._judge_fn())
-            else:
-                reward, info = rewards.webshop_reward(
-                    product, data["goal"], self.env.prices[store.asin], options)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise GraderError(f"cannot grade task {self.task.task_id}: {exc!r}") from None
-        self.reward, self.reward_info = float(reward), info
+        self.reward, self.reward_info = self.env.score(self.task, store.asin, options)
         self.purchase = {"asin": store.asin, "options": options}
         store.score = self.reward
-
-    def _judge_fn(self):
-        judge = self.env.judge
-        if judge is None:
-            return None    # the documented substring setting
-
-        def count(name: str, attributes: list[str]) -> int:
-            # JudgeError (an InfraFailure) propagates: reward null, judge_error
-            verdict = judge.ask(memoryarena.judge_prompt(name, attributes),
-                                parse=lambda text: memoryarena.parse_judgement(text, attributes))
-            return int(verdict.score)
-        return count
 
     def _observation(self, valid: bool) -> dict:
         store = self.store
