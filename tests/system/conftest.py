@@ -43,7 +43,7 @@ def installed_root(tmp_path_factory):
         # content keys): the demo image build and the demo task set.
         host_cache = rootfs.cache_root().parent
         demo_binds = []
-        for host, guest in ((host_cache / "oci" / "demo", "/var/lib/camg/oci-rootfs/demo"),
+        for host, guest in ((host_cache / "oci" / "demo", "/var/cache/camg/oci/demo"),
                             (host_cache / "coding", "/var/cache/camg/coding")):
             host.mkdir(parents=True, exist_ok=True)
             demo_binds.append(f"{host}:{guest}")

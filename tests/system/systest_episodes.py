@@ -77,8 +77,10 @@ def shop_oracle(client: Client, root: Path) -> tuple[str, float]:
 
 
 ORACLES = {"coding": coding_oracle, "shop": shop_oracle}
-# A do-nothing action that ends an episode at once, where one exists.
-GIVE_UP = {"coding": {"operation": "finish"}}
+# A do-nothing action that ends an episode at once: zero reward (AutoResearch:
+# no submission; General, Visual: finish without an answer or a page).
+GIVE_UP = {"coding": {"operation": "finish"}, "general": {"operation": "finish"},
+           "visual": {"operation": "finish"}, "autoresearch": {"operation": "submit"}}
 
 
 def drive(env: str, root: Path) -> dict:

@@ -16,10 +16,12 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 # helper config that points cgroup parents at the bound host controllers.
 GUEST_CHECKOUT = "/root/camg-checkout"
 GUEST_HELPER_CONFIG = "/root/helper-systest.json"
-# Every registered environment with demo data (install.sh's default: the
-# demo deployment of everything that exists), on the guest's own Debian
-# python3, the interpreter packaging/lib.sh camg_python picks on bookworm.
-INSTALL_FLAGS: list[str] = []
+# The shared machine of the unit/kill-storm tests serves the environments
+# those tests drive (Coding and Shop: no Docker engine, no heavy research
+# image); the newcomer test runs demo.sh's default (every environment with
+# demo data). On the guest's own Debian python3, the interpreter
+# packaging/lib.sh camg_python picks on bookworm.
+INSTALL_FLAGS: list[str] = ["--environments", "coding,shop"]
 GUEST_PIP_CACHE = "/var/cache/camg-pip"
 GUEST_PYTHON = "/usr/bin/python3"
 _HOST_INDEXES = ("/opt/pypi", "/opt/pypi-more", "/opt/wheels")

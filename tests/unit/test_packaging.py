@@ -154,3 +154,99 @@ def test_the_helper_pins_are_the_locks():
     for line in (CHECKOUT / "requirements" / "helper.in").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             assert lock.get(line.split("==")[0].lower()) == line.strip(), line
+
+
+# -- the demo: all five environments (packaging/prepare_demo.py, demo-deployment.json)
+
+def _prepare_demo():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "prepare_demo_under_test", CHECKOUT / "packaging" / "prepare_demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_demo_serves_every_registered_environment():
+    demo = _prepare_demo()
+    assert sorted(demo.demo_names("all")) == sorted(plugins.all_plugins())
+    deployment = __import__("json").loads((CHECKOUT / "packaging" / "demo-deployment.json").read_text())
+    assert sorted(deployment["environments"]) == sorted(demo.PREPARERS)
+
+
+def test_demo_deployment_settings_parse_and_limits_cover_the_budgets():
+    import json
+
+    from camg import typed
+    from camg.errors import ConfigError
+    from camg.service_config import Limits
+
+    body = json.loads((CHECKOUT / "packaging" / "demo-deployment.json").read_text())
+    for name, entry in body["environments"].items():
+        settings_type = plugins.get(name).load_settings_type()
+        settings = typed.parse(settings_type, entry.get("settings", {}), name, ConfigError) \
+            if name != "shop" else None  # Shop's hashes are recorded by its preparation
+        limits = typed.parse(Limits, entry.get("limits", {}), name, ConfigError)
+        if name == "general":   # a software finish runs the verifier (daemons/general/README.md)
+            assert limits.action_timeout_s >= max(1900, settings.step_timeout_s)
+        if name == "visual":
+            assert limits.action_timeout_s > settings.render_timeout + 30
+        if name == "autoresearch":
+            assert limits.action_timeout_s > settings.command_minutes * 60
+            assert limits.episode_timeout_s > settings.episode_minutes * 60
+
+
+def test_demo_helper_config_adds_lower_roots_and_the_mediator_only_for_containers(tmp_path):
+    import json
+
+    demo = _prepare_demo()
+    base = json.loads((CHECKOUT / "units" / "helper.json").read_text())
+    cache, data = tmp_path / "cache", tmp_path / "data"
+    plain = demo.helper_config(base, data, cache, ["coding", "shop", "autoresearch"])
+    assert plain["lower_roots"][:len(base["lower_roots"])] == base["lower_roots"]
+    assert {str(cache / "oci"), str(cache / "helper")} <= set(plain["lower_roots"])
+    assert "containers" not in plain and plain["private_roots"] == base["private_roots"]
+    for name, listing in (("general", "container-images.json"), ("visual", "images.json")):
+        (data / name).mkdir(parents=True)
+        (data / name / listing).write_text(json.dumps({"images": [f"r/{name}@sha256:{'a' * 64}"]}))
+    full = demo.helper_config(base, data, cache, ["general", "visual"])
+    allowed = json.loads(Path(full["containers"]["images_manifest"]).read_text())["images"]
+    assert sorted(allowed) == [f"r/general@sha256:{'a' * 64}", f"r/visual@sha256:{'a' * 64}"]
+    assert full["containers"]["agent_env_source"] == str(data / "general" / "agent-env")
+    # The helper's mediator accepts it.
+    from camg import typed
+    from helper.container_config import ContainerConfig
+    typed.parse(ContainerConfig, full["containers"], "containers", ValueError)
+
+
+def test_demo_judge_stub_scores_images_by_statistics_and_texts_by_script():
+    import base64
+    import io
+    import json
+
+    from PIL import Image
+
+    from tools import judge_stub
+
+    respond = judge_stub.demo_responder(judge_stub.DEMO_TEXT)
+    text = respond(judge_stub.Request("/v1/chat/completions", {}, {"messages": [
+        {"role": "user", "content": "grade this answer"}]}))
+    assert json.loads(text.text)["score"] == 1
+
+    def shot(draw) -> judge_stub.Reply:
+        im = Image.new("RGB", (288, 180), "white")
+        draw(im)
+        buf = io.BytesIO()
+        im.save(buf, "JPEG")
+        url = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+        return respond(judge_stub.Request("/v1/chat/completions", {}, {"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "rubric"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]}))
+
+    def design(im):
+        for i in range(0, 288, 24):
+            im.paste((i, 255 - i, (i * 7) % 256), (i, 20 + i // 4, i + 20, 160))
+    blank, designed = json.loads(shot(lambda im: None).text), json.loads(shot(design).text)
+    assert blank["layout_integrity"] < designed["layout_integrity"]
+    assert set(blank) >= {"layout_integrity", "query_fulfillment", "premium_assets"}
