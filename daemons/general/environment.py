@@ -156,6 +156,7 @@ class GeneralEpisode(Episode):
         self.verifier_exit: int | None = None
         self.judge_records: list[dict] = []
         self.judge_failure: dict | None = None
+        self.integrity: dict | None = None  # the tamper screen's part of the outcome
         self._closed = False
         self._lock = threading.Lock()
 
@@ -192,6 +193,8 @@ class GeneralEpisode(Episode):
             return Step(observation=observation, reward=0.0, done=True, graded=False)
         if reward is None:
             raise errors.GraderError("the transport finished without a reward")
+        if self.kind == "opensource-code":
+            reward = self._screened(reward)
         return Step(observation=observation, reward=self._binarized(reward), done=True, graded=True)
 
     def grade(self) -> float:
@@ -206,6 +209,17 @@ class GeneralEpisode(Episode):
             self.judge_failure = {k: v for k, v in exc.details.items()}
             raise
         return self._binarized(reward)
+
+    def _screened(self, reward: float) -> float:
+        """The tamper screen of what the agent changed (daemons/general/integrity.py,
+        on the record the transport's guard left): any finding makes it 0.0."""
+        from daemons.general import integrity
+
+        record = integrity.read_changes(self.env.client.get_archive(self.container.id,
+                                                                    integrity.CHANGES))
+        findings = integrity.screen(record)
+        self.integrity = integrity.summary(record, findings)
+        return 0.0 if findings else reward
 
     def _binarized(self, reward: float) -> float:
         if self.env.settings.binarize:
@@ -240,4 +254,6 @@ class GeneralEpisode(Episode):
             record["judge"] = self.judge_records
         if self.judge_failure:
             record["judge_failure"] = self.judge_failure
+        if self.integrity:
+            record.update(self.integrity)
         return record

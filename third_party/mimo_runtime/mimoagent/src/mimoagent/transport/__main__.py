@@ -16,7 +16,10 @@ def create(root: Path, prewarm: bool = True):
     if kind == "opensource-code":
         from mimoagent.transport import software as module
 
-        env, action, observation = module.bind(root), module.ShellAction, module.ShellObservation
+        from mimoagent.transport.verifier_guard import GuardConfig
+
+        env, action, observation = (module.bind(root, guard=GuardConfig()), module.ShellAction,
+                                    module.ShellObservation)
         name = "mimo_software"
     elif kind == "general_agent":
         from mimoagent.transport import general as module

@@ -25,15 +25,17 @@ class InfraError(RuntimeError):
 
 
 def run_command(command: str, cwd: str, timeout: float, *, agent: bool, stdin=None,
-                agent_uid: int = AGENT_UID) -> dict:
+                agent_uid: int = AGENT_UID, extra_env: dict | None = None) -> dict:
     """The seed's runner: a fresh bash in a new session; as the agent uid
     (HOME, USER, LOGNAME of the agent, no supplementary groups) unless
     ``agent`` is false; the final 12000 bytes with a note when cut;
-    timeout -> exit 124 and a note; PYTHONPATH never leaks in."""
+    timeout -> exit 124 and a note; PYTHONPATH never leaks in.
+    ``extra_env`` (the verifier's clean HOME/TMP at grading) goes on top."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if agent:
         env.update(HOME=AGENT_HOME, USER="arena-agent", LOGNAME="arena-agent")
+    env.update(extra_env or {})
     result = run_bash(command, cwd, timeout, env=env, output_limit=OUTPUT_LIMIT, stdin=stdin,
                       user=agent_uid if agent else None)
     return {"output": result["output"], "returncode": result["returncode"]}
@@ -50,10 +52,17 @@ class VerifierExecution(LocalEnvironment):
         super().__init__(**kwargs)
         self.privileged = privileged
         self.agent_uid = agent_uid
+        #: set at grading (transport.verifier_guard): a HOME and TMPDIR the
+        #: agent never had, user site off
+        self.extra_env: dict = {}
+
+    def get_template_vars(self) -> dict:
+        return {**super().get_template_vars(), "tmp_dir": self.extra_env.get("TMPDIR", "/tmp")}
 
     def execute(self, command, cwd="", timeout=None):
         result = run_command(command, cwd or self.config.cwd, timeout or 120,
-                             agent=not self.privileged, agent_uid=self.agent_uid)
+                             agent=not self.privileged, agent_uid=self.agent_uid,
+                             extra_env=self.extra_env)
         return {**result, "reason": "timeout" if result["returncode"] == 124 else "ok"}
 
     def copy_to(self, src_path, dest_path, **kwargs):
@@ -61,7 +70,8 @@ class VerifierExecution(LocalEnvironment):
 
         with open(src_path, "rb") as source:
             result = run_command("cat > " + shlex.quote(dest_path), self.config.cwd, 120,
-                                 agent=not self.privileged, stdin=source, agent_uid=self.agent_uid)
+                                 agent=not self.privileged, stdin=source, agent_uid=self.agent_uid,
+                                 extra_env=self.extra_env)
         if result["returncode"] != 0:
             raise RuntimeError("Verifier file transfer failed")
 

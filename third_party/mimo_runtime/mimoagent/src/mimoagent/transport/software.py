@@ -21,6 +21,7 @@ from openenv.core.env_server import Action, Environment, Observation, State
 from pydantic import Field
 
 from mimoagent.environments.datasets.opensource_code import OpenSourceCodeEnvironment
+from mimoagent.transport import verifier_guard
 from mimoagent.transport.common import (AGENT_UID, prewarmer, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
                                         InfraError, VerifierExecution, chown_tree, run_command)
 
@@ -41,8 +42,14 @@ class ShellObservation(Observation):
 WORKSPACES = (Path("/testbed"), Path("/workspace/repo"))
 
 
-def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = WORKSPACES) -> type:
-    """The environment class for the task under ``root`` (instance.json, workspace.tar)."""
+def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = WORKSPACES,
+         guard: verifier_guard.GuardConfig | None = None) -> type:
+    """The environment class for the task under ``root`` (instance.json, workspace.tar).
+
+    ``guard`` isolates the grade from what the agent left (verifier_guard:
+    its processes killed, pristine .git, clean HOME/TMP, the change record);
+    the transport's entry point always passes it. None only for in-process
+    tests, where a reap of the agent uid would reach the host's processes."""
     instance = json.loads((root / "instance.json").read_text())
     workspace = Path(instance["cwd"])
 
@@ -60,7 +67,23 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
         verifier = OpenSourceCodeEnvironment(
             VerifierExecution(cwd=str(workspace), agent_uid=agent_uid), instance)
         verifier.setup_environment()
+        verifier.pristine = None
+        if guard is not None:
+            verifier.pristine = verifier_guard.Pristine(str(workspace), str(root / "workspace.tar"),
+                                                        agent_uid, guard.state_root)
+            verifier.pristine.snapshot()
         return verifier
+
+    def _isolate(verifier) -> None:
+        """Before the verifier runs: nothing of the agent's may reach it."""
+        if guard is None:
+            return
+        try:
+            env, _ = verifier_guard.before_grade(guard, verifier.pristine,
+                                                 verifier.patch_paths(instance["test_patch"]))
+        except Exception as exc:  # noqa: BLE001 -- no isolated grade, no reward
+            raise InfraError("grader_error", f"cannot isolate the verifier: {exc}") from None
+        verifier.env.extra_env = env
 
     _take_prewarmed, prewarm = prewarmer(_prepare)
 
@@ -93,6 +116,7 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
                 return self.terminal
             self._state.step_count += 1
             if action.operation == "finish" or self._state.step_count >= MAX_STEPS:
+                _isolate(self.verifier)
                 reward, output, info = self.verifier.calculate_reward(
                     timeout=instance["verifier_timeout_sec"])
                 if info.get("error_category") or info.get("transport_error") \

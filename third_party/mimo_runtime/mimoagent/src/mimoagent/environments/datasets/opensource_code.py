@@ -15,6 +15,7 @@ Errors: a failed reset or apply reports ``error_category``
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 
@@ -67,9 +68,13 @@ class OpenSourceCodeEnvironment(DatasetEnvironment):
             raise
         except Exception as exc:  # noqa: BLE001
             return 0.0, str(exc), {"error_category": TESTBED_CORRUPTED, "error": "reset_tests_failed"}
+        # Upstream's /tmp file, in the verifier's own TMPDIR when it has one
+        # (a path in the shared /tmp is the agent's to occupy first).
+        patch_file = os.path.join(self.env.get_template_vars().get("tmp_dir") or "/tmp",
+                                  os.path.basename(PATCH_FILE))
         try:
-            self.copy_text_to(patch, PATCH_FILE)
-            self._checked(f"git apply --verbose {PATCH_FILE}", "git apply")
+            self.copy_text_to(patch, patch_file)
+            self._checked(f"git apply --verbose {shlex.quote(patch_file)}", "git apply")
         except TransportError:
             raise
         except Exception as exc:  # noqa: BLE001

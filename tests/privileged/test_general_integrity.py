@@ -1,0 +1,130 @@
+"""Fix-free submissions must not win General's opensource-code tasks.
+
+Each episode runs through the real service (per-episode container, the
+transport inside) and tries one class of attack with several variants at
+once, none of which fixes anything; each used to earn 1.0 (see
+daemons/general/README.md, "Grade integrity"). Now: reward 0.0 with the reason
+in the outcome record. The gold patch, with the noise an honest agent leaves
+(a server still running, caches, scratch files, a commit), still earns 1.0.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from camg.client import Client
+from test_coding_episodes import coding_helper, demo_image, demo_set  # noqa: F401
+from general_fixtures import (fake_judge, general_demo, general_helper,  # noqa: F401
+                              general_prepared, general_service, tasks_of)
+from test_general_episodes import apply_gold, outcome, run, shell
+
+pytestmark = [pytest.mark.privileged, pytest.mark.slow]
+
+
+def write(path: str, text: str) -> str:
+    """A shell snippet writing ``text`` to ``path`` (parents made)."""
+    data = base64.b64encode(text.encode()).decode()
+    return f"mkdir -p \"$(dirname {path})\" && echo {data} | base64 -d > {path}"
+
+
+EXIT0 = "import os\nos._exit(0)\n"
+# Waits until the verifier has applied the test patch, then makes the test
+# process exit 0 before it runs a test (a conftest pytest imports first).
+WATCHER = ("while :; do if grep -qs pytest /testbed/mimo_test_command.sh; then "
+           "printf 'import os\\nos._exit(0)\\n' > /testbed/conftest.py; fi; sleep 0.02; done")
+
+
+def attack(general_service, general_prepared, commands: list[str]) -> tuple[dict, dict]:
+    client = Client(general_service.url)
+    task = tasks_of(general_prepared, "opensource-code")[0]
+    _, reply, outputs = run(client, task["task_id"], [shell(c) for c in commands]
+                            + [{"operation": "finish"}])
+    assert all(o.get("exit_code") == 0 for o in outputs[1:-1]), outputs
+    return reply, outcome(general_service, reply["episode_id"])
+
+
+def rules(record: dict) -> set[tuple[str, str]]:
+    return {(f["rule"], f["path"]) for f in record.get("integrity_evidence", [])}
+
+
+def test_gold_with_honest_noise_still_earns_one(general_service, general_demo, general_prepared):
+    task = tasks_of(general_prepared, "opensource-code")[0]
+    gold = (general_demo["out"] / "gold" / f"{task['task_id']}.patch").read_text()
+    client = Client(general_service.url)
+    _, reply, outputs = run(client, task["task_id"], [
+        apply_gold(gold),
+        # What honest work leaves: test runs (caches), a scratch test, a
+        # commit, a server left running, files in /tmp and the home.
+        shell("/opt/testbed-venv/bin/python -m pytest -q -x tests >/dev/null 2>&1; "
+              + write("tests/test_scratch_repro.py", "import pytest\n\ndef test_x():\n    assert 1\n")
+              + " && git add -A && git -c user.name=a -c user.email=a@b commit -qm fix"
+              + " && (setsid sleep 600 >/dev/null 2>&1 &) && echo scratch > /tmp/notes"
+              + " && mkdir -p ~/.cache && echo ok"),
+        {"operation": "finish"}])
+    assert "GOLD-APPLIED" in outputs[1]["output"] and outputs[2]["exit_code"] == 0, outputs
+    record = outcome(general_service, reply["episode_id"])
+    assert reply["reward"] == 1.0, (reply, record)
+    assert record["integrity"] == "ok" and record["grade_guard"]["processes_killed"] >= 1, record
+
+
+def test_background_processes_cannot_touch_the_grade(general_service, general_prepared):
+    """nohup, setsid and a double fork, each as uid 2000, waiting for the test
+    patch to rewrite the repository under the running verifier."""
+    reply, record = attack(general_service, general_prepared, [
+        f"nohup bash -c '{WATCHER}' >/dev/null 2>&1 &",
+        f"setsid bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null &",
+        f"( ( bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null & ) & ); echo forked",
+        "sleep 0.3; pgrep -u 2000 -fc mimo_test_command",
+    ])
+    assert reply["reward"] == 0.0 and reply["failure_class"] is None, (reply, record)
+    assert record["grade_guard"]["processes_killed"] >= 3, record
+    assert record["verifier_exit_code"] not in (0, None), record
+
+
+def test_python_startup_hooks_earn_zero(general_service, general_prepared):
+    """usercustomize and a .pth in uid 2000's user site, sitecustomize on the
+    path the test venv imports (/testbed/src, via testbed.pth), a .pth in the repo."""
+    site = "/home/arena-agent/.local/lib/python3.11/site-packages"
+    reply, record = attack(general_service, general_prepared, [
+        write(f"{site}/usercustomize.py", EXIT0),
+        write(f"{site}/zz_exit.pth", "import os; os._exit(0)\n"),
+        write("src/sitecustomize.py", EXIT0),
+        write("zz_exit.pth", "import os; os._exit(0)\n"),
+    ])
+    assert reply["reward"] == 0.0 and record["integrity"] == "tampered", (reply, record)
+    assert {("startup_hook", "src/sitecustomize.py"), ("startup_hook", "zz_exit.pth")} <= rules(record)
+
+
+def test_runner_configuration_and_shadowing_earn_zero(general_service, general_prepared):
+    reply, record = attack(general_service, general_prepared, [
+        write("conftest.py", "def pytest_sessionstart(session):\n    import os\n    os._exit(0)\n"),
+        write("pytest.ini", "[pytest]\naddopts = --co -q\n"),
+        "printf '\\n[tool:pytest]\\naddopts = -p zz_plugin\\n' >> setup.cfg",
+        write("zz_plugin.py", "def pytest_runtestloop(session):\n    return True\n"),
+        write("pytest.py", "raise SystemExit(0)\n"),
+    ])
+    assert reply["reward"] == 0.0 and record["integrity"] == "tampered", (reply, record)
+    found = rules(record)
+    assert {("runner_hook_in_tests", "conftest.py"), ("runner_config", "pytest.ini"),
+            ("runner_config", "setup.cfg"), ("runner_shadowed", "pytest.py")} <= found, found
+
+
+def test_git_control_files_cannot_run_code_in_the_verifier(general_service, general_prepared):
+    """The verifier's git commands run in the agent's repository: a smudge
+    filter rewrites the applied test script; core.fsmonitor runs at the
+    verifier's first index refresh (after the reap) and writes a conftest
+    that ends the test process with 0; a post-checkout hook starts a watcher."""
+    hook = f"#!/bin/bash\n(setsid bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null &)\nexit 0\n"
+    fsmonitor = "#!/bin/bash\nprintf 'import os\\nos._exit(0)\\n' > /testbed/conftest.py\nexit 1\n"
+    reply, record = attack(general_service, general_prepared, [
+        "git config filter.zz.smudge \"sh -c 'cat >/dev/null; printf \\\"exit 0\\\\n\\\"'\" && "
+        "git config filter.zz.clean cat && echo 'mimo_test_command.sh filter=zz' >> .gitattributes",
+        write(".git/hooks/post-checkout", hook) + " && chmod +x .git/hooks/post-checkout",
+        write("/home/arena-agent/fsmonitor", fsmonitor) + " && chmod +x /home/arena-agent/fsmonitor"
+        " && git config core.fsmonitor /home/arena-agent/fsmonitor",
+    ])
+    assert reply["reward"] == 0.0 and reply["failure_class"] is None, (reply, record)
+    assert record["grade_guard"]["git_restored"] is True, record
+    assert ("git_attributes", ".gitattributes") in rules(record), record

@@ -1,0 +1,354 @@
+"""What the root transport does before the software verifier runs.
+
+The verifier runs the test command as the agent's uid (seed 001's
+``VerifierExecution`` default), in the agent's container, in the agent's
+repository. Whatever the agent left behind could reach that run, so before
+it starts (after the agent's last action, as root):
+
+1. **Bounded processes**: every process of the agent uid is killed and none
+   may remain (``reap``); a survivor is an infrastructure failure, never a
+   grade. A background process can no longer rewrite files under the
+   running verifier or signal it.
+2. **Nothing planted outside the repository**: the agent's entries in the
+   world-writable directories are removed, and the verifier gets a fresh
+   HOME and TMPDIR under a root-owned directory the agent never saw, with
+   the user site off (``clean_env``).
+3. **The repository's git control files are the pristine ones**: ``.git``
+   is replaced by the copy taken at setup (``Pristine.restore_git``), so no
+   hook, filter driver, fsmonitor, replace ref or rewritten object of the
+   agent's runs inside the verifier's git commands; bytecode the agent
+   wrote is removed (a ``.pyc`` is trusted by mtime and size alone).
+4. **What the agent changed is recorded** (``Pristine.changes``): the tree
+   walked against the setup-time snapshot -- no git involved, so nothing the
+   agent did to git hides a change -- with the added lines of each changed
+   text file, written to ``/logs/verifier/changes.json`` for the General
+   service to screen for runner tampering (daemons/general/integrity.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tarfile
+import tempfile
+import time
+
+AGENT_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+#: root-owned; per-grade homes and the pristine .git live below it
+STATE_ROOT = "/var/lib/mimo-verifier"
+CHANGES_FILE = "/logs/verifier/changes.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardConfig:
+    """Where the guard acts. The defaults are the task container's; the
+    in-process tests pass their own (a reap of the agent uid on a host would
+    reach that uid's processes in every container there)."""
+
+    tmp_dirs: tuple[str, ...] = AGENT_TMP_DIRS
+    state_root: str = STATE_ROOT
+    changes_file: str = CHANGES_FILE
+    reap_deadline_s: float = 10.0
+#: bounds of changes.json: the added text sent per file and in all, entries
+FILE_TEXT_LIMIT = 256 << 10
+TEXT_BUDGET = 4 << 20
+ENTRY_LIMIT = 50000
+_BYTECODE = (".pyc", ".pyo")
+
+
+# --- 1. processes -----------------------------------------------------------
+
+def agent_processes(uid: int, proc: str = "/proc") -> list[int]:
+    """Live (not zombie) processes with ``uid`` among their real, effective,
+    saved or filesystem uids."""
+    found = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/status", encoding="ascii", errors="replace") as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        except OSError:
+            continue  # gone meanwhile
+        if fields.get("State", "").strip().startswith("Z"):
+            continue
+        if str(uid) in fields.get("Uid", "").split():
+            found.append(int(name))
+    return found
+
+
+def _kill_all_as(uid: int) -> None:
+    """kill(-1, SIGKILL) as ``uid``: one atomic sweep of everything the uid
+    may signal (a fork in flight is refused under the same lock)."""
+    pid = os.fork()
+    if pid == 0:  # child: only system calls until _exit
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)
+        except BaseException:  # noqa: BLE001 -- nothing to report from here
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def reap(uid: int, deadline_s: float = 10.0) -> int:
+    """Kill every process of ``uid``; return how many there were. Raises
+    RuntimeError if some survive ``deadline_s`` (the grade must not run)."""
+    first = agent_processes(uid)
+    end = time.monotonic() + deadline_s
+    left = first
+    while left:
+        if time.monotonic() > end:
+            raise RuntimeError(f"{len(left)} process(es) of uid {uid} survive SIGKILL: {left[:10]}")
+        _kill_all_as(uid)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+        left = agent_processes(uid)
+    return len(first)
+
+
+# --- 2. what the agent planted outside the repository ------------------------
+
+def purge_agent_entries(uid: int, dirs=AGENT_TMP_DIRS) -> int:
+    removed = 0
+    for top in dirs:
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+def clean_env(uid: int, state_root: str = STATE_ROOT) -> tuple[str, dict]:
+    """A fresh directory (root-owned parent) with ``home`` and ``tmp`` for
+    the verifier, and the environment that points there."""
+    os.makedirs(state_root, mode=0o711, exist_ok=True)
+    os.chmod(state_root, 0o711)
+    base = tempfile.mkdtemp(prefix="grade-", dir=state_root)
+    for name in ("home", "tmp"):
+        os.mkdir(os.path.join(base, name), 0o700)
+        os.chown(os.path.join(base, name), uid, uid)
+    os.chmod(base, 0o711)
+    home, tmp = os.path.join(base, "home"), os.path.join(base, "tmp")
+    return base, {"HOME": home, "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp, "PYTHONNOUSERSITE": "1"}
+
+
+# --- 3 and 4. the repository ---------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    kind: str          # file, link, dir, other
+    size: int
+    ino: int
+    ctime_ns: int
+    mode: int
+    target: str = ""   # links
+
+
+def walk(repo: str) -> dict[str, Entry]:
+    """Every path under ``repo`` except the top-level ``.git``, unfollowed."""
+    out: dict[str, Entry] = {}
+    for dirpath, dirnames, filenames in os.walk(repo, followlinks=False):
+        rel_dir = os.path.relpath(dirpath, repo)
+        if rel_dir == ".":
+            dirnames[:] = [d for d in dirnames if d != ".git"]
+            filenames = [f for f in filenames if f != ".git"]
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            kind = ("link" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode)
+                    else "file" if stat.S_ISREG(st.st_mode) else "other")
+            target = os.readlink(path) if kind == "link" else ""
+            out[rel] = Entry(kind, st.st_size, st.st_ino, st.st_ctime_ns, st.st_mode & 0o7777, target)
+    return out
+
+
+def _added(new: bytes, old: bytes | None) -> str:
+    """The lines of ``new`` that ``old`` does not have (as many times as they
+    are new), in order: what a screen of added lines needs, without a diff's cost."""
+    lines = new.decode("utf-8", "replace").splitlines()
+    if old is None:
+        return "\n".join(lines)
+    have = collections.Counter(old.decode("utf-8", "replace").splitlines())
+    added = []
+    for line in lines:
+        if have[line] > 0:
+            have[line] -= 1
+        else:
+            added.append(line)
+    return "\n".join(added)
+
+
+class Pristine:
+    """The repository as the agent got it: a tree snapshot and a root-only
+    copy of its ``.git``, taken at setup; the base content comes from the
+    task's workspace.tar (root-only, the agent never wrote it)."""
+
+    def __init__(self, repo: str, workspace_tar: str, uid: int, state_root: str = STATE_ROOT) -> None:
+        self.repo = repo
+        self.tar = workspace_tar
+        self.uid = uid
+        self.entries: dict[str, Entry] = {}
+        self.state_root = state_root
+        self.git_copy = os.path.join(state_root, "pristine-git")
+
+    def snapshot(self) -> None:
+        self.entries = walk(self.repo)
+        os.makedirs(self.state_root, mode=0o711, exist_ok=True)
+        shutil.rmtree(self.git_copy, ignore_errors=True)
+        subprocess.run(["cp", "-a", os.path.join(self.repo, ".git"), self.git_copy], check=True)
+        os.chmod(self.git_copy, 0o700)
+
+    def restore_git(self) -> None:
+        target = os.path.join(self.repo, ".git")
+        if os.path.islink(target) or (os.path.lexists(target) and not os.path.isdir(target)):
+            os.unlink(target)
+        elif os.path.isdir(target):
+            shutil.rmtree(target)
+        subprocess.run(["cp", "-a", self.git_copy, target], check=True)
+        os.chmod(target, 0o755)
+        subprocess.run(["chown", "-R", f"{self.uid}:{self.uid}", target], check=True)
+
+    def purge_bytecode(self) -> int:
+        """Remove every .pyc/.pyo the agent wrote or changed (Python and
+        pytest's rewrite cache trust one whose header matches the source's
+        mtime and size; they rebuild a missing one)."""
+        removed = 0
+        for rel, entry in walk(self.repo).items():
+            if entry.kind == "file" and rel.endswith(_BYTECODE) and self.entries.get(rel) != entry:
+                try:
+                    os.unlink(os.path.join(self.repo, rel))
+                    removed += 1
+                except OSError:
+                    pass
+        return removed
+
+    def _base_members(self) -> tuple[tarfile.TarFile, dict[str, tarfile.TarInfo]]:
+        archive = tarfile.open(self.tar)
+        members = {}
+        for member in archive.getmembers():
+            parts = member.name.split("/", 1)
+            if len(parts) == 2 and member.isfile():
+                members[parts[1]] = member
+        return archive, members
+
+    def changes(self) -> dict:
+        """Changed, added and deleted paths, with the added text of text files."""
+        now = walk(self.repo)
+        paths = sorted(set(self.entries) | set(now), key=lambda p: (p.count("/"), p))
+        out: list[dict] = []
+        omitted = 0
+        budget = TEXT_BUDGET
+        archive, members = self._base_members()
+        try:
+            for rel in paths:
+                before, after = self.entries.get(rel), now.get(rel)
+                if after is not None and after.kind == "dir":
+                    continue
+                if before is not None and after is not None and before.kind == after.kind and (
+                        before.size, before.ino, before.ctime_ns, before.mode, before.target) == (
+                        after.size, after.ino, after.ctime_ns, after.mode, after.target):
+                    continue  # not even a metadata change: same content
+                if after is None:
+                    if before.kind != "dir":
+                        item = {"path": rel, "status": "deleted", "kind": before.kind}
+                    else:
+                        continue
+                else:
+                    item = self._changed(rel, before, after, members, archive, budget)
+                    if item is None:
+                        continue
+                    budget -= len(item.get("added") or "")
+                if len(out) >= ENTRY_LIMIT:
+                    omitted += 1
+                    continue
+                out.append(item)
+        finally:
+            archive.close()
+        return {"changes": out, "omitted": omitted, "text_limit": FILE_TEXT_LIMIT}
+
+    def _changed(self, rel, before, after, members, archive, budget) -> dict | None:
+        status = "added" if before is None or before.kind == "dir" else (
+            "type_changed" if before.kind != after.kind else "modified")
+        item: dict = {"path": rel, "status": status, "kind": after.kind, "size": after.size}
+        if after.kind == "link":
+            item["target"] = after.target
+            return item
+        if after.kind != "file":
+            return item
+        base = None
+        if rel in members and before is not None and before.kind == "file":
+            handle = archive.extractfile(members[rel])
+            base = handle.read() if handle else None
+        if after.size > FILE_TEXT_LIMIT or after.size > budget:
+            item["withheld"] = "too large" if after.size > FILE_TEXT_LIMIT else "budget"
+            return item
+        try:
+            fd = os.open(os.path.join(self.repo, rel), os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as handle:
+                data = handle.read(FILE_TEXT_LIMIT + 1)
+        except OSError as exc:
+            item["withheld"] = f"unreadable: {exc.strerror}"
+            return item
+        if base is not None and data == base and status == "modified":
+            return None if (before.mode == after.mode) else item
+        if b"\0" in data:
+            item["withheld"] = "binary"
+            return item
+        item["added"] = _added(data, base)
+        return item
+
+
+def write_changes(record: dict, path: str = CHANGES_FILE) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def before_grade(config: GuardConfig, pristine: Pristine, test_paths: list[str]) -> tuple[dict, dict]:
+    """Steps 1-4 in order; returns (the verifier's environment, the guard's
+    record as written to changes.json). Raises on any failure: the caller
+    gives no reward then."""
+    uid = pristine.uid
+    killed = reap(uid, config.reap_deadline_s)
+    removed = purge_agent_entries(uid, config.tmp_dirs)
+    pristine.restore_git()
+    bytecode = pristine.purge_bytecode()
+    record = pristine.changes()
+    _, env = clean_env(uid, config.state_root)
+    record["test_patch_paths"] = list(test_paths)
+    record["guard"] = {"processes_killed": killed, "tmp_entries_removed": removed,
+                       "bytecode_removed": bytecode, "git_restored": True,
+                       "clean_home": True, "user_site": False}
+    write_changes(record, config.changes_file)
+    return env, record
