@@ -73,6 +73,11 @@ def screen_change(item: dict, test_paths: set[str]) -> list[Finding]:
     name = parts[-1]
     added = str(item.get("added") or "").splitlines()
     found = tamper_rules.path_rules(path, added) + tamper_rules.compiled_shadow_rules(path)
+    if any(p.endswith(".egg-info") for p in parts[:-1]):
+        # An honest `pip install -e .` or `setup.py develop` leaves one
+        # (Coding drops them from its diff); only a pytest11 entry point in
+        # it reaches the runner.
+        found = [f for f in found if f.detail != "declares a distribution"]
     if item.get("kind") == "link":
         found += tamper_rules.symlink_rules(path, str(item.get("target", "")))
     if name in ("pytest.ini", ".pytest.ini") and path not in test_paths:

@@ -190,6 +190,7 @@ def change(path, added="", **extra):
     ("tests/test_new.py", "def pytest_collection_modifyitems(items):", "runner_hook_in_tests"),
     (".gitattributes", "* filter=zz", "git_attributes"),
     ("x-1.0.dist-info/entry_points.txt", "[pytest11]\nzz = zz", "package_metadata"),
+    ("src/x.egg-info/entry_points.txt", "[pytest11]\nzz = zz", "package_metadata"),
 ])
 def test_screen_rules(path, added, rule):
     assert rule in {f.rule for f in integrity.screen(change(path, added))}
@@ -205,6 +206,8 @@ def test_screen_rules(path, added, rule):
     ("reproduce.py", "import pytest\nfrom pkg import f\npytest.main([])"),
     ("docs/usage.rst", "Uses pytest."),
     ("html/index.html", "<p>"),
+    ("src/apispec.egg-info/PKG-INFO", "Metadata-Version: 2.1"),
+    ("src/apispec.egg-info/entry_points.txt", "[console_scripts]\nx = y:z"),
 ])
 def test_screen_leaves_honest_changes_alone(path, added):
     assert integrity.screen(change(path, added)) == []
