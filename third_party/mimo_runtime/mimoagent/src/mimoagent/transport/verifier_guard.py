@@ -303,13 +303,13 @@ class Pristine:
             return item
         if after.kind != "file":
             return item
+        if after.size > FILE_TEXT_LIMIT or after.size > budget:
+            item["withheld"] = "too large" if after.size > FILE_TEXT_LIMIT else "budget"
+            return item
         base = None
         if rel in members and before is not None and before.kind == "file":
             handle = archive.extractfile(members[rel])
             base = handle.read() if handle else None
-        if after.size > FILE_TEXT_LIMIT or after.size > budget:
-            item["withheld"] = "too large" if after.size > FILE_TEXT_LIMIT else "budget"
-            return item
         try:
             fd = os.open(os.path.join(self.repo, rel), os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as handle:
