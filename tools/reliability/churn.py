@@ -27,6 +27,7 @@ from tools.reliability.table import Row
 BUDGET = 4  # max_steps: "finish" episodes end by the budget, as any would
 IDLE_TTL = 2.0
 WORKERS = 8
+SETTLE_S = 15.0
 
 
 async def _episode(client: AsyncClient, action: dict, mode: str, rng: random.Random) -> str:
@@ -65,24 +66,45 @@ async def _churn(url: str, action: dict, n: int, seed: int) -> tuple[set[str], l
     return ids, errors
 
 
+def _pooled(prepared: Prepared) -> int:
+    """The warm pool's started, never-used containers stay while it serves."""
+    return prepared.rig.pooled if prepared.rig else 0
+
+
+def _held(census: dict[str, int], prepared: Prepared) -> bool:
+    return any(v for k, v in census.items() if k != "containers") \
+        or census["containers"] > _pooled(prepared)
+
+
 def run(prepared: Prepared, n: int, seed: int = 0) -> Row:
     target, helper = prepared.target, prepared.helper
     limits = {"idle_ttl_s": IDLE_TTL, "max_steps": BUDGET}
     with prepared.serve(capacity=max(WORKERS, 16), limits=limits) as service:
         ids, errors = asyncio.run(_churn(service.url, target.action, n, seed))
+        # An episode leaves the table before its close has released
+        # everything (AutoResearch unmounts a disk upper): a few seconds.
+        settle = time.monotonic() + SETTLE_S
         running = helper.census()
+        while _held(running, prepared) and time.monotonic() < settle:
+            time.sleep(0.2)
+            running = helper.census()
         state = Path(service.config["state_dir"])
     stopped = helper.census()
     records = [json.loads(line) for line in (state / "outcomes.jsonl").read_text().splitlines()]
-    strays = state_strays(state, ids)
+    strays = state_strays(state, ids, target.state_files, target.state_dirs, records)
     by = {s: sum(1 for r in records if r["status"] == s) for s in ("done", "closed")}
     reaped = sum(1 for r in records if r["reason"] == "lease expired")
+    pooled = _pooled(prepared)
+    running["containers"] = max(0, running["containers"] - pooled)
     leaks = {k: v for k, v in stopped.items() if v} | {
         f"{k} (while serving)": v for k, v in running.items() if v}
     ok = (not errors and not leaks and not strays and len(records) == len(ids) == n
           and reaped >= n // 3)
     counted = (f"{len(records)} records ({by['done']} done, {by['closed']} closed, {reaped} reaped); "
-               f"leaks {leaks or 0}; strays {len(strays)}; errors {len(errors)}")
+               f"leaks {leaks or 0}; strays {len(strays)}; errors {len(errors)}"
+               + (f"; {pooled} warm pool containers while serving" if pooled else ""))
     if errors:
         counted += f"; first error: {errors[0][:200]}"
+    if strays:
+        counted += f"; first strays: {', '.join(strays[:3])}"
     return Row("churn", target.name, f"{n} episodes (finish/close/abandon)", counted, ok)

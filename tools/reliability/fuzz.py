@@ -74,15 +74,19 @@ def http(service, name: str, examples: int, seed: int = 0) -> Row:
     from camg.client import Client
     client = Client(service.url, timeout=600)
     doc = openapi(client.schema())
-    work = Path(tempfile.mkdtemp(prefix="camg-rel-fuzz-"))
-    (work / "openapi.json").write_text(json.dumps(doc))
-    schemathesis = Path(sys.executable).parent / "schemathesis"
-    out = subprocess.run([str(schemathesis), "run", str(work / "openapi.json"), "--url", service.url,
-                          "--checks", "not_a_server_error", "--max-examples", str(examples),
-                          "--seed", str(seed), "--workers", "2", "--no-color",
-                          "--phases", "examples,coverage,fuzzing,stateful",
-                          "--suppress-health-check", "all"],
-                         capture_output=True, text=True, timeout=3600, cwd=work)
+    # The document, and schemathesis's own files (it runs in here), go
+    # with the run: a temporary directory per run was left in /tmp before.
+    with tempfile.TemporaryDirectory(prefix="camg-rel-fuzz-") as tmp:
+        work = Path(tmp)
+        (work / "openapi.json").write_text(json.dumps(doc))
+        schemathesis = Path(sys.executable).parent / "schemathesis"
+        out = subprocess.run([str(schemathesis), "run", str(work / "openapi.json"),
+                              "--url", service.url, "--checks", "not_a_server_error",
+                              "--max-examples", str(examples), "--seed", str(seed),
+                              "--workers", "2", "--no-color",
+                              "--phases", "examples,coverage,fuzzing,stateful",
+                              "--suppress-health-check", "all"],
+                             capture_output=True, text=True, timeout=3600, cwd=work)
     summary = [l for l in out.stdout.splitlines() if "passed" in l or "failed" in l or "error" in l]
     health = client.health()
     listed = client.list()["episodes"]
@@ -204,8 +208,6 @@ def _mutations(rng: random.Random, obj):
 
 def files(cases: int, seed: int = 0) -> Row:
     from camg import task_manifest as manifest
-    from camg.oci import cache
-    from daemons.coding import rows as coding_rows
     rng = random.Random(seed)
     untyped: list[str] = []
     counts = {"manifest": 0, "task row": 0, "OCI layer": 0}
@@ -215,6 +217,21 @@ def files(cases: int, seed: int = 0) -> Row:
     row = {"instance_id": "o__r.1234abcd.func_pm__x", "repo": "o/r", "patch": "--- a\n+++ b\n",
            "FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": [], "image_name": "img", "problem_statement": "x"}
     layer = _layer_bytes()
+    try:
+        _files(rng, cases, work, good, row, layer, counts, untyped)
+    finally:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    counted = ", ".join(f"{n} {k}s" for k, n in counts.items()) + f"; {len(untyped)} untyped errors"
+    if untyped:
+        counted += f"; first: {untyped[0][:200]}"
+    return Row("fuzz", "files", "mutated manifests, task rows, OCI layers", counted, not untyped)
+
+
+def _files(rng, cases: int, work: Path, good: dict, row: dict, layer: bytes, counts: dict,
+           untyped: list[str]) -> None:
+    from camg import task_manifest as manifest
+    from camg.oci import cache
+    from daemons.coding import rows as coding_rows
     for i in range(cases):
         # manifests: structure mutations, and raw byte damage
         path = work / "m.json"
@@ -247,11 +264,6 @@ def files(cases: int, seed: int = 0) -> Row:
             os.close(fd)
             subprocess.run(["rm", "-rf", str(root)], check=False)
         counts["OCI layer"] += 1
-    subprocess.run(["rm", "-rf", str(work)], check=False)
-    counted = ", ".join(f"{n} {k}s" for k, n in counts.items()) + f"; {len(untyped)} untyped errors"
-    if untyped:
-        counted += f"; first: {untyped[0][:200]}"
-    return Row("fuzz", "files", "mutated manifests, task rows, OCI layers", counted, not untyped)
 
 
 def _typed(fn, what: str, untyped: list[str]) -> None:

@@ -77,8 +77,10 @@ async def _load(url: str, action: dict, n: int, seconds: float, on_live) -> dict
             "p50_ms": _pct(latencies, 0.5), "p99_ms": _pct(latencies, 0.99)}
 
 
-def run(prepared: Prepared, n: int, seconds: float) -> Row:
-    """At the environment's default capacity (the deployment names none)."""
+def run(prepared: Prepared, n: int, seconds: float, asked: int | None = None) -> Row:
+    """At the environment's default capacity (the deployment names none).
+    ``asked``: the suite's size, when the target supports fewer at once
+    (Target.load_max; the row says why)."""
     target, helper = prepared.target, prepared.helper
     limits = {"max_steps": 1_000_000, "idle_ttl_s": 600}
     with prepared.serve(capacity=None, limits=limits) as service:
@@ -100,4 +102,7 @@ def run(prepared: Prepared, n: int, seconds: float) -> Row:
                f"left after stop {leaks or 0}")
     if r["errors"]:
         counted += f"; first error: {r['errors'][0][:200]}"
-    return Row("load", target.name, f"{n} concurrent episodes stepping {seconds:g} s", counted, ok)
+    done = f"{n} concurrent episodes stepping {seconds:g} s"
+    if asked and asked > n:
+        done += f" ({asked} asked; at most {n} here: {target.load_why})"
+    return Row("load", target.name, done, counted, ok)

@@ -25,8 +25,6 @@ from camg.helper_client import HelperClient
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
-#: label every container this run could create carries (General/Visual)
-LABEL = "io.camg.reliability"
 
 
 def minbase() -> Path:
@@ -46,7 +44,9 @@ class Helper:
     """A camg-helper process of this run, removed completely by ``stop()``."""
 
     def __init__(self, lower_roots: list[str], *, ceilings: dict | None = None,
-                 probes: bool = True) -> None:
+                 probes: bool = True, extra: dict | None = None) -> None:
+        """``extra``: more helper.json (private_roots, a ``containers``
+        section whose scope, if any, the container census then counts)."""
         tag = f"camg-rel-{os.getpid()}"
         self.base = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
         # The sandbox's uid must reach the socket's directory, no more.
@@ -59,7 +59,9 @@ class Helper:
             "cgroup_parents": {c: f"/sys/fs/cgroup/{c}/{tag}-{self.base.name}"
                                for c in CONTROLLERS},
             "ceilings": ceilings or {},
+            **(extra or {}),
         }
+        self.scope = (self.cfg.get("containers") or {}).get("scope")
         (self.base / "uppers").mkdir()
         (self.base / "helper.json").write_text(json.dumps(self.cfg))
         env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -121,7 +123,7 @@ class Helper:
             "cgroups": cgroups,
             "processes": procs + len(children(self.proc.pid)),
             "mounts": mounts,
-            "containers": containers(),
+            "containers": containers(self.scope),
         }
 
     def stop(self) -> None:
@@ -171,26 +173,51 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     return 0
 
 
-def containers() -> int:
-    """Docker containers carrying this run's label (0 without Docker)."""
+def scope(name: str) -> str:
+    """The container scope of a helper of this run (``camg.helper`` label);
+    tagged with our pid like the privileged tests' scopes, so their leak
+    checks and sweeps leave it to us."""
+    return f"rel-{os.getpid()}-{name}"
+
+
+def containers(scope: str | None = None) -> int:
+    """Docker containers, running or not, labelled by this run's helpers
+    (``camg.helper=<scope>``, or ``scope`` only); 0 without Docker."""
     if not shutil.which("docker") or not os.path.exists("/var/run/docker.sock"):
         return 0
-    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={LABEL}={os.getpid()}"],
+    wanted = f"label=camg.helper={scope}" if scope else "label=camg.helper"
+    out = subprocess.run(["docker", "ps", "-a", "--filter", wanted, "--format",
+                          '{{.ID}} {{.Label "camg.helper"}}'],
                          capture_output=True, text=True, timeout=60)
-    return len(out.stdout.split()) if out.returncode == 0 else 0
+    if out.returncode != 0:
+        return 0
+    mine = scope or f"rel-{os.getpid()}-"
+    return sum(1 for line in out.stdout.splitlines()
+               if line.split()[1:] and line.split()[1].startswith(mine))
 
 
-def state_strays(state_dir: Path, episode_ids: set[str]) -> list[str]:
-    """Files of a service's state directory beyond its records: outcomes.jsonl
-    and one trajectory per episode."""
+def state_strays(state_dir: Path, episode_ids: set[str], files: tuple[str, ...] = (),
+                 dirs: tuple[str, ...] = (), records: list[dict] = ()) -> list[str]:
+    """Files of a service's state directory beyond its records: outcomes.jsonl,
+    one trajectory per episode and the submissions the records name
+    (``submissions/<aa>/<sha256>``, camg/submissions.py); ``files`` the
+    environment keeps (e.g. AutoResearch's clean.json), ``dirs`` whose files
+    must each be named for an episode of the run (Visual's screenshots)."""
+    named = {(r.get("submission") or {}).get("sha256") for r in records}
     strays = []
     for entry in sorted(os.listdir(state_dir)) if state_dir.exists() else []:
-        if entry == "outcomes.jsonl":
+        if entry == "outcomes.jsonl" or entry in files:
             continue
-        if entry == "trajectories":
+        if entry == "trajectories" or entry in dirs:
             for name in sorted(os.listdir(state_dir / entry)):
-                if name.removesuffix(".jsonl") not in episode_ids:
-                    strays.append(f"trajectories/{name}")
+                if name.split(".")[0] not in episode_ids:
+                    strays.append(f"{entry}/{name}")
+            continue
+        if entry == "submissions":
+            for sub in sorted(os.listdir(state_dir / entry)):
+                for name in sorted(os.listdir(state_dir / entry / sub)):
+                    if f"sha256:{name}" not in named:
+                        strays.append(f"{entry}/{sub}/{name}")
             continue
         strays.append(entry)
     return strays

@@ -14,12 +14,14 @@ from tools.reliability.targets import Target, configure
 class Prepared:
     """A target's preparation, done once per run and shared by its suites."""
 
-    def __init__(self, target: Target, helper: Helper, work: Path) -> None:
+    def __init__(self, target: Target, helper: Helper, work: Path, rig=None) -> None:
         self.target = target
         self.helper = helper
         self.work = work
+        #: tools.reliability.rigged.Rig of a target with a helper of its own
+        self.rig = rig
         work.mkdir(parents=True, exist_ok=True)
-        self.result = target.prepare(work / "prepared-data", helper.socket)
+        self.result = rig.prepared if rig else target.prepare(work / "prepared-data", helper.socket)
         self.count = 0
 
     @contextlib.contextmanager
@@ -29,7 +31,9 @@ class Prepared:
         work = Path(tempfile.mkdtemp(prefix=f"svc{self.count}-", dir=self.work))
         config = configure(self.target, work, self.result, self.helper.socket,
                            capacity=capacity, limits=limits)
-        service = ServiceProcess(config)
+        if self.rig is not None and self.rig.pre_serve is not None:
+            self.rig.pre_serve(config)
+        service = ServiceProcess(config, env=self.rig.env if self.rig else None)
         try:
             service.wait_ready(timeout=ready_timeout)
             yield service

@@ -18,9 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from camg import task_manifest as manifest, plugins
+from tools.reliability import rigged
 from tools.reliability.rig import CACHE, minbase
 
 SANDBOX_FACTORY = "tools.reliability.sandbox_env:SandboxEnvironment"
+#: Docker-backed environments (a container per episode, stepped by docker
+#: exec through the helper) on the 2-core development machine
+LOAD_DOCKER = 256
+DOCKER_WHY = ""
 
 
 @dataclasses.dataclass
@@ -34,6 +39,20 @@ class Target:
     #: why it cannot run here (None: it can)
     missing: str | None = None
     sandboxes: bool = True
+    #: (work, the rig helper's socket) -> tools.reliability.rigged.Rig: a
+    #: target that needs a helper of its own (private roots, containers);
+    #: it then prepares itself there instead of in ``prepare``
+    rig: Callable | None = None
+    #: state-directory entries besides outcomes.jsonl and trajectories/
+    #: (a directory: only files named for an episode of the run)
+    state_files: tuple[str, ...] = ()
+    state_dirs: tuple[str, ...] = ()
+    #: the most concurrent episodes the load suite asks of it, and why
+    load_max: int | None = None
+    load_why: str = ""
+    #: the escape battery also runs inside one of its containers
+    #: (tools.reliability.escape_container)
+    container_escape: bool = False
 
 
 def configure(target: Target, work: Path, prepared: tuple[Path, dict, str | None], socket: str,
@@ -80,16 +99,23 @@ def _coding_roots() -> list[str]:
     return [str(demo.cache_root_from_env()), str(layers), str(CACHE / "helper")]
 
 
+def coding_demo_set(socket: str) -> Path:
+    """The Coding demo task set (cached; built in sandboxes of ``socket``)."""
+    from tools import oci_demo as demo
+    from tools.coding.demo_tasks import fetch_sdist
+    from tools.coding.sandbox_runner import ensure_demo_set
+    image = demo.ensure_demo_image(demo.cache_root_from_env())
+    return ensure_demo_set(CACHE / "coding", image.image, socket,
+                           fetch_sdist(CACHE / "coding" / "sdist"))
+
+
 def _coding_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
     """The Coding demo (image, task set, task layers), as the privileged tests build it."""
     from camg.oci.images import write_materialized
     from daemons.coding.prepare import prepare_coding
     from tools import oci_demo as demo
-    from tools.coding.demo_tasks import fetch_sdist
-    from tools.coding.sandbox_runner import ensure_demo_set
     image = demo.ensure_demo_image(demo.cache_root_from_env())
-    demo_set = ensure_demo_set(CACHE / "coding", image.image, socket,
-                               fetch_sdist(CACHE / "coding" / "sdist"))
+    demo_set = coding_demo_set(socket)
     work.mkdir(parents=True, exist_ok=True)
     images = work / "materialized-images.json"
     write_materialized(images, (image.image,))
@@ -118,6 +144,18 @@ RECIPES = {
                      _coding_prepare),
     "shop": Target("shop", {"action": "search[red shoes]"}, prepare=_shop_prepare,
                    sandboxes=False),
+    "autoresearch": Target("autoresearch", {"operation": "shell", "command": "true"},
+                           rig=rigged.autoresearch,
+                           # the run ledger stays until the next --check-clean
+                           # (daemons/autoresearch/runstate.py); the helper
+                           # census shows it names no live sandbox
+                           state_files=("clean.json", "run.json")),
+    "general": Target("general", {"operation": "shell", "command": "true"}, rig=rigged.general,
+                      sandboxes=False, load_max=LOAD_DOCKER, load_why=DOCKER_WHY,
+                      container_escape=True),
+    "visual": Target("visual", {"operation": "shell", "command": "true"}, rig=rigged.visual,
+                     sandboxes=False, state_dirs=("screenshots",), load_max=LOAD_DOCKER,
+                     load_why=DOCKER_WHY),
 }
 
 
