@@ -207,9 +207,15 @@ def _handler(judge: FakeJudge):
 
 # -- the scripted vision verdict ------------------------------------------------
 # Seven rubric keys from deterministic statistics of the screenshot's pixels:
-# ink (share of pixels that differ clearly from the most common colour),
-# colours (distinct colours after coarse quantisation, saturating at 24),
-# contrast (grey-level standard deviation, saturating at 64).
+# ink (share of pixels that differ clearly from the most common colour,
+# saturating at 0.2), colours (distinct colours after coarse quantisation,
+# saturating at 16), contrast (grey-level standard deviation, saturating at
+# 32). As the rubric says, a blank or error page (ink below BLANK_INK) scores
+# 0 on every dimension, and premium_assets never exceeds 0.6: the maximum this
+# judge can give is (1 + 1 + 0.6) / 3 = 0.8667 (MAX_SCORE), which every demo
+# reference site reaches (their smallest: ink 0.28, 25 colours, contrast 40).
+BLANK_INK = 0.02
+MAX_SCORE = round((1 + 1 + 0.6) / 3, 4)
 
 
 def image_from_request(body) -> bytes:
@@ -240,15 +246,19 @@ def statistics(data: bytes) -> dict:
 
 def verdict(data: bytes) -> dict:
     s = statistics(data)
-    ink = min(1.0, s["ink"] / 0.5)
-    colours = min(1.0, s["colours"] / 24)
-    contrast = min(1.0, s["contrast"] / 64)
+    reason = f"ink {s['ink']:.3f}, colours {s['colours']}, contrast {s['contrast']:.1f}"
+    if s["ink"] < BLANK_INK:
+        return {**{k: 0.0 for k in ("layout_integrity", "typography_hierarchy", "color_harmony",
+                                    "whitespace", "content_richness", "query_fulfillment",
+                                    "premium_assets")}, "reason": "blank or error page: " + reason}
+    ink = min(1.0, s["ink"] / 0.2)
+    colours = min(1.0, s["colours"] / 16)
+    contrast = min(1.0, s["contrast"] / 32)
     base = round((ink + colours + contrast) / 3, 4)
     return {"layout_integrity": base, "typography_hierarchy": round(contrast, 4),
             "color_harmony": round(colours, 4), "whitespace": base,
             "content_richness": round(ink, 4), "query_fulfillment": base,
-            "premium_assets": round(min(0.6, colours), 4),
-            "reason": f"ink {s['ink']:.3f}, colours {s['colours']}, contrast {s['contrast']:.1f}"}
+            "premium_assets": round(min(0.6, colours), 4), "reason": reason}
 
 
 def responder(request: Request) -> Reply:
