@@ -11,9 +11,11 @@ destroyed, and only those bytes go to the private grader.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import io
 import logging
+import os
 import tarfile
 import threading
 import time
@@ -253,6 +255,33 @@ class ResearchEpisode(Episode):
             sandbox, self.sandbox = self.sandbox, None
         if sandbox is not None:
             self._destroy(sandbox)
+
+    def reference_action(self) -> Mapping[str, Any] | None:
+        """The task's reference solution from step 0: its solve.py written to
+        /workspace in base64 chunks, run on /task, then submit.
+
+        solve.py is read from the task package (``packages_root``: operators'
+        root, never a helper lower, so no sandbox sees it) only here, i.e.
+        only when the deployment serves references; the private answers
+        are never read by the service."""
+        path = os.path.join(self.settings.packages_root, self.task.task_id, "reference",
+                            "solve.py")
+        try:
+            with open(path, "rb") as handle:
+                script = handle.read()
+        except OSError as exc:
+            raise errors.NotFound(f"task {self.task.task_id!r} has no reference solution "
+                                  f"({exc.strerror}: {path})") from None
+        encoded = base64.b64encode(script).decode()
+        size = max(1000, self.settings.max_command_chars - 200)
+        store = f"{WORKDIR}/.camg-reference"
+        plan = [{"operation": "shell", "command": f"printf %s '{encoded[i:i + size]}' >> {store}.b64"}
+                for i in range(0, len(encoded), size)]
+        plan.append({"operation": "shell", "command":
+                     f"base64 -d {store}.b64 > {store}.py && rm -f {store}.b64 && "
+                     f"python {store}.py {TASK_DIR} {SUBMISSION} && rm -f {store}.py"})
+        plan.append({"operation": "submit"})
+        return plan[min(self.steps, len(plan) - 1)]
 
     def state(self) -> Mapping[str, Any]:
         body: dict[str, Any] = {"steps": self.steps, "jobs": self.jobs,

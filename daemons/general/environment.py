@@ -157,6 +157,7 @@ class GeneralEpisode(Episode):
         self.judge_records: list[dict] = []
         self.judge_failure: dict | None = None
         self.integrity: dict | None = None  # the tamper screen's part of the outcome
+        self.steps = 0  # actions the transport took (the reference's position)
         self._closed = False
         self._lock = threading.Lock()
 
@@ -184,6 +185,7 @@ class GeneralEpisode(Episode):
         if self.channel is None:
             raise errors.InfraFailure("step before a successful reset")
         payload = self.channel.request("step", dict(action), timeout=self.env.settings.step_timeout_s)
+        self.steps += 1
         observation, reward, done = observation_of(payload)
         if not done:
             return Step(observation=observation, reward=0.0)
@@ -242,6 +244,13 @@ class GeneralEpisode(Episode):
             self.env.client.remove(self.container.id)
         except errors.CamgError as exc:  # the helper's release and sweeps take it
             log.warning("removing container %s failed: %s", self.container.id[:12], exc)
+
+    def reference_action(self) -> Mapping[str, Any] | None:
+        """The next action of the task's prepared reference (daemons/general/reference.py)."""
+        from daemons.general import reference
+
+        steps = reference.plan(self.task.task_id, self.task.data)
+        return steps[min(self.steps, len(steps) - 1)]
 
     def state(self) -> Mapping[str, Any]:
         return {"task_kind": self.kind,

@@ -32,6 +32,8 @@ from pathlib import Path
 from camg import task_manifest as manifest
 from camg.errors import CamgError, DatasetError
 
+from daemons.general import reference
+
 CREATED_BY = "camg.prepare general 0.1.0"
 CODE_FIELDS = ("dataset_type", "docker_image", "cwd", "instance_id", "problem_statement",
                "test_patch", "test_command", "verifier_timeout_sec")
@@ -108,7 +110,11 @@ def read_images(path: str | Path) -> dict[str, str]:
 
 def prepare_general(*, code_rows: str | None, general_rows: str | None, envs: str | None,
                     images: str, output_dir: str | Path, select: str | None = None,
-                    limit: int | None = None, seed: int | None = None) -> dict:
+                    limit: int | None = None, seed: int | None = None,
+                    references: str | Path | None = None) -> dict:
+    """``references``: a directory of reference solutions (reference.load's
+    layout); each task found there gets ``reference`` in its data, which the
+    service serves only where the deployment enables references."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -149,6 +155,10 @@ def prepare_general(*, code_rows: str | None, general_rows: str | None, envs: st
         if image is None:
             raise DatasetError(f"{task_id}: docker_image {instance['docker_image']!r} is not in {images}")
         data = {"kind": kind, "instance_id": task_id, "image": image, "instance": instance}
+        if references is not None:
+            found = reference.load(references, task_id, kind)
+            if found is not None:
+                data["reference"] = found
         if kind == "general_agent":
             if envs is None:
                 raise DatasetError("general_agent rows need --envs (the task folders)")
@@ -186,11 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--select", help="file of instance ids to serve, in order")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--references", help="reference solutions (gold/<id>.patch, <id>.oracle.json) "
+                                         "for camg.rollout --policy oracle")
     args = ap.parse_args(argv)
     try:
         body = prepare_general(code_rows=args.code_rows, general_rows=args.general_rows,
                                envs=args.envs, images=args.images, output_dir=args.output_dir,
-                               select=args.select, limit=args.limit, seed=args.seed)
+                               select=args.select, limit=args.limit, seed=args.seed,
+                               references=args.references)
     except (CamgError, OSError) as exc:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2

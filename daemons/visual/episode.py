@@ -176,6 +176,14 @@ class VisualEpisode(Episode):
     def state(self) -> Mapping[str, Any]:
         return {"steps": self.steps, "rendered": self.shot is not None}
 
+    def reference_action(self) -> Mapping[str, Any] | None:
+        """The next action of the task's prepared reference site (reference.py)."""
+        from daemons.visual import reference
+
+        steps = reference.plan(self.task.task_id, self.task.data, cwd=self.cwd,
+                               max_command_chars=self.settings.max_command_chars)
+        return steps[min(self.steps, len(steps) - 1)]
+
     def _drop_box(self) -> None:
         with self._lock:
             box, self.box = self.box, None

@@ -28,6 +28,8 @@ from pathlib import Path
 from camg import task_manifest as manifest
 from camg.errors import CamgError, DatasetError
 
+from daemons.visual import reference
+
 CREATED_BY = "camg.prepare 0.1.0 (visual)"
 _DIGEST_REF = re.compile(r"[^\s@]+@sha256:[0-9a-f]{64}")
 _CWD = re.compile(r"/[A-Za-z0-9._/-]*")
@@ -73,7 +75,8 @@ def _validate(inst: dict, where: str) -> dict:
 
 
 def prepare_visual(*, rows_path, renderer, cdn_mirror, output, image: str | None = None,
-                   image_map: str | None = None, select=None, limit: int | None = None) -> dict:
+                   image_map: str | None = None, select=None, limit: int | None = None,
+                   references=None) -> dict:
     rows = read_rows(rows_path)
     mapping: dict[str, str] = {}
     if image_map:
@@ -113,6 +116,9 @@ def prepare_visual(*, rows_path, renderer, cdn_mirror, output, image: str | None
             raise DatasetError(f"task {row['instance_id']}: no pinned image for "
                                f"{row['docker_image']!r} (give --image or --image-map)")
         data = dict(row, image=ref, dataset_type="webdev")
+        site = reference.load(references, row["instance_id"]) if references is not None else None
+        if site is not None:  # served only where the deployment enables references
+            data["reference"] = site
         tasks.append({"task_id": row["instance_id"], "data": data})
     sampling = {"order": "select" if select else "rows", "limit": limit}
     body = manifest.build("visual", tasks, sampling=sampling,
@@ -135,11 +141,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--output", required=True)
     ap.add_argument("--select")
     ap.add_argument("--limit", type=int)
+    ap.add_argument("--references", help="reference sites, DIR/<task_id>/index.html... "
+                                         "(for camg.rollout --policy oracle)")
     args = ap.parse_args(argv)
     try:
         body = prepare_visual(rows_path=args.rows, renderer=args.renderer,
                               cdn_mirror=args.cdn_mirror, output=args.output, image=args.image,
-                              image_map=args.image_map, select=args.select, limit=args.limit)
+                              image_map=args.image_map, select=args.select, limit=args.limit,
+                              references=args.references)
     except (CamgError, OSError) as exc:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2

@@ -99,7 +99,8 @@ def prepare_data(data: Path, cache_root: Path, coding_demo: Path) -> dict:
         finally:
             api.close()
     prepare_general(code_rows=str(built["code_rows"]), general_rows=str(built["general_rows"]),
-                    envs=str(built["envs"]), images=str(built["images"]), output_dir=out)
+                    envs=str(built["envs"]), images=str(built["images"]), output_dir=out,
+                    references=str(built["out"]))
     (out / "container-images.json").write_text(json.dumps({"images": built["refs"]}, indent=1) + "\n")
     env_dir = agent_env.build(out / "agent-env")
     return {"manifest": out / "manifest.json", "container_images": out / "container-images.json",

@@ -37,7 +37,8 @@ def prepare(data: Path, lower_root: Path, registry: str, cache: Path) -> Path:
     ref = demo_image.publish(layout_dir, tag, digest, registry)
     (data / "images.json").write_text(json.dumps({"images": [ref]}, indent=1) + "\n")
     out = data / "manifest.json"
-    prepare_visual(rows_path=rows, renderer=renderer, cdn_mirror=mirror, output=out, image=ref)
+    prepare_visual(rows_path=rows, renderer=renderer, cdn_mirror=mirror, output=out, image=ref,
+                   references=data / "demo" / "reference")
     return out
 
 
