@@ -76,8 +76,12 @@ class Noop:
 
     def __init__(self, schema: dict) -> None:
         props = schema.get("properties", {})
-        if "finish" in (props.get("operation", {}).get("enum") or []):
-            self.action = {"operation": "finish"}
+        # General's schema is one branch per task kind (anyOf); AutoResearch ends with submit
+        ends = [op for branch in schema.get("anyOf") or [schema]
+                for op in branch.get("properties", {}).get("operation", {}).get("enum") or []
+                if op in ("finish", "submit")]
+        if ends:
+            self.action = {"operation": ends[0]}
         else:
             self.action = {name: "noop" for name in schema.get("required", [])
                            if props.get(name, {}).get("type") == "string"}
