@@ -335,9 +335,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", help="file of task ids, one a line (cycled in order)")
     ap.add_argument("--out", help="append one JSON line per episode here")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--ray", metavar="ADDRESS",
+                    help="spread the episodes over a Ray cluster (camg/rollout_ray.py): each "
+                         "node with the 'camg' resource drives its own 127.0.0.1 services; "
+                         "--routes is read on each node, --concurrency is per node")
     args = ap.parse_args(argv)
     if args.episodes < 1 or args.concurrency < 1:
         ap.error("--episodes and --concurrency must be at least 1")
+    if args.ray:
+        if args.regrade:
+            ap.error("--regrade runs on the host of the run's services, not with --ray")
+        from camg import rollout_ray
+        return rollout_ray.main(args)
     try:
         routes = load_routes(args.routes)
     except (OSError, ValueError) as exc:

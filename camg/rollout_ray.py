@@ -1,0 +1,258 @@
+"""``python -m camg.rollout --ray ADDRESS``: one rollout spread over a Ray
+cluster, every node driving only its own camg suite on 127.0.0.1.
+
+Seed 000 keeps trainers and services on one host, on loopback; this scales
+by hosts without breaking that rule. Each Ray node that runs a camg suite
+offers the custom resource ``camg`` (``ray start --resources '{"camg": 1}'``).
+The driver pins one actor to each such node (node affinity, not soft); the
+actor reads ``routes.json`` *on its node* — ``$CAMG_ROUTES`` from the node's
+Ray environment when set, else the ``--routes`` path — and refuses any route
+that is not a loopback address, so an episode's HTTP never leaves its host.
+The driver hands out episode indices as actors free up (``--concurrency``
+is per node: each suite has its own capacity) and gathers the results into
+the same progress bar, JSON lines (plus ``node``) and summary table as the
+local rollout, with ``episodes_by_node`` added.
+
+Ray is imported only here, and only when ``--ray`` is given: the services
+and a plain ``camg.rollout`` never need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+import urllib.parse
+from collections import Counter
+
+from camg.client import AsyncClient, load_routes
+from camg.rollout import Noop, OpenAIPolicy, Oracle, Result, print_summary, run_episode, summary
+
+#: The per-node custom resource that marks a node running a camg suite.
+RESOURCE = "camg"
+#: A node's own routes.json, from the environment its raylet was started with.
+ROUTES_ENV = "CAMG_ROUTES"
+#: The policy endpoint settings a node lacks are taken from the driver.
+POLICY_ENV = ("CAMG_POLICY_URL", "CAMG_POLICY_MODEL", "CAMG_POLICY_KEY")
+
+
+class RayRolloutError(RuntimeError):
+    """The cluster cannot run this rollout (no camg node, a node without the
+    environment, a non-loopback route): said once, before any episode."""
+
+
+def is_loopback(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    # 3.11 does not call ::ffff:127.0.0.1 loopback; it is.
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+class NodeRunner:
+    """The actor body: one per camg node, pinned there, driving that node's
+    service with camg.rollout's own episode loop and policies."""
+
+    def __init__(self, routes_path: str, env: str, policy_name: str, concurrency: int,
+                 policy_env: dict[str, str]) -> None:
+        import ray
+
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.routes_path = os.environ.get(ROUTES_ENV) or routes_path
+        self.env, self.policy_name, self.concurrency = env, policy_name, concurrency
+        for name, value in policy_env.items():
+            os.environ.setdefault(name, value)
+        self.client: AsyncClient | None = None
+        self.policy = None
+
+    async def start(self) -> dict:
+        """Find this node's service; answer who and where we are."""
+        try:
+            routes = load_routes(self.routes_path)
+        except (OSError, ValueError) as exc:
+            raise RayRolloutError(f"node {self.node_id[:8]} ({socket.gethostname()}): {exc}")
+        url = routes.get(self.env)
+        if url is None:
+            raise RayRolloutError(f"node {self.node_id[:8]} ({socket.gethostname()}): "
+                                  f"{self.env!r} is not in {self.routes_path}")
+        if not is_loopback(url):
+            raise RayRolloutError(f"node {self.node_id[:8]}: {self.routes_path} routes "
+                                  f"{self.env} to {url}; a node drives only its own services "
+                                  "on 127.0.0.1")
+        self.client = AsyncClient(url, max_connections=max(4, self.concurrency * 2))
+        schema = (await self.client.schema())["action"]
+        self.policy = {"oracle": lambda: Oracle(), "noop": lambda: Noop(schema),
+                       "openai": lambda: OpenAIPolicy(schema)}[self.policy_name]()
+        return {"node": self.node_id, "host": socket.gethostname(), "url": url,
+                "routes": self.routes_path}
+
+    async def episode(self, task_id: str | None, seed: int | None) -> dict:
+        assert self.client is not None, "start() first"
+        result = await run_episode(self.client, self.policy, task_id=task_id, seed=seed,
+                                   wait=3600.0)
+        return result.line()
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+
+def _result(line: dict) -> Result:
+    return Result(line["episode_id"], line["task_id"], line["reward"], line["failure_class"],
+                  line["steps"], line["reset_s"], list(line["step_s"]), line.get("error"))
+
+
+class _Bar:
+    """camg.rollout's live progress: the same tqdm bar and postfix."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, unit="ep", dynamic_ncols=True)
+
+    def update(self, results: list[Result]) -> None:
+        if self.bar is None:
+            return
+        rewards = [r.reward for r in results if r.reward is not None]
+        fails = Counter(r.failure_class or "error" for r in results if r.failure_class or r.error)
+        self.bar.set_postfix(mean=f"{statistics.fmean(rewards):.3f}" if rewards else "-",
+                             failed=dict(fails) or 0)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _connect(address: str):
+    # A loopback ADDRESS is a one-host cluster (the tests'): Ray would
+    # otherwise swap 127.0.0.1 for the host's routable address and leave
+    # loopback. Telemetry stays off everywhere.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    if host in ("127.0.0.1", "localhost", "[::1]", "::1"):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        import ray
+    except ImportError:
+        raise RayRolloutError("--ray needs the ray package (requirements/trainer.in)") from None
+    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    return ray
+
+
+def run(address: str, routes_path: str, env: str, policy_name: str, episodes: int,
+        concurrency: int, task_ids: list[str] | None, out, progress: bool) -> dict:
+    ray = _connect(address)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    try:
+        nodes = sorted(n["NodeID"] for n in ray.nodes()
+                       if n["Alive"] and n["Resources"].get(RESOURCE, 0) > 0)
+        if not nodes:
+            raise RayRolloutError(f"no live node of the cluster at {address} offers the "
+                                  f"{RESOURCE!r} resource (ray start --resources "
+                                  f"'{{\"{RESOURCE}\": 1}}' on every node running a camg suite)")
+        policy_env = {k: os.environ[k] for k in POLICY_ENV if os.environ.get(k)}
+        actor_class = ray.remote(NodeRunner)
+        actors = [actor_class.options(
+            num_cpus=0, resources={RESOURCE: 0.001}, max_concurrency=concurrency + 2,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        ).remote(routes_path, env, policy_name, concurrency, policy_env) for node in nodes]
+        try:
+            infos = ray.get([a.start.remote() for a in actors])
+        except ray.exceptions.RayError as exc:
+            # The actor's own RayRolloutError (or its death): its last line says why.
+            raise RayRolloutError(str(exc).strip().splitlines()[-1]) from None
+        try:
+            return _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress)
+        finally:
+            ray.get([a.stop.remote() for a in actors])
+            for actor in actors:
+                ray.kill(actor)
+    finally:
+        ray.shutdown()
+
+
+def _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress) -> dict:
+    labels = [f"{info['host']}/{info['node'][:8]}" for info in infos]
+    results: list[Result] = []
+    per_node: Counter = Counter()
+    bar = _Bar(episodes, progress)
+    pending: dict = {}      # ObjectRef -> (actor index, episode index)
+    dead: set[int] = set()
+    next_index = 0
+
+    def submit(k: int) -> None:
+        nonlocal next_index
+        i, next_index = next_index, next_index + 1
+        task_id = task_ids[i % len(task_ids)] if task_ids else None
+        ref = actors[k].episode.remote(task_id, None if task_ids else i)
+        pending[ref] = (k, i)
+
+    started = time.monotonic()
+    for k in range(len(actors)):
+        for _ in range(concurrency):
+            if next_index < episodes:
+                submit(k)
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        k, i = pending.pop(done[0])
+        try:
+            line = ray.get(done[0])
+        except ray.exceptions.RayError as exc:
+            # The node's actor is gone (node lost): its episode is an error of
+            # this run, and the node gets no more work.
+            dead.add(k)
+            line = Result(None, task_ids[i % len(task_ids)] if task_ids else None, None, None,
+                          0, 0.0, [], error=f"node {labels[k]}: {type(exc).__name__}").line()
+        line["node"] = infos[k]["node"]
+        results.append(_result(line))
+        per_node[labels[k]] += 1
+        if out is not None:
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+        bar.update(results)
+        live = [j for j in range(len(actors)) if j not in dead]
+        if next_index < episodes and live:
+            load = Counter(j for j, _ in pending.values())
+            submit(k if k not in dead else min(live, key=lambda j: load[j]))
+    bar.close()
+    # Work a lost node never got to is reported, not silently dropped.
+    for i in range(next_index, episodes):
+        results.append(Result(None, None, None, None, 0, 0.0, [], error="no live camg node left"))
+    body = summary(results, time.monotonic() - started)
+    body["nodes"] = len(actors)
+    body["episodes_by_node"] = dict(sorted(per_node.items()))
+    return body
+
+
+def main(args: argparse.Namespace) -> int:
+    """The ``--ray`` branch of ``python -m camg.rollout`` (parsed args)."""
+    task_ids = None
+    if args.tasks:
+        with open(args.tasks, encoding="utf-8") as handle:
+            task_ids = [t for t in (line.split("#", 1)[0].strip() for line in handle) if t]
+    out = open(args.out, "a", encoding="utf-8") if args.out else None
+    try:
+        body = run(args.ray, args.routes, args.env, args.policy, args.episodes,
+                   args.concurrency, task_ids, out,
+                   progress=not args.no_progress and sys.stderr.isatty())
+    except RayRolloutError as exc:
+        print(f"camg.rollout: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if out is not None:
+            out.close()
+    print_summary(body)
+    return 0 if body["errors"] == 0 else 1

@@ -1,0 +1,172 @@
+"""``camg.rollout --ray`` on a local multi-node Ray cluster.
+
+One machine stands in for three hosts: a Ray head and two worker nodes, each
+started with the ``camg`` resource and ``CAMG_ROUTES`` naming its own camg
+instance (a real ``camg.serve`` of the counter environment on its own
+loopback port). The proof that every node drives only its own services comes
+from each instance's own records — outcome records and trajectories — not
+from what the actors report.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from camg.client import Client
+from camg.rollout_ray import is_loopback
+
+from tests.support.services import REPO
+
+ray = pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+NODES = ("head", "worker1", "worker2")
+EPISODES = 15
+
+
+def ray_env() -> dict:
+    # Telemetry off; a one-host cluster stays on 127.0.0.1 (Ray would swap a
+    # loopback address for the host's routable one).
+    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """Start nodes with ``cluster.add(routes)``; everything is torn down after,
+    and a Ray process that outlives the shutdown fails the test (killed by pid)."""
+    from ray.cluster_utils import Cluster
+
+    # Unix socket paths must stay short: not under pytest's tmp_path.
+    tmp = tempfile.mkdtemp(prefix="camg-ray-", dir="/tmp")
+    os.makedirs(os.path.join(tmp, "ray"))
+    for key, value in {**ray_env(), "RAY_TMPDIR": tmp}.items():
+        monkeypatch.setenv(key, value)
+
+    class Nodes:
+        def __init__(self) -> None:
+            self.ray: Cluster | None = None
+            self.nodes: list = []
+
+        def add(self, routes: str):
+            args = dict(node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=1,
+                        object_store_memory=80 * 1024 * 1024, dashboard_agent_listen_port=0,
+                        resources={"camg": 1}, env_vars={"CAMG_ROUTES": routes})
+            if self.ray is None:
+                self.ray = Cluster(initialize_head=True, head_node_args=args)
+                node = self.ray.head_node
+            else:
+                node = self.ray.add_node(**args)
+            self.nodes.append(node)
+            return node
+
+        def processes(self) -> list:
+            """Every process of the nodes: GCS, raylets, agents, workers (by pid)."""
+            found: dict[int, psutil.Process] = {}
+            for node in self.nodes:
+                for infos in node.all_processes.values():
+                    for info in infos:
+                        try:
+                            proc = psutil.Process(info.process.pid)
+                            for p in (proc, *proc.children(recursive=True)):
+                                found[p.pid] = p
+                        except psutil.NoSuchProcess:
+                            pass
+            return list(found.values())
+
+    nodes = Nodes()
+    yield nodes
+    spawned = nodes.processes()
+    if nodes.ray is not None:
+        nodes.ray.shutdown()
+    gone, alive = psutil.wait_procs(spawned, timeout=15)
+    for proc in alive:
+        proc.kill()
+    subprocess.run(["rm", "-rf", tmp], check=False)
+    assert not alive, f"Ray processes outlived the cluster's shutdown: {alive}"
+
+
+def listening(processes) -> list[str]:
+    addresses = []
+    for proc in processes:
+        try:
+            conns = proc.net_connections(kind="inet")
+        except psutil.NoSuchProcess:
+            continue
+        addresses += [c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN]
+    return addresses
+
+
+def on_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def records(service) -> tuple[set[str], set[str]]:
+    """The episode ids an instance itself recorded: outcomes and trajectories."""
+    outcomes = {r["episode_id"] for r in service.outcomes()}
+    trajectories = {p.stem for p in
+                    (Path(service.config["state_dir"]) / "trajectories").glob("*.jsonl")}
+    return outcomes, trajectories
+
+
+def test_episodes_spread_over_every_node_and_stay_on_its_own_services(
+        counter_service, cluster, tmp_path):
+    services = [counter_service(references=True, capacity=4, wait=False) for _ in NODES]
+    for service in services:
+        service.wait_ready()
+    routes = [str(s.config_path.parent / "routes.json") for s in services]
+    nodes = [cluster.add(r) for r in routes]
+    # Every Ray listener of the three "hosts" is on loopback.
+    addresses = listening(cluster.processes())
+    assert addresses and all(map(on_loopback, addresses)), addresses
+
+    out = tmp_path / "run.jsonl"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "camg.rollout", "--ray", cluster.ray.address,
+         # No such file on any node: each node's CAMG_ROUTES must win.
+         "--routes", str(tmp_path / "absent" / "routes.json"), "--env", "counter",
+         "--policy", "oracle", "--episodes", str(EPISODES), "--concurrency", "2",
+         "--out", str(out), "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout
+    body = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
+    assert body["episodes"] == str(EPISODES) and body["rewarded"] == str(EPISODES)
+    assert body["reward_min"] == "1" and body["errors"] == "0" and body["nodes"] == "3"
+
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == EPISODES and all(line["reward"] == 1.0 for line in lines)
+    by_node: dict[str, set[str]] = {}
+    for line in lines:
+        by_node.setdefault(line["node"], set()).add(line["episode_id"])
+    # Episodes ran on every node ...
+    assert set(by_node) == {node.node_id for node in nodes}, (by_node, wall)
+    for node, service in zip(nodes, services):
+        mine = by_node[node.node_id]
+        assert mine
+        # ... and each instance saw exactly its own node's episodes, by its own records.
+        outcomes, trajectories = records(service)
+        assert outcomes == mine, (node.node_id, outcomes ^ mine)
+        assert trajectories == mine
+    # The actors' workers listened on loopback too; every episode was closed.
+    addresses = listening(cluster.processes())
+    assert all(map(on_loopback, addresses)), addresses
+    assert all(Client(s.url).list()["active"] == 0 for s in services)
+
+
+def test_only_loopback_routes_are_a_nodes_own():
+    assert is_loopback("http://127.0.0.1:65134") and is_loopback("http://localhost:1")
+    assert is_loopback("http://[::1]:65134") and is_loopback("http://127.1.2.3:9")
+    assert is_loopback("http://[::ffff:127.0.0.1]:1")
+    assert not is_loopback("http://192.0.2.1:65134") and not is_loopback("http://camg-node2:1")
