@@ -90,10 +90,12 @@ class NodeRunner:
                                   "on 127.0.0.1")
         self.client = AsyncClient(url, max_connections=max(4, self.concurrency * 2))
         schema = (await self.client.schema())["action"]
+        metadata = await self.client.metadata()
         self.policy = {"oracle": lambda: Oracle(), "noop": lambda: Noop(schema),
                        "openai": lambda: OpenAIPolicy(schema)}[self.policy_name]()
         return {"node": self.node_id, "host": socket.gethostname(), "url": url,
-                "routes": self.routes_path}
+                "routes": self.routes_path, "config_hash": metadata.get("config_hash"),
+                "task_selection_hash": metadata.get("task_selection_hash")}
 
     async def episode(self, task_id: str | None, seed: int | None) -> dict:
         assert self.client is not None, "start() first"
@@ -135,6 +137,16 @@ class _Bar:
             self.bar.close()
 
 
+def check_same_tasks(infos: list[dict]) -> None:
+    """One summary over nodes means one task set: seed i must be the same
+    task on every node (the same prepared manifest everywhere)."""
+    selections = {f"{i['host']}/{i['node'][:8]}": i.get("task_selection_hash") for i in infos}
+    if len(set(selections.values())) > 1:
+        raise RayRolloutError("the nodes serve different task selections (prepare and "
+                              "configure every node from the same manifest): "
+                              + ", ".join(f"{k} {v}" for k, v in sorted(selections.items())))
+
+
 def _connect(address: str):
     # A loopback ADDRESS is a one-host cluster (the tests'): Ray would
     # otherwise swap 127.0.0.1 for the host's routable address and leave
@@ -174,6 +186,7 @@ def run(address: str, routes_path: str, env: str, policy_name: str, episodes: in
         except ray.exceptions.RayError as exc:
             # The actor's own RayRolloutError (or its death): its last line says why.
             raise RayRolloutError(str(exc).strip().splitlines()[-1]) from None
+        check_same_tasks(infos)
         try:
             return _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress)
         finally:

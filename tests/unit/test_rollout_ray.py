@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from camg.client import Client
-from camg.rollout_ray import is_loopback
+from camg.rollout_ray import RayRolloutError, check_same_tasks, is_loopback
 
 from tests.support.services import REPO
 
@@ -140,6 +140,7 @@ def test_episodes_spread_over_every_node_and_stay_on_its_own_services(
         cwd=REPO, capture_output=True, text=True, timeout=240,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     wall = time.monotonic() - started
+    print(f"rollout over 3 nodes: {wall:.1f} s\n{proc.stdout}")
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout
     body = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
     assert body["episodes"] == str(EPISODES) and body["rewarded"] == str(EPISODES)
@@ -170,3 +171,11 @@ def test_only_loopback_routes_are_a_nodes_own():
     assert is_loopback("http://[::1]:65134") and is_loopback("http://127.1.2.3:9")
     assert is_loopback("http://[::ffff:127.0.0.1]:1")
     assert not is_loopback("http://192.0.2.1:65134") and not is_loopback("http://camg-node2:1")
+
+
+def test_nodes_serving_different_task_sets_are_refused():
+    same = [{"host": "a", "node": "1" * 56, "task_selection_hash": "x"},
+            {"host": "b", "node": "2" * 56, "task_selection_hash": "x"}]
+    check_same_tasks(same)
+    with pytest.raises(RayRolloutError, match="different task selections.*b/22222222 y"):
+        check_same_tasks([same[0], {**same[1], "task_selection_hash": "y"}])
