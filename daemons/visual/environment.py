@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from camg import errors, typed
-from camg.environment import Environment, ServiceContext, Task
+from camg.environment import Environment, Grade, ServiceContext, Submission, Task
 from camg.shell_schema import command_observation, shell_action
 
 from daemons.visual import rubric
@@ -228,6 +228,27 @@ class VisualEnvironment(Environment):
         verdict = self.judge.ask(rubric.prompt(task.data["problem_statement"]),
                                  images=[Image(shot.jpeg, "image/jpeg")], parse=rubric.score)
         return verdict, rubric.parse(verdict.raw)
+
+    def regrade(self, task: Task, submission: Submission) -> Grade:
+        """The stored screenshot before the judge again (a new judge call:
+        the verdict of a sampled judge may differ; the rubric and judge
+        hashes say what was asked of whom)."""
+        import hashlib
+
+        meta = submission.meta
+        path = self.shots_dir / os.path.basename(str(meta.get("screenshot") or ""))
+        try:
+            jpeg = path.read_bytes() if meta.get("screenshot") else None
+        except FileNotFoundError:
+            jpeg = None
+        if jpeg is None or hashlib.sha256(jpeg).hexdigest() != meta.get("sha256"):
+            raise errors.NoSubmission(f"the episode's screenshot {path.name} is gone or changed")
+        shot = Shot(jpeg, int(meta.get("width") or 0), int(meta.get("height") or 0),
+                    bool(meta.get("downscaled")), (), {})
+        verdict, parsed = self.judge_shot(task, shot)
+        return Grade(parsed["score"], {"judge": {**verdict.record(), "rubric": parsed},
+                                       "rubric_id": self.rubric_id,
+                                       "rubric_hash": self.rubric_hash})
 
     # -- service surface ------------------------------------------------------------
     def health(self) -> list[str]:

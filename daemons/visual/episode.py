@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from camg import errors
-from camg.environment import Episode, Step
+from camg.environment import Episode, Step, Submission
 
 from daemons.visual.render import Shot
 
@@ -159,6 +159,15 @@ class VisualEpisode(Episode):
             raise
         self.verdict = {**verdict.record(), "rubric": parsed}
         return parsed["score"]
+
+    def submission(self) -> Submission | None:
+        """The screenshot the judge saw, by reference: it is already kept
+        in the service's screenshots directory (no second copy)."""
+        if self.shot is None or self.shot_path is None:
+            return None
+        return Submission(meta={"screenshot": os.path.basename(self.shot_path),
+                                "sha256": self.shot.sha256, "width": self.shot.width,
+                                "height": self.shot.height, "downscaled": self.shot.downscaled})
 
     def outcome(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {"rubric_id": self.env.rubric_id, "rubric_hash": self.env.rubric_hash}
