@@ -14,13 +14,14 @@ Closing removes the container.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from camg import errors, typed
-from camg.environment import Environment, Episode, ServiceContext, Step, Task
+from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
 
 from daemons.general import rubric
 from daemons.general.channel import TransportChannel, observation_of
@@ -143,6 +144,25 @@ class GeneralEnvironment(Environment):
     def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> Episode:
         return GeneralEpisode(self, task, episode_id)
 
+    def regrade(self, task: Task, submission: Submission) -> Grade:
+        """general_agent: the stored verifier detail before the judge again
+        (new judge calls; the rule items' scores are the verifier's)."""
+        if submission.meta.get("task_kind") == "opensource-code" or not submission.data:
+            raise errors.RegradeUnsupported(
+                "opensource-code episodes are graded by the verifier inside their container, "
+                "which is gone; only general_agent episodes can be regraded")
+        if self.judge is None:
+            raise errors.JudgeError("the judge is not started", reason="unconfigured")
+        try:
+            detail = json.loads(submission.data)
+        except ValueError as exc:
+            raise errors.GraderError(f"the stored verifier detail is not JSON: {exc}") from None
+        reward, records = rubric.judge_episode(self.judge, detail,
+                                               deadline_s=self.settings.judge_deadline_s)
+        if self.settings.binarize:
+            reward = 1.0 if reward >= 1.0 - 1e-6 else 0.0
+        return Grade(reward, {"task_kind": "general_agent", "judge": records})
+
 
 class GeneralEpisode(Episode):
     def __init__(self, env: GeneralEnvironment, task: Task, episode_id: str) -> None:
@@ -156,6 +176,7 @@ class GeneralEpisode(Episode):
         self.verifier_exit: int | None = None
         self.judge_records: list[dict] = []
         self.judge_failure: dict | None = None
+        self.detail: dict | None = None  # the verifier's reward_detail.json (regrade)
         self.integrity: dict | None = None  # the tamper screen's part of the outcome
         self.steps = 0  # actions the transport took (the reference's position)
         self._closed = False
@@ -203,7 +224,7 @@ class GeneralEpisode(Episode):
         if not self.pending_judge:
             raise errors.GraderError("nothing to grade: the transport gave no reward")
         tar = self.env.client.get_archive(self.container.id, VERIFIER_OUT)
-        detail = rubric.read_detail(tar)
+        detail = self.detail = rubric.read_detail(tar)
         try:
             reward, self.judge_records = rubric.judge_episode(
                 self.env.judge, detail, deadline_s=self.env.settings.judge_deadline_s)
@@ -255,6 +276,17 @@ class GeneralEpisode(Episode):
     def state(self) -> Mapping[str, Any]:
         return {"task_kind": self.kind,
                 "container": self.container.id[:12] if self.container else None}
+
+    def submission(self) -> Submission | None:
+        """general_agent: the verifier's reward_detail.json (rule scores and
+        the LLM items' judge requests; a few KiB), judged again by a regrade.
+        opensource-code was graded inside its container, which is gone: kept
+        as such, so a regrade says why it cannot."""
+        if self.detail is not None:
+            return Submission(json.dumps(self.detail, sort_keys=True).encode())
+        if self.kind == "opensource-code" and self.verifier_exit is not None:
+            return Submission(meta={"task_kind": self.kind})
+        return None
 
     def outcome(self) -> Mapping[str, Any]:
         record: dict[str, Any] = {"task_kind": self.kind, "image": self.task.data["image"],
