@@ -11,6 +11,7 @@ under systemd both come back.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -18,12 +19,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from camg import errors, typed
-from camg.environment import Environment, Episode, ServiceContext, Task
+from camg.environment import Environment, Episode, Grade, ServiceContext, Submission, Task
 from camg.hashing import sha256_bytes, sha256_json, sha256_tree
 from camg.shell_schema import command_observation
 
 from daemons.autoresearch import runstate
-from daemons.autoresearch.episode import Prepared, ResearchEpisode
+from daemons.autoresearch.episode import Prepared, ResearchEpisode, graded
 from daemons.autoresearch.settings import Settings
 from daemons.autoresearch.supervisor import Grader
 
@@ -161,6 +162,14 @@ class ResearchEnvironment(Environment):
 
     def _grade(self, task_id: str, submission: bytes) -> dict:
         return self.grader.grade(task_id, submission)
+
+    def regrade(self, task: Task, submission: Submission) -> Grade:
+        """The stored submission bytes through the private grader again."""
+        if self.grader is None:
+            raise errors.Unavailable("the autoresearch environment is not started")
+        data = None if submission.meta.get("missing") else submission.data
+        reward, report = graded(self._grade, task.task_id, data)
+        return Grade(reward, {"grade": dataclasses.asdict(report)})
 
     # -- operator checks ----------------------------------------------------
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from camg import errors
-from camg.environment import Episode, Step
+from camg.environment import Episode, Step, Submission
 
 from daemons.autoresearch.settings import Settings
 
@@ -75,6 +75,18 @@ class Report:
     grade_seconds: float | None = None
 
 
+def graded(grade: Callable[[str, bytes], dict], task_id: str,
+           submitted: bytes | None) -> tuple[float, Report]:
+    """(reward, report) of a submission by the private grader; no file is 0.
+    An episode's grade and a regrade (ResearchEnvironment.regrade) both
+    come here."""
+    if submitted is None:
+        return 0.0, Report(submitted=False, detail="missing")
+    reply = grade(task_id, submitted)
+    return float(reply["reward"]), Report(True, bool(reply.get("valid")), reply.get("score"),
+                                          str(reply.get("detail", "")), reply.get("seconds"))
+
+
 class ResearchEpisode(Episode):
     def __init__(self, settings: Settings, helper, grade: Callable[[str, bytes], dict],
                  prepared: Prepared, episode_id: str, ledger=None) -> None:
@@ -90,7 +102,7 @@ class ResearchEpisode(Episode):
         self.jobs = 0
         self.started = 0.0
         self.terminal: Step | None = None
-        self.submission: bytes | None = None
+        self.submitted: bytes | None = None
         self.report: Report | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -202,7 +214,7 @@ class ResearchEpisode(Episode):
 
     def _finish(self, text: str) -> Step:
         sandbox = self._sandbox()
-        self.submission, problem = self._collect(sandbox)
+        self.submitted, problem = self._collect(sandbox)
         with self._lock:
             self.sandbox = None
         self._destroy(sandbox)
@@ -238,16 +250,18 @@ class ResearchEpisode(Episode):
     def grade(self) -> float:
         if self.terminal is None:
             raise errors.GraderError("grade() before the episode finished")
-        if self.submission is None:
-            self.report = Report(submitted=False, detail="missing")
-            return 0.0
-        reply = self.grade_submission(self.task.task_id, self.submission)
-        self.report = Report(True, bool(reply.get("valid")), reply.get("score"),
-                             str(reply.get("detail", "")), reply.get("seconds"))
-        reward = float(reply["reward"])
-        log.info("graded: reward %.4f score %s %s", reward, reply.get("score"),
-                 self.report.detail, extra=self.fields)
+        reward, self.report = graded(self.grade_submission, self.task.task_id, self.submitted)
+        log.info("graded: reward %.4f %s", reward, self.report, extra=self.fields)
         return reward
+
+    def submission(self) -> Submission | None:
+        """The submitted CSV's bytes (at most 8 MiB); a missing file is
+        kept as such (it earns 0 again)."""
+        if self.terminal is None:
+            return None
+        if self.submitted is None:
+            return Submission(meta={"missing": True})
+        return Submission(self.submitted)
 
     def close(self) -> None:
         with self._lock:

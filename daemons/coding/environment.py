@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from camg import errors, typed
-from camg.environment import Environment, Episode, ServiceContext, Task
+from camg.environment import Environment, Episode, Grade, ServiceContext, Submission, Task
 from camg.hashing import sha256_bytes, sha256_json
 from camg.shell_schema import command_observation, shell_action
 
@@ -118,6 +119,21 @@ class CodingEnvironment(Environment):
         if self.helper is None:
             raise errors.Unavailable("the coding environment is not started")
         return CodingEpisode(self.settings, self.helper, self.prepared[task.task_id], episode_id)
+
+    def regrade(self, task: Task, submission: Submission) -> Grade:
+        """The stored diff through grade() of a grading-only episode: the
+        same filter, screen and SWE-smith run in a fresh sandbox over
+        [image, grader layer] as the original grade."""
+        if self.helper is None:
+            raise errors.Unavailable("the coding environment is not started")
+        episode = CodingEpisode(self.settings, self.helper, self.prepared[task.task_id],
+                                f"regrade-{uuid.uuid4().hex[:12]}")
+        episode.diff = submission.data
+        episode.diff_problem = submission.meta.get("diff_problem")
+        try:
+            return Grade(episode.grade(), episode.outcome())
+        finally:
+            episode.close()
 
 
 def _version(dist: str) -> str:

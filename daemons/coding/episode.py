@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from camg import errors
-from camg.environment import Episode, Step
+from camg.environment import Episode, Step, Submission
 
 from camg.helper_client import HelperClient
 from daemons.coding import grading, integrity, layers, mirrors, profiles, rows
@@ -245,6 +245,14 @@ class CodingEpisode(Episode):
         if self.report is None:
             return {}
         return self.report.outcome()
+
+    def submission(self) -> Submission | None:
+        """The agent's diff as collected at finish (regraded by
+        CodingEnvironment.regrade exactly as grade() graded it)."""
+        if self.diff is None:
+            return None
+        return Submission(self.diff, {"diff_problem": self.diff_problem}
+                          if self.diff_problem else {})
 
     def reference_action(self) -> Mapping[str, Any] | None:
         """The gold fix (the row's patch, reversed), as shell actions from
