@@ -30,6 +30,8 @@ ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
 NODES = ("head", "worker1", "worker2")
+#: Set in the environment of every process a test node starts.
+MARKER = "CAMG_TEST_RAY_NODES"
 EPISODES = 15
 
 
@@ -60,11 +62,16 @@ def cluster(monkeypatch):
             args = dict(node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=1,
                         object_store_memory=80 * 1024 * 1024, dashboard_agent_listen_port=0,
                         resources={"camg": 1}, env_vars={"CAMG_ROUTES": routes})
-            if self.ray is None:
-                self.ray = Cluster(initialize_head=True, head_node_args=args)
-                node = self.ray.head_node
-            else:
-                node = self.ray.add_node(**args)
+            # Every process the node starts inherits the marker (the
+            # services and the driver do not): even one a failed start
+            # orphaned is found at teardown.
+            with monkeypatch.context() as env:
+                env.setenv(MARKER, tmp)
+                if self.ray is None:
+                    self.ray = Cluster(initialize_head=True, head_node_args=args)
+                    node = self.ray.head_node
+                else:
+                    node = self.ray.add_node(**args)
             self.nodes.append(node)
             return node
 
@@ -82,14 +89,32 @@ def cluster(monkeypatch):
                             pass
             return list(found.values())
 
+        def marked(self) -> list:
+            """Ours even when orphaned: the marker in its environment, or (a
+            process that retitled itself clobbers its environ) a log file
+            open under this cluster's directory."""
+            found = []
+            for proc in psutil.process_iter():
+                try:
+                    if (proc.environ().get(MARKER) == tmp
+                            or any(f.path.startswith(tmp + "/") for f in proc.open_files())):
+                        found.append(proc)
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    pass
+            return found
+
     nodes = Nodes()
     yield nodes
-    spawned = nodes.processes()
+    spawned = {p.pid: p for p in nodes.processes() + nodes.marked()}
     if nodes.ray is not None:
         nodes.ray.shutdown()
-    gone, alive = psutil.wait_procs(spawned, timeout=15)
+    gone, alive = psutil.wait_procs(list(spawned.values()), timeout=15)
+    alive += [p for p in nodes.marked() if p.pid not in spawned]
     for proc in alive:
-        proc.kill()
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
     subprocess.run(["rm", "-rf", tmp], check=False)
     assert not alive, f"Ray processes outlived the cluster's shutdown: {alive}"
 
@@ -126,6 +151,7 @@ def test_episodes_spread_over_every_node_and_stay_on_its_own_services(
     routes = [str(s.config_path.parent / "routes.json") for s in services]
     nodes = [cluster.add(r) for r in routes]
     # Every Ray listener of the three "hosts" is on loopback.
+    assert {p.pid for p in cluster.processes()} <= {p.pid for p in cluster.marked()}
     addresses = listening(cluster.processes())
     assert addresses and all(map(on_loopback, addresses)), addresses
 
