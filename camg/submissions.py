@@ -40,14 +40,17 @@ class SubmissionStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._total = sum(size for _, _, size in self._blobs())
+        self._total = sum(size for _, _, size in self._blobs(sweep=True))
 
-    def _blobs(self):
+    def _blobs(self, sweep: bool = False):
         for sub in os.scandir(self.root):
             if not sub.is_dir(follow_symlinks=False):
                 continue
             for entry in os.scandir(sub.path):
-                if entry.is_file(follow_symlinks=False) and not entry.name.startswith("."):
+                if entry.name.startswith(".in-"):
+                    if sweep:  # a write a killed process never finished
+                        Path(entry.path).unlink(missing_ok=True)
+                elif entry.is_file(follow_symlinks=False):
                     st = entry.stat(follow_symlinks=False)
                     yield entry.path, st.st_mtime, st.st_size
 

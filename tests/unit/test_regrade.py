@@ -174,8 +174,11 @@ def test_submission_store_is_content_addressed_and_bounded(tmp_path):
         store.get(c)
     with pytest.raises(ValueError):
         store.put(Submission(b"", {"big": "m" * (70 << 10)}))
-    # a restarted store counts what is already there
+    # a restarted store counts what is already there, and drops unfinished writes
+    unfinished = path.parent / ".in-killed"
+    unfinished.write_bytes(b"half")
     assert SubmissionStore(tmp_path, max_bytes=1000)._total == 400 + len(b"tampered")
+    assert not unfinished.exists()
 
 
 def test_outcome_log_finds_the_episodes_own_record(tmp_path):
