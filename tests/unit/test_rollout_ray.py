@@ -205,3 +205,14 @@ def test_nodes_serving_different_task_sets_are_refused():
     check_same_tasks(same)
     with pytest.raises(RayRolloutError, match="different task selections.*b/22222222 y"):
         check_same_tasks([same[0], {**same[1], "task_selection_hash": "y"}])
+
+
+def test_ray_stays_out_of_the_services_and_the_plain_rollout():
+    # ray is a trainer-side extra (requirements/trainer.in), not in the services' lock.
+    probe = ("import sys; import camg.serve, camg.rollout, camg.rollout_ray; "
+             "assert 'ray' not in sys.modules, 'imported ray'")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lock = (Path(REPO) / "requirements.lock").read_text().lower()
+    assert "\nray==" not in lock
