@@ -216,3 +216,75 @@ def test_ray_stays_out_of_the_services_and_the_plain_rollout():
     assert proc.returncode == 0, proc.stderr
     lock = (Path(REPO) / "requirements.lock").read_text().lower()
     assert "\nray==" not in lock
+
+
+class _Lost(Exception):
+    """Stands in for ray.exceptions.RayActorError."""
+
+
+class _FakeRay:
+    """Just what ``_drive`` uses of ray: refs resolve in submission order."""
+
+    class exceptions:
+        RayError = _Lost
+
+    @staticmethod
+    def wait(refs, num_returns=1):
+        return refs[:1], refs[1:]
+
+    @staticmethod
+    def get(ref):
+        if isinstance(ref.value, Exception):
+            raise ref.value
+        return ref.value
+
+
+class _Ref:
+    def __init__(self, value) -> None:
+        self.value = value
+
+
+class _Actor:
+    def __init__(self, name: str, lives: int | None = None) -> None:
+        self.name, self.lives, self.seeds = name, lives, []
+        self.episode = self
+
+    def remote(self, task_id, seed):
+        self.seeds.append(seed)
+        if self.lives is not None and len(self.seeds) > self.lives:
+            return _Ref(_Lost("the actor died"))
+        return _Ref({"episode_id": f"{self.name}-{seed}", "task_id": "t", "reward": 1.0,
+                     "failure_class": None, "steps": 1, "reset_s": 0.001, "step_s": [0.002],
+                     "error": None})
+
+
+def test_a_lost_node_fails_only_its_episodes_in_flight_and_the_rest_move_on(tmp_path):
+    import io
+
+    from camg.rollout_ray import _drive
+
+    actors = [_Actor("a"), _Actor("b", lives=1)]
+    infos = [{"host": "h", "node": "a" * 56}, {"host": "h", "node": "b" * 56}]
+    out = io.StringIO()
+    body = _drive(_FakeRay, actors, infos, 10, 2, None, out, progress=False)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert body["episodes"] == 10 and len(lines) == 10
+    failed = [line for line in lines if line["error"]]
+    # b's first episode counted and it got another before its loss showed; the two it
+    # had in flight then are errors naming it; every later episode ran on a.
+    assert [line["node"] for line in failed] == ["b" * 56] * 2
+    assert all("h/bbbbbbbb" in line["error"] for line in failed)
+    assert body["errors"] == 2 and body["rewarded"] == 8
+    assert actors[1].seeds == [2, 3, 6] and len(actors[0].seeds) == 7
+    assert sorted(actors[0].seeds + actors[1].seeds) == list(range(10))
+    assert body["episodes_by_node"] == {"h/aaaaaaaa": 7, "h/bbbbbbbb": 3}
+
+
+def test_episodes_no_node_is_left_for_are_reported_not_dropped():
+    from camg.rollout_ray import _drive
+
+    actors = [_Actor("a", lives=0), _Actor("b", lives=0)]
+    infos = [{"host": "h", "node": "a" * 56}, {"host": "h", "node": "b" * 56}]
+    body = _drive(_FakeRay, actors, infos, 10, 2, None, None, progress=False)
+    assert body["episodes"] == 10 and body["errors"] == 10 and body["rewarded"] == 0
+    assert len(actors[0].seeds) + len(actors[1].seeds) == 4
