@@ -287,4 +287,5 @@ def test_episodes_no_node_is_left_for_are_reported_not_dropped():
     infos = [{"host": "h", "node": "a" * 56}, {"host": "h", "node": "b" * 56}]
     body = _drive(_FakeRay, actors, infos, 10, 2, None, None, progress=False)
     assert body["episodes"] == 10 and body["errors"] == 10 and body["rewarded"] == 0
-    assert len(actors[0].seeds) + len(actors[1].seeds) == 4
+    # a's loss moved its next work to b before b's showed: 6 were sent, 4 never were
+    assert len(actors[0].seeds) + len(actors[1].seeds) == 6
