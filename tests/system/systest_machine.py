@@ -32,7 +32,8 @@ class MachineError(RuntimeError):
 class Machine:
     def __init__(self, root: Path, log: Path, *, binds: list[str] = (),
                  private_network: bool = True, capabilities: tuple[str, ...] = (),
-                 payload: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+                 payload: list[str] | None = None, env: dict[str, str] | None = None,
+                 docker: bool = False) -> None:
         # payload: run this command instead of booting systemd (nspawn's
         # stub init is PID 1, the payload PID 2): a machine without systemd.
         self.payload = payload
@@ -44,12 +45,23 @@ class Machine:
         self.cgroup = OwnCgroup()
         self.token = self.cgroup.name
         self.binds = list(binds)
+        # docker: the guest runs its own dockerd (systest_docker.py): nspawn
+        # keeps the keyring syscalls runc needs, and the guest gets writable
+        # cgroup-v1 controllers of this machine's own to mount over its
+        # read-only ones.
+        self.docker = docker
         self.proc: subprocess.Popen | None = None
         self.leader: int | None = None
 
     # -- cgroups owned by this machine -----------------------------------
     def helper_cgroups(self) -> dict[str, Path]:
         return {c: CGROOT / c / self.token for c in HELPER_CONTROLLERS}
+
+    def docker_cgroups(self) -> dict[str, Path]:
+        if not self.docker:
+            return {}
+        from systest_docker import docker_cgroup_dirs
+        return docker_cgroup_dirs(f"{self.token}-docker")
 
     @staticmethod
     def helper_config_for_guest(base: dict) -> dict:
@@ -61,6 +73,12 @@ class Machine:
         self.cgroup.create()
         for path in self.helper_cgroups().values():
             path.mkdir()
+        docker_args: list[str] = []
+        if self.docker:
+            from systest_docker import nspawn_args, prepare_cgroups, prepare_root
+            prepare_root(self.root)
+            prepare_cgroups(self.docker_cgroups())
+            docker_args = nspawn_args(self.docker_cgroups())
         argv = ["systemd-nspawn", "--quiet", "--register=no", "--keep-unit",
                 "--as-pid2" if self.payload else "--boot",
                 "-D", str(self.root), f"--machine={self.token}", "--console=pipe"]
@@ -70,6 +88,7 @@ class Machine:
         if self.capabilities:
             argv.append("--capability=" + ",".join(self.capabilities))
         argv += [f"--bind={p}:/run/hostcg/{c}" for c, p in self.helper_cgroups().items()]
+        argv += docker_args
         argv += [f"--bind-ro={b[:-3]}" if b.endswith(":ro") else f"--bind={b}" for b in self.binds]
         if self.payload:
             argv += ["--", *self.payload]
@@ -138,6 +157,10 @@ class Machine:
             if left:
                 problems.append(f"helper cgroups left in {path}: {left}")
         for path in self.helper_cgroups().values():
+            problems += rmdir_tree(path)
+        # The guest's dockerd's own cgroups (/docker below each): empty once
+        # its containers are gone, so only processes keep them (a leak).
+        for path in self.docker_cgroups().values():
             problems += rmdir_tree(path)
         problems += self.cgroup.remove()
         if self.leader is not None and Path(f"/proc/{self.leader}").exists():
