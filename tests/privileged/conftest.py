@@ -109,6 +109,12 @@ def _cgroups() -> set[str]:
 
 
 def _children(pid: int) -> set[int]:
+    return _children_of({pid})
+
+
+def _children_of(parents: set[int]) -> set[int]:
+    """Children of any of ``parents``: one pass over /proc, however many are
+    watched (the leak check runs twice per test)."""
     kids = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -118,7 +124,7 @@ def _children(pid: int) -> set[int]:
                 stat = f.read().rsplit(b")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if int(stat[1]) == pid:
+        if int(stat[1]) in parents:
             kids.add(int(entry))
     return kids
 
@@ -159,7 +165,7 @@ def _containers() -> set[str]:
 def _snapshot() -> dict:
     watched = {os.getpid()} | _allowed_pids
     return {"mounts": _mounts(), "cgroups": _cgroups(),
-            "procs": {p for w in watched for p in _children(w)}, "state": _state_entries(),
+            "procs": _children_of(watched), "state": _state_entries(),
             "containers": _containers()}
 
 
