@@ -8,6 +8,12 @@ synchronous and run on worker threads, so they may block on the helper, a
 JVM or a test run; they must be safe to call from a thread other than the
 one that created the episode.
 
+Optional capability, regrading (camg.regrading): ``Episode.submission()``
+hands the manager what the episode submitted (stored content-addressed
+before its outcome record), and ``Environment.regrade(task, submission)``
+grades it again later, without the episode. An environment without
+``regrade`` answers ``regrade_unsupported``.
+
 Errors an environment raises:
 * ``camg.errors.InvalidAction`` — the action is malformed; nothing changed.
 * ``camg.errors.InfraFailure`` and subclasses — the episode cannot go on
