@@ -155,11 +155,21 @@ def _connect(address: str):
     host = address.rsplit(":", 1)[0] if ":" in address else address
     if host in ("127.0.0.1", "localhost", "[::1]", "::1"):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if ":" in address and not address.startswith("ray://"):
+        # ray.init retries an unreachable GCS for minutes: say it at once.
+        port = address.rsplit(":", 1)[1]
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+        except (OSError, ValueError) as exc:
+            raise RayRolloutError(f"cannot reach the Ray cluster at {address}: {exc}") from None
     try:
         import ray
     except ImportError:
         raise RayRolloutError("--ray needs the ray package (requirements/trainer.in)") from None
-    ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    try:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise RayRolloutError(f"cannot join the Ray cluster at {address}: {exc}") from None
     return ray
 
 
@@ -190,7 +200,10 @@ def run(address: str, routes_path: str, env: str, policy_name: str, episodes: in
         try:
             return _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress)
         finally:
-            ray.get([a.stop.remote() for a in actors])
+            try:
+                ray.get([a.stop.remote() for a in actors], timeout=30)
+            except ray.exceptions.RayError:
+                pass  # a lost node's actor has nothing left to close
             for actor in actors:
                 ray.kill(actor)
     finally:

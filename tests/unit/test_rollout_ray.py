@@ -289,3 +289,15 @@ def test_episodes_no_node_is_left_for_are_reported_not_dropped():
     assert body["episodes"] == 10 and body["errors"] == 10 and body["rewarded"] == 0
     # a's loss moved its next work to b before b's showed: 6 were sent, 4 never were
     assert len(actors[0].seeds) + len(actors[1].seeds) == 6
+
+
+def test_an_unreachable_cluster_is_said_at_once():
+    from tests.support.services import free_port
+
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "camg.rollout", "--ray", f"127.0.0.1:{free_port()}", "--routes",
+         "routes.json", "--env", "counter", "--policy", "noop", "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "cannot reach the Ray cluster" in proc.stderr, proc.stderr
+    assert time.monotonic() - started < 30
