@@ -26,7 +26,6 @@ from camg.rollout_ray import RayRolloutError, check_same_tasks, is_loopback
 
 from tests.support.services import REPO
 
-ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
 NODES = ("head", "worker1", "worker2")
@@ -45,6 +44,8 @@ def ray_env() -> dict:
 def cluster(monkeypatch):
     """Start nodes with ``cluster.add(routes)``; everything is torn down after,
     and a Ray process that outlives the shutdown fails the test (killed by pid)."""
+    # Imported here, not at collection: only this fixture needs ray.
+    pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
     # Unix socket paths must stay short: not under pytest's tmp_path.
