@@ -84,6 +84,9 @@ def http(service, name: str, examples: int, seed: int = 0) -> Row:
                               "--url", service.url, "--checks", "not_a_server_error",
                               "--max-examples", str(examples), "--seed", str(seed),
                               "--workers", "2", "--no-color",
+                              # a reset may boot a container (General's pool
+                              # empty): seconds on 2 shared cores, not 10
+                              "--request-timeout", "600",
                               "--phases", "examples,coverage,fuzzing,stateful",
                               "--suppress-health-check", "all"],
                              capture_output=True, text=True, timeout=3600, cwd=work)
@@ -108,8 +111,12 @@ def http(service, name: str, examples: int, seed: int = 0) -> Row:
                f"health {health['status']}; {len(listed)} listed, {unreadable} unreadable; "
                f"{torn} torn outcome lines")
     if out.returncode != 0:
-        counted += "; " + " | ".join(l.strip() for l in out.stdout.splitlines()
-                                      if "500" in l or "Server error" in l)[:300]
+        lines = [l.strip() for l in out.stdout.splitlines() if l.strip()]
+        why = [l for l in lines if "500" in l or "Server error" in l]
+        if not why:  # an error of the run itself (e.g. a timeout): its section
+            heads = [i for i, l in enumerate(lines) if "ERRORS" in l or "FAILURES" in l]
+            why = lines[heads[0] + 1:heads[0] + 6] if heads else lines[-5:]
+        counted += "; " + " | ".join(why)[:400]
     return Row("fuzz", name, f"schemathesis stateful, {examples} examples/operation", counted, ok)
 
 

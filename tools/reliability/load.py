@@ -15,6 +15,7 @@ import asyncio
 import time
 
 from camg.client import AsyncClient, Client, ServiceError
+from tools.reliability.rig import container_memory
 from tools.reliability.service import Prepared, service_rss_kib
 from tools.reliability.table import Row
 
@@ -86,8 +87,13 @@ def run(prepared: Prepared, n: int, seconds: float, asked: int | None = None) ->
     with prepared.serve(capacity=None, limits=limits) as service:
         capacity = Client(service.url).metadata()["capacity"]
         helper_before = helper.rss_kib()
-        r = asyncio.run(_load(service.url, target.action, n, seconds,
-                              lambda: helper.census()["ledger"]))
+        memory: list[tuple[int, int]] = []
+
+        def live() -> int:
+            if helper.scope:  # Docker-backed: what the containers hold
+                memory.append(container_memory(helper.scope))
+            return helper.census()["ledger"]
+        r = asyncio.run(_load(service.url, target.action, n, seconds, live))
         service_kib = service_rss_kib(service)
         helper_kib = helper.rss_kib()
     leaks = {k: v for k, v in helper.census().items() if v}
@@ -99,7 +105,9 @@ def run(prepared: Prepared, n: int, seconds: float, asked: int | None = None) ->
                f"service peak RSS {service_kib // 1024} MiB, helper RSS "
                f"{helper_before // 1024}->{helper_kib // 1024} MiB, "
                f"sandboxes live {r['live']}, created in {r['create_s']:.1f} s; "
-               f"left after stop {leaks or 0}")
+               + (f"{memory[0][0]} containers holding {memory[0][1] >> 20} MiB "
+                  f"({memory[0][1] // max(1, memory[0][0]) >> 20} MiB each); " if memory else "")
+               + f"left after stop {leaks or 0}")
     if r["errors"]:
         counted += f"; first error: {r['errors'][0][:200]}"
     done = f"{n} concurrent episodes stepping {seconds:g} s"

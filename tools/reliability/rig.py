@@ -196,6 +196,27 @@ def containers(scope: str | None = None) -> int:
                if line.split()[1:] and line.split()[1].startswith(mine))
 
 
+def container_memory(scope: str) -> tuple[int, int]:
+    """(containers of ``scope``, their memory cgroups' usage in bytes, page
+    cache included), read on the host (dockerd's cgroupfs driver)."""
+    out = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter",
+                          f"label=camg.helper={scope}"], capture_output=True, text=True, timeout=60)
+    ids = out.stdout.split() if out.returncode == 0 else []
+    total = 0
+    for cid in ids:
+        for base in (Path("/sys/fs/cgroup/memory/docker") / cid, Path("/sys/fs/cgroup/docker") / cid):
+            for name in ("memory.usage_in_bytes", "memory.current"):
+                try:
+                    total += int((base / name).read_text())
+                    break
+                except (OSError, ValueError):
+                    continue
+            else:
+                continue
+            break
+    return len(ids), total
+
+
 def state_strays(state_dir: Path, episode_ids: set[str], files: tuple[str, ...] = (),
                  dirs: tuple[str, ...] = (), records: list[dict] = ()) -> list[str]:
     """Files of a service's state directory beyond its records: outcomes.jsonl,
