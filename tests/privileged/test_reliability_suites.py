@@ -21,14 +21,16 @@ import pytest
 import conftest as pc
 from camg import plugins
 from tools.reliability import __main__ as reliability
+from tools.reliability.rig import TMP_PREFIX
 from tools.reliability.table import render
 
 SUITES = ("escape", "fuzz", "churn", "load")
 
 
 def _ours() -> set[str]:
-    """This project's reliability temporaries in the temporary directory."""
-    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("camg-rel-")}
+    """This run's temporaries in the temporary directory (TMP_PREFIX holds
+    our pid: a parallel run's are not ours)."""
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(TMP_PREFIX)}
 
 
 @pytest.fixture(scope="module")

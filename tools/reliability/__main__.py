@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 
 from tools.reliability import churn, escape, escape_container, fuzz, killstorm, load
-from tools.reliability.rig import CACHE, Helper, containers
+from tools.reliability.rig import CACHE, TMP_PREFIX, Helper, containers
 from tools.reliability.service import Prepared
 from tools.reliability.table import Row, render
 from tools.reliability.targets import all_targets
@@ -67,7 +67,7 @@ def run(suites: tuple[str, ...], names: set[str] | None, sizes: dict) -> list[Ro
             except Exception as exc:  # its caches cannot even be located
                 t.missing = f"lower roots unavailable: {exc}"
     rows: list[Row] = []
-    work = Path(tempfile.mkdtemp(prefix="camg-rel-work-"))
+    work = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}work-"))
     work.chmod(0o755)
     note("starting the rig's helper (isolation probes)")
     helper = Helper(sorted(roots))

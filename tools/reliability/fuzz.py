@@ -31,7 +31,7 @@ from pathlib import Path
 
 from camg import helper_wire as wire
 from camg.errors import CamgError
-from tools.reliability.rig import Helper
+from tools.reliability.rig import TMP_PREFIX, Helper
 from tools.reliability.table import Row
 
 
@@ -76,7 +76,7 @@ def http(service, name: str, examples: int, seed: int = 0) -> Row:
     doc = openapi(client.schema())
     # The document, and schemathesis's own files (it runs in here), go
     # with the run: a temporary directory per run was left in /tmp before.
-    with tempfile.TemporaryDirectory(prefix="camg-rel-fuzz-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}fuzz-") as tmp:
         work = Path(tmp)
         (work / "openapi.json").write_text(json.dumps(doc))
         schemathesis = Path(sys.executable).parent / "schemathesis"
@@ -218,7 +218,7 @@ def files(cases: int, seed: int = 0) -> Row:
     rng = random.Random(seed)
     untyped: list[str] = []
     counts = {"manifest": 0, "task row": 0, "OCI layer": 0}
-    work = Path(tempfile.mkdtemp(prefix="camg-rel-files-"))
+    work = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}files-"))
     good = manifest.build("fuzz", [{"task_id": f"t{i}", "data": {"x": i}} for i in range(3)],
                           created_by="fuzz", sampling={"mode": "sequential", "seed": 0}, files={})
     row = {"instance_id": "o__r.1234abcd.func_pm__x", "repo": "o/r", "patch": "--- a\n+++ b\n",

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Callable
 
 from tools.reliability.killstorm_guest import POINTS, Answer, Background, Env, Guest
+from tools.reliability.rig import TMP_PREFIX
 from tools.reliability.table import Row
 
 RECLAIM_S = 5.0
@@ -430,7 +431,7 @@ def rows(kills: int = 3, seed: int = 0, lock: str | None = None) -> list[Row]:
     its rows: what the reliability runner calls. ``lock``: a flock file to
     hold while it runs (the shared machine's /tmp/camg-privileged.lock);
     never one the caller already holds."""
-    with tempfile.TemporaryDirectory(prefix="camg-killstorm-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}killstorm-") as tmp:
         report = Path(tmp) / "rows.json"
         env = {**os.environ, "CAMG_KILLSTORM_KILLS": str(kills), "CAMG_KILLSTORM_SEED": str(seed),
                "CAMG_KILLSTORM_REPORT": str(report)}

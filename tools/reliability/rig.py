@@ -25,6 +25,9 @@ from camg.helper_client import HelperClient
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
+#: every temporary directory of a run starts with this (its pid: a
+#: parallel run's are told apart, tests/privileged/test_reliability_suites.py)
+TMP_PREFIX = f"camg-rel-{os.getpid()}-"
 
 
 def minbase() -> Path:
@@ -48,7 +51,7 @@ class Helper:
         """``extra``: more helper.json (private_roots, a ``containers``
         section whose scope, if any, the container census then counts)."""
         tag = f"camg-rel-{os.getpid()}"
-        self.base = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
+        self.base = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
         # The sandbox's uid must reach the socket's directory, no more.
         self.base.chmod(0o711)
         self.cfg = {
