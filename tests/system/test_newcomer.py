@@ -30,12 +30,13 @@ unaffordable):
 * The foreground variant reuses the build cache the systemd variant filled
   (a per-run directory bound at /var/cache/camg in both): its Coding task set
   is warm; it re-proves the runner, not the builders.
-* General and Visual need a Docker engine inside the guest. GUEST_DOCKER
-  says whether this test runs one there; while it is False the demo is
-  asked for the other environments only (``--environments``), and those
-  two are NOT covered by this tier: they are covered on the host by
-  tests/privileged/test_general_*.py and test_visual_*.py (same services,
-  same demo builders, a real dockerd) and by running demo.sh on a host.
+* General and Visual need a Docker engine: the guest runs its own
+  (systest_docker.py, Machine(docker=True): the guest's docker.service under
+  systemd; in the foreground variant the payload first swaps in the same
+  writable cgroup controllers the setup unit would, and run-foreground.sh
+  starts dockerd itself, as on a machine without systemd). GUEST_DOCKER =
+  False would ask the demo for the other environments only and leave those
+  two uncovered here.
 
 The nspawn concession: `--helper-config` points the helper's cgroup parents
 at the host's cgroup-v1 controllers bound into the guest (nspawn mounts them
@@ -59,6 +60,7 @@ import systest_rootfs as rootfs
 from systest_install import CHECKOUT, GUEST_CHECKOUT, GUEST_HELPER_CONFIG, GUEST_PIP_CACHE, \
     guest_root, host_binds, host_pip_env
 from systest_episodes import drive, wait_healthy
+from systest_docker import DOCKER_CONTROLLERS, GUEST_HOSTCG, labelled
 from systest_guest import leftovers, show, wait_for
 from systest_machine import Machine
 
@@ -71,7 +73,12 @@ DEMO = f"{GUEST_CHECKOUT}/packaging/demo.sh"
 # Seeded from the host's $CAMG_CACHE (see the module docstring).
 SEEDED = ("oci", "helper", "general", "autoresearch")
 # Whether a Docker engine runs inside the nspawn guest (General, Visual).
-GUEST_DOCKER = False
+GUEST_DOCKER = True
+# What the guest's setup unit (systest_docker) does under systemd, for the
+# foreground variant's payload: writable cgroup controllers for runc.
+CGROUP_SWAP = (f"for c in {' '.join(DOCKER_CONTROLLERS)}; do mountpoint -q /sys/fs/cgroup/$c "
+               f"|| continue; umount /sys/fs/cgroup/$c; mount --bind {GUEST_HOSTCG}/$c "
+               "/sys/fs/cgroup/$c; done; ")
 
 
 def _prepare_demo():
@@ -173,13 +180,16 @@ def _drive_all(root: Path, names: list[str], alive=lambda: True) -> None:
 def _assert_clean(machine: Machine) -> None:
     left = leftovers(machine)
     assert left == {}, left
+    if GUEST_DOCKER:
+        containers = labelled(machine, "container", "camg.helper")
+        assert containers == [], f"camg containers left in the guest's dockerd: {containers}"
     procs = machine.run(["ps", "-u", "camg", "-o", "pid=,args="], check=False).stdout.strip()
     assert not procs, procs
 
 
 def test_demo_under_systemd_from_nothing(fresh_root, demo_cache, tmp_path):
     machine = Machine(fresh_root, tmp_path / "console.log", binds=_binds(demo_cache),
-                      private_network=False, capabilities=("CAP_NET_ADMIN",))
+                      private_network=False, capabilities=("CAP_NET_ADMIN",), docker=GUEST_DOCKER)
     try:
         machine.boot()
         started = time.monotonic()
@@ -218,10 +228,12 @@ def test_demo_in_the_foreground_runner_from_nothing(fresh_root, demo_cache, tmp_
     log = tmp_path / "console.log"
     # The shell stays (PID 2) after demo.sh ends, so the leftovers can be
     # looked at in a machine that still runs.
-    script = (f"{DEMO} {' '.join(demo_args())} & echo $! > /run/demo.pid; "
+    script = ((CGROUP_SWAP if GUEST_DOCKER else "")
+              + f"{DEMO} {' '.join(demo_args())} & echo $! > /run/demo.pid; "
               "wait $!; echo \"demo.sh exited $?\"; exec sleep infinity")
     machine = Machine(fresh_root, log, binds=_binds(demo_cache), private_network=False,
                       capabilities=("CAP_NET_ADMIN",), payload=["/bin/sh", "-c", script],
+                      docker=GUEST_DOCKER,
                       env={**host_pip_env(), "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:"
                            "/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
     try:
