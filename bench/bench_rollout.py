@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Rollout throughput: episodes per second of ``camg.rollout`` (noop and
+oracle) at several concurrencies, against the bare HTTP round trip of the
+same service, measured in the same run.
+
+    sudo .venv/bin/python bench/bench_rollout.py --routes /srv/camg/prepared/routes.json \\
+        [--envs coding,shop] [--concurrency 1,16,64] [--episodes N] [--json OUT]
+    sudo .venv/bin/python bench/bench_rollout.py          # no --routes: its own rig
+
+With ``--routes`` it measures a running suite (the demo; the oracle needs the
+deployment's ``references: true``, else its rows say permission_denied).
+Without, it starts its own rig: a private camg-helper (tools.reliability)
+and Coding and Shop services prepared from the caches the privileged tests
+build ($CAMG_CACHE), references enabled, capacity 64 — and removes all of
+it at the end.
+
+Per environment and concurrency K: the baseline is ``GET /health`` through
+the same async client (K requests in flight), in requests/s; then each
+policy runs ``--episodes`` episodes (default max(K, 8)) with K in flight
+(camg.rollout.rollout: create, the policy's actions — oracle asks GET
+/reference before each — and delete). Reported: episodes/s, mean reward,
+failures, and ``round_trips_per_episode`` = baseline requests/s ÷
+episodes/s (what one episode costs in bare HTTP round trips; its floor is
+the episode's own request count: 3 for noop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from camg.client import AsyncClient, load_routes  # noqa: E402
+from camg.rollout import rollout  # noqa: E402
+
+
+def note(text: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+async def health_rate(url: str, concurrency: int, seconds: float = 3.0) -> float:
+    """Bare round trips per second with ``concurrency`` requests in flight."""
+    async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
+        for _ in range(20):
+            await client.health()
+        done = 0
+        stop = time.monotonic() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.monotonic() < stop:
+                await client.health()
+                done += 1
+
+        started = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done / (time.monotonic() - started)
+
+
+def measure(url: str, env: str, policies: list[str], levels: list[int],
+            episodes: int | None, out_dir: Path | None = None) -> list[dict]:
+    rows = []
+    for k in levels:
+        base = asyncio.run(health_rate(url, k))
+        for policy in policies:
+            n = episodes or max(k, 8)
+            note(f"{env}: {policy} x {n} at concurrency {k}")
+            out = open(out_dir / f"{env}-{policy}-{k}.jsonl", "w") if out_dir else None
+            try:
+                s = asyncio.run(rollout(url, policy, n, k, None, out, progress=False))
+            except Exception as exc:  # e.g. references not enabled: say so, go on
+                rows.append({"env": env, "policy": policy, "concurrency": k,
+                             "error": f"{type(exc).__name__}: {exc}"[:300]})
+                continue
+            finally:
+                if out is not None:
+                    out.close()
+            eps = s["episodes_per_s"]
+            rows.append({
+                "env": env, "policy": policy, "concurrency": k, "episodes": n,
+                "episodes_per_s": round(eps, 3), "reward_mean": s["reward_mean"],
+                "reward_min": s["reward_min"], "reward_max": s["reward_max"],
+                "failures": s["failure_classes"], "errors": s["errors"],
+                "reset_p50_ms": round(s["reset_p50_s"] * 1000, 1),
+                "last_step_p50_ms": round(s["last_step_p50_s"] * 1000, 1),
+                "health_rps": round(base, 1),
+                "round_trips_per_episode": round(base / eps, 1) if eps else None})
+            note(json.dumps(rows[-1]))
+    return rows
+
+
+def own_rig(stack: ExitStack, work: Path, envs: list[str]) -> dict[str, str]:
+    """A private helper plus Coding and/or Shop services (references on); their routes."""
+    from camg.configure import configure
+    from tests.support.services import ServiceProcess, clean_git_tree, free_port
+    from tools.reliability.rig import Helper
+    from tools.reliability.targets import RECIPES
+
+    coding, shop = RECIPES["coding"], RECIPES["shop"]
+    note("rig: helper")
+    helper = Helper(coding.lower_roots(), probes=False)
+    stack.callback(helper.stop)
+    environments = {}
+    for target in (t for t in (coding, shop) if t.name in envs):
+        note(f"rig: preparing {target.name} (cached)")
+        manifest, settings, factory = target.prepare(work / f"{target.name}-data", helper.socket)
+        environments[target.name] = {
+            "manifest": str(manifest), "port": free_port(), "capacity": 64, "references": True,
+            "limits": {"reset_timeout_s": 600, "action_timeout_s": 600},
+            "settings": settings, **({"factory": factory} if factory else {})}
+    (work / "requirements.lock").write_text("falcon==4.4.0\n")
+    deployment = {"runtime_lock": str(work / "requirements.lock"), "state_root": str(work / "state"),
+                  "helper_socket": helper.socket, "executables": {"python": sys.executable},
+                  "environments": environments}
+    (work / "deployment.json").write_text(json.dumps(deployment))
+    configure(work / "deployment.json", work / "prepared", source_tree=clean_git_tree(work / "src"))
+    for name in environments:
+        note(f"rig: starting {name}")
+        service = ServiceProcess(work / "prepared" / f"{name}.json")
+        stack.callback(service.stop)
+        service.wait_ready(timeout=300)
+    return load_routes(str(work / "prepared" / "routes.json"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--routes", help="routes.json of a running suite (default: start a rig)")
+    ap.add_argument("--envs", default="coding,shop")
+    ap.add_argument("--policies", default="noop,oracle")
+    ap.add_argument("--concurrency", default="1,16,64")
+    ap.add_argument("--episodes", type=int, help="per measurement (default max(K, 8))")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--out", type=Path, help="directory for each run's JSON lines (one per episode)")
+    args = ap.parse_args()
+    import logging
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    levels = [int(x) for x in args.concurrency.split(",")]
+    policies = args.policies.split(",")
+    rows: list[dict] = []
+    with ExitStack() as stack:
+        if args.routes:
+            routes = load_routes(args.routes)
+        else:
+            if os.geteuid() != 0:
+                raise SystemExit("the rig needs root (its helper builds sandboxes); or give --routes")
+            work = Path(tempfile.mkdtemp(prefix="camg-bench-rollout-"))
+            stack.callback(shutil.rmtree, work, True)
+            routes = own_rig(stack, work, args.envs.split(","))
+        for env in args.envs.split(","):
+            if env not in routes:
+                raise SystemExit(f"{env!r} is not in the routes ({', '.join(routes)})")
+            rows += measure(routes[env], env, policies, levels, args.episodes, args.out)
+    header = ("env", "policy", "concurrency", "episodes", "episodes_per_s", "health_rps",
+              "round_trips_per_episode", "reward_mean", "reward_min", "errors", "failures")
+    print(" | ".join(header))
+    for row in rows:
+        print(" | ".join(str(row.get(h, row.get("error", ""))) for h in header))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
