@@ -41,7 +41,8 @@ from systest_cgroup import CGROOT
 # The host's cgroup-v1 controllers runc joins (every one it finds mounted).
 DOCKER_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids")
 GUEST_HOSTCG = "/run/hostcg-docker"
-SETUP_UNIT = "camg-systest-docker-cgroups.service"
+# Not camg-*: tests list and stop camg-* units; this one stays active.
+SETUP_UNIT = "systest-docker-cgroups.service"
 
 # Runs before containerd and dockerd: the writable controllers over the
 # read-only ones nspawn mounted. Only in a machine booted with docker=True

@@ -84,7 +84,7 @@ def general(machine):
     deployment = GuestDeployment(machine)
     deployment.backup()
     try:
-        machine.run(["systemd-run", "--unit=camg-systest-registry", "--collect",
+        machine.run(["systemd-run", "--unit=systest-general-registry", "--collect",
                      "docker-registry", "serve", f"{WORK}/registry/guest.yml"])
         port = ref.split("/", 1)[0].rsplit(":", 1)[1]
         wait_for(lambda: machine.run(["curl", "-sf", f"http://127.0.0.1:{port}/v2/"],
@@ -112,7 +112,7 @@ def general(machine):
         yield {"instance": instance, "ref": ref, "props": props}
     finally:
         deployment.restore()
-        machine.run(["systemctl", "stop", "camg-systest-registry"], check=False)
+        machine.run(["systemctl", "stop", "systest-general-registry"], check=False)
         left = sd.labelled(machine, "container", SERVICE_LABEL)
         assert not left, f"General's containers outlived the stop of {UNIT}: {left}"
 
