@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import systest_docker
 import systest_rootfs as rootfs
 from systest_machine import Machine
 from systest_install import (GUEST_CHECKOUT, GUEST_HELPER_CONFIG, GUEST_PIP_CACHE,
@@ -37,9 +36,6 @@ def installed_root(tmp_path_factory):
     """A fresh copy of the cached root with camg installed by install.sh."""
     _require_tools()
     root = guest_root("root")
-    # The root's docker.service starts at every boot: on the installer's
-    # host network it must not make a bridge or iptables rules there.
-    systest_docker.prepare_root(root)
     try:
         pip_cache = rootfs.cache_root() / "pip"
         pip_cache.mkdir(exist_ok=True)

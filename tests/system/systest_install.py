@@ -88,4 +88,8 @@ def guest_root(name: str) -> Path:
     base = json.loads((CHECKOUT / "units" / "helper.json").read_text())
     (root / GUEST_HELPER_CONFIG.lstrip("/")).write_text(
         json.dumps(Machine.helper_config_for_guest(base), indent=1))
+    # The root's docker.service starts at every boot: on an installer's host
+    # network it must make no bridge or iptables rules there.
+    from systest_docker import prepare_root
+    prepare_root(root)
     return root
