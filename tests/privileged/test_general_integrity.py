@@ -57,7 +57,7 @@ def test_gold_with_honest_noise_still_earns_one(general_service, general_demo, g
         apply_gold(gold),
         # What honest work leaves: test runs (caches), a scratch test, a
         # commit, a server left running, files in /tmp and the home.
-        shell("/opt/testbed-venv/bin/python -m pytest -q -x tests >/dev/null 2>&1; "
+        shell("/opt/testbed-venv/bin/python -m pytest -q -k zz_none tests >/dev/null 2>&1; "
               + write("tests/test_scratch_repro.py", "import pytest\n\ndef test_x():\n    assert 1\n")
               + " && git add -A && git -c user.name=a -c user.email=a@b commit -qm fix"
               + " && (setsid sleep 600 >/dev/null 2>&1 &) && echo scratch > /tmp/notes"
@@ -76,7 +76,7 @@ def test_background_processes_cannot_touch_the_grade(general_service, general_pr
         f"nohup bash -c '{WATCHER}' >/dev/null 2>&1 &",
         f"setsid bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null &",
         f"( ( bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null & ) & ); echo forked",
-        "sleep 0.3; pgrep -u 2000 -fc mimo_test_command",
+        "sleep 0.3; grep -l mimo_test_command /proc/[0-9]*/cmdline 2>/dev/null | wc -l",
     ])
     assert reply["reward"] == 0.0 and reply["failure_class"] is None, (reply, record)
     assert record["grade_guard"]["processes_killed"] >= 3, record
