@@ -280,6 +280,27 @@ def helper_config(base: dict, data: Path, cache: Path, names: list[str]) -> dict
     return config
 
 
+def untag_replaced(old: list[str], new: list[str]) -> None:
+    """Every preparation pulls the images under a new loopback registry's
+    name (same digests): drop the names an earlier preparation pulled, so
+    dockerd holds each demo image under the one name the helper allows."""
+    gone = sorted(set(old) - set(new))
+    if not gone:
+        return
+    import docker
+    import docker.errors
+
+    api = docker.APIClient(base_url=DOCKER_SOCKET, timeout=120)
+    try:
+        for ref in gone:
+            try:
+                api.remove_image(ref)
+            except docker.errors.APIError as exc:  # in use, or already gone: keep going
+                print(f"prepare_demo: kept {ref}: {exc.explanation or exc}", file=sys.stderr)
+    finally:
+        api.close()
+
+
 def demo_names(requested: str) -> list[str]:
     """``all``: the registered environments (camg.plugins) with demo data;
     otherwise the names given. In preparation order."""
@@ -347,7 +368,11 @@ def main(argv: list[str] | None = None) -> int:
             write_deployment(args.deployment_template, args.deployment_out, args.data, names)
         if args.helper_config_out:
             base = json.loads(args.helper_config_in.read_text()) if args.helper_config_in else {}
+            allowed = args.data / "container-images.json"
+            old = json.loads(allowed.read_text())["images"] if allowed.is_file() else []
             _write_json(args.helper_config_out, helper_config(base, args.data, cache, names))
+            new = json.loads(allowed.read_text())["images"] if allowed.is_file() else []
+            untag_replaced(old, new)
     except (CamgError, OSError, RuntimeError, subprocess.CalledProcessError) as exc:
         print(f"prepare_demo: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
