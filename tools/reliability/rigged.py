@@ -40,6 +40,9 @@ class Rig:
     env: dict = dataclasses.field(default_factory=dict)
     #: run on each configured service before it starts (its config path)
     pre_serve: Callable[[Path], None] | None = None
+    #: the deployment's limits its episodes need (merged over each suite's):
+    #: a finish that runs a verifier or a render outlasts the defaults
+    limits: dict = dataclasses.field(default_factory=dict)
     #: the task images (REPO@sha256:...) its containers run
     images: list[str] = dataclasses.field(default_factory=list)
     #: warm containers its service keeps started while it serves
@@ -127,7 +130,8 @@ def autoresearch(work: Path, socket: str) -> Rig:
     helper = {"lower_roots": [str(oci_demo.cache_root_from_env()), str(roots["workspaces"]),
                               str(CACHE / "helper")],
               "private_roots": [str(roots["private"])]}
-    return Rig(helper, (work / "manifest.json", settings, None), pre_serve=_check_clean)
+    return Rig(helper, (work / "manifest.json", settings, None), pre_serve=_check_clean,
+               limits={"action_timeout_s": 400})
 
 
 # -- General ----------------------------------------------------------------------
@@ -161,7 +165,9 @@ def general(work: Path, socket: str) -> Rig:
                                             agent_env_source=str(agent_env.cached(CACHE)))}
         env = {"GA_JUDGE_URL": judge.url, "GA_JUDGE_MODEL": "reliability-judge",
                "GA_JUDGE_KEY": "sk-reliability", "GA_JUDGE_API": "chat"}
-        return Rig(helper, (prepared / "manifest.json", settings, None), env,
+        # daemons/general/README.md: action_timeout_s >= 1900 (the verifier)
+        limits = {"action_timeout_s": 1900.0, "reset_timeout_s": 400.0, "grade_timeout_s": 300.0}
+        return Rig(helper, (prepared / "manifest.json", settings, None), env, limits=limits,
                    images=built["refs"], pooled=settings["pool_size"] * len(built["refs"]),
                    stack=rig_stack)
     except BaseException:
@@ -208,7 +214,9 @@ def visual(work: Path, socket: str) -> Rig:
                   "containers": _containers("visual", images)}
         env = {"WD_JUDGE_URL": judge.url, "WD_JUDGE_MODEL": "reliability-vision",
                "WD_JUDGE_KEY": "sk-reliability"}
-        return Rig(helper, (work / "visual-manifest.json", settings, None), env, images=[ref],
+        limits = {"action_timeout_s": 600, "grade_timeout_s": 300}  # a render, then the judge
+        return Rig(helper, (work / "visual-manifest.json", settings, None), env, limits=limits,
+                   images=[ref],
                    pooled=settings["pool_size"], stack=rig_stack)
     except BaseException:
         rig_stack.close()

@@ -25,10 +25,12 @@ class Prepared:
         self.count = 0
 
     @contextlib.contextmanager
-    def serve(self, *, capacity: int | None, limits: dict, ready_timeout: float = 300):
+    def serve(self, *, capacity: int | None, limits: dict, ready_timeout: float = 600):
         from tests.support.services import ServiceProcess
         self.count += 1
         work = Path(tempfile.mkdtemp(prefix=f"svc{self.count}-", dir=self.work))
+        if self.rig is not None:
+            limits = {**self.rig.limits, **limits}
         config = configure(self.target, work, self.result, self.helper.socket,
                            capacity=capacity, limits=limits)
         if self.rig is not None and self.rig.pre_serve is not None:
