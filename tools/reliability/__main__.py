@@ -7,10 +7,11 @@ Short by default (what CI runs through tests/privileged/test_reliability_suites.
 9 churn episodes per environment, the whole escape batteries (a sandbox, a
 General container), 300 helper frames, 100 malformed files per kind,
 schemathesis with 10 examples per operation, 16 concurrent episodes
-stepping for 3 s; AutoResearch, General and Visual run 3 episodes, 3
-examples and 4 at once. ``--full``: 1000 churn episodes per environment
-(General 100, Visual 200: see FULL), 5000 frames, 1000 files per kind, 100
-examples, 256 concurrent episodes for 60 s (at most Target.load_max).
+stepping for 3 s; AutoResearch runs 3 episodes, 3 examples and 4 at once,
+General and Visual 3, 2 and 2. ``--full``: 1000 churn episodes per
+environment (General 100, Visual 200: see FULL), 5000 frames, 1000 files
+per kind, 100 examples, 256 concurrent episodes for 60 s (at most
+Target.load_max).
 A size given as an option holds for every target. Needs root (real
 sandboxes). Every environment registered in camg.plugins gets a row.
 """
@@ -38,8 +39,8 @@ SHORT = {"churn": 9, "frames": 300, "files": 100, "examples": 10, "load": 16, "s
          "kills": 3,
          # a few episodes of the targets whose episodes cost seconds each
          # (a container, a render, a disk upper): CI's time is tight
-         "scale": {"general": {"churn": 3, "examples": 3, "load": 4},
-                   "visual": {"churn": 3, "examples": 3, "load": 4},
+         "scale": {"general": {"churn": 3, "examples": 2, "load": 2},
+                   "visual": {"churn": 3, "examples": 2, "load": 2},
                    "autoresearch": {"churn": 3, "examples": 3, "load": 4}}}
 FULL = {"churn": 1000, "frames": 5000, "files": 1000, "examples": 100, "load": 256,
         "seconds": 60.0, "kills": 20,

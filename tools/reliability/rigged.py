@@ -153,7 +153,8 @@ def general(work: Path, socket: str) -> Rig:
             _pull_into_dockerd(rig_stack, built["refs"])
         prepared = work / "prepared"
         prepare_general(code_rows=str(built["code_rows"]), general_rows=str(built["general_rows"]),
-                        envs=str(built["envs"]), images=str(built["images"]), output_dir=prepared)
+                        envs=str(built["envs"]), images=str(built["images"]), output_dir=prepared,
+                        references=str(built["out"]))  # served only where references: true
         images = work / "container-images.json"
         images.write_text(json.dumps({"images": built["refs"]}))
         judge = rig_stack.enter_context(FakeJudge(default=Reply(text='{"score": 1}')))
@@ -203,7 +204,8 @@ def visual(work: Path, socket: str) -> Rig:
             _pull_into_dockerd(rig_stack, [ref])
         rows = demo_tasks.build(work / "demo")
         prepare_visual(rows_path=rows, renderer=renderer, cdn_mirror=mirror,
-                       output=work / "visual-manifest.json", image=ref)
+                       output=work / "visual-manifest.json", image=ref,
+                       references=work / "demo" / "reference")  # served only where enabled
         images = work / "container-images.json"
         images.write_text(json.dumps({"images": [ref]}))
         judge = rig_stack.enter_context(scripted_judge())
