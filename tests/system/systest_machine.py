@@ -150,12 +150,17 @@ class Machine:
         if self.proc is not None and self.proc.poll() is None:
             # For --boot nspawn turns SIGTERM into SIGRTMIN+3: a clean poweroff.
             self.proc.send_signal(signal.SIGTERM)
+            started = time.monotonic()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 problems.append(f"container did not power off in {timeout}s; killed")
                 self.proc.kill()
                 self.proc.wait(30)
+            took = time.monotonic() - started
+            if took > 20:
+                # What the poweroff waited for, from the guest's persistent journal.
+                print(f"\nthe machine took {took:.0f} s to power off:\n" + self.journal_tail())
         for path in self.helper_cgroups().values():
             left = children(path)
             if left:
@@ -173,6 +178,14 @@ class Machine:
             if str(self.root) in line.split()[4]:
                 problems.append(f"mount left on the host: {line}")
         return problems
+
+    def journal_tail(self, lines: int = 80) -> str:
+        journal = self.root / "var/log/journal"
+        if not journal.is_dir():
+            return "(no persistent journal)"
+        out = subprocess.run(["journalctl", "-D", str(journal), "--no-pager", "-o",
+                              "short-monotonic", "-n", str(lines)], capture_output=True, text=True)
+        return out.stdout[-8000:]
 
     # -- commands inside --------------------------------------------------
     def _enter(self, argv: list[str], env: dict[str, str] | None) -> list[str]:
