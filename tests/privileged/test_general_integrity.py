@@ -33,7 +33,7 @@ EXIT0 = "import os\nos._exit(0)\n"
 # Waits until the verifier has applied the test patch, then makes the test
 # process exit 0 before it runs a test (a conftest pytest imports first).
 WATCHER = ("while :; do if grep -qs pytest /testbed/mimo_test_command.sh; then "
-           "printf 'import os\\nos._exit(0)\\n' > /testbed/conftest.py; fi; sleep 0.02; done")
+           "printf \"import os\\nos._exit(0)\\n\" > /testbed/conftest.py; fi; sleep 0.02; done")
 
 
 def attack(general_service, general_prepared, commands: list[str]) -> tuple[dict, dict]:
@@ -70,13 +70,19 @@ def test_gold_with_honest_noise_still_earns_one(general_service, general_demo, g
 
 
 def test_background_processes_cannot_touch_the_grade(general_service, general_prepared):
-    """nohup, setsid and a double fork, each as uid 2000, waiting for the test
+    """Three ways out of the command's process group (which the transport
+    kills after each command), each as uid 2000: nohup + setsid, a job of its
+    own (set -m), a double fork into a new session; each waits for the test
     patch to rewrite the repository under the running verifier."""
+    py = ("import subprocess, sys; subprocess.Popen(['bash', '-c', sys.argv[1]], "
+          "start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, "
+          "stderr=subprocess.DEVNULL)")
     reply, record = attack(general_service, general_prepared, [
-        f"nohup bash -c '{WATCHER}' >/dev/null 2>&1 &",
-        f"setsid bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null &",
-        f"( ( bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null & ) & ); echo forked",
-        "sleep 0.3; grep -l mimo_test_command /proc/[0-9]*/cmdline 2>/dev/null | wc -l",
+        # (each waits a moment: the command's group dies when it returns)
+        f"nohup setsid bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null & sleep 0.3",
+        f"set -m; (bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null &); sleep 0.3",
+        f"( /opt/testbed-venv/bin/python -c \"{py}\" '{WATCHER}' & ); sleep 0.5",
+        "grep -l mimo_test_command /proc/[0-9]*/cmdline 2>/dev/null | wc -l",
     ])
     assert reply["reward"] == 0.0 and reply["failure_class"] is None, (reply, record)
     assert record["grade_guard"]["processes_killed"] >= 3, record
