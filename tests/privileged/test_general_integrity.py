@@ -60,7 +60,7 @@ def test_gold_with_honest_noise_still_earns_one(general_service, general_demo, g
         shell("/opt/testbed-venv/bin/python -m pytest -q -k zz_none tests >/dev/null 2>&1; "
               + write("tests/test_scratch_repro.py", "import pytest\n\ndef test_x():\n    assert 1\n")
               + " && git add -A && git -c user.name=a -c user.email=a@b commit -qm fix"
-              + " && (setsid sleep 600 >/dev/null 2>&1 &) && echo scratch > /tmp/notes"
+              + " && (setsid sleep 600 >/dev/null 2>&1 &) && sleep 0.3 && echo scratch > /tmp/notes"
               + " && mkdir -p ~/.cache && echo ok"),
         {"operation": "finish"}])
     assert "GOLD-APPLIED" in outputs[1]["output"] and outputs[2]["exit_code"] == 0, outputs

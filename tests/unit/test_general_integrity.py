@@ -78,7 +78,7 @@ def test_gold_with_honest_leftovers_earns_one_and_is_recorded(world):
     base, config = world
     env, cwd = episode(base, config)
     assert "applied" in env.step(shell(APPLY_GOLD)).output
-    env.step(shell(f"(setsid sleep 300 >/dev/null 2>&1 &); echo x > {base}/shared-tmp/notes; "
+    env.step(shell(f"(setsid sleep 300 >/dev/null 2>&1 &); sleep 0.3; echo x > {base}/shared-tmp/notes; "
                    "mkdir -p __pycache__ && echo junk > __pycache__/calc.cpython-311.pyc; "
                    "git -c user.name=a -c user.email=b commit -qam fix"))
     done = env.step(FINISH)
@@ -97,8 +97,9 @@ def test_background_writer_wins_only_without_the_guard(world, guarded, reward):
     base, config = world
     env, _ = episode(base, config, guarded=guarded)
     assert env.step(shell(PLANT)).exit_code == 0
-    env.step(shell(f"nohup bash -c '{WATCHER}' >/dev/null 2>&1 &"))
-    env.step(shell(f"( ( setsid bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null & ) & )"))
+    # (a moment before each command returns: its process group dies then)
+    env.step(shell(f"nohup setsid bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null & sleep 0.3"))
+    env.step(shell(f"set -m; (bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null &); sleep 0.3"))
     time.sleep(0.2)
     assert env.step(FINISH).reward == reward
 
