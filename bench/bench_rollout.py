@@ -116,13 +116,20 @@ def measure(url: str, env: str, policies: list[str], levels: list[int],
 
 
 def own_rig(stack: ExitStack, work: Path, envs: list[str]) -> dict[str, str]:
-    """A private helper plus Coding and/or Shop services (references on); their routes."""
+    """The services named in ``envs`` (references on), their routes: Coding
+    and Shop on one private helper, the others as rigged_service makes them."""
     from camg.configure import configure
     from tests.support.services import ServiceProcess, clean_git_tree, free_port
     from tools.reliability.rig import Helper
     from tools.reliability.targets import RECIPES
 
     coding, shop = RECIPES["coding"], RECIPES["shop"]
+    routes = {}
+    for name in ("autoresearch", "general", "visual"):
+        if name in envs:
+            routes[name] = rigged_service(stack, work / name, name)
+    if "coding" not in envs and "shop" not in envs:
+        return routes
     note("rig: helper")
     helper = Helper(coding.lower_roots(), probes=False)
     stack.callback(helper.stop)
@@ -145,7 +152,50 @@ def own_rig(stack: ExitStack, work: Path, envs: list[str]) -> dict[str, str]:
         service = ServiceProcess(work / "prepared" / f"{name}.json")
         stack.callback(service.stop)
         service.wait_ready(timeout=300)
-    return load_routes(str(work / "prepared" / "routes.json"))
+    return {**routes, **load_routes(str(work / "prepared" / "routes.json"))}
+
+
+def rigged_service(stack: ExitStack, work: Path, name: str) -> str:
+    """AutoResearch, General or Visual as tools.reliability.rigged builds them
+    (a helper of their own, the demo tasks with their references, the
+    scripted judges), references on; the service's URL."""
+    from camg.configure import configure
+    from tests.support.services import ServiceProcess, clean_git_tree, free_port
+    from tools.reliability import rigged
+    from tools.reliability.rig import Helper
+
+    note(f"rig: preparing {name} (cached images, demo tasks)")
+    work.mkdir(parents=True, exist_ok=True)
+    work.chmod(0o711)
+    bootstrap = None
+    if name == "general":  # its demo builds on the Coding demo set, made in sandboxes
+        from tools.reliability.targets import RECIPES
+        bootstrap = Helper(RECIPES["coding"].lower_roots(), probes=False)
+        stack.callback(bootstrap.stop)
+    rig = getattr(rigged, name)(work / "data", bootstrap.socket if bootstrap else "")
+    stack.callback(rig.close)
+    extra = {k: v for k, v in rig.helper.items() if k != "lower_roots"}
+    helper = Helper(rig.helper["lower_roots"], probes=False, extra=extra)
+    stack.callback(helper.stop)
+    manifest, settings, _ = rig.prepared
+    (work / "requirements.lock").write_text("falcon==4.4.0\n")
+    capacity = 16 if name == "autoresearch" else 64
+    deployment = {"runtime_lock": str(work / "requirements.lock"), "state_root": str(work / "state"),
+                  "helper_socket": helper.socket, "executables": {"python": sys.executable},
+                  "environments": {name: {
+                      "manifest": str(manifest), "port": free_port(), "capacity": capacity,
+                      "references": True, "limits": {"reset_timeout_s": 600, **rig.limits},
+                      "settings": settings}}}
+    (work / "deployment.json").write_text(json.dumps(deployment))
+    configure(work / "deployment.json", work / "prepared", source_tree=clean_git_tree(work / "src"))
+    config = work / "prepared" / f"{name}.json"
+    if rig.pre_serve is not None:
+        rig.pre_serve(config)
+    note(f"rig: starting {name}")
+    service = ServiceProcess(config, env=rig.env)
+    stack.callback(service.stop)
+    service.wait_ready(timeout=600)
+    return load_routes(str(work / "prepared" / "routes.json"))[name]
 
 
 def main() -> int:
