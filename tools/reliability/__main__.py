@@ -4,10 +4,10 @@
         [--environments sandbox,coding,...] [--json OUT]
 
 Short by default (what CI runs through tests/privileged/test_reliability_suites.py):
-9 churn episodes per environment, the whole escape batteries (a sandbox, a
+6 churn episodes per environment, the whole escape batteries (a sandbox, a
 General container), 300 helper frames, 100 malformed files per kind,
-schemathesis with 10 examples per operation, 16 concurrent episodes
-stepping for 3 s; AutoResearch runs 3 episodes, 3 examples and 4 at once,
+schemathesis with 5 examples per operation, 8 concurrent episodes
+stepping for 2 s; AutoResearch runs 3 episodes, 3 examples and 4 at once,
 General and Visual 3, 2 and 2. ``--full``: 1000 churn episodes per
 environment (General 100, Visual 200: see FULL), 5000 frames, 1000 files
 per kind, 100 examples, 256 concurrent episodes for 60 s (at most
@@ -35,7 +35,7 @@ from tools.reliability.service import Prepared
 from tools.reliability.table import Row, render
 from tools.reliability.targets import all_targets
 
-SHORT = {"churn": 9, "frames": 300, "files": 100, "examples": 10, "load": 16, "seconds": 3.0,
+SHORT = {"churn": 6, "frames": 300, "files": 100, "examples": 5, "load": 8, "seconds": 2.0,
          "kills": 3,
          # a few episodes of the targets whose episodes cost seconds each
          # (a container, a render, a disk upper): CI's time is tight
