@@ -175,14 +175,15 @@ def test_the_demo_serves_every_registered_environment():
     assert sorted(deployment["environments"]) == sorted(demo.PREPARERS)
 
 
-def test_demo_deployment_settings_parse_and_limits_cover_the_budgets():
+@pytest.mark.parametrize("deployment", ["packaging/demo-deployment.json", "deployment.example.json"])
+def test_deployment_settings_parse_and_limits_cover_the_budgets(deployment):
     import json
 
     from camg import typed
     from camg.errors import ConfigError
     from camg.service_config import Limits
 
-    body = json.loads((CHECKOUT / "packaging" / "demo-deployment.json").read_text())
+    body = json.loads((CHECKOUT / deployment).read_text())
     for name, entry in body["environments"].items():
         settings_type = plugins.get(name).load_settings_type()
         settings = typed.parse(settings_type, entry.get("settings", {}), name, ConfigError) \
