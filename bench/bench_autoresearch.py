@@ -2,7 +2,7 @@
 """AutoResearch benchmark: grading latency and the sandbox's overhead on an experiment.
 
     sudo .venv/bin/python bench/bench_autoresearch.py [--grades 200] [--experiment-s 60]
-        [--rounds 2] [--json OUT]
+        [--rounds 2] [--paired] [--json OUT]
 
 Real research image (tools.autoresearch.image, cached under $CAMG_CACHE),
 the demo tasks installed into three roots by camg.prepare's code, a private
@@ -19,12 +19,15 @@ the camg-grader uid, exactly as the service runs it.
   on the digits task, single-threaded, calibrated on the host to take
   ``--experiment-s`` seconds) run inside an episode's sandbox as an agent
   command and on the host with the same numpy/scipy/scikit-learn releases,
-  interleaved ``--rounds`` times: wall time inside vs outside.
+  interleaved ``--rounds`` times (``--paired``: both at once, so a machine
+  others load affects both sides alike): wall time inside vs outside, and
+  the experiment process's own CPU seconds on each side.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -53,7 +56,7 @@ X, y = data[:, :-1], data[:, -1]
 start = time.perf_counter()
 scores = [cross_val_score(RandomForestClassifier(n_estimators=40, random_state=i, n_jobs=1),
                           X, y, cv=3).mean() for i in range(rounds)]
-print(f"{time.perf_counter() - start:.3f} {np.mean(scores):.4f}")
+print(f"{time.perf_counter() - start:.3f} {np.mean(scores):.4f} {time.process_time():.3f}")
 '''
 
 
@@ -89,6 +92,8 @@ def main() -> int:
     ap.add_argument("--episodes", type=int, default=10)
     ap.add_argument("--experiment-s", type=float, default=60.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--paired", action="store_true",
+                    help="run each round inside and outside at the same time")
     ap.add_argument("--json")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -182,17 +187,12 @@ def main() -> int:
 
         def host_run(rounds: int) -> float:
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, str(script), str(host_task), str(rounds)],
-                           check=True, env=host_env, capture_output=True)
+            done = subprocess.run([sys.executable, str(script), str(host_task), str(rounds)],
+                                  check=True, env=host_env, capture_output=True, text=True)
+            outside_cpu.append(float(done.stdout.split()[-1]))
             return time.perf_counter() - t0
 
-        # Per-round cost without the interpreter's and scikit-learn's start-up.
-        per_round = max(0.01, (host_run(6) - host_run(2)) / 4)
-        rounds = max(1, int(args.experiment_s / per_round))
-        digits = next(t for t in env.tasks if t.task_id == "digits")
-        inside, outside = [], []
-        for _ in range(args.rounds):
-            outside.append(host_run(rounds))
+        def sandbox_run(rounds: int) -> float:
             episode = env.create_episode(digits, seed=None, episode_id=f"x{len(inside)}")
             try:
                 episode.reset()
@@ -201,14 +201,43 @@ def main() -> int:
                 t0 = time.perf_counter()
                 obs = episode.step({"operation": "shell", "command":
                                     f"python /workspace/experiment.py /task {rounds}"}).observation
-                inside.append(time.perf_counter() - t0)
+                elapsed = time.perf_counter() - t0
                 assert obs["exit_code"] == 0, obs
+                inside_cpu.append(float(obs["output"].split()[-1]))
+                return elapsed
             finally:
                 episode.close()
+
+        # Per-round cost without the interpreter's and scikit-learn's start-up.
+        outside_cpu: list[float] = []
+        inside_cpu: list[float] = []
+        per_round = max(0.01, (host_run(6) - host_run(2)) / 4)
+        outside_cpu.clear()
+        rounds = max(1, int(args.experiment_s / per_round))
+        digits = next(t for t in env.tasks if t.task_id == "digits")
+        inside, outside = [], []
+        for _ in range(args.rounds):
+            if args.paired:
+                # Both at once: on a machine others load too, the two sides
+                # then see the same contention (sequential rounds do not).
+                with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                    host = pool.submit(host_run, rounds)
+                    boxed = pool.submit(sandbox_run, rounds)
+                    outside.append(host.result())
+                    inside.append(boxed.result())
+            else:
+                outside.append(host_run(rounds))
+                inside.append(sandbox_run(rounds))
         results["experiment"] = {
-            "rounds_of_work": rounds, "outside_s": [round(v, 2) for v in outside],
+            "rounds_of_work": rounds, "paired": args.paired,
+            "outside_s": [round(v, 2) for v in outside],
             "inside_s": [round(v, 2) for v in inside],
-            "ratio_median": round(statistics.median(inside) / statistics.median(outside), 3)}
+            "ratio_median": round(statistics.median(inside) / statistics.median(outside), 3),
+            # CPU seconds of the experiment process itself: what the sandbox
+            # costs the computation, whatever else the machine runs.
+            "outside_cpu_s": outside_cpu, "inside_cpu_s": inside_cpu,
+            "cpu_ratio_median": round(statistics.median(inside_cpu)
+                                      / statistics.median(outside_cpu), 3)}
         results["loadavg_end"] = os.getloadavg()
     finally:
         if env is not None:

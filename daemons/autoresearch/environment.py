@@ -201,19 +201,27 @@ def _interpreter() -> str:
 
 def _drop_setid_capabilities() -> None:
     """The unit grants CAP_SETUID/CAP_SETGID only to start the grader as its
-    own uid; once it runs they are dropped for good (not root in tests)."""
+    own uid; once it runs they leave the effective, permitted, inheritable
+    and ambient sets for good (not root in tests). Without CAP_SETPCAP the
+    bounding set cannot shrink; that is no gap: nothing can put a capability
+    back into the permitted set (NoNewPrivileges, no file capabilities), so
+    the bounding set is trimmed only where the process may do it."""
     if os.geteuid() == 0:
         return
     try:
         import prctl
     except ImportError:
         return
+    trim_bounding = bool(getattr(prctl.cap_effective, "setpcap", False))
     for cap in ("setuid", "setgid"):
         try:
             setattr(prctl.cap_effective, cap, False)
             setattr(prctl.cap_permitted, cap, False)
             setattr(prctl.cap_inheritable, cap, False)
             prctl.cap_ambient.clear() if hasattr(prctl, "cap_ambient") else None
-            prctl.capbset.drop(getattr(prctl, f"CAP_{cap.upper()}"))
+            if trim_bounding:
+                prctl.capbset.drop(getattr(prctl, f"CAP_{cap.upper()}"))
         except (OSError, ValueError, AttributeError) as exc:
             log.warning("could not drop CAP_%s: %s", cap.upper(), exc)
+        if getattr(prctl.cap_permitted, cap, False):
+            log.error("CAP_%s is still permitted after the drop", cap.upper())
