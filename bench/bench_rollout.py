@@ -32,6 +32,22 @@ max(K, 8); eps = episodes/s, rt = round trips per episode):
     shop    noop    6.1  / 55        3.6  / 160       3.2  / 118       0.0
     shop    oracle  22.2 / 15        31.8 / 18        15.8 / 24        1.0 (K=64: 0.995)
 
+--envs autoresearch,general,visual --concurrency 1,16 (rigged demo tasks;
+General's rig judge answers 1 to every LLM item, so its general_agent noop
+earns the LLM items' weight, 0.29):
+
+    env           policy  K=1: eps / rt    K=16: eps / rt   reward (min-max)
+    autoresearch  noop    6.7  / 249       51.8 / 23        0.0
+    autoresearch  oracle  0.86 / 1957      1.35 / 883       1.0 on all 4 tasks
+    general       noop    0.23 / 8823      0.09 / 4219      0.0-0.29
+    general       oracle  0.06 / 32163     0.22 / 1706      1.0 on all 5 tasks
+    visual        noop    0.21 / 9830      1.01 / 980       0.0
+    visual        oracle  0.18 / 11584     0.88 / 1123      0.8667 (the judge's max)
+
+AutoResearch's oracle is its reference scripts' run time; General's the
+MiMo verifier and cold containers (a warm pool of one per image); Visual's
+the render (~4-6 s) and the judge call.
+
 Coding is bound by grading (every finish runs the task's tests in its
 sandbox, ~2-3 s of CPU): concurrency does not raise it on two cores. Shop's
 noop walks to the step limit (many steps), its oracle buys in 4-6. Shop's
@@ -220,6 +236,7 @@ def main() -> int:
             if os.geteuid() != 0:
                 raise SystemExit("the rig needs root (its helper builds sandboxes); or give --routes")
             work = Path(tempfile.mkdtemp(prefix="camg-bench-rollout-"))
+            work.chmod(0o711)  # AutoResearch's grader uid reaches its private root below
             stack.callback(shutil.rmtree, work, True)
             routes = own_rig(stack, work, args.envs.split(","))
         for env in args.envs.split(","):
