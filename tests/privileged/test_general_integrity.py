@@ -4,8 +4,10 @@ Each episode runs through the real service (per-episode container, the
 transport inside) and tries one class of attack with several variants at
 once, none of which fixes anything; each used to earn 1.0 (see
 daemons/general/README.md, "Grade integrity"). Now: reward 0.0 with the reason
-in the outcome record. The gold patch, with the noise an honest agent leaves
-(a server still running, caches, scratch files, a commit), still earns 1.0.
+in the outcome record. The gold patch still earns 1.0 through the same
+guarded transport (test_general_episodes, every code task); the noise an
+honest agent leaves (a server still running, caches, scratch files, a
+commit) is no finding (tests/unit/test_general_integrity.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from camg.client import Client
 from test_coding_episodes import coding_helper, demo_image, demo_set  # noqa: F401
 from general_fixtures import (fake_judge, general_demo, general_helper,  # noqa: F401
                               general_prepared, general_service, tasks_of)
-from test_general_episodes import apply_gold, outcome, run, shell
+from test_general_episodes import outcome, run, shell
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -33,7 +35,7 @@ EXIT0 = "import os\nos._exit(0)\n"
 # Waits until the verifier has applied the test patch, then makes the test
 # process exit 0 before it runs a test (a conftest pytest imports first).
 WATCHER = ("while :; do if grep -qs pytest /testbed/mimo_test_command.sh; then "
-           "printf \"import os\\nos._exit(0)\\n\" > /testbed/conftest.py; fi; sleep 0.02; done")
+           "printf \"import os\\nos._exit(0)\\n\" > /testbed/conftest.py; fi; sleep 0.1; done")
 
 
 def attack(general_service, general_prepared, commands: list[str]) -> tuple[dict, dict]:
@@ -47,26 +49,6 @@ def attack(general_service, general_prepared, commands: list[str]) -> tuple[dict
 
 def rules(record: dict) -> set[tuple[str, str]]:
     return {(f["rule"], f["path"]) for f in record.get("integrity_evidence", [])}
-
-
-def test_gold_with_honest_noise_still_earns_one(general_service, general_demo, general_prepared):
-    task = tasks_of(general_prepared, "opensource-code")[0]
-    gold = (general_demo["out"] / "gold" / f"{task['task_id']}.patch").read_text()
-    client = Client(general_service.url)
-    _, reply, outputs = run(client, task["task_id"], [
-        apply_gold(gold),
-        # What honest work leaves: test runs (caches), a scratch test, a
-        # commit, a server left running, files in /tmp and the home.
-        shell("/opt/testbed-venv/bin/python -m pytest -q -k zz_none tests >/dev/null 2>&1; "
-              + write("tests/test_scratch_repro.py", "import pytest\n\ndef test_x():\n    assert 1\n")
-              + " && git add -A && git -c user.name=a -c user.email=a@b commit -qm fix"
-              + " && (setsid sleep 600 >/dev/null 2>&1 &) && sleep 0.3 && echo scratch > /tmp/notes"
-              + " && mkdir -p ~/.cache && echo ok"),
-        {"operation": "finish"}])
-    assert "GOLD-APPLIED" in outputs[1]["output"] and outputs[2]["exit_code"] == 0, outputs
-    record = outcome(general_service, reply["episode_id"])
-    assert reply["reward"] == 1.0, (reply, record)
-    assert record["integrity"] == "ok" and record["grade_guard"]["processes_killed"] >= 1, record
 
 
 def test_background_processes_cannot_touch_the_grade(general_service, general_prepared):
