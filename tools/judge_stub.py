@@ -23,8 +23,9 @@ The demo (packaging/demo.sh) runs it standalone as the judge of General
 It is SCRIPTED, not a model: a request carrying an image (Visual's vision
 judge) is scored by simple image statistics (``verdict``: ink, colours,
 contrast), so a blank page scores lower than a designed one and runs are
-reproducible; any other request (General's rubric items) gets ``--text``
-(default ``{"score": 1, ...}``: every LLM rubric item passes). Point the
+reproducible; any other request (General's rubric items) passes iff every
+part of the item's pass anchor is in the evidence (``anchor_verdict``), so
+the reference answer passes and doing nothing fails. Point the
 services at a real OpenAI-compatible endpoint by writing
 /etc/camg/credentials/{general,visual}-judge.env (packaging/README.md).
 
@@ -40,6 +41,7 @@ import collections
 import dataclasses
 import io
 import json
+import re
 import signal
 import threading
 import time
@@ -273,32 +275,39 @@ def scripted_judge() -> FakeJudge:
     return FakeJudge(responder=responder)
 
 
-DEMO_TEXT = '{"score": 1, "reason": "scripted demo judge (tools/judge_stub.py): not a model"}'
+def anchor_verdict(request: Request) -> Reply:
+    """General's text items: 1 iff every part of the item's pass anchor
+    (split at ', ' and '; ') appears in the evidence, so a reference answer
+    passes and an empty one fails, as a sensible judge would decide."""
+    text = "\n".join(m.get("content") for m in (request.body or {}).get("messages", [])
+                     if isinstance(m.get("content"), str))
+    anchor = re.search(r"Expected \(pass anchor\): (.*)", text)
+    evidence = text.split("Evidence:", 1)[-1]
+    parts = [p for p in re.split(r", |; ", anchor.group(1)) if p] if anchor else []
+    ok = bool(parts) and all(p in evidence for p in parts)
+    return Reply(text=json.dumps({"score": int(ok), "reason": f"scripted judge (not a model): "
+                                  f"anchor parts {parts} {'all' if ok else 'not all'} found"}))
 
 
-def demo_responder(text: str) -> Callable[[Request], Reply]:
-    """Images -> the statistics verdict; anything else -> ``text``."""
-    def respond(request: Request) -> Reply:
-        try:
-            image = image_from_request(request.body)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return Reply(text=text)
-        try:
-            return Reply(text=json.dumps(verdict(image)))
-        except Exception as exc:  # noqa: BLE001 -- an unreadable image is an unparseable verdict
-            return Reply(text=f"cannot score: {exc}")
-    return respond
+def demo_responder(request: Request) -> Reply:
+    """Images -> the statistics verdict; text items -> the anchor verdict."""
+    try:
+        image = image_from_request(request.body)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return anchor_verdict(request)
+    try:
+        return Reply(text=json.dumps(verdict(image)))
+    except Exception as exc:  # noqa: BLE001 -- an unreadable image is an unparseable verdict
+        return Reply(text=f"cannot score: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="A scripted OpenAI-compatible judge on loopback "
-                                                 "(images: pixel statistics; text: --text).")
+                                                 "(images: pixel statistics; text: pass anchors).")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--text", default=DEMO_TEXT,
-                        help="the verdict for requests without an image")
     args = parser.parse_args(argv)
-    judge = FakeJudge(args.host, args.port, responder=demo_responder(args.text)).start()
+    judge = FakeJudge(args.host, args.port, responder=demo_responder).start()
     print(f"judge_stub: scripted judge (not a model) on {judge.url}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -15,7 +15,6 @@ one code task (the demo's first) instead of three.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import tempfile
@@ -28,22 +27,11 @@ from test_coding_episodes import coding_helper, demo_image, demo_set  # noqa: F4
 from general_fixtures import KEY, general_helper  # noqa: F401
 from test_oracle_autoresearch import run_rollout
 from tests.support import container_image as ci
-from tests.support.fake_judge import FakeJudge, Reply, Request
+from tests.support.fake_judge import FakeJudge
+from tools.judge_stub import anchor_verdict
 from tools.loopback_registry import LocalRegistry
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
-
-
-def anchor_verdict(request: Request) -> Reply:
-    """1 iff every part of the pass anchor (split at ', ' and '; ') is in the evidence."""
-    text = "\n".join(m.get("content") for m in (request.body or {}).get("messages", [])
-                     if isinstance(m.get("content"), str))
-    anchor = re.search(r"Expected \(pass anchor\): (.*)", text)
-    evidence = text.split("Evidence:", 1)[-1]
-    parts = [p for p in re.split(r", |; ", anchor.group(1)) if p] if anchor else []
-    ok = bool(parts) and all(p in evidence for p in parts)
-    return Reply(text=json.dumps({"score": int(ok), "reason": f"anchor parts {parts} "
-                                                             f"{'all' if ok else 'not all'} found"}))
 
 
 @pytest.fixture(scope="module")

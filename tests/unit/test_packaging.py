@@ -230,10 +230,15 @@ def test_demo_judge_stub_scores_images_by_statistics_and_texts_by_script():
 
     from tools import judge_stub
 
-    respond = judge_stub.demo_responder(judge_stub.DEMO_TEXT)
-    text = respond(judge_stub.Request("/v1/chat/completions", {}, {"messages": [
-        {"role": "user", "content": "grade this answer"}]}))
-    assert json.loads(text.text)["score"] == 1
+    respond = judge_stub.demo_responder
+
+    def item(evidence: str) -> int:
+        reply = respond(judge_stub.Request("/v1/chat/completions", {}, {"messages": [
+            {"role": "user", "content": "Rubric item: totals\nExpected (pass anchor): 42, EUR\n"
+                                        f"Evidence:\n{evidence}"}]}))
+        return json.loads(reply.text)["score"]
+    assert item("the total is 42 EUR") == 1
+    assert item("") == 0 and item("42 only") == 0
 
     def shot(draw) -> judge_stub.Reply:
         im = Image.new("RGB", (288, 180), "white")
