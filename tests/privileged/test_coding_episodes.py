@@ -93,6 +93,34 @@ def env(prepared, coding_helper):
     environment.stop()
 
 
+@pytest.fixture(scope="module")
+def hanging_step(env):
+    """A step that hangs, started in the background as soon as the module's
+    environment is up, so the seed's 60 s command limit elapses while the
+    tests before test_hanging_command_... run (that test collects it). Its
+    sandbox exists before those tests' leak snapshots; no test before it
+    starts another environment or service (which could release it)."""
+    import threading
+    episode = env.create_episode(env.tasks[0], seed=None, episode_id="hang")
+    episode.reset()
+    result: dict = {}
+
+    def run():
+        started = time.monotonic()
+        try:
+            result["step"] = episode.step(shell("sleep 600 & sleep 600; echo unreachable"))
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            result["error"] = exc
+        result["elapsed"] = time.monotonic() - started
+    thread = threading.Thread(target=run, name="hanging-step", daemon=True)
+    thread.start()
+    try:
+        yield episode, thread, result
+    finally:
+        thread.join(120)
+        episode.close()
+
+
 def run_episode(env, task, actions, episode_id="e"):
     episode = env.create_episode(task, seed=None, episode_id=episode_id)
     try:
@@ -119,7 +147,7 @@ def write_file(path, text):
     return shell(f"mkdir -p $(dirname {path}) && cat > {path} <<'CAMG_EOF'\n{text}\nCAMG_EOF")
 
 
-def test_demo_set_has_enough_real_tasks(env, demo_set):
+def test_demo_set_has_enough_real_tasks(env, demo_set, hanging_step):
     rows = [json.loads(line) for line in (demo_set / "tasks.jsonl").read_text().splitlines()]
     assert len(rows) >= 10 and len(env.tasks) == len(rows)
     for row in rows:
@@ -128,13 +156,29 @@ def test_demo_set_has_enough_real_tasks(env, demo_set):
 
 
 def test_gold_fix_earns_one_on_every_task(env):
+    """The gold fix on every task, played by Episode.reference_action (what
+    camg.rollout --policy oracle sends): the reversed patch applies cleanly,
+    the episode finishes, reward 1.0. (One pass proves both the gold fix and
+    the reference actions; the HTTP test applies the patch by heredoc.)"""
     for task in env.tasks:
-        patch = task.data["patch"]
-        _, outputs, reward, episode = run_episode(env, task, [
-            write_file("/tmp/fix.diff", patch), shell("git apply -R /tmp/fix.diff && git status --short"),
-            FINISH])
-        assert outputs[1]["exit_code"] == 0, outputs[1]
-        assert reward == 1.0, (task.task_id, episode.state())
+        episode = env.create_episode(task, seed=None, episode_id="gold")
+        try:
+            episode.reset()
+            shells = []
+            for _ in range(50):
+                action = episode.reference_action()
+                step = episode.step(action)
+                if action["operation"] == "shell":
+                    shells.append((action["command"], step.observation))
+                if step.done:
+                    break
+            assert step.done and action == FINISH, (task.task_id, action)
+            assert "git apply -R" in shells[-1][0]
+            assert all(o["exit_code"] == 0 for _, o in shells), [o for _, o in shells]
+            assert episode.grade() == 1.0, (task.task_id, episode.state())
+            assert episode.outcome()["integrity"] == "ok", (task.task_id, episode.outcome())
+        finally:
+            episode.close()
 
 
 def test_finishing_without_changes_earns_zero_on_every_task(env):
@@ -216,14 +260,12 @@ def test_step_budget_finishes_on_the_64th_step(env):
         episode.close()
 
 
-def test_hanging_command_is_cut_at_60_seconds_and_the_episode_goes_on(env):
-    task = env.tasks[0]
-    episode = env.create_episode(task, seed=None, episode_id="hang")
+def test_hanging_command_is_cut_at_60_seconds_and_the_episode_goes_on(hanging_step):
+    episode, thread, result = hanging_step  # started with the module's first test
     try:
-        episode.reset()
-        started = time.monotonic()
-        step = episode.step(shell("sleep 600 & sleep 600; echo unreachable"))
-        elapsed = time.monotonic() - started
+        thread.join(120)
+        assert not thread.is_alive() and "error" not in result, result
+        step, elapsed = result["step"], result["elapsed"]
         assert step.observation["timed_out"] and not step.done
         assert step.observation["exit_code"] == 124
         assert 59 <= elapsed < 75, elapsed
@@ -303,8 +345,12 @@ def test_start_refuses_a_moved_branch_or_a_changed_image(prepared, coding_helper
 
 
 def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, tmp_path):
-    """Through camg.configure + `python -m camg.serve` + the HTTP client."""
+    """Through camg.configure + `python -m camg.serve` + the HTTP client; then
+    the stock openenv-core client (GenericEnvClient over /ws) runs a whole
+    episode on the same service: reset, the gold fix, finish -> 1.0."""
     import sys
+    from openenv.core import GenericEnvClient
+
     from camg.client import Client, ServiceError
     from camg.configure import configure
     from tests.support.services import ServiceProcess, clean_git_tree, free_port
@@ -363,10 +409,25 @@ def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, t
         done = client.step(killed["episode_id"], {"operation": "shell", "command": "echo hi"})
         assert done["done"] is True and done["reward"] is None, done
         assert done["failure_class"] == "sandbox_died"
+
+        with GenericEnvClient(base_url=service.url, message_timeout_s=600).sync() as openenv:
+            result = openenv.reset(task_id=task.task_id)
+            assert result.done is False
+            assert task.data["problem_statement"] in result.observation["output"]
+            result = openenv.step({"operation": "shell",
+                                   "command": f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF"})
+            assert result.observation["exit_code"] == 0 and result.done is False
+            state = openenv.state()
+            assert state["task_id"] == task.task_id and state["step_count"] == 1
+            result = openenv.step({"operation": "finish"})
+            assert result.done is True and result.reward == 1.0, result
+            openenv_eid = openenv.state()["episode_id"]
+
         outcomes = service.outcomes()
-        assert [o["reward"] for o in outcomes] == [1.0, 0.0, 0.0, None]
-        assert [o.get("integrity") for o in outcomes] == ["ok", "ok", "tampered", None]
+        assert [o["reward"] for o in outcomes] == [1.0, 0.0, 0.0, None, 1.0]
+        assert [o.get("integrity") for o in outcomes] == ["ok", "ok", "tampered", None, "ok"]
         assert {e["rule"] for e in outcomes[2]["integrity_evidence"]} >= {"runner_internals"}
+        assert outcomes[4]["episode_id"] == openenv_eid
     finally:
         assert service.stop() == 0, service.output()[-3000:]
 
@@ -531,18 +592,3 @@ def test_grader_sandbox_killed_is_grader_error(env, coding_helper):
         assert info.value.failure_class is FailureClass.GRADER_ERROR
     finally:
         episode.close()
-
-
-def test_reference_actions_earn_one_on_every_task(env):
-    """Episode.reference_action (camg.rollout --policy oracle) is the gold fix."""
-    for task in env.tasks:
-        episode = env.create_episode(task, seed=None, episode_id="ref")
-        try:
-            episode.reset()
-            for _ in range(50):
-                step = episode.step(episode.reference_action())
-                if step.done:
-                    break
-            assert step.done and episode.grade() == 1.0, (task.task_id, episode.state())
-        finally:
-            episode.close()

@@ -101,11 +101,14 @@ def test_guard_alone_catches_the_canary_in_the_sandbox(env, technique, monkeypat
     assert canaries.TECHNIQUES[technique].runtime_rule in {e["rule"] for e in report.evidence}
 
 
-def test_gold_alone_is_one_and_clean_on_every_task(env):
-    for task in env.tasks:
-        reward, report, outcome = grade(env, task, workspace_diff(env, task, reverse_gold(task)),
-                                        f"gold-{task.task_id[-8:]}")
-        assert reward == 1.0 and outcome["integrity"] == "ok", (task.task_id, report)
+def test_gold_alone_is_one_and_clean(env):
+    """The control of the canaries above (all on tasks[0]): the same diff
+    path without a canary is 1.0 and clean. Every task's gold fix is 1.0 and
+    "ok" through real episodes in test_coding_episodes.py."""
+    task = env.tasks[0]
+    reward, report, outcome = grade(env, task, workspace_diff(env, task, reverse_gold(task)),
+                                    f"gold-{task.task_id[-8:]}")
+    assert reward == 1.0 and outcome["integrity"] == "ok", (task.task_id, report)
 
 
 def test_missing_runner_is_grader_error(env):
