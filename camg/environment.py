@@ -179,9 +179,16 @@ class Environment(abc.ABC):
         deadline). Raise ``InfraFailure`` as ``Episode.grade`` does."""
         raise RegradeUnsupported(f"the {self.name} environment cannot regrade episodes")
 
+    def start_in_only_thread(self) -> None:
+        """Called once in the serving process before ``start``, in its main
+        thread while no other thread exists (the event loop has started none
+        yet). For what must hold for every thread of the process:
+        capabilities are per thread, so a capability is dropped for good only
+        where it is dropped before any thread is created."""
+
     def start(self) -> None:
         """Called once in the serving process before READY=1 (load indexes,
-        connect to the helper, verify prepared files)."""
+        connect to the helper, verify prepared files), in a worker thread."""
 
     def stop(self) -> None:
         """Called once at shutdown after every episode is closed."""

@@ -53,6 +53,7 @@ class Service:
 
     async def start(self) -> None:
         raise_fd_limit()
+        self.env.start_in_only_thread()
         # Environment start-up (JVMs, indexes, helper connection) blocks.
         await asyncio.get_running_loop().run_in_executor(self.manager.pool, self.env.start)
         self._tasks.append(asyncio.create_task(self._reaper()))

@@ -69,30 +69,39 @@ class ResearchEnvironment(Environment):
 
     # -- start / stop -----------------------------------------------------
 
-    def start(self) -> None:
-        from camg.helper_client import DEFAULT_SOCKET, HelperClient
-        from camg.oci.images import by_name, load_materialized
+    def start_in_only_thread(self) -> None:
+        """Claim the state directory and start the grader, the one use of
+        CAP_SETUID/CAP_SETGID, which the grader's supervisor drops right
+        after the spawn: here no other thread exists to keep them."""
+        from camg.helper_client import DEFAULT_SOCKET
 
         s = self.settings
         socket_path = self.context.helper_socket or DEFAULT_SOCKET
         self.ledger = runstate.RunLedger(self.context.state_dir, s.helper_owner, socket_path)
         self.ledger.claim(os.environ.get("CAMG_SERVE_CONFIG", "prepared/autoresearch.json"))
-        images = by_name(load_materialized(s.images))
-        if s.image not in images:
-            raise errors.ConfigError(f"image {s.image!r} is not in {s.images}")
-        image = images[s.image]
-        self._image_hash = image.hash
-        answers = {}
-        for task in self.tasks:
-            self.prepared[task.task_id] = self._verify(task, image)
-            answers[task.task_id] = task.data["answers_sha256"]
-        self.grader = Grader(private_root=s.private_root, tasks=list(self.prepared),
+        answers = {task.task_id: task.data["answers_sha256"] for task in self.tasks}
+        self.grader = Grader(private_root=s.private_root, tasks=list(answers),
                              user=s.grader_user, expected_answers=answers,
                              python=s.grader_python or _interpreter(),
                              timeout=s.grade_timeout, on_exit=self._grader_exited)
         self.grader.start()
         self.ledger.set(grader_pid=self.grader.pid)
-        _drop_setid_capabilities()
+
+    def start(self) -> None:
+        from camg.helper_client import DEFAULT_SOCKET, HelperClient
+        from camg.oci.images import by_name, load_materialized
+
+        s = self.settings
+        if self.grader is None:  # started without the service (tests, benchmarks)
+            self.start_in_only_thread()
+        images = by_name(load_materialized(s.images))
+        if s.image not in images:
+            raise errors.ConfigError(f"image {s.image!r} is not in {s.images}")
+        image = images[s.image]
+        self._image_hash = image.hash
+        for task in self.tasks:
+            self.prepared[task.task_id] = self._verify(task, image)
+        socket_path = self.context.helper_socket or DEFAULT_SOCKET
         self.helper = HelperClient(socket_path, owner=s.helper_owner)
         log.info("autoresearch: %d task(s) verified, grader pid %d", len(self.prepared),
                  self.grader.pid)
@@ -199,29 +208,3 @@ def _interpreter() -> str:
     return sys.executable
 
 
-def _drop_setid_capabilities() -> None:
-    """The unit grants CAP_SETUID/CAP_SETGID only to start the grader as its
-    own uid; once it runs they leave the effective, permitted, inheritable
-    and ambient sets for good (not root in tests). Without CAP_SETPCAP the
-    bounding set cannot shrink; that is no gap: nothing can put a capability
-    back into the permitted set (NoNewPrivileges, no file capabilities), so
-    the bounding set is trimmed only where the process may do it."""
-    if os.geteuid() == 0:
-        return
-    try:
-        import prctl
-    except ImportError:
-        return
-    trim_bounding = bool(getattr(prctl.cap_effective, "setpcap", False))
-    for cap in ("setuid", "setgid"):
-        try:
-            setattr(prctl.cap_effective, cap, False)
-            setattr(prctl.cap_permitted, cap, False)
-            setattr(prctl.cap_inheritable, cap, False)
-            prctl.cap_ambient.clear() if hasattr(prctl, "cap_ambient") else None
-            if trim_bounding:
-                prctl.capbset.drop(getattr(prctl, f"CAP_{cap.upper()}"))
-        except (OSError, ValueError, AttributeError) as exc:
-            log.warning("could not drop CAP_%s: %s", cap.upper(), exc)
-        if getattr(prctl.cap_permitted, cap, False):
-            log.error("CAP_%s is still permitted after the drop", cap.upper())

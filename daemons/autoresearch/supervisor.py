@@ -30,6 +30,38 @@ log = logging.getLogger("camg.autoresearch")
 _HELLO_TIMEOUT = 120.0
 
 
+def drop_setid_capabilities() -> None:
+    """The unit grants CAP_SETUID/CAP_SETGID only to start the grader as its
+    own uid; once it runs they leave the effective, permitted, inheritable
+    and ambient sets for good (not root in tests). Capabilities are per
+    thread: this runs in the process's only thread (Environment.
+    start_in_only_thread), so every thread created later starts without
+    them. Without CAP_SETPCAP the bounding set cannot shrink; that is no
+    gap: nothing can put a capability back into the permitted set
+    (NoNewPrivileges, no file capabilities)."""
+    if os.geteuid() == 0:
+        return
+    try:
+        import prctl
+    except ImportError:
+        return
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        log.error("dropping CAP_SETUID/CAP_SETGID with %d threads: the others keep them", threads)
+    trim_bounding = bool(getattr(prctl.cap_effective, "setpcap", False))
+    for cap in ("setuid", "setgid"):
+        try:
+            setattr(prctl.cap_effective, cap, False)
+            setattr(prctl.cap_permitted, cap, False)
+            setattr(prctl.cap_inheritable, cap, False)
+            if trim_bounding:
+                prctl.capbset.drop(getattr(prctl, f"CAP_{cap.upper()}"))
+        except (OSError, ValueError, AttributeError) as exc:
+            log.warning("could not drop CAP_%s: %s", cap.upper(), exc)
+        if getattr(prctl.cap_permitted, cap, False):
+            log.error("CAP_%s is still permitted after the drop", cap.upper())
+
+
 class Grader:
     def __init__(self, *, private_root: str, tasks: list[str], user: str,
                  expected_answers: Mapping[str, str], python: str = sys.executable,
@@ -70,7 +102,7 @@ class Grader:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         try:
             # user=/group= need CAP_SETUID/CAP_SETGID: root in tests; the unit
-            # grants them to the service, which drops them once this is done.
+            # grants them to the service, which drops them right after.
             self.proc = subprocess.Popen(
                 [self.python, "-m", "daemons.autoresearch.grader"], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env, cwd="/",
@@ -79,6 +111,8 @@ class Grader:
             mine.close()
             theirs.close()
             raise errors.ConfigError(f"cannot start the grader as {self.user}: {exc}") from None
+        finally:
+            drop_setid_capabilities()
         theirs.close()
         self.uid = account.pw_uid
         self.sock = mine
