@@ -363,11 +363,17 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.tasks, encoding="utf-8") as handle:
             task_ids = [line.split("#", 1)[0].strip() for line in handle]
         task_ids = [t for t in task_ids if t]
+    return _run_and_summarise(args, lambda out, progress: rollout(
+        routes[args.env], args.policy, args.episodes, args.concurrency, task_ids, out,
+        progress=progress))
+
+
+def _run_and_summarise(args, make) -> int:
+    """Run ``make(out, progress)``'s coroutine with --out's JSON-lines file
+    open, print the summary; exit 1 when any episode failed."""
     out = open(args.out, "a", encoding="utf-8") if args.out else None
     try:
-        body = asyncio.run(rollout(routes[args.env], args.policy, args.episodes,
-                                   args.concurrency, task_ids, out,
-                                   progress=not args.no_progress and sys.stderr.isatty()))
+        body = asyncio.run(make(out, not args.no_progress and sys.stderr.isatty()))
     finally:
         if out is not None:
             out.close()
@@ -381,15 +387,8 @@ def main_regrade(args, url: str) -> int:
     except (OSError, ValueError) as exc:
         print(f"camg.rollout: {exc}", file=sys.stderr)
         return 2
-    out = open(args.out, "a", encoding="utf-8") if args.out else None
-    try:
-        body = asyncio.run(regrade_run(url, run, args.concurrency, out,
-                                       progress=not args.no_progress and sys.stderr.isatty()))
-    finally:
-        if out is not None:
-            out.close()
-    print_summary(body)
-    return 0 if body["errors"] == 0 else 1
+    return _run_and_summarise(args, lambda out, progress: regrade_run(
+        url, run, args.concurrency, out, progress=progress))
 
 
 if __name__ == "__main__":
