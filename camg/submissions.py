@@ -17,12 +17,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from camg import atomic
 from camg.environment import Submission
 from camg.errors import NoSubmission
 
@@ -47,7 +47,7 @@ class SubmissionStore:
             if not sub.is_dir(follow_symlinks=False):
                 continue
             for entry in os.scandir(sub.path):
-                if entry.name.startswith(".in-"):
+                if entry.name.startswith("."):  # blobs are named by their hex digest
                     if sweep:  # a write a killed process never finished
                         Path(entry.path).unlink(missing_ok=True)
                 elif entry.is_file(follow_symlinks=False):
@@ -73,16 +73,7 @@ class SubmissionStore:
                 os.utime(path)  # stored again: the newest for eviction
                 return ref
             path.parent.mkdir(exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".in-", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(submission.data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            atomic.write_bytes(path, submission.data, mode=0o600)
             self._total += len(submission.data)
             if self._total > self.max_bytes:
                 self._evict(keep=path)

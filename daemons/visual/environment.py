@@ -22,13 +22,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from camg import errors, typed
+from camg import atomic, errors, typed
 from camg.environment import Environment, Grade, ServiceContext, Submission, Task
 from camg.shell_schema import command_observation, shell_action
 
@@ -207,16 +206,7 @@ class VisualEnvironment(Environment):
 
     def store_screenshot(self, episode_id: str, shot: Shot) -> str:
         path = self.shots_dir / f"{episode_id}.jpg"
-        fd, tmp = tempfile.mkstemp(prefix=".shot-", dir=self.shots_dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(shot.jpeg)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic.write_bytes(path, shot.jpeg, mode=0o600)
         return str(path)
 
     def judge_shot(self, task: Task, shot: Shot):
