@@ -64,6 +64,7 @@ class Container:
     image: str
     episode_id: str
     pool: bool
+    instance: str = ""  # the helper process that made it ("" from an older helper)
 
 
 class ContainerClient:
@@ -77,7 +78,13 @@ class ContainerClient:
 
     def create(self, spec: ContainerSpec, *, episode_id: str = "", pool: bool = False) -> Container:
         r = self.helper.call("ContainerCreate", {**spec.params(), "episode_id": episode_id, "pool": pool})[0]
-        return Container(r["container_id"], r["image"], episode_id, pool)
+        return Container(r["container_id"], r["image"], episode_id, pool, str(r.get("instance") or ""))
+
+    def helper_instance(self) -> str:
+        """The running helper process's id ("" from an older helper): one
+        that differs from a container's was started after that container's
+        maker died, and its start-up sweep removed the container."""
+        return str(self.helper.call("Ping")[0].get("instance") or "")
 
     def create_raw(self, params: dict) -> dict:
         """ContainerCreate with exactly these parameters (tests of the refusals)."""
@@ -175,6 +182,7 @@ class ContainerPool:
         self.closed = False
         self.hits = 0
         self.misses = 0
+        self.swept = 0  # ready containers a restarted helper had removed
         self.last_error: Exception | None = None
         self.threads = [threading.Thread(target=self._refill, name=f"container-pool-{i}", daemon=True)
                         for i in range(refill_threads)]
@@ -208,6 +216,7 @@ class ContainerPool:
                 self._remove(container)
 
     def claim(self, episode_id: str = "") -> Container:
+        self._drop_swept()
         with self.cond:
             container = self.ready.popleft() if self.ready else None
             self.cond.notify_all()
@@ -216,6 +225,30 @@ class ContainerPool:
             return self.client.create(self.spec, episode_id=episode_id)
         self.hits += 1
         return dataclasses.replace(container, episode_id=episode_id)
+
+    def _drop_swept(self) -> None:
+        """Forget the ready containers a restarted helper has swept (the
+        helper was killed since they were made): handing one out would
+        fail the episode's reset. One Ping per claim, about a millisecond."""
+        with self.cond:
+            if not self.ready:
+                return
+        try:
+            current = self.client.helper_instance()
+        except errors.CamgError:
+            return  # the claim's own call will say what is wrong
+        if not current:
+            return
+        with self.cond:
+            kept = collections.deque(c for c in self.ready if c.instance in ("", current))
+            dropped = len(self.ready) - len(kept)
+            self.ready = kept
+            if dropped:
+                self.swept += dropped
+                self.cond.notify_all()  # refill
+        if dropped:
+            log.warning("container pool: %d ready container(s) were swept by a restarted helper; "
+                        "dropped", dropped)
 
     def wait_full(self, timeout: float) -> bool:
         """Block until the pool holds ``size`` containers (tests, warm-up)."""

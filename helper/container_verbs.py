@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 
 from camg.helper_wire import TIMEOUT_MARKER, TRUNCATION_MARKER, FdBlob, WireError
 from helper import containers as mc
 
 log = logging.getLogger("camg.helper")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# This helper process's id, in Ping's and ContainerCreate's replies. A
+# container outlives its helper's death in dockerd (a sandbox does not), and
+# the next helper's start-up sweep removes it: a client holding containers
+# made under another instance knows they are gone (camg/containers.py
+# ContainerPool drops them instead of handing them out).
+INSTANCE = secrets.token_hex(8)
 
 
 def _m(ctx) -> mc.Mediator:
@@ -35,7 +42,7 @@ def pull(ctx, peer, p: mc.PullParams, blob: bytes):
 def create(ctx, peer, p: mc.CreateParams, blob: bytes):
     held = _m(ctx).create(peer, p)
     return {"container_id": held.id, "image": held.image, "episode_id": held.episode_id,
-            "pool": held.pool}, b""
+            "pool": held.pool, "instance": INSTANCE}, b""
 
 
 def connect(ctx, peer, p: mc.ConnectParams, blob: bytes):

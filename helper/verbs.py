@@ -107,7 +107,7 @@ def _check_env(ctx: Context, env: Mapping[str, str]) -> None:
 def ping(ctx: Context, peer: Peer, p: NoParams, blob: bytes) -> Result:
     failure = ctx.registry.probe_failure
     return {"uid": peer.uid, "owner": peer.owner, "probes_ok": failure is None,
-            "probe_failure": failure}, b""
+            "probe_failure": failure, "instance": container_verbs.INSTANCE}, b""
 
 
 def probe(ctx: Context, peer: Peer, p: NoParams, blob: bytes) -> Result:

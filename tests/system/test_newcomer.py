@@ -4,7 +4,8 @@ on a fresh Debian bookworm root with nothing of camg in it (no /srv/camg,
 without it (the foreground runner). Every environment the demo serves there
 must come up, earn the oracle's reward through camg/client.py (where the
 test has an oracle) and zero for doing nothing through the stock OpenEnv
-client, and stop leaving nothing behind.
+client, and stop leaving nothing behind. Under systemd, the installed demo
+also takes the kill storm (systest_storm.py, issue 11) before it stops.
 
 Everything happens in throw-away copies of the cached Debian root, never on
 this host's own /srv/camg, /etc/camg or /var/lib/camg. The guest shares the
@@ -63,6 +64,7 @@ from systest_episodes import drive, wait_healthy
 from systest_docker import DOCKER_CONTROLLERS, GUEST_HOSTCG, labelled
 from systest_guest import leftovers, show, wait_for
 from systest_machine import Machine
+from systest_storm import run_storm
 
 from camg import plugins
 
@@ -216,6 +218,9 @@ def test_demo_under_systemd_from_nothing(fresh_root, demo_cache, tmp_path):
             wait_for(lambda: show(machine, f"camg-{env}.service", "ActiveState")["ActiveState"]
                      == "active", 600, f"camg-{env} to be active")
         _drive_all(fresh_root, names)
+        # Then kill -9 of everything, at random points of episodes; every
+        # unit comes back and nothing is lost or leaked (systest_storm.py).
+        run_storm(machine, names)
         machine.run(["systemctl", "stop", "camg.target"], timeout=300)
         units = ["camg-helper.service", "camg-helper.socket"] + [f"camg-{e}.service" for e in names]
         machine.run(["systemctl", "stop", *units], timeout=300)

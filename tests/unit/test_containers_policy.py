@@ -140,3 +140,48 @@ def test_a_descriptor_rides_on_a_frame():
         a.close()
         b.close()
         os.close(r)
+
+
+class _Client:
+    """A ContainerClient as the pool sees it: creates under the current
+    helper instance; ``restart()`` is a killed and restarted helper (whose
+    start-up sweep removed every container of the old one)."""
+
+    def __init__(self) -> None:
+        self.instance, self.made, self.removed = "one", 0, []
+
+    def create(self, spec, *, episode_id: str = "", pool: bool = False):
+        from camg.containers import Container
+        self.made += 1
+        return Container(f"c{self.made}", "img", episode_id, pool, self.instance)
+
+    def helper_instance(self) -> str:
+        return self.instance
+
+    def remove(self, container_id: str) -> bool:
+        self.removed.append(container_id)
+        return True
+
+    def restart(self) -> None:
+        self.instance = "two"
+
+
+def test_a_pool_never_hands_out_a_container_a_restarted_helper_swept():
+    # The kill storm found it: after the helper's kill -9, the next reset
+    # claimed a swept container and failed (503 "no container for this peer").
+    from camg.containers import ContainerPool
+    client = _Client()
+    pool = ContainerPool(client, spec=None, size=2, retry_delay=0.01)
+    try:
+        assert pool.wait_full(5)
+        first = pool.claim("e1")
+        assert first.instance == "one" and pool.hits == 1
+        assert pool.wait_full(5)
+        client.restart()
+        claimed = pool.claim("e2")
+        assert claimed.instance == "two", claimed
+        assert pool.swept == 2  # (made on the spot, or by the refill meanwhile)
+        assert pool.wait_full(5)  # refilled under the new helper
+        assert all(c.instance == "two" for c in pool.ready)
+    finally:
+        pool.close()

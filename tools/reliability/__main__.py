@@ -29,7 +29,7 @@ import time
 import traceback
 from pathlib import Path
 
-from tools.reliability import churn, escape, escape_container, fuzz, killstorm, load
+from tools.reliability import churn, escape, escape_container, fuzz, killstorm_report, load
 from tools.reliability.rig import CACHE, TMP_PREFIX, Helper, containers
 from tools.reliability.service import Prepared
 from tools.reliability.table import Row, render
@@ -48,7 +48,7 @@ FULL = {"churn": 1000, "frames": 5000, "files": 1000, "examples": 100, "load": 2
         # transport's reset, the verifier): 1000 of them are most of an
         # hour on the 2 shared cores; --churn 1000 asks it (README)
         "scale": {"general": {"churn": 100, "examples": 20}, "visual": {"examples": 30}}}
-# killstorm boots the units under systemd in nspawn (tests/system/test_kill_storms.py)
+# killstorm installs the demo under systemd in nspawn and storms it (tests/system/test_newcomer.py)
 SUITES = ("escape", "fuzz", "churn", "load", "killstorm")
 
 
@@ -86,7 +86,7 @@ def run(suites: tuple[str, ...], names: set[str] | None, sizes: dict) -> list[Ro
             note("kill storms under systemd in nspawn")
             # its own machine and helpers; the shared machine's test lock is
             # held only while it runs (this runner does not hold it)
-            rows += killstorm.rows(kills=sizes["kills"], lock=os.environ.get("CAMG_TEST_LOCK"))
+            rows += killstorm_report.rows(kills=sizes["kills"], lock=os.environ.get("CAMG_TEST_LOCK"))
         leftover = helper.census()
         rows.append(Row("census", "helper", "after every suite",
                         ", ".join(f"{k} {v}" for k, v in leftover.items()),

@@ -1,8 +1,10 @@
 """Kill storms: ``kill -9`` of the helper, of each environment service
 (gunicorn's master, the unit's MainPID, and its one worker, where the
-episodes live) and of Coding's grader sandbox, at random points of an
-episode, on an installation booted under real systemd (tests/system's
-nspawn machine).
+episodes live) and of each environment's grading child (Coding's grader
+sandbox, Visual's renderer sandbox, AutoResearch's private grader,
+General's task container while its verifier runs), at random points of an
+episode, on an installation booted under real systemd (the demo, installed
+by packaging/demo.sh in tests/system's nspawn machine).
 
 Each kill: one episode (its id chosen by us, so it is known before the
 kill) is driven to the kill point, the target is killed, and then
@@ -11,63 +13,46 @@ kill) is driven to the kill point, the target is killed, and then
   Restart= or socket activation), the killed one with a new MainPID, and
   every service answers /health healthy;
 * every sandbox is reclaimed within ``RECLAIM_S`` of the kill (helper
-  ledger, uppers, overlay mounts, sandbox cgroups, uid-2000 processes);
+  ledger, uppers, overlay mounts, sandbox cgroups, uid-2000 processes), and
+  so is every task container the kill ended (the episode's; after a
+  service's kill, every container of the killed run, warm pool included);
 * every service's outcomes.jsonl parses line by line (no torn line) and
   still begins with what it held before the kill; every episode that got a
   terminal answer has its record, with the same reward;
 * the in-flight episode is ended as the product promises
   (packaging/README.md "Kill storms"):
-  - helper or grader killed: the service lives on, so the episode ends with
-    ``reward: null`` and a failure class, in its answer and its record;
-  - service (master or worker) killed: episodes live in the worker's
-    memory; the trainer sees a dropped connection, then 404 from the
-    restarted service, and the restarted service has recorded the episode
-    ``reward: null``, ``failure_class: infra`` (camg/outcomes.py
+  - helper or a grading child killed: the service lives on, so the episode
+    ends with ``reward: null`` and a failure class, in its answer and its
+    record -- or, where the kill came after the episode's last use of what
+    was killed, with exactly the reward an undisturbed run earns (measured
+    first, on the reference solution: never 0);
+  - service (master or worker) killed, or AutoResearch's grader (whose
+    death stops the service): episodes live in the worker's memory; the
+    trainer sees a dropped connection (or the episode's masked end), then
+    404 from the restarted service, and the restarted service has recorded
+    the episode ``reward: null``, ``failure_class: infra`` (camg/outcomes.py
     ``recover``). A reset the kill cut short made no episode and no record.
 
 Kill points: ``reset`` (POST /episodes outstanding), ``step`` (a step
-outstanding), ``grading`` (Coding's finish: the grader sandbox running),
+outstanding), ``grading`` (the finish outstanding, grading running),
 ``idle`` (an episode with no request outstanding).
 
 ``storm(guest, ...)`` needs only a way to run commands in the booted guest
-and a census of its sandboxes; tests/system/test_kill_storms.py provides
-both. ``rows(kills)`` runs that test and returns its rows, for the
-reliability runner.
+and a census of its sandboxes; tests/system/test_newcomer.py provides both.
+The plan and the table are tools/reliability/killstorm_report.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import random
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Callable
 
-from tools.reliability.killstorm_guest import POINTS, Answer, Background, Env, Guest
-from tools.reliability.rig import TMP_PREFIX
+from tools.reliability.killstorm_guest import Answer, Background, Env, Guest
+from tools.reliability.killstorm_report import RECLAIM_S, Kill, plan, summarize
 from tools.reliability.table import Row
-
-RECLAIM_S = 5.0
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclasses.dataclass
-class Kill:
-    target: str
-    point: str
-    env: str = ""
-    in_flight: bool = False     # the request was still outstanding at the kill
-    back_s: float = 0.0
-    reclaim_s: float = 0.0
-    ended: str = ""             # how the in-flight episode ended
-    missed: int = 0             # tries whose target had exited before the kill
-    problems: list[str] = dataclasses.field(default_factory=list)
 
 
 def _wait(predicate, timeout: float, interval: float = 0.2):
@@ -77,6 +62,20 @@ def _wait(predicate, timeout: float, interval: float = 0.2):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(interval)
+
+
+def restarts_unit(target: str, env: Env) -> bool:
+    """Whether the kill makes systemd restart the environment's unit (a new
+    MainPID): its master, or AutoResearch's grader, whose exit stops the
+    service on purpose."""
+    return target == "service" or (target == "grader" and env.grader == "process")
+
+
+def loses_episodes(target: str, env: Env) -> bool:
+    """Whether the kill takes the episodes' worker with it (they live in its
+    memory): the restarted or replacement worker answers 404 and the
+    service's recovery records them."""
+    return target == "worker" or restarts_unit(target, env)
 
 
 class Storm:
@@ -107,26 +106,79 @@ class Storm:
         answer = self.guest.http(env.port, "GET", "/health", timeout=10)
         return answer.status == 200 and answer.json.get("status") == "healthy"
 
+    def step(self, env: Env, eid: str, action: dict) -> Answer:
+        return self.guest.http(env.port, "POST", f"/episodes/{eid}/step", {"action": action})
+
+    def to_grading(self, env: Env, eid: str) -> dict:
+        """The actions before the finish: ``env.to_grading``, or the
+        deployment's reference solution up to its finish (which may carry
+        an answer); returns the finish to send."""
+        if not env.reference:
+            for action in env.to_grading:
+                self.step(env, eid, action)
+            return env.finish
+        for _ in range(200):
+            got = self.guest.http(env.port, "GET", f"/episodes/{eid}/reference", timeout=60)
+            if got.status != 200:
+                raise AssertionError(f"{env.name}: reference answered {got.status}: "
+                                     f"{str(got.body)[:300]}")
+            action = got.json.get("action") or {}
+            if action.get("operation") == env.finish["operation"]:
+                return action
+            answer = self.step(env, eid, action)
+            if answer.status != 200 or answer.json.get("done"):
+                raise AssertionError(f"{env.name}: a reference step answered {answer.status}: "
+                                     f"{str(answer.body)[:300]}")
+        raise AssertionError(f"{env.name}: the reference never reached {env.finish}")
+
+    def episode_containers(self, env: Env, eid: str) -> set[str]:
+        """The episode's task container: labelled with its id when made for
+        it, or a warm-pool container it claimed (its state names it)."""
+        found = self.guest.containers(f"camg.service={env.name}", f"camg.episode={eid}")
+        state = self.guest.http(env.port, "GET", f"/episodes/{eid}", timeout=30)
+        short = (state.json.get("environment_state") or {}).get("container") or ""
+        if short:
+            found |= {c for c in self.guest.containers(f"camg.service={env.name}")
+                      if c.startswith(short)}
+        return found
+
+    def create(self, env: Env) -> str:
+        created = self.guest.http(env.port, "POST", "/episodes", env.create)
+        if created.status != 201:
+            raise AssertionError(f"{env.name}: create answered {created.status}: "
+                                 f"{str(created.body)[:300]}")
+        return created.json["episode_id"]
+
     def settle(self) -> None:
         """Every unit up and every service healthy; then one episode each
-        measures how long a reset and the slow step take (HTTP included),
-        so the kills aim inside them."""
+        measures how long a reset, the slow step and the finish take (HTTP
+        included), so the kills aim inside them, and what an undisturbed
+        finish earns."""
         for env in self.envs.values():
             if not _wait(lambda: self.active(env.unit) and self.healthy(env), 300, 1.0):
                 raise AssertionError(f"{env.unit} is not healthy")
             started = time.monotonic()
-            created = self.guest.http(env.port, "POST", "/episodes", env.create)
+            eid = self.create(env)
             env.reset_s = time.monotonic() - started
-            if created.status != 201:
-                raise AssertionError(f"{env.name}: create answered {created.status}: "
-                                     f"{str(created.body)[:300]}")
-            eid = created.json["episode_id"]
             if env.slow_step:
                 started = time.monotonic()
-                self.guest.http(env.port, "POST", f"/episodes/{eid}/step", {"action": env.slow_step})
+                self.step(env, eid, env.slow_step)
                 env.step_s = time.monotonic() - started
             self.guest.http(env.port, "DELETE", f"/episodes/{eid}")
-            self.log(f"{env.name}: reset {env.reset_s:.2f}s, slow step {env.step_s:.2f}s")
+            if env.finish:
+                # A fresh episode: a reference solution counts its steps.
+                eid = self.create(env)
+                finish = self.to_grading(env, eid)
+                started = time.monotonic()
+                done = self.step(env, eid, finish)
+                env.grade_s = time.monotonic() - started
+                env.graded = done.json.get("reward")
+                if not done.json.get("done") or not env.graded:
+                    raise AssertionError(f"{env.name}: the undisturbed finish answered "
+                                         f"{done.status}: {str(done.body)[:300]}")
+                self.guest.http(env.port, "DELETE", f"/episodes/{eid}")
+            self.log(f"{env.name}: reset {env.reset_s:.2f}s, slow step {env.step_s:.2f}s, "
+                     f"finish {env.grade_s:.2f}s earning {env.graded}")
 
     # -- one kill --------------------------------------------------------
     def kill(self, target: str, env: Env, point: str) -> Kill:
@@ -137,6 +189,7 @@ class Storm:
         eid = uuid.uuid4().hex
         create = {**env.create, "episode_id": eid}
         pending: Background | None = None
+        mine: set[str] = set()
         if point == "reset":
             pending = Background(self.guest, env.port, "POST", "/episodes", create)
             time.sleep(self.rng.uniform(0.0, env.reset_s * 0.9))
@@ -145,24 +198,37 @@ class Storm:
             if created.status != 201:
                 kill.problems.append(f"create answered {created.status}: {str(created.body)[:300]}")
                 return kill
+            if env.containers:
+                mine = self.episode_containers(env, eid)
             if point == "step":
                 pending = Background(self.guest, env.port, "POST", f"/episodes/{eid}/step",
                                      {"action": env.slow_step})
                 time.sleep(self.rng.uniform(0.0, env.step_s * 0.9))
             elif point == "grading":
-                for action in env.to_grading:
-                    self.guest.http(env.port, "POST", f"/episodes/{eid}/step", {"action": action})
+                finish = self.to_grading(env, eid)
                 helper = self.main_pid("camg-helper.service")
                 agent = self.guest.children(helper)
+                victim = ""
+                if target == "grader" and env.grader == "container":
+                    # Its init, looked up before the finish removes it.
+                    victim = self.guest.container_pid(max(mine)) if mine else ""
                 pending = Background(self.guest, env.port, "POST", f"/episodes/{eid}/step",
-                                     {"action": env.finish})
-                # The grader sandbox is the helper's child the finish made.
-                self.grader = _wait(lambda: self.guest.children(helper) - agent, 120, 0.05)
-                if not self.grader:
-                    kill.problems.append("no grader sandbox appeared")
-                    return kill
-                # Grading the demo task takes about a second: aim early.
-                time.sleep(self.rng.uniform(0.0, 0.2))
+                                     {"action": finish})
+                if env.grader == "sandbox":
+                    # The grading sandbox is the helper's child the finish made.
+                    self.grader = _wait(lambda: self.guest.children(helper) - agent,
+                                        max(120.0, env.grade_s * 3), 0.05)
+                    if not self.grader:
+                        kill.problems.append(f"no {env.grader_name} appeared")
+                        return kill
+                    # Grading the demo tasks takes a second or a few: aim early.
+                    time.sleep(self.rng.uniform(0.0, 0.2))
+                else:
+                    self.grader = {victim} if victim else set()
+                    time.sleep(self.rng.uniform(0.0, env.grade_s * 0.9))
+        if env.containers:
+            held = self.guest.containers(f"camg.service={env.name}")
+            mine = mine or self.episode_containers(env, eid)
         pid = self._pid(target, env, kill)
         if pid is None:
             return kill
@@ -173,14 +239,21 @@ class Storm:
             kill.missed = 1
             if pending is not None:
                 pending.result(600)
+            self.guest.http(env.port, "DELETE", f"/episodes/{eid}")
             return kill
         killed_at = time.monotonic()
         self.log(f"kill -9 {target} (pid {pid}) at {point}"
                  f"{' (request in flight)' if kill.in_flight else ''}")
         self._reclaimed(kill, killed_at, env, eid)
+        if env.containers and loses_episodes(target, env):
+            # The whole killed run's containers, warm pool included.
+            self._containers_gone(kill, killed_at, held, "of the killed run")
         self._back(kill, killed_at, target, env, units, pid)
         answer = pending.result(600) if pending is not None else None
+        ended_at = time.monotonic()
         self._ended(kill, target, env, eid, answer)
+        if env.containers and not loses_episodes(target, env):
+            self._containers_gone(kill, ended_at, mine, f"of episode {eid}")
         self._records(kill, before)
         return kill
 
@@ -191,10 +264,18 @@ class Storm:
             pid = self.main_pid(env.unit)
         elif target == "worker":  # its one worker, where the episodes live
             workers = self.guest.children(self.main_pid(env.unit))
+            if env.grader == "process":
+                workers -= self.guest.users_processes(env.grader_user)
             pid = max(workers, key=int) if workers else "0"
-        else:  # grader: the sandbox init the finish started (its whole tree dies)
+        elif env.grader == "process":  # the standing grader: the eldest of its uid
+            graders = self.guest.users_processes(env.grader_user)
+            pid = min(graders, key=int) if graders else "0"
+        else:  # the grading sandbox's init (its whole tree dies) or the container's
             pid = max(self.grader, key=int) if self.grader else "0"
         if pid in ("", "0"):
+            if target == "grader" and env.grader == "container":
+                kill.missed = 1  # the finish removed the container before the kill
+                return None
             kill.problems.append(f"no {target} process to kill")
             return None
         return pid
@@ -209,11 +290,20 @@ class Storm:
         # helper to serve it. Anything else is a leak.
         state = self.guest.http(env.port, "GET", f"/episodes/{eid}", timeout=30)
         if state.status == 200 and state.json.get("status") == "running" \
-                and kill.target == "helper" and kill.point == "reset":
+                and kill.target == "helper" and kill.point in ("reset", "idle"):
             kill.reclaim_s = 0.0
             return
         kill.problems.append(f"not reclaimed {RECLAIM_S:.0f}s after the kill: "
                              f"{json.dumps(self.guest.census())[:600]}")
+
+    def _containers_gone(self, kill: Kill, since: float, ids: set[str], whose: str) -> None:
+        if not ids:
+            return
+        left = _wait(lambda: not (ids & self.guest.containers()), RECLAIM_S, 0.2)
+        kill.reclaim_s = max(kill.reclaim_s, time.monotonic() - since)
+        if not left:
+            kill.problems.append(f"containers {whose} not removed within {RECLAIM_S:.0f}s: "
+                                 f"{sorted(c[:12] for c in ids & self.guest.containers())}")
 
     def _back(self, kill: Kill, killed_at: float, target: str, env: Env,
               units: dict[str, str], pid: str) -> None:
@@ -223,6 +313,12 @@ class Storm:
                 if now["ActiveState"] != "active" or now["MainPID"] in ("0", ""):
                     return False
                 if now["MainPID"] == pid:
+                    return False
+                if unit == env.unit and restarts_unit(target, env) and now["MainPID"] == old:
+                    return False  # the grader's death has not stopped it yet
+            if env.grader == "process":
+                graders = self.guest.users_processes(env.grader_user)
+                if not graders or pid in graders:
                     return False
             return True
 
@@ -238,64 +334,22 @@ class Storm:
         kill.back_s = time.monotonic() - killed_at
 
     def _ended(self, kill: Kill, target: str, env: Env, eid: str, answer: Answer | None) -> None:
-        if answer is not None and answer.status is not None and answer.status >= 500 \
-                and target not in ("service", "worker"):
+        if loses_episodes(target, env):
+            self._lost(kill, env, eid, answer)
+            return
+        if answer is not None and answer.status is not None and answer.status >= 500:
             # A reset the kill broke: a typed error naming the failure class.
             kill.ended = f"reset answered {answer.status} {answer.json.get('error')}"
             if not answer.json.get("error"):
                 kill.problems.append(f"untyped error answer: {str(answer.body)[:300]}")
-        elif answer is not None and answer.json.get("done"):
-            self.terminal[env.name][eid] = answer.json
-        if target in ("service", "worker"):
-            # 404: a step still queued on the master's listening socket when
-            # the worker died is answered by the replacement, which never
-            # knew the episode.
-            if answer is not None and answer.status is not None and answer.status >= 300 \
-                    and answer.json.get("error") != "episode_not_found":
-                kill.problems.append(f"in-flight request answered {answer.status}: "
-                                     f"{str(answer.body)[:200]}")
-            state = self.guest.http(env.port, "GET", f"/episodes/{eid}", timeout=30)
-            if kill.point == "reset" and state.status == 200 and answer is not None \
-                    and answer.status == 201 and state.json.get("status") == "running":
-                # The reset reached the listening socket (the master's) before
-                # the killed worker took it: the replacement served it.
-                kill.ended = "unaffected (closed)"
-                self.guest.http(env.port, "DELETE", f"/episodes/{eid}")
-                return
-            if state.status != 404:
-                kill.problems.append(f"GET /episodes/{eid} after a restart answered "
-                                     f"{state.status}: {str(state.body)[:200]}")
-            # The restarted service records what its predecessor left
-            # running (camg/outcomes.py recover): reward null, a class. A
-            # reset the kill cut short made no episode, hence no record.
-            finished = answer is not None and bool(answer.json.get("done"))
-            created = point_created(kill.point, answer)
-            found = self._found(env, eid)
-            how = ("answered before the kill" if answer is not None and answer.status
-                   else "connection lost" if answer is not None else "idle")
-            if finished:
-                kill.ended = f"{how}, then 404"
-            elif found:
-                last = found[-1]
-                kill.ended = f"{how}, then 404; recorded {last['reward']} {last['failure_class']}"
-                if last["reward"] is not None or not last["failure_class"]:
-                    kill.problems.append(f"record of {eid}: reward {last['reward']}, "
-                                         f"class {last['failure_class']}")
-            elif created:
-                kill.problems.append(f"episode {eid} was running, and the restarted service "
-                                     "wrote no record of it")
-            else:
-                kill.ended = "reset cut short: no episode, no record"
-            return
-        if not kill.ended:
+        else:
             terminal = answer.json if answer is not None and answer.json.get("done") else None
             if terminal is None:
-                step = self.guest.http(env.port, "POST", f"/episodes/{eid}/step",
-                                       {"action": env.slow_step or env.finish or {}})
+                step = self.step(env, eid, env.slow_step or env.finish or {})
                 terminal = step.json if step.json.get("done") else None
                 if terminal is None and step.status == 200:
-                    # The kill never touched it (a helper kill before the
-                    # reset reached the helper): it simply lives on.
+                    # The kill never touched it (e.g. a helper kill while it
+                    # needed nothing of the helper): it simply lives on.
                     kill.ended = "unaffected (closed)"
                     self.guest.http(env.port, "DELETE", f"/episodes/{eid}")
                     return
@@ -305,18 +359,75 @@ class Storm:
                 kill.problems.append(f"episode {eid} did not end: {answer}")
                 return
             self.terminal[env.name][eid] = terminal
-            kill.ended = f"reward {terminal.get('reward')} {terminal.get('failure_class')}"
-            if terminal.get("reward") is not None or not terminal.get("failure_class"):
-                kill.problems.append(f"in-flight episode ended {kill.ended}, "
-                                     "not reward null with a failure class")
-        if env.sandboxes or target == "grader":
-            # The service wrote the outcome: it must be there, masked.
+            reward, failure = terminal.get("reward"), terminal.get("failure_class")
+            if reward is None and failure:
+                kill.ended = f"reward null {failure}"
+            elif kill.point == "grading" and not failure and reward == env.graded:
+                # Graded after its last use of what was killed: the reward
+                # of an undisturbed run (never 0: settle() refuses that).
+                kill.ended = "graded as undisturbed"
+            else:
+                kill.ended = f"reward {reward} {failure}"
+                kill.problems.append(f"in-flight episode ended {kill.ended}, not reward null "
+                                     f"with a failure class (undisturbed: {env.graded})")
+        if env.sandboxes or env.containers or target == "grader":
+            # The service wrote the outcome: it must be there, as answered.
             found = self._found(env, eid)
-            if not found:
+            terminal = self.terminal[env.name].get(eid)
+            if terminal is not None and not found:
                 kill.problems.append(f"no outcome record for ended episode {eid}")
-            elif found[-1]["reward"] is not None or not found[-1]["failure_class"]:
-                kill.problems.append(f"record of {eid}: reward {found[-1]['reward']}, "
-                                     f"class {found[-1]['failure_class']}")
+            elif found and found[-1]["reward"] is None and not found[-1]["failure_class"]:
+                kill.problems.append(f"record of {eid}: reward null without a class")
+
+    def _lost(self, kill: Kill, env: Env, eid: str, answer: Answer | None) -> None:
+        """The episode's worker died: what the trainer saw, and the record
+        the restarted (or replacement) worker's recovery wrote."""
+        masked = bool(answer is not None and answer.json.get("done")
+                      and answer.json.get("reward") is None and answer.json.get("failure_class"))
+        if answer is not None and answer.status is not None and answer.status >= 300:
+            error = answer.json.get("error")
+            # 404: a request still queued on the master's listening socket
+            # when the worker died is answered by the replacement. A stop
+            # the service began itself (AutoResearch's grader died) may
+            # still answer, with a typed 5xx.
+            stopping = kill.target == "grader" and restarts_unit(kill.target, env) \
+                and answer.status >= 500
+            if error is None or (error != "episode_not_found" and not stopping):
+                kill.problems.append(f"in-flight request answered {answer.status}: "
+                                     f"{str(answer.body)[:200]}")
+        if answer is not None and answer.json.get("done"):
+            # Ended before the worker died: its record must say the same.
+            self.terminal[env.name][eid] = answer.json
+        state = self.guest.http(env.port, "GET", f"/episodes/{eid}", timeout=30)
+        if kill.point == "reset" and state.status == 200 and answer is not None \
+                and answer.status == 201 and state.json.get("status") == "running":
+            # The reset reached the listening socket (the master's) before
+            # the killed worker took it: the replacement served it.
+            kill.ended = "unaffected (closed)"
+            self.guest.http(env.port, "DELETE", f"/episodes/{eid}")
+            return
+        if state.status != 404:
+            kill.problems.append(f"GET /episodes/{eid} after a restart answered "
+                                 f"{state.status}: {str(state.body)[:200]}")
+        finished = answer is not None and bool(answer.json.get("done")) and not masked
+        created = point_created(kill.point, answer)
+        found = self._found(env, eid)
+        how = ("answered before the kill" if finished
+               else "ended reward null" if masked
+               else "connection lost" if answer is not None else "idle")
+        if finished:
+            kill.ended = f"{how}, then 404"
+        elif found:
+            last = found[-1]
+            kill.ended = f"{how}, then 404; recorded {last['reward']} {last['failure_class']}"
+            if last["reward"] is not None or not last["failure_class"]:
+                kill.problems.append(f"record of {eid}: reward {last['reward']}, "
+                                     f"class {last['failure_class']}")
+        elif created:
+            kill.problems.append(f"episode {eid} was running, and the restarted service "
+                                 "wrote no record of it")
+        else:
+            kill.ended = "reset cut short: no episode, no record"
 
     def _found(self, env: Env, eid: str) -> list[dict]:
         return [json.loads(line) for line in self.guest.lines(
@@ -348,27 +459,6 @@ def point_created(point: str, answer: Answer | None) -> bool:
     return point != "reset" or (answer is not None and answer.status == 201)
 
 
-def plan(envs: list[Env], kills: int, rng: random.Random) -> list[tuple[str, Env, str]]:
-    """(target, environment, point) for every kill: the points of each
-    target cycle in a shuffled order, so a short storm still spreads."""
-    work: list[tuple[str, Env, str]] = []
-    sandboxed = [e for e in envs if e.sandboxes]
-    targets: list[tuple[str, list[Env]]] = [("helper", sandboxed or envs)]
-    targets += [("service", [e]) for e in envs]
-    targets += [("worker", [e]) for e in envs]
-    targets += [("grader", [e]) for e in envs if e.finish and e.sandboxes]
-    for target, choices in targets:
-        orders = {}
-        for env in choices:
-            orders[env.name] = list(("grading",) if target == "grader" else env.points)
-            rng.shuffle(orders[env.name])
-        for i in range(kills):
-            env = choices[i % len(choices)]
-            order = orders[env.name]
-            work.append((target, env, order[(i // len(choices)) % len(order)]))
-    return work
-
-
 def storm(guest: Guest, envs: list[Env], kills: int, seed: int = 0,
           log: Callable[[str], None] = lambda s: None) -> tuple[list[Row], list[Kill]]:
     rng = random.Random(seed)
@@ -392,53 +482,6 @@ def storm(guest: Guest, envs: list[Env], kills: int, seed: int = 0,
         done.append(kill)
         for problem in done[-1].problems:
             log(f"  problem: {problem}")
-    return summarize(done, kills), done
+    return summarize(done, kills, envs), done
 
 
-def summarize(done: list[Kill], kills: int) -> list[Row]:
-    rows = []
-    groups: dict[tuple[str, str], list[Kill]] = {}
-    for k in done:
-        key = ("helper", "all") if k.target == "helper" else (k.target, k.env)
-        groups.setdefault(key, []).append(k)
-    for (target, env), ks in groups.items():
-        what = {"helper": "camg-helper", "service": f"camg-{env}",
-                "worker": f"camg-{env}'s worker",
-                "grader": f"camg-{env}'s grader sandbox"}[target]
-        points = ", ".join(f"{p} {sum(1 for k in ks if k.point == p)}" for p in POINTS
-                           if any(k.point == p for k in ks))
-        problems = [p for k in ks for p in k.problems]
-        missed = sum(k.missed for k in ks)
-        ends: dict[str, int] = {}
-        for k in ks:
-            label = k.ended.split(" (")[0] if k.ended else "-"
-            ends[label] = ends.get(label, 0) + 1
-        counted = (f"back max {max(k.back_s for k in ks):.1f}s; reclaimed max "
-                   f"{max(k.reclaim_s for k in ks):.1f}s (<= {RECLAIM_S:.0f}s); records parse; "
-                   f"{sum(k.in_flight for k in ks)} with a request in flight, the episode: "
-                   + ", ".join(f"{n}x {e}" for e, n in sorted(ends.items())))
-        if missed:
-            counted += f"; {missed} tries repeated (the target finished before the kill)"
-        if problems:
-            counted += f"; {len(problems)} problem(s), first: {problems[0][:200]}"
-        rows.append(Row("kill storm", env, f"kill -9 {what} x{len(ks)} ({points})", counted,
-                        not problems and len(ks) == kills))
-    return rows
-
-
-def rows(kills: int = 3, seed: int = 0, lock: str | None = None) -> list[Row]:
-    """Run tests/system/test_kill_storms.py (it boots the machine) and return
-    its rows: what the reliability runner calls. ``lock``: a flock file to
-    hold while it runs (the shared machine's /tmp/camg-privileged.lock);
-    never one the caller already holds."""
-    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}killstorm-") as tmp:
-        report = Path(tmp) / "rows.json"
-        env = {**os.environ, "CAMG_KILLSTORM_KILLS": str(kills), "CAMG_KILLSTORM_SEED": str(seed),
-               "CAMG_KILLSTORM_REPORT": str(report)}
-        argv = [sys.executable, "-m", "pytest", "tests/system/test_kill_storms.py", "-q", "-s",
-                "-p", "no:cacheprovider"]
-        result = subprocess.run((["flock", lock] if lock else []) + argv, cwd=ROOT, env=env)
-        if not report.exists():
-            return [Row("kill storm", "-", f"{kills} kills per target",
-                        f"the system test did not report (pytest exit {result.returncode})", False)]
-        return [Row(**r) for r in json.loads(report.read_text())]

@@ -77,6 +77,35 @@ class Guest:
         out = self.run(["sh", "-c", f"cat {path} 2>/dev/null || true"], timeout=60, check=True)
         return [line for line in out.stdout.split("\n") if line]
 
+    def containers(self, *labels: str) -> set[str]:
+        """Full ids of the guest dockerd's containers with every label
+        (empty where no dockerd runs)."""
+        argv = ["docker", "ps", "-aq", "--no-trunc"] + [a for label in labels
+                                                         for a in ("--filter", f"label={label}")]
+        got = self.run(argv, timeout=60, check=False)
+        return set(got.stdout.split()) if got.returncode == 0 else set()
+
+    def container_pid(self, cid: str) -> str:
+        """The host-side pid of a running container's init ("" when gone)."""
+        got = self.run(["docker", "inspect", "-f", "{{.State.Pid}}", cid], timeout=60, check=False)
+        pid = got.stdout.strip()
+        return pid if got.returncode == 0 and pid not in ("", "0") else ""
+
+    def users_processes(self, user: str) -> set[str]:
+        got = self.run(["ps", "-u", user, "-o", "pid="], timeout=60, check=False)
+        return set(got.stdout.split())
+
+
+# What an environment's grading runs in, i.e. what "kill its grader" kills:
+#   sandbox   — the helper sandbox its finish starts (Coding's grader, Visual's
+#               renderer): the helper's new child; the service lives on;
+#   process   — a standing process of its own uid (AutoResearch's private
+#               grader): its death stops the service and systemd restarts both;
+#   container — the episode's task container, where the verifier runs during
+#               the finish (General): its init, seen from the host.
+GRADERS = {"sandbox": "grader sandbox", "process": "private grader",
+           "container": "task container (verifier running)"}
+
 
 @dataclasses.dataclass
 class Env:
@@ -88,8 +117,19 @@ class Env:
     to_grading: list[dict] = dataclasses.field(default_factory=list)  # then finish
     finish: dict | None = None         # the action whose answer grades
     sandboxes: bool = False            # its episodes hold helper sandboxes
+    containers: bool = False           # its episodes hold a task container
+    grader: str = ""                   # a key of GRADERS, "" for none to kill
+    grader_what: str = ""              # the row's name for it, if not GRADERS'
+    grader_user: str = ""              # grader "process": its processes' user
+    reference: bool = False            # to_grading: the deployment's reference
     reset_s: float = 1.0               # measured by Storm.settle(): where to aim
     step_s: float = 1.0
+    grade_s: float = 1.0
+    graded: float | None = None        # the reward to_grading + finish earns
+
+    @property
+    def grader_name(self) -> str:
+        return self.grader_what or GRADERS.get(self.grader, "")
 
     @property
     def unit(self) -> str:
@@ -101,22 +141,42 @@ class Env:
                      and (p != "grading" or self.finish))
 
 
+SLEEP = {"operation": "shell", "command": "sleep 3; echo slept"}
+FINISH = {"operation": "finish"}
+
+
 def describe(guest: Guest, name: str, port: int) -> Env:
     """The drive of a known environment; a newer one gets reset and idle."""
+    def first_task() -> dict:
+        return json.loads(guest.run(["cat", f"/srv/camg/data/{name}/manifest.json"],
+                                    check=True).stdout)["tasks"][0]
+
     if name == "coding":
-        task = json.loads(guest.run(["cat", "/srv/camg/data/coding/manifest.json"],
-                                    check=True).stdout)["tasks"][0]
+        task = first_task()
         fix = f"git apply -R - <<'CAMG_EOF'\n{task['data']['patch']}\nCAMG_EOF"
-        return Env(name, port, {"task_id": task["task_id"]},
-                   slow_step={"operation": "shell", "command": "sleep 3; echo slept"},
+        return Env(name, port, {"task_id": task["task_id"]}, slow_step=SLEEP,
                    to_grading=[{"operation": "shell", "command": fix}],
-                   finish={"operation": "finish"}, sandboxes=True)
+                   finish=FINISH, sandboxes=True, grader="sandbox")
     if name == "shop":
-        task = json.loads(guest.run(["cat", "/srv/camg/data/shop/manifest.json"],
-                                    check=True).stdout)["tasks"][0]
-        return Env(name, port, {"task_id": task["task_id"]},
+        return Env(name, port, {"task_id": first_task()["task_id"]},
                    slow_step={"action": "search[wireless bluetooth headphones with noise "
                                         "cancelling long battery life]"})
+    # The rest are driven to their finish by the deployment's reference
+    # solution (the demo enables references), so an undisturbed finish earns
+    # the maximum, never 0, and a fake zero cannot pass for "unaffected".
+    if name == "autoresearch":
+        return Env(name, port, {"task_id": first_task()["task_id"]}, slow_step=SLEEP,
+                   reference=True, finish={"operation": "submit"}, sandboxes=True,
+                   grader="process", grader_user="camg-grader")
+    if name == "general":
+        return Env(name, port, {"task_id": first_task()["task_id"]}, slow_step=SLEEP,
+                   reference=True, finish=FINISH, containers=True, grader="container")
+    if name == "visual":
+        # The finish copies dist/ out, removes the container and renders in
+        # the helper's renderer sandbox.
+        return Env(name, port, {"task_id": first_task()["task_id"]}, slow_step=SLEEP,
+                   reference=True, finish=FINISH, containers=True, grader="sandbox",
+                   grader_what="renderer sandbox")
     return Env(name, port, {})
 
 

@@ -1,0 +1,115 @@
+"""The kill storm's plan and its verdicts on how an in-flight episode ended
+(tools/reliability/killstorm*.py), against a scripted guest: a storm that
+cannot fail proves nothing."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from tools.reliability.killstorm import Storm, loses_episodes, restarts_unit
+from tools.reliability.killstorm_guest import Answer, Env, Guest
+from tools.reliability.killstorm_report import Kill, plan, summarize
+
+CODING = Env("coding", 1, {}, slow_step={"operation": "shell"}, finish={"operation": "finish"},
+             sandboxes=True, grader="sandbox")
+SHOP = Env("shop", 2, {}, slow_step={"action": "search[x]"})
+RESEARCH = Env("autoresearch", 3, {}, slow_step={"operation": "shell"}, reference=True,
+               finish={"operation": "submit"}, sandboxes=True, grader="process",
+               grader_user="camg-grader")
+GENERAL = Env("general", 4, {}, slow_step={"operation": "shell"}, reference=True,
+              finish={"operation": "finish"}, containers=True, grader="container")
+
+
+def test_plan_covers_every_target_and_the_helper_once_per_environment_that_needs_it():
+    work = plan([CODING, SHOP, RESEARCH, GENERAL], 1, random.Random(0))
+    targets = [(t, e.name) for t, e, _ in work]
+    assert sorted(e for t, e in targets if t == "helper") == ["autoresearch", "coding", "general"]
+    for name in ("coding", "shop", "autoresearch", "general"):
+        assert ("service", name) in targets and ("worker", name) in targets
+    assert {e for t, e in targets if t == "grader"} == {"coding", "autoresearch", "general"}
+    # A grading child exists only while grading; a standing grader any time.
+    assert all(p == "grading" for t, e, p in work if t == "grader" and e.grader != "process")
+    full = plan([CODING, RESEARCH], 20, random.Random(0))
+    research = {p for t, e, p in full if t == "grader" and e.name == "autoresearch"}
+    assert research == {"reset", "step", "grading", "idle"}
+
+
+def test_which_kills_restart_the_unit_and_which_lose_the_episodes():
+    assert restarts_unit("service", GENERAL) and loses_episodes("service", GENERAL)
+    assert not restarts_unit("worker", GENERAL) and loses_episodes("worker", GENERAL)
+    assert restarts_unit("grader", RESEARCH) and loses_episodes("grader", RESEARCH)
+    assert not loses_episodes("grader", CODING) and not loses_episodes("helper", CODING)
+
+
+class ScriptedGuest(Guest):
+    """Answers the storm's HTTP calls from a table; records are lines."""
+
+    def __init__(self, answers: dict[tuple[str, str], Answer], records: list[dict]) -> None:
+        super().__init__(self._run, lambda: {})
+        self.answers = answers
+        self.records = records
+
+    def _run(self, argv, timeout=None, check=False):
+        raise AssertionError(f"unexpected command {argv}")
+
+    def http(self, port, method, path, body=None, timeout=600.0):
+        return self.answers.get((method, path), Answer(404, {"error": "episode_not_found"}))
+
+    def lines(self, path):
+        return [json.dumps(r) for r in self.records]
+
+
+def _ended(env: Env, target: str, answer: Answer, records: list[dict],
+           answers: dict | None = None, point: str = "grading") -> Kill:
+    env = Env(**{**env.__dict__})
+    env.graded = 1.0
+    storm = Storm(ScriptedGuest(answers or {}, records), [env], random.Random(0))
+    kill = Kill(target, point, env.name)
+    storm._ended(kill, target, env, "e1", answer)
+    return kill
+
+
+def test_a_kill_after_the_last_use_may_end_with_the_undisturbed_reward_never_a_zero():
+    record = {"episode_id": "e1", "reward": 1.0, "failure_class": None}
+    kill = _ended(GENERAL, "helper", Answer(200, {"done": True, "reward": 1.0}), [record])
+    assert kill.ended == "graded as undisturbed" and not kill.problems
+    zero = {"episode_id": "e1", "reward": 0.0, "failure_class": None}
+    kill = _ended(GENERAL, "helper", Answer(200, {"done": True, "reward": 0.0}), [zero])
+    assert kill.problems and "not reward null" in kill.problems[0]
+
+
+def test_a_masked_end_needs_a_class_and_a_record():
+    masked = {"done": True, "reward": None, "failure_class": "grader_error"}
+    kill = _ended(CODING, "grader", Answer(200, masked), [{"episode_id": "e1", **masked}])
+    assert kill.ended == "reward null grader_error" and not kill.problems
+    kill = _ended(CODING, "grader", Answer(200, masked), [])
+    assert any("no outcome record" in p for p in kill.problems)
+    bare = {"done": True, "reward": None, "failure_class": None}
+    kill = _ended(CODING, "grader", Answer(200, bare), [{"episode_id": "e1", **bare}])
+    assert kill.problems
+
+
+def test_a_stopping_service_may_answer_a_typed_5xx_a_killed_one_only_404():
+    recovered = {"episode_id": "e1", "reward": None, "failure_class": "infra", "recovered": True}
+    stopping = Answer(503, {"error": "service_unavailable"})
+    kill = _ended(RESEARCH, "grader", stopping, [recovered], point="step")
+    assert not kill.problems, kill.problems
+    assert kill.ended.endswith("recorded None infra")
+    kill = _ended(RESEARCH, "service", stopping, [recovered], point="step")
+    assert kill.problems and "answered 503" in kill.problems[0]
+    # A running episode the restarted service forgot to record.
+    kill = _ended(RESEARCH, "service", Answer(None, "RemoteDisconnected"), [], point="step")
+    assert kill.problems and "wrote no record" in kill.problems[0]
+
+
+def test_summary_rows_fail_on_any_problem_or_a_missing_kill():
+    ok = Kill("service", "step", "general", ended="connection lost, then 404")
+    bad = Kill("service", "idle", "general", problems=["leak"])
+    rows = summarize([ok], 1, [GENERAL])
+    assert rows[0].ok and rows[0].done.startswith("kill -9 camg-general x1")
+    assert not summarize([ok, bad], 2, [GENERAL])[0].ok
+    assert not summarize([ok], 2, [GENERAL])[0].ok
+    grader = summarize([Kill("grader", "grading", "general")], 1, [GENERAL])[0]
+    assert "task container" in grader.done
+
