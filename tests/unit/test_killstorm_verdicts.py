@@ -113,3 +113,16 @@ def test_summary_rows_fail_on_any_problem_or_a_missing_kill():
     grader = summarize([Kill("grader", "grading", "general")], 1, [GENERAL])[0]
     assert "task container" in grader.done
 
+
+
+def test_a_finish_recorded_before_its_reply_was_cut_keeps_the_graded_reward_only():
+    # Found by the full storm: camg-general's master killed while the finish's
+    # reply was on its way; the record (fsync'd before the reply) says 1.0.
+    graded = {"episode_id": "e1", "reward": 1.0, "failure_class": None}
+    kill = _ended(GENERAL, "service", Answer(None, "RemoteDisconnected"), [graded])
+    assert not kill.problems and kill.ended.endswith("recorded as graded undisturbed")
+    zero = {"episode_id": "e1", "reward": 0.0, "failure_class": None}
+    kill = _ended(GENERAL, "service", Answer(None, "RemoteDisconnected"), [zero])
+    assert kill.problems and "reward 0.0" in kill.problems[0]
+    kill = _ended(GENERAL, "service", Answer(None, "RemoteDisconnected"), [graded], point="step")
+    assert kill.problems

@@ -420,7 +420,13 @@ class Storm:
         elif found:
             last = found[-1]
             kill.ended = f"{how}, then 404; recorded {last['reward']} {last['failure_class']}"
-            if last["reward"] is not None or not last["failure_class"]:
+            graded = kill.point == "grading" and last["reward"] is not None \
+                and last["reward"] == env.graded and not last["failure_class"]
+            if graded:
+                # Graded and recorded (fsync'd before the reply), then the
+                # kill cut the reply: the reward of an undisturbed run.
+                kill.ended = f"{how}, then 404; recorded as graded undisturbed"
+            elif last["reward"] is not None or not last["failure_class"]:
                 kill.problems.append(f"record of {eid}: reward {last['reward']}, "
                                      f"class {last['failure_class']}")
         elif created:
@@ -460,12 +466,17 @@ def point_created(point: str, answer: Answer | None) -> bool:
 
 
 def storm(guest: Guest, envs: list[Env], kills: int, seed: int = 0,
-          log: Callable[[str], None] = lambda s: None) -> tuple[list[Row], list[Kill]]:
+          log: Callable[[str], None] = lambda s: None,
+          only: set[tuple[str, str]] | None = None) -> tuple[list[Row], list[Kill]]:
+    """``only``: (target, environment) pairs to run, the rest of the plan
+    skipped (to repeat one row; the helper's environment is "all")."""
     rng = random.Random(seed)
     s = Storm(guest, envs, rng, log)
     s.settle()
     done: list[Kill] = []
     for target, env, point in plan(envs, kills, rng):
+        if only is not None and (target, "all" if target == "helper" else env.name) not in only:
+            continue
         missed = 0
         while True:
             try:
