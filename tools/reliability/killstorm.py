@@ -230,13 +230,13 @@ class Storm:
             held = self.guest.containers(f"camg.service={env.name}")
             mine = mine or self.episode_containers(env, eid)
         pid = self._pid(target, env, kill)
-        if pid is None:
-            return kill
-        kill.in_flight = pending is not None and pending.is_alive()
-        sent = self.guest.run(["kill", "-9", pid], timeout=60, check=False)
-        if sent.returncode != 0:
-            # The grader finished first: no kill happened; the storm retries.
-            kill.missed = 1
+        if pid is not None:
+            kill.in_flight = pending is not None and pending.is_alive()
+            if self.guest.run(["kill", "-9", pid], timeout=60, check=False).returncode != 0:
+                kill.missed = 1
+        if pid is None or kill.missed:
+            # The grading child was gone before the kill (the finish was
+            # done): no kill happened; this episode ends, the storm retries.
             if pending is not None:
                 pending.result(600)
             self.guest.http(env.port, "DELETE", f"/episodes/{eid}")
