@@ -126,3 +126,22 @@ def test_a_finish_recorded_before_its_reply_was_cut_keeps_the_graded_reward_only
     assert kill.problems and "reward 0.0" in kill.problems[0]
     kill = _ended(GENERAL, "service", Answer(None, "RemoteDisconnected"), [graded], point="step")
     assert kill.problems
+
+
+def test_a_kill_that_lands_after_repeats_is_no_problem_one_that_never_lands_is(monkeypatch):
+    # Found by the full storm: a grader killed on the sixth try was reported
+    # as "exited before the kill 5 times".
+    from tools.reliability import killstorm
+
+    def run(misses: int) -> Kill:
+        tries = iter([1] * misses + [0])
+        monkeypatch.setattr(killstorm.Storm, "settle", lambda self: None)
+        monkeypatch.setattr(killstorm.Storm, "kill", lambda self, target, env, point: Kill(
+            target, point, env.name, missed=next(tries, 1)))
+        _rows, kills = killstorm.storm(ScriptedGuest({}, []), [CODING], 1, only={("grader", "coding")})
+        return kills[0]
+
+    landed = run(5)
+    assert landed.missed == 5 and not landed.problems
+    never = run(killstorm.MAX_REPEATS + 5)
+    assert never.missed == killstorm.MAX_REPEATS and never.problems

@@ -78,6 +78,10 @@ def loses_episodes(target: str, env: Env) -> bool:
     return target == "worker" or restarts_unit(target, env)
 
 
+# Tries of one kill whose short-lived target (a grading child) was gone first.
+MAX_REPEATS = 8
+
+
 class Storm:
     def __init__(self, guest: Guest, envs: list[Env], rng: random.Random,
                  log: Callable[[str], None] = lambda s: None) -> None:
@@ -477,19 +481,19 @@ def storm(guest: Guest, envs: list[Env], kills: int, seed: int = 0,
     for target, env, point in plan(envs, kills, rng):
         if only is not None and (target, "all" if target == "helper" else env.name) not in only:
             continue
-        missed = 0
+        repeated = 0
         while True:
             try:
                 kill = s.kill(target, env, point)
             except Exception as exc:  # one broken kill is a failed row, not a lost table
                 kill = Kill(target, point, env.name, problems=[f"{type(exc).__name__}: {exc}"[:600]])
-            if not kill.missed or missed >= 5:
+            if not kill.missed or repeated >= MAX_REPEATS:
                 break
-            missed += 1
+            repeated += 1
             log(f"  {target} had exited before the kill; again")
-        kill.missed = missed
-        if kill.missed and missed >= 5 and not kill.problems:
-            kill.problems.append(f"{target} exited before the kill {missed} times")
+        if kill.missed and not kill.problems:  # the last try missed too
+            kill.problems.append(f"{target} exited before the kill {repeated + 1} times")
+        kill.missed = repeated
         done.append(kill)
         for problem in done[-1].problems:
             log(f"  problem: {problem}")
