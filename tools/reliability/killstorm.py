@@ -211,7 +211,7 @@ class Storm:
             elif point == "grading":
                 finish = self.to_grading(env, eid)
                 helper = self.main_pid("camg-helper.service")
-                agent = self.guest.children(helper)
+                agent = self.guest.sandbox_inits(helper)
                 victim = ""
                 if target == "grader" and env.grader == "container":
                     # Its init, looked up before the finish removes it.
@@ -220,7 +220,7 @@ class Storm:
                                      {"action": finish})
                 if env.grader == "sandbox":
                     # The grading sandbox is the helper's child the finish made.
-                    self.grader = _wait(lambda: self.guest.children(helper) - agent,
+                    self.grader = _wait(lambda: self.guest.sandbox_inits(helper) - agent,
                                         max(120.0, env.grade_s * 3), 0.05)
                     if not self.grader:
                         kill.problems.append(f"no {env.grader_name} appeared")

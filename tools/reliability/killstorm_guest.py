@@ -73,6 +73,15 @@ class Guest:
         return set(self.run(["ps", "--ppid", pid, "-o", "pid="], timeout=60,
                             check=False).stdout.split())
 
+    def sandbox_inits(self, helper: str) -> set[str]:
+        """The helper's children that are sandbox inits (its other children,
+        e.g. a mount(8) it runs, come and go within milliseconds)."""
+        if helper in ("", "0"):
+            return set()
+        out = self.run(["ps", "--ppid", helper, "-o", "pid=,comm="], timeout=60, check=False).stdout
+        return {line.split()[0] for line in out.splitlines()
+                if len(line.split()) == 2 and line.split()[1].startswith("camg-sbxinit")}
+
     def lines(self, path: str) -> list[str]:
         out = self.run(["sh", "-c", f"cat {path} 2>/dev/null || true"], timeout=60, check=True)
         return [line for line in out.stdout.split("\n") if line]
