@@ -78,8 +78,10 @@ def loses_episodes(target: str, env: Env) -> bool:
     return target == "worker" or restarts_unit(target, env)
 
 
-# Tries of one kill whose short-lived target (a grading child) was gone first.
-MAX_REPEATS = 8
+# Tries of one kill whose short-lived target was gone first: Coding's grader
+# sandbox lives a few tenths of a second once the runner is probed, and
+# about 6 in 10 tries come too late (measured: 33 repeats for 20 kills).
+MAX_REPEATS = 20
 
 
 class Storm:
