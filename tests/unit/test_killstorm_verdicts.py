@@ -4,6 +4,7 @@ cannot fail proves nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -62,8 +63,7 @@ class ScriptedGuest(Guest):
 
 def _ended(env: Env, target: str, answer: Answer, records: list[dict],
            answers: dict | None = None, point: str = "grading") -> Kill:
-    env = Env(**{**env.__dict__})
-    env.graded = 1.0
+    env = dataclasses.replace(env, graded=1.0)
     storm = Storm(ScriptedGuest(answers or {}, records), [env], random.Random(0))
     kill = Kill(target, point, env.name)
     storm._ended(kill, target, env, "e1", answer)
