@@ -87,9 +87,10 @@ def installed_root(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def machine(installed_root, tmp_path_factory):
-    # docker: the guest runs its own dockerd (test_general_under_systemd).
+    # No Docker engine: the environments that need one (General, Visual)
+    # run under systemd on test_newcomer's demo machine.
     m = Machine(installed_root, tmp_path_factory.mktemp("machine") / "console.log",
-                binds=[f"{venv_cache()}:{GUEST_VENV}", *host_binds()], docker=True)
+                binds=[f"{venv_cache()}:{GUEST_VENV}", *host_binds()])
     try:
         m.boot()
         yield m

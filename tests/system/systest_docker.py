@@ -33,7 +33,6 @@ its own (its socket /run/docker.sock, its images, its containers).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from systest_cgroup import CGROOT
@@ -101,34 +100,12 @@ def prepare_root(root: Path) -> None:
     daemon.write_text(json.dumps(DAEMON_JSON, indent=1) + "\n")
 
 
-def start_dockerd(machine, timeout: float = 120.0) -> str:
-    """(Re)start the guest's docker.service and wait until its API answers;
-    returns the server version."""
-    machine.run(["systemctl", "reset-failed", "containerd.service", "docker.service"], check=False)
-    machine.run(["systemctl", "start", "containerd.service", "docker.service"], timeout=timeout)
-    deadline = time.monotonic() + timeout
-    while True:
-        got = machine.run(["docker", "version", "--format", "{{.Server.Version}}"], check=False)
-        if got.returncode == 0 and got.stdout.strip():
-            return got.stdout.strip()
-        if time.monotonic() > deadline:
-            log = machine.run(["journalctl", "--no-pager", "-n", "40", "-u", "docker", "-u",
-                               "containerd"], check=False).stdout
-            raise AssertionError(f"the guest's dockerd did not answer in {timeout}s:\n"
-                                 f"{got.stderr}\n{log[-4000:]}")
-        time.sleep(0.5)
-
-
 def labelled(machine, kind: str, label: str) -> list[str]:
     """Names/ids of the guest's containers, networks or volumes with a label."""
     argv = {"container": ["docker", "ps", "-aq"], "network": ["docker", "network", "ls", "-q"],
             "volume": ["docker", "volume", "ls", "-q"]}[kind]
     out = machine.run([*argv, "--filter", f"label={label}"]).stdout
     return out.split()
-
-
-def all_volumes(machine) -> list[str]:
-    return machine.run(["docker", "volume", "ls", "-q"]).stdout.split()
 
 
 def docker_cgroup_dirs(name: str) -> dict[str, Path]:

@@ -21,6 +21,7 @@ import json
 import os
 import time
 
+from systest_demo_checks import KillChecks
 from systest_guest import diagnose, leftovers
 from systest_machine import Machine
 from tools.reliability.killstorm import storm
@@ -52,7 +53,8 @@ def census(machine: Machine) -> dict[str, list[str]]:
     return found
 
 
-def run_storm(machine: Machine, names: list[str]) -> None:
+def run_storm(machine: Machine, names: list[str], check: KillChecks | None = None) -> None:
+    """``check``: more checks after every kill (systest_demo_checks)."""
     guest = Guest(machine.run, lambda: census(machine))
     envs = [describe(guest, name, plugins.get(name).port) for name in names]
     print(f"\nkill storm: {KILLS} kill(s) per target, seed {SEED}, "
@@ -60,7 +62,9 @@ def run_storm(machine: Machine, names: list[str]) -> None:
     started = time.monotonic()
     rows, kills = storm(guest, envs, KILLS, SEED,
                         log=lambda s: print(f"[{time.monotonic() - started:6.1f}s] {s}", flush=True),
-                        only=ONLY)
+                        only=ONLY, check=check)
+    if check is not None:
+        print(f"(the demo checks after each kill took {check.seconds:.1f} s of the storm)")
     # What the master released when it replaced a killed worker (camg/serve.py).
     replaced = machine.run(["journalctl", "--no-pager", "-o", "cat", "-g", "worker replaced"],
                            check=False).stdout.strip()

@@ -61,6 +61,7 @@ import systest_rootfs as rootfs
 from systest_install import CHECKOUT, GUEST_CHECKOUT, GUEST_HELPER_CONFIG, GUEST_PIP_CACHE, \
     guest_root, host_binds, host_pip_env
 from systest_episodes import drive, wait_healthy
+from systest_demo_checks import KillChecks, graders, private_grader
 from systest_docker import DOCKER_CONTROLLERS, GUEST_HOSTCG, labelled
 from systest_guest import leftovers, show, wait_for
 from systest_machine import Machine
@@ -193,6 +194,7 @@ def _assert_clean(machine: Machine) -> None:
         assert containers == [], f"containers left in the guest's dockerd: {containers}"
     procs = machine.run(["ps", "-u", "camg", "-o", "pid=,args="], check=False).stdout.strip()
     assert not procs, procs
+    assert not graders(machine), "AutoResearch's private grader outlived the stop"
 
 
 def test_demo_under_systemd_from_nothing(fresh_root, demo_cache, tmp_path):
@@ -218,9 +220,16 @@ def test_demo_under_systemd_from_nothing(fresh_root, demo_cache, tmp_path):
             wait_for(lambda: show(machine, f"camg-{env}.service", "ActiveState")["ActiveState"]
                      == "active", 600, f"camg-{env} to be active")
         _drive_all(fresh_root, names)
+        # What only a single environment's systemd test used to check, on
+        # this machine (systest_demo_checks.py).
+        started = time.monotonic()
+        if "autoresearch" in names:
+            private_grader(machine)
+        check = KillChecks(machine, names)
+        print(f"newcomer: demo checks before the storm {time.monotonic() - started:.1f}s")
         # Then kill -9 of everything, at random points of episodes; every
         # unit comes back and nothing is lost or leaked (systest_storm.py).
-        run_storm(machine, names)
+        run_storm(machine, names, check)
         machine.run(["systemctl", "stop", "camg.target"], timeout=300)
         units = ["camg-helper.service", "camg-helper.socket"] + [f"camg-{e}.service" for e in names]
         machine.run(["systemctl", "stop", *units], timeout=300)

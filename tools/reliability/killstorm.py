@@ -84,13 +84,20 @@ def loses_episodes(target: str, env: Env) -> bool:
 MAX_REPEATS = 20
 
 
+# A caller's own checks after every kill: (storm, kill, env, episode id) ->
+# problems; e.g. tests/system checks the guest's docker networks and volumes.
+Check = Callable[["Storm", Kill, Env, str], list[str]]
+
+
 class Storm:
     def __init__(self, guest: Guest, envs: list[Env], rng: random.Random,
-                 log: Callable[[str], None] = lambda s: None) -> None:
+                 log: Callable[[str], None] = lambda s: None,
+                 check: Check | None = None) -> None:
         self.guest = guest
         self.envs = {e.name: e for e in envs}
         self.rng = rng
         self.log = log
+        self.check = check
         self.terminal: dict[str, dict[str, dict]] = {e.name: {} for e in envs}
         self.grader: set[str] = set()
 
@@ -261,6 +268,8 @@ class Storm:
         if env.containers and not loses_episodes(target, env):
             self._containers_gone(kill, ended_at, mine, f"of episode {eid}")
         self._records(kill, before)
+        if self.check is not None:
+            kill.problems += self.check(self, kill, env, eid)
         return kill
 
     def _pid(self, target: str, env: Env, kill: Kill) -> str | None:
@@ -473,11 +482,13 @@ def point_created(point: str, answer: Answer | None) -> bool:
 
 def storm(guest: Guest, envs: list[Env], kills: int, seed: int = 0,
           log: Callable[[str], None] = lambda s: None,
-          only: set[tuple[str, str]] | None = None) -> tuple[list[Row], list[Kill]]:
+          only: set[tuple[str, str]] | None = None,
+          check: Check | None = None) -> tuple[list[Row], list[Kill]]:
     """``only``: (target, environment) pairs to run, the rest of the plan
-    skipped (to repeat one row; the helper's environment is "all")."""
+    skipped (to repeat one row; the helper's environment is "all").
+    ``check``: the caller's own checks after every kill that landed."""
     rng = random.Random(seed)
-    s = Storm(guest, envs, rng, log)
+    s = Storm(guest, envs, rng, log, check)
     s.settle()
     done: list[Kill] = []
     for target, env, point in plan(envs, kills, rng):

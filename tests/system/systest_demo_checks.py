@@ -1,0 +1,159 @@
+"""What the single-environment systemd tests checked (AutoResearch's
+private grader; General's docker networks and volumes; issue 23), run on the
+demo machine test_newcomer's systemd variant boots, so no second machine and
+deployment is set up for them:
+
+* before the storm (``private_grader``): AutoResearch's grader runs as its
+  own uid beside the service, in the unit's cgroup, and the worker that
+  spawned it holds no CAP_SETUID/CAP_SETGID in any thread;
+* after every kill (``KillChecks``, the storm's ``check``):
+  - an environment with task containers: the guest dockerd's networks are
+    those before the storm, and no volume is new (nothing outlived its
+    container);
+  - a service's master killed: the in-flight episode the restarted service
+    recorded is ``reward: null``, ``failure_class: infra``, ``recovered:
+    true``; a container environment then serves a new episode with a
+    container;
+  - AutoResearch's grader killed: the service said its grader exited, one
+    new grader runs, and a new episode (its commands as uid 2000) is graded
+    by it with the reference's reward;
+* after the stop (test_newcomer ``_assert_clean``): no camg-grader process.
+"""
+
+from __future__ import annotations
+
+import time
+
+from systest_guest import show
+from systest_machine import Machine
+from tools.reliability.killstorm import Storm, restarts_unit
+from tools.reliability.killstorm_guest import Env
+from tools.reliability.killstorm_report import Kill
+
+AUTORESEARCH = "camg-autoresearch.service"
+GRADER_USER = "camg-grader"
+# CAP_SETGID (6) and CAP_SETUID (7).
+SETID = (1 << 6) | (1 << 7)
+# daemons/autoresearch/supervisor.py: "the private grader (pid N) exited ..."
+GRADER_EXITED = "private grader.*exited"
+
+
+def graders(machine: Machine) -> list[str]:
+    return machine.run(["ps", "-u", GRADER_USER, "-o", "pid="], check=False).stdout.split()
+
+
+def private_grader(machine: Machine) -> None:
+    """AutoResearch's grader: its own uid, the service's child, in the
+    unit's cgroup; the worker keeps no set-id capability in any thread."""
+    dropins = machine.run(["systemctl", "cat", AUTORESEARCH]).stdout
+    assert "20-grader.conf" in dropins and "10-environment.conf" in dropins, dropins
+    running = graders(machine)
+    assert len(running) == 1, running
+    main = show(machine, AUTORESEARCH, "MainPID")["MainPID"]
+    assert machine.run(["ps", "-o", "user=", "-p", main]).stdout.strip() == "camg"
+    unit_cgroup = show(machine, AUTORESEARCH, "ControlGroup")["ControlGroup"]
+    grader_cgroup = machine.run(["cat", f"/proc/{running[0]}/cgroup"]).stdout
+    assert unit_cgroup and unit_cgroup in grader_cgroup, (unit_cgroup, grader_cgroup)
+    # Capabilities are per thread: every thread of the grader's parent (the
+    # worker that serves episodes), every set.
+    worker = machine.run(["ps", "-o", "ppid=", "-p", running[0]]).stdout.strip()
+    caps = machine.run(["sh", "-c", f"grep -H '^Cap' /proc/{worker}/task/*/status"]).stdout
+    held = [line for line in caps.splitlines()
+            if line.split(":")[1] in ("CapInh", "CapPrm", "CapEff", "CapAmb")
+            and int(line.split()[-1], 16) & SETID]
+    assert caps.count("CapPrm") >= 2 and not held, caps
+
+
+class KillChecks:
+    """The storm's ``check``: made before the storm (the docker baseline)."""
+
+    def __init__(self, machine: Machine, names: list[str]) -> None:
+        self.machine = machine
+        self.docker = any(n in names for n in ("general", "visual"))
+        self.networks, self.volumes = self._docker() if self.docker else (set(), set())
+        labelled = self._run("docker network ls -q --filter label=camg.helper") if self.docker else ""
+        assert not labelled.split(), f"camg networks before the storm: {labelled}"
+        self.grader_exits = self._grader_exits() if "autoresearch" in names else 0
+        self.seconds = 0.0
+
+    def _run(self, command: str) -> str:
+        return self.machine.run(["sh", "-c", command], timeout=120).stdout
+
+    def _docker(self) -> tuple[set[str], set[str]]:
+        out = self._run("docker network ls -q && echo -- && docker volume ls -q").split()
+        return set(out[:out.index("--")]), set(out[out.index("--") + 1:])
+
+    def _grader_exits(self) -> int:
+        out = self.machine.run(["journalctl", "--no-pager", "-o", "cat", "-u", AUTORESEARCH,
+                                "-g", GRADER_EXITED], check=False).stdout
+        return len([line for line in out.splitlines() if line.strip()])
+
+    def __call__(self, storm: Storm, kill: Kill, env: Env, eid: str) -> list[str]:
+        started = time.monotonic()
+        try:
+            return self._check(storm, kill, env, eid)
+        finally:
+            self.seconds += time.monotonic() - started
+
+    def _check(self, storm: Storm, kill: Kill, env: Env, eid: str) -> list[str]:
+        problems: list[str] = []
+        if env.containers:
+            networks, volumes = self._docker()
+            if networks != self.networks:
+                problems.append(f"docker networks changed: {sorted(networks ^ self.networks)}")
+            if volumes - self.volumes:
+                problems.append(f"a volume outlived its container: {sorted(volumes - self.volumes)}")
+        if kill.target == "service":
+            problems += self._recovered(storm, env, eid)
+            if env.containers:
+                problems += self._serves_a_container(storm, env)
+        if env.grader == "process":
+            exits, before = self._grader_exits(), self.grader_exits
+            self.grader_exits = exits
+            if kill.target == "grader" and restarts_unit(kill.target, env):
+                if exits <= before:
+                    problems.append(f"{env.unit} logged no '{GRADER_EXITED}' for the grader's kill")
+                problems += self._new_grader_grades(storm, env)
+        return problems
+
+    def _recovered(self, storm: Storm, env: Env, eid: str) -> list[str]:
+        """An episode the killed run left running is recorded by the next
+        start as the infrastructure's failure (camg/outcomes.py recover)."""
+        found = storm._found(env, eid)
+        if not found or found[-1]["reward"] is not None:
+            return []  # no episode (a reset cut short), or graded before the kill
+        last = found[-1]
+        if last.get("failure_class") != "infra" or last.get("recovered") is not True:
+            return [f"record of {eid} after the service's kill: {last}"]
+        return []
+
+    def _serves_a_container(self, storm: Storm, env: Env) -> list[str]:
+        created = storm.guest.http(env.port, "POST", "/episodes", env.create)
+        if created.status != 201:
+            return [f"after the restart, create answered {created.status}: {str(created.body)[:300]}"]
+        new = created.json["episode_id"]
+        problems = []
+        if not created.json.get("observation"):
+            problems.append(f"the new episode has no observation: {str(created.body)[:300]}")
+        if not storm.episode_containers(env, new):
+            problems.append("the new episode after the restart has no container")
+        closed = storm.guest.http(env.port, "DELETE", f"/episodes/{new}")
+        if closed.status not in (200, 204):
+            problems.append(f"DELETE of {new} answered {closed.status}")
+        return problems
+
+    def _new_grader_grades(self, storm: Storm, env: Env) -> list[str]:
+        running = graders(self.machine)
+        if len(running) != 1:
+            return [f"{len(running)} graders run after the restart: {running}"]
+        eid = storm.create(env)
+        who = storm.step(env, eid, {"operation": "shell", "command": "id -u"})
+        output = (who.json.get("observation") or {}).get("output", "")
+        if who.status != 200 or not output.strip().endswith("2000"):
+            storm.guest.http(env.port, "DELETE", f"/episodes/{eid}")
+            return [f"an episode's command ran as {output.strip()!r} ({who.status}), not uid 2000"]
+        done = storm.step(env, eid, storm.to_grading(env, eid))
+        reward = done.json.get("reward")
+        if not done.json.get("done") or reward is None or reward < 0.9:
+            return [f"the new grader's grade: {done.status} {str(done.body)[:300]}"]
+        return []
