@@ -56,6 +56,8 @@ class ShopEnvironment(Environment):
                 "required": ["has_search_bar", "clickables"]},
             "valid_action": {"type": "boolean",
                              "description": "false when the last action changed nothing"},
+            "error": {"type": "string",
+                      "description": "why the last action changed nothing (with valid_action false)"},
             "purchase": {"type": "object"},
             "reward_info": {"type": "object"},
         },
@@ -67,6 +69,7 @@ class ShopEnvironment(Environment):
         self.settings = parse(Settings, context.settings, "shop.settings", ConfigError)
         self.products: dict[str, dict] = {}
         self.prices: dict[str, float] = {}
+        self.option_values: frozenset[str] = frozenset()
         self.searcher: search.Searcher | None = None
         self.judge = None
         self._facts: dict[str, Any] = {}
@@ -80,6 +83,8 @@ class ShopEnvironment(Environment):
         try:
             pool = catalog.load_pool(s.product_pool)
             self.products = {p["asin"]: p for p in pool}
+            self.option_values = frozenset(v for p in pool for vs in p["options"].values()
+                                           for v in vs)
             goals.check_tasks(self.tasks, self.products, s.goal_seed)
         except DatasetError as exc:
             raise ConfigError(f"shop: {exc}") from None
@@ -171,6 +176,10 @@ class ShopEnvironment(Environment):
         that ended without one -- step limit, MemoryArena's soft exit --
         earns 0 by rule, as it did)."""
         purchase = submission.meta.get("purchase")
+        if submission.meta.get("integrity") == "tampered":
+            # the purchase was not reachable by the page path: 0 by rule, as it was
+            return Grade(0.0, {"purchase": purchase, "integrity": "tampered",
+                               "integrity_evidence": list(submission.meta.get("evidence") or ())})
         if not isinstance(purchase, Mapping):
             return Grade(0.0, {"purchase": None,
                                "reward_info": dict(submission.meta.get("reward_info") or {})})
@@ -186,6 +195,36 @@ class ShopEnvironment(Environment):
         if searcher is None:
             raise InfraFailure("the shop search engine stopped")
         return searcher.search(keywords)
+
+
+def unreachable_purchase(asin: str, options: Mapping[str, str], listed: set[str],
+                         products: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Evidence that a purchase is not one the episode's page path reached:
+    its ASIN was never listed on a results page, or a chosen option is not
+    one of that product's values (empty: reachable)."""
+    found = []
+    if asin.lower() not in listed:
+        found.append(f"unreachable_purchase: {asin} was never listed on a results page")
+    offered = (products.get(asin) or {}).get("options") or {}
+    for name, value in options.items():
+        if value not in (offered.get(name) or ()):
+            found.append(f"unreachable_purchase: option {name}={value!r} is not offered by {asin}")
+    return found
+
+
+def integrity_verdict(evidence: Sequence[str], rejected: Mapping[str, list]) -> dict:
+    """The outcome record's verdict. ``tampered`` only for a purchase the page
+    path did not reach (reward 0); actions the store ignored are harmless (they
+    changed nothing, as upstream) and common honest slips, so they leave the
+    verdict ``ok`` and are counted, by rule, in the evidence."""
+    lines = list(evidence) + [
+        f"{rule}: {count} refused (first {first!r}" + (f" on the {page} page)" if page else ")")
+        for rule, (count, first, page) in sorted(rejected.items())]
+    body: dict[str, Any] = {"integrity": "tampered" if evidence else "ok",
+                            "rejected_actions": {rule: seen[0] for rule, seen in rejected.items()}}
+    if lines:
+        body["integrity_evidence"] = lines
+    return body
 
 
 def grader_hash() -> str:
@@ -208,6 +247,10 @@ class ShopEpisode(Episode):
         self._closed = False
         self._last_action: str | None = None
         self._repeats = 0
+        # ASINs some results page of this episode listed: a purchase must be one
+        self._listed: set[str] = set()
+        self.rejected: dict[str, list] = {}     # rule -> [count, first action, its page]
+        self.evidence: list[str] = []           # of a tampered purchase
         self._log_extra = {"EPISODE_ID": episode_id, "TASK_ID": task.task_id}
 
     def reset(self) -> Mapping[str, Any]:
@@ -226,13 +269,24 @@ class ShopEpisode(Episode):
         if not isinstance(text, str) or not text or len(text) > ACTION_MAX:
             raise InvalidAction(f"action must be {{\"action\": <string of 1..{ACTION_MAX}>}}")
         if not text.isprintable():
+            seen = self.rejected.setdefault("malformed_action", [0, text[:80], None])
+            seen[0] += 1
             raise InvalidAction("action must not contain control characters")
         with self._lock:
             self._check_open()
             if self.store is None:
                 raise InvalidAction("reset the episode before stepping")
+            page = self.store.page
+            if page == "results":   # what this action could reach
+                self._listed.update(a for a, (kind, _) in self.store.clickables().items()
+                                    if kind == "product")
             changed, bought = self.store.apply(text)
             self.steps += 1
+            error = None
+            if not changed:
+                rule, error = self.store.rejection(text, self.env.option_values)
+                seen = self.rejected.setdefault(rule, [0, text[:80], page])
+                seen[0] += 1
             if bought:
                 self._grade_purchase()
                 log.info("bought %s, reward %.4f", self.store.asin, self.reward,
@@ -248,13 +302,13 @@ class ShopEpisode(Episode):
                 if self._repeats >= data["repeat_limit"]:
                     # its soft exit: the same action N times in a row, no purchase
                     self.reward, self.reward_info = 0.0, {"soft_exit": True, "purchased": False}
-                    obs = dict(self._observation(changed), truncated=True)
+                    obs = dict(self._observation(changed, error), truncated=True)
                     return Step(obs, reward=0.0, done=True, graded=True)
             if limit and self.steps >= limit:
                 self.reward, self.reward_info = 0.0, {"truncated": True}
-                obs = dict(self._observation(changed), truncated=True)
+                obs = dict(self._observation(changed, error), truncated=True)
                 return Step(obs, reward=0.0, done=True, graded=True)
-            return Step(self._observation(changed))
+            return Step(self._observation(changed, error))
 
     def grade(self) -> float:
         # Every terminal step is graded when it happens; this is only reached
@@ -269,13 +323,17 @@ class ShopEpisode(Episode):
         # kept in the record itself, no stored file.
         if self.purchase is None and not self.reward_info:
             return None
-        return Submission(meta={"purchase": self.purchase, "reward_info": (
-            None if self.purchase is not None else self.reward_info)})
+        meta = {"purchase": self.purchase, "reward_info": (
+            None if self.purchase is not None else self.reward_info)}
+        if self.evidence:
+            meta.update(integrity="tampered", evidence=list(self.evidence))
+        return Submission(meta=meta)
 
     def outcome(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {"purchase": self.purchase, "reward_info": self.reward_info}
         if "attribute_method" in self.reward_info:
             out["attribute_method"] = self.reward_info["attribute_method"]
+        out.update(integrity_verdict(self.evidence, self.rejected))
         return out
 
     def state(self) -> Mapping[str, Any]:
@@ -332,14 +390,25 @@ class ShopEpisode(Episode):
     def _grade_purchase(self) -> None:
         store = self.store
         options = dict(store.options)
-        self.reward, self.reward_info = self.env.score(self.task, store.asin, options)
         self.purchase = {"asin": store.asin, "options": options}
+        self.evidence = unreachable_purchase(store.asin, options, self._listed,
+                                             self.env.products)
+        if self.evidence:
+            # A guard over the store's own transitions, which never let this
+            # happen: the purchase the page path could not reach earns 0.
+            log.error("unreachable purchase: %s", "; ".join(self.evidence),
+                      extra=self._log_extra)
+            self.reward, self.reward_info = 0.0, {"integrity": "tampered"}
+        else:
+            self.reward, self.reward_info = self.env.score(self.task, store.asin, options)
         store.score = self.reward
 
-    def _observation(self, valid: bool) -> dict:
+    def _observation(self, valid: bool, error: str | None = None) -> dict:
         store = self.store
         obs = {"text": store.text(), "instruction": store.instruction, "page": store.page,
                "available_actions": store.available_actions(), "valid_action": valid}
+        if error is not None:
+            obs["error"] = error
         if self.purchase is not None:
             obs["purchase"] = self.purchase
             obs["reward_info"] = self.reward_info

@@ -19,7 +19,11 @@ text environment lowercases the action argument):
 ``search[...]`` works from every page but the done page, as in upstream's
 text environment (its search bar is only on the search page, but its
 ``step`` runs any search action). An action that is neither a search nor
-``click[x]`` on a listed clickable changes nothing (``apply`` returns False).
+``click[x]`` on a listed clickable changes nothing (``apply`` returns False,
+as upstream's step returns the same page); ``rejection`` names why, for the
+observation's ``error`` and the outcome's evidence. An option value that
+equals a fixed clickable (``features``, ``buy now``...) does not replace it:
+upstream dispatches a click by those names before it looks at options.
 
 Text follows upstream's ``observation_mode='text'``: the visible text nodes
 of the page, stripped and joined with `` [SEP] ``. A value rendered into an
@@ -99,7 +103,8 @@ class Store:
                 for value in values:
                     # a value offered under two option names selects the
                     # later one, as upstream's dict of radio inputs does
-                    items[value] = ("option", name)
+                    if items.get(value, ("option", None))[0] == "option":
+                        items[value] = ("option", name)
         elif page == "item_sub":
             items["back to search"] = ("back", None)
             items["< prev"] = ("prev", None)
@@ -107,6 +112,31 @@ class Store:
 
     def available_actions(self) -> dict:
         return {"has_search_bar": self.page == "search", "clickables": list(self.clickables())}
+
+    def rejection(self, action: str, option_values: frozenset[str] = frozenset()
+                  ) -> tuple[str, str]:
+        """(rule, message) for an action ``apply`` just ignored. Rules:
+        ``unreachable_product`` (a catalog ASIN this page does not list),
+        ``unreachable_option`` (an option value of some product this page
+        does not offer), ``not_clickable`` (any other click), ``not_an_action``
+        (no ``search[...]``/``click[...]`` form)."""
+        name, arg = parse_action(action)
+        shown = repr(action[:80])
+        if name != "click" or arg is None:
+            return "not_an_action", (f"{shown} is not search[keywords] or click[<clickable>]; "
+                                     "nothing changed")
+        arg = arg.lower()
+        where = f"this {self.page} page"
+        if arg == "search":
+            return "not_clickable", "click[search] does nothing: use search[keywords]"
+        if arg.upper() in self._products:
+            return "unreachable_product", (f"{shown}: that product is not listed on {where}; "
+                                           "nothing changed")
+        if arg in option_values:
+            return "unreachable_option", (f"{shown}: that option is not offered on {where}; "
+                                          "nothing changed")
+        return "not_clickable", (f"{shown} is not one of {where}'s clickables "
+                                 "(observation.available_actions.clickables); nothing changed")
 
     # --- transitions -----------------------------------------------------
     def apply(self, action: str) -> tuple[bool, bool]:

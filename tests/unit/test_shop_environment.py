@@ -177,14 +177,20 @@ def test_invalid_actions_change_nothing(env, tasks, action):
     episode, before = start(env, tasks[1])
     step = act(episode, action)
     assert step.reward == 0.0 and not step.done
-    assert step.observation == dict(before, valid_action=False)
+    error = step.observation["error"]
+    assert step.observation == dict(before, valid_action=False, error=error)
+    assert "search" in error if action.startswith("click[search") else "nothing changed" in error
     # on a results page the same invalid actions change nothing either
     results = act(episode, "search[red dress]").observation
     # (next > is a real clickable on a results page)
     for text in sorted({action} - {"click[next >]"}):
         step = act(episode, text)
         assert step.reward == 0.0 and not step.done
-        assert step.observation == dict(results, valid_action=False)
+        assert step.observation == dict(results, valid_action=False,
+                                        error=step.observation["error"])
+    outcome = episode.outcome()
+    assert outcome["integrity"] == "ok" and sum(outcome["rejected_actions"].values()) >= 1
+    assert len(outcome["integrity_evidence"]) == len(outcome["rejected_actions"])
 
 
 def test_malformed_actions_are_rejected(env, tasks):
@@ -363,3 +369,64 @@ def test_reference_actions_play_the_oracle(env, tasks):
         _, n_option = rewards.option_reward(goal["goal_options"], goal["goal_options"])
         n = len(goal["attributes"]) + len(goal["goal_options"]) + 1
         assert step.done and step.reward == pytest.approx((n - len(goal["goal_options"]) + n_option) / n)
+
+
+def test_unreachable_clicks_are_refused_counted_and_leave_the_reward_upstreams(env, tasks):
+    """A goal's product clicked while no results page lists it: refused with
+    an error, nothing changes, the verdict stays ok with the rule counted; the
+    purchase the page path really reaches earns its own reward."""
+    task = tasks[5]
+    goal = task.data["goal"]
+    episode, first = start(env, task)
+    target = goal["asin"].lower()
+    refused = act(episode, f"click[{target}]").observation
+    assert refused["valid_action"] is False and "not listed" in refused["error"]
+    assert dict(refused, valid_action=True) == dict(first, valid_action=True, error=refused["error"])
+    results = act(episode, "search[wooden picture frame]").observation
+    listed = [c for c in results["available_actions"]["clickables"] if c not in CONTROLS]
+    if target in listed:
+        pytest.skip("the unrelated query lists the target")
+    for value in goal["goal_options"].values():
+        assert act(episode, f"click[{value}]").observation["valid_action"] is False
+    assert act(episode, "click[buy now]").observation["valid_action"] is False
+    act(episode, f"click[{listed[0]}]")
+    step = act(episode, "click[buy now]")
+    asin = listed[0].upper()
+    assert step.observation["purchase"] == {"asin": asin, "options": {}}
+    assert step.reward == rewards.webshop_reward(env.products[asin], goal, env.prices[asin], {})[0]
+    outcome = episode.outcome()
+    assert outcome["integrity"] == "ok"
+    assert outcome["rejected_actions"]["unreachable_product"] == 1
+    assert outcome["rejected_actions"]["not_clickable"] >= 1
+    assert any(line.startswith("unreachable_product: 1 refused") for line in
+               outcome["integrity_evidence"])
+
+
+def test_a_purchase_the_page_path_did_not_reach_is_tampered_and_earns_0(env, tasks):
+    """The guard over the store's transitions: a store forced onto the goal's
+    product (as a bug in a transition would) buys it for 0.0, tampered, and a
+    regrade of the stored submission keeps the 0."""
+    task = tasks[6]
+    goal = task.data["goal"]
+    episode, _ = start(env, task)
+    act(episode, "search[wooden picture frame]")
+    store = episode.store
+    store.page, store.asin, store.options = "item", goal["asin"], dict(goal["goal_options"])
+    honest = env.score(task, goal["asin"], goal["goal_options"])[0]
+    step = act(episode, "click[buy now]")
+    assert step.done and step.reward == 0.0 < honest
+    outcome = episode.outcome()
+    assert outcome["integrity"] == "tampered"
+    assert any("was never listed" in line for line in outcome["integrity_evidence"])
+    grade = env.regrade(task, episode.submission())
+    assert grade.reward == 0.0 and grade.outcome["integrity"] == "tampered"
+
+
+def test_an_honest_episode_is_ok_without_evidence(env, tasks):
+    episode, _ = start(env, tasks[7])
+    step = None
+    while step is None or not step.done:
+        step = episode.step(episode.reference_action())
+    outcome = episode.outcome()
+    assert outcome == dict(outcome, integrity="ok", rejected_actions={})
+    assert "integrity_evidence" not in outcome and step.reward == 1.0

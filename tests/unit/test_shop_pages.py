@@ -107,3 +107,41 @@ def test_item_page_renders_as_upstream(store):
     assert store.text() == (f"{HEAD} [SEP] < Prev [SEP] size [SEP] small [SEP] large [SEP] "
                             "Title of B000000001 [SEP] Price: $10.0 [SEP] Rating: N.A. [SEP] "
                             "Description [SEP] Features [SEP] Reviews [SEP] Buy Now")
+
+
+def test_an_option_named_like_a_fixed_clickable_does_not_replace_it():
+    """Upstream dispatches click[features] / click[buy now] by name before it
+    looks at options: an option value spelled the same never takes them over."""
+    products = {"B000000001": product("B000000001", options={
+        "style": ["features", "buy now", "plain"], "size": ["plain"]})}
+    store = Store(INSTRUCTION, products, lambda keywords: list(products))
+    store.apply("search[shirt]")
+    store.apply("click[b000000001]")
+    kinds = store.clickables()
+    assert kinds["features"] == ("sub", None) and kinds["buy now"] == ("buy", None)
+    assert kinds["plain"] == ("option", "size")          # later option name, as upstream
+    assert store.apply("click[features]") == (True, False) and store.page == "item_sub"
+    store.apply("click[< prev]")
+    assert store.apply("click[buy now]") == (True, True) and store.options == {}
+
+
+@pytest.mark.parametrize("page_actions, action, rule", [
+    ([], "click[b000000003]", "unreachable_product"),
+    (["search[shirt]"], "click[b000000011]", "unreachable_product"),   # on page 2
+    (["search[shirt]"], "click[large]", "unreachable_option"),
+    (["search[shirt]", "click[b000000001]"], "click[b000000002]", "unreachable_product"),
+    (["search[shirt]", "click[b000000001]"], "click[ large]", "not_clickable"),
+    (["search[shirt]"], "click[../../etc/passwd]", "not_clickable"),
+    (["search[shirt]"], 'click[{"asin": "B000000001"}]', "not_clickable"),
+    (["search[shirt]"], "click[search]", "not_clickable"),
+    ([], "buy B000000001", "not_an_action"),
+    ([], "search[]", "not_an_action"),
+])
+def test_rejections_name_their_rule_and_change_nothing(store, page_actions, action, rule):
+    for done in page_actions:
+        assert store.apply(done)[0]
+    before = (store.page, store.text(), store.available_actions(), dict(store.options))
+    assert store.apply(action) == (False, False)
+    assert (store.page, store.text(), store.available_actions(), dict(store.options)) == before
+    found, message = store.rejection(action, frozenset({"small", "large"}))
+    assert found == rule and ("nothing" in message or "search[keywords]" in message)
