@@ -1,36 +1,45 @@
-"""The AutoResearch demo task set, from real data shipped inside scikit-learn's wheel.
+"""The AutoResearch demo task set: simulated data drawn fresh per build (tools.autoresearch.synthetic).
 
-Three tasks, each with a fixed public/private split (seeded permutation),
-a baseline (public, /task/baseline.py) and a reference solution (kept in
-the task package, never shown to the agent):
+Four tasks, each with a public/private split, a baseline (public,
+/task/baseline.py) and a reference solution (kept in the task package,
+never shown to the agent):
 
-* ``breast-cancer`` — Wisconsin diagnostic breast cancer (569 rows, 30
-  features); ROC AUC of P(malignant). Baseline: logistic regression on two
-  raw features; reference: standardised logistic regression on all 30.
-* ``digits`` — UCI optical digits 8x8 (1797 images); accuracy. Baseline:
-  nearest centroid; reference: RBF SVM.
-* ``diabetes`` — Efron et al.'s diabetes progression (442 rows, 10
-  features); mean absolute error (lower is better). Baseline: the training
+* ``breast-cancer`` — simulated fine-needle aspirates (569 patients, the 30
+  nucleus features of the Wisconsin data's layout); ROC AUC of
+  P(malignant). Baseline: logistic regression on two raw features;
+  reference: standardised logistic regression on all 30.
+* ``digits`` — simulated handwritten digits, 8x8 block counts 0-16 as in
+  UCI's optical digits (1797 images); accuracy. Baseline: nearest centroid;
+  reference: RBF SVM.
+* ``diabetes`` — simulated diabetes progression (442 patients, ten baseline
+  variables); mean absolute error (lower is better). Baseline: the training
   mean; reference: ridge regression.
-* ``segmentation`` — MONAI's seeded synthetic 2-D images
+* ``segmentation`` — MONAI's synthetic 2-D images
   (``monai.data.create_test_image_2d``: 64x64, five discs, uniform noise
-  0.6; 32 public with masks, 16 private); Dice of the predicted foreground.
-  Baseline: threshold the raw intensity at 0.5; reference: Gaussian smoothing
-  (sigma 1) then the same threshold. MONAI (with CPU torch) is in the image
-  for agents who train a network; generating the data needs only MONAI's
-  generator, installed here with ``pip --target`` into the cache.
+  0.6; 32 public with masks, 16 private), each image from its own 256-bit
+  seed; Dice of the predicted foreground. Baseline: threshold the raw
+  intensity at 0.5; reference: Gaussian smoothing (sigma 1) then the same
+  threshold. MONAI (with CPU torch) is in the image for agents who train a
+  network; generating the data needs only MONAI's generator, installed here
+  with ``pip --target`` into the cache.
+
+Every build draws 128 bits of entropy (``secrets``) per task and keeps them
+in the bundle's ``private/generator.json`` (installed under the private
+root beside the answers): no fixed seed, no public data set, so nothing in
+the image or the public workspace can reproduce a test row's answer (the
+first demo set's tasks came from scikit-learn's bundled data and were
+answered by lookup; issue 29). ``camg.prepare --validate`` checks it.
 
 The baseline and reference scores are computed here by running the very
 scripts the bundle ships, with the scikit-learn/numpy releases the image
 pins (requirements.lock's), so the reference earns 1.0 in the sandbox.
-Data license: scikit-learn's bundled datasets (BSD-3-Clause package; the
-data sets are the UCI/Efron public data sets it redistributes).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import secrets
 import shutil
 import subprocess
 import sys
@@ -40,8 +49,8 @@ from pathlib import Path
 import numpy as np
 
 from daemons.autoresearch import metrics
+from tools.autoresearch import synthetic
 
-SEED = 20261130
 PRIVATE_FRACTION = 0.3
 
 _READ = '''
@@ -140,9 +149,10 @@ _SEG_GENERATE = '''
 import sys
 import numpy as np
 from monai.data import create_test_image_2d
-seed, n, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+out = sys.argv[1]
+seeds = np.load(f"{out}/seeds.npy")
 pairs = [create_test_image_2d(64, 64, num_objs=5, rad_max=10, noise_max=0.6, num_seg_classes=1,
-                              random_state=np.random.RandomState(seed + i)) for i in range(n)]
+                              random_state=np.random.RandomState(seed)) for seed in seeds]
 np.save(f"{out}/images.npy", np.array([p[0] for p in pairs], dtype=np.float32))
 np.save(f"{out}/masks.npy", (np.array([p[1] for p in pairs]) > 0).astype(np.uint8))
 '''
@@ -163,51 +173,47 @@ def _monai_path() -> Path:
     return target
 
 
-def _segmentation_data(work: Path) -> tuple[np.ndarray, np.ndarray]:
+def _segmentation_data(work: Path, entropy: int) -> tuple[np.ndarray, np.ndarray]:
     import os
     script = work / "generate.py"
     script.write_text(_SEG_GENERATE)
+    np.save(work / "seeds.npy", synthetic.image_seeds(entropy, SEG_PUBLIC + SEG_PRIVATE))
     env = {**os.environ, "PYTHONPATH": str(_monai_path()), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(script), str(SEED), str(SEG_PUBLIC + SEG_PRIVATE),
-                    str(work)], check=True, env=env, capture_output=True, timeout=900)
+    subprocess.run([sys.executable, str(script), str(work)], check=True, env=env,
+                   capture_output=True, timeout=900)
     return np.load(work / "images.npy"), np.load(work / "masks.npy")
 
 
 STATEMENTS = {
-    "breast-cancer": ("Breast cancer diagnosis", "roc_auc",
+    "breast-cancer": ("Breast cancer diagnosis (simulated aspirates)", "roc_auc",
                       "Predict, for each row of /task/test.csv, the probability that the tumour "
-                      "is malignant (target 1 in /task/train.csv; 30 features of the Wisconsin "
-                      "diagnostic breast cancer data). Scored by ROC AUC on hidden labels."),
-    "digits": ("Handwritten digits", "accuracy",
-               "Classify each 8x8 image (64 pixel intensities 0-16) of /task/test.csv as a "
-               "digit 0-9; /task/train.csv has labelled images (last column). Scored by "
-               "accuracy on hidden labels; predictions must be integers."),
-    "diabetes": ("Diabetes progression", "mae",
-                 "Predict the disease progression one year after baseline for each patient of "
-                 "/task/test.csv from ten baseline variables (age, sex, BMI, blood pressure, "
-                 "six serum measurements; /task/train.csv has the target as its last column). "
-                 "Scored by mean absolute error on hidden targets (lower is better)."),
+                      "is malignant (target 1 in /task/train.csv). Each row summarises the "
+                      "nuclei of one simulated fine-needle aspirate: the mean, standard error "
+                      "and worst value of ten measures (radius, texture, perimeter, area, "
+                      "smoothness, compactness, concavity, concave points, symmetry, fractal "
+                      "dimension), laid out like the Wisconsin diagnostic data. Scored by ROC "
+                      "AUC on hidden labels."),
+    "digits": ("Handwritten digits (simulated)", "accuracy",
+               "Classify each 8x8 image (64 pixel intensities 0-16: on-pixels of a 32x32 "
+               "bitmap counted in 4x4 blocks, as in UCI's optical digits) of /task/test.csv "
+               "as a digit 0-9. The digits are simulated pen strokes of varying slant, size, "
+               "width and position with scanner specks; /task/train.csv has labelled images "
+               "(last column). Scored by accuracy on hidden labels; predictions must be "
+               "integers."),
+    "diabetes": ("Diabetes progression (simulated patients)", "mae",
+                 "Predict the disease progression one year after baseline for each simulated "
+                 "patient of /task/test.csv from ten baseline variables (age, sex, BMI, blood "
+                 "pressure, six serum measurements; /task/train.csv has the target as its last "
+                 "column). Scored by mean absolute error on hidden targets (lower is better)."),
     "segmentation": ("Synthetic image segmentation (MONAI)", "dice",
                      "Segment the bright discs in 16 noisy 64x64 images (/task/test_images.npy, "
                      "float32 [16, 64, 64]); /task/train_images.npy and /task/train_masks.npy "
-                     "hold 32 labelled examples made by MONAI's create_test_image_2d. Submit one "
+                     "hold 32 labelled examples made by MONAI's create_test_image_2d (each image "
+                     "from its own random seed). Submit one "
                      "line per pixel: id sgNN_PPPP (image NN, row-major pixel PPPP), prediction "
                      "1 for foreground, 0 for background. Scored by Dice over all pixels. "
                      "MONAI and CPU torch are installed."),
 }
-
-
-def _dataset(name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    from sklearn import datasets
-    if name == "breast-cancer":
-        d = datasets.load_breast_cancer()
-        # sklearn codes malignant as 0; the task asks for P(malignant).
-        return d.data, (d.target == 0).astype(int), [f.replace(" ", "_") for f in d.feature_names]
-    if name == "digits":
-        d = datasets.load_digits()
-        return d.data, d.target, [f"pixel_{i}" for i in range(d.data.shape[1])]
-    d = datasets.load_diabetes(scaled=False)
-    return d.data, d.target, list(d.feature_names)
 
 
 def _fmt(v: float) -> str:
@@ -227,11 +233,9 @@ def _run_script(script: Path, task_dir: Path, out: Path, python: str) -> bytes:
     return out.read_bytes()
 
 
-def _write_tabular(name: str, public: Path, private: Path) -> None:
-    X, y, features = _dataset(name)
-    order = np.random.RandomState(SEED).permutation(len(y))
-    n_private = int(round(len(y) * PRIVATE_FRACTION))
-    private_idx, public_idx = order[:n_private], order[n_private:]
+def _write_tabular(name: str, public: Path, private: Path, entropy: int) -> None:
+    X, y, features = synthetic.GENERATORS[name](entropy)
+    private_idx, public_idx = synthetic.split(entropy, len(y), PRIVATE_FRACTION)
     ids = [f"{name[:2]}{i:04d}" for i in range(len(y))]
     _write_csv(public / "train.csv", ["id", *features, "target"],
                ([ids[i], *map(_fmt, X[i]), _fmt(y[i])] for i in public_idx))
@@ -241,9 +245,9 @@ def _write_tabular(name: str, public: Path, private: Path) -> None:
                ([ids[i], _fmt(y[i])] for i in private_idx))
 
 
-def _write_segmentation(public: Path, private: Path) -> None:
+def _write_segmentation(public: Path, private: Path, entropy: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        images, masks = _segmentation_data(Path(tmp))
+        images, masks = _segmentation_data(Path(tmp), entropy)
     np.save(public / "train_images.npy", images[:SEG_PUBLIC])
     np.save(public / "train_masks.npy", masks[:SEG_PUBLIC])
     np.save(public / "test_images.npy", images[SEG_PUBLIC:])
@@ -253,17 +257,19 @@ def _write_segmentation(public: Path, private: Path) -> None:
 
 
 def _cache_key(name: str, python: str) -> str:
-    """What decides a bundle's bytes: this builder, the metrics, the seed and
-    the releases the scripts run on (read from package metadata: no import)."""
+    """What decides a bundle's scripts and scores' meaning: this builder, the
+    generators, the metrics and the releases the scripts run on (read from
+    package metadata: no import). The data itself is a fresh draw; a cached
+    bundle keeps its draw (the cache is the builder's, never a lower)."""
     import hashlib
     versions = subprocess.run(
         [python, "-c", "import importlib.metadata as m; print([m.version(p) for p in "
                        "('numpy', 'scipy', 'scikit-learn')])"],
         capture_output=True, text=True, check=True, timeout=120).stdout
     h = hashlib.sha256()
-    for path in (__file__, metrics.__file__):
+    for path in (__file__, synthetic.__file__, metrics.__file__):
         h.update(Path(path).read_bytes())
-    h.update(f"{name}\0{python}\0{SEED}\0{MONAI}\0{versions}".encode())
+    h.update(f"{name}\0{python}\0{MONAI}\0{versions}".encode())
     return h.hexdigest()[:16]
 
 
@@ -300,10 +306,14 @@ def _build_task(name: str, dest: Path, python: str = sys.executable) -> dict:
     public, private, reference = bundle / "public", bundle / "private", bundle / "reference"
     for d in (public, private, reference):
         d.mkdir(parents=True)
+    entropy = secrets.randbits(128)
     if name == "segmentation":
-        _write_segmentation(public, private)
+        _write_segmentation(public, private, entropy)
     else:
-        _write_tabular(name, public, private)
+        _write_tabular(name, public, private, entropy)
+    (private / "generator.json").write_text(json.dumps(
+        {"entropy": f"{entropy:#034x}", "generator": "tools.autoresearch.synthetic"
+         if name != "segmentation" else "monai.data.create_test_image_2d"}) + "\n")
     (public / "baseline.py").write_text(SCRIPTS[name]["baseline"].lstrip())
     (reference / "solve.py").write_text(SCRIPTS[name]["reference"].lstrip())
     title, metric, statement = STATEMENTS[name]

@@ -6,8 +6,9 @@ Layers (each cached under ``<cache_root>/autoresearch``, keyed by its inputs):
    (tools.oci_demo, shared cache: one debootstrap for both images);
 2. /opt/research-venv made by the rootfs's own python3 in a chroot with no
    network, holding numpy, scipy and scikit-learn at the versions of
-   requirements.lock, plus /workspace owned by the agent (uid 2000) — the
-   directory an agent writes its experiments and its submission in.
+   requirements.lock, minus scikit-learn's bundled data sets (STRIPPED),
+   plus /workspace owned by the agent (uid 2000) — the directory an agent
+   writes its experiments and its submission in.
 
 Like the Coding demo it is published to the loopback registry, pulled back
 by digest and materialized by camg.oci (``ensure_image``).
@@ -48,7 +49,12 @@ REQUIREMENTS = ("numpy==2.4.6", "scipy==1.17.1", "scikit-learn==1.9.1", "joblib=
 # The CPU build of torch is not on PyPI's default index; these machines keep
 # it in a local wheel directory.
 LOCAL_WHEELS = os.environ.get("CAMG_LOCAL_WHEELS", "/opt/wheels")
-VENV_LAYER_VERSION = 1
+VENV_LAYER_VERSION = 2
+# scikit-learn's wheel bundles real data sets (breast cancer, digits,
+# diabetes, iris, wine, linnerud) and their descriptions: a task drawn from
+# any of them could be answered by lookup, so the image carries none.
+# (camg.prepare --environment autoresearch --validate scans for any other copy.)
+STRIPPED = ("sklearn/datasets/data", "sklearn/datasets/descr")
 ENV = (f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
        "LANG=C.UTF-8", f"VIRTUAL_ENV={VENV}", "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1",
        "HOME=/workspace")
@@ -85,7 +91,7 @@ def _wheels(root: Path) -> Path:
 
 def _venv(root: Path, rootfs: Path, base: layout.Layer, wheels: Path) -> layout.Layer:
     key = _key({"base": base.digest, "requirements": REQUIREMENTS, "venv": VENV,
-                "workspace": WORKSPACE, "v": VENV_LAYER_VERSION})
+                "workspace": WORKSPACE, "stripped": STRIPPED, "v": VENV_LAYER_VERSION})
     final = root / f"venv-{key}"
     cached = base_demo._cached_layer(final)
     if cached is not None:
@@ -105,6 +111,7 @@ def _venv(root: Path, rootfs: Path, base: layout.Layer, wheels: Path) -> layout.
                             "--disable-pip-version-check", "--find-links", "/tmp/camg-wheels",
                             "-r", "/tmp/camg-wheels/requirements.txt"], "pip install",
                            env=base_demo.CHROOT_ENV)
+            _strip_datasets(tree)
             ws = tree / WORKSPACE.lstrip("/")
             ws.mkdir(mode=0o755, exist_ok=True)
             os.chown(ws, AGENT_UID, AGENT_UID)
@@ -112,6 +119,20 @@ def _venv(root: Path, rootfs: Path, base: layout.Layer, wheels: Path) -> layout.
                                            include=(VENV.lstrip("/"), WORKSPACE.lstrip("/")))
             base_demo._finish_layer(work, layer)
     return base_demo._cached_layer(final)
+
+
+def _strip_datasets(tree: Path) -> None:
+    """Every file of STRIPPED's directories but their package __init__.py."""
+    found = 0
+    for site in (tree / VENV.lstrip("/")).glob("lib/python3*/site-packages"):
+        for relative in STRIPPED:
+            directory = site / relative
+            for path in directory.rglob("*") if directory.is_dir() else ():
+                if path.is_file() and path.name != "__init__.py" and "__pycache__" not in path.parts:
+                    path.unlink()
+                    found += 1
+    if not found:
+        raise DatasetError(f"autoresearch image: none of {STRIPPED} found to strip")
 
 
 def build(cache_root: Path) -> base_demo.DemoBuild:
@@ -132,7 +153,8 @@ def build(cache_root: Path) -> base_demo.DemoBuild:
             labels={"org.opencontainers.image.title": NAME,
                     "camg.demo.requirements": ",".join(REQUIREMENTS)},
             history=("debootstrap --variant=minbase bookworm (camg coding demo base)",
-                     f"python3 -m venv {VENV} && pip install {' '.join(REQUIREMENTS)}"))
+                     f"python3 -m venv {VENV} && pip install {' '.join(REQUIREMENTS)} && "
+                     f"rm (all but __init__.py of) {' '.join(STRIPPED)}"))
         out = root / f"layout-{_key([base.digest, venv.digest, sha256_json(config.decode())])}"
         digest_file = out / "digest"
         if not digest_file.is_file():
