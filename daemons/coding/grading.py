@@ -31,6 +31,7 @@ import re
 import shlex
 import tempfile
 
+from camg import guard_verdict
 from camg.errors import GraderError
 
 from daemons.coding.profiles import SWEBENCH_VERSION, Profile
@@ -185,7 +186,8 @@ GUARD_OUT = '"$camg_tmp/guard.jsonl"'
 CHANGED_LIST = '"$camg_tmp/changed"'
 #: where grader layers hold guard/camg_guard.py (root-owned)
 GUARD_DIR = "/opt/camg-grader"
-GUARD_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard")
+#: the guard's source (shared with General: camg.guard_verdict)
+GUARD_SOURCE = guard_verdict.GUARD_DIR
 
 
 def _preamble(profile: Profile, guard_dir: str) -> str:
@@ -225,7 +227,7 @@ show_channel() {{ echo; cat {GUARD_OUT} 2>/dev/null; rm -f {GUARD_OUT}; }}
 """
 
 
-GUARD_MODULE_NAME = "camg_guard"
+GUARD_MODULE_NAME = guard_verdict.GUARD_MODULE
 
 
 def _probe_lines(profile: Profile) -> str:

@@ -12,7 +12,7 @@ inside the test process, so three independent checks decide together:
    outside the protected names, and added lines that touch the runner's
    internals (``_pytest``, pluggy, hook implementations, ``os._exit``,
    import hooks, tracers, the log markers).
-2. The grader's own pytest plugin (guard/camg_guard.py, loaded first from a
+2. The grader's own pytest plugin (camg/guard/camg_guard.py, loaded first from a
    root-owned path with autoloading off) checks at the end of the session
    that the reporting path is intact, and records each test's outcome from
    the raw call result on an HMAC-signed channel.
@@ -26,18 +26,11 @@ the rule and the evidence in the outcome record.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import hmac
-import json
-import re
-from collections.abc import Iterable
-
-from camg import tamper_rules
+from camg import guard_verdict, tamper_rules
 from camg.tamper_rules import Finding
 from daemons.coding import grading
 
-GUARD_MODULE = "camg_guard"
+GUARD_MODULE = guard_verdict.GUARD_MODULE
 GUARD_DIR = "/opt/camg-grader"
 # The rules themselves are shared with General (camg.tamper_rules).
 _RUNNER_MODULES = tamper_rules.RUNNER_MODULES
@@ -80,96 +73,12 @@ def _added_lines(section: bytes) -> list[str]:
     return lines
 
 
-# --- 2. the guard's channel ---------------------------------------------------
+# --- 2 and 3. the guard's channel and the verdict: camg.guard_verdict (shared
+# with General, whose verifier runs the same guard) ---------------------------
 
-@dataclasses.dataclass
-class Channel:
-    hello: list[dict] = dataclasses.field(default_factory=list)
-    collected: set[str] | None = None
-    outcomes: dict[str, str] = dataclasses.field(default_factory=dict)
-    runs: dict[str, int] = dataclasses.field(default_factory=dict)
-    end: dict | None = None
-    forged: int = 0
-
-    def evidence(self) -> list[dict]:
-        return list((self.end or {}).get("evidence") or [])
-
-
-_LINE = re.compile(r"^camg-guard ([0-9a-f]{32}) (\{.*\})$", re.M)
-
-
-def read_channel(log: str, key: bytes) -> Channel:
-    channel = Channel()
-    for match in _LINE.finditer(log):
-        mac, payload = match.group(1), match.group(2)
-        good = hmac.new(key, payload.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
-        if not hmac.compare_digest(mac, good):
-            channel.forged += 1
-            continue
-        record = json.loads(payload)
-        kind = record.get("t")
-        if kind == "hello":
-            channel.hello.append(record)
-        elif kind == "collected":
-            channel.collected = (channel.collected or set()) | set(record.get("ids") or ())
-        elif kind == "test":
-            channel.runs[record["id"]] = channel.runs.get(record["id"], 0) + 1
-            previous = channel.outcomes.get(record["id"])
-            # A test id run twice (reruns) counts only if every run passed.
-            if previous is None or previous == "passed":
-                channel.outcomes[record["id"]] = record["outcome"]
-        elif kind == "end":
-            channel.end = record
-    return channel
-
-
-def strip_channel(log: str) -> str:
-    """The log without the channel's lines (what swebench parses)."""
-    return _LINE.sub("", log)
-
-
-# --- 3. the verdict -------------------------------------------------------------
-
-_PASS = ("PASSED", "XFAIL")
-
-
-_STATUS_LINE = re.compile(r"^(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b", re.M)
-
-
-def status_lines(log: str, listed: Iterable[str]) -> dict[str, int]:
-    """How many result lines the log has for each listed test."""
-    wanted = set(listed)
-    counts: dict[str, int] = {}
-    for match in _STATUS_LINE.finditer(log):
-        if match.group(1) in wanted:
-            counts[match.group(1)] = counts.get(match.group(1), 0) + 1
-    return counts
-
-
-def cross_check(channel: Channel, status_map: dict[str, str], listed: Iterable[str],
-                exit_code: int, timed_out: bool, log: str = "") -> list[Finding]:
-    """Disagreements between the guard and the log, as findings."""
-    findings = []
-    if channel.forged:
-        findings.append(Finding("forged_channel", "-", f"{channel.forged} unsigned guard line(s)"))
-    for item in channel.evidence():
-        findings.append(Finding(item.get("rule", "guard"), "-", item.get("detail", "")))
-    if channel.end is None and exit_code == 0 and not timed_out:
-        findings.append(Finding("early_exit", "-",
-                                "the test process exited 0 before its session ended"))
-    listed = list(listed)
-    forged = [t for t in listed if status_map.get(t) in _PASS
-              and channel.outcomes.get(t) not in ("passed", "xfailed")]
-    # pytest prints one result line per run of a test: any extra line was
-    # printed by something else, even when it tells the truth.
-    extra = [t for t, n in status_lines(log, listed).items() if n > channel.runs.get(t, 0)]
-    forged += [t for t in extra if t not in forged]
-    if forged and channel.hello:
-        findings.append(Finding("forged_log_line", "-",
-                                "log reports pass, the guard did not see it pass: "
-                                + ", ".join(forged[:5])))
-    return findings
-
-
-def all_passed(channel: Channel, listed: Iterable[str]) -> bool:
-    return all(channel.outcomes.get(t) in ("passed", "xfailed") for t in listed)
+Channel = guard_verdict.Channel
+read_channel = guard_verdict.read_channel
+strip_channel = guard_verdict.strip_channel
+status_lines = guard_verdict.status_lines
+cross_check = guard_verdict.cross_check
+all_passed = guard_verdict.all_passed

@@ -83,7 +83,7 @@ def guard_digest() -> str:
 
 
 def _guard_source() -> Path:
-    return Path(__file__).resolve().parent / "guard" / "camg_guard.py"
+    return Path(__file__).resolve().parents[2] / "camg" / "guard" / "camg_guard.py"
 
 
 def layer_dir(root: str | os.PathLike, ref: TaskRef, image_key: str = "") -> Path:

@@ -1,0 +1,181 @@
+"""The test guard both code environments run, and what its channel proves.
+
+camg/guard/camg_guard.py is a stdlib-only pytest plugin (Python 3.6+) that a
+grader loads first, from a path the agent cannot write, with plugin
+autoloading off: it loads the image's own plugins, records each test's
+outcome from the raw call result and checks at the end of the session that
+the reporting path is intact. Its records are lines ``camg-guard MAC JSON``
+signed with a key made for that grade alone.
+
+Coding runs it in a fresh grader sandbox (daemons/coding/grading.py), General
+inside the task container (mimoagent.transport.verifier_guard); both read
+the channel and hold it against what the runner reported with this module:
+a pass the guard never saw, a runner that exited 0 before its session ended
+or with a failed test behind it, evidence the guard raised, an unsigned line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import os
+import re
+from collections.abc import Iterable
+
+from camg.tamper_rules import Finding
+
+GUARD_MODULE = "camg_guard"
+#: the directory holding camg_guard.py (what goes on the runner's PYTHONPATH)
+GUARD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard")
+GUARD_FILE = os.path.join(GUARD_DIR, GUARD_MODULE + ".py")
+UNSET = "camg:unset"
+
+
+def runner_env(environ: dict, *, guard_dir: str, key: str, out: str, workdir: str,
+               changed: str = "") -> dict:
+    """The variables a test command gets so that pytest loads the guard first
+    (``-p camg_guard`` from ``guard_dir``, autoloading off); the guard hands
+    the originals back to any child it starts. The shell form of the same is
+    Coding's script preamble (daemons/coding/grading.py)."""
+    def orig(name):
+        return environ[name] if name in environ else UNSET
+
+    addopts = environ.get("PYTEST_ADDOPTS", "")
+    path = environ.get("PYTHONPATH", "")
+    return {"CAMG_GUARD_ORIG_PYTEST_ADDOPTS": orig("PYTEST_ADDOPTS"),
+            "CAMG_GUARD_ORIG_PYTEST_DISABLE_PLUGIN_AUTOLOAD": orig("PYTEST_DISABLE_PLUGIN_AUTOLOAD"),
+            "CAMG_GUARD_ORIG_PYTHONPATH": orig("PYTHONPATH"),
+            "PYTEST_ADDOPTS": f"-p {GUARD_MODULE}" + (f" {addopts}" if addopts else ""),
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "PYTHONPATH": guard_dir + (f":{path}" if path else ""),
+            "CAMG_GUARD_KEY": key, "CAMG_GUARD_OUT": out, "CAMG_GUARD_WORKDIR": workdir,
+            "CAMG_GUARD_CHANGED": changed}
+
+
+# --- the channel ----------------------------------------------------------------
+
+@dataclasses.dataclass
+class Channel:
+    hello: list[dict] = dataclasses.field(default_factory=list)
+    collected: set[str] | None = None
+    outcomes: dict[str, str] = dataclasses.field(default_factory=dict)
+    runs: dict[str, int] = dataclasses.field(default_factory=dict)
+    end: dict | None = None
+    forged: int = 0
+    #: every session's end record, in order (a test command may run several)
+    ends: list[dict] = dataclasses.field(default_factory=list)
+
+    def evidence(self) -> list[dict]:
+        found = []
+        for end in self.ends or ([self.end] if self.end else []):
+            found += [e for e in (end.get("evidence") or []) if e not in found]
+        return found
+
+
+_LINE = re.compile(r"^camg-guard ([0-9a-f]{32}) (\{.*\})$", re.M)
+
+
+def read_channel(log: str, key: bytes) -> Channel:
+    channel = Channel()
+    for match in _LINE.finditer(log):
+        mac, payload = match.group(1), match.group(2)
+        good = hmac.new(key, payload.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
+        if not hmac.compare_digest(mac, good):
+            channel.forged += 1
+            continue
+        record = json.loads(payload)
+        kind = record.get("t")
+        if kind == "hello":
+            channel.hello.append(record)
+        elif kind == "collected":
+            channel.collected = (channel.collected or set()) | set(record.get("ids") or ())
+        elif kind == "test":
+            channel.runs[record["id"]] = channel.runs.get(record["id"], 0) + 1
+            previous = channel.outcomes.get(record["id"])
+            # A test id run twice (reruns) counts only if every run passed.
+            if previous is None or previous == "passed":
+                channel.outcomes[record["id"]] = record["outcome"]
+        elif kind == "end":
+            channel.end = record
+            channel.ends.append(record)
+    return channel
+
+
+def strip_channel(log: str) -> str:
+    """The log without the channel's lines (what swebench parses)."""
+    return _LINE.sub("", log)
+
+
+# --- the cross-check --------------------------------------------------------------
+
+_PASS = ("PASSED", "XFAIL")
+_STATUS_LINE = re.compile(r"^(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b", re.M)
+
+
+def status_lines(log: str, listed: Iterable[str] | None = None) -> dict[str, int]:
+    """How many result lines the log has for each listed test (every test: None)."""
+    wanted = None if listed is None else set(listed)
+    counts: dict[str, int] = {}
+    for match in _STATUS_LINE.finditer(log):
+        if wanted is None or match.group(1) in wanted:
+            counts[match.group(1)] = counts.get(match.group(1), 0) + 1
+    return counts
+
+
+def status_map(log: str) -> dict[str, str]:
+    """The last status the log prints for each test id (``-v``/``-rA`` lines)."""
+    return {m.group(1): m.group(2) for m in _STATUS_LINE.finditer(log)}
+
+
+def cross_check(channel: Channel, status_map: dict[str, str], listed: Iterable[str],
+                exit_code: int, timed_out: bool, log: str = "") -> list[Finding]:
+    """Disagreements between the guard and the log, as findings."""
+    findings = []
+    if channel.forged:
+        findings.append(Finding("forged_channel", "-", f"{channel.forged} unsigned guard line(s)"))
+    for item in channel.evidence():
+        findings.append(Finding(item.get("rule", "guard"), "-", item.get("detail", "")))
+    if channel.end is None and exit_code == 0 and not timed_out:
+        findings.append(Finding("early_exit", "-",
+                                "the test process exited 0 before its session ended"))
+    listed = list(listed)
+    forged = [t for t in listed if status_map.get(t) in _PASS
+              and channel.outcomes.get(t) not in ("passed", "xfailed")]
+    # pytest prints one result line per run of a test: any extra line was
+    # printed by something else, even when it tells the truth.
+    extra = [t for t, n in status_lines(log, listed).items() if n > channel.runs.get(t, 0)]
+    forged += [t for t in extra if t not in forged]
+    if forged and channel.hello:
+        findings.append(Finding("forged_log_line", "-",
+                                "log reports pass, the guard did not see it pass: "
+                                + ", ".join(forged[:5])))
+    return findings
+
+
+def exit_findings(channel: Channel, exit_code: int) -> list[Finding]:
+    """A command that exited 0 must have run every session it started to its
+    end, each ending 0, with no test the guard saw fail (pytest cannot exit
+    0 otherwise; something between the tests and the exit status lied)."""
+    if exit_code != 0:
+        return []
+    findings = []
+    if channel.hello and len(channel.ends) < len(channel.hello):
+        findings.append(Finding("early_exit", "-", f"{len(channel.hello)} session(s) started, "
+                                f"{len(channel.ends)} ended, the command exited 0"))
+    failing = [e for e in channel.ends if int(e.get("exitstatus") or 0) != 0]
+    if failing:
+        findings.append(Finding("exit_status_rewritten", "-",
+                                f"a session ended with status {failing[0].get('exitstatus')}, "
+                                "the command exited 0"))
+    failed = sorted(t for t, o in channel.outcomes.items() if o == "failed")
+    if failed:
+        findings.append(Finding("outcome_rewritten", "-",
+                                "the command exited 0, the guard saw these fail: "
+                                + ", ".join(failed[:5])))
+    return findings
+
+
+def all_passed(channel: Channel, listed: Iterable[str]) -> bool:
+    return all(channel.outcomes.get(t) in ("passed", "xfailed") for t in listed)
