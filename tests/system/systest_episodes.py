@@ -37,7 +37,7 @@ def wait_healthy(env: str, timeout: float, alive=lambda: True) -> dict:
             last = health
         except (OSError, ServiceError) as exc:
             last = exc
-        time.sleep(1)
+        time.sleep(0.25)
     raise AssertionError(f"{env}: not healthy after {timeout}s ({last})")
 
 

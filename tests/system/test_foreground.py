@@ -28,7 +28,7 @@ def test_foreground_runner_serves_an_episode_and_cleans_up_on_sigterm(machine, t
                 return False
             return status == 200 and body["status"] == "healthy"
 
-        wait_for(healthy, 180, "the foreground service to be healthy", interval=1)
+        wait_for(healthy, 180, "the foreground service to be healthy", interval=0.3)
         manifest = json.loads(machine.run(["cat", "/srv/camg/data/coding/manifest.json"]).stdout)
         status, created = http(machine, "POST", "/episodes",
                                {"task_id": manifest["tasks"][0]["task_id"]})

@@ -269,7 +269,7 @@ def test_demo_in_the_foreground_runner_from_nothing(fresh_root, demo_cache, tmp_
                 raise AssertionError(f"demo.sh exited:\n{log.read_text(errors='replace')[-6000:]}")
             return "] all started" in log.read_text(errors="replace")
 
-        wait_for(installed, 3600, "demo.sh to install and start the services", interval=2)
+        wait_for(installed, 3600, "demo.sh to install and start the services", interval=0.5)
         print(f"newcomer (foreground): install took {time.monotonic() - started:.0f}s")
         print("\n".join(step_times(log.read_text(errors="replace"))))
         names = served(fresh_root)
