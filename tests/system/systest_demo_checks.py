@@ -12,11 +12,10 @@ deployment is set up for them:
     container);
   - a service's master killed: the in-flight episode the restarted service
     recorded is ``reward: null``, ``failure_class: infra``, ``recovered:
-    true``; a container environment then serves a new episode with a
-    container;
+    true``; General then serves a new episode with a container;
   - AutoResearch's grader killed: the service said its grader exited, one
-    new grader runs, and a new episode (its commands as uid 2000) is graded
-    by it with the reference's reward;
+    new grader runs, and it grades a new episode's reference solution (its
+    commands run as uid 2000) at least 0.9;
 * after the stop (test_newcomer ``_assert_clean``): no camg-grader process.
 """
 
@@ -105,7 +104,7 @@ class KillChecks:
                 problems.append(f"a volume outlived its container: {sorted(volumes - self.volumes)}")
         if kill.target == "service":
             problems += self._recovered(storm, env, eid)
-            if env.containers:
+            if env.name == "general":  # its state names the episode's container
                 problems += self._serves_a_container(storm, env)
         if env.grader == "process":
             exits, before = self._grader_exits(), self.grader_exits
