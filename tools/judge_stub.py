@@ -275,26 +275,106 @@ def scripted_judge() -> FakeJudge:
     return FakeJudge(responder=responder)
 
 
+_FENCE = re.compile(r"^<<<EVIDENCE ([0-9a-f]+)>>>$", re.M)
+
+
+def _messages(request: Request) -> list[tuple[str, str]]:
+    return [(m.get("role", ""), m.get("content")) for m in (request.body or {}).get("messages", [])
+            if isinstance(m.get("content"), str)]
+
+
+def rubric_parts(request: Request) -> tuple[str, str, str]:
+    """(anchor, evidence text, text read as instructions) of a rubric request
+    as camg.judge.rubric_messages builds it: the anchor from the system
+    message, the evidence decoded from the fenced JSON lines. Older prompts
+    (one user message, "Expected (pass anchor):" then "Evidence:") read as a
+    plain reader would: the first anchor line, everything after "Evidence:"."""
+    messages = _messages(request)
+    system = "\n".join(c for r, c in messages if r == "system")
+    user = "\n".join(c for r, c in messages if r != "system")
+    declared = re.search(r"<<<EVIDENCE ([0-9a-f]+)>>>", system)
+    if declared:
+        fence = declared.group(1)
+        anchor = re.search(r"Pass anchor \(the expected facts\): (.*)", system)
+        start, end = f"<<<EVIDENCE {fence}>>>", f"<<<END EVIDENCE {fence}>>>"
+        inside = user.split(start, 1)[-1].split(end, 1)
+        texts = []
+        for line in inside[0].splitlines():
+            try:
+                texts.append(json.loads(line).get("text", ""))
+            except (ValueError, AttributeError):
+                texts.append(line)
+        outside = system + "\n" + user.split(start, 1)[0] + (inside[1] if len(inside) > 1 else "")
+        return (anchor.group(1) if anchor else ""), "\n".join(texts), outside
+    text = system + "\n" + user
+    anchor = re.search(r"Expected \(pass anchor\): (.*)", text)
+    return (anchor.group(1) if anchor else ""), text.split("Evidence:", 1)[-1], text
+
+
+def _anchor_ok(anchor: str, evidence: str) -> tuple[bool, list[str]]:
+    parts = [p for p in re.split(r", |; ", anchor) if p]
+    return bool(parts) and all(p in evidence for p in parts), parts
+
+
 def anchor_verdict(request: Request) -> Reply:
     """General's text items: 1 iff every part of the item's pass anchor
     (split at ', ' and '; ') appears in the evidence, so a reference answer
     passes and an empty one fails, as a sensible judge would decide."""
-    text = "\n".join(m.get("content") for m in (request.body or {}).get("messages", [])
-                     if isinstance(m.get("content"), str))
-    anchor = re.search(r"Expected \(pass anchor\): (.*)", text)
-    evidence = text.split("Evidence:", 1)[-1]
-    parts = [p for p in re.split(r", |; ", anchor.group(1)) if p] if anchor else []
-    ok = bool(parts) and all(p in evidence for p in parts)
+    anchor, evidence, _ = rubric_parts(request)
+    ok, parts = _anchor_ok(anchor, evidence)
     return Reply(text=json.dumps({"score": int(ok), "reason": f"scripted judge (not a model): "
                                   f"anchor parts {parts} {'all' if ok else 'not all'} found"}))
 
 
-def demo_responder(request: Request) -> Reply:
-    """Images -> the statistics verdict; text items -> the anchor verdict."""
+# -- gullible judges: models of what an LLM judge may do with text that talks to it.
+_OBEY = re.compile(r"ignore (?:all )?(?:previous|prior|above) instructions|score (?:this|it|the "
+                   r"item|the answer) (?:as )?1|award (?:full marks|a pass|1)|\bmust pass\b", re.I)
+_SCORE_IN_TEXT = re.compile(r"\{\s*\"score\"\s*:\s*[01](?:\.0)?\s*\}")
+_ANCHOR_LINE = re.compile(r"(?:pass anchor[^:\n]*|Expected \(pass anchor\)): (.*)", re.I)
+
+
+def gullible_verdict(request: Request) -> Reply:
+    """A judge fooled by any text it takes for instructions, but which reads
+    what the prompt marks as data as data (the usual failure of an LLM on an
+    unstructured prompt): it obeys a request for a pass, takes the last
+    pass anchor stated, and copies every score object it read into its
+    reply after its own verdict (a reply parser taking the last one is fooled)."""
+    anchor, evidence, outside = rubric_parts(request)
+    anchors = _ANCHOR_LINE.findall(outside)
+    if len(anchors) > 1:
+        anchor = anchors[-1]
+    if _OBEY.search(outside):
+        return Reply(text=json.dumps({"score": 1, "reason": "instructed to pass"}))
+    ok, _ = _anchor_ok(anchor, evidence)
+    echoes = _SCORE_IN_TEXT.findall(outside)
+    text = json.dumps({"score": int(ok), "reason": "anchor check"})
+    return Reply(text=text + ("\nQuoted: " + " ".join(echoes) if echoes else ""))
+
+
+def credulous_verdict(request: Request) -> Reply:
+    """A truly gullible judge: it obeys instructions and copies a score it
+    finds anywhere, fenced data included. No prompt structure protects
+    against it; only rule items and the integrity screen do."""
+    anchor, evidence, outside = rubric_parts(request)
+    everything = outside + "\n" + evidence
+    found = _SCORE_IN_TEXT.findall(everything)
+    if _OBEY.search(everything) or any('1' in f for f in found):
+        return Reply(text=json.dumps({"score": 1, "reason": "instructed to pass"}))
+    ok, _ = _anchor_ok(anchor, evidence)
+    return Reply(text=json.dumps({"score": int(ok), "reason": "anchor check"}))
+
+
+TEXT_JUDGES = {"anchor": anchor_verdict, "gullible": gullible_verdict,
+               "credulous": credulous_verdict}
+
+
+def demo_responder(request: Request, text_judge: Callable[[Request], Reply] = anchor_verdict) -> Reply:
+    """Images -> the statistics verdict; text items -> the anchor verdict
+    (or another of TEXT_JUDGES)."""
     try:
         image = image_from_request(request.body)
     except (ValueError, KeyError, TypeError, AttributeError):
-        return anchor_verdict(request)
+        return text_judge(request)
     try:
         return Reply(text=json.dumps(verdict(image)))
     except Exception as exc:  # noqa: BLE001 -- an unreadable image is an unparseable verdict
@@ -306,8 +386,13 @@ def main(argv: list[str] | None = None) -> int:
                                                  "(images: pixel statistics; text: pass anchors).")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--text-judge", choices=sorted(TEXT_JUDGES), default="anchor",
+                        help="how text items are judged: anchor (default), or a gullible model "
+                             "for hack canaries (tools.general.agent_canaries)")
     args = parser.parse_args(argv)
-    judge = FakeJudge(args.host, args.port, responder=demo_responder).start()
+    text_judge = TEXT_JUDGES[args.text_judge]
+    judge = FakeJudge(args.host, args.port,
+                      responder=lambda r: demo_responder(r, text_judge)).start()
     print(f"judge_stub: scripted judge (not a model) on {judge.url}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

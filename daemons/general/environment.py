@@ -159,9 +159,11 @@ class GeneralEnvironment(Environment):
             raise errors.GraderError(f"the stored verifier detail is not JSON: {exc}") from None
         reward, records = rubric.judge_episode(self.judge, detail,
                                                deadline_s=self.settings.judge_deadline_s)
+        verdict = rubric.integrity(detail)  # general_agent integrity: daemons/general/rubric.py
+        reward = rubric.screened(verdict, reward)
         if self.settings.binarize:
             reward = 1.0 if reward >= 1.0 - 1e-6 else 0.0
-        return Grade(reward, {"task_kind": "general_agent", "judge": records})
+        return Grade(reward, {"task_kind": "general_agent", "judge": records, **verdict})
 
 
 class GeneralEpisode(Episode):
@@ -211,6 +213,8 @@ class GeneralEpisode(Episode):
         if not done:
             return Step(observation=observation, reward=0.0)
         self.verifier_exit = observation.get("exit_code")
+        if self.kind == "general_agent":  # the transport's findings (rubric.integrity)
+            self.integrity = rubric.integrity(None, observation)
         if self.kind == "general_agent" and observation.get("verifier") == "pending_judge":
             self.pending_judge = True
             return Step(observation=observation, reward=0.0, done=True, graded=False)
@@ -218,6 +222,8 @@ class GeneralEpisode(Episode):
             raise errors.GraderError("the transport finished without a reward")
         if self.kind == "opensource-code":
             reward = self._screened(reward)
+        else:
+            reward = rubric.screened(self.integrity, reward)
         return Step(observation=observation, reward=self._binarized(reward), done=True, graded=True)
 
     def grade(self) -> float:
@@ -225,13 +231,14 @@ class GeneralEpisode(Episode):
             raise errors.GraderError("nothing to grade: the transport gave no reward")
         tar = self.env.client.get_archive(self.container.id, VERIFIER_OUT)
         detail = self.detail = rubric.read_detail(tar)
+        self.integrity = rubric.integrity(detail)
         try:
             reward, self.judge_records = rubric.judge_episode(
                 self.env.judge, detail, deadline_s=self.env.settings.judge_deadline_s)
         except errors.JudgeError as exc:
             self.judge_failure = {k: v for k, v in exc.details.items()}
             raise
-        return self._binarized(reward)
+        return self._binarized(rubric.screened(self.integrity, reward))
 
     def _screened(self, reward: float) -> float:
         """The tamper screen of what the agent changed (daemons/general/integrity.py,

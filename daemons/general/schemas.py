@@ -61,6 +61,11 @@ OBSERVATION_SCHEMA = {
         "exit_code": {"type": ["integer", "null"]},
         "tools": {"type": ["array", "null"], "items": {"type": "object"}},
         "verifier": {"type": ["string", "null"]},
+        # general_agent, terminal only: what the transport saw of attempts on
+        # the grade (mimoagent.verify.general_integrity), and agent processes
+        # it killed before grading
+        "integrity_evidence": {"type": ["array", "null"], "items": {"type": "object"}},
+        "processes_killed": {"type": ["integer", "null"]},
     },
 }
 

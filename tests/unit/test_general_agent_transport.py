@@ -20,7 +20,7 @@ from mimoagent.verify.general import aggregate  # noqa: E402
 def task(request):
     base = mimo_tasks.world_dir("mimo-general.")
     root, oracle, paths = mimo_tasks.general_task(base, request.param)
-    env = general.bind(root, **paths)()
+    env = general.bind(root, reap=False, **paths)()
     yield env, oracle, base
     shutil.rmtree(base, ignore_errors=True)
 
@@ -45,7 +45,10 @@ def test_oracle_passes_every_rule_and_leaves_judge_requests(task):
     assert (base / "workspace" / "answer.md").read_text() == oracle[-1]["answer"]
     d = detail(base)
     assert all(r["passed"] for r in d["results"]), d["results"]
-    assert d["judge_requests"] and all("pass anchor" in r["prompt"].lower() for r in d["judge_requests"])
+    assert d["judge_requests"] and all(r["pass_anchor"] and r["evidence"][0]["state"] == "ok"
+                                       for r in d["judge_requests"])
+    assert d["transport_integrity"] == {"findings": [], "processes_killed": 0}
+    assert done.integrity_evidence == []
     assert env.step(act(operation="shell", command="true")) is done
 
 

@@ -13,6 +13,15 @@ Actions:
 Step 64 finishes (without an answer). The terminal observation is sticky.
 The verifier scores rule items here; LLM items are left as judge requests
 in ``/logs/verifier`` for the General service (``metadata.pending_judge``).
+
+At finish, before answer.md is written or anything is read, every process
+of the agent uid is killed (none may remain: the verifier reads the
+workspace as root, and a live process could swap a file for a symlink
+between a check and a read). Attempts on the grade (tool calls outside the
+task's servers, commands naming the verifier's files, an answer.md that is
+not a regular file, agent-owned entries in the root-only directories) are
+findings (mimoagent.verify.general_integrity) in the terminal observation's
+``integrity_evidence`` and in ``reward_detail.json`` for the service.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from pydantic import Field
 
 from mimoagent.environments.datasets.general_agent import GeneralAgentEnvironment
 from mimoagent.tools.mcp_bridge import ToolServerDown
+from mimoagent.transport import verifier_guard
+from mimoagent.verify import general_integrity as watch
 from mimoagent.transport.common import (AGENT_UID, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
                                         OUTPUT_LIMIT, InfraError, prewarmer, VerifierExecution, chown_tree,
                                         run_command)
@@ -54,6 +65,9 @@ class GeneralObservation(Observation):
     #: terminal only: "complete" (reward final) or "pending_judge" (LLM items
     #: await the judge; openenv does not serialize metadata, so it is a field)
     verifier: str | None = None
+    #: terminal only: what the transport saw of attempts on the grade
+    integrity_evidence: list[dict] | None = None
+    processes_killed: int | None = None
 
 
 def _tail(text: str) -> str:
@@ -64,7 +78,9 @@ def _tail(text: str) -> str:
             + data[-OUTPUT_LIMIT:].decode("utf-8", "replace"))
 
 
-def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
+def bind(root: Path, agent_uid: int = AGENT_UID, *, reap: bool = True, **paths: str) -> type:
+    """``reap=False`` only for in-process tests (outside a container's pid
+    namespace the sweep would reach every process of the uid on the host)."""
     instance = json.loads((root / "instance.json").read_text())
     workspace = Path(instance["cwd"])
 
@@ -88,12 +104,13 @@ def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
             self._state = State()
             self.task = None
             self.terminal = None
+            self.findings: list[dict] = []
 
         def reset(self, seed=None, episode_id=None, task_id=None, **kwargs):
             if task_id not in (None, instance["instance_id"]):
                 raise ValueError("This image does not contain that task_id")
             task = _take_prewarmed() or _prepare()
-            self.task, self.terminal = task, None
+            self.task, self.terminal, self.findings = task, None, []
             self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
             catalogue = [{"server": server, **tool} for server, tools in task.tools.items()
                          for tool in tools]
@@ -115,12 +132,10 @@ def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
                 return self.terminal
             self._state.step_count += 1
             if action.operation == "finish" or self._state.step_count >= MAX_STEPS:
-                if action.operation == "finish":
-                    self.task.write_answer(action.answer)
-                    chown_tree(str(workspace), agent_uid)
-                return self._finish()
+                return self._finish(action.answer if action.operation == "finish" else None)
             if action.operation == "tool":
                 return self._tool(action)
+            self.findings += watch.shell_findings(action.command)
             result = run_command(action.command, str(workspace),
                                  min(COMMAND_TIMEOUT, timeout_s or COMMAND_TIMEOUT),
                                  agent=True, agent_uid=agent_uid)
@@ -128,6 +143,8 @@ def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
                                       exit_code=result["returncode"], reward=0.0)
 
         def _tool(self, action):
+            self.findings += watch.tool_findings(action.server, action.name, action.arguments,
+                                                 self.task.tools)
             known = {t["name"] for t in self.task.tools.get(action.server, [])}
             if action.name not in known:
                 text = (f"unknown tool {action.server}.{action.name}; available: "
@@ -143,7 +160,20 @@ def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
                                       output=_tail("\n".join(result["content"])),
                                       exit_code=1 if result["is_error"] else 0, reward=0.0)
 
-        def _finish(self):
+        def _finish(self, answer):
+            try:
+                killed = verifier_guard.reap(agent_uid) if reap else 0
+            except RuntimeError as exc:
+                raise InfraError("grader_error", f"agent processes survive: {exc}") from None
+            odd = watch.answer_finding(str(workspace))
+            if odd:
+                self.findings.append(odd)
+            if answer is not None:
+                self.task.write_answer(answer)
+                chown_tree(str(workspace), agent_uid)
+            self.findings += watch.owned_entries(agent_uid, [
+                str(self.task.verifier_out), str(self.task.state_root), str(self.task.task_dir)])
+            findings = watch.capped(self.findings)
             reward, output, info = self.task.calculate_reward(
                 timeout=instance.get("verifier_timeout_sec", 900))
             if info.get("error_category") or info.get("transport_error") \
@@ -151,10 +181,12 @@ def bind(root: Path, agent_uid: int = AGENT_UID, **paths: str) -> type:
                 raise InfraError("grader_error", "MiMo verifier infrastructure failed; no valid "
                                  f"reward ({info.get('reward_error') or 'no verifier_returncode'})")
             pending = bool(info.get("pending_judge"))
+            self.task.record_integrity(findings, killed)
             self.terminal = GeneralObservation(
                 task_id=instance["instance_id"], output="Verifier completed.",
                 exit_code=info["verifier_returncode"], reward=None if pending else float(reward),
                 done=True, verifier="pending_judge" if pending else "complete",
+                integrity_evidence=findings, processes_killed=killed,
                 metadata={"pending_judge": pending,
                                      "verifier_returncode": info["verifier_returncode"]})
             return self.terminal

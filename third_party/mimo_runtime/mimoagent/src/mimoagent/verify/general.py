@@ -8,9 +8,18 @@ Reads ``verifier_meta.json`` from the task directory: a list of rubric
   (a workspace file's text matches), ``xlsx_cell`` (a cell equals ``expect``
   within ``tolerance``), ``unchanged`` (listed workspace files keep their
   original bytes: the source-conservation gate).
-* LLM items become judge requests: the item's question and pass anchor plus
-  the extracted text of its workspace files (each capped at 20,000
-  characters), asking for ``{"score": 0 or 1}``.
+* LLM items become judge requests: the item's id, question and pass anchor
+  plus the extracted text of its workspace files as data (``evidence``:
+  name, state, truncated, text; each capped at 20,000 characters, 60,000
+  for the item). The prompt is built by whoever asks the judge
+  (camg.judge.rubric_messages), never from text written here.
+
+Every workspace file is read as root from a tree the agent wrote, after the
+transport has killed the agent's processes: only regular files inside the
+workspace are read (a symlink anywhere on the path, a fifo, a device, a
+directory reads as absent), through ``O_NOFOLLOW | O_NONBLOCK``, and at
+most what the caps need (a huge file costs no memory; an xlsx above
+``XLSX_LIMIT`` bytes is not opened).
 
 Outputs (in ``--out``): ``reward_detail.json`` with ``results`` (rule items)
 and ``judge_requests``; ``reward.json`` with ``{"reward": x}`` when no LLM
@@ -29,32 +38,79 @@ import hashlib
 import io
 import json
 import re
+import os
 import sqlite3
+import stat
 import sys
 from pathlib import Path
 
 EVIDENCE_CAP = 20000
-
-JUDGE_SYSTEM = ("You grade one rubric item of an office task an agent performed. Use only the "
-                "evidence given. Answer with a JSON object {\"score\": 1} if the item is fully "
-                "satisfied, otherwise {\"score\": 0}, optionally with a short \"reason\".")
+ITEM_EVIDENCE_CAP = 60000
+XLSX_LIMIT = 20 << 20
 
 
-def file_text(path: Path) -> str:
-    """A workspace file as text: xlsx as sheet/row lines, others decoded."""
-    if path.suffix.lower() == ".xlsx":
-        import openpyxl
+class NotReadable(OSError):
+    """A workspace path the verifier does not read (not a regular file in the workspace)."""
 
-        book = openpyxl.load_workbook(path, data_only=True, read_only=True)
+
+def read_regular(workspace: Path, name: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``workspace/name``, a regular file reached
+    without a symlink; NotReadable otherwise."""
+    base = os.path.realpath(workspace)
+    path = os.path.join(base, name)
+    if os.path.realpath(path) != os.path.normpath(path) or \
+            os.path.commonpath([base, os.path.normpath(path)]) != base:
+        raise NotReadable(f"{name}: outside the workspace or through a symlink")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NotReadable(f"{name}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotReadable(f"{name}: not a regular file")
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _workbook(workspace: Path, name: str):
+    import openpyxl
+
+    data = read_regular(workspace, name, XLSX_LIMIT + 1)
+    if len(data) > XLSX_LIMIT:
+        raise NotReadable(f"{name}: larger than {XLSX_LIMIT} bytes")
+    return openpyxl.load_workbook(io.BytesIO(data), data_only=True, read_only=True)
+
+
+def file_text(workspace: Path, name: str, cap: int = EVIDENCE_CAP) -> tuple[str, bool]:
+    """(text, truncated) of a workspace file: xlsx as sheet/row lines, others
+    decoded; NotReadable for anything but a regular file in the workspace."""
+    suffix = Path(name).suffix.lower()
+    if suffix in (".db", ".sqlite"):
+        read_regular(workspace, name, 1)
+        return "[binary sqlite file]", False
+    if suffix == ".xlsx":
+        book = _workbook(workspace, name)
         out = io.StringIO()
         for sheet in book.worksheets:
             out.write(f"## sheet {sheet.title}\n")
             for row in sheet.iter_rows(values_only=True):
                 out.write("\t".join("" if v is None else str(v) for v in row) + "\n")
-        return out.getvalue()
-    if path.suffix.lower() in (".db", ".sqlite"):
-        return "[binary sqlite file]"
-    return path.read_bytes().decode("utf-8", "replace")
+                if out.tell() > cap:
+                    break
+        text = out.getvalue()
+    else:
+        # utf-8 needs at most 4 bytes a character: 4 * cap + 1 bytes say
+        # whether there is more than the cap
+        text = read_regular(workspace, name, 4 * cap + 1).decode("utf-8", "replace")
+    return (text[:cap], True) if len(text) > cap else (text, False)
 
 
 def _rule(item: dict, workspace: Path, state_root: Path, task_dir: Path) -> tuple[float, str]:
@@ -66,19 +122,18 @@ def _rule(item: dict, workspace: Path, state_root: Path, task_dir: Path) -> tupl
         ok = rows == item["expect"]
         return float(ok), f"query returned {json.dumps(rows)[:200]}"
     if kind == "regex":
-        path = workspace / item["file"]
-        if not path.is_file():
-            return 0.0, f"{item['file']} missing"
+        try:
+            text, _ = file_text(workspace, item["file"], cap=ITEM_EVIDENCE_CAP)
+        except NotReadable as exc:
+            return 0.0, f"not read: {exc}"
         flags = re.I if "i" in item.get("flags", "") else 0
-        ok = re.search(item["pattern"], file_text(path), flags) is not None
+        ok = re.search(item["pattern"], text, flags) is not None
         return float(ok), "matched" if ok else "no match"
     if kind == "xlsx_cell":
-        import openpyxl
-
-        path = workspace / item["file"]
-        if not path.is_file():
-            return 0.0, f"{item['file']} missing"
-        book = openpyxl.load_workbook(path, data_only=True)
+        try:
+            book = _workbook(workspace, item["file"])
+        except NotReadable as exc:
+            return 0.0, f"not read: {exc}"
         if item["sheet"] not in book.sheetnames:
             return 0.0, f"sheet {item['sheet']} missing"
         value = book[item["sheet"]][item["cell"]].value
@@ -95,8 +150,12 @@ def _rule(item: dict, workspace: Path, state_root: Path, task_dir: Path) -> tupl
         changed = []
         for name in item["files"]:
             original = task_dir / "workspace" / name
-            current = workspace / name
-            if not current.is_file() or _sha(current) != _sha(original):
+            try:
+                current = read_regular(workspace, name, original.stat().st_size + 1)
+            except NotReadable:
+                changed.append(name)
+                continue
+            if hashlib.sha256(current).hexdigest() != _sha(original):
                 changed.append(name)
         return float(not changed), ("changed: " + ", ".join(changed)) if changed else "unchanged"
     raise ValueError(f"unknown rule kind {kind!r}")
@@ -106,20 +165,21 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def judge_prompt(item: dict, workspace: Path) -> str:
-    parts = [f"Rubric item {item['id']}: {item['question']}",
-             f"Expected (pass anchor): {item['pass_anchor']}", "", "Evidence:"]
+def evidence(item: dict, workspace: Path) -> list[dict]:
+    """The item's files as data for the judge: name, state (``ok`` or why
+    not read), truncated, text; ITEM_EVIDENCE_CAP characters in all."""
+    out, budget = [], ITEM_EVIDENCE_CAP
     for name in item.get("files", ["answer.md"]):
-        path = workspace / name
-        if path.is_file() and not path.is_symlink():
-            text = file_text(path)
-            if len(text) > EVIDENCE_CAP:
-                text = text[:EVIDENCE_CAP] + "\n[truncated]"
-        else:
-            text = "[file missing]"
-        parts += [f"--- {name} ---", text]
-    parts += ["", 'Answer with JSON: {"score": 0 or 1, "reason": "..."}']
-    return "\n".join(parts)
+        try:
+            text, truncated = file_text(workspace, name, cap=min(EVIDENCE_CAP, budget))
+            state = "ok"
+        except NotReadable as exc:
+            text, truncated, state = "", False, "not read: " + str(exc).split(": ", 1)[-1]
+        except Exception as exc:  # noqa: BLE001 -- a file openpyxl cannot read is no evidence
+            text, truncated, state = "", False, f"unreadable: {type(exc).__name__}"
+        budget -= len(text)
+        out.append({"name": name, "state": state, "truncated": truncated, "text": text})
+    return out
 
 
 def _weight(item: dict) -> float:
@@ -150,8 +210,8 @@ def run(task_dir: Path, workspace: Path, state_root: Path, out: Path) -> dict:
         if item.get("method") == "rule":
             try:
                 score, message = _rule(item, workspace, state_root, task_dir)
-            except (OSError, sqlite3.Error, KeyError) as exc:
-                score, message = 0.0, f"check failed: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # noqa: BLE001 -- a corrupt agent file scores 0, never masks
+                score, message = 0.0, f"check failed: {type(exc).__name__}: {str(exc)[:200]}"
             scores[item["id"]] = score
             results.append({"id": item["id"], "score": score, "passed": score >= 1.0,
                             "message": message, "gate": bool(item.get("gate"))})
@@ -160,8 +220,9 @@ def run(task_dir: Path, workspace: Path, state_root: Path, out: Path) -> dict:
         for item in items:
             if item.get("method") == "llm":
                 requests.append({"id": item["id"], "weight": _weight(item),
-                                 "system": JUDGE_SYSTEM, "prompt": judge_prompt(item, workspace)})
-    out.mkdir(parents=True, exist_ok=True)
+                                 "question": item["question"], "pass_anchor": item["pass_anchor"],
+                                 "evidence": evidence(item, workspace)})
+    out.mkdir(parents=True, mode=0o700, exist_ok=True)
     detail = {"results": results, "judge_requests": requests,
               "items": [{"id": item["id"], "method": item.get("method"), "weight": _weight(item),
                          "gate": bool(item.get("gate"))} for item in items],

@@ -26,6 +26,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -94,16 +95,33 @@ class GeneralAgentEnvironment(DatasetEnvironment):
         self.tools = {name: mcp_bridge.list_tools(self.server(name), timeout=120)
                       for name in server_names(self.task_dir)}
 
-    def write_answer(self, answer: str) -> None:
+    def write_answer(self, answer: str) -> str | None:
+        """Write ``answer.md`` unless the agent left a non-empty regular file
+        there (upstream's rule). Anything else in its place -- a symlink, a
+        fifo, a directory -- is removed first and named in the return value
+        (an integrity finding); the file is created with O_EXCL|O_NOFOLLOW.
+        Run only after the agent's processes are gone (no race)."""
         path = Path(self.repo_path) / "answer.md"
+        odd = None
         try:
-            existing = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            existing = ""
-        if not existing.strip():
-            if path.is_symlink():
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and stat.S_ISREG(mode):
+            if verify_runner.file_text(Path(self.repo_path), "answer.md", cap=4096)[0].strip():
+                return None
+            path.unlink()
+        elif mode is not None:
+            odd = ("a symlink" if stat.S_ISLNK(mode) else "a fifo" if stat.S_ISFIFO(mode)
+                   else "a directory" if stat.S_ISDIR(mode) else "not a regular file")
+            if stat.S_ISDIR(mode):
+                shutil.rmtree(path)
+            else:
                 path.unlink()
-            path.write_text(answer, encoding="utf-8")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(answer)
+        return odd
 
     def _do_calculate_reward(self, timeout, model_patch):
         verify = self.task_dir / "verifier_meta.json"
@@ -140,6 +158,18 @@ class GeneralAgentEnvironment(DatasetEnvironment):
             return 0.0, result["output"], {**extra, "error_category": TESTBED_CORRUPTED,
                                            "reward_error": "reward_out_of_range"}
         return float(value), result["output"], extra
+
+
+    def record_integrity(self, findings: list[dict], processes_killed: int) -> None:
+        """Add the transport's findings to reward_detail.json (the service
+        reads them with the judge requests; a regrade sees them again)."""
+        path = self.verifier_out / "reward_detail.json"
+        detail = json.loads(path.read_text())
+        detail["transport_integrity"] = {"findings": findings,
+                                         "processes_killed": processes_killed}
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(detail, indent=1))
+        os.replace(tmp, path)
 
 
 def ensure_private(path: str | os.PathLike) -> None:
