@@ -151,3 +151,22 @@ def test_sigterm_is_a_graceful_stop_despite_the_jvm(services):
     assert proc.stop() == 0, proc.output()[-2000:]
     closed = [o for o in proc.outcomes() if o["episode_id"] == episode["episode_id"]]
     assert closed and closed[0]["reason"] == "service stopping"
+
+
+def test_shop_canaries_lose_through_the_service(services):
+    """tools/shop/canaries.py on the real service: every unreachable click,
+    malformed target, injection-like search, action after done, replayed
+    request_id and cross-episode click earns exactly what upstream's reward
+    gives the accepted page path (replayed in a fresh episode and recomputed
+    in process), refused actions carry an error and change nothing, and the
+    outcome records say integrity ok."""
+    from tools.canary_table import render
+    from tools.shop import canaries
+
+    service = services[0]
+    results, checks = canaries.run(Client(service.url), testing.prepared()[0], service.outcomes)
+    text, failed = render("shop", results)
+    assert not failed and not checks, text + "\n" + "\n".join(checks)
+    assert len(results) >= 12 and {r.integrity for r in results} == {"ok"}
+    assert results[0].technique == "honest_goal_path" and results[0].reward == 1.0
+    assert sum(int(r.detail.split()[1].rstrip(";")) for r in results) >= 40   # refusals seen
