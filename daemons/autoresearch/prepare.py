@@ -4,7 +4,8 @@
         --packages-root /var/lib/camg/autoresearch/tasks \\
         --workspaces-root /var/lib/camg/autoresearch/workspaces \\
         --private-root /var/lib/camg-grader/answers \\
-        --images materialized-images.json --output manifest.json [--select ids.txt]
+        --images materialized-images.json --output manifest.json [--select ids.txt] \\
+        [--validate [--helper-socket SOCK]]
 
 A bundle is one directory per task: ``task.json`` (task_id, title, metric,
 statement, baseline_score, reference_score), ``public/`` (what the agent
@@ -15,6 +16,11 @@ operators, the public workspace (read-only lower of every episode) and the
 private answers, owned by the grader's uid with mode 0700 — the service's
 own uid cannot read them. The manifest records the workspace tree hashes,
 the answers' hashes (the grader re-checks them at start) and the image.
+
+``--validate`` (daemons.autoresearch.validate) refuses a task whose test
+rows or ids appear in the image or in its workspace outside its test
+inputs, and, with ``--helper-socket``, one whose baseline does not earn
+≤ 0.05 or whose reference does not earn ≥ 0.9 in a real sandbox.
 """
 
 from __future__ import annotations
@@ -69,7 +75,10 @@ def _install_private(src: Path, root: Path, task_id: str, uid: int, gid: int) ->
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(mode=0o700)
-    for name in ("answers.csv", "scoring.json"):
+    # generator.json: the demo builder's entropy (tools.autoresearch.demo_tasks)
+    for name in ("answers.csv", "scoring.json", "generator.json"):
+        if name == "generator.json" and not (src / name).is_file():
+            continue
         shutil.copyfile(src / name, dest / name)
         os.chmod(dest / name, 0o600)
         os.chown(dest / name, uid, gid)
@@ -78,7 +87,8 @@ def _install_private(src: Path, root: Path, task_id: str, uid: int, gid: int) ->
 
 def prepare(*, source: str | Path, packages_root: str | Path, workspaces_root: str | Path,
             private_root: str | Path, images: str | Path, image_name: str, output: str | Path,
-            grader_user: str = "camg-grader", select: Sequence[str] | None = None) -> dict:
+            grader_user: str = "camg-grader", select: Sequence[str] | None = None,
+            validate: bool = False, helper_socket: str | None = None) -> dict:
     source = Path(source)
     try:
         account = pwd.getpwnam(grader_user)
@@ -121,8 +131,12 @@ def prepare(*, source: str | Path, packages_root: str | Path, workspaces_root: s
             "image": {"name": image.name, "digest": image.digest, "hash": image.hash},
             "workspace_sha256": sha256_tree(workspace),
             "answers_sha256": answers_hash(bundle / "private")}})
-    body = manifest.build("autoresearch", tasks, sampling={"order": "bundles" if select is None
-                                                           else "select"},
+    sampling: dict = {"order": "bundles" if select is None else "select"}
+    if validate:
+        from daemons.autoresearch import validate as checks
+        sampling["validation"] = checks.validate(chosen, source, Path(workspaces_root), image,
+                                                 helper_socket)
+    body = manifest.build("autoresearch", tasks, sampling=sampling,
                           files={"images": images}, created_by=CREATED_BY)
     manifest.write(output, body)
     return body
@@ -141,6 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--grader-user", default="camg-grader")
     ap.add_argument("--output", required=True)
     ap.add_argument("--select", help="file of task ids, one a line, in serving order")
+    ap.add_argument("--validate", action="store_true",
+                    help="refuse tasks whose test rows are readable in the image or workspace "
+                         "(and, with --helper-socket, whose baseline/reference misbehave)")
+    ap.add_argument("--helper-socket", help="the helper to run baseline and reference in")
     args = ap.parse_args(argv)
     try:
         select = None
@@ -150,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         body = prepare(source=args.source, packages_root=args.packages_root,
                        workspaces_root=args.workspaces_root, private_root=args.private_root,
                        images=args.images, image_name=args.image, output=args.output,
-                       grader_user=args.grader_user, select=select)
+                       grader_user=args.grader_user, select=select, validate=args.validate,
+                       helper_socket=args.helper_socket)
     except (CamgError, OSError, ValueError) as exc:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2
