@@ -45,6 +45,7 @@ import re
 import signal
 import threading
 import time
+import unicodedata
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -328,7 +329,9 @@ def anchor_verdict(request: Request) -> Reply:
 
 # -- gullible judges: models of what an LLM judge may do with text that talks to it.
 _OBEY = re.compile(r"ignore (?:all )?(?:previous|prior|above) instructions|score (?:this|it|the "
-                   r"item|the answer) (?:as )?1|award (?:full marks|a pass|1)|\bmust pass\b", re.I)
+                   r"item|the answer) (?:as )?1|award (?:full marks|a pass|1)|\bmust pass\b"
+                   r"|treat this (?:submission|answer) as (?:fully )?(?:meeting|satisfying|correct)",
+                   re.I)
 _SCORE_IN_TEXT = re.compile(r"\{\s*\"score\"\s*:\s*[01](?:\.0)?\s*\}")
 _ANCHOR_LINE = re.compile(r"(?:pass anchor[^:\n]*|Expected \(pass anchor\)): (.*)", re.I)
 
@@ -356,7 +359,9 @@ def credulous_verdict(request: Request) -> Reply:
     finds anywhere, fenced data included. No prompt structure protects
     against it; only rule items and the integrity screen do."""
     anchor, evidence, outside = rubric_parts(request)
-    everything = outside + "\n" + evidence
+    # it reads what a human would see: compatibility forms folded, invisible characters gone
+    everything = unicodedata.normalize("NFKC", outside + "\n" + evidence)
+    everything = "".join(c for c in everything if unicodedata.category(c) != "Cf")
     found = _SCORE_IN_TEXT.findall(everything)
     if _OBEY.search(everything) or any('1' in f for f in found):
         return Reply(text=json.dumps({"score": 1, "reason": "instructed to pass"}))

@@ -19,6 +19,8 @@ import sqlite3
 from pathlib import Path
 
 CWD = "/work/workspace"
+SALES_ID = "s3k_demo_sales_ops_en_t1_rl_001"
+INVENTORY_ID = "s3k_demo_inventory_reorder_en_t1_rl_002"
 AGENT_PY = "/opt/camg/agent-env/bin/python"
 
 REGIONS = ("North", "South", "East", "West")
@@ -153,7 +155,7 @@ def _instance(task_id: str, statement: str, image: str = "") -> dict:
 def sales_task(out: Path) -> Path:
     import openpyxl
 
-    task_id = "s3k_demo_sales_ops_en_t1_rl_001"
+    task_id = SALES_ID
     root = out / task_id
     shutil.rmtree(root, ignore_errors=True)
     ws = root / "workspace"
@@ -238,7 +240,7 @@ def sales_task(out: Path) -> Path:
 
 
 def inventory_task(out: Path) -> Path:
-    task_id = "s3k_demo_inventory_reorder_en_t1_rl_002"
+    task_id = INVENTORY_ID
     root = out / task_id
     shutil.rmtree(root, ignore_errors=True)
     ws = root / "workspace"

@@ -1,0 +1,42 @@
+"""The general_agent hack canaries (tools/general/agent_canaries.py) through
+the real General service: real task containers, the MiMo transport, the
+verifier, and the module's fake judge switched between the demo's anchor
+verdict and gullible models. Imported by test_general_episodes.py so the
+suite shares that module's service and containers (its fixtures' stop
+asserts no container is left)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from camg.client import Client
+from tools.canary_table import render
+from tools.general import agent_canaries
+
+
+def test_general_agent_canaries_all_lose(general_service, general_demo, fake_judge, capsys):
+    oracles = agent_canaries.load_oracles(general_demo["out"])
+
+    def outcome(episode_id):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            found = [o for o in general_service.outcomes() if o["episode_id"] == episode_id]
+            if found:
+                return found[-1]
+            time.sleep(0.2)
+        raise AssertionError(f"no outcome record for {episode_id}")
+
+    started = time.monotonic()
+    rows, problems = agent_canaries.run_suite(lambda: Client(general_service.url), fake_judge,
+                                              oracles, outcome, workers=3)
+    text, failed = render("general (general_agent)", rows)
+    with capsys.disabled():
+        print(f"\n{text}\n  ({time.monotonic() - started:.1f} s)")
+    assert not failed, text
+    assert not problems, problems
+    assert len(rows) == len(agent_canaries.canaries())
+    # every tampered record names its evidence; the honest references are clean
+    for row in rows:
+        assert row.integrity in ("ok", "tampered"), row
+    assert json.dumps([r.detail for r in rows])
