@@ -241,14 +241,17 @@ class GeneralEpisode(Episode):
         return self._binarized(rubric.screened(self.integrity, reward))
 
     def _screened(self, reward: float) -> float:
-        """The tamper screen of what the agent changed (daemons/general/integrity.py,
-        on the record the transport's guard left): any finding makes it 0.0."""
+        """The tamper screen of what the agent changed and the test guard's
+        cross-check (daemons/general/integrity.py, on the records the
+        transport left in /logs/verifier): any finding makes it 0.0."""
         from daemons.general import integrity
 
-        record = integrity.read_changes(self.env.client.get_archive(self.container.id,
-                                                                    integrity.CHANGES))
-        findings = integrity.screen(record)
-        self.integrity = integrity.summary(record, findings)
+        tar = self.env.client.get_archive(self.container.id, VERIFIER_OUT)
+        record = integrity.read_changes(tar)
+        # The test guard's cross-check (GraderError when the runner never reported).
+        found, seen = integrity.guard_findings(integrity.read_guard(tar))
+        findings = integrity.screen(record) + found
+        self.integrity = integrity.summary(record, findings, seen)
         return 0.0 if findings else reward
 
     def _binarized(self, reward: float) -> float:

@@ -24,8 +24,19 @@ the agent touched stays in the run and is screened as such:
 
 A content the transport withheld (too large, binary) of a file the runner
 reads (conftest, configuration, a start-up hook) is a finding too: it
-cannot be shown harmless. Any finding: reward 0.0, ``tampered``, the rule
-and the evidence in the outcome record.
+cannot be shown harmless.
+
+The screen sees only what a line says; a payload that builds its names at
+run time passes it. So the verifier's test command also runs under camg's
+pytest guard (the one Coding's grader runs: camg/guard/camg_guard.py), and
+``guard_findings`` holds its signed channel (``/logs/verifier/guard.json``)
+against the command's exit status and log with camg.guard_verdict: a 0 exit
+with a test the guard saw fail, a session that did not end or ended non-zero,
+a pass line the guard never saw, an unsigned line, the guard's own evidence
+(the reporting path patched, hooks from the agent's files). A command whose
+runner never reported to the guard gives no grade (GraderError: reward
+null). Any finding: reward 0.0, ``tampered``, the rule and the evidence in
+the outcome record.
 """
 
 from __future__ import annotations
@@ -37,27 +48,69 @@ import re
 import tarfile
 from collections.abc import Iterable
 
-from camg import errors, tamper_rules
+from camg import errors, guard_verdict, tamper_rules
 from camg.tamper_rules import Finding
 
 CHANGES = "/logs/verifier/changes.json"
+GUARD = "/logs/verifier/guard.json"
+#: the verifier's timeout exit (seed 001): a run cut short is 0.0, whatever it reported
+TIMEOUT_EXIT = 124
 _TEST_GLOBS = ("test_*.py", "*_test.py", "tests.py")
 _TEST_DIRS = {"tests", "test", "testing"}
 
 
-def read_changes(tar_bytes: bytes) -> dict:
-    """changes.json out of the tar of it; GraderError when absent or bad."""
+def _read_json(tar_bytes: bytes, name: str) -> dict | None:
     try:
         with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
             for member in tar.getmembers():
-                if member.isfile() and member.name.rsplit("/", 1)[-1] == "changes.json":
+                if member.isfile() and member.name.rsplit("/", 1)[-1] == name:
                     handle = tar.extractfile(member)
                     record = json.loads(handle.read()) if handle else None
-                    if isinstance(record, dict) and isinstance(record.get("changes"), list):
-                        return record
+                    return record if isinstance(record, dict) else None
     except (tarfile.TarError, ValueError) as exc:
-        raise errors.GraderError(f"the verifier's change record is unreadable: {exc}") from None
-    raise errors.GraderError("the verifier left no change record (changes.json)")
+        raise errors.GraderError(f"the verifier's {name} is unreadable: {exc}") from None
+    return None
+
+
+def read_changes(tar_bytes: bytes) -> dict:
+    """changes.json out of the tar of it; GraderError when absent or bad."""
+    record = _read_json(tar_bytes, "changes.json")
+    if record is None or not isinstance(record.get("changes"), list):
+        raise errors.GraderError("the verifier left no change record (changes.json)")
+    return record
+
+
+def read_guard(tar_bytes: bytes) -> dict:
+    """guard.json (the test guard's channel, key, exit status, log)."""
+    record = _read_json(tar_bytes, "guard.json")
+    if record is None or not isinstance(record.get("channel"), str) \
+            or not isinstance(record.get("key"), str) or not isinstance(record.get("exit_code"), int):
+        raise errors.GraderError("the verifier left no test guard record (guard.json)")
+    return record
+
+
+def guard_findings(record: dict) -> tuple[list[Finding], dict]:
+    """The cross-check of the guard's channel against the command's exit
+    status and log: (findings, what the guard saw). GraderError when the
+    runner never reported (no guard, not pytest, not started)."""
+    channel = guard_verdict.read_channel(record["channel"], record["key"].encode())
+    code, log = record["exit_code"], str(record.get("log") or "")
+    seen = {"sessions": len(channel.hello), "ended": len(channel.ends),
+            "tests": len(channel.outcomes),
+            "failed": sum(1 for o in channel.outcomes.values() if o == "failed")}
+    if not channel.hello:
+        if code == TIMEOUT_EXIT:
+            return [], seen
+        raise errors.GraderError(f"the test command's runner never reported to the test guard "
+                                 f"(exit {code}): {log[-1500:]}")
+    statuses = guard_verdict.status_map(log)
+    listed = sorted(set(channel.outcomes) | set(statuses))
+    findings = guard_verdict.cross_check(channel, statuses, listed, code, code == TIMEOUT_EXIT, log)
+    findings += guard_verdict.exit_findings(channel, code)
+    if record.get("channel_truncated") and code == 0:
+        findings.append(Finding("channel_overflow", "-", "the guard's channel exceeded its bound"))
+    unique = {json.dumps(f.to_data(), sort_keys=True): f for f in findings}
+    return list(unique.values()), seen
 
 
 def _is_test_file(parts: list[str]) -> bool:
@@ -137,11 +190,13 @@ def screen(record: dict, test_paths: Iterable[str] = ()) -> list[Finding]:
     return list(unique.values())
 
 
-def summary(record: dict, findings: list[Finding]) -> dict:
-    """The outcome record's part: integrity, evidence, what the guard did."""
+def summary(record: dict, findings: list[Finding], seen: dict | None = None) -> dict:
+    """The outcome record's part: integrity, evidence, what the guards did and saw."""
     body: dict = {"integrity": "tampered" if findings else "ok",
                   "grade_guard": dict(record.get("guard") or {}),
                   "changed_paths": len(record.get("changes") or ())}
+    if seen is not None:
+        body["test_guard"] = dict(seen)
     if findings:
         body["grade_reason"] = "tampered"
         body["integrity_evidence"] = [f.to_data() for f in findings]

@@ -13,7 +13,10 @@ Every instance is validated for its dataset type (opensource-code: the eight
 fields; general_agent: its fields and a task folder ``<envs>/<id>``).
 ``--images`` maps each row's ``docker_image`` to an image pinned by digest
 (``image-mapping.jsonl``: ``{"dataset_image", "dockerhub_image"}`` lines).
-The selection keeps ids and order (the --select file's, else code rows then
+An opensource-code instance whose test command the verifier's test guard
+cannot cover is refused (``guard_problem``): every command its
+``mimo_test_command.sh`` runs (``test_commands.json``) must start pytest,
+and none may set the variables that load the guard. The selection keeps ids and order (the --select file's, else code rows then
 general rows as given); ``--limit`` cuts it. Output: ``code.parquet`` and
 ``general.parquet`` (the selected rows: instance_id, dataset_type,
 instance_json, image), ``envs/<id>/`` (copied task folders) and
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -79,7 +84,64 @@ def instance_of(row: dict, where: str) -> dict:
             raise DatasetError(f"{where} ({instance.get('instance_id')!r}): field {field} missing")
     if kind == "opensource-code" and not str(instance["cwd"]).startswith("/"):
         raise DatasetError(f"{where}: cwd must be absolute")
+    if kind == "opensource-code":
+        problem = guard_problem(instance)
+        if problem:
+            raise DatasetError(f"{where} ({instance['instance_id']!r}): refused, the verifier's "
+                               f"test guard cannot cover it: {problem}")
     return instance
+
+
+_PYTEST = re.compile(r"(?:^|[\s/])(?:pytest|py\.test)(?:\s|$)|-m\s+pytest\b")
+_GUARD_VARS = re.compile(r"\b(?:PYTEST_ADDOPTS|PYTEST_PLUGINS|PYTEST_DISABLE_PLUGIN_AUTOLOAD|PYTHONPATH)\b"
+                         r"|\bno:camg_guard\b|\bcamg_guard\b")
+
+
+def patch_file(patch: str, path: str) -> str | None:
+    """The added text of ``path`` in a unified diff (None when absent)."""
+    lines, inside, found = [], False, False
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            inside = line.endswith(f" b/{path}")
+            found = found or inside
+        elif inside and line.startswith("+") and not line.startswith("+++"):
+            lines.append(line[1:])
+    return "\n".join(lines) if found else None
+
+
+def test_commands(instance: dict) -> list[str]:
+    """The commands the test command runs: test_commands.json of the test
+    patch when the test command is its mimo_test_command.sh, else itself."""
+    command = str(instance["test_command"])
+    if command.strip().endswith("mimo_test_command.sh"):
+        text = patch_file(str(instance["test_patch"]), "test_commands.json")
+        try:
+            listed = json.loads(text) if text is not None else None
+        except ValueError:
+            listed = None
+        if isinstance(listed, list) and all(isinstance(c, str) for c in listed):
+            return listed
+        return []
+    return [command]
+
+
+def guard_problem(instance: dict) -> str | None:
+    """Why the verifier's test guard (camg/guard/camg_guard.py, a pytest
+    plugin) cannot decide this task's grade, or None: a command that does
+    not start pytest would never report to it (every grade null), one that
+    sets the guard's variables would run without it."""
+    commands = test_commands(instance)
+    if not commands:
+        return "its test commands (test_commands.json of the test patch) cannot be read"
+    script = patch_file(str(instance["test_patch"]), "mimo_test_command.sh") or ""
+    for command in commands:
+        if not _PYTEST.search(command):
+            return f"test command {shlex.quote(command)[:200]} does not run pytest"
+    for text in commands + [script]:
+        match = _GUARD_VARS.search(text)
+        if match:
+            return f"its test command sets {match.group(0)}, which loads the test guard"
+    return None
 
 
 def read_selection(path: str | Path) -> list[str]:

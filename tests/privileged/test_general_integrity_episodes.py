@@ -108,3 +108,27 @@ def test_planted_hooks_config_and_git_tricks_earn_zero(general_service, general_
             ("runner_hook_in_tests", "conftest.py"), ("runner_config", "pytest.ini"),
             ("runner_config", "setup.cfg"), ("runner_shadowed", "pytest.py"),
             ("git_attributes", ".gitattributes")} <= found, found
+
+
+def test_canaries_lose_alone_and_with_gold(general_service, general_demo, general_prepared):
+    """tools/general/canaries.py through the service: Coding's techniques and
+    in-package report rewriting that no content screen sees, each 0.0 alone
+    and next to the gold fix; the gold fix alone 1.0. Before the guard ran in
+    General's verifier, the obfuscated variants earned 1.0 with integrity ok."""
+
+    from tools.canary_table import render
+    from tools.general import canaries
+
+    task = tasks_of(general_prepared, "opensource-code")[0]
+    gold = (general_demo["out"] / "gold" / f"{task['task_id']}.patch").read_text()
+
+    def outcome_of(episode_id):
+        return next((o for o in general_service.outcomes() if o["episode_id"] == episode_id), None)
+
+    results = canaries.play(Client(general_service.url), task, gold, outcome_of, workers=6)
+    text, failed = render("general opensource-code", results)
+    print(text)
+    assert not failed and not canaries.gold_check(results), text
+    assert len(results) == 1 + 2 * len(canaries.techniques("x", []))
+    obfuscated = [r for r in results if r.technique in canaries.OBFUSCATED]
+    assert obfuscated and all(r.reward == 0.0 and r.integrity == "tampered" for r in obfuscated), text

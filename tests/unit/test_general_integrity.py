@@ -19,7 +19,8 @@ import pytest
 from tests.support import mimo_tasks
 from tests.support.mimo_tasks import GOLD, world_dir
 
-from daemons.general import integrity  # noqa: E402
+from camg.guard_verdict import GUARD_DIR
+from daemons.general import integrity, prepare  # noqa: E402
 from mimoagent.transport import common, software, verifier_guard  # noqa: E402
 
 UID = 2931
@@ -34,7 +35,8 @@ def world():
     config = verifier_guard.GuardConfig(tmp_dirs=(str(base / "shared-tmp"),),
                                         state_root=str(base / "state"),
                                         changes_file=str(base / "logs" / "changes.json"),
-                                        reap_deadline_s=5.0)
+                                        reap_deadline_s=5.0, test_guard_dir=GUARD_DIR,
+                                        guard_record=str(base / "logs" / "guard.json"))
     yield base, config
     subprocess.run(["pkill", "-KILL", "-U", str(UID)], check=False)
     shutil.rmtree(base, ignore_errors=True)
@@ -262,3 +264,123 @@ def test_a_repository_the_verifier_cannot_enter_is_still_a_grader_error(world):
     with pytest.raises(common.InfraError) as info:
         env.step(FINISH)
     assert info.value.failure_class == "grader_error"
+
+
+# --- the test guard: the transport's record, the service's cross-check -----------
+
+TEST_IDS = ("tests/test_calc.py::test_add", "tests/test_calc.py::test_mul")
+GUARD_KEY = "ab" * 32
+
+
+def guard_record(records, code, log="", key=GUARD_KEY, sign_key=None):
+    import hashlib
+    import hmac
+
+    lines = []
+    for item in records:
+        payload = json.dumps(item, sort_keys=True, separators=(",", ":"))
+        mac = hmac.new((sign_key or key).encode(), payload.encode(), hashlib.sha256).hexdigest()[:32]
+        lines.append(f"camg-guard {mac} {payload}")
+    return {"key": key, "channel": "\n".join(lines) + "\n", "exit_code": code, "log": log,
+            "channel_truncated": False}
+
+
+def session(outcomes, status=None):
+    failed = any(o == "failed" for o in outcomes.values())
+    return ([{"t": "hello", "pid": 1}, {"t": "collected", "ids": list(outcomes)}]
+            + [{"t": "test", "id": t, "outcome": o} for t, o in outcomes.items()]
+            + [{"t": "end", "exitstatus": (1 if failed else 0) if status is None else status,
+                "evidence": []}])
+
+
+def rules_of(findings):
+    return {f.rule for f in findings}
+
+
+def test_guard_passes_an_honest_run_either_way():
+    for outcome, code in (("passed", 0), ("failed", 1)):
+        found, seen = integrity.guard_findings(guard_record(session(dict.fromkeys(TEST_IDS, outcome)), code))
+        assert found == [] and seen["sessions"] == 1 and seen["tests"] == 2
+
+
+@pytest.mark.parametrize("records,code,log,rule", [
+    # The runner exited 0, the guard saw a test fail (report rewritten in process).
+    (session({TEST_IDS[0]: "failed", TEST_IDS[1]: "passed"}), 0, "", "outcome_rewritten"),
+    # The session ended 1, the process exited 0 (an exit at interpreter shutdown).
+    (session(dict.fromkeys(TEST_IDS, "passed"), status=1), 0, "", "exit_status_rewritten"),
+    # Exited 0 before the session ended.
+    (session(dict.fromkeys(TEST_IDS, "passed"))[:-1], 0, "", "early_exit"),
+    # A second session started and never ended.
+    (session(dict.fromkeys(TEST_IDS, "passed")) + [{"t": "hello", "pid": 2}], 0, "", "early_exit"),
+    # A pass line the guard never saw.
+    (session({TEST_IDS[0]: "passed"}), 0, f"{TEST_IDS[1]} PASSED\n", "forged_log_line"),
+    # The guard's own evidence.
+    (session(dict.fromkeys(TEST_IDS, "passed"))[:-1]
+     + [{"t": "end", "exitstatus": 0, "evidence": [{"rule": "runner_patched", "detail": "x"}]}],
+     0, "", "runner_patched"),
+], ids=["outcome", "exit_status", "early_exit", "unended_session", "forged_line", "evidence"])
+def test_guard_cross_check_finds(records, code, log, rule):
+    found, _ = integrity.guard_findings(guard_record(records, code, log))
+    assert rule in rules_of(found), found
+
+
+def test_guard_lines_signed_with_another_key_are_forged_and_no_hello_is_no_grade():
+    forged = guard_record(session(dict.fromkeys(TEST_IDS, "passed")), 0, sign_key="cd" * 32)
+    with pytest.raises(integrity.errors.GraderError, match="never reported"):
+        integrity.guard_findings(forged)
+    mixed = guard_record(session({TEST_IDS[0]: "failed"}), 1)
+    mixed["channel"] += guard_record([{"t": "test", "id": TEST_IDS[0], "outcome": "passed"}], 0,
+                                     sign_key="cd" * 32)["channel"]
+    assert "forged_channel" in rules_of(integrity.guard_findings(mixed)[0])
+    # A run cut short by the verifier's timeout before pytest answered: the 0.0 stands.
+    assert integrity.guard_findings(guard_record([], integrity.TIMEOUT_EXIT))[0] == []
+
+
+def test_read_guard_refuses_a_missing_record():
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w"):
+        pass
+    with pytest.raises(integrity.errors.GraderError, match="guard.json"):
+        integrity.read_guard(buf.getvalue())
+
+
+@pytest.mark.parametrize("command,ok", [
+    ("/opt/venv/bin/python -m pytest -q tests/a.py::t", True),
+    ("cd /testbed && pytest -x", True),
+    ("make test", False),
+    ("python -m unittest discover", False),
+    ("PYTHONPATH=src pytest -q", False),
+    ("pytest -p no:camg_guard", False),
+])
+def test_preparation_refuses_what_the_guard_cannot_cover(command, ok):
+    instance = {"test_command": command, "test_patch": ""}
+    assert (prepare.guard_problem(instance) is None) == ok
+    script = {"test_command": "bash /testbed/mimo_test_command.sh",
+              "test_patch": "diff --git a/test_commands.json b/test_commands.json\n+++ b/test_commands.json\n"
+                            "@@ -0,0 +1 @@\n+" + json.dumps([command]) + "\n"}
+    assert (prepare.guard_problem(script) is None) == ok
+
+
+@root_only
+def test_transport_arms_the_guard_and_seals_its_channel(world):
+    """The verifier's environment loads the guard first from a root-owned
+    path; the channel is root's file in the grade's directory; after the run
+    the record (key, channel, exit status) is root-only."""
+    base, config = world
+    env, cwd = episode(base, config)
+    env.step(shell("echo hi"))
+    env.step(FINISH)
+    extra = env.verifier.env.extra_env
+    assert extra["PYTEST_ADDOPTS"].startswith("-p camg_guard")
+    assert extra["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    assert extra["PYTHONPATH"].split(":")[0] == os.path.realpath(GUARD_DIR)
+    channel = os.stat(extra["CAMG_GUARD_OUT"])
+    assert channel.st_uid == 0 and channel.st_mode & 0o777 == 0o622
+    sealed = os.stat(config.guard_record)
+    assert sealed.st_uid == 0 and sealed.st_mode & 0o777 == 0o600
+    body = json.loads(open(config.guard_record).read())
+    assert body["key"] == extra["CAMG_GUARD_KEY"] and isinstance(body["exit_code"], int)
+    assert record(config)["guard"]["test_guard"] is True

@@ -6,7 +6,10 @@ the same interpreter the task images carry), holding the in-container
 transport's dependencies (openenv-core, its FastAPI/uvicorn server), the MCP
 package the tool bridge and the tool servers use, openpyxl for the rule
 verifier, and the project's own ``mimoagent`` runtime, installed as a copy
-(not editable: the container has no view of the source tree). Versions are
+(not editable: the container has no view of the source tree), and camg's
+test guard (camg/guard/camg_guard.py, the pytest plugin Coding's grader
+loads too) in ``camg-guard/``, which the software verifier puts first on the
+test command's path (mimoagent.transport.verifier_guard). Versions are
 constrained by ``requirements.lock`` so the container runs what the suite
 tested. A venv finds its packages from ``pyvenv.cfg`` next to its ``bin/``,
 so it works at any mount point (``/opt/camg/agent-env`` by default) as long
@@ -25,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from camg import guard_verdict
 from camg.errors import DatasetError
 from camg.hashing import sha256_file, sha256_json
 
@@ -34,6 +38,8 @@ PYTHON = "/usr/bin/python3"
 PACKAGES = ("openenv-core", "mcp", "openpyxl", "websockets")
 #: where the helper mounts it inside containers (helper.json containers.agent_env_target)
 MOUNT_POINT = "/opt/camg/agent-env"
+#: below the environment: camg_guard.py (verifier_guard.TEST_GUARD_DIR is <sys.prefix>/camg-guard)
+GUARD_DIR = "camg-guard"
 
 
 def _pins() -> list[str]:
@@ -57,7 +63,7 @@ def key() -> str:
     """Inputs of the build: pins, lock, runtime sources."""
     return sha256_json({"pins": _pins(), "lock": (REPO / "requirements.lock").read_text(),
                         "runtime": _sources(), "python": PYTHON,
-                        "v": 1}).split(":", 1)[1][:16]
+                        "guard": sha256_file(guard_verdict.GUARD_FILE), "v": 1}).split(":", 1)[1][:16]
 
 
 def build(output: Path) -> Path:
@@ -89,6 +95,8 @@ def build(output: Path) -> Path:
     run([*pip, "-c", str(constraints), *_pins()], "pip install")
     run([*pip, "--no-deps", str(RUNTIME)], "install mimoagent")
     constraints.unlink()
+    (work / GUARD_DIR).mkdir()
+    shutil.copyfile(guard_verdict.GUARD_FILE, work / GUARD_DIR / Path(guard_verdict.GUARD_FILE).name)
     # Readable by the agent uid inside the container; nothing writable.
     subprocess.run(["chmod", "-R", "a+rX,go-w", str(work)], check=True)
     (work / "camg-agent-env.json").write_text(json.dumps({"key": want, "pins": _pins()}) + "\n")

@@ -79,11 +79,23 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
         if guard is None:
             return
         try:
-            env, _ = verifier_guard.before_grade(guard, verifier.pristine,
-                                                 verifier.patch_paths(instance["test_patch"]))
+            env, _, verifier.test_guard = verifier_guard.before_grade(
+                guard, verifier.pristine, verifier.patch_paths(instance["test_patch"]))
         except Exception as exc:  # noqa: BLE001 -- no isolated grade, no reward
             raise InfraError("grader_error", f"cannot isolate the verifier: {exc}") from None
         verifier.env.extra_env = env
+
+    def _seal(verifier, info: dict, output: str) -> None:
+        """The guard's channel for the service's cross-check (its verdict
+        decides the grade: daemons/general/integrity.py)."""
+        if guard is None:
+            return
+        try:
+            verifier_guard.seal(verifier.test_guard, agent_uid, info["verifier_returncode"],
+                                output, guard.reap_deadline_s)
+        except Exception as exc:  # noqa: BLE001 -- no channel, no trusted grade
+            raise InfraError("grader_error", f"cannot collect the test guard's channel: {exc}") \
+                from None
 
     _take_prewarmed, prewarm = prewarmer(_prepare)
 
@@ -125,6 +137,7 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
                                      "MiMo verifier infrastructure failed; no valid reward"
                                      + (f" ({info.get('error_category')}: {info.get('error')})"
                                         if info.get("error_category") else ""))
+                _seal(self.verifier, info, output)
                 self.terminal = ShellObservation(
                     task_id=instance["instance_id"], output="Original MiMo verifier completed.",
                     exit_code=info["verifier_returncode"], reward=float(reward), done=True,

@@ -23,6 +23,16 @@ it starts (after the agent's last action, as root):
    agent did to git hides a change -- with the added lines of each changed
    text file, written to ``/logs/verifier/changes.json`` for the General
    service to screen for runner tampering (daemons/general/integrity.py).
+5. **The test runner reports to a guard of ours** (``arm``/``seal``): the
+   test command gets camg's pytest guard (camg/guard/camg_guard.py, the one
+   Coding's grader runs; a root-owned copy in the read-only agent
+   environment) loaded first with plugin autoloading off, a key made for
+   this grade alone and a channel file in the grade's root-owned directory.
+   After the run every process of the agent uid is killed again and the
+   channel, the key, the exit status and the log go to
+   ``/logs/verifier/guard.json`` (root only) for the service's cross-check
+   (camg.guard_verdict): what the tests really did decides, not what the
+   runner reported.
 """
 
 from __future__ import annotations
@@ -31,10 +41,12 @@ import collections
 import dataclasses
 import json
 import os
+import secrets
 import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -43,6 +55,9 @@ AGENT_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 #: root-owned; per-grade homes and the pristine .git live below it
 STATE_ROOT = "/var/lib/mimo-verifier"
 CHANGES_FILE = "/logs/verifier/changes.json"
+GUARD_RECORD = "/logs/verifier/guard.json"
+#: tools/general/agent_env.py puts camg's guard there (a read-only mount in the container)
+TEST_GUARD_DIR = os.path.join(sys.prefix, "camg-guard")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +70,8 @@ class GuardConfig:
     state_root: str = STATE_ROOT
     changes_file: str = CHANGES_FILE
     reap_deadline_s: float = 10.0
+    test_guard_dir: str = TEST_GUARD_DIR
+    guard_record: str = GUARD_RECORD
 #: bounds of changes.json: the added text sent per file and in all, entries
 FILE_TEXT_LIMIT = 256 << 10
 TEXT_BUDGET = 4 << 20
@@ -335,20 +352,104 @@ def write_changes(record: dict, path: str = CHANGES_FILE) -> None:
     os.replace(tmp, path)
 
 
-def before_grade(config: GuardConfig, pristine: Pristine, test_paths: list[str]) -> tuple[dict, dict]:
-    """Steps 1-4 in order; returns (the verifier's environment, the guard's
-    record as written to changes.json). Raises on any failure: the caller
-    gives no reward then."""
+def before_grade(config: GuardConfig, pristine: Pristine,
+                 test_paths: list[str]) -> tuple[dict, dict, TestGuard]:
+    """Steps 1-5 in order; returns (the verifier's environment, the guard's
+    record as written to changes.json, the armed test guard). Raises on any
+    failure: the caller gives no reward then."""
     uid = pristine.uid
     killed = reap(uid, config.reap_deadline_s)
     removed = purge_agent_entries(uid, config.tmp_dirs)
     pristine.restore_git()
     bytecode = pristine.purge_bytecode()
     record = pristine.changes()
-    _, env = clean_env(uid, config.state_root)
+    base, env = clean_env(uid, config.state_root)
     record["test_patch_paths"] = list(test_paths)
+    guard, guard_env = arm(config, base, record, pristine.repo)
     record["guard"] = {"processes_killed": killed, "tmp_entries_removed": removed,
                        "bytecode_removed": bytecode, "git_restored": True,
-                       "clean_home": True, "user_site": False}
+                       "clean_home": True, "user_site": False, "test_guard": True}
     write_changes(record, config.changes_file)
-    return env, record
+    return {**env, **guard_env}, record, guard
+
+
+# --- 5. the test guard ----------------------------------------------------------
+
+GUARD_MODULE = "camg_guard"
+CHANNEL_LIMIT = 8 << 20
+_UNSET = "camg:unset"
+
+
+@dataclasses.dataclass(frozen=True)
+class TestGuard:
+    key: str
+    channel: str       # the file the guard appends its signed lines to
+    record: str        # where seal() leaves them for the service
+
+
+def runner_env(environ: dict, *, guard_dir: str, key: str, out: str, workdir: str,
+               changed: str) -> dict:
+    """What the test command gets so that pytest loads the guard first
+    (``-p camg_guard`` from ``guard_dir``, autoloading off); the guard hands
+    the original values back to any child process (the variables of Coding's
+    grader script, daemons/coding/grading.py)."""
+    def orig(name):
+        return environ[name] if name in environ else _UNSET
+
+    addopts, path = environ.get("PYTEST_ADDOPTS", ""), environ.get("PYTHONPATH", "")
+    return {"CAMG_GUARD_ORIG_PYTEST_ADDOPTS": orig("PYTEST_ADDOPTS"),
+            "CAMG_GUARD_ORIG_PYTEST_DISABLE_PLUGIN_AUTOLOAD": orig("PYTEST_DISABLE_PLUGIN_AUTOLOAD"),
+            "CAMG_GUARD_ORIG_PYTHONPATH": orig("PYTHONPATH"),
+            "PYTEST_ADDOPTS": f"-p {GUARD_MODULE}" + (f" {addopts}" if addopts else ""),
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "PYTHONPATH": guard_dir + (f":{path}" if path else ""),
+            "CAMG_GUARD_KEY": key, "CAMG_GUARD_OUT": out, "CAMG_GUARD_WORKDIR": workdir,
+            "CAMG_GUARD_CHANGED": changed}
+
+
+def _root_only(path: str) -> None:
+    st = os.lstat(path)
+    if st.st_uid != 0 or st.st_mode & 0o022 or stat.S_ISLNK(st.st_mode):
+        raise RuntimeError(f"{path} is not root-owned and read-only to others")
+
+
+def arm(config: GuardConfig, base: str, record: dict, repo: str) -> tuple[TestGuard, dict]:
+    """A key, a channel and the list of changed files for this grade (in
+    ``base``: root-owned, unlisted); the test command's environment."""
+    guard_dir = os.path.realpath(config.test_guard_dir)
+    for path in (guard_dir, os.path.join(guard_dir, GUARD_MODULE + ".py")):
+        _root_only(path)
+    key = secrets.token_hex(32)
+    channel = os.path.join(base, "guard.jsonl")
+    fd = os.open(channel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    # Root's file: the test process may append to it, never remove or replace it.
+    os.fchmod(fd, 0o622)
+    os.close(fd)
+    changed = os.path.join(base, "changed")
+    paths = [str(c["path"]) for c in record.get("changes", []) if c.get("status") != "deleted"]
+    with open(changed, "wb") as handle:
+        handle.write(b"\0".join(p.encode() for p in paths))
+    os.chmod(changed, 0o644)
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = runner_env(environ, guard_dir=guard_dir, key=key, out=channel, workdir=repo,
+                     changed=changed)
+    return TestGuard(key, channel, config.guard_record), env
+
+
+def seal(guard: TestGuard, uid: int, exit_code: int, log: str, deadline_s: float = 10.0) -> dict:
+    """After the test command: nothing it started may still write; the
+    channel (bounded), the key, the exit status and the log, root-only."""
+    left = reap(uid, deadline_s)
+    fd = os.open(guard.channel, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(CHANNEL_LIMIT + 1)
+    record = {"key": guard.key, "channel": data[:CHANNEL_LIMIT].decode("utf-8", "replace"),
+              "channel_truncated": len(data) > CHANNEL_LIMIT, "exit_code": exit_code,
+              "log": log, "processes_after_run": left}
+    os.makedirs(os.path.dirname(guard.record), mode=0o755, exist_ok=True)
+    tmp = guard.record + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    os.replace(tmp, guard.record)
+    return record
