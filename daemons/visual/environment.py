@@ -233,6 +233,11 @@ class VisualEnvironment(Environment):
             jpeg = None
         if jpeg is None or hashlib.sha256(jpeg).hexdigest() != meta.get("sha256"):
             raise errors.NoSubmission(f"the episode's screenshot {path.name} is gone or changed")
+        if meta.get("integrity") == "tampered":
+            # delivery.py's rule holds on a regrade too: 0, the judge is not asked
+            return Grade(0.0, {"integrity": "tampered",
+                               "integrity_evidence": list(meta.get("integrity_evidence") or ()),
+                               "rubric_id": self.rubric_id, "rubric_hash": self.rubric_hash})
         shot = Shot(jpeg, int(meta.get("width") or 0), int(meta.get("height") or 0),
                     bool(meta.get("downscaled")), (), {})
         verdict, parsed = self.judge_shot(task, shot)

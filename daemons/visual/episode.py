@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from camg import errors
 from camg.environment import Episode, Step, Submission
 
+from daemons.visual import delivery
 from daemons.visual.render import Shot
 
 log = logging.getLogger("camg.visual")
@@ -89,6 +90,7 @@ class VisualEpisode(Episode):
         self.shot_path: str | None = None
         self.verdict: dict | None = None
         self.failure: dict | None = None
+        self.evidence: list[str] = []       # delivery.py's integrity evidence
         self._lock = threading.Lock()
         self._closed = False
 
@@ -141,7 +143,13 @@ class VisualEpisode(Episode):
             tar = b""  # no dist/ at all: rendered like a missing index.html
         finally:
             self._drop_box()
-        self.shot = self.env.renderer.render(_strip_top(tar))
+        tar, self.evidence = delivery.strip_top(tar, self.settings.dist_bytes)
+        try:
+            self.shot = self.env.renderer.render(tar)
+        except errors.RenderError as exc:
+            self.evidence += delivery.render_evidence((), (), exc.details.get("blocked") or ())
+            raise
+        self.evidence += delivery.render_evidence(self.shot.local_loads, self.shot.sockets)
         self.shot_path = self.env.store_screenshot(self.episode_id, self.shot)
         obs = {"task_id": self.task.task_id, "step": self.steps, "finished_by": why,
                "output": (last or {}).get("output", "Site delivered; rendered for review."),
@@ -152,6 +160,8 @@ class VisualEpisode(Episode):
     def grade(self) -> float:
         if self.shot is None:
             raise errors.GraderError("nothing was rendered")
+        if delivery.verdict(self.evidence)["integrity"] == "tampered":
+            return 0.0  # reaching outside dist/: 0 by rule, the judge is not asked
         try:
             verdict, parsed = self.env.judge_shot(self.task, self.shot)
         except errors.JudgeError as exc:  # the record says what was asked of whom
@@ -167,7 +177,8 @@ class VisualEpisode(Episode):
             return None
         return Submission(meta={"screenshot": os.path.basename(self.shot_path),
                                 "sha256": self.shot.sha256, "width": self.shot.width,
-                                "height": self.shot.height, "downscaled": self.shot.downscaled})
+                                "height": self.shot.height, "downscaled": self.shot.downscaled,
+                                **delivery.verdict(self.evidence)})
 
     def outcome(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {"rubric_id": self.env.rubric_id, "rubric_hash": self.env.rubric_hash}
@@ -180,6 +191,7 @@ class VisualEpisode(Episode):
             out["judge"] = self.verdict
         if self.failure is not None:
             out["judge_failure"] = self.failure
+        out.update(delivery.verdict(self.evidence))
         return out
 
     def state(self) -> Mapping[str, Any]:
@@ -203,31 +215,3 @@ class VisualEpisode(Episode):
         with self._lock:
             self._closed = True
         self._drop_box()
-
-
-def _strip_top(tar: bytes) -> bytes:
-    """Docker's archive of /workspace/dist names its members ``dist/...``;
-    the renderer wants them relative to dist/."""
-    import tarfile
-
-    if not tar:
-        return _empty_tar()
-    src = tarfile.open(fileobj=io.BytesIO(tar), mode="r:*")
-    out = io.BytesIO()
-    with src, tarfile.open(fileobj=out, mode="w") as dst:
-        for member in src.getmembers():
-            parts = Path(member.name).parts
-            if len(parts) < 2 or not (member.isfile() or member.isdir()):
-                continue
-            member.name = os.path.join(*parts[1:])
-            dst.addfile(member, src.extractfile(member) if member.isfile() else None)
-    return out.getvalue()
-
-
-def _empty_tar() -> bytes:
-    import tarfile
-
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w"):
-        pass
-    return out.getvalue()

@@ -31,6 +31,9 @@ from camg import errors
 SCRIPT = Path(__file__).with_name("shot_script.py")
 WORK = "/tmp/camg-render"
 MAX_PIXELS = 20_000_000
+#: dist/ entries a render takes (a million empty files would cost the tar
+#: and the copy-in far more than dist_bytes suggests)
+MAX_ENTRIES = 20_000
 JPEG_QUALITY = 75
 
 
@@ -51,6 +54,10 @@ class Shot:
     downscaled: bool
     console_errors: tuple[str, ...]
     timings: Mapping[str, float]
+    #: file: URLs the page tried (Chromium refused them) and WebSockets
+    #: beyond its origin: integrity evidence (delivery.render_evidence)
+    local_loads: tuple[str, ...] = ()
+    sockets: tuple[str, ...] = ()
 
     @property
     def sha256(self) -> str:
@@ -100,7 +107,11 @@ def job_archive(dist_tar: bytes, mirror: Mirror, browser: str, limit: int) -> by
             info.type, info.mode = tarfile.DIRTYPE, 0o777 if d == "out" else 0o755
             tar.addfile(info)
         with tarfile.open(fileobj=io.BytesIO(dist_tar), mode="r:*") as src:
-            for member in src.getmembers():
+            members = src.getmembers()
+            if len(members) > MAX_ENTRIES:
+                raise errors.RenderError(f"dist/ has more than {MAX_ENTRIES} entries",
+                                         reason="dist_too_large")
+            for member in members:
                 name = member.name
                 while name.startswith("./"):
                     name = name[2:]
@@ -213,4 +224,5 @@ class Renderer:
             raise errors.RenderError("no screenshot was produced", reason="no_image")
         jpeg, width, height, shrunk = downscale(jpeg)
         timings = dict(result.get("timings", {}), wall=round(time.monotonic() - started, 3))
-        return Shot(jpeg, width, height, shrunk, tuple(result.get("console_errors", ())), timings)
+        return Shot(jpeg, width, height, shrunk, tuple(result.get("console_errors", ())), timings,
+                    tuple(result.get("local_loads", ())), tuple(result.get("sockets", ())))

@@ -14,7 +14,11 @@ What differs: the sandbox has no network but loopback. Requests to the
 allowlisted CDN URLs are answered from the local mirror (``mirror`` in the
 job: URL -> file); every other non-loopback request is aborted and listed
 in ``blocked``, which the service turns into a dropped episode (upstream
-drops a page whose external assets fail to load on every route).
+drops a page whose external assets fail to load on every route). Chromium
+refuses ``file:`` loads from the page's http origin itself (they never reach
+a route); its console line naming each is kept in ``local_loads``, and
+WebSockets (not routed) opened beyond the origin in ``sockets``: the
+service's integrity verdict reads both.
 
 Job (JSON file, argv[1]): dist, out, browser, mirror, goto_timeout_ms.
 Result: one JSON line on stdout.
@@ -23,6 +27,7 @@ Result: one JSON line on stdout.
 import functools
 import http.server
 import json
+import re
 import sys
 import threading
 import time
@@ -99,7 +104,20 @@ def render(job):
     server = _serve(job["dist"])
     origin = "http://127.0.0.1:%d" % server.server_address[1]
     mirror = job.get("mirror", {})
-    blocked, console = [], []
+    blocked, console, local, sockets = [], [], [], []
+    refused_local = re.compile(r"Not allowed to load local resource: (\S+)")
+
+    def on_console(message):
+        text = message.text
+        hit = refused_local.search(text)
+        if hit and len(local) < 50:
+            local.append(hit.group(1)[:500])
+        if message.type == "error" and len(console) < 15:
+            console.append(text[:500])
+
+    def on_socket(ws):
+        if not ws.url.startswith(origin.replace("http", "ws", 1) + "/") and len(sockets) < 50:
+            sockets.append(ws.url[:500])
 
     def route(r):
         url = r.request.url
@@ -123,8 +141,8 @@ def render(job):
                                           service_workers="block")
             context.route("**/*", route)
             page = context.new_page()
-            page.on("console", lambda m: m.type == "error" and len(console) < 15
-                    and console.append(m.text[:500]))
+            page.on("console", on_console)
+            page.on("websocket", on_socket)
             page.on("pageerror", lambda e: len(console) < 15 and console.append(str(e)[:500]))
             page.goto(origin + "/index.html", wait_until="load",
                       timeout=job.get("goto_timeout_ms", 25000))
@@ -144,7 +162,8 @@ def render(job):
         f.write(data)
     width, height = _jpeg_size(data)
     return {"ok": True, "width": width, "height": height, "bytes": len(data),
-            "blocked": blocked, "console_errors": console, "timings": timings}
+            "blocked": blocked, "console_errors": console, "local_loads": local,
+            "sockets": sockets, "timings": timings}
 
 
 def main():
