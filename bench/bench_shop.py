@@ -64,12 +64,12 @@ def timed(fn, *args):
 
 
 def bench_search(env: ShopEnvironment, queries: list[str]) -> dict:
-    lucene = env.searcher._searcher  # the pyserini LuceneSearcher the service holds
+    lucene = env.searcher._searcher  # the Anserini SimpleSearcher the service holds (pyjnius)
 
     def webshop(query: str) -> list[str]:
-        hits = lucene.search(query, k=50)
+        hits = lucene.search(query, 50)
         docs = [lucene.doc(hit.docid) for hit in hits]
-        return [a for a in (json.loads(d.raw())["id"] for d in docs) if a in env.products]
+        return [a for a in (json.loads(d.get("raw"))["id"] for d in docs) if a in env.products]
 
     for query in queries[:20]:  # JIT warm-up, not measured
         webshop(query)

@@ -1,19 +1,27 @@
-"""WebShop's search engine: pyserini's LuceneSearcher (Anserini BM25) on the
-prepared Lucene index, with one JVM per process.
+"""WebShop's search engine: Anserini's BM25 ``SimpleSearcher`` (the Java
+class pyserini's ``LuceneSearcher`` wraps) on the prepared Lucene index,
+with one JVM per process.
 
 pyjnius starts the JVM the first time ``jnius`` is imported and a process
 can never start a second one, so the JVM options (heap cap, which libjvm)
 are fixed once per process by ``boot_jvm``; a later call asking for
 different options is refused instead of silently running with the first.
-Importing ``pyserini.search.lucene`` also imports torch, faiss and
-onnxruntime (its package ``__init__`` pulls in the dense searchers); there
-is no narrower import that reaches ``LuceneSearcher``, so the import cost
-(~8 s, ~0.5 GB resident) is paid once at service start.
+
+The searcher is the Java class itself, reached through ``pyserini.pyclass``
+(the pyserini wheel's Anserini fat jar on the classpath), not through
+``pyserini.search.lucene``: that package's ``__init__`` imports the dense
+searchers (torch, faiss, onnxruntime, transformers), which BM25 never uses.
+For a string query without fields ``LuceneSearcher.search`` is exactly
+``SimpleSearcher.search(q, k)`` (pyserini 0.22.1, ``_searcher.py``), so the
+hits are the same; tests/privileged/test_shop_search.py's upstream top-50
+agreement checks it. pyserini is installed ``--no-deps`` for the same reason
+(``requirements/README.md``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -54,8 +62,17 @@ def boot_jvm(java_home: str, heap_mb: int) -> None:
         # handler exits the worker (status 143) mid graceful shutdown.
         jnius_config.add_options(wanted[1], "-Xss8m", "-Djava.awt.headless=true",
                                  "-XX:-UsePerfData", "-Xrs")
-        from pyserini.search.lucene import LuceneSearcher  # noqa: F401  (starts the JVM)
+        # pyjnius logs a "Please report your system information" block at
+        # INFO whenever JVM_PATH is set (kivy's logger): not ours to show.
+        logging.getLogger("kivy").setLevel(logging.WARNING)
+        # Puts the Anserini fat jar on the classpath, then starts the JVM.
+        import pyserini.pyclass  # noqa: F401
         _jvm_options = wanted
+
+
+def _simple_searcher():
+    from jnius import autoclass
+    return autoclass("io.anserini.search.SimpleSearcher")
 
 
 def jvm_heap_max_bytes() -> int:
@@ -77,9 +94,8 @@ class Searcher:
         if not any(Path(index_dir).glob("segments_*")):
             raise PreparationMissing(f"no Lucene index at {index_dir}",
                                      step="python -m camg.prepare_shop --output DIR")
-        from pyserini.search.lucene import LuceneSearcher
-        self._searcher = LuceneSearcher(str(index_dir))
-        self.num_docs = int(self._searcher.num_docs)
+        self._searcher = _simple_searcher()(str(index_dir))
+        self.num_docs = int(self._searcher.get_total_num_docs())
         self._known = known_asins
 
     def search(self, keywords: str, k: int = SEARCH_RETURN_N) -> list[str]:
@@ -89,7 +105,8 @@ class Searcher:
         for a JsonCollection index the Lucene docid *is* that ``id``, so we
         use it directly (``verify_index`` checks this for every document).
         """
-        hits = self._searcher.search(keywords, k=k)
+        # Positional: pyjnius drops keyword arguments of a Java method.
+        hits = self._searcher.search(keywords, int(k))
         asins = [hit.docid for hit in hits]
         if self._known is not None:
             asins = [a for a in asins if a in self._known]
@@ -97,7 +114,7 @@ class Searcher:
 
     def raw(self, docid: str) -> str | None:
         doc = self._searcher.doc(docid)
-        return None if doc is None else doc.raw()
+        return None if doc is None else doc.get("raw")
 
     def close(self) -> None:
         searcher, self._searcher = getattr(self, "_searcher", None), None
