@@ -177,8 +177,13 @@ class ResearchEnvironment(Environment):
         if self.grader is None:
             raise errors.Unavailable("the autoresearch environment is not started")
         data = None if submission.meta.get("missing") else submission.data
-        reward, report = graded(self._grade, task.task_id, data)
-        return Grade(reward, {"grade": dataclasses.asdict(report)})
+        reward, report = graded(self._grade, task.task_id, data,
+                                list(submission.meta.get("integrity_evidence") or ()))
+        outcome: dict[str, Any] = {"grade": dataclasses.asdict(report),
+                                   "integrity": report.integrity}
+        if report.integrity != "ok":
+            outcome["integrity_evidence"] = list(report.evidence)
+        return Grade(reward, outcome)
 
     # -- operator checks ----------------------------------------------------
 

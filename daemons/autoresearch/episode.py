@@ -66,6 +66,22 @@ class Prepared:
     image: Any                # camg.oci.images.MaterializedImage
 
 
+# At finish, as the agent: the submission's state, every process holding it
+# open for writing, then every agent process killed (kill -1 spares only the
+# caller), and the state again. A job still writing shows as a writer or as
+# a changed state; none can write after the kill.
+_COLLECT = (
+    "S={path}; state() {{ if [ -L $S ]; then echo \"link $(readlink $S | head -c 160)\"; "
+    "elif [ -e $S ]; then stat -c '%F|%s|%i|%y' $S; else echo missing; fi; }}; "
+    "echo \"before=$(state)\"; "
+    "for f in /proc/[0-9]*/fd/*; do [ \"$(readlink $f 2>/dev/null)\" = $S ] || continue; "
+    "p=${{f#/proc/}}; pid=${{p%%/*}}; fl=$(sed -n 's/^flags:[[:space:]]*//p' "
+    "/proc/$pid/fdinfo/${{f##*/}} 2>/dev/null); "
+    "[ -n \"$fl\" ] && [ $((8#$fl & 3)) -ne 0 ] && "
+    "echo \"writer=$pid $(tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | head -c 80)\"; "
+    "done; kill -KILL -1 2>/dev/null; sleep 0.2; echo \"after=$(state)\"")
+
+
 @dataclasses.dataclass
 class Report:
     submitted: bool
@@ -73,18 +89,32 @@ class Report:
     score: float | None = None
     detail: str = ""
     grade_seconds: float | None = None
+    rule: str = ""                  # why an invalid submission is (metrics.SubmissionInvalid)
+    integrity: str = "ok"           # "ok" | "tampered"
+    evidence: list[str] = dataclasses.field(default_factory=list)
 
 
-def graded(grade: Callable[[str, bytes], dict], task_id: str,
-           submitted: bytes | None) -> tuple[float, Report]:
+def graded(grade: Callable[[str, bytes], dict], task_id: str, submitted: bytes | None,
+           evidence: list[str] = ()) -> tuple[float, Report]:
     """(reward, report) of a submission by the private grader; no file is 0.
-    An episode's grade and a regrade (ResearchEnvironment.regrade) both
-    come here."""
+    ``evidence``: what the collection saw (a link, a fifo, a job still
+    writing); any evidence, or ids the test set does not have, makes the
+    verdict "tampered" and the reward 0.0. An episode's grade and a regrade
+    (ResearchEnvironment.regrade) both come here."""
+    evidence = list(evidence)
     if submitted is None:
-        return 0.0, Report(submitted=False, detail="missing")
-    reply = grade(task_id, submitted)
-    return float(reply["reward"]), Report(True, bool(reply.get("valid")), reply.get("score"),
-                                          str(reply.get("detail", "")), reply.get("seconds"))
+        reward, report = 0.0, Report(submitted=False, detail="missing")
+    else:
+        reply = grade(task_id, submitted)
+        reward = float(reply["reward"])
+        report = Report(True, bool(reply.get("valid")), reply.get("score"),
+                        str(reply.get("detail", "")), reply.get("seconds"),
+                        str(reply.get("rule", "")))
+        if report.rule == "unknown_id":
+            evidence.append(f"submission_unknown_id: {report.detail[:120]}")
+    if evidence:
+        reward, report.integrity, report.evidence = 0.0, "tampered", evidence
+    return reward, report
 
 
 class ResearchEpisode(Episode):
@@ -103,6 +133,7 @@ class ResearchEpisode(Episode):
         self.started = 0.0
         self.terminal: Step | None = None
         self.submitted: bytes | None = None
+        self.evidence: list[str] = []   # what the collection saw (graded's evidence)
         self.report: Report | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -214,7 +245,7 @@ class ResearchEpisode(Episode):
 
     def _finish(self, text: str) -> Step:
         sandbox = self._sandbox()
-        self.submitted, problem = self._collect(sandbox)
+        self.submitted, problem, self.evidence = self._collect(sandbox)
         with self._lock:
             self.sandbox = None
         self._destroy(sandbox)
@@ -223,45 +254,82 @@ class ResearchEpisode(Episode):
         self.terminal = Step(self._observation(text, None), done=True)
         return self.terminal
 
-    def _collect(self, sandbox: str) -> tuple[bytes | None, str]:
-        """The submission's bytes, copied out as the agent's own file."""
-        probe = self._call(self.helper.exec, sandbox,
-                           f"if [ -f {SUBMISSION} ] && [ ! -L {SUBMISSION} ]; then "
-                           f"stat -c %s {SUBMISSION}; else echo missing; fi",
+    def _collect(self, sandbox: str) -> tuple[bytes | None, str, list[str]]:
+        """The submission's bytes, copied out as the agent's own file once no
+        agent process is left; the evidence of tampering seen on the way."""
+        probe = self._call(self.helper.exec, sandbox, _COLLECT.format(path=SUBMISSION),
                            user="agent", cwd=WORKDIR, env=self.exec_env, timeout=60,
-                           output_limit=200)
-        answer = probe.output.strip()
-        if answer == "missing":
-            return None, "no /workspace/submission.csv"
-        if not answer.isdigit() or int(answer) > MAX_SUBMISSION:
-            return None, f"submission is not a regular file of at most {MAX_SUBMISSION} bytes"
+                           output_limit=4000)
+        seen: dict[str, str] = {}
+        writers = []
+        for line in probe.output.splitlines():
+            key, _, value = line.partition("=")
+            if key == "writer":
+                writers.append(value.strip())
+            elif key in ("before", "after"):
+                seen[key] = value.strip()
+        if "before" not in seen or "after" not in seen:
+            raise errors.InfraFailure(f"the submission probe failed: {probe.output[-300:]!r}")
+        evidence = [f"submission_written_at_finish: open for writing by pid {w}"[:200]
+                    for w in writers[:3]]
+        if seen["before"] != seen["after"]:
+            evidence.append(f"submission_written_at_finish: {seen['before'][:80]} became "
+                            f"{seen['after'][:80]}")
+        state = seen["after"]
+        if state == "missing":
+            return None, "no /workspace/submission.csv", evidence
+        if state.startswith("link "):
+            evidence.append(f"submission_link: {SUBMISSION} -> {state[5:]}")
+            return None, "submission is a symbolic link", evidence
+        kind, size = (state.split("|") + ["", ""])[:2]
+        if not kind.startswith("regular"):
+            evidence.append(f"submission_not_regular: {SUBMISSION} is a {kind[:40]}")
+            return None, f"submission is a {kind[:40]}, not a regular file", evidence
+        if not size.isdigit() or int(size) > MAX_SUBMISSION:
+            return None, f"submission is not a regular file of at most {MAX_SUBMISSION} bytes", \
+                evidence
         archive = self._call(self.helper.get_archive, sandbox, SUBMISSION)
         try:
             with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
                 member = tar.next()
                 if member is None or not member.isfile() or member.size > MAX_SUBMISSION:
-                    return None, "submission is not a regular file"
+                    return None, "submission is not a regular file", evidence
                 data = tar.extractfile(member).read()
         except (tarfile.TarError, OSError) as exc:
             raise errors.InfraFailure(f"reading the submission archive failed: {exc}") from None
-        log.info("submission collected: %d bytes", len(data), extra=self.fields)
-        return data, ""
+        if len(data) != int(size):
+            evidence.append(f"submission_written_at_finish: {size} bytes at the probe, "
+                            f"{len(data)} copied")
+        log.info("submission collected: %d bytes%s", len(data),
+                 f", evidence {evidence}" if evidence else "", extra=self.fields)
+        return data, "", evidence
 
     def grade(self) -> float:
         if self.terminal is None:
             raise errors.GraderError("grade() before the episode finished")
-        reward, self.report = graded(self.grade_submission, self.task.task_id, self.submitted)
+        reward, self.report = graded(self.grade_submission, self.task.task_id, self.submitted,
+                                     self.evidence)
         log.info("graded: reward %.4f %s", reward, self.report, extra=self.fields)
         return reward
+
+    def outcome(self) -> Mapping[str, Any]:
+        """The integrity verdict, as Coding and General record it."""
+        if self.report is None:
+            return {}
+        body: dict[str, Any] = {"integrity": self.report.integrity}
+        if self.report.integrity != "ok":
+            body["integrity_evidence"] = list(self.report.evidence)
+        return body
 
     def submission(self) -> Submission | None:
         """The submitted CSV's bytes (at most 8 MiB); a missing file is
         kept as such (it earns 0 again)."""
         if self.terminal is None:
             return None
+        meta = {"integrity_evidence": list(self.evidence)} if self.evidence else {}
         if self.submitted is None:
-            return Submission(meta={"missing": True})
-        return Submission(self.submitted)
+            return Submission(meta={"missing": True, **meta})
+        return Submission(self.submitted, meta)
 
     def close(self) -> None:
         with self._lock:

@@ -44,7 +44,8 @@ def grade(task: dict, submission: bytes) -> dict:
     try:
         predicted = metrics.parse_submission(submission, task["ids"], integer=task["integer"])
     except metrics.SubmissionInvalid as exc:
-        return {"valid": False, "reward": 0.0, "score": None, "detail": str(exc)}
+        return {"valid": False, "reward": 0.0, "score": None, "detail": str(exc),
+                "rule": exc.rule}
     value = metrics.score(task["metric"], task["truth"], predicted)
     reward = metrics.normalise(value, task["baseline"], task["reference"])
     return {"valid": True, "reward": reward, "score": value, "detail": ""}

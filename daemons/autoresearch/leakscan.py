@@ -16,7 +16,9 @@ digits may not: a file needs only a few matching rows to count).
 
 What is scanned: every regular file (no symlink followed) of the rootfs and
 of the workspace but the test inputs themselves, whose name ends in a data
-suffix (DATA_SUFFIXES), also gzip/bzip2/xz-compressed, and the members of
+suffix (DATA_SUFFIXES or BINARY_SUFFIXES), or is gzip/bzip2/xz-compressed
+with a data suffix or none inside (``data.gz``), outside SKIPPED_TREES
+(documentation, locales, dpkg's state), and the members of
 .npz/.zip archives: text is read as the stream of its numbers (tokens not
 glued to letters, so an id such as ``bc0012`` is no number) and of its
 words (for the ids); .npy/.npz as their arrays flattened; pickles and other
@@ -56,6 +58,11 @@ DATA_SUFFIXES = (".csv", ".tsv", ".txt", ".dat", ".data", ".arff", ".json", ".js
                  ".npz", ".svm", ".libsvm", ".svmlight", ".names", ".test", ".train", ".zip")
 BINARY_SUFFIXES = (".pkl", ".pickle", ".joblib", ".pt", ".pth", ".bin", ".mat")
 COMPRESSED = {".gz": gzip.decompress, ".bz2": bz2.decompress, ".xz": lzma.decompress}
+# Documentation and system trees: prose, no data sets (and most of the
+# image's compressed files: changelogs, manual pages).
+SKIPPED_TREES = frozenset({"proc", "sys", "dev", "usr/share/doc", "usr/share/man",
+                           "usr/share/info", "usr/share/locale", "usr/share/i18n",
+                           "usr/share/zoneinfo", "var/lib/dpkg", "var/cache/debconf"})
 MAX_BYTES = 128 << 20
 KEY = 8                 # consecutive values hashed per row
 _PRIME = np.uint64(0x100000001B3)
@@ -131,19 +138,35 @@ class TestRows:
     def __len__(self) -> int:
         return len(self.codes)
 
-    def found_in(self, stream: np.ndarray) -> set[int]:
-        codes = canonical(stream)
+    def anchors(self, k: int) -> np.ndarray:
+        return np.array([h for (w, h) in self.by_anchor if w == k], dtype=np.uint64)
+
+    def found_at(self, codes: np.ndarray, k: int, hashes: np.ndarray,
+                 positions: np.ndarray) -> set[int]:
+        """The rows whose anchor of width ``k`` hashes as at ``positions``."""
         found: set[int] = set()
-        for k in self.widths:
-            hashes = _window_hashes(codes, k)
-            wanted = np.array([h for (w, h) in self.by_anchor if w == k], dtype=np.uint64)
-            for position in np.nonzero(np.isin(hashes, wanted))[0]:
-                for n in self.by_anchor.get((k, int(hashes[position])), ()):
-                    start = int(position) - self.offsets[n]
-                    row = self.codes[n]
-                    if start >= 0 and np.array_equal(codes[start:start + len(row)], row):
-                        found.add(n)
+        for position in positions:
+            for n in self.by_anchor.get((k, int(hashes[position])), ()):
+                start = int(position) - self.offsets[n]
+                row = self.codes[n]
+                if start >= 0 and np.array_equal(codes[start:start + len(row)], row):
+                    found.add(n)
         return found
+
+
+def found_in(codes: np.ndarray, rowsets: Mapping[str, TestRows]) -> dict[str, set[int]]:
+    """Per task the rows in one stream of canonical codes (one hash pass and
+    one lookup per anchor width for every task at once)."""
+    found: dict[str, set[int]] = {task: set() for task in rowsets}
+    for k in sorted({k for rows in rowsets.values() for k in rows.widths}):
+        hashes = _window_hashes(codes, k)
+        wanted_k = np.concatenate([rows.anchors(k) for rows in rowsets.values()])
+        positions = np.nonzero(np.isin(hashes, wanted_k))[0]
+        if len(positions):
+            for task, rows in rowsets.items():
+                if k in rows.widths:
+                    found[task] |= rows.found_at(codes, k, hashes, positions)
+    return found
 
 
 def task_test_rows(public: Path) -> tuple[TestRows, set[str]]:
@@ -179,8 +202,12 @@ def _suffixes(name: str) -> tuple[str, str]:
 
 
 def wanted(name: str) -> bool:
+    """A data file (also compressed), or a compressed file of no other suffix."""
     compression, kind = _suffixes(name)
-    return bool(kind) or bool(compression)
+    if compression:
+        inner = name[:-len(compression)]
+        return bool(kind) or "." not in inner.lstrip(".")
+    return bool(kind)
 
 
 def _streams(name: str, data: bytes) -> Iterator[tuple[np.ndarray, bytes]]:
@@ -215,8 +242,10 @@ def _streams(name: str, data: bytes) -> Iterator[tuple[np.ndarray, bytes]]:
             for offset in range(size):
                 usable = (len(data) - offset) // size * size
                 if usable > 0:
-                    yield np.frombuffer(data, dtype=dtype, offset=offset,
-                                        count=usable // size).astype(np.float64), b""
+                    with np.errstate(invalid="ignore", over="ignore"):
+                        view = np.frombuffer(data, dtype=dtype, offset=offset,
+                                             count=usable // size).astype(np.float64)
+                    yield view, b""
         return
     numbers = _NUMBER.findall(data)
     yield np.array([float(n) for n in numbers]) if numbers else np.zeros(0), data
@@ -233,9 +262,10 @@ def scan_file(path: Path, shown: str, rowsets: Mapping[str, TestRows]) -> dict[s
     ids: dict[str, set[bytes]] = {task: set() for task in rowsets}
     for numbers, text in _streams(path.name, data):
         words = set(_WORD.findall(text)) if text else set()
+        if len(numbers):
+            for task, rows in found_in(canonical(numbers), rowsets).items():
+                found[task] |= rows
         for task, rows in rowsets.items():
-            if len(rows) and len(numbers):
-                found[task] |= rows.found_in(numbers)
             if rows.ids and words:
                 ids[task] |= rows.ids & words
     leaks = {}
@@ -255,7 +285,9 @@ def scan_tree(root: Path, rowsets: Mapping[str, TestRows], *, prefix: str = "/",
     leaks: dict[str, list[Leak]] = {task: [] for task in rowsets}
     scanned = 0
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        here = os.path.relpath(dirpath, root)
+        dirnames[:] = sorted(d for d in dirnames
+                             if os.path.normpath(os.path.join(here, d)) not in SKIPPED_TREES)
         for name in sorted(filenames):
             path = Path(dirpath) / name
             relative = str(path.relative_to(root))

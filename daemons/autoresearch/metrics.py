@@ -21,20 +21,30 @@ MAX_SUBMISSION_BYTES = 8 << 20
 
 
 class SubmissionInvalid(ValueError):
-    """The submission cannot be scored (missing, malformed, wrong ids)."""
+    """The submission cannot be scored (missing, malformed, wrong ids).
+
+    ``rule`` names why, for the outcome record: ``unknown_id`` (an id the
+    test set does not have: a probe, not a mistake, so the episode reports
+    it as tampering), ``duplicate_id``, ``partial``, ``not_finite``,
+    ``not_number``, ``fields``, ``header``, ``encoding``, ``size``."""
+
+    def __init__(self, message: str, rule: str = "malformed") -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 def parse_submission(data: bytes, ids: list[str], *, integer: bool = False) -> np.ndarray:
     """Predictions in the order of ``ids``."""
     if len(data) > MAX_SUBMISSION_BYTES:
-        raise SubmissionInvalid(f"submission is larger than {MAX_SUBMISSION_BYTES} bytes")
+        raise SubmissionInvalid(f"submission is larger than {MAX_SUBMISSION_BYTES} bytes",
+                                "size")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise SubmissionInvalid("submission is not UTF-8 text") from None
+        raise SubmissionInvalid("submission is not UTF-8 text", "encoding") from None
     rows = list(csv.reader(io.StringIO(text)))
     if not rows or [c.strip().lower() for c in rows[0]] != ["id", "prediction"]:
-        raise SubmissionInvalid("the first line must be the header 'id,prediction'")
+        raise SubmissionInvalid("the first line must be the header 'id,prediction'", "header")
     wanted = {i: n for n, i in enumerate(ids)}
     values = np.full(len(ids), np.nan)
     seen = set()
@@ -42,23 +52,25 @@ def parse_submission(data: bytes, ids: list[str], *, integer: bool = False) -> n
         if not row:
             continue
         if len(row) != 2:
-            raise SubmissionInvalid(f"line {lineno}: expected 2 fields, got {len(row)}")
+            raise SubmissionInvalid(f"line {lineno}: expected 2 fields, got {len(row)}", "fields")
         key = row[0].strip()
         if key not in wanted:
-            raise SubmissionInvalid(f"line {lineno}: unknown id {key[:40]!r}")
+            raise SubmissionInvalid(f"line {lineno}: unknown id {key[:40]!r}", "unknown_id")
         if key in seen:
-            raise SubmissionInvalid(f"line {lineno}: id {key[:40]!r} appears twice")
+            raise SubmissionInvalid(f"line {lineno}: id {key[:40]!r} appears twice",
+                                    "duplicate_id")
         try:
             value = float(row[1])
         except ValueError:
-            raise SubmissionInvalid(f"line {lineno}: prediction is not a number") from None
+            raise SubmissionInvalid(f"line {lineno}: prediction is not a number",
+                                    "not_number") from None
         if not math.isfinite(value) or (integer and value != int(value)):
             raise SubmissionInvalid(f"line {lineno}: prediction must be a finite "
-                                    f"{'integer' if integer else 'number'}")
+                                    f"{'integer' if integer else 'number'}", "not_finite")
         seen.add(key)
         values[wanted[key]] = value
     if len(seen) != len(ids):
-        raise SubmissionInvalid(f"submission has {len(seen)} of the {len(ids)} ids")
+        raise SubmissionInvalid(f"submission has {len(seen)} of the {len(ids)} ids", "partial")
     return values
 
 

@@ -45,15 +45,45 @@ def test_normalise_both_directions_clipped(value, baseline, reference, expected)
     assert metrics.normalise(value, baseline, reference) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("data,problem", [
-    (b"", "header"), (b"\xff\xfe", "UTF-8"), (b"id,pred\na,1\n", "header"),
-    (b"id,prediction\na,1\n", "1 of the 2"), (b"id,prediction\na,1\na,2\nb,1\n", "twice"),
-    (b"id,prediction\na,1\nz,1\n", "unknown id"), (b"id,prediction\na,nan\nb,1\n", "finite"),
-    (b"id,prediction\na,x\nb,1\n", "not a number"), (b"id,prediction\na,1,2\nb,1\n", "2 fields"),
+@pytest.mark.parametrize("data,problem,rule", [
+    (b"", "header", "header"), (b"\xff\xfe", "UTF-8", "encoding"),
+    (b"id,pred\na,1\n", "header", "header"),
+    (b"id,prediction\na,1\n", "1 of the 2", "partial"),
+    (b"id,prediction\na,1\na,2\nb,1\n", "twice", "duplicate_id"),
+    (b"id,prediction\na,1\nz,1\n", "unknown id", "unknown_id"),
+    (b"id,prediction\na,nan\nb,1\n", "finite", "not_finite"),
+    (b"id,prediction\na,inf\nb,1\n", "finite", "not_finite"),
+    (b"id,prediction\na,x\nb,1\n", "not a number", "not_number"),
+    (b"id,prediction\na,1,2\nb,1\n", "2 fields", "fields"),
+    (b"id,prediction\n" + b"a,1\n" * (5 << 20), "larger", "size"),
 ])
-def test_malformed_submissions_are_invalid(data, problem):
-    with pytest.raises(metrics.SubmissionInvalid, match=problem):
+def test_malformed_submissions_are_invalid(data, problem, rule):
+    with pytest.raises(metrics.SubmissionInvalid, match=problem) as caught:
         metrics.parse_submission(data, ["a", "b"])
+    assert caught.value.rule == rule
+
+
+def test_verdict_tampered_on_evidence_or_unknown_ids_and_reward_zero():
+    from daemons.autoresearch.episode import graded
+
+    def grade(task_id, data):
+        if b"zz" in data:
+            return {"valid": False, "reward": 0.0, "detail": "line 2: unknown id 'zz'",
+                    "rule": "unknown_id"}
+        return {"valid": True, "reward": 1.0, "score": 1.0, "detail": ""}
+
+    reward, report = graded(grade, "t", b"good")
+    assert (reward, report.integrity, report.evidence) == (1.0, "ok", [])
+    reward, report = graded(grade, "t", b"good", ["submission_written_at_finish: x"])
+    assert (reward, report.integrity) == (0.0, "tampered")
+    assert report.evidence == ["submission_written_at_finish: x"]
+    reward, report = graded(grade, "t", b"zz")
+    assert (reward, report.integrity) == (0.0, "tampered")
+    assert report.evidence == ["submission_unknown_id: line 2: unknown id 'zz'"]
+    reward, report = graded(grade, "t", None, ["submission_link: /workspace/submission.csv -> x"])
+    assert (reward, report.integrity, report.submitted) == (0.0, "tampered", False)
+    reward, report = graded(grade, "t", None)
+    assert (reward, report.integrity) == (0.0, "ok")
 
 
 def test_integer_metric_refuses_fractions_and_order_is_by_id():
