@@ -146,11 +146,13 @@ class GeneralEnvironment(Environment):
 
     def regrade(self, task: Task, submission: Submission) -> Grade:
         """general_agent: the stored verifier detail before the judge again
-        (new judge calls; the rule items' scores are the verifier's)."""
-        if submission.meta.get("task_kind") == "opensource-code" or not submission.data:
-            raise errors.RegradeUnsupported(
-                "opensource-code episodes are graded by the verifier inside their container, "
-                "which is gone; only general_agent episodes can be regraded")
+        (new judge calls; the rule items' scores are the verifier's).
+        opensource-code: the stored verifier records before the current
+        screen and cross-check (the test run itself is not repeated)."""
+        if submission.meta.get("task_kind") == "opensource-code":
+            return self._regrade_code(submission)
+        if not submission.data:
+            raise errors.RegradeUnsupported("the episode left no verifier detail to judge again")
         if self.judge is None:
             raise errors.JudgeError("the judge is not started", reason="unconfigured")
         try:
@@ -164,6 +166,27 @@ class GeneralEnvironment(Environment):
         if self.settings.binarize:
             reward = 1.0 if reward >= 1.0 - 1e-6 else 0.0
         return Grade(reward, {"task_kind": "general_agent", "judge": records, **verdict})
+
+
+    def _regrade_code(self, submission: Submission) -> Grade:
+        """opensource-code: the test run happened in a container that is
+        gone; its records (the change record, the test guard's channel and
+        the command's exit status) are judged again by the current screen
+        and cross-check (daemons/general/integrity.py)."""
+        from daemons.general import integrity
+
+        if not submission.data:
+            raise errors.RegradeUnsupported(
+                "opensource-code episodes are graded by the verifier inside their container, "
+                "which is gone; this one kept no verifier records to judge again")
+        try:
+            records = json.loads(submission.data)
+            reward, verdict = integrity.verdict(records["changes"], records["guard"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise errors.GraderError(f"the stored verifier records are unreadable: {exc}") from None
+        # (0.0 or 1.0 already: binarizing changes nothing)
+        return Grade(reward, {"task_kind": "opensource-code",
+                              "verifier_exit_code": records["guard"]["exit_code"], **verdict})
 
 
 class GeneralEpisode(Episode):
@@ -180,6 +203,7 @@ class GeneralEpisode(Episode):
         self.judge_failure: dict | None = None
         self.detail: dict | None = None  # the verifier's reward_detail.json (regrade)
         self.integrity: dict | None = None  # the tamper screen's part of the outcome
+        self.code_records: dict | None = None  # opensource-code: changes + guard (regrade)
         self.steps = 0  # actions the transport took (the reference's position)
         self._closed = False
         self._lock = threading.Lock()
@@ -247,12 +271,11 @@ class GeneralEpisode(Episode):
         from daemons.general import integrity
 
         tar = self.env.client.get_archive(self.container.id, VERIFIER_OUT)
-        record = integrity.read_changes(tar)
-        # The test guard's cross-check (GraderError when the runner never reported).
-        found, seen = integrity.guard_findings(integrity.read_guard(tar))
-        findings = integrity.screen(record) + found
-        self.integrity = integrity.summary(record, findings, seen)
-        return 0.0 if findings else reward
+        records = {"changes": integrity.read_changes(tar), "guard": integrity.read_guard(tar)}
+        # (GraderError when the test runner never reported to the guard)
+        _, self.integrity = integrity.verdict(records["changes"], records["guard"])
+        self.code_records = records
+        return 0.0 if self.integrity["integrity"] == "tampered" else reward
 
     def _binarized(self, reward: float) -> float:
         if self.env.settings.binarize:
@@ -290,10 +313,14 @@ class GeneralEpisode(Episode):
     def submission(self) -> Submission | None:
         """general_agent: the verifier's reward_detail.json (rule scores and
         the LLM items' judge requests; a few KiB), judged again by a regrade.
-        opensource-code was graded inside its container, which is gone: kept
-        as such, so a regrade says why it cannot."""
+        opensource-code: the change record and the test guard's record (the
+        run's channel, key, exit status and log; the key served that grade
+        only), which a regrade judges again."""
         if self.detail is not None:
             return Submission(json.dumps(self.detail, sort_keys=True).encode())
+        if self.kind == "opensource-code" and self.code_records is not None:
+            return Submission(json.dumps(self.code_records, sort_keys=True).encode(),
+                              meta={"task_kind": self.kind})
         if self.kind == "opensource-code" and self.verifier_exit is not None:
             return Submission(meta={"task_kind": self.kind})
         return None

@@ -190,6 +190,16 @@ def screen(record: dict, test_paths: Iterable[str] = ()) -> list[Finding]:
     return list(unique.values())
 
 
+def verdict(changes: dict, guard: dict) -> tuple[float, dict]:
+    """The grade the records decide (1.0 iff the command exited 0 and
+    nothing was found) and the outcome record's part; the same at grading
+    and at a regrade from the stored records (new rules, same run)."""
+    found, seen = guard_findings(guard)
+    findings = screen(changes) + found
+    reward = 1.0 if guard["exit_code"] == 0 and not findings else 0.0
+    return reward, summary(changes, findings, seen)
+
+
 def summary(record: dict, findings: list[Finding], seen: dict | None = None) -> dict:
     """The outcome record's part: integrity, evidence, what the guards did and saw."""
     body: dict = {"integrity": "tampered" if findings else "ok",

@@ -384,3 +384,26 @@ def test_transport_arms_the_guard_and_seals_its_channel(world):
     body = json.loads(open(config.guard_record).read())
     assert body["key"] == extra["CAMG_GUARD_KEY"] and isinstance(body["exit_code"], int)
     assert record(config)["guard"]["test_guard"] is True
+
+
+def test_regrade_judges_the_stored_records_again(tmp_path):
+    """An opensource-code episode's submission is its change record and its
+    guard record; a regrade gives the verdict of the current rules on them."""
+    from camg.environment import ServiceContext, Task
+    from daemons.general.environment import GeneralEnvironment
+
+    image = "registry.invalid/x@sha256:" + "0" * 64
+    task = Task("oc", {"kind": "opensource-code", "image": image, "instance_id": "oc"})
+    env = GeneralEnvironment(ServiceContext("general", str(tmp_path), {}), [task])
+    episode = env.create_episode(task, seed=None, episode_id="e")
+    changes = {"changes": [change("src/calc.py", "    return a + b")], "guard": {}}
+    for outcomes, code, want, verdict in (
+            (dict.fromkeys(TEST_IDS, "passed"), 0, 1.0, "ok"),
+            ({TEST_IDS[0]: "failed", TEST_IDS[1]: "passed"}, 0, 0.0, "tampered"),
+            ({TEST_IDS[0]: "failed", TEST_IDS[1]: "passed"}, 1, 0.0, "ok")):
+        episode.code_records = {"changes": changes, "guard": guard_record(session(outcomes), code)}
+        grade = env.regrade(task, episode.submission())
+        assert grade.reward == want and grade.outcome["integrity"] == verdict, grade
+    episode.code_records["guard"]["channel"] = ""
+    with pytest.raises(integrity.errors.GraderError, match="never reported"):
+        env.regrade(task, episode.submission())
