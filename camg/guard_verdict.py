@@ -7,8 +7,9 @@ outcome from the raw call result and checks at the end of the session that
 the reporting path is intact. Its records are lines ``camg-guard MAC JSON``
 signed with a key made for that grade alone.
 
-Coding runs it in a fresh grader sandbox (daemons/coding/grading.py), General
-inside the task container (mimoagent.transport.verifier_guard); both read
+Coding runs it in a fresh grader sandbox (daemons/coding/grading.py, whose
+script sets the variables that load it), General inside the task container
+(mimoagent.transport.verifier_guard.runner_env, the same variables); both read
 the channel and hold it against what the runner reported with this module:
 a pass the guard never saw, a runner that exited 0 before its session ended
 or with a failed test behind it, evidence the guard raised, an unsigned line.
@@ -30,28 +31,6 @@ GUARD_MODULE = "camg_guard"
 #: the directory holding camg_guard.py (what goes on the runner's PYTHONPATH)
 GUARD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard")
 GUARD_FILE = os.path.join(GUARD_DIR, GUARD_MODULE + ".py")
-UNSET = "camg:unset"
-
-
-def runner_env(environ: dict, *, guard_dir: str, key: str, out: str, workdir: str,
-               changed: str = "") -> dict:
-    """The variables a test command gets so that pytest loads the guard first
-    (``-p camg_guard`` from ``guard_dir``, autoloading off); the guard hands
-    the originals back to any child it starts. The shell form of the same is
-    Coding's script preamble (daemons/coding/grading.py)."""
-    def orig(name):
-        return environ[name] if name in environ else UNSET
-
-    addopts = environ.get("PYTEST_ADDOPTS", "")
-    path = environ.get("PYTHONPATH", "")
-    return {"CAMG_GUARD_ORIG_PYTEST_ADDOPTS": orig("PYTEST_ADDOPTS"),
-            "CAMG_GUARD_ORIG_PYTEST_DISABLE_PLUGIN_AUTOLOAD": orig("PYTEST_DISABLE_PLUGIN_AUTOLOAD"),
-            "CAMG_GUARD_ORIG_PYTHONPATH": orig("PYTHONPATH"),
-            "PYTEST_ADDOPTS": f"-p {GUARD_MODULE}" + (f" {addopts}" if addopts else ""),
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-            "PYTHONPATH": guard_dir + (f":{path}" if path else ""),
-            "CAMG_GUARD_KEY": key, "CAMG_GUARD_OUT": out, "CAMG_GUARD_WORKDIR": workdir,
-            "CAMG_GUARD_CHANGED": changed}
 
 
 # --- the channel ----------------------------------------------------------------
