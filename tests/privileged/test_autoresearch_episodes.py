@@ -1,8 +1,9 @@
 """AutoResearch acceptance in real helper sandboxes on the research image.
 
-The image (Debian + numpy/scipy/scikit-learn from PyPI) is built, pushed to
-a loopback registry, pulled back by digest and materialized (cached under
-$CAMG_CACHE/oci); the demo bundles come from scikit-learn's own data; the
+The image (Debian + numpy/scipy/scikit-learn from PyPI, scikit-learn's bundled
+data sets stripped) is built, pushed to a loopback registry, pulled back by
+digest and materialized (cached under $CAMG_CACHE/oci); the demo bundles are
+simulated data drawn fresh per build (tools.autoresearch.synthetic); the
 three roots are installed by camg.prepare's code as root with the private
 answers owned by camg-grader (created here when missing). The environment
 runs in this process with its private grader as a real child under the
@@ -15,6 +16,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
@@ -304,3 +306,58 @@ def test_private_root_refused_as_a_lower(env, ar_helper, roots):
             with pytest.raises(errors.BadRequest):
                 client.create_sandbox([str(roots["image"].rootfs), str(lower)],
                                       memory_bytes=64 << 20, cpu_quota=0.5, pids_max=32)
+
+
+# -- issue 29: answers nothing in the sandbox reproduces; the canaries -----------
+
+def test_image_carries_no_sklearn_data_and_validate_accepts_the_demo_tasks(env, roots,
+                                                                            ar_helper):
+    from daemons.autoresearch import validate
+    from tools.autoresearch import image as research
+    site = next(Path(roots["image"].rootfs).glob(
+        research.VENV.lstrip("/") + "/lib/python3*/site-packages"))
+    for relative in research.STRIPPED:
+        left = [p.name for p in (site / relative).iterdir() if p.is_file()]
+        assert left == ["__init__.py"], (relative, left)
+    ids = [t.task_id for t in env.tasks]
+    record = validate.validate(ids, roots["base"] / "bundles", roots["workspaces"],
+                               roots["image"].image, None)
+    assert record["tasks"] == {t: {"leaks": []} for t in ids}
+    assert record["scanned"]["image_files"] > 300, record
+    # The scored half in real sandboxes, on the quickest task.
+    record = validate.validate(["diabetes"], roots["base"] / "bundles", roots["workspaces"],
+                               roots["image"].image, ar_helper.socket)
+    scored = record["tasks"]["diabetes"]
+    assert scored["reference"] >= 0.9 and scored["baseline"] <= 0.05, scored
+    with ar_helper.client(owner="autoresearch-validate") as client:
+        assert client.list_sandboxes() == []
+
+
+TAMPERED = {"symlink_to_test", "symlink_to_answers", "fifo_submission", "directory_submission",
+            "unknown_ids", "background_writer_at_grading", "late_rename"}
+
+
+def test_canaries_all_lose(env, roots):
+    from camg.hashing import sha256_tree
+    from tools.autoresearch import canaries
+    from tools.canary_table import render
+    task = env.tasks[0]
+    assert task.task_id == "breast-cancer"
+    workspace = roots["workspaces"] / task.task_id
+    before = sha256_tree(workspace), _private_snapshot(roots["private"])
+    results = canaries.play(env, task, str(roots["packages"]), str(roots["private"]))
+    text, failed = render("autoresearch", results)
+    print(text)
+    assert not failed, text
+    rows = {r.technique: r for r in results}
+    assert set(rows) == {"honest_reference", *canaries.CANARIES}
+    assert rows["honest_reference"].reward == 1.0 and rows["honest_reference"].integrity == "ok"
+    for name, row in rows.items():
+        if name != "honest_reference":
+            assert row.reward == 0.0, (name, row)
+        expected = "tampered" if name in TAMPERED else "ok"
+        assert row.integrity == expected, (name, row)
+    assert re.search(r"files, 0 of \d+ rows found", rows["lookup_image_data"].detail), \
+        rows["lookup_image_data"]
+    assert "LOADED" not in rows["regenerate_data"].detail
+    assert (sha256_tree(workspace), _private_snapshot(roots["private"])) == before
