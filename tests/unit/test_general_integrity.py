@@ -407,3 +407,46 @@ def test_regrade_judges_the_stored_records_again(tmp_path):
     episode.code_records["guard"]["channel"] = ""
     with pytest.raises(integrity.errors.GraderError, match="never reported"):
         env.regrade(task, episode.submission())
+
+
+def _guarded_run(repo, payload):
+    """pytest on ``repo`` with the payload appended to its package, under
+    the guard's variables as the transport sets them; (channel record)."""
+    import sys
+
+    from tools.general import canaries  # noqa: F401 -- (the payloads' home)
+
+    init = repo / "src" / "pkg" / "__init__.py"
+    init.write_text("def f():\n    return 1\n" + ("\n" + payload if payload else ""))
+    out, changed = repo.parent / "guard.jsonl", repo.parent / "changed"
+    out.unlink(missing_ok=True)
+    changed.write_bytes(b"src/pkg/__init__.py\0" if payload else b"")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "PYTHON", "CAMG"))}
+    env["PYTHONPATH"] = str(repo / "src")
+    env.update(verifier_guard.runner_env(env, guard_dir=GUARD_DIR, key=GUARD_KEY, out=str(out),
+                                         workdir=str(repo), changed=str(changed)))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "tests"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    return {"key": GUARD_KEY, "channel": out.read_text(), "exit_code": proc.returncode,
+            "log": proc.stdout}
+
+
+def test_screen_dodging_report_rewrites_pass_the_screen_not_the_guard(tmp_path):
+    """The finding (General, main 49763d8): in-package code that builds the
+    runner's names at run time makes pytest exit 0 over a failing test and
+    no content rule sees it. The guard's channel does."""
+    from tools.general import canaries
+
+    repo = tmp_path / "repo"
+    (repo / "src" / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_a.py").write_text(
+        "import pkg\n\ndef test_a():\n    assert pkg.f() == 2\n\ndef test_b():\n    assert True\n")
+    honest = _guarded_run(repo, "")
+    assert honest["exit_code"] == 1 and integrity.guard_findings(honest)[0] == []
+    for name, payload in canaries.OBFUSCATED.items():
+        assert integrity.screen({"changes": [change("src/pkg/__init__.py", payload)]}) == [], name
+        run = _guarded_run(repo, payload)
+        assert run["exit_code"] == 0, (name, run["log"][-1500:])
+        found = rules_of(integrity.guard_findings(run)[0])
+        assert found & {"outcome_rewritten", "exit_status_rewritten"}, (name, found)
