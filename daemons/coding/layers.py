@@ -18,9 +18,17 @@ installing it built in place (compiled extensions, egg-info). Each layer's
 ``.git`` is overlay-opaque, so only our repository is visible, and every
 file the image's clone tracks that our tree lacks gets a whiteout, so the
 removed tests and deleted files stay gone; untracked build artifacts of
-the image keep showing through, as the tests need them. Building needs root (ownership, trusted.* xattrs); it happens at
-prepare or service start, never at episode start: reset only names the
-directory as a lower.
+the image keep showing through, as the tests need them -- except what
+was compiled, cached or copied from the clean sources: the image's
+bytecode (``__pycache__``, ``*.pyc``/``*.pyo``), test and tool caches
+(``.pytest_cache``...), build output (``build/lib*``, ``dist/``), eggs, and non-editable copies of the project's packages in the
+image's site-packages are whited out in both layers (a pyc of the clean
+module, compared with ``compile()`` of the visible one, names the fixed
+function; daemons/coding/leaks.py checks for every kind). Python recompiles
+from the visible sources. Compiled extensions and egg-info stay: the tests
+need them, and neither carries a Python function body. Building needs
+root (ownership, trusted.* xattrs); it happens at prepare or service
+start, never at episode start: reset only names the directory as a lower.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ AGENT_GID = 2000
 WORKDIR = "testbed"
 PRIVATE_GIT = "var/lib/camg-task/git"
 STAMP = "camg-layer.json"
-FORMAT = 4
+FORMAT = 5
 GUARD_FILE = "opt/camg-grader/camg_guard.py"      # grading.GUARD_DIR, in the grader layer
 # Git run as root on anything an image or a mirror ships reads none of its
 # configuration that can run a program: no system/global config, no hooks,
@@ -154,12 +162,14 @@ def _build(base: Path, ref: TaskRef, privileged: bool, image_rootfs: str | None,
     tmp = Path(tempfile.mkdtemp(prefix=f".{base.name}.", dir=base.parent))
     try:
         tracked = image_tracked(image_rootfs) if image_rootfs else []
-        if tracked and not privileged:
+        if image_rootfs and not privileged:
             raise PreparationMissing(f"{ref.branch}: masking the image's workspace needs root",
                                      step="python -m camg.prepare --environment coding (as root)")
         tree, snapshot = _build_agent(tmp / "agent", ref, privileged)
         _build_grader(tmp / "grader", ref, privileged)
         masked = [_mask(tmp / kind / WORKDIR, tracked) for kind in ("agent", "grader")]
+        hidden = [hide_build_output(tmp / kind, image_rootfs) if image_rootfs else 0
+                  for kind in ("agent", "grader")]
         if tracked:
             # Also in the agent's own repository, so `git status` stays clean.
             for git_dir in (tmp / "agent" / PRIVATE_GIT, tmp / "agent" / WORKDIR / ".git"):
@@ -167,7 +177,7 @@ def _build(base: Path, ref: TaskRef, privileged: bool, image_rootfs: str | None,
         (tmp / STAMP).write_text(json.dumps({"format": FORMAT, "ref": ref.to_data(),
                                              "tree": tree, "snapshot": snapshot,
                                              "privileged": privileged, "image": image_key,
-                                             "whiteouts": masked}) + "\n")
+                                             "whiteouts": masked, "hidden": hidden}) + "\n")
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, base)
@@ -344,6 +354,99 @@ def _mask(work: Path, tracked: list[str]) -> int:
             if path.is_symlink() or not path.is_dir():
                 break  # our file (or whiteout) already hides the image's entry
     return count
+
+
+# Whatever running or building the clean tree left in the image's workspace:
+# caches anywhere, bytecode beside sources, dist/ and build/lib*, build/bdist*
+# (copies of the sources; build/'s other content, objects of compiled
+# extensions, stays).
+_CACHE_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache",
+                         ".hypothesis", ".tox", ".nox", ".eggs"})
+_COMPILED = (".pyc", ".pyo", ".egg")
+_SITE_GLOBS = ("opt/*/lib/python3*/site-packages", "opt/*/envs/*/lib/python3*/site-packages",
+               "usr/local/lib/python3*/site-packages", "usr/lib/python3*/site-packages",
+               "usr/local/lib/python3*/dist-packages", "usr/lib/python3/dist-packages")
+_NOT_PACKAGES = frozenset({"setup", "conftest", "noxfile", "tasks", "docs", "tests", "test"})
+
+
+def hide_build_output(layer: Path, image_rootfs: str | os.PathLike) -> int:
+    """Whiteouts in ``layer`` for the image's bytecode, caches, build output
+    and installed copies of the project; returns how many.
+
+    The image was built at the clean commit, so all of it holds the fixed
+    code. A directory our tree also has is made opaque instead (our files
+    stay, the image's go).
+    """
+    image = Path(image_rootfs)
+    workspace = image / WORKDIR
+    hide: list[Path] = []
+    if workspace.is_dir() and not workspace.is_symlink():
+        for dirpath, dirnames, filenames in os.walk(workspace):
+            rel = Path(dirpath).relative_to(image)
+            top = rel == Path(WORKDIR)
+            if top:
+                dirnames[:] = [d for d in dirnames if d != ".git"]
+            out = {d for d in dirnames if d in _CACHE_DIRS or d.endswith(".egg")
+                   or (top and d == "dist")
+                   or (rel == Path(WORKDIR, "build") and d.startswith(("lib", "bdist")))}
+            hide += [rel / name for name in sorted(out)]
+            hide += [rel / name for name in sorted(filenames) if name.endswith(_COMPILED)]
+            dirnames[:] = [d for d in dirnames if d not in out]
+    hide += _installed_copies(layer / WORKDIR, image)
+    return sum(_whiteout(layer, rel, image) for rel in hide)
+
+
+def _installed_copies(work: Path, image: Path) -> list[Path]:
+    """The project's top-level packages (and modules) as copies in the
+    image's site-packages: a non-editable install of the clean tree."""
+    packages, modules = set(), set()
+    for base in (work, work / "src"):
+        if not base.is_dir() or base.is_symlink():
+            continue
+        for entry in base.iterdir():
+            if entry.name in _NOT_PACKAGES or entry.stem in _NOT_PACKAGES or entry.is_symlink():
+                continue
+            if entry.is_dir() and (entry / "__init__.py").is_file():
+                packages.add(entry.name)
+            elif entry.suffix == ".py" and entry.is_file():
+                modules.add(entry.name)
+    # A project's loose top-level modules count only when it has no package
+    # (a single-module project): beside a package they are scripts and
+    # helpers whose names a dependency may share.
+    names = packages or modules
+    copies = []
+    for pattern in _SITE_GLOBS:
+        for site in sorted(image.glob(pattern)):
+            if site.is_symlink() or not site.is_dir():
+                continue
+            for name in sorted(names):
+                copy = site / name
+                if os.path.lexists(copy) and not copy.is_symlink():
+                    copies.append(copy.relative_to(image))
+    return copies
+
+
+def _whiteout(layer: Path, rel: Path, image: Path) -> int:
+    # Parents our layer lacks are made like the image's, so the merged view
+    # keeps the image's owner and mode for them.
+    parent = layer
+    for part in rel.parts[:-1]:
+        parent = parent / part
+        if parent.is_symlink() or (os.path.lexists(parent) and not parent.is_dir()):
+            return 0    # our entry (or a whiteout) already hides the image's
+        if not parent.exists():
+            st = os.lstat(image / parent.relative_to(layer))
+            parent.mkdir()
+            os.chmod(parent, stat.S_IMODE(st.st_mode))
+            os.lchown(parent, st.st_uid, st.st_gid)
+    target = layer / rel
+    if os.path.lexists(target):
+        if target.is_dir() and not target.is_symlink():
+            _opaque(target)
+            return 1
+        return 0
+    os.mknod(target, stat.S_IFCHR | 0o000, os.makedev(0, 0))
+    return 1
 
 
 def _exclude_artifacts(private: Path, image_rootfs: str | os.PathLike) -> None:

@@ -9,6 +9,10 @@ preparation refuses, naming every bad task and what it earned.
 The gold fix is the "Bug Patch" commit reversed, taken from the mirror
 (``git diff <bug> <bug>~1``), i.e. what an agent that undid the bug would
 submit.
+
+Each task's agent view is also checked, in an agent sandbox as the agent
+(daemons.coding.leaks): a task whose image shows anything built from the
+clean sources (bytecode, copies, archives, git objects) is refused too.
 """
 
 from __future__ import annotations
@@ -28,13 +32,16 @@ class Result:
     gold: float | None
     noop: float | None
     problem: str = ""
+    leaks: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.gold == 1.0 and self.noop == 0.0
+        return self.gold == 1.0 and self.noop == 0.0 and not self.leaks
 
     def to_data(self) -> dict:
         body = {"gold": self.gold, "noop": self.noop}
+        if self.leaks:
+            body["leaks"] = list(self.leaks[:5])
         if self.problem:
             body["problem"] = self.problem[:300]
         return body
@@ -87,11 +94,34 @@ def validate(prepared: Sequence, settings, helper_socket: str) -> list[Result]:
                     problem = f"{kind}: {exc.name}: {str(exc)[:200]}"
                 finally:
                     episode.close()
+            leaked = view_leaks(settings, helper, task)
+            if leaked and not problem:
+                problem = f"agent view: {leaked[0]}"
             results.append(Result(task.row.instance_id, rewards.get("gold"), rewards.get("noop"),
-                                  problem))
+                                  problem, leaked))
     finally:
         helper.close()
     return results
+
+
+def view_leaks(settings, helper, task) -> tuple[str, ...]:
+    """What of the clean sources the task's agent view shows (see
+    daemons.coding.leaks), checked in a fresh agent sandbox."""
+    from daemons.coding import leaks
+    from daemons.coding.episode import CodingEpisode
+
+    clean = leaks.prepared_clean_sources(task)
+    if not clean:
+        return ()
+    episode = CodingEpisode(settings, helper, task, f"validate-view-{task.row.instance_id[-8:]}")
+    try:
+        episode.reset()
+        found, _ = leaks.sandbox_findings(helper, episode.sandbox, clean)
+    except CamgError as exc:
+        return (f"leak check failed: {exc.name}: {str(exc)[:200]}",)
+    finally:
+        episode.close()
+    return tuple(str(f) for f in found)
 
 
 def refuse_bad(results: Sequence[Result]) -> None:

@@ -480,53 +480,104 @@ def test_unprivileged_service_user_can_start(prepared, coding_helper):
     assert message == f"ok {len(tasks)}"
 
 
-def test_image_workspace_is_masked_but_its_build_artifacts_show(prepared, coding_helper):
+def _fake_clean_build(fake: Path, mirror: str) -> None:
+    """What building and installing the clean tree leaves in an image:
+    bytecode, a build/lib copy, a wheel in dist/, a test cache, a
+    non-editable copy in the venv's site-packages."""
+    import subprocess
+    workspace = fake / "testbed"
+    subprocess.run(["git", "clone", "-q", "--no-local", mirror, str(workspace)], check=True)
+    subprocess.run(["git", "-C", str(workspace), "checkout", "-q", "main"], check=True)
+    (workspace / "build").mkdir()
+    (workspace / "build" / "_speedups.so").write_bytes(b"\x7fELF fake")
+    (workspace / "src" / "apispec" / "_generated.py").write_text("BUILT = True\n")
+    subprocess.run(["python3", "-m", "compileall", "-q", "-d", "/testbed/src",
+                    str(workspace / "src")], check=True)
+    shutil.copytree(workspace / "src" / "apispec", workspace / "build" / "lib" / "apispec")
+    (workspace / ".pytest_cache").mkdir()
+    (workspace / ".pytest_cache" / "README.md").write_text("cache\n")
+    (workspace / "dist").mkdir()
+    shutil.make_archive(str(workspace / "dist" / "apispec-6.8.1"), "zip", workspace / "src")
+    site = fake / "opt/testbed-venv/lib/python3.11/site-packages"
+    site.mkdir(parents=True)
+    shutil.copytree(workspace / "src" / "apispec", site / "apispec")
+    for path in (fake / "opt", fake / "opt/testbed-venv", fake / "opt/testbed-venv/lib",
+                 site.parent, site):
+        path.chmod(0o755)
+
+
+def test_image_workspace_is_masked_but_its_build_artifacts_show(prepared, coding_helper,
+                                                                monkeypatch):
     """A SWE-smith-style image ships /testbed: a clone at the base commit plus
     in-place build output. The agent must see our tree (tests removed, no
-    history), the image's build artifacts, and nothing else of that clone;
-    the artifacts stay out of the diff, so a gold fix still grades 1.0."""
-    import subprocess
+    history), the image's build artifacts, and nothing else of that clone --
+    nothing built from the clean sources either (bytecode, build/lib, dist/,
+    caches, a site-packages copy: the leak check finds each before the
+    layers hide them, none after); the artifacts stay out of the diff, so a
+    gold fix still grades 1.0."""
     from camg.oci.images import load_materialized
-    from daemons.coding import layers, mirrors
-    from daemons.coding.episode import CodingEpisode, Prepared
+    from daemons.coding import layers, leaks, mirrors
+    from daemons.coding.episode import CodingEpisode
     loaded = manifest.load(prepared["manifest"])
     task = loaded.tasks[0]
     ref = mirrors.TaskRef(**task.data["mirror"])
     # A lower holding the "image's" workspace, stacked on the demo rootfs.
     fake = CACHE / "layers" / f"fake-image-{os.getpid()}"
-    workspace = fake / "testbed"
     fake_layers = CACHE / "layers" / f"fake-task-layers-{os.getpid()}"
-    shutil.rmtree(fake, ignore_errors=True)
-    shutil.rmtree(fake_layers, ignore_errors=True)
+    leaky_layers = CACHE / "layers" / f"fake-leaky-layers-{os.getpid()}"
+    for path in (fake, fake_layers, leaky_layers):
+        shutil.rmtree(path, ignore_errors=True)
     try:
-        subprocess.run(["git", "clone", "-q", "--no-local", ref.mirror, str(workspace)], check=True)
-        subprocess.run(["git", "-C", str(workspace), "checkout", "-q", "main"], check=True)
-        (workspace / "build").mkdir()
-        (workspace / "build" / "_speedups.so").write_bytes(b"\x7fELF fake")
-        (workspace / "src" / "apispec" / "_generated.py").write_text("BUILT = True\n")
+        _fake_clean_build(fake, ref.mirror)
         image = dataclasses_replace(load_materialized(prepared["images"]).images[0],
                                     hash="sha256:" + "f" * 64)
         built = layers.ensure(fake_layers, ref, build=True, image_rootfs=str(fake),
                               image_key=image.hash)
         stamp = json.loads((Path(built.agent).parent / layers.STAMP).read_text())
-        assert stamp["whiteouts"][0] >= 1
+        assert stamp["whiteouts"][0] >= 1 and stamp["hidden"][0] >= 5, stamp
+        # The layers as they were before hiding: the leak the check must see.
+        with monkeypatch.context() as m:
+            m.setattr(layers, "hide_build_output", lambda layer, rootfs: 0)
+            leaky = layers.ensure(leaky_layers, ref, build=True, image_rootfs=str(fake),
+                                  image_key=image.hash)
         env = make_env(prepared, coding_helper)
         env.start()
         try:
             real = env.prepared[task.task_id]
-            stacked = dataclasses_replace(real, layers=built)
-            episode = CodingEpisode(env.settings, env.helper, stacked, "masked")
-            original = episode._create
-            episode._create = lambda lowers: original([lowers[0], str(fake), *lowers[1:]])
+            clean = leaks.prepared_clean_sources(real)
+            assert clean, real.row.patch[:200]
+
+            def masked_episode(task_layers, name):
+                episode = CodingEpisode(env.settings, env.helper,
+                                        dataclasses_replace(real, layers=task_layers), name)
+                original = episode._create
+                episode._create = lambda lowers: original([lowers[0], str(fake), *lowers[1:]])
+                return episode
+            episode = masked_episode(leaky, "leaky")
             try:
                 episode.reset()
+                found, _ = leaks.sandbox_findings(env.helper, episode.sandbox, clean)
+            finally:
+                episode.close()
+            kinds = {(f.kind, f.path.split("/testbed/")[-1].split("/")[0]) for f in found}
+            assert {("bytecode", "src"), ("text", "build"), ("text", "dist")} <= kinds, found
+            assert any(f.kind == "text" and "site-packages/apispec/" in f.path for f in found)
+            episode = masked_episode(built, "masked")
+            try:
+                episode.reset()
+                found, stats = leaks.sandbox_findings(env.helper, episode.sandbox, clean)
+                assert found == [] and stats["files"] > 0, found
                 removed = task.data["FAIL_TO_PASS"][0].split("::")[0]
                 out = episode.step(shell(
                     f"ls build; cat src/apispec/_generated.py; ls {removed} 2>&1 | head -1; "
-                    "git rev-list --all | wc -l; git status --short | wc -l")).observation
+                    "git rev-list --all | wc -l; git status --short | wc -l; "
+                    "ls -a src/apispec/__pycache__ .pytest_cache dist 2>&1 | grep -c 'No such'; "
+                    "/opt/testbed-venv/bin/python -c 'import apispec; print(apispec.__file__)'"
+                    )).observation
                 lines = out["output"].split("\n")
                 assert lines[0] == "_speedups.so" and lines[1] == "BUILT = True", lines
                 assert "No such file" in lines[2] and lines[3:5] == ["1", "0"], lines
+                assert lines[5] == "3" and lines[6] == "/testbed/src/apispec/__init__.py", lines
                 patch = task.data["patch"]
                 episode.step(shell(f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF"))
                 assert episode.step(FINISH).done
@@ -537,8 +588,8 @@ def test_image_workspace_is_masked_but_its_build_artifacts_show(prepared, coding
         finally:
             env.stop()
     finally:
-        shutil.rmtree(fake, ignore_errors=True)
-        shutil.rmtree(fake_layers, ignore_errors=True)
+        for path in (fake, fake_layers, leaky_layers):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def dataclasses_replace(obj, **changes):

@@ -191,3 +191,18 @@ def test_validate_refuses_planted_bad_tasks_and_records_good_ones(demo_set, prep
     validation = body.sampling["validation"]
     assert validation["validated"] == 2 and validation["of"] == len(rows)
     assert all(r == {"gold": 1.0, "noop": 0.0} for r in validation["results"].values())
+
+
+def test_agent_view_leaks_nothing_of_the_fix(env):
+    """The history/leak check of the canary suite (tools.coding.canaries.view_leaks)
+    on every demo task: no bytecode, copy, archive or git object of the clean
+    sources is readable by the agent."""
+    leaked = {}
+    for task in env.tasks:
+        episode = env.create_episode(task, seed=None, episode_id=f"view-{task.task_id[-8:]}")
+        try:
+            episode.reset()
+            leaked[task.task_id] = canaries.view_leaks(episode)
+        finally:
+            episode.close()
+    assert leaked and not any(leaked.values()), {k: v for k, v in leaked.items() if v}

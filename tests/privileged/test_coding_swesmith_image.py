@@ -7,7 +7,9 @@ conda's), and untracked build artifacts (bytecode) in the clone. The demo
 tasks are served from it with SWE-smith's own Python test command,
 unmodified; preparation validates every task (gold 1.0, no-op 0.0) in
 sandboxes; the clone-masking path (opaque .git, whiteouts, artifacts
-showing through) is checked from inside an episode; tampering still earns
+showing through) is checked from inside an episode; nothing the image
+built from the clean sources (its bytecode) is visible to the agent on any
+task (the leak check finds it on the image itself); tampering still earns
 0.0.
 """
 
@@ -110,7 +112,7 @@ def test_workspace_is_the_task_repo_over_the_image_clone(swesmith_env):
         shell("git status --porcelain | wc -l"),
         shell(" ; ".join(f"test -e {shlex.quote(p)} && echo present-{i}"
                          for i, p in enumerate(hidden)) + " ; echo checked"),
-        shell("ls src/apispec/__pycache__ | grep -c '\\.pyc$'"),
+        shell("ls src/apispec/__pycache__ 2>&1; find /testbed -name '*.pyc' | wc -l"),
         shell("command -v pytest || echo no-pytest-before-activation"),
         shell(ACTIVATE + "python -c 'import apispec, sys; print(apispec.__file__)'"),
         shell(ACTIVATE + "pytest --disable-warnings --color=no --tb=no --verbose "
@@ -121,10 +123,47 @@ def test_workspace_is_the_task_repo_over_the_image_clone(swesmith_env):
     assert texts[0] == "1", texts[0]                       # only the snapshot commit
     assert texts[1] == "0", texts[1]                       # artifacts do not show as changes
     assert "present-" not in texts[2] and texts[2].endswith("checked"), texts[2]
-    assert int(texts[3]) > 0, texts[3]                     # the image's bytecode shows through
+    # The image's bytecode (of the clean sources) is hidden.
+    assert "No such file" in texts[3] and texts[3].endswith("\n0"), texts[3]
     assert "no-pytest-before-activation" in texts[4], texts[4]
     assert texts[5] == "/testbed/src/apispec/__init__.py", texts[5]
     assert " passed" in texts[6], texts[6]
+
+
+def test_the_images_clean_bytecode_names_the_fixed_function(swesmith_env):
+    """The leak as it was: the image's /testbed (built at the clean commit)
+    with only the sources changed to the buggy ones, as the task layer used
+    to leave it. The check must find the clean bytecode of every changed
+    module and name the function the bug is in."""
+    from daemons.coding import leaks
+    from daemons.coding.episode import CodingEpisode
+    real = swesmith_env.prepared[swesmith_env.tasks[0].task_id]
+    clean = leaks.prepared_clean_sources(real)
+    episode = CodingEpisode(swesmith_env.settings, swesmith_env.helper, real, "swesmith-leak")
+    try:
+        episode.sandbox = episode._create([real.image.rootfs])
+        put = swesmith_env.helper.exec(episode.sandbox, "patch -s -p1", user="root", cwd="/testbed",
+                                       stdin=real.row.patch.encode())
+        assert put.exit_code == 0, put.output
+        found, _ = leaks.sandbox_findings(swesmith_env.helper, episode.sandbox, clean)
+    finally:
+        episode.close()
+    hits = {f.file for f in found if f.kind == "bytecode" and "/__pycache__/" in f.path}
+    assert hits == {p for p in clean if p.endswith(".py")}, found
+    assert all("clean code of" in f.detail for f in found if f.kind == "bytecode"), found
+
+
+def test_agent_view_leaks_nothing_of_the_fix_on_any_task(swesmith_env):
+    from tools.coding import canaries
+    leaked = {}
+    for task in swesmith_env.tasks:
+        episode = swesmith_env.create_episode(task, seed=None, episode_id=f"view-{task.task_id[-8:]}")
+        try:
+            episode.reset()
+            leaked[task.task_id] = canaries.view_leaks(episode)
+        finally:
+            episode.close()
+    assert leaked and not any(leaked.values()), {k: v for k, v in leaked.items() if v}
 
 
 def test_gold_through_shell_actions_earns_one(swesmith_env):

@@ -235,3 +235,28 @@ def test_warm_pool_serves_resets_and_everything_goes_at_stop(general_prepared, g
         assert restarted.stop() == 0
     assert watcher.list() == []
     watcher.close()
+
+
+def test_code_task_view_leaks_nothing_of_the_fix(general_service, general_demo, general_helper,
+                                                 general_prepared):
+    """The agent-view leak check (tools.general.code_tasks.container_leaks) in
+    each code task's container after reset, as the agent: no bytecode, copy,
+    archive or git object of the fixed sources (the fix's history is gone)."""
+    from camg.containers import ContainerClient
+    from tools.general import code_tasks
+    client = Client(general_service.url)
+    containers = ContainerClient(general_helper.socket, owner="general")
+    leaked = {}
+    try:
+        for task in tasks_of(general_prepared, "opensource-code"):
+            episode = client.create(task_id=task["task_id"], wait=120)
+            try:
+                held = [c for c in containers.list() if c["episode_id"] == episode["episode_id"]]
+                assert len(held) == 1, containers.list()
+                leaked[task["task_id"]] = code_tasks.container_leaks(
+                    containers, held[0]["container_id"], general_demo["code_tasks"][task["task_id"]])
+            finally:
+                client.close(episode["episode_id"])
+    finally:
+        containers.close()
+    assert leaked and not any(leaked.values()), leaked

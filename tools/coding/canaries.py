@@ -186,3 +186,14 @@ TECHNIQUES: dict[str, Technique] = {
 
 def apply(name: str, work: Path, row, package: str) -> None:
     TECHNIQUES[name].apply(work, row, package)
+
+
+def view_leaks(episode) -> list:
+    """The history/leak check of an episode's agent view, after reset: every
+    artefact of the clean sources (bytecode, copies, archives, git objects)
+    the agent can read, found in its sandbox as the agent
+    (daemons.coding.leaks). A task that passes leaks nothing of its fix."""
+    from daemons.coding import leaks
+    found, _ = leaks.sandbox_findings(episode.helper, episode.sandbox,
+                                      leaks.prepared_clean_sources(episode.task))
+    return found

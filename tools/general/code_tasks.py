@@ -29,6 +29,12 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "camg demo", "GIT_AUTHOR_EMAIL": "demo@camg.invali
            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
 AGENT_UID = 2000
 VERIFIER_TIMEOUT = 1800
+# Never copied into a workspace: bytecode and caches a run of the tree
+# leaves. Made from a fixed tree they would give the fix away
+# (daemons/coding/leaks.py). Build output (build/, dist/) is not dropped by
+# name: a tracked directory may be called so.
+BUILD_OUTPUT = ("__pycache__", "*.pyc", "*.pyo", ".pytest_cache", ".mypy_cache", ".ruff_cache",
+                ".hypothesis")
 
 
 def git(repo: Path, *args: str, input: bytes | None = None) -> str:
@@ -61,7 +67,7 @@ def build_instance(out: Path, *, instance_id: str, source: Path, fix_patch: str,
     stage = out / "stage"
     shutil.rmtree(stage, ignore_errors=True)
     repo = stage / Path(cwd).name
-    shutil.copytree(source, repo, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    shutil.copytree(source, repo, symlinks=True, ignore=shutil.ignore_patterns(".git", *BUILD_OUTPUT))
     git(repo, "init", "-q", "--template=", "-b", "main")
     git(repo, "add", "-A", "-f")
     git(repo, "commit", "-q", "-m", "baseline")
@@ -131,3 +137,39 @@ def from_coding_row(row: dict, mirror: Path, out: Path, *, python: str = "/opt/t
                               problem_statement=row["problem_statement"], docker_image=docker_image)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def clean_sources(task_dir: Path) -> dict[str, str]:
+    """The fixed versions of the files an instance's gold patch changes
+    (workspace.tar's repository with ``gold.patch`` applied): what a leak
+    check (daemons.coding.leaks) looks for in the agent's view."""
+    import tempfile
+
+    from camg.oci.apply import extract_tree
+    from daemons.coding.leaks import changed_paths
+
+    instance = json.loads((task_dir / "instance.json").read_text())
+    patch = (task_dir / "gold.patch").read_text()
+    with tempfile.TemporaryDirectory(prefix="camg-clean-") as tmp:
+        with tarfile.open(task_dir / "workspace.tar") as tar:
+            extract_tree(tar, tmp, what="workspace.tar")
+        repo = Path(tmp) / Path(instance["cwd"]).name
+        git(repo, "apply", "-", input=patch.encode())
+        return {rel: (repo / rel).read_text(errors="surrogateescape")
+                for rel in changed_paths(patch) if (repo / rel).is_file()}
+
+
+def container_leaks(containers, container_id: str, task_dir: Path) -> list:
+    """The leak check (daemons.coding.leaks) in a General code-task container
+    after reset, as the agent: every artefact of the fixed sources it can
+    read (bytecode, copies, archives, git objects). ``containers`` is a
+    camg.containers.ContainerClient of the container's owner."""
+    from daemons.coding import leaks
+
+    instance = json.loads((task_dir / "instance.json").read_text())
+
+    def run(command: str, stdin: bytes) -> tuple[int, str]:
+        r = containers.exec(container_id, command, user="agent", cwd=instance["cwd"], stdin=stdin,
+                            timeout=120, output_limit=65536)
+        return r.exit_code, r.output
+    return leaks.findings(run, clean_sources(task_dir), workdir=instance["cwd"])[0]

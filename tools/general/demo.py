@@ -11,7 +11,9 @@
   ``python -m camg.prepare --environment general``.
 
 Oracle material for tests and the demo stays beside it: ``gold/<id>.patch``
-for code tasks, ``<id>.oracle.json`` action lists for general_agent tasks.
+for code tasks, ``<id>.oracle.json`` action lists for general_agent tasks;
+``build`` also returns each code task's folder (``code_tasks``, by instance
+id) for the agent-view leak check (tools.general.code_tasks.container_leaks).
 """
 
 from __future__ import annotations
@@ -67,9 +69,12 @@ def build(cache_root: Path, coding_demo: Path, registry: str, out: Path, *,
     for name, items in (("code.jsonl", code_rows), ("general.jsonl", general_rows),
                         ("image-mapping.jsonl", mapping)):
         (out / name).write_text("".join(json.dumps(i, ensure_ascii=False) + "\n" for i in items))
+    code_tasks_by_id = {json.loads((d / "instance.json").read_text())["instance_id"]: d
+                        for d in code_dirs}
     return {"code_rows": out / "code.jsonl", "general_rows": out / "general.jsonl",
             "envs": out / "envs", "images": out / "image-mapping.jsonl",
-            "refs": [m["dockerhub_image"] for m in mapping], "out": out}
+            "refs": [m["dockerhub_image"] for m in mapping], "out": out,
+            "code_tasks": code_tasks_by_id}
 
 
 def prepare_data(data: Path, cache_root: Path, coding_demo: Path) -> dict:
