@@ -22,9 +22,10 @@ camg_venv "$venv" "$python"
 stamp="$venv/.camg-lock.sha256"
 want="$(cat "$here/requirements.lock" "$here/requirements/trainer.in" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    camg_pip "$venv" install -q -r "$here/requirements.lock"
+    camg_install_lock "$venv" "$here/requirements.lock"
     # Trainer-side extras (ray, for camg.rollout --ray): in the test venv, not the services'.
     camg_pip "$venv" install -q -r "$here/requirements/trainer.in" -c "$here/requirements.lock"
+    camg_pip_check "$venv"
     echo "$want" > "$stamp"
 fi
 camg_pip "$venv" install -q --no-deps -e "$here" -e "$here/third_party/swebench_shim"

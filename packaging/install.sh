@@ -112,9 +112,10 @@ install_source() {
 install_venv() {
     log "service venv: $VENV from $python ($("$python" -V 2>&1))"
     camg_venv "$VENV" "$python"
-    camg_pip "$VENV" install -q -r "$SRC/requirements.lock"
-    # --no-deps: the lock above is the whole dependency set; a missing pin
-    # must fail `pip check` below rather than pull an unpinned version.
+    # --no-deps (lib.sh camg_install_lock): the lock is the whole dependency
+    # set; a missing pin must fail `pip check` below rather than pull an
+    # unpinned version.
+    camg_install_lock "$VENV" "$SRC/requirements.lock"
     # Editable: the services run the very tree camg.configure records (a
     # clean clone at one commit).
     camg_pip "$VENV" install -q --no-deps -e "$SRC"
@@ -124,8 +125,7 @@ install_venv() {
         [ -e "$vendored" ] || continue
         camg_pip "$VENV" install -q --no-deps --force-reinstall "$(dirname "$vendored")"
     done
-    local broken
-    broken=$("$VENV/bin/pip" check 2>&1) || die "the service venv's dependencies are inconsistent: $broken"
+    camg_pip_check "$VENV"
     # The helper's own venv: what runs as root is helper/ and its few pins,
     # not the services' ~200 packages (helper/README.md).
     log "helper venv: $HELPER_VENV"

@@ -6,6 +6,10 @@
 # camg_install_apt DIR   the Debian packages of DIR/packaging/apt/*.txt
 # camg_venv VENV PY      a venv from PY (recreated when made by another one)
 # camg_pip VENV ARGS     pip of VENV, with start-up noise filtered out
+# camg_install_lock VENV LOCK   the lock, --no-deps (then camg_pip_check)
+# camg_pip_check VENV    pip check, but pyserini's dense stack may be absent
+# camg_pypi_pip VENV ARGS   pip of VENV with PyPI its only source (packaging/lock.sh)
+# camg_python312         a Python 3.12 an unprivileged user can run, if any
 # camg_helper_venv VENV PY CHECKOUT   the root helper's own small venv
 # camg_start_helper BIN CONFIG SOCKET [--probes]   start a helper, wait for it
 # camg_stop_helper BIN CONFIG                     stop it and sweep
@@ -86,6 +90,45 @@ camg_pip() {
     shift
     "$venv/bin/python" -m pip --disable-pip-version-check "$@" \
         2> >(grep -Ev "$_camg_pip_noise" >&2)
+}
+
+# The lock is the whole dependency set (packaging/lock.sh): --no-deps, so a
+# missing pin fails `pip check` instead of pulling an unpinned version, and
+# pyserini comes without its dense-retrieval requirements (requirements/nodeps.in).
+camg_install_lock() {
+    camg_pip "$1" install -q --no-deps -r "$2"
+}
+
+# pyserini declares its dense-retrieval stack (transformers, onnxruntime,
+# nmslib, ...) as requirements; Shop's BM25 search imports none of it.
+camg_pip_check() {
+    local out
+    out=$("$1/bin/python" -m pip --disable-pip-version-check check 2>&1 \
+        | grep -Ev '^pyserini [^ ]+ requires [^ ]+, which is not installed\.$|^No broken requirements found\.$') || true
+    [ -z "$out" ] || camg_die "the venv $1 has inconsistent dependencies: $out"
+}
+
+# This machine's pip configuration (find-links, extra indexes, constraints)
+# switched off: what a user's machine that reaches only PyPI resolves.
+camg_pypi_pip() {
+    local venv=$1
+    shift
+    PIP_CONFIG_FILE=/dev/null "$venv/bin/python" -m pip --isolated --disable-pip-version-check \
+        "$@" --index-url https://pypi.org/simple 2> >(grep -Ev "$_camg_pip_noise" >&2)
+}
+
+camg_python312() {
+    local candidate
+    for candidate in ${CAMG_PYTHON312:-} python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12 \
+                     /opt/camg-python3.12/bin/python3.12; do
+        candidate=$(command -v "$candidate" 2>/dev/null) || continue
+        candidate=$("$candidate" -c 'import sys; print(sys.executable)' 2>/dev/null) || continue
+        [ -n "$candidate" ] && _camg_runs_unprivileged "$candidate" || continue
+        "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || continue
+        echo "$candidate"
+        return 0
+    done
+    return 1
 }
 
 camg_venv() {

@@ -159,14 +159,25 @@ np.save(f"{out}/masks.npy", (np.array([p[1] for p in pairs]) > 0).astype(np.uint
 MONAI = "monai==1.6.1"
 
 
+#: MONAI imports torch, which the services' venv does not hold (its CPU build
+#: is not on PyPI; requirements/nodeps.in): the research image's own pins of
+#: MONAI, CPU torch and torch's pure-Python requirements, installed --target
+#: for this interpreter from the image's torch source.
+_MONAI_STACK = ("monai", "torch", "filelock", "fsspec", "jinja2", "markupsafe", "mpmath",
+                "networkx", "sympy", "typing_extensions")
+
+
 def _monai_path() -> Path:
     import os
+    from tools.autoresearch import image
     cache = Path(os.environ.get("CAMG_CACHE") or "/var/cache/camg-test") / "autoresearch"
-    target = cache / MONAI.replace("==", "-")
+    pins = [p for p in image.REQUIREMENTS if p.split("==")[0].lower() in _MONAI_STACK]
+    target = cache / f"{MONAI.replace('==', '-')}-torch-py{sys.version_info[0]}{sys.version_info[1]}"
     if not (target / "monai" / "__init__.py").is_file():
         tmp = Path(tempfile.mkdtemp(prefix="monai.", dir=cache if cache.is_dir() else None))
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                        "--disable-pip-version-check", "--target", str(tmp), MONAI],
+                        "--disable-pip-version-check", "--target", str(tmp),
+                        "--find-links", image.LOCAL_WHEELS, *pins],
                        check=True, capture_output=True, timeout=600)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)

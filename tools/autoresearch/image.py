@@ -46,9 +46,15 @@ REQUIREMENTS = ("numpy==2.4.6", "scipy==1.17.1", "scikit-learn==1.9.1", "joblib=
                 "monai==1.6.1", "torch==2.13.0+cpu", "filelock==4.3.1", "fsspec==2026.9.0",
                 "Jinja2==3.1.6", "MarkupSafe==3.0.4", "mpmath==1.3.0", "networkx==3.6.1",
                 "sympy==1.14.0", "typing_extensions==4.16.0")
-# The CPU build of torch is not on PyPI's default index; these machines keep
-# it in a local wheel directory.
-LOCAL_WHEELS = os.environ.get("CAMG_LOCAL_WHEELS", "/opt/wheels")
+# torch's CPU build (2.13.0+cpu, ~190 MB) is not on PyPI: PyPI's torch 2.13.0
+# is the CUDA build, which needs ~3 GB of nvidia-* runtime wheels a CPU-only
+# sandbox never loads. So the image takes the CPU build from the PyTorch
+# project's own CPU index, the one source besides PyPI (README "Python
+# packages"); every other pin here is on PyPI (tests/unit/test_pypi_only.py).
+# CAMG_TORCH_WHEELS names another directory or page that holds it instead;
+# pip's own configured find-links are searched as well.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu/torch/"
+LOCAL_WHEELS = os.environ.get("CAMG_TORCH_WHEELS") or os.environ.get("CAMG_LOCAL_WHEELS") or TORCH_CPU_INDEX
 VENV_LAYER_VERSION = 2
 # scikit-learn's wheel bundles real data sets (breast cancer, digits,
 # diabetes, iris, wine, linnerud) and their descriptions: a task drawn from
