@@ -162,3 +162,55 @@ def test_verifier_reads_only_regular_files_in_the_workspace(tmp_path):
     got = evidence({"files": ["answer.md", "huge.md"]}, ws)
     assert got[0]["state"].startswith("not read") and got[0]["text"] == ""
     assert got[1]["truncated"] and "West" not in json.dumps(got)
+
+
+def test_service_screens_the_complete_path_grade_and_regrade(tmp_path):
+    """The service's three general_agent paths apply the verdict: a reward the
+    transport completed, a judged grade, a regrade of the stored detail."""
+    import io
+    import tarfile
+    import types
+
+    from camg.environment import ServiceContext, Submission, Task
+    from daemons.general.environment import GeneralEnvironment
+
+    finding = {"rule": "tool_outside_task", "path": "nope.x", "detail": "unknown server"}
+    detail = {"results": [{"id": "r", "score": 1.0, "passed": True, "gate": False}],
+              "items": [{"id": "r", "weight": 1.0}, {"id": "l", "weight": 1.0}],
+              "judge_requests": [{"id": "l", "question": "q?", "pass_anchor": "A",
+                                  "evidence": [{"name": "answer.md", "text": "A"}]}],
+              "transport_integrity": {"findings": [finding], "processes_killed": 1}}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = json.dumps(detail).encode()
+        info = tarfile.TarInfo("verifier/reward_detail.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    task = Task("ga", {"kind": "general_agent", "image": "r/x@sha256:" + "0" * 64,
+                       "instance_id": "ga"})
+    env = GeneralEnvironment(ServiceContext("general", str(tmp_path), {}), [task])
+    with FakeJudge(responder=anchor_verdict) as fake:
+        env.judge = Judge(JudgeConfig.from_env("GA_JUDGE", {
+            "GA_JUDGE_URL": fake.url, "GA_JUDGE_MODEL": "m", "GA_JUDGE_KEY": "k"},
+            attempts=1, timeout_s=5))
+        env.client = types.SimpleNamespace(get_archive=lambda cid, path: buf.getvalue())
+        episode = env.create_episode(task, seed=None, episode_id="e")
+        episode.container = types.SimpleNamespace(id="c" * 12)
+        episode.pending_judge = True
+        assert episode.grade() == 0.0
+        record = episode.outcome()
+        assert record["integrity"] == "tampered" and record["reward_unscreened"] == 1.0
+        assert record["integrity_evidence"] == [finding] and record["judge"][0]["judge_score"] == 1.0
+        grade = env.regrade(task, Submission(json.dumps(detail).encode()))
+        assert grade.reward == 0.0 and grade.outcome["integrity"] == "tampered"
+        clean = {**detail, "transport_integrity": {"findings": [], "processes_killed": 0}}
+        assert env.regrade(task, Submission(json.dumps(clean).encode())).reward == 1.0
+        env.judge.close()
+    # a reward the transport completed (no LLM item) carries the observation's findings
+    episode = env.create_episode(task, seed=None, episode_id="f")
+    episode.channel = types.SimpleNamespace(request=lambda *a, **k: {
+        "observation": {"exit_code": 0, "verifier": "complete", "integrity_evidence": [finding],
+                        "processes_killed": 0}, "reward": 0.5, "done": True})
+    step = episode.step({"operation": "finish", "answer": "x"})
+    assert step.reward == 0.0 and episode.outcome()["integrity"] == "tampered"
+    assert episode.outcome()["reward_unscreened"] == 0.5
