@@ -10,6 +10,7 @@ with Pillow (the real browser: tests/privileged/test_visual_render.py).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -367,3 +368,54 @@ def test_job_archive_copies_only_regular_files_and_dirs_of_dist():
     assert job["mirror"] == {"https://cdn/x.js": "/tmp/camg-render/mirror/x.js"}
     with pytest.raises(errors.RenderError):
         job_archive(buf.getvalue(), Mirror({}), "/b", 2)
+
+
+def test_integrity_verdict_of_a_delivery_reaching_outside_dist(tmp_path, judge, monkeypatch):
+    """A symlink out of dist/ is dropped before the renderer, the episode is
+    tampered and earns 0.0 without a judge call (a regrade too); a link
+    inside dist/ arrives as a copy; an honest delivery is ok, no evidence."""
+    env, task, _ = make_env(tmp_path, judge, monkeypatch)
+    honest, _, _ = run(env, task, [{"operation": "shell", "command": REFERENCE},
+                                   {"operation": "finish"}], "honest")
+    assert honest.grade() > 0 and honest.outcome()["integrity"] == "ok"
+    assert "integrity_evidence" not in honest.outcome()
+    asked = len(judge.requests)
+    ep, _, steps = run(env, task, [
+        {"operation": "shell", "command": REFERENCE + " && cd /workspace/dist && "
+         "ln -s /etc etc && ln -s index.html home.html && mkfifo pipe"},
+        {"operation": "finish"}], "linked")
+    assert env.renderer.seen[-1] == {"index.html", "home.html"}
+    assert ep.grade() == 0.0 and len(judge.requests) == asked, "the judge is not asked"
+    out = ep.outcome()
+    assert out["integrity"] == "tampered" and "screenshot" in out
+    assert [e.split(":")[0] for e in out["integrity_evidence"]] == \
+        ["symlink_out_of_dist", "special_file"]
+    grade = env.regrade(task, ep.submission())
+    assert grade.reward == 0.0 and grade.outcome["integrity"] == "tampered"
+    assert len(judge.requests) == asked
+
+
+def test_a_page_that_tried_file_urls_is_tampered(tmp_path, judge, monkeypatch):
+    class FileLoads(PillowRenderer):
+        def render(self, dist_tar):
+            shot = super().render(dist_tar)
+            return dataclasses.replace(shot, local_loads=("file:///etc/passwd",),
+                                       sockets=("ws://192.0.2.1/",))
+    env, task, _ = make_env(tmp_path, judge, monkeypatch, renderer=FileLoads())
+    ep, _, _ = run(env, task, [{"operation": "shell", "command": REFERENCE},
+                               {"operation": "finish"}])
+    assert ep.grade() == 0.0
+    assert ep.outcome()["integrity_evidence"] == ["file_url_load: file:///etc/passwd",
+                                                  "websocket: ws://192.0.2.1/"]
+
+
+def test_blocked_external_loads_are_evidence_of_a_render_error(tmp_path, judge, monkeypatch):
+    failing = PillowRenderer(errors.RenderError("external", reason="external_assets",
+                                                blocked=["https://192.0.2.1/a.js"]))
+    env, task, _ = make_env(tmp_path, judge, monkeypatch, renderer=failing)
+    ep = env.create_episode(task, seed=None, episode_id="e")
+    ep.reset()
+    with pytest.raises(errors.RenderError):
+        ep.step({"operation": "finish"})
+    assert ep.outcome() == dict(ep.outcome(), integrity="ok",
+                                integrity_evidence=["external_load: https://192.0.2.1/a.js"])
