@@ -69,16 +69,19 @@ class Prepared:
 # At finish, as the agent: the submission's state, every process holding it
 # open for writing, then every agent process killed (kill -1 spares only the
 # caller), and the state again. A job still writing shows as a writer or as
-# a changed state; none can write after the kill.
+# a changed state; none can write after the kill. Lines the agent's names
+# could forge (link targets, command lines) lose their newlines; at most
+# three writers are listed, so the output stays within its bound.
 _COLLECT = (
-    "S={path}; state() {{ if [ -L $S ]; then echo \"link $(readlink $S | head -c 160)\"; "
+    "S={path}; n=0; state() {{ if [ -L $S ]; then "
+    "echo \"link $(readlink $S | tr -d '\\n' | head -c 160)\"; "
     "elif [ -e $S ]; then stat -c '%F|%s|%i|%y' $S; else echo missing; fi; }}; "
     "echo \"before=$(state)\"; "
     "for f in /proc/[0-9]*/fd/*; do [ \"$(readlink $f 2>/dev/null)\" = $S ] || continue; "
     "p=${{f#/proc/}}; pid=${{p%%/*}}; fl=$(sed -n 's/^flags:[[:space:]]*//p' "
     "/proc/$pid/fdinfo/${{f##*/}} 2>/dev/null); "
-    "[ -n \"$fl\" ] && [ $((8#$fl & 3)) -ne 0 ] && "
-    "echo \"writer=$pid $(tr '\\0' ' ' < /proc/$pid/cmdline 2>/dev/null | head -c 80)\"; "
+    "[ -n \"$fl\" ] && [ $((8#$fl & 3)) -ne 0 ] && n=$((n+1)) && [ $n -le 3 ] && "
+    "echo \"writer=$pid $(tr '\\0\\n' '  ' < /proc/$pid/cmdline 2>/dev/null | head -c 80)\"; "
     "done; kill -KILL -1 2>/dev/null; sleep 0.2; echo \"after=$(state)\"")
 
 
