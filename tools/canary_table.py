@@ -57,8 +57,15 @@ def render(environment: str, results: Iterable[CanaryResult]) -> tuple[str, bool
     return "\n".join(lines), bool(wins) or not rows
 
 
-def report(environment: str, results: Iterable[CanaryResult], out: TextIO = sys.stdout) -> int:
-    """Print the table; the exit status of a suite (1 on any win or no canary)."""
+def report(environment: str, results: Iterable[CanaryResult], out: TextIO = sys.stdout,
+           checks: Iterable[str] = ()) -> int:
+    """Print the table; the exit status of a suite (1 on any win or no canary).
+    ``checks`` are a suite's failed consistency checks (a refused action that
+    changed the page, a reward not upstream's...): printed under the table,
+    each fails the suite too."""
     text, failed = render(environment, results)
+    checks = list(checks)
     print(text, file=out, flush=True)
-    return 1 if failed else 0
+    for line in checks:
+        print(f"  CHECK FAILED: {line}", file=out, flush=True)
+    return 1 if failed or checks else 0

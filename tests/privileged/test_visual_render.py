@@ -147,3 +147,30 @@ def test_render_timeout_is_render_error(client, renderer_dir, mirror_manifest):
     with pytest.raises(errors.RenderError) as err:
         slow.render(dist_tar({"index.html": STATIC_PAGE}))
     assert err.value.details["reason"] == "timeout"
+
+
+def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, renderer_dir,
+                                                        mirror_manifest):
+    """tools/visual/canaries.py: external and file: loads, symlinks out of
+    dist/, a DOM rewritten after the screenshot, a WebSocket beyond loopback,
+    fifos and devices, a render that never settles, huge and crowded dist/
+    trees -- render_error, tampered at 0.0, or exactly the base page's score;
+    nothing of ref/, etc/ or up/ reaches the renderer."""
+    from daemons.visual.render import Mirror, Renderer, RenderLimits
+    from tools.canary_table import render
+    from tools.visual import canaries
+
+    info = json.loads((renderer_dir / "renderer.json").read_text())
+    slow = Renderer(client, str(renderer_dir / "rootfs"), info, Mirror.load(mirror_manifest),
+                    RenderLimits(timeout=12))
+    results, checks = canaries.run(renderer.render, slow.render)
+    text, failed = render("visual", results)
+    print(text)
+    assert not failed and not checks, text + "\n" + "\n".join(checks)
+    by = {r.technique: r for r in results}
+    assert by["base_page"].reward > 0.2
+    assert by["after_screenshot_socket_fifo"].reward == by["base_page"].reward
+    assert "websocket" in by["after_screenshot_socket_fifo"].detail
+    assert "special_file" in by["after_screenshot_socket_fifo"].detail
+    assert by["file_url_loads"].integrity == by["symlinks_out_of_dist"].integrity == "tampered"
+    assert by["never_settles"].detail == "timeout" and by["huge_dist"].detail == "dist_too_large"

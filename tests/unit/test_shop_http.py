@@ -168,5 +168,6 @@ def test_shop_canaries_lose_through_the_service(services):
     text, failed = render("shop", results)
     assert not failed and not checks, text + "\n" + "\n".join(checks)
     assert len(results) >= 12 and {r.integrity for r in results} == {"ok"}
-    assert results[0].technique == "honest_goal_path" and results[0].reward == 1.0
+    honest = results[0]
+    assert honest.technique == "honest_goal_path" and honest.reward > results[1].reward > 0.0
     assert sum(int(r.detail.split()[1].rstrip(";")) for r in results) >= 40   # refusals seen

@@ -31,7 +31,6 @@ from tools.canary_table import CanaryResult, report
 
 from daemons.shop import catalog, rewards
 
-DECOY_QUERY = "wooden picture frame"
 _PAGE = ("page", "text", "available_actions")
 
 
@@ -58,17 +57,23 @@ class Suite:
 
     # --- playing ---------------------------------------------------------
     def _pick_task(self, tasks: Sequence[dict]) -> tuple[str, dict]:
-        """A webshop task whose product the decoy query does not list."""
-        for task in tasks[7:60]:
+        """A webshop task and a decoy query (its own instruction) whose first
+        results page leaves out the task's product but lists one earning more
+        than 0: a fallback purchase then pins a non-zero upstream reward."""
+        for task in tasks[7:80]:
             goal = task["data"].get("goal")
             if not goal or not goal.get("goal_options"):
                 continue
+            query = goal["instruction_text"].replace("[", " ").replace("]", " ")[:100]
             eid = self.client.create(task_id=task["task_id"])["episode_id"]
-            obs = self.client.step(eid, {"action": f"search[{DECOY_QUERY}]"})["observation"]
+            obs = self.client.step(eid, {"action": f"search[{query}]"})["observation"]
             self.client.close(eid)
-            if goal["asin"].lower() not in obs["available_actions"]["clickables"]:
+            first = self._first_listed(obs)[len("click["):-1].upper()
+            if goal["asin"].lower() not in obs["available_actions"]["clickables"] and \
+                    rewards.webshop_reward(self.products[first], goal, self.prices[first], {})[0] > 0:
+                self.decoy = f"search[{query}]"
                 return task["task_id"], goal
-        raise RuntimeError("no task whose product the decoy query leaves out")
+        raise RuntimeError("no task whose instruction's results leave its product out")
 
     def play(self, actions: Sequence[str | Callable[[dict], str]], *, episode_id: str | None = None,
              request_ids: Sequence[str | None] | None = None) -> dict:
@@ -150,7 +155,7 @@ class Suite:
         options = [f"click[{v}]" for v in goal["goal_options"].values()]
         grab = [f"click[{target}]", *options, "click[buy now]"]
         fallback = self._fallback()
-        decoy = f"search[{DECOY_QUERY}]"
+        decoy = self.decoy
         title = self.products[goal["asin"]]["Title"].replace("[", " ").replace("]", " ")
         rows = []
 
@@ -197,7 +202,7 @@ class Suite:
     def _after_done(self) -> list[CanaryResult]:
         """Buying twice, clicking and searching after done, replaying the
         purchase's request_id with another action."""
-        decoy = f"search[{DECOY_QUERY}]"
+        decoy = self.decoy
         run = self.play([decoy, self._first_listed, "click[buy now]"],
                         request_ids=["r-search", "r-open", "r-buy"])
         again = self.play(["click[buy now]", f"click[{self.goal['asin'].lower()}]", decoy],
@@ -233,13 +238,6 @@ def run(client: Client, prepared_dir: Path, outcomes=None) -> tuple[list[CanaryR
     return suite.canaries(), list(suite.checks)
 
 
-def print_report(results: list[CanaryResult], checks: list[str], out=sys.stdout) -> int:
-    status = report("shop", results, out)
-    for line in checks:
-        print(f"  CHECK FAILED: {line}", file=out)
-    return 1 if status or checks else 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url")
@@ -252,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = (lambda: [json.loads(line) for line in
                              (state / "outcomes.jsonl").read_text().splitlines()]) if state else None
         results, checks = run(Client(args.url), prepared_dir, outcomes)
-        return print_report(results, checks)
+        return report("shop", results, checks=checks)
     from tests.support.services import ServiceProcess
     with tempfile.TemporaryDirectory(prefix="shop-canaries-") as tmp:
         service = ServiceProcess(testing.configure_service(Path(tmp) / "svc"))
@@ -261,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             results, checks = run(Client(service.url), prepared_dir, service.outcomes)
         finally:
             service.stop()
-    return print_report(results, checks)
+    return report("shop", results, checks=checks)
 
 
 if __name__ == "__main__":
