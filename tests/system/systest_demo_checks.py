@@ -10,9 +10,11 @@ deployment is set up for them:
   - an environment with task containers: the guest dockerd's networks are
     those before the storm, and no volume is new (nothing outlived its
     container);
+  - a kill that restarts the unit (the master's, AutoResearch's grader's):
+    systemd counts the restart (NRestarts);
   - a service's master killed: the in-flight episode the restarted service
     recorded is ``reward: null``, ``failure_class: infra``, ``recovered:
-    true``; General then serves a new episode with a container;
+    true``; General then serves a new episode in one running container;
   - AutoResearch's grader killed: the service said its grader exited, one
     new grader runs, and it grades a new episode's reference solution (its
     commands run as uid 2000) at least 0.9;
@@ -73,6 +75,7 @@ class KillChecks:
         labelled = self._run("docker network ls -q --filter label=camg.helper") if self.docker else ""
         assert not labelled.split(), f"camg networks before the storm: {labelled}"
         self.grader_exits = self._grader_exits() if "autoresearch" in names else 0
+        self.restarts = {name: self._restarts(name) for name in names}
         self.seconds = 0.0
 
     def _run(self, command: str) -> str:
@@ -81,6 +84,9 @@ class KillChecks:
     def _docker(self) -> tuple[set[str], set[str]]:
         out = self._run("docker network ls -q && echo -- && docker volume ls -q").split()
         return set(out[:out.index("--")]), set(out[out.index("--") + 1:])
+
+    def _restarts(self, name: str) -> int:
+        return int(show(self.machine, f"camg-{name}.service", "NRestarts")["NRestarts"])
 
     def _grader_exits(self) -> int:
         out = self.machine.run(["journalctl", "--no-pager", "-o", "cat", "-u", AUTORESEARCH,
@@ -102,6 +108,10 @@ class KillChecks:
                 problems.append(f"docker networks changed: {sorted(networks ^ self.networks)}")
             if volumes - self.volumes:
                 problems.append(f"a volume outlived its container: {sorted(volumes - self.volumes)}")
+        restarts, before = self._restarts(env.name), self.restarts[env.name]
+        self.restarts[env.name] = restarts
+        if restarts_unit(kill.target, env) and restarts <= before:
+            problems.append(f"{env.unit} came back, but systemd counts no restart ({restarts})")
         if kill.target == "service":
             problems += self._recovered(storm, env, eid)
             if env.name == "general":  # its state names the episode's container
@@ -134,8 +144,12 @@ class KillChecks:
         problems = []
         if not created.json.get("observation"):
             problems.append(f"the new episode has no observation: {str(created.body)[:300]}")
-        if not storm.episode_containers(env, new):
-            problems.append("the new episode after the restart has no container")
+        mine = storm.episode_containers(env, new)
+        running = self._run(f"docker inspect -f '{{{{.State.Running}}}}' {' '.join(mine)}").split() \
+            if mine else []
+        if running != ["true"]:
+            problems.append(f"the new episode after the restart has not one running container: "
+                            f"{sorted(mine)} {running}")
         closed = storm.guest.http(env.port, "DELETE", f"/episodes/{new}")
         if closed.status not in (200, 204):
             problems.append(f"DELETE of {new} answered {closed.status}")
