@@ -105,13 +105,15 @@ def render(job):
     origin = "http://127.0.0.1:%d" % server.server_address[1]
     mirror = job.get("mirror", {})
     blocked, console, local, sockets = [], [], [], []
-    refused_local = re.compile(r"Not allowed to load local resource: (\S+)")
+    # Chromium's refusals of file: URLs (element, navigation, fetch, XHR)
+    refused_local = re.compile(r"(?:Not allowed to load local resource: |cannot load |"
+                               r"XMLHttpRequest at ')(file:[^\s'\"]+)")
 
     def on_console(message):
         text = message.text
         hit = refused_local.search(text)
         if hit and len(local) < 50:
-            local.append(hit.group(1)[:500])
+            local.append(hit.group(1).rstrip(".")[:500])
         if message.type == "error" and len(console) < 15:
             console.append(text[:500])
 

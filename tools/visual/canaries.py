@@ -37,7 +37,7 @@ from daemons.visual import delivery, rubric
 OUTSIDE = "192.0.2.1"
 BASE = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>
 body { margin: 0; font-family: "DejaVu Sans", sans-serif; background: #fff; }
-h1 { padding: 40px; font-size: 40px; color: #222; }
+h1 { margin: 0; padding: 40px; font-size: 40px; color: #fff; background: #1d3557; }
 #leak { display: block; }
 </style></head><body><h1>Plain delivered page</h1><div id="leak"></div>{trick}</body></html>
 """
@@ -70,6 +70,8 @@ def canaries() -> list[Canary]:
             'height="0" style="border:0"></iframe>'
             + script % (f"fetch('file:///srv/camg/data/visual/demo/oracle.json')"
                         f".then(() => {{ {SHOW} }}).catch(() => 0);"
+                        "const x = new XMLHttpRequest(); x.open('GET', 'file:///etc/shadow');"
+                        "try { x.send(); } catch (e) {}"
                         "setTimeout(() => { location.href = 'file:///etc/'; }, 500)")))],
             "tampered"),
         Canary("symlinks_out_of_dist", [
