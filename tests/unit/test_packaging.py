@@ -256,3 +256,53 @@ def test_demo_judge_stub_scores_images_by_statistics_and_texts_by_script():
     blank, designed = json.loads(shot(lambda im: None).text), json.loads(shot(design).text)
     assert blank["layout_integrity"] < designed["layout_integrity"]
     assert set(blank) >= {"layout_integrity", "query_fulfillment", "premium_assets"}
+
+
+# -- the lock (packaging/lock.sh, lib.sh camg_install_lock / camg_pip_check)
+
+def _fake_pip_check(tmp_path, lines: str, status: int) -> subprocess.CompletedProcess:
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    fake = tmp_path / "bin" / "python"
+    fake.write_text(f"#!/bin/sh\nprintf '{lines}'\nexit {status}\n")
+    fake.chmod(0o755)
+    return lib(f'camg_pip_check "{tmp_path}"')
+
+
+def test_pip_check_allows_only_pyserinis_dense_stack_missing(tmp_path):
+    dense = ("pyserini 0.22.1 requires transformers, which is not installed.\\n"
+             "pyserini 0.22.1 requires onnxruntime, which is not installed.\\n")
+    assert _fake_pip_check(tmp_path, dense, 1).returncode == 0
+    assert _fake_pip_check(tmp_path, "No broken requirements found.\\n", 0).returncode == 0
+    other = dense + "swebench 4.1.0 requires modal, which is not installed.\\n"
+    result = _fake_pip_check(tmp_path, other, 1)
+    assert result.returncode != 0 and "swebench 4.1.0 requires modal" in result.stderr
+    conflict = "pyserini 0.22.1 has requirement numpy>=1.18.1, but you have numpy 1.0.\\n"
+    assert _fake_pip_check(tmp_path, conflict, 1).returncode != 0
+
+
+def test_every_reader_installs_the_lock_without_deps():
+    # A plain `pip install -r requirements.lock` would pull pyserini's
+    # declared dense stack (transformers, onnxruntime, ...) back in.
+    for script in ("bootstrap.sh", "install.sh"):
+        text = (CHECKOUT / "packaging" / script).read_text()
+        assert 'camg_install_lock "' in text and "install -q -r \"$SRC/requirements.lock\"" not in text
+        assert "install -q -r \"$here/requirements.lock\"" not in text
+
+
+def test_the_lock_covers_every_in_file_pin():
+    def key(pin: str) -> str:
+        return pin.strip().lower().replace("_", "-")
+    lock = {key(line.split("==")[0]): key(line) for line in
+            (CHECKOUT / "requirements.lock").read_text().splitlines() if "==" in line}
+    for name in ("base", "coding", "general", "visual", "shop", "autoresearch", "helper", "test", "nodeps"):
+        for line in (CHECKOUT / "requirements" / f"{name}.in").read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                assert lock.get(key(line.split("==")[0])) == key(line), f"requirements/{name}.in: {line}"
+
+
+@pytest.mark.skipif(not os.path.exists("/opt/camg-python3.12/bin/python3.12"),
+                    reason="no copied 3.12 on this machine (packaging/copy-python312.sh)")
+def test_camg_python312_finds_the_copy_but_camg_python_stays_on_debians():
+    found = lib("camg_python312")
+    assert found.returncode == 0 and found.stdout.strip() == "/opt/camg-python3.12/bin/python3.12"
+    assert lib("camg_python").stdout.strip() == "/usr/bin/python3"
