@@ -91,6 +91,8 @@ def test_image_is_laid_out_like_swesmith(swesmith_image):
 
 
 def test_every_task_validated_gold_one_noop_zero(swesmith_prepared):
+    # Validation also ran the leak check in each task's agent view: a finding
+    # would be a "leaks" entry (and a refusal).
     body = manifest.load(swesmith_prepared["manifest"])
     validation = body.sampling["validation"]
     assert validation["validated"] == len(swesmith_prepared["rows"]) == len(body.tasks)
@@ -151,19 +153,6 @@ def test_the_images_clean_bytecode_names_the_fixed_function(swesmith_env):
     hits = {f.file for f in found if f.kind == "bytecode" and "/__pycache__/" in f.path}
     assert hits == {p for p in clean if p.endswith(".py")}, found
     assert all("clean code of" in f.detail for f in found if f.kind == "bytecode"), found
-
-
-def test_agent_view_leaks_nothing_of_the_fix_on_any_task(swesmith_env):
-    from tools.coding import canaries
-    leaked = {}
-    for task in swesmith_env.tasks:
-        episode = swesmith_env.create_episode(task, seed=None, episode_id=f"view-{task.task_id[-8:]}")
-        try:
-            episode.reset()
-            leaked[task.task_id] = canaries.view_leaks(episode)
-        finally:
-            episode.close()
-    assert leaked and not any(leaked.values()), {k: v for k, v in leaked.items() if v}
 
 
 def test_gold_through_shell_actions_earns_one(swesmith_env):

@@ -125,3 +125,15 @@ def test_general_instance_clean_sources_and_no_bytecode_in_its_workspace(tmp_pat
     assert "testbed/src/pkg/calcwidget.py" in names
     assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n or "pytest_cache" in n]
     assert code_tasks.clean_sources(out) == {REL: CLEAN}
+
+
+def test_validation_refuses_a_task_whose_view_leaks():
+    from camg.errors import DatasetError
+    from daemons.coding.validate import Result, refuse_bad
+    good = Result("t-good", 1.0, 0.0)
+    leaky = Result("t-leaky", 1.0, 0.0, "agent view: bytecode ...", ("bytecode /testbed/x.pyc",))
+    assert good.ok and not leaky.ok and good.to_data() == {"gold": 1.0, "noop": 0.0}
+    assert leaky.to_data()["leaks"] == ["bytecode /testbed/x.pyc"]
+    refuse_bad([good])
+    with pytest.raises(DatasetError, match="t-leaky.*agent view"):
+        refuse_bad([good, leaky])
