@@ -132,7 +132,12 @@ class GeneralEnvironment(Environment):
         kinds: dict[str, int] = {}
         for task in self.tasks:
             kinds[task.data["kind"]] = kinds.get(task.data["kind"], 0) + 1
+        uncovered = [t.task_id for t in self.tasks if t.data["kind"] == "opensource-code"
+                     and not (t.data.get("test_guard") or {}).get("covered", True)]
         return {"task_kinds": kinds,
+                # opensource-code tasks whose test command camg's test guard
+                # cannot cover (not pytest): graded by screen and exit status only
+                "test_guard_not_covered": {"count": len(uncovered), "tasks": uncovered[:50]},
                 "images": sorted({t.data["image"] for t in self.tasks}),
                 "judge": self.judge.config.describe() if self.judge else None,
                 "pool": {"size_per_image": self.settings.pool_size,
@@ -150,7 +155,7 @@ class GeneralEnvironment(Environment):
         opensource-code: the stored verifier records before the current
         screen and cross-check (the test run itself is not repeated)."""
         if submission.meta.get("task_kind") == "opensource-code":
-            return self._regrade_code(submission)
+            return self._regrade_code(task, submission)
         if not submission.data:
             raise errors.RegradeUnsupported("the episode left no verifier detail to judge again")
         if self.judge is None:
@@ -168,7 +173,7 @@ class GeneralEnvironment(Environment):
         return Grade(reward, {"task_kind": "general_agent", "judge": records, **verdict})
 
 
-    def _regrade_code(self, submission: Submission) -> Grade:
+    def _regrade_code(self, task: Task, submission: Submission) -> Grade:
         """opensource-code: the test run happened in a container that is
         gone; its records (the change record, the test guard's channel and
         the command's exit status) are judged again by the current screen
@@ -181,7 +186,8 @@ class GeneralEnvironment(Environment):
                 "which is gone; this one kept no verifier records to judge again")
         try:
             records = json.loads(submission.data)
-            reward, verdict = integrity.verdict(records["changes"], records["guard"])
+            reward, verdict = integrity.verdict(records["changes"], records["guard"],
+                                                task.data.get("test_guard"))
         except (ValueError, KeyError, TypeError) as exc:
             raise errors.GraderError(f"the stored verifier records are unreadable: {exc}") from None
         # (0.0 or 1.0 already: binarizing changes nothing)
@@ -273,7 +279,8 @@ class GeneralEpisode(Episode):
         tar = self.env.client.get_archive(self.container.id, VERIFIER_OUT)
         records = {"changes": integrity.read_changes(tar), "guard": integrity.read_guard(tar)}
         # (GraderError when the test runner never reported to the guard)
-        _, self.integrity = integrity.verdict(records["changes"], records["guard"])
+        _, self.integrity = integrity.verdict(records["changes"], records["guard"],
+                                              self.task.data.get("test_guard"))
         self.code_records = records
         return 0.0 if self.integrity["integrity"] == "tampered" else reward
 

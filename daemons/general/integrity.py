@@ -35,7 +35,8 @@ with a test the guard saw fail, a session that did not end or ended non-zero,
 a pass line the guard never saw, an unsigned line, the guard's own evidence
 (the reporting path patched, hooks from the agent's files). A command whose
 runner never reported to the guard gives no grade (GraderError: reward
-null). Any finding: reward 0.0, ``tampered``, the rule and the evidence in
+null), unless preparation marked the task as one the guard cannot cover
+(``test_guard.covered: false``, listed in /metadata). Any finding: reward 0.0, ``tampered``, the rule and the evidence in
 the outcome record.
 """
 
@@ -156,7 +157,7 @@ def screen_change(item: dict, test_paths: set[str]) -> list[Finding]:
     elif _is_test_file(parts):
         found += tamper_rules.content_rules(path, added, tamper_rules.HOOKS, "runner_hook_in_tests")
     else:
-        found += _internals(path, added)
+        found += _internals(path, added) + tamper_rules.always_equal_rules(path, added)
     return found
 
 
@@ -190,11 +191,17 @@ def screen(record: dict, test_paths: Iterable[str] = ()) -> list[Finding]:
     return list(unique.values())
 
 
-def verdict(changes: dict, guard: dict) -> tuple[float, dict]:
+def verdict(changes: dict, guard: dict, coverage: dict | None = None) -> tuple[float, dict]:
     """The grade the records decide (1.0 iff the command exited 0 and
     nothing was found) and the outcome record's part; the same at grading
-    and at a regrade from the stored records (new rules, same run)."""
+    and at a regrade from the stored records (new rules, same run).
+    ``coverage``: the task's ``test_guard`` mark from preparation; a task
+    whose command the guard cannot cover (not pytest) is graded by the
+    screen and exit status alone, and its record says so."""
     findings = screen(changes)
+    if coverage is not None and not coverage.get("covered", True):
+        reward = 1.0 if guard["exit_code"] == 0 and not findings else 0.0
+        return reward, summary(changes, findings, dict(coverage))
     try:
         found, seen = guard_findings(guard)
     except errors.GraderError:

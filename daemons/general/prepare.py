@@ -13,10 +13,12 @@ Every instance is validated for its dataset type (opensource-code: the eight
 fields; general_agent: its fields and a task folder ``<envs>/<id>``).
 ``--images`` maps each row's ``docker_image`` to an image pinned by digest
 (``image-mapping.jsonl``: ``{"dataset_image", "dockerhub_image"}`` lines).
-An opensource-code instance whose test command the verifier's test guard
-cannot cover is refused (``guard_problem``): every command its
-``mimo_test_command.sh`` runs (``test_commands.json``) must start pytest,
-and none may set the variables that load the guard. The selection keeps ids and order (the --select file's, else code rows then
+An opensource-code task whose test command the verifier's test guard
+cannot cover (``guard_problem``: every command its ``mimo_test_command.sh``
+runs, ``test_commands.json``, must start pytest and none may set the
+variables that load the guard) is marked ``test_guard: {"covered": false,
+"reason"}`` in its data; the service lists such tasks in /metadata and
+their outcome records say so (real rows include ``npx jest`` tasks). The selection keeps ids and order (the --select file's, else code rows then
 general rows as given); ``--limit`` cuts it. Output: ``code.parquet`` and
 ``general.parquet`` (the selected rows: instance_id, dataset_type,
 instance_json, image), ``envs/<id>/`` (copied task folders) and
@@ -84,11 +86,6 @@ def instance_of(row: dict, where: str) -> dict:
             raise DatasetError(f"{where} ({instance.get('instance_id')!r}): field {field} missing")
     if kind == "opensource-code" and not str(instance["cwd"]).startswith("/"):
         raise DatasetError(f"{where}: cwd must be absolute")
-    if kind == "opensource-code":
-        problem = guard_problem(instance)
-        if problem:
-            raise DatasetError(f"{where} ({instance['instance_id']!r}): refused, the verifier's "
-                               f"test guard cannot cover it: {problem}")
     return instance
 
 
@@ -119,6 +116,8 @@ def test_commands(instance: dict) -> list[str]:
             listed = json.loads(text) if text is not None else None
         except ValueError:
             listed = None
+        if isinstance(listed, dict):  # upstream's shape: {"test_commands": [...]}
+            listed = listed.get("test_commands")
         if isinstance(listed, list) and all(isinstance(c, str) for c in listed):
             return listed
         return []
@@ -217,6 +216,9 @@ def prepare_general(*, code_rows: str | None, general_rows: str | None, envs: st
         if image is None:
             raise DatasetError(f"{task_id}: docker_image {instance['docker_image']!r} is not in {images}")
         data = {"kind": kind, "instance_id": task_id, "image": image, "instance": instance}
+        if kind == "opensource-code":
+            problem = guard_problem(instance)
+            data["test_guard"] = {"covered": problem is None, **({"reason": problem} if problem else {})}
         if references is not None:
             found = reference.load(references, task_id, kind)
             if found is not None:
