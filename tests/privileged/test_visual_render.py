@@ -174,3 +174,4 @@ def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, rende
     assert "special_file" in by["after_screenshot_socket_fifo"].detail
     assert by["file_url_loads"].integrity == by["symlinks_out_of_dist"].integrity == "tampered"
     assert by["never_settles"].detail == "timeout" and by["huge_dist"].detail == "dist_too_large"
+    assert by["external_http_https"].detail.startswith("external_assets; external_load x")

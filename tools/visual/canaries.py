@@ -165,7 +165,9 @@ def run(render: Callable[[bytes], object], slow_render: Callable[[bytes], object
         if leaked:
             checks.append(f"{canary.technique}: {leaked} reached the renderer")
         allowed = 0.0 if kind == "tampered" or base is None else base
-        detail = got["failure"] or "; ".join(e.split(":")[0] for e in got["evidence"][:4])
+        rules = [e.split(":")[0] for e in got["evidence"]]
+        detail = "; ".join(([got["failure"]] if got["failure"] else [])
+                           + [f"{r} x{rules.count(r)}" for r in dict.fromkeys(rules)])
         results.append(CanaryResult(canary.technique, got["reward"], got["integrity"],
                                     allowed, detail))
     return results, checks
