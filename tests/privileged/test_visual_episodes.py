@@ -182,6 +182,21 @@ def test_external_asset_is_render_error_and_judge_failure_is_judge_error(service
         {"operation": "shell", "command": f"echo '{page}' > /workspace/dist/index.html"},
         {"operation": "finish"}])
     assert ext["final"]["reward"] is None and ext["final"]["failure_class"] == "render_error"
+    # a delivery with symlinks out of dist/: tampered, 0.0, the judge not asked
+    asked = len(judge.requests)
+    linked = play(service.url, task_id, [
+        {"operation": "shell", "command": "echo '<!DOCTYPE html><p>x</p>' > dist/index.html && "
+         "ln -s /etc dist/etc && ln -s ../../ dist/up && ln -s index.html dist/home.html"},
+        {"operation": "finish"}])
+    assert linked["final"]["reward"] == 0.0 and linked["final"]["failure_class"] is None
+    assert len(judge.requests) == asked
+    records = {r["episode_id"]: r for r in service.outcomes()}
+    got = records[linked["reset"]["episode_id"]]
+    assert got["integrity"] == "tampered" and sorted(got["integrity_evidence"]) == [
+        "symlink_out_of_dist: dist/etc -> /etc", "symlink_out_of_dist: dist/up -> ../../"]
+    got = records[ext["reset"]["episode_id"]]
+    assert got["integrity"] == "ok" and got["integrity_evidence"] == [
+        "external_load: https://cdn.example.invalid/x.js"]
     judge.script(Reply(status=500), Reply(status=500))
     failed = play(service.url, task_id, prepared[1][task_id])
     assert failed["final"]["reward"] is None and failed["final"]["failure_class"] == "judge_error"
