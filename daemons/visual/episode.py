@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Protocol
 
 from camg import errors

@@ -24,7 +24,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from camg.client import Client, EpisodeDone, InvalidAction
 from tools.canary_table import CanaryResult, report
