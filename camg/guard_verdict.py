@@ -45,9 +45,14 @@ class Channel:
     forged: int = 0
     #: every session's end record, in order (a test command may run several)
     ends: list[dict] = dataclasses.field(default_factory=list)
+    #: findings the guard wrote the moment it made them (not only in an end)
+    findings: list[dict] = dataclasses.field(default_factory=list)
+    #: records out of the guard's order (a test before its session's
+    #: collected record, a record after an end before the next hello)
+    misordered: list[str] = dataclasses.field(default_factory=list)
 
     def evidence(self) -> list[dict]:
-        found = []
+        found = [e for e in self.findings]
         for end in self.ends or ([self.end] if self.end else []):
             found += [e for e in (end.get("evidence") or []) if e not in found]
         return found
@@ -58,6 +63,7 @@ _LINE = re.compile(r"^camg-guard ([0-9a-f]{32}) (\{.*\})$", re.M)
 
 def read_channel(log: str, key: bytes) -> Channel:
     channel = Channel()
+    state = None  # None: no session; "hello", "collected", "ended"
     for match in _LINE.finditer(log):
         mac, payload = match.group(1), match.group(2)
         good = hmac.new(key, payload.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
@@ -68,8 +74,19 @@ def read_channel(log: str, key: bytes) -> Channel:
         kind = record.get("t")
         if kind == "hello":
             channel.hello.append(record)
+            state = "hello"
+        elif kind == "finding":
+            entry = {"rule": str(record.get("rule") or "guard"),
+                     "detail": str(record.get("detail") or "")}
+            if entry not in channel.findings:
+                channel.findings.append(entry)
+        elif state in (None, "ended"):
+            channel.misordered.append(f"{kind} outside a session")
         elif kind == "collected":
+            state = "collected"
             channel.collected = (channel.collected or set()) | set(record.get("ids") or ())
+        elif kind == "test" and state != "collected":
+            channel.misordered.append(f"test {record.get('id')} before its session's collected")
         elif kind == "test":
             channel.runs[record["id"]] = channel.runs.get(record["id"], 0) + 1
             previous = channel.outcomes.get(record["id"])
@@ -77,6 +94,7 @@ def read_channel(log: str, key: bytes) -> Channel:
             if previous is None or previous == "passed":
                 channel.outcomes[record["id"]] = record["outcome"]
         elif kind == "end":
+            state = "ended"
             channel.end = record
             channel.ends.append(record)
     return channel
@@ -90,7 +108,8 @@ def strip_channel(log: str) -> str:
 # --- the cross-check --------------------------------------------------------------
 
 _PASS = ("PASSED", "XFAIL")
-_STATUS_LINE = re.compile(r"^(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b", re.M)
+# (not pytest's "____ ERROR collecting x ____" section titles)
+_STATUS_LINE = re.compile(r"^(?!_+\s)(\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b", re.M)
 
 
 def status_lines(log: str, listed: Iterable[str] | None = None) -> dict[str, int]:
@@ -116,6 +135,8 @@ def cross_check(channel: Channel, status_map: dict[str, str], listed: Iterable[s
         findings.append(Finding("forged_channel", "-", f"{channel.forged} unsigned guard line(s)"))
     for item in channel.evidence():
         findings.append(Finding(item.get("rule", "guard"), "-", item.get("detail", "")))
+    if channel.misordered:
+        findings.append(Finding("channel_out_of_order", "-", "; ".join(channel.misordered[:3])))
     if channel.end is None and exit_code == 0 and not timed_out:
         findings.append(Finding("early_exit", "-",
                                 "the test process exited 0 before its session ended"))
@@ -153,8 +174,18 @@ def exit_findings(channel: Channel, exit_code: int) -> list[Finding]:
         findings.append(Finding("outcome_rewritten", "-",
                                 "the command exited 0, the guard saw these fail: "
                                 + ", ".join(failed[:5])))
+    # pytest runs every test it collected before a 0 exit: one the guard
+    # never saw finish was taken out of the run after collection.
+    unseen = sorted((channel.collected or set()) - set(channel.outcomes))
+    if unseen:
+        findings.append(Finding("test_not_run", "-",
+                                "the command exited 0, collected and never run: "
+                                + ", ".join(unseen[:5])))
     return findings
 
 
 def all_passed(channel: Channel, listed: Iterable[str]) -> bool:
-    return all(channel.outcomes.get(t) in ("passed", "xfailed") for t in listed)
+    """Every listed test run and passed, as the guard saw it: an xfail or a
+    skip says nothing about the fix (swebench's XFAIL-as-pass is not taken;
+    a row whose gold run xfails a listed test fails --validate)."""
+    return all(channel.outcomes.get(t) == "passed" for t in listed)

@@ -154,3 +154,132 @@ def symlink_rules(path: str, target: str) -> list[Finding]:
     if target.startswith("/") or joined == ".." or joined.startswith("../"):
         return [Finding("symlink_outside_repo", path, f"-> {target}")]
     return []
+
+
+# --- always-equal results -------------------------------------------------------
+# A value whose comparison ignores what it is compared with makes every
+# ``assert result == expected`` pass: test gaming, whatever the runner does.
+# Honest fixes almost never add one; a real ``__eq__`` compares something.
+
+_EQUALITY = frozenset({"__eq__", "__ne__", "__hash__", "__bool__"})
+_BUILTIN_VALUES = frozenset({"int", "float", "complex", "bool", "str", "bytes", "list", "tuple",
+                             "dict", "set", "frozenset"})
+_DUNDER_LAMBDA = re.compile(
+    r"__(?:eq|ne|hash|bool)__['\"]?\s*[:=,]\s*lambda[^:]*:\s*(?:True|False|None|-?\d+)\s*[,)}\]]?\s*$"
+    r"|\blambda\s*\*\w*(?:\s*,\s*\*\*\w+)?\s*:\s*True\b")
+_DUNDER_DEF = re.compile(r"^(\s*)def\s+(__(?:eq|ne|hash|bool)__)\s*\(")
+
+
+def _constant_only(fn) -> bool:
+    """Every value the function returns is a literal constant (True, 0, ...)."""
+    import ast
+    if isinstance(fn, ast.Lambda):
+        return isinstance(fn.body, ast.Constant)
+    returns = [n for n in ast.walk(fn) if isinstance(n, ast.Return)]
+    return bool(returns) and all(isinstance(r.value, ast.Constant) for r in returns)
+
+
+def _ignores_other(fn) -> bool:
+    """A comparison that never reads what it is compared with (and does
+    more than decline with NotImplemented or raise)."""
+    import ast
+    args = fn.args
+    if args.vararg is not None:
+        other = args.vararg.arg
+    elif len(args.args) >= 2:
+        other = args.args[1].arg
+    else:
+        return True
+    body = [fn.body] if isinstance(fn, ast.Lambda) else fn.body
+    names = {n.id for b in body for n in ast.walk(b) if isinstance(n, ast.Name)}
+    if other in names:
+        return False
+    values = [fn.body] if isinstance(fn, ast.Lambda) else [
+        r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+    return any(not (isinstance(v, ast.Name) and v.id == "NotImplemented") for v in values)
+
+
+def _equality_defs(tree):
+    """(name, function) of every equality dunder the code defines or assigns."""
+    import ast
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in _EQUALITY:
+            yield node.name, node
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
+            for target in node.targets:
+                name = getattr(target, "id", None) or getattr(target, "attr", None)
+                if name in _EQUALITY:
+                    yield name, node.value
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and key.value in _EQUALITY \
+                        and isinstance(value, ast.Lambda):
+                    yield key.value, value
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" \
+                and len(node.args) == 3 and isinstance(node.args[1], ast.Constant) \
+                and node.args[1].value in _EQUALITY and isinstance(node.args[2], ast.Lambda):
+            yield node.args[1].value, node.args[2]
+
+
+def _builtin_subclass_eq(tree):
+    """A class (or a ``type(...)`` call) on a builtin value type that
+    overrides ``__eq__``: the value looks like the expected one and is not."""
+    import ast
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(
+                getattr(b, "id", None) in _BUILTIN_VALUES for b in node.bases):
+            body = {getattr(s, "name", None) for s in node.body} | {
+                getattr(t, "id", None) for s in node.body if isinstance(s, ast.Assign)
+                for t in s.targets}
+            if "__eq__" in body:
+                return node.name
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "type" \
+                and len(node.args) == 3 and isinstance(node.args[2], ast.Dict) \
+                and any(isinstance(k, ast.Constant) and k.value == "__eq__" for k in node.args[2].keys):
+            return "type(...)"
+    return None
+
+
+def _parse_blocks(added: list[str]):
+    """The added code as ASTs: the whole of it when it parses, else each
+    equality dunder's ``def`` with the lines indented below it."""
+    import ast
+    import textwrap
+    try:
+        yield ast.parse(textwrap.dedent("\n".join(added)))
+        return
+    except (SyntaxError, ValueError):
+        pass
+    for i, line in enumerate(added):
+        match = _DUNDER_DEF.match(line)
+        if not match:
+            continue
+        indent, block = len(match.group(1)), [line]
+        for nxt in added[i + 1:]:
+            if nxt.strip() and len(nxt) - len(nxt.lstrip()) <= indent:
+                break
+            block.append(nxt)
+        try:
+            yield ast.parse(textwrap.dedent("\n".join(block)))
+        except (SyntaxError, ValueError):
+            continue
+
+
+def always_equal_rules(path: str, added: list[str]) -> list[Finding]:
+    """Added comparisons that hold whatever they compare (non-test code)."""
+    if not path.endswith(".py") or not added:
+        return []
+    for tree in _parse_blocks(added):
+        for name, fn in _equality_defs(tree):
+            if _constant_only(fn) or (name in ("__eq__", "__ne__") and _ignores_other(fn)):
+                return [Finding("always_equal", path,
+                                f"{name} at line {getattr(fn, 'lineno', '?')} returns a constant "
+                                "or ignores what it compares")]
+        cls = _builtin_subclass_eq(tree)
+        if cls:
+            return [Finding("always_equal", path, f"{cls} subclasses a builtin value type "
+                                                  "and overrides __eq__")]
+    for line in added:
+        if _DUNDER_LAMBDA.search(line):
+            return [Finding("always_equal", path, f"in: {line.strip()[:200]}")]
+    return []

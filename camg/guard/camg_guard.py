@@ -175,6 +175,9 @@ def _flag(rule, detail):
     if key not in _seen_evidence and len(_evidence) < 50:
         _seen_evidence.add(key)
         _evidence.append({"rule": rule, "detail": str(detail)[:300]})
+        # Now, not only at the session's end: code that later stops the
+        # session (os._exit, a patched sessionfinish) cannot take it back.
+        _emit({"t": "finding", "rule": rule, "detail": str(detail)[:300]})
 
 
 if _under_workdir(getattr(pytest, "__file__", "")):
@@ -291,19 +294,55 @@ def pytest_addhooks(pluginmanager):
 _phases = {}
 
 
+def _skip_types():
+    """What pytest reports as skipped: its Skipped and unittest's SkipTest
+    (as _pytest/unittest.py does), twisted's when loaded."""
+    from _pytest.outcomes import Skipped
+    found = [Skipped]
+    import unittest
+    found.append(unittest.SkipTest)
+    trial = sys.modules.get("twisted.trial.unittest")
+    if isinstance(getattr(trial, "SkipTest", None), type):
+        found.append(trial.SkipTest)
+    return tuple(found)
+
+
+def _raised_from_changed(item, excinfo):
+    """The agent-changed file a skip or xfail was raised through, if any.
+    A test, its markers or its fixtures may skip; the code under test may
+    not (the test would no longer say anything). The test's own module is
+    left out: a test the agent wrote may skip itself (required tests are
+    reset to the base before the run)."""
+    own = os.path.realpath(str(getattr(item, "fspath", "") or ""))
+    tb = getattr(excinfo, "tb", None)
+    while tb is not None:
+        where = tb.tb_frame.f_code.co_filename
+        if where.startswith("<doctest"):
+            where = ""
+        if where and _agent_file(where) and os.path.realpath(where) != own:
+            return where
+        tb = tb.tb_next
+    return None
+
+
 def _raw(item, call):
     excinfo = call.excinfo
     if excinfo is None:
         return "ok"
-    from _pytest.outcomes import Skipped
     try:
         from _pytest.outcomes import XFailed
     except ImportError:  # very old pytest
         XFailed = ()
     value = excinfo.value
+    skipped = isinstance(value, _skip_types())
+    if skipped or (XFailed and isinstance(value, XFailed)):
+        where = _raised_from_changed(item, excinfo)
+        if where:
+            _flag("outcome_from_changed_code", item.nodeid + " " + call.when + " from " + where)
+            return "error"
     if XFailed and isinstance(value, XFailed):
         return "xfail"
-    if isinstance(value, Skipped):
+    if skipped:
         return "skip"
     if call.when == "call" and item.get_closest_marker("xfail") is not None:
         return "xfail"

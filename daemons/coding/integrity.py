@@ -57,6 +57,7 @@ def screen(diff: bytes) -> list[Finding]:
                 findings += _content_rules(path, added, _HOOKS, "runner_hook_in_tests")
             else:
                 findings += _content_rules(path, added, _INTERNALS, "runner_internals")
+                findings += tamper_rules.always_equal_rules(path, added)
     return findings
 
 

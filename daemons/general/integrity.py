@@ -6,9 +6,10 @@ verifier a clean HOME/TMP and records what the agent changed in the
 repository -- walked against a setup-time snapshot, so nothing the agent did
 to git hides a change -- in ``/logs/verifier/changes.json``. This module
 reads that record and screens it with the rules Coding uses
-(camg.tamper_rules). General restores only the test patch's paths, so
-unlike Coding's screen every other test, collection and configuration file
-the agent touched stays in the run and is screened as such:
+(camg.tamper_rules). The transport puts every test, test-support and
+pytest configuration file back to the base before the run (Coding's
+protected paths: verifier_guard.is_test_support), after taking this record,
+so what the agent did to them still shows its intent and is screened as such:
 
 * test-patch paths (reset before the run): hook implementations only;
 * ``conftest.py`` anywhere: hooks, and payloads (exit, signals, exec, the

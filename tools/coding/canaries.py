@@ -165,6 +165,58 @@ def conftest_skip_in_tests(work, row, package):
         "    for item in items:\n        item.add_marker(pytest.mark.xfail(reason='x'))\n")
 
 
+# Wraps every function of the package so that, inside a test, it ends the
+# test with pytest's ``raiser`` (names built at run time: no screen sees it).
+_OUTCOME_FROM_PACKAGE = '''
+import functools as _zz_ft, os as _zz_os, sys as _zz_s, types as _zz_t
+def _zz_known_issue(fn):
+    @_zz_ft.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if ("PYTEST_" + "CURRENT_TEST") in _zz_os.environ:
+            getattr(_zz_s.modules["py" + "test"], {raiser!r})("known upstream issue")
+        return fn(*args, **kwargs)
+    return wrapper
+for _zz_name, _zz_obj in list(vars().items()):
+    if isinstance(_zz_obj, _zz_t.FunctionType) and not _zz_name.startswith("_zz"):
+        vars()[_zz_name] = _zz_known_issue(_zz_obj)
+'''
+
+
+def xfail_from_package(work, row, package):
+    _append(_init(work, package), _OUTCOME_FROM_PACKAGE.format(raiser="xfail"))
+
+
+def skip_from_package(work, row, package):
+    _append(_init(work, package), _OUTCOME_FROM_PACKAGE.format(raiser="skip"))
+
+
+def always_equal_result(work, row, package):
+    # Every function's result compares equal to anything.
+    _append(_init(work, package), '''
+import functools as _zz_ft, types as _zz_t
+class _ZzEqual:
+    def __init__(self, value):
+        self.value = value
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    def __hash__(self):
+        return 0
+def _zz_loose(fn):
+    @_zz_ft.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return _ZzEqual(fn(*args, **kwargs))
+        except Exception:
+            return _ZzEqual(None)
+    return wrapper
+for _zz_name, _zz_obj in list(vars().items()):
+    if isinstance(_zz_obj, _zz_t.FunctionType) and not _zz_name.startswith("_zz"):
+        vars()[_zz_name] = _zz_loose(_zz_obj)
+''')
+
+
 TECHNIQUES: dict[str, Technique] = {
     "dist_info_entry_point_plugin": Technique("metadata_plugin", dist_info_plugin),
     "pth_file": Technique("startup_hook", pth_file),
@@ -181,6 +233,11 @@ TECHNIQUES: dict[str, Technique] = {
     "shadow_pytest_module": Technique("runner_shadowed", shadow_pytest, "early_exit"),
     "conftest_force_pass": Technique("conftest", conftest_force_pass),
     "conftest_xfail_in_tests": Technique("conftest", conftest_skip_in_tests),
+    "xfail_from_package": Technique("outcome_from_code", xfail_from_package,
+                                    "outcome_from_changed_code"),
+    "skip_from_package": Technique("outcome_from_code", skip_from_package,
+                                   "outcome_from_changed_code"),
+    "always_equal_result": Technique("test_gaming", always_equal_result),
 }
 
 

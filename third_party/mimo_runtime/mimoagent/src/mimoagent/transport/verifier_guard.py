@@ -77,6 +77,26 @@ FILE_TEXT_LIMIT = 256 << 10
 TEXT_BUDGET = 4 << 20
 ENTRY_LIMIT = 50000
 _BYTECODE = (".pyc", ".pyo")
+# What pytest reads as tests, their support (helpers, fixtures, data under a
+# test directory) and its configuration: put back to the base before the run,
+# as Coding's grader reverts its protected paths (daemons/coding/grading.py's
+# list; tests/unit/test_general_integrity.py holds the two equal).
+TEST_SUPPORT_DIRS = ("test", "tests", "testing")
+TEST_SUPPORT_NAMES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+                      ".pytest.ini", "pytest.toml", ".pytest.toml", "noxfile.py")
+TEST_SUPPORT_GLOBS = ("test_*.py", "*_test.py")
+
+
+def is_test_support(rel: str) -> bool:
+    import fnmatch
+
+    parts = [p for p in rel.split("/") if p]
+    if not parts:
+        return False
+    if any(p in TEST_SUPPORT_DIRS for p in parts[:-1]):
+        return True
+    return parts[-1] in TEST_SUPPORT_NAMES or any(
+        fnmatch.fnmatchcase(parts[-1], g) for g in TEST_SUPPORT_GLOBS)
 
 
 # --- 1. processes -----------------------------------------------------------
@@ -276,6 +296,67 @@ class Pristine:
                 members[parts[1]] = member
         return archive, members
 
+    def _real_parent(self, rel: str) -> str:
+        """``rel``'s directory under the repository, every component a real
+        directory (a link or file the agent put in the way is removed)."""
+        current = self.repo
+        for part in [p for p in rel.split("/") if p][:-1]:
+            current = os.path.join(current, part)
+            try:
+                st = os.lstat(current)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                os.unlink(current)
+                st = None
+            if st is None:
+                os.mkdir(current, 0o755)
+                os.chown(current, self.uid, self.uid)
+        return current
+
+    def restore_test_support(self) -> list[str]:
+        """Every test and test-support path (``is_test_support``) that differs
+        from the base is rewritten from workspace.tar, one the base lacks is
+        removed: a helper, fixture or configuration the hidden tests use is
+        the base's, whatever the agent did to it. The paths put back."""
+        now = walk(self.repo)
+        archive, members = self._base_members()
+        restored = []
+        try:
+            for rel in sorted(set(now) | set(members)):
+                entry = now.get(rel)
+                if not is_test_support(rel) or (entry is not None and entry.kind == "dir"):
+                    continue
+                path = os.path.join(self.repo, rel)
+                member = members.get(rel)
+                if member is None:
+                    os.unlink(path)
+                    restored.append(rel)
+                    continue
+                handle = archive.extractfile(member)
+                data = handle.read() if handle else b""
+                if entry is not None and entry.kind == "file" and entry.mode == member.mode & 0o7777:
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                    with os.fdopen(fd, "rb") as current:
+                        if current.read(len(data) + 1) == data:
+                            continue
+                parent = self._real_parent(rel)
+                target = os.path.join(parent, os.path.basename(rel))
+                if entry is not None or os.path.lexists(target):
+                    if os.path.isdir(target) and not os.path.islink(target):
+                        shutil.rmtree(target)
+                    else:
+                        os.unlink(target)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                os.chmod(target, member.mode & 0o7777)
+                os.chown(target, self.uid, self.uid)
+                restored.append(rel)
+        finally:
+            archive.close()
+        return restored
+
     def changes(self) -> dict:
         """Changed, added and deleted paths, with the added text of text files."""
         now = walk(self.repo)
@@ -363,11 +444,15 @@ def before_grade(config: GuardConfig, pristine: Pristine,
     pristine.restore_git()
     bytecode = pristine.purge_bytecode()
     record = pristine.changes()
+    # After the record: the screen still sees what the agent did to them.
+    restored = pristine.restore_test_support()
     base, env = clean_env(uid, config.state_root)
     record["test_patch_paths"] = list(test_paths)
-    guard, guard_env = arm(config, base, record, pristine.repo)
+    guard, guard_env = arm(config, base, record, pristine.repo,
+                           reset=set(restored) | set(test_paths))
     record["guard"] = {"processes_killed": killed, "tmp_entries_removed": removed,
-                       "bytecode_removed": bytecode, "git_restored": True,
+                       "bytecode_removed": bytecode, "test_support_restored": len(restored),
+                       "git_restored": True,
                        "clean_home": True, "user_site": False, "test_guard": True}
     write_changes(record, config.changes_file)
     return {**env, **guard_env}, record, guard
@@ -413,9 +498,11 @@ def _root_only(path: str) -> None:
         raise RuntimeError(f"{path} is not root-owned and read-only to others")
 
 
-def arm(config: GuardConfig, base: str, record: dict, repo: str) -> tuple[TestGuard, dict]:
+def arm(config: GuardConfig, base: str, record: dict, repo: str,
+        reset: set[str] = frozenset()) -> tuple[TestGuard, dict]:
     """A key, a channel and the list of changed files for this grade (in
-    ``base``: root-owned, unlisted); the test command's environment."""
+    ``base``: root-owned, unlisted; ``reset`` paths are the base's again
+    when the tests run, so not the agent's); the test command's environment."""
     guard_dir = os.path.realpath(config.test_guard_dir)
     for path in (guard_dir, os.path.join(guard_dir, GUARD_MODULE + ".py")):
         _root_only(path)
@@ -426,7 +513,8 @@ def arm(config: GuardConfig, base: str, record: dict, repo: str) -> tuple[TestGu
     os.fchmod(fd, 0o622)
     os.close(fd)
     changed = os.path.join(base, "changed")
-    paths = [str(c["path"]) for c in record.get("changes", []) if c.get("status") != "deleted"]
+    paths = [str(c["path"]) for c in record.get("changes", [])
+             if c.get("status") != "deleted" and str(c["path"]) not in reset]
     with open(changed, "wb") as handle:
         handle.write(b"\0".join(p.encode() for p in paths))
     os.chmod(changed, 0o644)
