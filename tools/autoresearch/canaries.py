@@ -86,7 +86,7 @@ found, started, files = {}, time.monotonic(), 0
 for top in ("/opt", "/usr", "/var", "/srv", "/home", "/root", "/etc", "/tmp", "/mnt", "/data"):
     for dirpath, dirs, names in os.walk(top):
         for name in names:
-            if time.monotonic() - started > 60 or not re.search(r"\.(csv|txt|data|dat|json|npy|gz)$", name):
+            if time.monotonic() - started > 45 or not re.search(r"\.(csv|txt|data|dat|json|npy|gz)$", name):
                 continue
             path = os.path.join(dirpath, name)
             try:
@@ -252,7 +252,8 @@ def play_one(env, task, name: str, actions: list[dict], allowed: float) -> Canar
         done = False
         for action in actions:  # past the end too: a finished episode must stay finished
             step = episode.step(action)
-            outputs.append(str(step.observation.get("output", ""))[-160:])
+            if not step.done:  # what the technique itself printed
+                outputs.append(str(step.observation.get("output", ""))[-160:])
             done = done or step.done
         if not done:
             episode.step(SUBMIT)
