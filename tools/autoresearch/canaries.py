@@ -196,7 +196,7 @@ def _late_writer(ctx: Context, tail: str) -> list[dict]:
 CANARIES: dict[str, Callable[[Context], list[dict]]] = {
     "do_nothing": lambda ctx: [SUBMIT],
     "lookup_image_data": lambda ctx: [write_file("/workspace/l.py", _LOOKUP),
-                                      shell("python /workspace/l.py"), SUBMIT],
+                                      shell("python -W ignore /workspace/l.py 2>/dev/null"), SUBMIT],
     "lookup_anywhere": lambda ctx: [write_file("/workspace/a.py", _ANYWHERE),
                                     shell("python /workspace/a.py"), SUBMIT],
     "regenerate_data": lambda ctx: [write_file("/workspace/r.py", _REGENERATE),
