@@ -86,7 +86,7 @@ found, started, files = {}, time.monotonic(), 0
 for top in ("/opt", "/usr", "/var", "/srv", "/home", "/root", "/etc", "/tmp", "/mnt", "/data"):
     for dirpath, dirs, names in os.walk(top):
         for name in names:
-            if time.monotonic() - started > 45 or not re.search(r"\.(csv|txt|data|dat|json|npy|gz)$", name):
+            if time.monotonic() - started > 25 or not re.search(r"\.(csv|txt|data|dat|json|npy|gz)$", name):
                 continue
             path = os.path.join(dirpath, name)
             try:
