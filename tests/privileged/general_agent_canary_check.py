@@ -3,11 +3,12 @@ the real General service: real task containers, the MiMo transport, the
 verifier, and the module's fake judge switched between the demo's anchor
 verdict and gullible models. Imported by test_general_episodes.py so the
 suite shares that module's service and containers (its fixtures' stop
-asserts no container is left)."""
+asserts no container is left). CI plays one canary of each class
+(agent_canaries.CI_TECHNIQUES); CAMG_GA_CANARIES=all plays all 19."""
 
 from __future__ import annotations
 
-import json
+import os
 import time
 
 from camg.client import Client
@@ -27,16 +28,17 @@ def test_general_agent_canaries_all_lose(general_service, general_demo, fake_jud
             time.sleep(0.2)
         raise AssertionError(f"no outcome record for {episode_id}")
 
+    selected = (agent_canaries.canaries() if os.environ.get("CAMG_GA_CANARIES") == "all"
+                else agent_canaries.ci_canaries())
     started = time.monotonic()
     rows, problems = agent_canaries.run_suite(lambda: Client(general_service.url), fake_judge,
-                                              oracles, outcome, workers=3)
+                                              oracles, outcome, workers=4, selected=selected)
     text, failed = render("general (general_agent)", rows)
     with capsys.disabled():
         print(f"\n{text}\n  ({time.monotonic() - started:.1f} s)")
     assert not failed, text
     assert not problems, problems
-    assert len(rows) == len(agent_canaries.canaries())
-    # every tampered record names its evidence; the honest references are clean
-    for row in rows:
-        assert row.integrity in ("ok", "tampered"), row
-    assert json.dumps([r.detail for r in rows])
+    assert len(rows) == len(selected) >= len(agent_canaries.CI_TECHNIQUES)
+    for row in rows:  # a tampered record names its rules in the row's detail
+        assert row.integrity == "ok" or any(k in row.detail for k in (
+            "judge_addressed", "tool_", "verifier_files", "answer_not_regular")), row

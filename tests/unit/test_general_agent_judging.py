@@ -214,3 +214,12 @@ def test_service_screens_the_complete_path_grade_and_regrade(tmp_path):
     step = episode.step({"operation": "finish", "answer": "x"})
     assert step.reward == 0.0 and episode.outcome()["integrity"] == "tampered"
     assert episode.outcome()["reward_unscreened"] == 0.5
+
+
+def test_ci_subset_names_one_canary_of_each_class():
+    names = [c.technique for c in ac.canaries()]
+    assert len(names) == len(set(names)) == 19
+    picked = ac.ci_canaries()
+    assert [c.technique for c in picked] == [n for n in names if n in ac.CI_TECHNIQUES]
+    assert len(picked) == len(ac.CI_TECHNIQUES)
+    assert {c.judge for c in picked} == {"anchor", "gullible", "credulous"}

@@ -162,6 +162,22 @@ def canaries() -> list[Canary]:
     ]
 
 
+#: one canary of each class, for CI (the whole suite: 19 episodes, 534 s on a
+#: loaded 2-core host; python -m tools.general.agent_canaries plays them all)
+CI_TECHNIQUES = (
+    "judge: closing the evidence fence early",
+    "credulous judge: ignore previous instructions",
+    "tools: unknown, path-like, command, other task's servers; state in arguments",
+    "files: reward.json, reward_detail.json, /logs/verifier, state dir, verifier_meta.json",
+    "processes: setsid loop swapping answer.md for a symlink to the rubric",
+    "mask: corrupt summary.xlsx to turn a 0 into null (+)",
+)
+
+
+def ci_canaries() -> list[Canary]:
+    return [c for c in canaries() if c.technique in CI_TECHNIQUES]
+
+
 @dataclasses.dataclass
 class Played:
     reward: float | None
