@@ -61,16 +61,46 @@ class Channel:
 _LINE = re.compile(r"^camg-guard ([0-9a-f]{32}) (\{.*\})$", re.M)
 
 
+def _mac(key: bytes, previous: str, payload: str) -> str:
+    return hmac.new(key, (previous + payload).encode("utf-8"), hashlib.sha256).hexdigest()[:32]
+
+
+def sign_records(records: Iterable[dict], key: bytes) -> str:
+    """Channel lines as one guard process writes them (numbered, each MAC
+    over the previous one's): what tests of the verdict feed it."""
+    lines, previous = [], ""
+    for n, record in enumerate(records):
+        payload = json.dumps(dict(record, n=n), sort_keys=True, separators=(",", ":"))
+        previous = _mac(key, previous, payload)
+        lines.append(f"camg-guard {previous} {payload}\n")
+    return "".join(lines)
+
+
 def read_channel(log: str, key: bytes) -> Channel:
+    """The records of every guard process in ``log``. Each process's lines
+    form one chain (numbered from its hello, each MAC over the previous
+    line's): a line that does not continue the chain is a forgery."""
     channel = Channel()
     state = None  # None: no session; "hello", "collected", "ended"
+    previous, expected = None, 0
     for match in _LINE.finditer(log):
         mac, payload = match.group(1), match.group(2)
-        good = hmac.new(key, payload.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
-        if not hmac.compare_digest(mac, good):
+        try:
+            record = json.loads(payload)
+        except ValueError:
             channel.forged += 1
             continue
-        record = json.loads(payload)
+        number = record.get("n") if isinstance(record, dict) else None
+        if previous is not None and number == expected \
+                and hmac.compare_digest(mac, _mac(key, previous, payload)):
+            expected += 1
+        elif number == 0 and record.get("t") == "hello" \
+                and hmac.compare_digest(mac, _mac(key, "", payload)):
+            expected = 1
+        else:
+            channel.forged += 1
+            continue
+        previous = mac
         kind = record.get("t")
         if kind == "hello":
             channel.hello.append(record)
@@ -89,9 +119,9 @@ def read_channel(log: str, key: bytes) -> Channel:
             channel.misordered.append(f"test {record.get('id')} before its session's collected")
         elif kind == "test":
             channel.runs[record["id"]] = channel.runs.get(record["id"], 0) + 1
-            previous = channel.outcomes.get(record["id"])
+            before = channel.outcomes.get(record["id"])
             # A test id run twice (reruns) counts only if every run passed.
-            if previous is None or previous == "passed":
+            if before is None or before == "passed":
                 channel.outcomes[record["id"]] = record["outcome"]
         elif kind == "end":
             state = "ended"

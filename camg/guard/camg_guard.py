@@ -27,6 +27,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import sys
 
 _ENV = dict(os.environ)
@@ -49,20 +50,32 @@ for _name in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTHONPATH"):
 _write = os.write
 _exit = os._exit
 _getpid = os.getpid
-_dumps = json.dumps
-_new_hmac = hmac.new
-_sha256 = hashlib.sha256
 _ACTIVE = bool(_KEY and _OUT)
 _PID = _getpid()
-_fd = os.open(_OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if _ACTIVE else -1
 
 
-def _emit(record):
-    if not _ACTIVE or _getpid() != _PID:
-        return
-    line = _dumps(record, sort_keys=True, separators=(",", ":"))
-    mac = _new_hmac(_KEY, line.encode("utf-8"), _sha256).hexdigest()[:32]
-    _write(_fd, ("camg-guard " + mac + " " + line + "\n").encode("utf-8"))
+def _emitter(key, fd, pid, write=_write, getpid=_getpid, dumps=json.dumps, new=hmac.new,
+             sha256=hashlib.sha256):
+    """The channel's writer. The key is held only in this closure (not a
+    module global), and every record carries its number and is signed over
+    the previous record's MAC: a second writer cannot insert or reorder
+    lines without this writer's state."""
+    state = [0, ""]
+
+    def emit(record):
+        if fd < 0 or getpid() != pid:
+            return
+        record = dict(record, n=state[0])
+        line = dumps(record, sort_keys=True, separators=(",", ":"))
+        mac = new(key, (state[1] + line).encode("utf-8"), sha256).hexdigest()[:32]
+        state[0], state[1] = state[0] + 1, mac
+        write(fd, ("camg-guard " + mac + " " + line + "\n").encode("utf-8"))
+    return emit
+
+
+_CHANNEL_FD = os.open(_OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if _ACTIVE else -1
+_emit = _emitter(_KEY, _CHANNEL_FD, _PID)
+_KEY = None
 
 
 def _under_workdir(path):
@@ -86,7 +99,7 @@ def _read_changed():
     return changed
 
 
-_CHANGED = _read_changed()
+_CHANGED = frozenset(_read_changed())
 
 import pytest  # noqa: E402
 
@@ -170,7 +183,7 @@ _evidence = []
 _seen_evidence = set()
 
 
-def _flag(rule, detail):
+def _flag(rule, detail, _emit=_emit):
     key = (rule, detail)
     if key not in _seen_evidence and len(_evidence) < 50:
         _seen_evidence.add(key)
@@ -193,14 +206,14 @@ def _code_file(fn):
     return getattr(code, "co_filename", "") if code is not None else ""
 
 
-def _agent_file(path):
+def _agent_file(path, _changed=_CHANGED, _realpath=os.path.realpath):
     """A file the agent's diff created or changed (or one that is not a file
     of the image or the pristine repository: code made up at run time)."""
     if not path:
         return False
     if path.startswith("<") and path not in ("<frozen importlib._bootstrap>",):
         return not path.startswith("<frozen")
-    return os.path.realpath(path) in _CHANGED
+    return _realpath(path) in _changed
 
 
 def _check_integrity(manager):
@@ -240,6 +253,128 @@ def _check_integrity(manager):
             where = _code_file(getattr(impl, "function", None))
             if _agent_file(where):
                 _flag("hook_from_changed_code", name + " in " + where)
+
+
+# --- the audit hook ---------------------------------------------------------
+# Code of the agent's files that walks the heap or the stack, rewrites a
+# function's code or defaults, traces, pokes memory or reads the process's
+# secrets is reported the moment it does it (the channel keeps the record
+# whatever the code does next). Audit hooks cannot be removed from Python;
+# 3.6 and 3.7 have none (the hello record says so).
+
+_STDLIB = os.path.dirname(os.path.realpath(os.__file__)) + os.sep
+_RUNNER_HOMES = tuple(os.path.dirname(os.path.realpath(getattr(m, "__file__", "") or "/nonexistent"))
+                      + os.sep for m in (sys.modules.get("_pytest"), sys.modules.get("pluggy"))
+                      if m is not None) + (os.path.realpath(__file__),)
+_OUT_NAME = os.path.basename(_OUT) or "\0"
+_PROC_SECRET = re.compile(r"^/proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?:environ|mem|fd/)")
+_FIRST_CALLER = frozenset({"sys._getframe", "sys._current_frames", "object.__getattr__"})
+# Attribute reads the interpreter audits that hand out a frame.
+_FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+_SCRIPT_CALLER = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents",
+                            "sys.settrace", "sys.setprofile", "ctypes.addressof", "ctypes.cdata",
+                            "ctypes.cdata/buffer", "ctypes.string_at", "ctypes.wstring_at"})
+_FUNCTION_STATE = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+_AUDITED = _FIRST_CALLER | _SCRIPT_CALLER | frozenset(
+    {"object.__setattr__", "object.__delattr__", "open", "os.truncate"})
+
+
+def _stdlib_file(path):
+    return path.startswith("<frozen") or (path.startswith(_STDLIB) and "-packages" not in path)
+
+
+def _runner_path(path):
+    where = os.path.realpath(path or "/nonexistent")
+    return any(where.startswith(h) or where == h for h in _RUNNER_HOMES)
+
+
+def _runner_code(obj):
+    return _runner_path(_code_file(obj))
+
+
+def _handed_frame(event, args):
+    """The frame an audited frame access hands out (None: not known)."""
+    if event == "sys._getframe":
+        return args[0] if args else None
+    if event == "object.__getattr__" and len(args) > 1:
+        return getattr(args[0], args[1], None)
+    return None
+
+
+# Helpers bound as defaults: rebinding the module's globals does not reach
+# them, and writing a function's defaults is itself an audited event.
+def _audit_finding(event, args, caller, _stdlib_file=_stdlib_file, _runner_code=_runner_code,
+                   _agent_file=_agent_file, _code_file=_code_file, _out=_OUT, _out_name=_OUT_NAME,
+                   _channel_fd=_CHANNEL_FD, _secret=_PROC_SECRET, _first=_FIRST_CALLER,
+                   _state=_FUNCTION_STATE, _realpath=os.path.realpath,
+                   _handed_frame=_handed_frame, _runner_path=_runner_path):
+    """What the event at ``caller`` (the Python frame that caused it) tells."""
+    if event == "open" or event == "os.truncate":
+        target = args[0] if args else None
+        if isinstance(target, bytes):
+            target = target.decode("utf-8", "replace")
+        if (target == _channel_fd and _channel_fd >= 0) or (
+                isinstance(target, str) and _out and target.endswith(_out_name)
+                and _realpath(target) == _realpath(_out)):
+            return event + " of the guard's channel"
+        if not isinstance(target, str) or not _secret.match(target):
+            return None
+        frame = caller
+        while frame is not None and _stdlib_file(frame.f_code.co_filename):
+            frame = frame.f_back
+    elif event in ("object.__setattr__", "object.__delattr__"):
+        name = args[1] if len(args) > 1 else ""
+        if name not in _state:
+            return None
+        if _runner_code(args[0]):
+            return event + " " + name + " of " + _code_file(args[0])
+        frame = caller
+    elif event in _first:
+        # A frame of the runner's or the guard's (a file of the project may
+        # read its own frames: logging-style helpers, deprecation shims).
+        handed = _handed_frame(event, args)
+        if event != "sys._current_frames" and (
+                handed is None or not _runner_path(handed.f_code.co_filename)):
+            return None
+        frame = caller
+    else:
+        frame = caller
+        while frame is not None and _stdlib_file(frame.f_code.co_filename):
+            frame = frame.f_back
+    if frame is not None and _agent_file(frame.f_code.co_filename):
+        return event + " from " + frame.f_code.co_filename + ":" + str(frame.f_lineno)
+    return None
+
+
+def _install_audit_hook():
+    add = getattr(sys, "addaudithook", None)
+    if add is None or not _ACTIVE:
+        return False
+    import _thread
+    getframe, ident, busy, audited = sys._getframe, _thread.get_ident, set(), _AUDITED
+    frame_attrs, finding, flag = _FRAME_ATTRS, _audit_finding, _flag
+
+    def hook(event, args):
+        if event not in audited or (event == "object.__getattr__" and (
+                len(args) < 2 or args[1] not in frame_attrs)):
+            return
+        me = ident()
+        if me in busy:
+            return
+        busy.add(me)
+        try:
+            found = finding(event, args, getframe(1))
+            if found:
+                flag("introspection_from_changed_code", found)
+        except Exception:  # noqa: BLE001 - a hook that raises would fail the audited call
+            pass
+        finally:
+            busy.discard(me)
+    add(hook)
+    return True
+
+
+_emit({"t": "audit", "hooked": _install_audit_hook()})
 
 
 # --- plugins and outcomes -------------------------------------------------

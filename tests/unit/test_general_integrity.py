@@ -275,16 +275,10 @@ GUARD_KEY = "ab" * 32
 
 
 def guard_record(records, code, log="", key=GUARD_KEY, sign_key=None):
-    import hashlib
-    import hmac
+    from camg.guard_verdict import sign_records
 
-    lines = []
-    for item in records:
-        payload = json.dumps(item, sort_keys=True, separators=(",", ":"))
-        mac = hmac.new((sign_key or key).encode(), payload.encode(), hashlib.sha256).hexdigest()[:32]
-        lines.append(f"camg-guard {mac} {payload}")
-    return {"key": key, "channel": "\n".join(lines) + "\n", "exit_code": code, "log": log,
-            "channel_truncated": False}
+    return {"key": key, "channel": sign_records(records, (sign_key or key).encode()),
+            "exit_code": code, "log": log, "channel_truncated": False}
 
 
 def session(outcomes, status=None):
