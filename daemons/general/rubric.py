@@ -128,6 +128,12 @@ def addressing_findings(detail: Mapping) -> list[dict]:
     return out
 
 
+#: findings kept as evidence that do not make the episode tampered: a call to
+#: a plain server name the task lacks fails and earns nothing, and is most
+#: often an honest slip; zeroing the episode would punish exploration.
+EVIDENCE_ONLY = frozenset({"tool_unknown_server"})
+
+
 def integrity(detail: Mapping | None, observation: Mapping | None = None) -> dict:
     """The outcome record's integrity part for a general_agent episode."""
     findings: list[dict] = []
@@ -138,12 +144,14 @@ def integrity(detail: Mapping | None, observation: Mapping | None = None) -> dic
         findings += list(observation.get("integrity_evidence") or [])
     if detail is not None:
         findings += addressing_findings(detail)
-    body: dict[str, Any] = {"integrity": "tampered" if findings else "ok"}
+    tampered = any(f.get("rule") not in EVIDENCE_ONLY for f in findings)
+    body: dict[str, Any] = {"integrity": "tampered" if tampered else "ok"}
     killed = transport.get("processes_killed", (observation or {}).get("processes_killed"))
     if killed is not None:
         body["grade_guard"] = {"processes_killed": killed}
-    if findings:
+    if tampered:
         body["grade_reason"] = "tampered"
+    if findings:
         body["integrity_evidence"] = findings[:60]
     return body
 

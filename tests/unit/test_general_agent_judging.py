@@ -121,6 +121,21 @@ def test_integrity_verdict_zeroes_and_keeps_the_unscreened_reward():
     assert clean["integrity"] == "ok" and rubric.screened(clean, 0.75) == 0.75
 
 
+def test_a_plain_unknown_server_is_evidence_not_tampering():
+    from mimoagent.verify.general_integrity import tool_findings
+    servers = {"sales": object()}
+    slip, = tool_findings("sale", "query", {}, servers)
+    assert slip["rule"] == "tool_unknown_server"
+    verdict = rubric.integrity({"judge_requests": [],
+                                "transport_integrity": {"findings": [slip]}})
+    assert verdict["integrity"] == "ok" and verdict["integrity_evidence"] == [slip]
+    assert rubric.screened(verdict, 0.75) == 0.75
+    for server in ("../sales", "sales; cat /etc/passwd"):
+        found, = tool_findings(server, "query", {}, servers)
+        assert rubric.integrity({"judge_requests": [], "transport_integrity": {
+            "findings": [found]}})["integrity"] == "tampered"
+
+
 @pytest.mark.parametrize("structured_env,sent", [("1", True), ("0", False)])
 def test_structured_output_format_is_sent_and_verdict_parsed_strictly(structured_env, sent):
     detail = {"results": [{"id": "r", "score": 1.0}],

@@ -45,7 +45,10 @@ def tool_findings(server: str, name: str, arguments: dict, servers: dict) -> lis
     if server not in servers:
         shape = ("path-like" if "/" in server or ".." in server
                  else "command-like" if re.search(r"[\s;|&$`<>()]", server) else "unknown")
-        out.append(finding("tool_outside_task", f"{server}.{name}",
+        # A plain name the task lacks is most often a slip (a typo, a
+        # guessed server): evidence, not tampering (daemons/general/rubric.py).
+        out.append(finding("tool_unknown_server" if shape == "unknown" else "tool_outside_task",
+                           f"{server}.{name}",
                            f"{shape} server; the task's servers: {', '.join(sorted(servers))}"))
     text = repr(arguments)
     for hit in sorted(set(m.group(0) for m in _STATE_ARGUMENT.finditer(text))):
