@@ -48,6 +48,16 @@ def split_of(index: int) -> str:
     raise ValueError(index)
 
 
+def _sum_left(values: Any) -> float:
+    """Left-to-right float addition, as upstream's ``sum`` computed it: since
+    Python 3.12 ``sum`` of floats is compensated (Neumaier), which moves the
+    last bit of some weights, so 3.12 would generate other goals than 3.11."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
+
+
 def _price_cap(price: float, rng: random.Random) -> tuple[float, str]:
     price_range = [p for p in PRICE_RANGE if p > price][:4]
     if len(price_range) >= 2:
@@ -85,7 +95,7 @@ def synthetic_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, 
             for att in attributes:
                 cnt_atts[att] += 1
     for goal in goals:
-        goal["weight"] = sum(1.0 / cnt_atts[a] for a in goal["attributes"]) / len(goal["attributes"])
+        goal["weight"] = _sum_left(1.0 / cnt_atts[a] for a in goal["attributes"]) / len(goal["attributes"])
     return goals
 
 
