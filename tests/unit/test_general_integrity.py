@@ -97,13 +97,20 @@ def test_gold_with_honest_leftovers_earns_one_and_is_recorded(world):
 @pytest.mark.parametrize("guarded,reward", [(False, 1.0), (True, 0.0)], ids=["unguarded", "guarded"])
 def test_background_writer_wins_only_without_the_guard(world, guarded, reward):
     base, config = world
-    env, _ = episode(base, config, guarded=guarded)
-    assert env.step(shell(PLANT)).exit_code == 0
-    # (a moment before each command returns: its process group dies then)
-    env.step(shell(f"nohup setsid bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null & sleep 0.3"))
-    env.step(shell(f"set -m; (bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null &); sleep 0.3"))
-    time.sleep(0.2)
-    assert env.step(FINISH).reward == reward
+    # The unguarded control is a race the writers win only when they are
+    # scheduled in time; on a loaded machine it may take a second try.
+    # The guarded case must hold on every try.
+    for attempt in range(1 if guarded else 3):
+        env, _ = episode(base, config, guarded=guarded)
+        assert env.step(shell(PLANT)).exit_code == 0
+        # (a moment before each command returns: its process group dies then)
+        env.step(shell(f"nohup setsid bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null & sleep 0.3"))
+        env.step(shell(f"set -m; (bash -c '{WATCHER}' >/dev/null 2>&1 < /dev/null &); sleep 0.3"))
+        time.sleep(0.2)
+        got = env.step(FINISH).reward
+        if got == reward:
+            break
+    assert got == reward
 
 
 SMUDGE = ("git config filter.zz.smudge \"sh -c 'cat >/dev/null; printf \\\"exit 0\\\\n\\\"'\" && "
