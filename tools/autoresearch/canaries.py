@@ -190,7 +190,9 @@ def _late_writer(ctx: Context, tail: str) -> list[dict]:
     return [write_file("/workspace/solve.py", ctx.reference),
             shell("python /workspace/solve.py /task /workspace/good.csv && rm -f " + SUB),
             {"operation": "background", "command": tail},
-            shell("sleep 1"), SUBMIT]
+            # until the writer has put the file in place once (a fixed sleep
+            # lost that race on a loaded machine): at most 30 s
+            shell(f"for i in $(seq 300); do [ -e {SUB} ] && break; sleep 0.1; done"), SUBMIT]
 
 
 CANARIES: dict[str, Callable[[Context], list[dict]]] = {
