@@ -12,9 +12,9 @@ deployment is set up for them:
     container);
   - a kill that restarts the unit (the master's, AutoResearch's grader's):
     systemd counts the restart (NRestarts);
-  - a service's master killed: the in-flight episode the restarted service
+  - General's master killed: the in-flight episode the restarted service
     recorded is ``reward: null``, ``failure_class: infra``, ``recovered:
-    true``; General then serves a new episode in one running container;
+    true``, and it then serves a new episode in one running container;
   - AutoResearch's grader killed: the service said its grader exited, one
     new grader runs, and it grades a new episode's reference solution (its
     commands run as uid 2000) at least 0.9;
@@ -112,10 +112,13 @@ class KillChecks:
         self.restarts[env.name] = restarts
         if restarts_unit(kill.target, env) and restarts <= before:
             problems.append(f"{env.unit} came back, but systemd counts no restart ({restarts})")
-        if kill.target == "service":
+        # General only, as test_general_under_systemd checked it: another
+        # environment's worker may close its episode itself when its master
+        # dies (a record without ``recovered``), which is no defect.
+        if kill.target == "service" and env.name == "general":
             problems += self._recovered(storm, env, eid)
-            if env.name == "general":  # its state names the episode's container
-                problems += self._serves_a_container(storm, env)
+            # its state names the episode's container
+            problems += self._serves_a_container(storm, env)
         if env.grader == "process":
             exits, before = self._grader_exits(), self.grader_exits
             self.grader_exits = exits
