@@ -24,11 +24,13 @@ import json
 import shlex
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
+from camg.client import Client
 from tools.canary_table import CanaryResult, report
 from tools.coding import canaries as coding
 
@@ -201,9 +203,14 @@ def play(client, task: dict, gold: str, outcome_of: Callable[[str], dict | None]
         runs.append((name, actions, 0.0))
         runs.append((name + "+gold", [apply_gold(gold)] + actions, 0.0))
 
+    # camg.client.Client holds one keep-alive connection: one per thread.
+    local = threading.local()
+
     def one(run):
         name, actions, allowed = run
-        reply = _episode(client, task_id, actions)
+        if not hasattr(local, "client"):
+            local.client = Client(f"http://{client.host}:{client.port}", timeout=client.timeout)
+        reply = _episode(local.client, task_id, actions)
         record = outcome_of(reply["episode_id"]) or {}
         rules = sorted({f.get("rule", "?") for f in record.get("integrity_evidence") or ()})
         detail = ",".join(rules[:3]) or (reply.get("failure_class") or "")
