@@ -39,8 +39,11 @@ if [ -d /run/systemd/system ]; then
         fi
     fi
     # The target is ordered after the services it wants, so this returns once
-    # every one of them said READY=1 (or failed).
-    systemctl start camg.target
+    # every one of them said READY=1 (or failed). The target wants only the
+    # helper's socket: name the helper too, so this also waits for its
+    # READY=1, which it sends once the isolation probes passed (a loaded
+    # machine's status otherwise caught it still probing).
+    systemctl start camg.target camg-helper.service
     # The verdict: one row per environment, the helper, leftovers.
     exec /srv/camg/service-venv/bin/camg status
 else
