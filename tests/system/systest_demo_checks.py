@@ -163,12 +163,16 @@ class KillChecks:
         if len(running) != 1:
             return [f"{len(running)} graders run after the restart: {running}"]
         eid = storm.create(env)
+        # The reference is planned from step 0 (daemons/autoresearch/episode.py
+        # reference_action), so it runs first; the uid probe goes between its
+        # last command and the submit it returned.
+        finish = storm.to_grading(env, eid)
         who = storm.step(env, eid, {"operation": "shell", "command": "id -u"})
         output = (who.json.get("observation") or {}).get("output", "")
         if who.status != 200 or not output.strip().endswith("2000"):
             storm.guest.http(env.port, "DELETE", f"/episodes/{eid}")
             return [f"an episode's command ran as {output.strip()!r} ({who.status}), not uid 2000"]
-        done = storm.step(env, eid, storm.to_grading(env, eid))
+        done = storm.step(env, eid, finish)
         reward = done.json.get("reward")
         if not done.json.get("done") or reward is None or reward < 0.9:
             return [f"the new grader's grade: {done.status} {str(done.body)[:300]}"]
