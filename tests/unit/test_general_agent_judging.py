@@ -122,6 +122,7 @@ def test_integrity_verdict_zeroes_and_keeps_the_unscreened_reward():
 
 
 def test_a_plain_unknown_server_is_evidence_not_tampering():
+    from tests.support import mimo_tasks  # noqa: F401 -- puts the project's mimoagent on sys.path
     from mimoagent.verify.general_integrity import tool_findings
     servers = {"sales": object()}
     slip, = tool_findings("sale", "query", {}, servers)
@@ -182,12 +183,10 @@ def test_verifier_reads_only_regular_files_in_the_workspace(tmp_path):
 def test_service_screens_the_complete_path_grade_and_regrade(tmp_path):
     """The service's three general_agent paths apply the verdict: a reward the
     transport completed, a judged grade, a regrade of the stored detail."""
-    import io
-    import tarfile
     import types
 
-    from camg.environment import ServiceContext, Submission, Task
-    from daemons.general.environment import GeneralEnvironment
+    from camg.environment import Submission
+    from tests.support.general_agent import judged_episode
 
     finding = {"rule": "tool_outside_task", "path": "nope.x", "detail": "unknown server"}
     detail = {"results": [{"id": "r", "score": 1.0, "passed": True, "gate": False}],
@@ -195,23 +194,9 @@ def test_service_screens_the_complete_path_grade_and_regrade(tmp_path):
               "judge_requests": [{"id": "l", "question": "q?", "pass_anchor": "A",
                                   "evidence": [{"name": "answer.md", "text": "A"}]}],
               "transport_integrity": {"findings": [finding], "processes_killed": 1}}
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        data = json.dumps(detail).encode()
-        info = tarfile.TarInfo("verifier/reward_detail.json")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    task = Task("ga", {"kind": "general_agent", "image": "r/x@sha256:" + "0" * 64,
-                       "instance_id": "ga"})
-    env = GeneralEnvironment(ServiceContext("general", str(tmp_path), {}), [task])
     with FakeJudge(responder=anchor_verdict) as fake:
-        env.judge = Judge(JudgeConfig.from_env("GA_JUDGE", {
-            "GA_JUDGE_URL": fake.url, "GA_JUDGE_MODEL": "m", "GA_JUDGE_KEY": "k"},
-            attempts=1, timeout_s=5))
-        env.client = types.SimpleNamespace(get_archive=lambda cid, path: buf.getvalue())
-        episode = env.create_episode(task, seed=None, episode_id="e")
-        episode.container = types.SimpleNamespace(id="c" * 12)
-        episode.pending_judge = True
+        env, episode = judged_episode(tmp_path, detail, fake.url, timeout_s=5)
+        task = episode.task
         assert episode.grade() == 0.0
         record = episode.outcome()
         assert record["integrity"] == "tampered" and record["reward_unscreened"] == 1.0
