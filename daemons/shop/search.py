@@ -60,8 +60,11 @@ def boot_jvm(java_home: str, heap_mb: int) -> None:
         # -XX:-UsePerfData: no /tmp/hsperfdata_<user> files from an unprivileged daemon.
         # -Xrs: the JVM leaves SIGTERM/SIGINT to Python; otherwise its own
         # handler exits the worker (status 143) mid graceful shutdown.
+        # -Dlog4j2.disable.jmx: Anserini's log4j registers MBeans, which reads
+        # the cgroup hierarchy; under systemd-nspawn's cgroup v1 layout that
+        # prints a "Could not reconfigure JMX" stack trace at every start.
         jnius_config.add_options(wanted[1], "-Xss8m", "-Djava.awt.headless=true",
-                                 "-XX:-UsePerfData", "-Xrs")
+                                 "-XX:-UsePerfData", "-Xrs", "-Dlog4j2.disable.jmx=true")
         # pyjnius logs a "Please report your system information" block at
         # INFO whenever JVM_PATH is set (kivy's logger): not ours to show.
         logging.getLogger("kivy").setLevel(logging.WARNING)
