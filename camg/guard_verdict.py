@@ -13,6 +13,12 @@ script sets the variables that load it), General inside the task container
 the channel and hold it against what the runner reported with this module:
 a pass the guard never saw, a runner that exited 0 before its session ended
 or with a failed test behind it, evidence the guard raised, an unsigned line.
+
+Every guard session takes a key of its own (the grader makes as many as it
+knows sessions, General a few spare): a hello must verify with a key no
+earlier hello used, and the session's chain continues with that key. A
+session that found no key writes an unsigned ``camg-guard-unkeyed`` line,
+which is a finding (``guard_unkeyed``): someone took the keys.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import hmac
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from camg.tamper_rules import Finding
 
@@ -50,6 +56,8 @@ class Channel:
     #: records out of the guard's order (a test before its session's
     #: collected record, a record after an end before the next hello)
     misordered: list[str] = dataclasses.field(default_factory=list)
+    #: sessions that found no key to sign with (their unsigned markers)
+    unkeyed: int = 0
 
     def evidence(self) -> list[dict]:
         found = [e for e in self.findings]
@@ -59,6 +67,7 @@ class Channel:
 
 
 _LINE = re.compile(r"^camg-guard ([0-9a-f]{32}) (\{.*\})$", re.M)
+_UNKEYED = re.compile(r"^camg-guard-unkeyed (\{.*\})$", re.M)
 
 
 def _mac(key: bytes, previous: str, payload: str) -> str:
@@ -76,13 +85,16 @@ def sign_records(records: Iterable[dict], key: bytes) -> str:
     return "".join(lines)
 
 
-def read_channel(log: str, key: bytes) -> Channel:
+def read_channel(log: str, keys: bytes | Sequence[bytes]) -> Channel:
     """The records of every guard process in ``log``. Each process's lines
     form one chain (numbered from its hello, each MAC over the previous
-    line's): a line that does not continue the chain is a forgery."""
-    channel = Channel()
+    line's) under one of ``keys`` that no earlier session used: a line that
+    does not continue the chain is a forgery."""
+    keys = [keys] if isinstance(keys, (bytes, bytearray)) else list(keys)
+    channel = Channel(unkeyed=len(_UNKEYED.findall(log)))
     state = None  # None: no session; "hello", "collected", "ended"
-    previous, expected = None, 0
+    previous, expected, key = None, 0, None
+    used: set[int] = set()
     for match in _LINE.finditer(log):
         mac, payload = match.group(1), match.group(2)
         try:
@@ -95,8 +107,9 @@ def read_channel(log: str, key: bytes) -> Channel:
                 and hmac.compare_digest(mac, _mac(key, previous, payload)):
             expected += 1
         elif number == 0 and record.get("t") == "hello" \
-                and hmac.compare_digest(mac, _mac(key, "", payload)):
-            expected = 1
+                and (fresh := _hello_key(keys, used, mac, payload)) is not None:
+            used.add(fresh)
+            key, expected = keys[fresh], 1
         else:
             channel.forged += 1
             continue
@@ -130,9 +143,17 @@ def read_channel(log: str, key: bytes) -> Channel:
     return channel
 
 
+def _hello_key(keys: list[bytes], used: set[int], mac: str, payload: str) -> int | None:
+    """The index of the unused key a hello is signed with (None: forged)."""
+    for index, key in enumerate(keys):
+        if index not in used and hmac.compare_digest(mac, _mac(key, "", payload)):
+            return index
+    return None
+
+
 def strip_channel(log: str) -> str:
     """The log without the channel's lines (what swebench parses)."""
-    return _LINE.sub("", log)
+    return _UNKEYED.sub("", _LINE.sub("", log))
 
 
 # --- the cross-check --------------------------------------------------------------
@@ -163,6 +184,9 @@ def cross_check(channel: Channel, status_map: dict[str, str], listed: Iterable[s
     findings = []
     if channel.forged:
         findings.append(Finding("forged_channel", "-", f"{channel.forged} unsigned guard line(s)"))
+    if channel.unkeyed:
+        findings.append(Finding("guard_unkeyed", "-", f"{channel.unkeyed} guard session(s) "
+                                "found no key left (another process took them)"))
     for item in channel.evidence():
         findings.append(Finding(item.get("rule", "guard"), "-", item.get("detail", "")))
     if channel.misordered:

@@ -15,12 +15,21 @@ repository under test. It:
   replaced, that no hook implementation lives in a file the diff changed,
   and that no import hook or tracer from the repository was installed;
 * records every test's outcome from the raw call result (the exception the
-  test raised, before any report hook ran) on its own channel: a file whose
-  lines are HMAC-signed with a per-grade key it removes from the
-  environment at import, and compares it with the report pytest produced.
+  test raised, before any report hook ran) on its own channel: a file (or
+  FIFO) whose lines are HMAC-signed with a key of this session's alone, and
+  compares it with the report pytest produced.
+
+The key never passes through the environment (the kernel keeps a process's
+initial environment readable in /proc for every process of its uid):
+``CAMG_GUARD_KEYS`` names a directory of one-key files the grader made, and
+at import the guard claims one by renaming it (two sessions never share a
+key), reads it, removes it and makes its own process undumpable, so no other
+process of the test uid can read its memory or its /proc files. A session
+that finds no key left says so on the channel, unsigned: a thief that took
+the keys cannot leave a later session unobserved.
 
 Stdlib only and Python 3.6 compatible: it runs in whatever interpreter the
-task's image ships. It does nothing unless the grader's key is set.
+task's image ships. It does nothing unless the grader's channel is set.
 """
 
 import hashlib
@@ -31,7 +40,7 @@ import re
 import sys
 
 _ENV = dict(os.environ)
-_KEY = os.environ.pop("CAMG_GUARD_KEY", "").encode()
+_KEYS = os.environ.pop("CAMG_GUARD_KEYS", "")
 _OUT = os.environ.pop("CAMG_GUARD_OUT", "")
 _MODE = os.environ.pop("CAMG_GUARD_MODE", "run")
 _CHANGED_FILE = os.environ.pop("CAMG_GUARD_CHANGED", "")
@@ -50,8 +59,57 @@ for _name in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTHONPATH"):
 _write = os.write
 _exit = os._exit
 _getpid = os.getpid
-_ACTIVE = bool(_KEY and _OUT)
 _PID = _getpid()
+_KEY_LINE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _claim(directory, pid=_PID):
+    """One key of ``directory``'s, for this process alone: the lowest-named
+    key file is renamed to a name of this pid's (atomic: a file two sessions
+    race for goes to one of them), read and removed. b"" when none is left."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
+    except OSError:
+        return b""
+    for name in names:
+        mine = os.path.join(directory, ".claimed-%d" % pid)
+        try:
+            os.rename(os.path.join(directory, name), mine)
+        except OSError:
+            continue  # another session took it first
+        try:
+            fd = os.open(mine, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                data = os.read(fd, 128).strip()
+            finally:
+                os.close(fd)
+        except OSError:
+            data = b""
+        finally:
+            try:
+                os.unlink(mine)
+            except OSError:
+                pass
+        if _KEY_LINE.match(data.decode("ascii", "replace")):
+            return data
+    return b""
+
+
+def _undumpable():
+    """prctl(PR_SET_DUMPABLE, 0): /proc/<pid>/environ, mem and ptrace of
+    this process are closed to every other process that is not root (the
+    key is in its memory from now on). Children that exec are dumpable again."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0
+    except Exception:  # noqa: BLE001 - no ctypes or no prctl: the hello says so
+        return False
+
+
+_KEY = _claim(_KEYS) if (_KEYS and _OUT) else b""
+_UNDUMPABLE = _undumpable() if _KEY else False
+_ACTIVE = bool(_KEY and _OUT)
 
 
 def _emitter(key, fd, pid, write=_write, getpid=_getpid, dumps=json.dumps, new=hmac.new,
@@ -76,6 +134,15 @@ def _emitter(key, fd, pid, write=_write, getpid=_getpid, dumps=json.dumps, new=h
 _CHANNEL_FD = os.open(_OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if _ACTIVE else -1
 _emit = _emitter(_KEY, _CHANNEL_FD, _PID)
 _KEY = None
+if _OUT and not _ACTIVE:
+    # Asked to guard, with no key to sign with: the reader counts this line
+    # as a session it cannot trust (rule guard_unkeyed).
+    try:
+        _fd = os.open(_OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        _write(_fd, ('camg-guard-unkeyed {"pid":%d}\n' % _PID).encode("ascii"))
+        os.close(_fd)
+    except OSError:
+        pass
 
 
 def _under_workdir(path):
@@ -105,7 +172,7 @@ import pytest  # noqa: E402
 
 _emit({"t": "hello", "pid": _PID, "mode": _MODE, "python": sys.executable,
        "version": sys.version.split()[0], "pytest": getattr(pytest, "__version__", "?"),
-       "pytest_file": getattr(pytest, "__file__", "")})
+       "pytest_file": getattr(pytest, "__file__", ""), "undumpable": _UNDUMPABLE})
 if _MODE == "probe":
     # Only proves that the interpreter and the runner start.
     _exit(0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import secrets
 import logging
 import threading
 import time
@@ -193,10 +192,10 @@ class CodingEpisode(Episode):
         first = probe_key not in _PROBED
         script = grading.eval_script(profile, self.task.ref.tests, probe=first)
         timeout = self.settings.grade_timeout or profile.timeout
-        # A fresh key per grade; it reaches the guard through the environment
-        # only (the script text is world-readable in /proc).
-        key = secrets.token_hex(16).encode()
-        env = {**self.exec_env, "CAMG_GUARD_KEY": key.decode()}
+        # Fresh keys per script run, one per guard session, on the script's
+        # stdin (an environment and the script text are readable in /proc).
+        keys = grading.new_keys(grading.eval_keys(first))
+        env = self.exec_env
         grader = self._create([self.task.image.rootfs, self.task.layers.grader])
         with self._lock:
             self.grader = grader
@@ -205,16 +204,18 @@ class CodingEpisode(Episode):
             if closed:
                 raise errors.GraderError("episode closed during grading")
             result = self._call(self.helper.exec, grader, script, user="agent", cwd=WORKDIR,
-                                env=env, stdin=diff, timeout=timeout,
+                                env=env, stdin=grading.script_stdin(keys, diff), timeout=timeout,
                                 output_limit=GRADE_OUTPUT_LIMIT)
             report = grading.evaluate(result.output, self.task.row, exit_code=result.exit_code,
-                                      timed_out=result.timed_out, key=key, dropped=dropped,
+                                      timed_out=result.timed_out, keys=keys, dropped=dropped,
                                       findings=findings)
             if first:
                 _PROBED.add(probe_key)
             if not report.runner_started:
+                probe_keys = grading.new_keys(grading.PROBE_KEYS)
                 check = self._call(self.helper.exec, grader, grading.probe_script(profile),
-                                   user="agent", cwd=WORKDIR, env=env, timeout=timeout,
+                                   user="agent", cwd=WORKDIR, env=env,
+                                   stdin=grading.script_stdin(probe_keys), timeout=timeout,
                                    output_limit=GRADE_OUTPUT_LIMIT)
                 if check.exit_code != 0:
                     _PROBED.discard(probe_key)
@@ -223,10 +224,12 @@ class CodingEpisode(Episode):
             if report.none_collected and not report.resolved:
                 # None of the listed tests was collected: the agent broke
                 # collection (0.0), or the grader cannot collect them at all.
+                collect_keys = grading.new_keys(grading.COLLECT_KEYS)
                 check = self._call(self.helper.exec, grader, grading.collect_script(profile),
-                                   user="agent", cwd=WORKDIR, env=env, timeout=timeout,
+                                   user="agent", cwd=WORKDIR, env=env,
+                                   stdin=grading.script_stdin(collect_keys), timeout=timeout,
                                    output_limit=GRADE_OUTPUT_LIMIT)
-                grading.require_collectable(check.output, key, self.task.row)
+                grading.require_collectable(check.output, collect_keys, self.task.row)
             return report
         finally:
             with self._lock:

@@ -28,6 +28,7 @@ import fnmatch
 import json
 import os
 import re
+import secrets
 import shlex
 import tempfile
 
@@ -190,7 +191,33 @@ GUARD_DIR = "/opt/camg-grader"
 GUARD_SOURCE = guard_verdict.GUARD_DIR
 
 
-def _preamble(profile: Profile, guard_dir: str) -> str:
+#: the guard's keys, one file each, as the scripts copy them off their stdin
+KEYS_DIR = '"$camg_tmp/keys"'
+#: a key as it arrives on a script's stdin: 64 hex digits and a newline
+KEY_LINE = 65
+#: guard sessions (so keys) of each script: the eval script's pristine probe
+#: and its run, or the run alone; probe_script and collect_script one each
+PROBE_KEYS = 1
+COLLECT_KEYS = 1
+
+
+def eval_keys(probe: bool) -> int:
+    return 2 if probe else 1
+
+
+def new_keys(count: int) -> list[bytes]:
+    """Fresh guard keys for one script run (what ``script_stdin`` sends)."""
+    return [secrets.token_hex(32).encode() for _ in range(count)]
+
+
+def script_stdin(keys: list[bytes], diff: bytes = b"") -> bytes:
+    """A grader script's stdin: its keys, one line each, then the diff."""
+    if any(len(k) != KEY_LINE - 1 or not re.fullmatch(rb"[0-9a-f]+", k) for k in keys):
+        raise ValueError("a guard key is 64 hex digits")
+    return b"".join(k + b"\n" for k in keys) + diff
+
+
+def _preamble(profile: Profile, guard_dir: str, keys: int) -> str:
     """Shell shared by the eval and pristine-collection scripts.
 
     Git runs with no system/global configuration, no hooks, no fsmonitor,
@@ -198,6 +225,14 @@ def _preamble(profile: Profile, guard_dir: str) -> str:
     grader's plugin first (-p camg_guard from ``guard_dir``) and plugin
     autoloading off; the guard restores the variables it changed for any
     child process.
+
+    The script's stdin starts with ``keys`` guard keys: each is copied to a
+    file of its own in a 0700 directory by dd, which reads exactly one line
+    off the pipe (``head -c`` may read ahead; bash's ``read`` would leave the
+    key in this shell's memory, which the test uid can read in /proc). Each
+    guard session claims one file and removes it; the key never enters an
+    environment (/proc/<pid>/environ of every process of the test uid is
+    readable to the others).
     """
     workdir = shlex.quote(profile.workdir)
     return f"""#!/bin/bash
@@ -209,6 +244,13 @@ git() {{ command git -c safe.directory='*' -c core.hooksPath=/dev/null -c core.f
 cd {workdir} || exit {EXIT_SETUP}
 camg_tmp="${{CAMG_GRADE_TMP:-/tmp/camg-grade}}"
 mkdir -p "$camg_tmp" || exit {EXIT_SETUP}
+rm -rf {KEYS_DIR} && mkdir -m 700 {KEYS_DIR} || exit {EXIT_SETUP}
+for camg_i in {" ".join(str(i) for i in range(keys))}; do
+  ( umask 077; dd of={KEYS_DIR}/"$camg_i" bs={KEY_LINE} count=1 iflag=fullblock status=none ) \
+    || exit {EXIT_SETUP}
+  [ "$(stat -c %s {KEYS_DIR}/"$camg_i")" = {KEY_LINE} ] || exit {EXIT_SETUP}
+done
+export CAMG_GUARD_KEYS={KEYS_DIR}
 orig() {{ if [ -n "${{!1+x}}" ]; then printf '%s' "${{!1}}"; else printf 'camg:unset'; fi; }}
 export CAMG_GUARD_ORIG_PYTEST_ADDOPTS="$(orig PYTEST_ADDOPTS)"
 export CAMG_GUARD_ORIG_PYTEST_DISABLE_PLUGIN_AUTOLOAD="$(orig PYTEST_DISABLE_PLUGIN_AUTOLOAD)"
@@ -249,17 +291,18 @@ def probe_script(profile: Profile, guard_dir: str = GUARD_DIR) -> str:
     """Run after an eval script whose test command never started: back to
     the pristine tree, start the runner there. Exit EXIT_RUNNER when it
     cannot start (the grader is broken), 0 when it can (the diff was)."""
-    return _preamble(profile, guard_dir) + f"""pristine || exit {EXIT_STATE}
+    return _preamble(profile, guard_dir, PROBE_KEYS) + f"""pristine || exit {EXIT_STATE}
 : > {CHANGED_LIST}
 {_probe_lines(profile)}"""
 
 
 def eval_script(profile: Profile, tests_commit: str, guard_dir: str = GUARD_DIR,
                 probe: bool = True) -> str:
-    """The bash script the grader sandbox runs; the diff arrives on stdin.
+    """The bash script the grader sandbox runs; its stdin is
+    ``script_stdin(new_keys(eval_keys(probe)), diff)``.
 
-    The guard's key arrives in the exec environment (CAMG_GUARD_KEY), never
-    in the script text (which any process can read from /proc). ``probe``:
+    The guard's keys arrive on stdin, never in the script text or an
+    environment (which other processes can read from /proc). ``probe``:
     start the runner on the pristine tree before applying the diff (the
     service does it for the first grade of each task; later grades whose run
     never starts are probed afterwards with ``probe_script``).
@@ -269,7 +312,7 @@ def eval_script(profile: Profile, tests_commit: str, guard_dir: str = GUARD_DIR,
         + [f"*/{n}" for n in _PROTECTED_NAMES]
         + [f"*/{g}" for g in _PROTECTED_GLOBS])
     start, end = ">>>>> Start Test Output", ">>>>> End Test Output"
-    return _preamble(profile, guard_dir) + f"""cat > {DIFF_PATH} || exit {EXIT_SETUP}
+    return _preamble(profile, guard_dir, eval_keys(probe)) + f"""cat > {DIFF_PATH} || exit {EXIT_SETUP}
 head=$(git rev-parse HEAD) || exit {EXIT_STATE}
 [ "$head" = {shlex.quote(tests_commit)} ] || {{ echo "camg: grader repo at $head"; exit {EXIT_STATE}; }}
 # Untracked files before the diff is applied (an image's build artifacts can
@@ -314,7 +357,7 @@ def collect_script(profile: Profile, guard_dir: str = GUARD_DIR) -> str:
     """Run after an eval script in the same sandbox: back to the pristine
     tree, collect only. Tells an agent that broke collection (0.0) from a
     grader that cannot collect the listed tests at all (GraderError)."""
-    return _preamble(profile, guard_dir) + f"""pristine || exit {EXIT_STATE}
+    return _preamble(profile, guard_dir, COLLECT_KEYS) + f"""pristine || exit {EXIT_STATE}
 : > {CHANGED_LIST}
 export PYTEST_ADDOPTS="$base_addopts --collect-only -q"
 rm -f {GUARD_OUT}
@@ -356,7 +399,7 @@ def preload() -> None:
     import swebench.harness.test_spec.test_spec  # noqa: F401
 
 
-def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
+def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, keys: list[bytes],
              dropped: list[str] | tuple[str, ...] = (), findings=()) -> Report:
     """Grade one eval-script run; GraderError when no honest grade exists.
 
@@ -388,10 +431,13 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
         raise GraderError(f"the grader's test command cannot start: {log[-2000:]}")
     if exit_code in (EXIT_SETUP, EXIT_STATE) and not timed_out:
         raise GraderError(f"grader sandbox setup failed (exit {exit_code}): {log[-2000:]}")
-    channel = integrity.read_channel(log, key)
+    channel = integrity.read_channel(log, keys)
     if channel.forged:
         findings.append(integrity.Finding("forged_channel", "-",
                                           f"{channel.forged} unsigned guard line(s)"))
+    if channel.unkeyed:
+        findings.append(integrity.Finding("guard_unkeyed", "-",
+                                          f"{channel.unkeyed} guard session(s) found no key"))
     if APPLY_PATCH_FAIL in log and START_TEST_OUTPUT not in log:
         return done(False, "patch_apply_failed")
     if timed_out:
@@ -401,7 +447,7 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
         raise GraderError(f"grader log lacks the test output markers (exit {exit_code}): "
                           f"{log[-2000:]}")
     test_part = log[log.index(START_TEST_OUTPUT):]
-    run = integrity.read_channel(test_part, key)
+    run = integrity.read_channel(test_part, keys)
     started = bool(run.hello)
     spec = TestSpec(instance_id=row.instance_id, repo=row.repo, version=SWEBENCH_VERSION,
                     repo_script_list=[], eval_script_list=[], env_script_list=[],
@@ -416,7 +462,7 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
         else test_part
     findings += [f for f in integrity.cross_check(run, status_map if found else {}, listed,
                                                   exit_code, timed_out, section)
-                 if f.rule != "forged_channel"]
+                 if f.rule not in ("forged_channel", "guard_unkeyed")]
     none_collected = bool(run.hello) and not (run.collected or set()) & set(listed)
     if not started:
         # The caller probes the pristine tree: GraderError if the runner
@@ -434,12 +480,12 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, key: bytes,
                 none_collected)
 
 
-def require_collectable(log: str, key: bytes, row: Row) -> None:
+def require_collectable(log: str, keys: list[bytes], row: Row) -> None:
     """After collect_script: GraderError unless the pristine tree collects
     at least one listed test (else a 0.0 would blame the agent for the
     grader's environment)."""
     from daemons.coding import integrity
-    channel = integrity.read_channel(log, key)
+    channel = integrity.read_channel(log, keys)
     if not channel.hello:
         raise GraderError(f"pristine collection did not start the runner: {log[-2000:]}")
     listed = set(row.fail_to_pass) | set(row.pass_to_pass)
@@ -449,17 +495,17 @@ def require_collectable(log: str, key: bytes, row: Row) -> None:
 
 
 def local_eval(script: str, diff: bytes, cwd: str, timeout: float,
-               key: bytes = b"") -> tuple[str, int, bool]:
-    """Run the eval script on a local checkout (builder and unit tests only)."""
+               keys: list[bytes]) -> tuple[str, int, bool]:
+    """Run a grader script on a local checkout (builder and unit tests only),
+    ``keys`` (as many as the script takes) and ``diff`` on its stdin."""
     import subprocess
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PYTEST", "CAMG_GUARD"))}
-    env["CAMG_GUARD_KEY"] = key.decode()
     env["CAMG_GRADE_TMP"] = os.path.join(os.path.dirname(os.path.abspath(cwd)),
                                          ".camg-grade-" + os.path.basename(cwd))
     try:
-        proc = subprocess.run(["bash", "-c", script], input=diff, cwd=cwd, env=env,
-                              capture_output=True, timeout=timeout, check=False)
+        proc = subprocess.run(["bash", "-c", script], input=script_stdin(keys, diff), cwd=cwd,
+                              env=env, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         return (exc.stdout or b"").decode("utf-8", "replace"), -1, True
     return proc.stdout.decode("utf-8", "replace"), proc.returncode, False

@@ -83,19 +83,33 @@ def read_changes(tar_bytes: bytes) -> dict:
 
 
 def read_guard(tar_bytes: bytes) -> dict:
-    """guard.json (the test guard's channel, key, exit status, log)."""
+    """guard.json (the test guard's channel, keys, exit status, log)."""
     record = _read_json(tar_bytes, "guard.json")
     if record is None or not isinstance(record.get("channel"), str) \
-            or not isinstance(record.get("key"), str) or not isinstance(record.get("exit_code"), int):
+            or not guard_keys(record) or not isinstance(record.get("exit_code"), int):
         raise errors.GraderError("the verifier left no test guard record (guard.json)")
     return record
+
+
+def guard_keys(record: dict) -> list[bytes]:
+    """The grade's guard keys: ``keys`` (one per session, a few spare), or
+    the one ``key`` of a record stored before keys were per session (a
+    regrade reads those as they were made). Empty when neither is well formed."""
+    keys = record.get("keys")
+    if keys is None and isinstance(record.get("key"), str):
+        # Then every session of the grade signed with the one key: as many
+        # copies as a command could have run sessions, so each hello finds one.
+        keys = [record["key"]] * 64
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
+        return []
+    return [k.encode() for k in keys]
 
 
 def guard_findings(record: dict) -> tuple[list[Finding], dict]:
     """The cross-check of the guard's channel against the command's exit
     status and log: (findings, what the guard saw). GraderError when the
     runner never reported (no guard, not pytest, not started)."""
-    channel = guard_verdict.read_channel(record["channel"], record["key"].encode())
+    channel = guard_verdict.read_channel(record["channel"], guard_keys(record))
     code, log = record["exit_code"], str(record.get("log") or "")
     seen = {"sessions": len(channel.hello), "ended": len(channel.ends),
             "tests": len(channel.outcomes),

@@ -18,7 +18,8 @@ from daemons.coding import grading, integrity, layers, mirrors, profiles, rows
 from tools.coding import synthetic
 
 
-KEY = b"unit-test-key"
+# One key per guard session of a script: the eval script probes, then runs.
+KEYS = (b"a1" * 32, b"b2" * 32)
 GUARD = grading.GUARD_SOURCE
 
 
@@ -47,9 +48,9 @@ def grade(task_layers, row, diff: bytes, tmp_path) -> grading.Report:
     profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
     kept, dropped = grading.filter_diff(diff)
     log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests, GUARD),
-                                              kept, str(checkout), timeout=120, key=KEY)
+                                              kept, str(checkout), timeout=120, keys=KEYS)
     return grading.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped,
-                            key=KEY, findings=integrity.screen(diff))
+                            keys=KEYS, findings=integrity.screen(diff))
 
 
 def agent_workspace(task_layers, row, tmp_path) -> tuple[Path, Path, str]:
@@ -189,9 +190,9 @@ def test_hanging_tests_are_not_resolved(task_set, task_layers, tmp_path):
     profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
     hang = profiles.Profile(profile.key, "sleep 30", profile.parser, 1, "demo", str(checkout))
     log, code, timed_out = grading.local_eval(grading.eval_script(hang, ref.tests, GUARD), b"",
-                                              str(checkout), timeout=1, key=KEY)
+                                              str(checkout), timeout=1, keys=KEYS)
     assert timed_out
-    report = grading.evaluate(log, row, exit_code=code, timed_out=timed_out, key=KEY)
+    report = grading.evaluate(log, row, exit_code=code, timed_out=timed_out, keys=KEYS)
     assert report.reason == "tests_timed_out" and report.reward == 0.0
 
 
@@ -211,16 +212,16 @@ def test_wrong_grader_state_is_a_grader_error(task_set, task_layers, tmp_path):
     subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
     profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
     log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tip, GUARD), b"",
-                                              str(checkout), timeout=60, key=KEY)
+                                              str(checkout), timeout=60, keys=KEYS)
     with pytest.raises(GraderError, match="setup failed"):
-        grading.evaluate(log, row, exit_code=code, timed_out=timed_out, key=KEY)
+        grading.evaluate(log, row, exit_code=code, timed_out=timed_out, keys=KEYS)
 
 
 def test_missing_markers_is_a_grader_error(task_set):
     _, task_rows = task_set
     profiles.for_repo(task_rows[0].repo)
     with pytest.raises(GraderError, match="markers"):
-        grading.evaluate("killed\n", task_rows[0], exit_code=137, timed_out=False, key=KEY)
+        grading.evaluate("killed\n", task_rows[0], exit_code=137, timed_out=False, keys=KEYS)
 
 
 def test_missing_test_counts_as_failed(task_set):
@@ -234,9 +235,9 @@ def test_missing_test_counts_as_failed(task_set):
                      {"t": "end", "exitstatus": 0, "evidence": []})
     log = ("+ : '>>>>> Start Test Output'\n" + "\n".join(passed)
            + "\n+ : '>>>>> End Test Output'\n" + channel)
-    assert grading.evaluate(log, row, exit_code=0, timed_out=False, key=KEY).resolved
+    assert grading.evaluate(log, row, exit_code=0, timed_out=False, keys=KEYS).resolved
     log_missing = log.replace(passed[-1] + "\n", "")
-    report = grading.evaluate(log_missing, row, exit_code=0, timed_out=False, key=KEY)
+    report = grading.evaluate(log_missing, row, exit_code=0, timed_out=False, keys=KEYS)
     assert not report.resolved
     assert len(report.fail_to_pass_failed) + len(report.pass_to_pass_failed) == 1
 
@@ -280,12 +281,12 @@ def test_preexisting_untracked_files_survive_grading(task_set, task_layers, tmp_
                                  input=fuzzy, capture_output=True)
     assert reverse_fix.returncode != 0  # git apply must fail: exercise the fallbacks
     log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests, GUARD),
-                                              fuzzy, str(checkout), timeout=120, key=KEY)
+                                              fuzzy, str(checkout), timeout=120, keys=KEYS)
     assert (checkout / "tests" / "_built_fixture.bin").exists()
     assert (checkout / "build" / "ext.so").exists()
     assert "trying the next method" in log
 
 
-def signed(*records, key=KEY) -> str:
+def signed(*records, key=KEYS[1]) -> str:
     from camg.guard_verdict import sign_records
     return sign_records(records, key)

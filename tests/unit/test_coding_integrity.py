@@ -20,7 +20,7 @@ import pytest
 
 from daemons.coding import grading, integrity, profiles
 from tools.coding import canaries
-from test_coding_grading import (GUARD, KEY, agent_diff, agent_workspace, gold,  # noqa: F401
+from test_coding_grading import (GUARD, KEYS, agent_diff, agent_workspace, gold,  # noqa: F401
                                  reverse, task_layers, task_set)
 
 
@@ -33,10 +33,10 @@ def run_grade(task_layers, row, diff: bytes, tmp_path, *, screen=True, python=sy
     profile = profiles.local_profile(row.mirror_name, python, str(checkout))
     kept, dropped = grading.filter_diff(diff)
     log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests, GUARD),
-                                              kept, str(checkout), timeout=120, key=KEY)
+                                              kept, str(checkout), timeout=120, keys=KEYS)
     findings = integrity.screen(diff) if screen else ()
     return grading.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped,
-                            key=KEY, findings=findings), log
+                            keys=KEYS, findings=findings), log
 
 
 def tampered_diff(task_layers, row, tmp_path, technique, with_gold):
@@ -105,7 +105,7 @@ def test_unsigned_channel_lines_are_forgeries(task_set):
                    for t in ids)
     log = ("+ : '>>>>> Start Test Output'\n" + "\n".join(f"{t} PASSED" for t in ids)
            + "\n+ : '>>>>> End Test Output'\n" + fake)
-    report = grading.evaluate(log, row, exit_code=0, timed_out=False, key=KEY)
+    report = grading.evaluate(log, row, exit_code=0, timed_out=False, keys=KEYS)
     assert report.reward == 0.0 and report.integrity == "tampered"
     assert "forged_channel" in {e["rule"] for e in report.evidence}
 
@@ -135,15 +135,15 @@ def test_runner_that_cannot_import_pytest_is_a_grader_error(task_set, task_layer
     profile = profiles.local_profile(row.mirror_name, str(bare), str(checkout))
     log, code, timed_out = grading.local_eval(
         grading.eval_script(profile, ref.tests, GUARD, probe=False), gold(row), str(checkout),
-        timeout=120, key=KEY)
-    report = grading.evaluate(log, row, exit_code=code, timed_out=timed_out, key=KEY)
+        timeout=120, keys=KEYS[:1])
+    report = grading.evaluate(log, row, exit_code=code, timed_out=timed_out, keys=KEYS)
     assert not report.runner_started and report.reason == "runner_did_not_start"
     _, probe_exit, _ = grading.local_eval(grading.probe_script(profile, GUARD), b"",
-                                          str(checkout), timeout=120, key=KEY)
+                                          str(checkout), timeout=120, keys=KEYS[:1])
     assert probe_exit == grading.EXIT_RUNNER
     good = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
     _, probe_exit, _ = grading.local_eval(grading.probe_script(good, GUARD), b"",
-                                          str(checkout), timeout=120, key=KEY)
+                                          str(checkout), timeout=120, keys=KEYS[:1])
     assert probe_exit == 0
 
 
@@ -170,14 +170,14 @@ def test_pristine_collection_tells_broken_agent_from_broken_grader(task_set, tas
     checkout = tmp_path / "plain" / "grader"
     profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
     log, _, _ = grading.local_eval(grading.collect_script(profile, GUARD), b"", str(checkout),
-                                   timeout=120, key=KEY)
-    grading.require_collectable(log, KEY, row)          # collects: no error
+                                   timeout=120, keys=KEYS[:1])
+    grading.require_collectable(log, KEYS[:1], row)          # collects: no error
     blind = profiles.Profile(profile.key, profile.test_cmd + " -k no_such_test_camg", profile.parser,
                              120, "demo", str(checkout))
     log, _, _ = grading.local_eval(grading.collect_script(blind, GUARD), b"", str(checkout),
-                                   timeout=120, key=KEY)
+                                   timeout=120, keys=KEYS[:1])
     with pytest.raises(grading.GraderError, match="collects none"):
-        grading.require_collectable(log, KEY, row)
+        grading.require_collectable(log, KEYS[:1], row)
 
 
 def _section(path: str, *added: str) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import time
 
@@ -290,7 +291,7 @@ GUARD_KEY = "ab" * 32
 def guard_record(records, code, log="", key=GUARD_KEY, sign_key=None):
     from camg.guard_verdict import sign_records
 
-    return {"key": key, "channel": sign_records(records, (sign_key or key).encode()),
+    return {"keys": [key, "ef" * 32], "channel": sign_records(records, (sign_key or key).encode()),
             "exit_code": code, "log": log, "channel_truncated": False}
 
 
@@ -410,11 +411,17 @@ def test_transport_arms_the_guard_and_seals_its_channel(world):
     assert extra["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
     assert extra["PYTHONPATH"].split(":")[0] == os.path.realpath(GUARD_DIR)
     channel = os.stat(extra["CAMG_GUARD_OUT"])
+    assert stat.S_ISFIFO(channel.st_mode)
     assert channel.st_uid == 0 and channel.st_mode & 0o777 == 0o622
+    assert not os.path.exists(extra["CAMG_GUARD_KEYS"])      # sealed: the spares are gone
     sealed = os.stat(config.guard_record)
     assert sealed.st_uid == 0 and sealed.st_mode & 0o777 == 0o600
     body = json.loads(open(config.guard_record).read())
-    assert body["key"] == extra["CAMG_GUARD_KEY"] and isinstance(body["exit_code"], int)
+    assert len(set(body["keys"])) == verifier_guard.KEY_COUNT and "key" not in body
+    # No key in the test command's environment (every process of the uid reads it in /proc).
+    assert "CAMG_GUARD_KEY" not in extra
+    assert not [k for k in body["keys"] for v in extra.values() if k in v]
+    assert isinstance(body["exit_code"], int)
     assert record(config)["guard"]["test_guard"] is True
 
 
@@ -495,13 +502,16 @@ def _guarded_run(repo, payload):
     out, changed = repo.parent / "guard.jsonl", repo.parent / "changed"
     out.unlink(missing_ok=True)
     changed.write_bytes(b"src/pkg/__init__.py\0" if payload else b"")
+    keys_dir = repo.parent / "keys"
+    shutil.rmtree(keys_dir, ignore_errors=True)
+    keys = verifier_guard.write_keys(str(keys_dir), os.getuid(), count=2)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "PYTHON", "CAMG"))}
     env["PYTHONPATH"] = str(repo / "src")
-    env.update(verifier_guard.runner_env(env, guard_dir=GUARD_DIR, key=GUARD_KEY, out=str(out),
-                                         workdir=str(repo), changed=str(changed)))
+    env.update(verifier_guard.runner_env(env, guard_dir=GUARD_DIR, keys_dir=str(keys_dir),
+                                         out=str(out), workdir=str(repo), changed=str(changed)))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "tests"],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=120)
-    return {"key": GUARD_KEY, "channel": out.read_text(), "exit_code": proc.returncode,
+    return {"keys": keys, "channel": out.read_text(), "exit_code": proc.returncode,
             "log": proc.stdout}
 
 
@@ -587,3 +597,77 @@ def test_transport_and_service_verdict_with_real_pytest(world):
         reward, verdict = integrity.verdict(record(config), guard)
         assert (reward, verdict["integrity"]) == want, verdict
         assert verdict["test_guard"]["sessions"] == 1 and verdict["test_guard"]["tests"] == 2
+
+
+# The code under test starts a process of the test uid (not audited by the
+# guard's in-process hook) that looks for the guard's key where red-team
+# finding 3 found it: the kernel's copy of pytest's and its parent's
+# environment, pytest's memory, and the keys directory.
+THIEF = r'''
+import json, os, sys
+pytest_pid = os.getppid()
+proc = "/pro" + "c/"
+def read(path, size=1 << 20):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(size).decode("latin-1")
+    except OSError as exc:
+        return "error:" + str(exc.errno)
+def parent_of(pid):
+    for line in read(proc + str(pid) + "/status").splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    return 0
+parent = parent_of(pytest_pid)
+got = {"pytest_environ": read(proc + str(pytest_pid) + "/environ"),
+       "pytest_mem": read(proc + str(pytest_pid) + "/mem", 16),
+       "parent_environ": read(proc + str(parent) + "/environ")}
+found = dict(item.partition("=")[::2] for item in got["parent_environ"].split("\0") if "=" in item)
+keys_dir = found.get("CAMG_GUARD_KEYS", "")
+try:
+    got["listing"] = sorted(os.listdir(keys_dir))
+except OSError as exc:
+    got["listing"] = "error:" + str(exc.errno)
+got["key_files"] = [read(os.path.join(keys_dir, n)) for n in got["listing"]
+                    if isinstance(got["listing"], list)]
+got["keys_dir"] = keys_dir
+with open(sys.argv[1], "w") as out:
+    json.dump(got, out)
+'''
+
+
+@root_only
+def test_a_process_of_the_test_uid_finds_no_session_key(world):
+    """(issue 29, red-team finding 3) The thief runs as uid 2931 from the
+    module under test while pytest collects: pytest's /proc environ and mem
+    are closed to it (the guard made itself undumpable), its parent's
+    environment holds the keys directory's path only, and the key the
+    session signs with is gone from that directory (the spares are there by
+    design: a session they sign cannot take back the honest one's failure).
+    The grade is the no-fix grade."""
+    import errno
+    import sys
+
+    from camg import guard_verdict
+
+    base, config = world
+    report = base / "shared-tmp" / "thief.json"
+    payload = (f"import subprocess as _zz_sp, sys as _zz_s\n"
+               f"_zz_sp.run([_zz_s.executable, '-c', {THIEF!r}, {str(report)!r}], check=True)\n")
+    pytest_cmd = [f"{sys.executable} -m pytest -q -p no:cacheprovider test_calc.py"]
+    env, _ = episode(base, config, test_command_lines=pytest_cmd)
+    assert env.step(shell(f"cat >> calc.py <<'EOF'\n{payload}EOF\n")).exit_code == 0
+    assert env.step(FINISH).reward == 0.0
+    guard = json.loads(open(config.guard_record).read())
+    got = json.loads(report.read_text())
+    denied = f"error:{errno.EACCES}"
+    assert got["pytest_environ"] == denied and got["pytest_mem"] == denied, got
+    assert "CAMG_GUARD_KEYS=" in got["parent_environ"], got     # the thief could read that one
+    assert got["keys_dir"] and "0" not in got["listing"], got
+    session_key = guard["keys"][0]          # the lowest-named file: the one pytest claimed
+    assert session_key not in json.dumps(got)
+    channel = guard_verdict.read_channel(guard["channel"], [session_key.encode()])
+    assert len(channel.hello) == 1 and channel.hello[0]["undumpable"] is True
+    reward, verdict = integrity.verdict(record(config), guard)
+    assert (reward, verdict["integrity"]) == (0.0, "ok"), verdict
+    assert verdict["test_guard"]["failed"] == 1

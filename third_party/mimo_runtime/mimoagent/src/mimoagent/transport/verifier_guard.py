@@ -26,10 +26,16 @@ it starts (after the agent's last action, as root):
 5. **The test runner reports to a guard of ours** (``arm``/``seal``): the
    test command gets camg's pytest guard (camg/guard/camg_guard.py, the one
    Coding's grader runs; a root-owned copy in the read-only agent
-   environment) loaded first with plugin autoloading off, a key made for
-   this grade alone and a channel file in the grade's root-owned directory.
+   environment) loaded first with plugin autoloading off, keys made for
+   this grade alone and a channel in the grade's root-owned directory.
+   The keys are files in a 0700 directory of the agent uid's, one per guard
+   session (each session claims one and removes it, then makes its process
+   undumpable): never an environment, which every process of the uid can
+   read in /proc. The channel is a FIFO only root reads, drained into a
+   bounded buffer while the tests run: a process of the uid may write to it
+   (unsigned lines are forgeries) but cannot truncate or rewrite it.
    After the run every process of the agent uid is killed again and the
-   channel, the key, the exit status and the log go to
+   channel, the keys, the exit status and the log go to
    ``/logs/verifier/guard.json`` (root only) for the service's cross-check
    (camg.guard_verdict): what the tests really did decides, not what the
    runner reported.
@@ -42,6 +48,7 @@ import dataclasses
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import stat
@@ -49,6 +56,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 
 AGENT_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -449,7 +457,7 @@ def before_grade(config: GuardConfig, pristine: Pristine,
     base, env = clean_env(uid, config.state_root)
     record["test_patch_paths"] = list(test_paths)
     guard, guard_env = arm(config, base, record, pristine.repo,
-                           reset=set(restored) | set(test_paths))
+                           reset=set(restored) | set(test_paths), uid=uid)
     record["guard"] = {"processes_killed": killed, "tmp_entries_removed": removed,
                        "bytecode_removed": bytecode, "test_support_restored": len(restored),
                        "git_restored": True,
@@ -462,17 +470,69 @@ def before_grade(config: GuardConfig, pristine: Pristine,
 
 GUARD_MODULE = "camg_guard"
 CHANNEL_LIMIT = 8 << 20
+#: keys per grade: the test command may run several pytest sessions, each
+#: takes one (a session that finds none left is a finding, guard_unkeyed)
+KEY_COUNT = 8
 _UNSET = "camg:unset"
+
+
+class ChannelReader:
+    """Root's end of the channel FIFO: opened read-write and non-blocking
+    (so it never sees an end of file while no writer is open), drained by a
+    thread into a buffer of ``limit`` bytes; what comes past it is dropped
+    and marked truncated (the writers never block on a full pipe)."""
+
+    def __init__(self, path: str, limit: int = CHANNEL_LIMIT) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.truncated = False
+        self._fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="guard-channel", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            room = self.limit - len(self.data)
+            if len(chunk) > room:
+                self.truncated = True
+                chunk = chunk[:max(room, 0)]
+            self.data += chunk
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        while not self._stop.is_set():
+            if poller.poll(100):
+                self._drain()
+
+    def close(self) -> tuple[bytes, bool]:
+        """Stop the thread, take what is left; (channel, truncated). Twice is fine."""
+        if self._fd >= 0:
+            self._stop.set()
+            self._thread.join()
+            self._drain()
+            os.close(self._fd)
+            self._fd = -1
+        return bytes(self.data), self.truncated
 
 
 @dataclasses.dataclass(frozen=True)
 class TestGuard:
-    key: str
-    channel: str       # the file the guard appends its signed lines to
+    keys: tuple[str, ...]
+    channel: str       # the FIFO the guard writes its signed lines to
     record: str        # where seal() leaves them for the service
+    keys_dir: str = ""
+    reader: ChannelReader | None = None
 
 
-def runner_env(environ: dict, *, guard_dir: str, key: str, out: str, workdir: str,
+def runner_env(environ: dict, *, guard_dir: str, keys_dir: str, out: str, workdir: str,
                changed: str) -> dict:
     """What the test command gets so that pytest loads the guard first
     (``-p camg_guard`` from ``guard_dir``, autoloading off); the guard hands
@@ -488,7 +548,7 @@ def runner_env(environ: dict, *, guard_dir: str, key: str, out: str, workdir: st
             "PYTEST_ADDOPTS": f"-p {GUARD_MODULE}" + (f" {addopts}" if addopts else ""),
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
             "PYTHONPATH": guard_dir + (f":{path}" if path else ""),
-            "CAMG_GUARD_KEY": key, "CAMG_GUARD_OUT": out, "CAMG_GUARD_WORKDIR": workdir,
+            "CAMG_GUARD_KEYS": keys_dir, "CAMG_GUARD_OUT": out, "CAMG_GUARD_WORKDIR": workdir,
             "CAMG_GUARD_CHANGED": changed}
 
 
@@ -498,20 +558,40 @@ def _root_only(path: str) -> None:
         raise RuntimeError(f"{path} is not root-owned and read-only to others")
 
 
+def write_keys(directory: str, uid: int, count: int = KEY_COUNT) -> list[str]:
+    """``count`` fresh keys, one 0600 file each, in a new 0700 directory of
+    ``uid``'s (the guard, running as ``uid``, claims and removes them)."""
+    os.mkdir(directory, 0o700)
+    os.chown(directory, uid, uid)
+    keys = [secrets.token_hex(32) for _ in range(count)]
+    for index, key in enumerate(keys):
+        fd = os.open(os.path.join(directory, str(index)),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, (key + "\n").encode())
+            os.fchown(fd, uid, uid)
+        finally:
+            os.close(fd)
+    return keys
+
+
 def arm(config: GuardConfig, base: str, record: dict, repo: str,
-        reset: set[str] = frozenset()) -> tuple[TestGuard, dict]:
-    """A key, a channel and the list of changed files for this grade (in
+        reset: set[str] = frozenset(), uid: int | None = None) -> tuple[TestGuard, dict]:
+    """Keys, a channel and the list of changed files for this grade (in
     ``base``: root-owned, unlisted; ``reset`` paths are the base's again
-    when the tests run, so not the agent's); the test command's environment."""
+    when the tests run, so not the agent's); the test command's environment.
+    ``uid``: the test command's (it owns the keys directory)."""
     guard_dir = os.path.realpath(config.test_guard_dir)
     for path in (guard_dir, os.path.join(guard_dir, GUARD_MODULE + ".py")):
         _root_only(path)
-    key = secrets.token_hex(32)
-    channel = os.path.join(base, "guard.jsonl")
-    fd = os.open(channel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    # Root's file: the test process may append to it, never remove or replace it.
-    os.fchmod(fd, 0o622)
-    os.close(fd)
+    keys_dir = os.path.join(base, "keys")
+    keys = write_keys(keys_dir, os.getuid() if uid is None else uid)
+    channel = os.path.join(base, "guard.fifo")
+    os.mkfifo(channel, 0o600)
+    # Root's FIFO: the test process may write to it, never read, remove or
+    # replace it; only root's reader drains it.
+    os.chmod(channel, 0o622)
+    reader = ChannelReader(channel)
     changed = os.path.join(base, "changed")
     paths = [str(c["path"]) for c in record.get("changes", [])
              if c.get("status") != "deleted" and str(c["path"]) not in reset]
@@ -519,20 +599,22 @@ def arm(config: GuardConfig, base: str, record: dict, repo: str,
         handle.write(b"\0".join(p.encode() for p in paths))
     os.chmod(changed, 0o644)
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env = runner_env(environ, guard_dir=guard_dir, key=key, out=channel, workdir=repo,
+    env = runner_env(environ, guard_dir=guard_dir, keys_dir=keys_dir, out=channel, workdir=repo,
                      changed=changed)
-    return TestGuard(key, channel, config.guard_record), env
+    return TestGuard(tuple(keys), channel, config.guard_record, keys_dir, reader), env
 
 
 def seal(guard: TestGuard, uid: int, exit_code: int, log: str, deadline_s: float = 10.0) -> dict:
     """After the test command: nothing it started may still write; the
-    channel (bounded), the key, the exit status and the log, root-only."""
-    left = reap(uid, deadline_s)
-    fd = os.open(guard.channel, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(CHANNEL_LIMIT + 1)
-    record = {"key": guard.key, "channel": data[:CHANNEL_LIMIT].decode("utf-8", "replace"),
-              "channel_truncated": len(data) > CHANNEL_LIMIT, "exit_code": exit_code,
+    channel (bounded), the keys, the exit status and the log, root-only."""
+    try:
+        left = reap(uid, deadline_s)
+    finally:
+        data, truncated = guard.reader.close() if guard.reader else (b"", False)
+        if guard.keys_dir:
+            shutil.rmtree(guard.keys_dir, ignore_errors=True)
+    record = {"keys": list(guard.keys), "channel": data.decode("utf-8", "replace"),
+              "channel_truncated": truncated, "exit_code": exit_code,
               "log": log, "processes_after_run": left}
     os.makedirs(os.path.dirname(guard.record), mode=0o755, exist_ok=True)
     tmp = guard.record + ".tmp"
