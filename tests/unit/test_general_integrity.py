@@ -20,6 +20,7 @@ import pytest
 from tests.support import mimo_tasks
 from tests.support.mimo_tasks import GOLD, world_dir
 
+from camg import guard_verdict
 from camg.guard_verdict import GUARD_DIR
 from daemons.general import integrity, prepare  # noqa: E402
 from mimoagent.transport import common, software, verifier_guard  # noqa: E402
@@ -358,6 +359,63 @@ def test_guard_lines_signed_with_another_key_are_forged_and_no_hello_is_no_grade
     assert integrity.guard_findings(guard_record([], integrity.TIMEOUT_EXIT))[0] == []
 
 
+def test_each_session_signs_with_a_key_of_its_own():
+    """A hello must verify with a key no earlier session used: a second
+    session under the first one's key is forged (a thief holding one key
+    cannot add a session); a session found no key: guard_unkeyed."""
+    from camg.guard_verdict import read_channel, sign_records
+
+    first, second = b"ab" * 32, b"ef" * 32
+    honest = session({TEST_IDS[0]: "failed"})
+    forged = session(dict.fromkeys(TEST_IDS, "passed"))
+    two = sign_records(honest, first) + sign_records(honest, second)
+    channel = read_channel(two, [first, second])
+    assert channel.forged == 0 and len(channel.hello) == 2 and len(channel.ends) == 2
+    assert read_channel(two, [second, first]).forged == 0      # any unused key, in any order
+    replay = read_channel(sign_records(honest, first) + sign_records(forged, first), [first, second])
+    assert replay.forged == len(forged) and len(replay.hello) == 1
+    assert replay.outcomes == {TEST_IDS[0]: "failed"}
+    record = guard_record(honest, 1)
+    record["channel"] += sign_records(forged, first)
+    assert "forged_channel" in rules_of(integrity.guard_findings(record)[0])
+    record = guard_record(honest, 1)
+    record["channel"] += 'camg-guard-unkeyed {"pid":7}\n'
+    found, _ = integrity.guard_findings(record)
+    assert "guard_unkeyed" in rules_of(found)
+    assert "camg-guard-unkeyed" not in guard_verdict.strip_channel(record["channel"])
+    # A record stored before keys were per session: every session used its one key.
+    old = {"key": "ab" * 32, "channel": two.replace(sign_records(honest, second),
+                                                    sign_records(honest, first)),
+           "exit_code": 1, "log": "", "channel_truncated": False}
+    assert integrity.guard_findings(old) == ([], {"sessions": 2, "ended": 2, "tests": 1, "failed": 1})
+
+
+def test_a_session_with_no_key_left_says_so_and_pytest_runs_undumpable(tmp_path):
+    """The real guard, claiming from a keys directory: with a key it makes
+    pytest undumpable and tmp_path, fd capture and subprocesses still work;
+    with none left it writes the unkeyed marker and signs nothing."""
+    repo = tmp_path / "repo"
+    (repo / "src" / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_a.py").write_text(
+        "import ctypes, subprocess, sys\n\n"
+        "def test_a(tmp_path, capfd):\n"
+        "    (tmp_path / 'x').write_text('y')\n"
+        "    subprocess.run([sys.executable, '-c', 'print(42)'], check=True)\n"
+        "    assert capfd.readouterr().out == '42\\n'\n"
+        "    assert ctypes.CDLL(None).prctl(3, 0, 0, 0, 0) == 0   # PR_GET_DUMPABLE\n")
+    keyed = _guarded_run(repo, "")
+    assert keyed["exit_code"] == 0, keyed["log"]
+    assert integrity.guard_findings(keyed)[0] == []
+    assert '"undumpable":true' in keyed["channel"]
+    assert sorted(os.listdir(repo.parent / "keys")) == ["1"]     # one claimed, one left
+    unkeyed = _guarded_run(repo, "", keys=0)
+    assert unkeyed["channel"].startswith("camg-guard-unkeyed {")
+    assert "camg-guard " not in unkeyed["channel"]
+    with pytest.raises(integrity.errors.GraderError, match="never reported"):
+        integrity.guard_findings(unkeyed)
+
+
 def test_read_guard_refuses_a_missing_record():
     import io
     import tarfile
@@ -490,9 +548,10 @@ def test_regrade_judges_the_stored_records_again(tmp_path):
     assert grade.reward == 0.0 and grade.outcome["integrity"] == "tampered", grade
 
 
-def _guarded_run(repo, payload):
+def _guarded_run(repo, payload, keys=2):
     """pytest on ``repo`` with the payload appended to its package, under
-    the guard's variables as the transport sets them; (channel record)."""
+    the guard's variables as the transport sets them (``keys`` key files);
+    (channel record)."""
     import sys
 
     from tools.general import canaries  # noqa: F401 -- (the payloads' home)
@@ -504,7 +563,7 @@ def _guarded_run(repo, payload):
     changed.write_bytes(b"src/pkg/__init__.py\0" if payload else b"")
     keys_dir = repo.parent / "keys"
     shutil.rmtree(keys_dir, ignore_errors=True)
-    keys = verifier_guard.write_keys(str(keys_dir), os.getuid(), count=2)
+    keys = verifier_guard.write_keys(str(keys_dir), os.getuid(), count=keys)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "PYTHON", "CAMG"))}
     env["PYTHONPATH"] = str(repo / "src")
     env.update(verifier_guard.runner_env(env, guard_dir=GUARD_DIR, keys_dir=str(keys_dir),
