@@ -292,8 +292,9 @@ _zz_disarm()
 
 # Red-team finding 3: the key read by another process of the test uid from
 # /proc (pytest's and the grader script's initial environment), or taken
-# from the guard's keys directory; a session signed with it is forged on the
-# channel, pass lines on the grader script's own stdout, and pytest exits 0
+# from the guard's keys directory, signs a whole passing session; the
+# package code writes it and one pass line per test to the output pipe that
+# pytest's capture saved (found by fstat, no introspection) and exits 0
 # during collection. Without a key the lines it signs are forgeries.
 _KEY_THIEF = r'''
 import hashlib, hmac, json, os, sys
@@ -333,23 +334,23 @@ for n, record in enumerate(records):
     payload = json.dumps(dict(record, n=n), sort_keys=True, separators=(",", ":"))
     previous = hmac.new(key.encode(), (previous + payload).encode(), hashlib.sha256).hexdigest()[:32]
     lines.append("ca" + "mg-guard " + previous + " " + payload + "\n")
-log = proc + "%d/fd/1" % script_pid
-with open(log, "a") as out:
-    out.write("\n" + "".join(t + " PASS" + "ED\n" for t in ids))
-try:
-    with open(env.get("CAMG_GUARD_OUT") or log, "a") as out:
-        out.write("".join(lines))
-except OSError:
-    with open(log, "a") as out:
-        out.write("".join(lines))
+sys.stdout.write("\n" + "".join(t + " PASS" + "ED\n" for t in ids) + "".join(lines))
 '''
 
 
 def guard_key_from_proc(work, row, package):
     ids = list(row.fail_to_pass) + list(row.pass_to_pass)
     _append(_init(work, package), f"""
-import os as _zz_os, subprocess as _zz_sp, sys as _zz_s
-_zz_sp.run([_zz_s.executable, "-c", {_KEY_THIEF!r}] + {ids!r}, check=False)
+import os as _zz_os, stat as _zz_st, subprocess as _zz_sp, sys as _zz_s
+_zz_out = _zz_sp.run([_zz_s.executable, "-c", {_KEY_THIEF!r}] + {ids!r}, stdout=_zz_sp.PIPE,
+                     check=False).stdout
+for _zz_fd in range(3, 256):
+    try:
+        if _zz_st.S_ISFIFO(_zz_os.fstat(_zz_fd).st_mode):
+            _zz_os.write(_zz_fd, _zz_out)
+            break
+    except OSError:
+        pass
 getattr(_zz_os, "_ex" + "it")(0)
 """)
 
