@@ -196,6 +196,26 @@ def test_hanging_tests_are_not_resolved(task_set, task_layers, tmp_path):
     assert report.reason == "tests_timed_out" and report.reward == 0.0
 
 
+def test_guard_keys_arrive_on_stdin_only(task_set, task_layers, tmp_path):
+    """Keys are never in the script text or its environment (both readable
+    in /proc by every process of the test uid); a script short of keys is
+    the grader's failure, never a grade."""
+    _, task_rows = task_set
+    row = task_rows[0]
+    ref, built = task_layers[row.instance_id]
+    checkout = tmp_path / "grader"
+    subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
+    profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
+    script = grading.eval_script(profile, ref.tests, GUARD)
+    assert "CAMG_GUARD_KEY=" not in script and "CAMG_GUARD_KEYS=" in script
+    log, code, _ = grading.local_eval(script, b"", str(checkout), timeout=60, keys=KEYS[:1])
+    assert code == grading.EXIT_SETUP and "camg-guard" not in log
+    with pytest.raises(GraderError, match="setup failed"):
+        grading.evaluate(log, row, exit_code=code, timed_out=False, keys=KEYS[:1])
+    with pytest.raises(ValueError):
+        grading.script_stdin([b"short"])
+
+
 def test_unappliable_diff_is_not_resolved(task_set, task_layers, tmp_path):
     _, task_rows = task_set
     bogus = (b"diff --git a/src/calc/__init__.py b/src/calc/__init__.py\n--- a/src/calc/__init__.py\n"
