@@ -98,7 +98,7 @@ def _claim(directory, pid=_PID):
 def _undumpable():
     """prctl(PR_SET_DUMPABLE, 0): /proc/<pid>/environ, mem and ptrace of
     this process are closed to every other process that is not root (the
-    key is in its memory from now on). Children that exec are dumpable again."""
+    key will be in its memory). Children that exec are dumpable again."""
     try:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
@@ -107,8 +107,10 @@ def _undumpable():
         return False
 
 
+# Undumpable before the key is in memory (a process left from an earlier
+# session may be watching this one's /proc entries).
+_UNDUMPABLE = _undumpable() if (_KEYS and _OUT) else False
 _KEY = _claim(_KEYS) if (_KEYS and _OUT) else b""
-_UNDUMPABLE = _undumpable() if _KEY else False
 _ACTIVE = bool(_KEY and _OUT)
 
 
