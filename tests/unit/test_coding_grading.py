@@ -181,13 +181,18 @@ def test_binary_and_non_utf8_changes_survive(task_set, task_layers, tmp_path):
     assert grade(task_layers, row, diff, tmp_path).resolved
 
 
-def test_hanging_tests_are_not_resolved(task_set, task_layers, tmp_path):
+def grader_checkout(task_set, task_layers, tmp_path):
+    """The first task's grader testbed, copied: (row, ref, checkout, local profile)."""
     _, task_rows = task_set
     row = task_rows[0]
     ref, built = task_layers[row.instance_id]
     checkout = tmp_path / "grader"
     subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
-    profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
+    return row, ref, checkout, profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
+
+
+def test_hanging_tests_are_not_resolved(task_set, task_layers, tmp_path):
+    row, ref, checkout, profile = grader_checkout(task_set, task_layers, tmp_path)
     hang = profiles.Profile(profile.key, "sleep 30", profile.parser, 1, "demo", str(checkout))
     log, code, timed_out = grading.local_eval(grading.eval_script(hang, ref.tests, GUARD), b"",
                                               str(checkout), timeout=1, keys=KEYS)
@@ -200,12 +205,7 @@ def test_guard_keys_arrive_on_stdin_only(task_set, task_layers, tmp_path):
     """Keys are never in the script text or its environment (both readable
     in /proc by every process of the test uid); a script short of keys is
     the grader's failure, never a grade."""
-    _, task_rows = task_set
-    row = task_rows[0]
-    ref, built = task_layers[row.instance_id]
-    checkout = tmp_path / "grader"
-    subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
-    profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
+    row, ref, checkout, profile = grader_checkout(task_set, task_layers, tmp_path)
     script = grading.eval_script(profile, ref.tests, GUARD)
     assert "CAMG_GUARD_KEY=" not in script and "CAMG_GUARD_KEYS=" in script
     log, code, _ = grading.local_eval(script, b"", str(checkout), timeout=60, keys=KEYS[:1])
@@ -225,12 +225,7 @@ def test_unappliable_diff_is_not_resolved(task_set, task_layers, tmp_path):
 
 
 def test_wrong_grader_state_is_a_grader_error(task_set, task_layers, tmp_path):
-    _, task_rows = task_set
-    row = task_rows[0]
-    ref, built = task_layers[row.instance_id]
-    checkout = tmp_path / "grader"
-    subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
-    profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
+    row, ref, checkout, profile = grader_checkout(task_set, task_layers, tmp_path)
     log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tip, GUARD), b"",
                                               str(checkout), timeout=60, keys=KEYS)
     with pytest.raises(GraderError, match="setup failed"):
