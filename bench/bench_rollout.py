@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rollout throughput: episodes per second of ``camg.rollout`` (noop and
+"""Rollout throughput: episodes per second of ``camg_client`` (noop and
 oracle) at several concurrencies, against the bare HTTP round trip of the
 same service, measured in the same run.
 
@@ -17,7 +17,7 @@ it at the end.
 Per environment and concurrency K: the baseline is ``GET /health`` through
 the same async client (K requests in flight), in requests/s; then each
 policy runs ``--episodes`` episodes (default max(K, 8)) with K in flight
-(camg.rollout.rollout: create, the policy's actions — oracle asks GET
+(camg_client.rollout.rollout: create, the policy's actions — oracle asks GET
 /reference before each — and delete). Reported: episodes/s, mean reward,
 failures, and ``round_trips_per_episode`` = baseline requests/s ÷
 episodes/s (what one episode costs in bare HTTP round trips; its floor is
@@ -72,8 +72,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from camg.client import AsyncClient, load_routes  # noqa: E402
-from camg.rollout import rollout  # noqa: E402
+from camg_client import AsyncClient, load_routes  # noqa: E402
+from camg_client.rollout import rollout  # noqa: E402
 
 
 def note(text: str) -> None:

@@ -122,7 +122,7 @@ def bench_steps(env: ShopEnvironment, tasks, episodes: int, rng: random.Random) 
 def bench_service(queries: list[str], episodes: int) -> dict:
     import tempfile
 
-    from camg.client import Client
+    from camg_client import Client
     from tests.support.services import ServiceProcess
     with tempfile.TemporaryDirectory(prefix="bench-shop-") as tmp:
         service = ServiceProcess(testing.configure_service(Path(tmp), jvm_heap_mb=1024))

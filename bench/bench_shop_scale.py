@@ -91,7 +91,7 @@ def prepare_size(size: int, threads: int, heap_mb: int, key: str) -> tuple[Path,
 
 
 def serve(size_dir: Path, heap_mb: int, queries: list[str]) -> dict:
-    from camg.client import Client
+    from camg_client import Client
     from camg.configure import configure
     from tests.support.services import ServiceProcess, clean_git_tree, free_port
     settings = json.loads((size_dir / "settings.json").read_text())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from camg.client import Client
+from camg_client import Client
 from tools.canary_table import render
 from tools.general import agent_canaries
 

@@ -84,7 +84,7 @@ def test_check_clean_serve_and_killing_the_grader_stops_the_service(config_path,
     assert again.returncode == 0 and "nothing of a previous run" in again.stdout + again.stderr
     svc = ServiceProcess(config_path).wait_ready(120)
     try:
-        from camg.client import Client
+        from camg_client import Client
         client = Client(svc.url, timeout=120)
         meta = client.metadata()
         assert meta["environment"] == "autoresearch" and meta["task_count"] == 4
@@ -114,7 +114,7 @@ def test_crash_leaves_sandboxes_that_check_clean_releases(config_path, ar_helper
     assert check_clean(config_path).returncode == 0
     svc = ServiceProcess(config_path).wait_ready(120)
     try:
-        from camg.client import Client
+        from camg_client import Client
         client = Client(svc.url, timeout=120)
         client.create(task_id="diabetes")
         ledger = json.loads((state_dir(config_path) / "run.json").read_text())

@@ -157,7 +157,7 @@ def test_demo_set_has_enough_real_tasks(env, demo_set, hanging_step):
 
 def test_gold_fix_earns_one_on_every_task(env):
     """The gold fix on every task, played by Episode.reference_action (what
-    camg.rollout --policy oracle sends): the reversed patch applies cleanly,
+    python -m camg_client --policy oracle sends): the reversed patch applies cleanly,
     the episode finishes, reward 1.0. (One pass proves both the gold fix and
     the reference actions; the HTTP test applies the patch by heredoc.)"""
     for task in env.tasks:
@@ -351,7 +351,7 @@ def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, t
     import sys
     from openenv.core import GenericEnvClient
 
-    from camg.client import Client, ServiceError
+    from camg_client import Client, ServiceError
     from camg.configure import configure
     from tests.support.services import ServiceProcess, clean_git_tree, free_port
 

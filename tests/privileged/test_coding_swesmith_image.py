@@ -182,7 +182,7 @@ def test_canary_with_gold_earns_zero(swesmith_env, technique):
 def test_served_over_http_gold_one_noop_zero(swesmith_prepared, coding_helper, tmp_path):
     """The SWE-smith-shaped demo through camg.configure + `python -m camg.serve`."""
     import sys
-    from camg.client import Client
+    from camg_client import Client
     from camg.configure import configure
     from tests.support.services import ServiceProcess, clean_git_tree, free_port
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from camg.client import Client
+from camg_client import Client
 from test_coding_episodes import coding_helper, demo_image, demo_set  # noqa: F401
 from general_fixtures import (KEY, fake_judge, general_demo, general_helper,  # noqa: F401
                               general_prepared, general_service, tasks_of)

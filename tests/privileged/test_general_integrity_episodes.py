@@ -16,7 +16,7 @@ import base64
 
 import pytest
 
-from camg.client import Client
+from camg_client import Client
 from test_coding_episodes import coding_helper, demo_image, demo_set  # noqa: F401
 from general_fixtures import (fake_judge, general_demo, general_helper,  # noqa: F401
                               general_prepared, general_service, tasks_of)

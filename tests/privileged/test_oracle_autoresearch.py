@@ -1,4 +1,4 @@
-"""The operator's end-to-end check on AutoResearch: ``python -m camg.rollout
+"""The operator's end-to-end check on AutoResearch: ``python -m camg_client
 --policy oracle`` against a real service (references enabled) earns the
 maximum, 1.0, on every task it runs; ``--policy noop`` (submit at once, no
 submission) the minimum, 0.0. Kept cheap: two small tabular tasks built on
@@ -33,8 +33,8 @@ TASKS = ["diabetes", "breast-cancer"]
 
 def run_rollout(routes: Path, env: str, policy: str, tasks: list[str], tmp: Path,
                 concurrency: int = 2) -> tuple[int, list[dict]]:
-    """``python -m camg.rollout`` (in-process main): exit status and its JSON lines."""
-    from camg.rollout import main
+    """``python -m camg_client`` (in-process main): exit status and its JSON lines."""
+    from camg_client.cli import main
 
     ids, out = tmp / f"{policy}-ids.txt", tmp / f"{policy}.jsonl"
     ids.write_text("".join(t + "\n" for t in tasks))
@@ -104,7 +104,7 @@ def configured(roots, helper, tmp: Path, references: bool = True) -> Path:
 
 def test_oracle_earns_one_and_noop_zero_through_camg_rollout(small_roots, oracle_helper,
                                                             tmp_path):
-    from camg.client import Client
+    from camg_client import Client
 
     svc = ServiceProcess(configured(small_roots, oracle_helper, tmp_path, True)).wait_ready(120)
     try:

@@ -1,4 +1,4 @@
-"""The operator's end-to-end check on General: ``python -m camg.rollout
+"""The operator's end-to-end check on General: ``python -m camg_client
 --policy oracle`` against a real service (references enabled, the tasks
 prepared with ``--references``) earns the maximum, 1.0, on one
 opensource-code task (the gold patch applied by shell, then the MiMo

@@ -1,4 +1,4 @@
-"""The operator's end-to-end check on Visual: ``python -m camg.rollout
+"""The operator's end-to-end check on Visual: ``python -m camg_client
 --policy oracle`` against a real service (references enabled, the demo tasks
 prepared with ``--references``: the reference sites) earns the maximum on
 every task it runs, ``--policy noop`` (finish at once: an empty dist/) the

@@ -23,7 +23,7 @@ import pytest
 
 import conftest as pc
 from camg import task_manifest as manifest
-from camg.client import Client
+from camg_client import Client
 from camg.configure import configure
 from camg.containers import ContainerClient
 from tests.privileged.container_fixtures import image_ref, needs_docker  # noqa: F401 (fixture)

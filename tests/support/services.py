@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from camg import task_manifest as manifest
-from camg.client import Client
+from camg_client import Client
 from camg.configure import configure
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ import json
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from camg.client import Client, ServiceError
+from camg_client import Client, ServiceError
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from camg.client import Client, ServiceError
+from camg_client import Client, ServiceError
 
 
 @pytest.fixture

@@ -39,6 +39,10 @@ def tree_copy(tmp_path_factory):
     for package in PACKAGES:
         shutil.copytree(ROOT / package, tree / package,
                         ignore=shutil.ignore_patterns("__pycache__", "*.gz", "data", "testdata"))
+    # The client's own distribution, at the top level of the copy as the
+    # services' install maps it.
+    shutil.copytree(ROOT / "clients" / "python" / "camg_client", tree / "camg_client",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")
     return tree
 
@@ -52,6 +56,8 @@ PLANTED = [
     ("camg/typed.py", "from camg.errors import ConfigError", "camg.typed -> camg.errors"),
     ("daemons/coding/rows.py", "from daemons.shop import goals", "daemons.coding.rows -> daemons.shop.goals"),
     ("daemons/shop/pages.py", "from tools.coding import bugs", "daemons.shop.pages -> tools.coding.bugs"),
+    ("camg_client/rollout.py", "from camg import errors", "camg_client.rollout -> camg.errors"),
+    ("camg_client/client.py", "import daemons.shop", "camg_client.client -> daemons.shop"),
 ]
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 from camg import logs
-from camg.client import Client
+from camg_client import Client
 
 
 def notify_socket(path):

@@ -8,7 +8,7 @@ import pytest
 import websockets
 from openenv.core import GenericEnvClient
 
-from camg.client import Client
+from camg_client import Client
 
 
 def test_stock_openenv_client_runs_a_whole_episode(counter_service):

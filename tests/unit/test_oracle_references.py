@@ -1,5 +1,5 @@
 """The reference solutions of AutoResearch, General and Visual (what
-``camg.rollout --policy oracle`` plays), without root: the action plans
+``python -m camg_client --policy oracle`` plays), without root: the action plans
 decode back to exactly the prepared reference, follow the episode's step
 count, fit the command limits, and a task prepared without one says so
 (404 not_found), never guesses. The privileged tests/privileged/test_oracle_*.py

@@ -170,7 +170,7 @@ def test_a_toy_package_serves(toy_path, tmp_path):
                              env={"PYTHONPATH": os.pathsep.join([str(toy_path), str(REPO)])})
     try:
         service.wait_ready()
-        from camg.client import Client
+        from camg_client import Client
         client = Client(service.url)
         assert client.metadata()["environment"] == "toy"
         created = client.create(task_id="toy-2")

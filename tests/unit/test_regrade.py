@@ -1,4 +1,4 @@
-"""POST /episodes/{id}/regrade and camg.rollout --regrade against a real
+"""POST /episodes/{id}/regrade and python -m camg_client --regrade against a real
 camg.serve process (the framework's counter environment), plus the
 submission store and the manager's refusals in-process."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from camg import client as client_mod
-from camg.client import AsyncClient, Client
+import camg_client.client as client_mod
+from camg_client import AsyncClient, Client
 from camg.environment import Submission, Task
 from camg.errors import NoSubmission, RegradeUnsupported
 from camg.outcomes import OutcomeLog
@@ -121,7 +121,7 @@ def test_infrastructure_failure_is_recorded_as_null_with_its_class(regrading):
 def test_rollout_regrades_a_run(regrading, tmp_path):
     routes = regrading.config_path.parent / "routes.json"
     run = tmp_path / "run.jsonl"
-    base = [sys.executable, "-m", "camg.rollout", "--routes", str(routes), "--env", "counter",
+    base = [sys.executable, "-m", "camg_client", "--routes", str(routes), "--env", "counter",
             "--no-progress"]
     first = subprocess.run(base + ["--policy", "oracle", "--episodes", "3", "--concurrency", "3",
                                    "--out", str(run)], cwd=REPO, capture_output=True, text=True,
@@ -153,7 +153,7 @@ def test_an_environment_without_regrade_answers_501(tmp_path):
     assert info.value.http_status == 501 and info.value.name == "regrade_unsupported"
     manager.pool.shutdown()
     # over HTTP the same name arrives as the client's typed error
-    assert client_mod._BY_NAME["regrade_unsupported"] is client_mod.RegradeUnsupported
+    assert client_mod.ERROR_CLASSES["regrade_unsupported"] is client_mod.RegradeUnsupported
 
 
 def test_submission_store_is_content_addressed_and_bounded(tmp_path):

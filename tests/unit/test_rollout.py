@@ -1,4 +1,4 @@
-"""camg.rollout and the trainer clients against a real camg.serve process."""
+"""The rollout CLI (python -m camg_client) and the trainer clients against a real camg.serve process."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from camg import client as client_mod
-from camg.client import AsyncClient, Client, ServiceError
+import camg_client.client as client_mod
+from camg_client import AsyncClient, Client, ServiceError
 from tests.support.services import REPO
 
 
 def run_rollout(routes, *args):
-    return subprocess.run([sys.executable, "-m", "camg.rollout", "--routes", str(routes),
+    return subprocess.run([sys.executable, "-m", "camg_client", "--routes", str(routes),
                            "--env", "counter", "--no-progress", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
 
@@ -112,7 +112,7 @@ def test_openai_policy_plays_through_a_scripted_model(counter_service, tmp_path)
     routes = svc.config_path.parent / "routes.json"
     with FakeJudge(responder=model) as server:
         proc = subprocess.run(
-            [sys.executable, "-m", "camg.rollout", "--routes", str(routes), "--env", "counter",
+            [sys.executable, "-m", "camg_client", "--routes", str(routes), "--env", "counter",
              "--policy", "openai", "--episodes", "3", "--no-progress"], cwd=REPO,
             capture_output=True, text=True, timeout=300,
             env={**__import__("os").environ, "CAMG_POLICY_URL": server.url,

@@ -1,4 +1,4 @@
-"""``camg.rollout --ray`` on a local multi-node Ray cluster.
+"""``python -m camg_client --ray`` on a local multi-node Ray cluster.
 
 One machine stands in for three hosts: a Ray head and two worker nodes, each
 started with the ``camg`` resource and ``CAMG_ROUTES`` naming its own camg
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from camg.client import Client
-from camg.rollout_ray import RayRolloutError, check_same_tasks, is_loopback
+from camg_client import Client
+from camg_client.rollout_ray import RayRolloutError, check_same_tasks, is_loopback
 
 from tests.support.services import REPO
 
@@ -159,7 +159,7 @@ def test_episodes_spread_over_every_node_and_stay_on_its_own_services(
     out = tmp_path / "run.jsonl"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "camg.rollout", "--ray", cluster.ray.address,
+        [sys.executable, "-m", "camg_client", "--ray", cluster.ray.address,
          # No such file on any node: each node's CAMG_ROUTES must win.
          "--routes", str(tmp_path / "absent" / "routes.json"), "--env", "counter",
          "--policy", "oracle", "--episodes", str(EPISODES), "--concurrency", "2",
@@ -210,7 +210,7 @@ def test_nodes_serving_different_task_sets_are_refused():
 
 def test_ray_stays_out_of_the_services_and_the_plain_rollout():
     # ray is a trainer-side extra (requirements/trainer.in), not in the services' lock.
-    probe = ("import sys; import camg.serve, camg.rollout, camg.rollout_ray; "
+    probe = ("import sys; import camg.serve, camg_client.cli, camg_client.rollout_ray; "
              "assert 'ray' not in sys.modules, 'imported ray'")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
@@ -262,7 +262,7 @@ class _Actor:
 def test_a_lost_node_fails_only_its_episodes_in_flight_and_the_rest_move_on(tmp_path):
     import io
 
-    from camg.rollout_ray import _drive
+    from camg_client.rollout_ray import _drive
 
     actors = [_Actor("a"), _Actor("b", lives=1)]
     infos = [{"host": "h", "node": "a" * 56}, {"host": "h", "node": "b" * 56}]
@@ -282,7 +282,7 @@ def test_a_lost_node_fails_only_its_episodes_in_flight_and_the_rest_move_on(tmp_
 
 
 def test_episodes_no_node_is_left_for_are_reported_not_dropped():
-    from camg.rollout_ray import _drive
+    from camg_client.rollout_ray import _drive
 
     actors = [_Actor("a", lives=0), _Actor("b", lives=0)]
     infos = [{"host": "h", "node": "a" * 56}, {"host": "h", "node": "b" * 56}]
@@ -297,7 +297,7 @@ def test_an_unreachable_cluster_is_said_at_once():
 
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "camg.rollout", "--ray", f"127.0.0.1:{free_port()}", "--routes",
+        [sys.executable, "-m", "camg_client", "--ray", f"127.0.0.1:{free_port()}", "--routes",
          "routes.json", "--env", "counter", "--policy", "noop", "--no-progress"],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "cannot reach the Ray cluster" in proc.stderr, proc.stderr

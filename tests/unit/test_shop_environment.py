@@ -354,7 +354,7 @@ def test_files_the_service_verified_are_not_hashed_again(prepared, tasks, tmp_pa
 
 
 def test_reference_actions_play_the_oracle(env, tasks):
-    """Episode.reference_action (camg.rollout --policy oracle) reaches the
+    """Episode.reference_action (python -m camg_client --policy oracle) reaches the
     most upstream's reward gives for each goal, from any page it starts on."""
     for task in random.Random(7).sample(list(tasks), 20):
         episode, _ = start(env, task)

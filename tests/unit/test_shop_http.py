@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from camg.client import Client, ServiceError
+from camg_client import Client, ServiceError
 from tests.support import shop_testing as testing
 from tests.support.services import ServiceProcess
 
@@ -145,7 +145,7 @@ def test_sigterm_is_a_graceful_stop_despite_the_jvm(services):
     # Runs last in this module: it stops the second service. The JVM must
     # leave SIGTERM to Python (-Xrs), or it exits the worker with 143 before
     # the open episode is closed and recorded.
-    from camg.client import Client
+    from camg_client import Client
     proc = services[1]
     episode = Client(proc.url).create(seed=11)
     assert proc.stop() == 0, proc.output()[-2000:]

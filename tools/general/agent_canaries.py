@@ -286,7 +286,7 @@ def load_oracles(references: Path) -> dict[str, list[dict]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from camg.client import Client
+    from camg_client import Client
     from tools.judge_stub import FakeJudge
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

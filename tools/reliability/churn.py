@@ -19,7 +19,7 @@ import random
 import time
 from pathlib import Path
 
-from camg.client import AsyncClient, ServiceError
+from camg_client import AsyncClient, ServiceError
 from tools.reliability.rig import state_strays
 from tools.reliability.service import Prepared
 from tools.reliability.table import Row

@@ -71,7 +71,7 @@ def openapi(schema: dict) -> dict:
 
 
 def http(service, name: str, examples: int, seed: int = 0) -> Row:
-    from camg.client import Client
+    from camg_client import Client
     client = Client(service.url, timeout=600)
     doc = openapi(client.schema())
     # The document, and schemathesis's own files (it runs in here), go

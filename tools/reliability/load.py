@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from camg.client import AsyncClient, Client, ServiceError
+from camg_client import AsyncClient, Client, ServiceError
 from tools.reliability.rig import container_memory
 from tools.reliability.service import Prepared, service_rss_kib
 from tools.reliability.table import Row

@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from camg.client import Client, EpisodeDone, InvalidAction
+from camg_client import Client, EpisodeDone, InvalidAction
 from tools.canary_table import CanaryResult, report
 
 from daemons.shop import catalog, rewards

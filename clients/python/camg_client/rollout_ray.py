@@ -1,4 +1,4 @@
-"""``python -m camg.rollout --ray ADDRESS``: one rollout spread over a Ray
+"""``python -m camg_client --ray ADDRESS``: one rollout spread over a Ray
 cluster, every node driving only its own camg suite on 127.0.0.1.
 
 Seed 000 keeps trainers and services on one host, on loopback; this scales
@@ -14,7 +14,7 @@ the same progress bar, JSON lines (plus ``node``) and summary table as the
 local rollout, with ``episodes_by_node`` added.
 
 Ray is imported only here, and only when ``--ray`` is given: the services
-and a plain ``camg.rollout`` never need it.
+and a plain rollout never need it (``pip install 'camg-client[ray]'``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import time
 import urllib.parse
 from collections import Counter
 
-from camg.client import AsyncClient, load_routes
-from camg.rollout import Noop, OpenAIPolicy, Oracle, Result, print_summary, run_episode, summary
+from camg_client.client import AsyncClient, load_routes
+from camg_client.rollout import Noop, OpenAIPolicy, Oracle, Result, print_summary, run_episode, summary
 
 #: The per-node custom resource that marks a node running a camg suite.
 RESOURCE = "camg"
@@ -60,7 +60,7 @@ def is_loopback(url: str) -> bool:
 
 class NodeRunner:
     """The actor body: one per camg node, pinned there, driving that node's
-    service with camg.rollout's own episode loop and policies."""
+    service with camg_client.rollout's own episode loop and policies."""
 
     def __init__(self, routes_path: str, env: str, policy_name: str, concurrency: int,
                  policy_env: dict[str, str]) -> None:
@@ -115,7 +115,7 @@ def _result(line: dict) -> Result:
 
 
 class _Bar:
-    """camg.rollout's live progress: the same tqdm bar and postfix."""
+    """camg_client.rollout's live progress: the same tqdm bar and postfix."""
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.bar = None
@@ -264,7 +264,7 @@ def _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress) -
 
 
 def main(args: argparse.Namespace) -> int:
-    """The ``--ray`` branch of ``python -m camg.rollout`` (parsed args)."""
+    """The ``--ray`` branch of ``python -m camg_client`` (parsed args)."""
     task_ids = None
     if args.tasks:
         with open(args.tasks, encoding="utf-8") as handle:
@@ -275,7 +275,7 @@ def main(args: argparse.Namespace) -> int:
                    args.concurrency, task_ids, out,
                    progress=not args.no_progress and sys.stderr.isatty())
     except RayRolloutError as exc:
-        print(f"camg.rollout: {exc}", file=sys.stderr)
+        print(f"camg_client: {exc}", file=sys.stderr)
         return 2
     finally:
         if out is not None:

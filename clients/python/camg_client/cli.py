@@ -1,0 +1,102 @@
+"""``python -m camg_client`` (or ``camg-rollout``): run episodes against a served environment.
+
+    python -m camg_client --routes prepared/routes.json --env coding \\
+        --policy oracle|noop|openai --episodes N --concurrency K \\
+        [--tasks ids.txt] [--out run.jsonl]
+
+``--policy`` is ``oracle`` (the service's reference solution: every task
+should earn its maximum), ``noop`` (every task should earn the minimum) or
+``openai`` (any OpenAI-compatible chat endpoint); camg_client/rollout.py
+says what each plays.
+
+``--regrade run.jsonl`` (instead of ``--policy``) grades every episode of
+an earlier run again from its stored submission with the service's current
+grader (``POST /episodes/{id}/regrade``), writes one JSON line per episode
+(new and recorded reward, both grader hashes) and a summary of how many
+rewards stayed the same.
+
+It prints a live progress bar on a terminal, a summary at the end (reward
+mean and distribution, failure classes, p50/p99 of reset, step and the last
+step, which carries grading), and writes one JSON line per episode to
+``--out``. Tasks are ``--tasks`` ids in order (cycled), else seeds 0..N-1
+(the service serves ``tasks[seed mod n]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from camg_client import rollout_ray
+from camg_client.client import load_routes
+from camg_client.rollout import print_summary, read_run, regrade_run, rollout
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m camg_client", description=__doc__.split("\n")[0])
+    ap.add_argument("--routes", required=True, help="routes.json written by camg.configure")
+    ap.add_argument("--env", required=True, help="environment name in routes.json")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--policy", choices=("oracle", "noop", "openai"))
+    what.add_argument("--regrade", metavar="RUN_JSONL",
+                      help="regrade the episodes of an earlier run's --out file")
+    ap.add_argument("--episodes", type=int, default=1)
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--tasks", help="file of task ids, one a line (cycled in order)")
+    ap.add_argument("--out", help="append one JSON line per episode here")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--ray", metavar="ADDRESS",
+                    help="spread the episodes over a Ray cluster (camg_client/rollout_ray.py): each "
+                         "node with the 'camg' resource drives its own 127.0.0.1 services; "
+                         "--routes is read on each node, --concurrency is per node")
+    args = ap.parse_args(argv)
+    if args.episodes < 1 or args.concurrency < 1:
+        ap.error("--episodes and --concurrency must be at least 1")
+    if args.ray:
+        if args.regrade:
+            ap.error("--regrade runs on the host of the run's services, not with --ray")
+        return rollout_ray.main(args)
+    try:
+        routes = load_routes(args.routes)
+    except (OSError, ValueError) as exc:
+        print(f"camg_client: {exc}", file=sys.stderr)
+        return 2
+    if args.env not in routes:
+        print(f"camg_client: {args.env!r} is not in {args.routes} ({', '.join(routes)})",
+              file=sys.stderr)
+        return 2
+    if args.regrade:
+        return main_regrade(args, routes[args.env])
+    task_ids = None
+    if args.tasks:
+        with open(args.tasks, encoding="utf-8") as handle:
+            task_ids = [line.split("#", 1)[0].strip() for line in handle]
+        task_ids = [t for t in task_ids if t]
+    return _run_and_summarise(args, lambda out, progress: rollout(
+        routes[args.env], args.policy, args.episodes, args.concurrency, task_ids, out,
+        progress=progress))
+
+
+def _run_and_summarise(args, make) -> int:
+    """Run ``make(out, progress)``'s coroutine with --out's JSON-lines file
+    open, print the summary; exit 1 when any episode failed."""
+    out = open(args.out, "a", encoding="utf-8") if args.out else None
+    try:
+        body = asyncio.run(make(out, not args.no_progress and sys.stderr.isatty()))
+    finally:
+        if out is not None:
+            out.close()
+    print_summary(body)
+    return 0 if body["errors"] == 0 else 1
+
+
+def main_regrade(args, url: str) -> int:
+    try:
+        run = read_run(args.regrade)
+    except (OSError, ValueError) as exc:
+        print(f"camg_client: {exc}", file=sys.stderr)
+        return 2
+    return _run_and_summarise(args, lambda out, progress: regrade_run(
+        url, run, args.concurrency, out, progress=progress))
+

@@ -1,0 +1,309 @@
+"""One rollout on one host: the episode loop, its policies and the
+regrade of an earlier run, which ``python -m camg_client`` (cli.py) and its
+Ray branch (rollout_ray.py) drive.
+
+Policies:
+
+* ``oracle`` asks the service for its reference solution's next action
+  (``GET /episodes/{id}/reference``; the deployment must enable
+  ``references``) and plays it: every task should earn its maximum — the
+  end-to-end check an operator runs before training (reset → actions →
+  termination → reward → cleanup on every environment).
+* ``noop`` does nothing useful: ``finish`` where the action schema has one,
+  otherwise an action that fits the schema and changes nothing, until the
+  episode ends: every task should earn the environment's minimum.
+* ``openai`` drives the episode with any OpenAI-compatible chat endpoint
+  (``CAMG_POLICY_URL``, ``CAMG_POLICY_MODEL``, ``CAMG_POLICY_KEY`` from the
+  environment): the system message carries the action schema, each user
+  message the observation as JSON, and the reply must be one JSON action
+  (the first ``{…}`` block of the text is taken).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+from camg_client.client import AsyncClient, ServiceError
+
+MAX_ACTIONS = 1000     # a policy that never ends its episode is cut here
+
+
+@dataclasses.dataclass
+class Result:
+    episode_id: str | None
+    task_id: str | None
+    reward: float | None
+    failure_class: str | None
+    steps: int
+    reset_s: float
+    step_s: list[float]
+    error: str | None = None
+
+    def line(self) -> dict:
+        return {"episode_id": self.episode_id, "task_id": self.task_id, "reward": self.reward,
+                "failure_class": self.failure_class, "steps": self.steps,
+                "reset_s": round(self.reset_s, 6), "step_s": [round(s, 6) for s in self.step_s],
+                "error": self.error}
+
+
+class Noop:
+    """``finish`` where the schema has it, else a schema-fitting action that
+    changes nothing (e.g. Shop's ``{"action": "noop"}``)."""
+
+    def __init__(self, schema: dict) -> None:
+        props = schema.get("properties", {})
+        # General's schema is one branch per task kind (anyOf); AutoResearch ends with submit
+        ends = [op for branch in schema.get("anyOf") or [schema]
+                for op in branch.get("properties", {}).get("operation", {}).get("enum") or []
+                if op in ("finish", "submit")]
+        if ends:
+            self.action = {"operation": ends[0]}
+        else:
+            self.action = {name: "noop" for name in schema.get("required", [])
+                           if props.get(name, {}).get("type") == "string"}
+
+    async def act(self, client: AsyncClient, episode_id: str, observation: Any) -> dict | None:
+        return dict(self.action)
+
+
+class Oracle:
+    async def act(self, client: AsyncClient, episode_id: str, observation: Any) -> dict | None:
+        return (await client.reference(episode_id))["action"]
+
+
+class OpenAIPolicy:
+    def __init__(self, schema: dict) -> None:
+        from openai import AsyncOpenAI
+
+        missing = [v for v in ("CAMG_POLICY_URL", "CAMG_POLICY_MODEL") if not os.environ.get(v)]
+        if missing:
+            raise SystemExit(f"camg_client: --policy openai needs {', '.join(missing)}")
+        self.model = os.environ["CAMG_POLICY_MODEL"]
+        self.client = AsyncOpenAI(base_url=os.environ["CAMG_POLICY_URL"],
+                                  api_key=os.environ.get("CAMG_POLICY_KEY") or "none",
+                                  timeout=300, max_retries=2)
+        self.system = ("You act in an environment. Reply with exactly one JSON object, the "
+                       "next action, matching this JSON Schema:\n" + json.dumps(schema))
+        self.history: dict[str, list[dict]] = {}
+
+    async def act(self, client: AsyncClient, episode_id: str, observation: Any) -> dict | None:
+        messages = self.history.setdefault(episode_id, [{"role": "system", "content": self.system}])
+        messages.append({"role": "user", "content": json.dumps(observation)})
+        reply = await self.client.chat.completions.create(model=self.model, messages=messages,
+                                                          temperature=0.0)
+        text = reply.choices[0].message.content or ""
+        messages.append({"role": "assistant", "content": text})
+        match = re.search(r"\{.*\}", text, re.S)
+        if not match:
+            raise ValueError(f"policy reply holds no JSON action: {text[:200]!r}")
+        return json.loads(match.group(0))
+
+
+async def run_episode(client: AsyncClient, policy, *, task_id: str | None, seed: int | None,
+                      wait: float) -> Result:
+    started = time.monotonic()
+    try:
+        created = await client.create(task_id=task_id, seed=seed, wait=wait)
+    except ServiceError as exc:
+        return Result(None, task_id, None, exc.failure_class or exc.name, 0,
+                      time.monotonic() - started, [], error=str(exc))
+    episode_id, observation = created["episode_id"], created["observation"]
+    result = Result(episode_id, created["task_id"], None, None, 0, time.monotonic() - started, [])
+    try:
+        for _ in range(MAX_ACTIONS):
+            action = await policy.act(client, episode_id, observation)
+            if action is None:
+                break
+            t0 = time.monotonic()
+            answer = await client.step(episode_id, action)
+            result.step_s.append(time.monotonic() - t0)
+            result.steps += 1
+            observation = answer["observation"]
+            if answer["done"]:
+                result.reward = answer["reward"]
+                result.failure_class = answer.get("failure_class")
+                break
+        else:
+            result.error = f"no terminal step after {MAX_ACTIONS} actions"
+        if result.reward is None and result.failure_class is None and result.error is None:
+            result.error = "the policy stopped before the episode ended"
+    except ServiceError as exc:
+        result.error = str(exc)
+        result.failure_class = exc.failure_class
+    except Exception as exc:  # a policy bug ends its episode, not the run
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            await client.close(episode_id)
+        except ServiceError:
+            pass
+    return result
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def summary(results: list[Result], wall: float) -> dict:
+    rewards = [r.reward for r in results if r.reward is not None]
+    last = [r.step_s[-1] for r in results if r.step_s]
+    steps = [s for r in results for s in r.step_s[:-1]]
+    buckets = Counter(min(4, int(r * 5)) for r in rewards)
+    return {
+        "episodes": len(results),
+        "rewarded": len(rewards),
+        "reward_mean": statistics.fmean(rewards) if rewards else None,
+        "reward_min": min(rewards) if rewards else None,
+        "reward_max": max(rewards) if rewards else None,
+        "reward_histogram": {f"{b / 5:.1f}-{(b + 1) / 5:.1f}": buckets.get(b, 0) for b in range(5)},
+        "failure_classes": dict(Counter(r.failure_class for r in results if r.failure_class)),
+        "errors": sum(1 for r in results if r.error),
+        "reset_p50_s": percentile([r.reset_s for r in results], 0.5),
+        "reset_p99_s": percentile([r.reset_s for r in results], 0.99),
+        "step_p50_s": percentile(steps, 0.5),
+        "step_p99_s": percentile(steps, 0.99),
+        "last_step_p50_s": percentile(last, 0.5),
+        "last_step_p99_s": percentile(last, 0.99),
+        "wall_s": wall,
+        "episodes_per_s": len(results) / wall if wall > 0 else 0.0,
+    }
+
+
+def print_summary(body: dict, stream=sys.stdout) -> None:
+    rows = [(k, v if not isinstance(v, float) else f"{v:.4g}") for k, v in body.items()]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}", file=stream)
+
+
+async def rollout(url: str, policy_name: str, episodes: int, concurrency: int,
+                  task_ids: list[str] | None, out, progress: bool) -> dict:
+    async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
+        schema = (await client.schema())["action"]
+        policy = {"oracle": lambda: Oracle(), "noop": lambda: Noop(schema),
+                  "openai": lambda: OpenAIPolicy(schema)}[policy_name]()
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(episodes):
+            queue.put_nowait(i)
+        results: list[Result] = []
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=episodes, unit="ep", dynamic_ncols=True)
+
+        async def worker() -> None:
+            while True:
+                try:
+                    i = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                task_id = task_ids[i % len(task_ids)] if task_ids else None
+                result = await run_episode(client, policy, task_id=task_id,
+                                           seed=None if task_ids else i, wait=3600.0)
+                results.append(result)
+                if out is not None:
+                    out.write(json.dumps(result.line()) + "\n")
+                    out.flush()
+                if bar is not None:
+                    rewards = [r.reward for r in results if r.reward is not None]
+                    fails = Counter(r.failure_class or "error" for r in results
+                                    if r.failure_class or r.error)
+                    bar.set_postfix(mean=f"{statistics.fmean(rewards):.3f}" if rewards else "-",
+                                    failed=dict(fails) or 0)
+                    bar.update(1)
+
+        started = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, episodes)))))
+        if bar is not None:
+            bar.close()
+        return summary(results, time.monotonic() - started)
+
+
+def regrade_line(episode_id: str, run_reward: float | None, record: dict | None,
+                 error: str | None) -> dict:
+    record = record or {}
+    was = (record.get("regrade_of") or {}).get("reward")
+    return {"episode_id": episode_id, "task_id": record.get("task_id"),
+            "reward": record.get("reward"), "failure_class": record.get("failure_class"),
+            "recorded_reward": was, "run_reward": run_reward,
+            "same_reward": bool(record) and record.get("reward") == was,
+            "same_grader": record.get("same_grader"), "grader_hash": record.get("grader_hash"),
+            "grade_s": (record.get("timings") or {}).get("grade_s"), "error": error}
+
+
+async def regrade_run(url: str, run: list[dict], concurrency: int, out, progress: bool) -> dict:
+    """Regrade every episode of a run's JSON lines; the summary."""
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+    for line in run:
+        queue.put_nowait(line)
+    lines: list[dict] = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(run), unit="ep", dynamic_ncols=True)
+    async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
+        async def worker() -> None:
+            while not queue.empty():
+                entry = queue.get_nowait()
+                record, error = None, None
+                try:
+                    record = await client.regrade(entry["episode_id"])
+                except ServiceError as exc:
+                    error = str(exc)
+                line = regrade_line(entry["episode_id"], entry.get("reward"), record, error)
+                lines.append(line)
+                if out is not None:
+                    out.write(json.dumps(line) + "\n")
+                    out.flush()
+                if bar is not None:
+                    bar.set_postfix(same=sum(x["same_reward"] for x in lines),
+                                    errors=sum(1 for x in lines if x["error"]))
+                    bar.update(1)
+
+        started = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(run))))))
+    if bar is not None:
+        bar.close()
+    grades = [x["grade_s"] for x in lines if x["grade_s"] is not None]
+    return {
+        "episodes": len(lines),
+        "regraded": sum(1 for x in lines if x["error"] is None),
+        "same_reward": sum(1 for x in lines if x["same_reward"]),
+        "changed_reward": sum(1 for x in lines if x["error"] is None and not x["same_reward"]),
+        "same_grader": sum(1 for x in lines if x["same_grader"]),
+        "failure_classes": dict(Counter(x["failure_class"] for x in lines if x["failure_class"])),
+        "errors": sum(1 for x in lines if x["error"]),
+        "grade_p50_s": percentile(grades, 0.5),
+        "grade_p99_s": percentile(grades, 0.99),
+        "wall_s": time.monotonic() - started,
+    }
+
+
+def read_run(path: str) -> list[dict]:
+    """The episodes of a run's JSON lines (those the service gave an id)."""
+    run = []
+    with open(path, encoding="utf-8") as handle:
+        for number, text in enumerate(handle, 1):
+            if not text.strip():
+                continue
+            try:
+                line = json.loads(text)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON line ({exc})") from None
+            if isinstance(line, dict) and isinstance(line.get("episode_id"), str):
+                run.append(line)
+    return run
+
+
