@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from camg_client import Client  # noqa: E402
 from camg.helper_client import HelperClient  # noqa: E402
+from camg_client import Client  # noqa: E402
 from tests.support import container_image as ci  # noqa: E402
 from tests.support.fake_judge import FakeJudge  # noqa: E402
 from tests.support.services import ServiceProcess, clean_git_tree, free_port  # noqa: E402

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from camg_client import Client  # noqa: E402
 from camg.environment import ServiceContext, Task  # noqa: E402
+from camg_client import Client  # noqa: E402
 from tests.support.counter_env import CounterEnvironment  # noqa: E402
 from tests.support.services import ServiceProcess, configure_counter  # noqa: E402
 

@@ -23,9 +23,9 @@ import pytest
 
 import conftest as pc
 from camg import task_manifest as manifest
-from camg_client import Client
 from camg.configure import configure
 from camg.containers import ContainerClient
+from camg_client import Client
 from tests.privileged.container_fixtures import image_ref, needs_docker  # noqa: F401 (fixture)
 from tests.support import container_image as ci
 from tests.support.services import ServiceProcess, clean_git_tree, free_port

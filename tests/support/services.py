@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from camg import task_manifest as manifest
-from camg_client import Client
 from camg.configure import configure
+from camg_client import Client
 
 REPO = Path(__file__).resolve().parents[2]
 COUNTER_FACTORY = "tests.support.counter_env:CounterEnvironment"

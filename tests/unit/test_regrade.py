@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-import camg_client.client as client_mod
-from camg_client import AsyncClient, Client
 from camg.environment import Submission, Task
 from camg.errors import NoSubmission, RegradeUnsupported
 from camg.outcomes import OutcomeLog
 from camg.submissions import SubmissionStore
+from camg_client import AsyncClient, Client
+from camg_client import client as client_mod
 from tests.support.services import REPO, ServiceProcess, configure_counter, counter_tasks
 
 GRADER = "counter-exact-match/1"

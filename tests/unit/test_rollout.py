@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-import camg_client.client as client_mod
 from camg_client import AsyncClient, Client, ServiceError
+from camg_client import client as client_mod
 from tests.support.services import REPO
 
 
