@@ -47,6 +47,9 @@ class Channel:
     collected: set[str] | None = None
     outcomes: dict[str, str] = dataclasses.field(default_factory=dict)
     runs: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: the ``id WORD`` result lines pytest itself printed for each test, as
+    #: the guard counted them (one a run for records that do not say)
+    printed: dict[str, int] = dataclasses.field(default_factory=dict)
     end: dict | None = None
     forged: int = 0
     #: every session's end record, in order (a test command may run several)
@@ -132,6 +135,9 @@ def read_channel(log: str, keys: bytes | Sequence[bytes]) -> Channel:
             channel.misordered.append(f"test {record.get('id')} before its session's collected")
         elif kind == "test":
             channel.runs[record["id"]] = channel.runs.get(record["id"], 0) + 1
+            lines = record.get("lines", 1)
+            channel.printed[record["id"]] = channel.printed.get(record["id"], 0) + (
+                lines if isinstance(lines, int) and lines >= 0 else 1)
             before = channel.outcomes.get(record["id"])
             # A test id run twice (reruns) counts only if every run passed.
             if before is None or before == "passed":
@@ -197,9 +203,10 @@ def cross_check(channel: Channel, status_map: dict[str, str], listed: Iterable[s
     listed = list(listed)
     forged = [t for t in listed if status_map.get(t) in _PASS
               and channel.outcomes.get(t) not in ("passed", "xfailed")]
-    # pytest prints one result line per run of a test: any extra line was
-    # printed by something else, even when it tells the truth.
-    extra = [t for t, n in status_lines(log, listed).items() if n > channel.runs.get(t, 0)]
+    # pytest prints a result line per report with a status word when it is
+    # verbose, none otherwise (-rA's summary lines are ``WORD id``): any
+    # extra line was printed by something else, even when it tells the truth.
+    extra = [t for t, n in status_lines(log, listed).items() if n > channel.printed.get(t, 0)]
     forged += [t for t in extra if t not in forged]
     if forged and channel.hello:
         findings.append(Finding("forged_log_line", "-",

@@ -11,13 +11,17 @@ repository under test. It:
   distribution the agent's diff created or changed;
 * snapshots the functions that carry a test's outcome from the call to the
   report (``_pytest.runner``, ``_pytest.reports``, pluggy's hook calling,
-  ``os._exit``...) and checks at the end of the session that none was
-  replaced, that no hook implementation lives in a file the diff changed,
-  and that no import hook or tracer from the repository was installed;
+  ``os._exit``...) and the classes and functions those modules hold as
+  globals, and checks at the end of the session that none was replaced,
+  that no hook implementation lives in a file the diff changed, and that no
+  import hook or tracer from the repository was installed;
+* flags a process-ending callable (``os._exit``, ``sys.exit``...) that the
+  agent's code registers with atexit;
 * records every test's outcome from the raw call result (the exception the
-  test raised, before any report hook ran) on its own channel: a file (or
-  FIFO) whose lines are HMAC-signed with a key of this session's alone, and
-  compares it with the report pytest produced.
+  test raised, before any report hook ran), and how many result lines
+  pytest itself printed for it (none unless verbose), on its own channel: a
+  file (or FIFO) whose lines are HMAC-signed with a key of this session's
+  alone, and compares it with the report pytest produced.
 
 The key never passes through the environment (the kernel keeps a process's
 initial environment readable in /proc for every process of its uid):
@@ -235,6 +239,14 @@ def _fingerprint(obj):
     return (id(obj), id(getattr(fn, "__code__", None)))
 
 
+# Modules whose global classes and functions the runner calls by name (the
+# runner builds its reports with ``_pytest.runner.TestReport``): swapping one
+# for a subclass or a wrapper leaves every function above intact.
+_WATCHED_GLOBALS = ("_pytest.runner", "_pytest.reports", "_pytest.skipping", "_pytest.python",
+                    "_pytest.main", "_pytest.terminal", "_pytest.outcomes", "pluggy._callers",
+                    "pluggy._hooks", "pluggy._manager", "pluggy.callers", "pluggy.hooks")
+
+
 def _snapshot():
     taken = {}
     for module, names in _WATCHED:
@@ -242,6 +254,12 @@ def _snapshot():
             obj = _resolve(module, name)
             if obj is not None:
                 taken[module + ":" + name] = (obj, _fingerprint(obj))
+    for module in _WATCHED_GLOBALS:
+        if _resolve(module, "__name__") is None:
+            continue
+        for name, obj in list(vars(sys.modules[module]).items()):
+            if isinstance(obj, type) or type(obj) is type(_snapshot):
+                taken.setdefault(module + ":" + name, (obj, _fingerprint(obj)))
     return taken
 
 
@@ -446,6 +464,53 @@ def _install_audit_hook():
 _emit({"t": "audit", "hooked": _install_audit_hook()})
 
 
+# --- exits registered for the interpreter's shutdown ------------------------
+# A process-ending callable the agent's code hands to atexit runs after the
+# session's end record, whatever the tests did: the exit status is then the
+# registrant's. The call leaves no trace of its own (atexit runs callbacks
+# with no Python caller), so the registration is what is flagged, when the
+# code registering it is the agent's (a library's own shutdown handlers are
+# any callable and stay unflagged).
+
+import atexit  # noqa: E402
+import functools  # noqa: E402
+
+
+def _process_enders():
+    found = [_exit, sys.exit, getattr(sys.modules.get("posix"), "_exit", None)]
+    found += [getattr(os, n, None) for n in ("abort", "kill", "killpg")]
+    signal = sys.modules.get("signal") or __import__("signal")
+    found += [getattr(signal, n, None) for n in ("raise_signal", "pthread_kill")]
+    return tuple(f for f in found if f is not None)
+
+
+def _watch_atexit(_flag=_flag, _agent_file=_agent_file, _stdlib_file=_stdlib_file,
+                  _enders=_process_enders(), _partial=functools.partial, getframe=sys._getframe):
+    register = atexit.register
+
+    def watched_register(func, *args, **kwargs):
+        target = func
+        while isinstance(target, _partial):
+            target = target.func
+        if any(target is e for e in _enders):
+            frame = getframe(1)
+            while frame is not None and _stdlib_file(frame.f_code.co_filename):
+                frame = frame.f_back
+            if frame is not None and _agent_file(frame.f_code.co_filename):
+                _flag("exit_at_shutdown", getattr(target, "__name__", "?") + " registered from "
+                      + frame.f_code.co_filename + ":" + str(frame.f_lineno))
+        return register(func, *args, **kwargs)
+    watched_register.__name__ = "register"
+    watched_register.__doc__ = register.__doc__
+    atexit.register = watched_register
+    return watched_register
+
+
+if _ACTIVE:
+    _watch_atexit()
+    _SNAPSHOT["atexit:register"] = (atexit.register, _fingerprint(atexit.register))
+
+
 # --- plugins and outcomes -------------------------------------------------
 
 def _pytest11():
@@ -557,8 +622,35 @@ def _raw(item, call):
 # passes only hook arguments, never defaulted ones): rebinding the module's
 # globals from code under test does not reach them.
 
+def _result_lines(config, report):
+    """How many ``id WORD`` lines pytest's terminal prints for ``report``:
+    one when test cases are verbose and the report has a status word, none
+    otherwise (a letter, or nothing without a terminal). The reader counts
+    every other such line of a listed test as printed by something else.
+    In doubt, one (a line more or less expected never flags an honest run)."""
+    try:
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is None:
+            return 0
+        get = getattr(config, "get_verbosity", None)
+        kind = getattr(type(config), "VERBOSITY_TEST_CASES", None)
+        # pytest 8+ reads the level per report; older ones hold the
+        # terminal's own, taken when it started.
+        level = get(kind) if get is not None and kind is not None else terminal.verbosity
+        if int(level or 0) <= 0:
+            return 0
+        status = config.hook.pytest_report_teststatus(report=report, config=config)
+        return 1 if not status or len(status) < 3 or status[1] or status[2] else 0
+    except Exception:  # noqa: BLE001 - an older pytest's shape: as if verbose
+        return 1
+
+
+_printed = {}
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item, call, _raw=_raw, _flag=_flag, _phases=_phases):
+def pytest_runtest_makereport(item, call, _raw=_raw, _flag=_flag, _phases=_phases,
+                              _lines=_result_lines, _printed=_printed):
     raw = _raw(item, call)
     outcome = yield
     report = outcome.get_result()
@@ -566,10 +658,11 @@ def pytest_runtest_makereport(item, call, _raw=_raw, _flag=_flag, _phases=_phase
     if raw in ("error", "skip") and claimed == "passed":
         _flag("report_rewritten", item.nodeid + " " + call.when)
     _phases.setdefault(item.nodeid, {})[call.when] = raw
+    _printed[item.nodeid] = _printed.get(item.nodeid, 0) + _lines(item.config, report)
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_runtest_logfinish(nodeid, location, _emit=_emit, _phases=_phases):
+def pytest_runtest_logfinish(nodeid, location, _emit=_emit, _phases=_phases, _printed=_printed):
     phases = _phases.pop(nodeid, {})
     values = [phases.get(w) for w in ("setup", "call", "teardown")]
     if "error" in values:
@@ -580,7 +673,7 @@ def pytest_runtest_logfinish(nodeid, location, _emit=_emit, _phases=_phases):
         outcome = "skipped"
     else:
         outcome = "passed"
-    _emit({"t": "test", "id": nodeid, "outcome": outcome})
+    _emit({"t": "test", "id": nodeid, "outcome": outcome, "lines": _printed.pop(nodeid, 0)})
 
 
 @pytest.hookimpl(trylast=True)
