@@ -119,8 +119,8 @@ class Episode(abc.ABC):
         """The next action of the environment's reference solution from this
         episode's current state (None: the reference has nothing more to do).
 
-        It is the oracle of an operator's end-to-end check (``camg.rollout
-        --policy oracle``), served only where the deployment enables
+        It is the oracle of an operator's end-to-end check (``python -m
+        camg_client --policy oracle``), served only where the deployment enables
         ``references``; it must not change the episode.
         """
         raise NotFound(f"{type(self).__name__} has no reference solution")

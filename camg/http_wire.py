@@ -1,7 +1,7 @@
 """Wire models of the trainer-facing HTTP contract (DESIGN.md §3).
 
-Trainers may import this module (and camg.client) without anything from
-daemons/ or helper/. Requests are parsed strictly: unknown fields and wrong
+The trainer client (clients/python, camg_client) speaks it without
+importing it. Requests are parsed strictly: unknown fields and wrong
 types are a 400 naming the field.
 """
 

@@ -59,7 +59,7 @@ class EnvironmentDeployment:
     port: int | None = None
     factory: str | None = None
     enabled: bool = True
-    #: serve GET /episodes/{id}/reference (the oracle of camg.rollout) — for
+    #: serve GET /episodes/{id}/reference (the oracle of camg_client.rollout) — for
     #: an operator's end-to-end check, never for a training run
     references: bool = False
     limits: Limits = Limits()

@@ -23,7 +23,7 @@ stamp="$venv/.camg-lock.sha256"
 want="$(cat "$here/requirements.lock" "$here/requirements/trainer.in" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     camg_install_lock "$venv" "$here/requirements.lock"
-    # Trainer-side extras (ray, for camg.rollout --ray): in the test venv, not the services'.
+    # Trainer-side extras (ray, for python -m camg_client --ray): in the test venv, not the services'.
     camg_pip "$venv" install -q -r "$here/requirements/trainer.in" -c "$here/requirements.lock"
     camg_pip_check "$venv"
     echo "$want" > "$stamp"

@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--limit", type=int)
     ap.add_argument("--seed", type=int)
     ap.add_argument("--references", help="reference solutions (gold/<id>.patch, <id>.oracle.json) "
-                                         "for camg.rollout --policy oracle")
+                                         "for camg_client --policy oracle")
     args = ap.parse_args(argv)
     try:
         body = prepare_general(code_rows=args.code_rows, general_rows=args.general_rows,

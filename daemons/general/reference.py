@@ -1,4 +1,4 @@
-"""General's reference solutions: what ``camg.rollout --policy oracle`` plays.
+"""General's reference solutions: what ``camg_client --policy oracle`` plays.
 
 Upstream's MiMo rows carry no solution, so a task has one only when its
 preparation was given it (``camg.prepare --environment general

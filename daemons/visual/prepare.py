@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--select")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--references", help="reference sites, DIR/<task_id>/index.html... "
-                                         "(for camg.rollout --policy oracle)")
+                                         "(for camg_client --policy oracle)")
     args = ap.parse_args(argv)
     try:
         body = prepare_visual(rows_path=args.rows, renderer=args.renderer,

@@ -1,4 +1,4 @@
-"""Visual's reference solutions: what ``camg.rollout --policy oracle`` plays.
+"""Visual's reference solutions: what ``camg_client --policy oracle`` plays.
 
 Webdev rows carry no solution; a task has one only when preparation was
 given its reference site (``camg.prepare --environment visual --references

@@ -16,7 +16,7 @@ from pathlib import Path
 from openenv.core import GenericEnvClient
 
 from camg import plugins
-from camg.client import Client, ServiceError
+from camg_client import Client, ServiceError
 
 
 def url(env: str) -> str:
