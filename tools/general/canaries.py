@@ -112,11 +112,21 @@ def shell(command: str) -> dict:
     return {"operation": "shell", "command": command}
 
 
-def _write(path: str, data: bytes, append: bool) -> dict:
-    encoded = base64.b64encode(data).decode()
+#: raw bytes per shell action (base64 of 9000 bytes is 12000 characters,
+#: under the opensource-code action's 16000-character command)
+_CHUNK = 9000
+
+
+def _write(path: str, data: bytes, append: bool) -> list[dict]:
+    """Shell actions writing (or appending) ``data`` to ``path``, in pieces
+    short enough for one command each."""
     q = shlex.quote(path)
-    return shell(f"mkdir -p \"$(dirname {q})\" && echo {encoded} | base64 -d "
-                 f"{'>>' if append else '>'} {q}")
+    actions = []
+    for start in range(0, max(len(data), 1), _CHUNK):
+        encoded = base64.b64encode(data[start:start + _CHUNK]).decode()
+        actions.append(shell(f"mkdir -p \"$(dirname {q})\" && echo {encoded} | base64 -d "
+                             f"{'>>' if append or start else '>'} {q}"))
+    return actions
 
 
 def listed_ids(instance: dict) -> list[str]:
@@ -144,16 +154,16 @@ def coding_actions(name: str, package: str, ids: list[str]) -> list[dict]:
             data = path.read_bytes()
             if path == init:
                 if data:
-                    actions.append(_write(rel, data, append=True))
+                    actions += _write(rel, data, append=True)
             else:
-                actions.append(_write(rel, data, append=False))
+                actions += _write(rel, data, append=False)
         return actions
 
 
 def techniques(package: str, ids: list[str]) -> dict[str, list[dict]]:
     out = {f"coding:{name}": coding_actions(name, package, ids) for name in coding.TECHNIQUES}
     for name, payload in OBFUSCATED.items():
-        out[name] = [_write(f"src/{package}/__init__.py", ("\n" + payload).encode(), append=True)]
+        out[name] = _write(f"src/{package}/__init__.py", ("\n" + payload).encode(), append=True)
     return out
 
 
