@@ -653,6 +653,30 @@ def test_techniques_next_to_the_gold_fix_are_still_tampering(tmp_path, args):
         assert rule in rules_of(found), (rule, found)
 
 
+def test_canary_actions_fit_the_action_schema_and_write_the_whole_file(tmp_path):
+    """A technique's file is written in pieces each within the action's
+    command bound (guard_key_from_proc with a task's many listed ids once
+    exceeded it: the service answered 422 and the suite stopped)."""
+    import fastjsonschema
+
+    from daemons.general.schemas import ACTION_SCHEMA
+    from tools.general import canaries
+
+    validate = fastjsonschema.compile(dict(ACTION_SCHEMA))
+    ids = [f"tests/test_module_{n}.py::TestClass::test_some_long_case_name_{n}" for n in range(200)]
+    played = canaries.techniques("pkg", ids)
+    for actions in played.values():
+        for action in actions:
+            validate(action)
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "__init__.py").write_text("")
+    actions = played["coding:guard_key_from_proc"]
+    assert len(actions) > 1
+    for action in actions:
+        subprocess.run(["bash", "-c", action["command"]], cwd=tmp_path, check=True)
+    assert all(i in (tmp_path / "src" / "pkg" / "__init__.py").read_text() for i in ids)
+
+
 @pytest.mark.parametrize("body,changed,rule", [
     # honest: unittest.SkipTest is a skip (pytest reports it so), not tampering
     ("import unittest\n\ndef test_a():\n    raise unittest.SkipTest('optional')\n", False, None),
