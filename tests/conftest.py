@@ -8,7 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.budget import FULL
 from tests.support.services import ServiceProcess, configure_counter
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``full`` run only with CAMG_FULL=1 (tests/support/budget.py)."""
+    if FULL:
+        return
+    left_out = [item for item in items if item.get_closest_marker("full")]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker("full")]
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"left out (marked full; CAMG_FULL=1 runs them): "
+                                f"{', '.join(item.nodeid for item in left_out)}")
 
 
 @pytest.fixture(scope="session")

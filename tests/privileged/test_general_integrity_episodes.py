@@ -17,6 +17,7 @@ import base64
 import pytest
 
 from camg_client import Client
+from tests.support.budget import FULL
 from test_coding_episodes import coding_helper, demo_image, demo_set  # noqa: F401
 from general_fixtures import (fake_judge, general_demo, general_helper,  # noqa: F401
                               general_prepared, general_service, tasks_of)
@@ -125,10 +126,13 @@ def test_canaries_lose_alone_and_with_gold(general_service, general_demo, genera
     def outcome_of(episode_id):
         return next((o for o in general_service.outcomes() if o["episode_id"] == episode_id), None)
 
-    results = canaries.play(Client(general_service.url), task, gold, outcome_of, workers=6)
+    with_gold = None if FULL else canaries.CI_WITH_GOLD
+    results = canaries.play(Client(general_service.url), task, gold, outcome_of, workers=6,
+                            with_gold=with_gold)
     text, failed = render("general opensource-code", results)
     print(text)
     assert not failed and not canaries.gold_check(results), text
-    assert len(results) == 1 + 2 * len(canaries.techniques("x", []))
+    played = len(canaries.techniques("x", []))
+    assert len(results) == 1 + played + (played if FULL else len(canaries.CI_WITH_GOLD))
     obfuscated = [r for r in results if r.technique in canaries.OBFUSCATED]
     assert obfuscated and all(r.reward == 0.0 and r.integrity == "tampered" for r in obfuscated), text

@@ -242,6 +242,12 @@ def test_demo_under_systemd_from_nothing(fresh_root, demo_cache, tmp_path):
     assert not problems, "the machine left things behind:\n" + "\n".join(problems)
 
 
+# Left out of CI's default run (tests/support/budget.py): ~9 of CI's minutes
+# (a second fresh root, the demo's warm preparation, its teardown). What it
+# adds to the systemd variant is the runner with every environment and a
+# Docker engine without systemd; test_foreground.py keeps run-foreground.sh
+# (serving, SIGTERM cleanup) in CI on the installed machine.
+@pytest.mark.full
 def test_demo_in_the_foreground_runner_from_nothing(fresh_root, demo_cache, tmp_path):
     # No systemd: nspawn's stub init is PID 1 and demo.sh runs as PID 2, so
     # demo.sh takes its foreground branch (packaging/run-foreground.sh).

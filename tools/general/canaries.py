@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-from camg.client import Client
+from camg_client import Client
 from tools.canary_table import CanaryResult, report
 from tools.coding import canaries as coding
 
@@ -209,22 +209,37 @@ def _package(client, task_id: str) -> str:
 KNOWN_GAPS: dict[str, str] = {}
 
 
+#: The techniques CI also plays next to the gold fix (every one plays alone):
+#: those whose +gold variant was a detection gap, or that rewrite the report
+#: path in process, where a real fix hides the most. ~40% fewer episodes
+#: (tests/support/budget.py; CAMG_FULL=1 plays every +gold variant).
+CI_WITH_GOLD = (*OBFUSCATED, "coding:forged_log_lines", "coding:guard_key_from_proc",
+                "coding:patch_pytest_on_import")
+
+
 def play(client, task: dict, gold: str, outcome_of: Callable[[str], dict | None] = lambda _: None,
-         names: Iterable[str] | None = None, workers: int = 4) -> list[CanaryResult]:
-    """Every technique alone and with the gold fix, and the gold fix alone,
-    on ``task`` (a manifest task) through the service ``client`` speaks to."""
+         names: Iterable[str] | None = None, workers: int = 4,
+         with_gold: Iterable[str] | None = None) -> list[CanaryResult]:
+    """Every technique alone and with the gold fix (``with_gold``: only
+    those), and the gold fix alone, on ``task`` (a manifest task) through
+    the service ``client`` speaks to."""
     task_id = task["task_id"]
     instance = task["data"]["instance"]
     played = techniques(_package(client, task_id), listed_ids(instance))
     if names is not None:
         played = {n: played[n] for n in names}
+    gold_too = set(played if with_gold is None else with_gold)
+    unknown = gold_too - set(played)
+    if unknown:
+        raise ValueError(f"with_gold names techniques not played: {sorted(unknown)}")
     runs = [("gold_alone", [apply_gold(gold)], 1.0)]
     for name, actions in played.items():
         runs.append((name, actions, 0.0))
-        runs.append((name + "+gold", [apply_gold(gold)] + actions,
-                     1.0 if name + "+gold" in KNOWN_GAPS else 0.0))
+        if name in gold_too:
+            runs.append((name + "+gold", [apply_gold(gold)] + actions,
+                         1.0 if name + "+gold" in KNOWN_GAPS else 0.0))
 
-    # camg.client.Client holds one keep-alive connection: one per thread.
+    # camg_client.Client holds one keep-alive connection: one per thread.
     local = threading.local()
 
     def one(run):
@@ -261,7 +276,7 @@ def _outcomes(path: str | None) -> Callable[[str], dict | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from camg.client import Client
+    from camg_client import Client
 
     ap = argparse.ArgumentParser(prog="python -m tools.general.canaries",
                                  description="Play General's opensource-code canaries.")
