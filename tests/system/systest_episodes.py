@@ -1,5 +1,5 @@
 """One episode per served environment, driven over loopback HTTP from the
-host as a trainer would: with ``camg/client.py`` (the oracle: maximum
+host as a trainer would: with ``camg_client`` (the oracle: maximum
 reward) and with the stock OpenEnv client (do nothing: zero reward).
 
 The prepared data the oracle needs is read from the guest's root directory

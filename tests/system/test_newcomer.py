@@ -2,7 +2,7 @@
 on a fresh Debian bookworm root with nothing of camg in it (no /srv/camg,
 /etc/camg, /var/lib/camg), under systemd (a booted nspawn machine) and
 without it (the foreground runner). Every environment the demo serves there
-must come up, earn the oracle's reward through camg/client.py (where the
+must come up, earn the oracle's reward through camg_client (where the
 test has an oracle) and zero for doing nothing through the stock OpenEnv
 client, and stop leaving nothing behind. Under systemd, the installed demo
 also takes the kill storm (systest_storm.py, issue 11) before it stops.
