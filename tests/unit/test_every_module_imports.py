@@ -16,21 +16,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("camg", "daemons", "helper", "tools")
+#: package -> its directory (the trainer client is a distribution of its own)
+PACKAGES = {"camg": ROOT / "camg", "daemons": ROOT / "daemons", "helper": ROOT / "helper",
+            "tools": ROOT / "tools", "camg_client": ROOT / "clients" / "python" / "camg_client"}
 
 
 def _modules() -> list[str]:
     names = []
-    for package in PACKAGES:
+    for package, where in PACKAGES.items():
         names.append(package)
-        for info in pkgutil.walk_packages([str(ROOT / package)], prefix=package + "."):
+        for info in pkgutil.walk_packages([str(where)], prefix=package + "."):
             names.append(info.name)
     return sorted(names)
 
 
 def test_the_walk_finds_the_project():
     names = _modules()
-    assert {"camg.serve", "helper.verbs", "daemons.coding.grading", "tools.canary_table"} <= set(names)
+    assert {"camg.serve", "helper.verbs", "daemons.coding.grading", "tools.canary_table",
+            "camg_client.rollout"} <= set(names)
 
 
 @pytest.mark.parametrize("name", _modules())
