@@ -1,11 +1,12 @@
 """The trainer client installs alone: ``pip install`` of clients/python into
-a fresh venv (no lock, no index, no camg), then one episode through it
-against a real camg.serve process (issue 24's acceptance).
+a fresh venv (no lock, no camg), then one episode through it against a real
+camg.serve process (issue 24's acceptance).
 
 The fresh venv is made without pip (ensurepip alone costs ~10 s here); the
 services' pip builds the client's wheel from a copy of the directory (so
-the checkout gets no build/ or egg-info) and installs it into the fresh
-interpreter with ``--python``.
+the checkout gets no build/ or egg-info; its build-system's setuptools comes
+from the package index, as for any trainer) and installs it into the fresh
+interpreter with ``--python``, from that wheel alone (``--no-index``).
 """
 
 from __future__ import annotations
@@ -59,8 +60,11 @@ def test_a_fresh_venv_runs_an_episode_with_the_client_alone(counter_service, tmp
     source = tmp_path / "src"
     shutil.copytree(REPO / "clients" / "python", source,
                     ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
-    built = pip("wheel", "--no-index", "--no-deps", "--no-build-isolation",
-                "--wheel-dir", str(tmp_path / "wheels"), str(source))
+    # Built as a trainer's pip builds it: in an isolated build environment
+    # with the build-system's own setuptools from the index (the services'
+    # venv may carry one too old to build wheels: Debian's 66 has no
+    # bdist_wheel without the wheel package).
+    built = pip("wheel", "--no-deps", "--wheel-dir", str(tmp_path / "wheels"), str(source))
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "wheels").glob("camg_client-*.whl")
     fresh = tmp_path / "venv"
