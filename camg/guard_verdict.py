@@ -184,15 +184,27 @@ def status_map(log: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in _STATUS_LINE.finditer(log)}
 
 
-def cross_check(channel: Channel, status_map: dict[str, str], listed: Iterable[str],
-                exit_code: int, timed_out: bool, log: str = "") -> list[Finding]:
-    """Disagreements between the guard and the log, as findings."""
+#: the rules of channel_findings (a reader that checks the whole log once
+#: leaves them out of a cross-check of a part of it)
+CHANNEL_RULES = ("forged_channel", "guard_unkeyed")
+
+
+def channel_findings(channel: Channel) -> list[Finding]:
+    """What the channel itself says was tampered with: unsigned lines, and
+    sessions that found no key left."""
     findings = []
     if channel.forged:
         findings.append(Finding("forged_channel", "-", f"{channel.forged} unsigned guard line(s)"))
     if channel.unkeyed:
         findings.append(Finding("guard_unkeyed", "-", f"{channel.unkeyed} guard session(s) "
                                 "found no key left (another process took them)"))
+    return findings
+
+
+def cross_check(channel: Channel, status_map: dict[str, str], listed: Iterable[str],
+                exit_code: int, timed_out: bool, log: str = "") -> list[Finding]:
+    """Disagreements between the guard and the log, as findings."""
+    findings = channel_findings(channel)
     for item in channel.evidence():
         findings.append(Finding(item.get("rule", "guard"), "-", item.get("detail", "")))
     if channel.misordered:

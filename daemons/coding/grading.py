@@ -431,13 +431,8 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, keys: list[
         raise GraderError(f"the grader's test command cannot start: {log[-2000:]}")
     if exit_code in (EXIT_SETUP, EXIT_STATE) and not timed_out:
         raise GraderError(f"grader sandbox setup failed (exit {exit_code}): {log[-2000:]}")
-    channel = integrity.read_channel(log, keys)
-    if channel.forged:
-        findings.append(integrity.Finding("forged_channel", "-",
-                                          f"{channel.forged} unsigned guard line(s)"))
-    if channel.unkeyed:
-        findings.append(integrity.Finding("guard_unkeyed", "-",
-                                          f"{channel.unkeyed} guard session(s) found no key"))
+    # The whole log's channel (the pristine probe's session included).
+    findings += guard_verdict.channel_findings(integrity.read_channel(log, keys))
     if APPLY_PATCH_FAIL in log and START_TEST_OUTPUT not in log:
         return done(False, "patch_apply_failed")
     if timed_out:
@@ -462,7 +457,7 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, keys: list[
         else test_part
     findings += [f for f in integrity.cross_check(run, status_map if found else {}, listed,
                                                   exit_code, timed_out, section)
-                 if f.rule not in ("forged_channel", "guard_unkeyed")]
+                 if f.rule not in guard_verdict.CHANNEL_RULES]
     none_collected = bool(run.hello) and not (run.collected or set()) & set(listed)
     if not started:
         # The caller probes the pristine tree: GraderError if the runner
