@@ -11,17 +11,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
 
-from camg.errors import ConfigError
+from camg.errors import ConfigError, DatasetError
 
 _CHUNK = 1 << 20
+_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def sha256_bytes(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def check_digest(value: object, what: str, error: type[Exception] = DatasetError) -> str:
+    """Return ``value`` if it is a sha256 digest; other algorithms are refused
+    because every digest we compare must be one we can recompute."""
+    if not isinstance(value, str) or not _SHA256.fullmatch(value):
+        raise error(f"{what}: {value!r} is not a sha256 digest (sha256:<64 lowercase hex>)")
+    return value
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -34,10 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from camg.errors import CamgError  # noqa: E402
-from tools import oci_demo as demo  # noqa: E402
 from camg.oci.images import write_materialized  # noqa: E402
-from camg.oci.prepare import prepare_images  # noqa: E402
-from camg.oci.pull import SkopeoPuller  # noqa: E402
+from tools import oci_demo as demo  # noqa: E402
+from tools.oci.prepare import prepare_images  # noqa: E402
+from tools.oci.pull import SkopeoPuller  # noqa: E402
 from tools.loopback_registry import LocalRegistry  # noqa: E402
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from camg.errors import CamgError  # noqa: E402
 from camg.oci.images import load_specs, write_materialized  # noqa: E402
-from camg.oci.prepare import choose_puller, default_options, prepare_images  # noqa: E402
+from tools.oci.prepare import choose_puller, default_options, prepare_images  # noqa: E402
 
 DEFAULT_IMAGES = Path(__file__).resolve().parent.parent / "camg" / "data" / "coding" / "images.json"
 

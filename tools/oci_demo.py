@@ -34,10 +34,10 @@ from pathlib import Path
 
 from camg.errors import DatasetError
 from camg.hashing import sha256_json
-from camg.oci import cache, layout
 from camg.oci.images import ImageSpec, MaterializedImage, FORMAT_VERSION
-from camg.oci.prepare import default_options, prepare_images
-from camg.oci.pull import SkopeoPuller
+from tools.oci import cache, layout
+from tools.oci.prepare import default_options, prepare_images
+from tools.oci.pull import SkopeoPuller
 from tools.loopback_registry import LocalRegistry
 
 NAME = "camg/demo-apispec-6.8.1"

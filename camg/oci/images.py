@@ -12,7 +12,8 @@ images.json (input; camg/data/coding/images.json is the product list)::
 ``repository`` is a registry reference without tag or digest; the digest is
 the only thing pulled (tags are never trusted).
 
-materialized-images.json (output of scripts/prepare_images.py)::
+materialized-images.json (output of scripts/prepare_images.py, built with
+tools/oci/)::
 
     {"version": 1, "hash": "sha256:...", "images": [MaterializedImage...]}
 """
@@ -27,8 +28,7 @@ from pathlib import Path
 
 from camg import atomic
 from camg.errors import ConfigError, PreparationMissing
-from camg.hashing import sha256_json
-from camg.oci.digest import check_digest
+from camg.hashing import check_digest, sha256_json
 from camg.typed import parse, to_json
 
 FORMAT_VERSION = 1

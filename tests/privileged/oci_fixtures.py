@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from camg.oci import layout
+from tools.oci import layout
 from tools.loopback_registry import LocalRegistry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oci_fixtures import (  # noqa: E402
     leftovers, publish, registry, run_prepare, tar_bytes, tar_entry, write_images)
 
-from camg.oci import manifest as mf  # noqa: E402
-from camg.oci.digest import hex_of  # noqa: E402
 from camg.oci.images import load_materialized  # noqa: E402
+from tools.oci import manifest as mf  # noqa: E402
+from tools.oci.digest import hex_of  # noqa: E402
 
 pytestmark = pytest.mark.privileged
 _ = registry  # the fixture, imported for pytest to find

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from camg.errors import DatasetError
-from camg.oci.apply import ApplyOptions, apply_layer
+from tools.oci.apply import ApplyOptions, apply_layer
 
 ROOT = os.geteuid() == 0
 

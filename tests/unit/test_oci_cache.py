@@ -10,9 +10,9 @@ import tarfile
 import pytest
 
 from camg.errors import DatasetError
-from camg.oci import cache
-from camg.oci.apply import ApplyOptions
-from camg.oci.layout import gzip_tar_bytes
+from tools.oci import cache
+from tools.oci.apply import ApplyOptions
+from tools.oci.layout import gzip_tar_bytes
 
 OPTIONS = ApplyOptions(chown=os.geteuid() == 0)
 DIGEST = "sha256:" + "d" * 64

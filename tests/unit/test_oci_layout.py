@@ -9,11 +9,11 @@ import os
 import tarfile
 
 from camg.hashing import sha256_tree
-from camg.oci import layout
-from camg.oci import manifest as mf
-from camg.oci.cache import VerifiedImage, locked, materialize, work_dir
-from camg.oci.apply import ApplyOptions
-from camg.oci.digest import file_digest, hex_of
+from tools.oci import layout
+from tools.oci import manifest as mf
+from tools.oci.cache import VerifiedImage, locked, materialize, work_dir
+from tools.oci.apply import ApplyOptions
+from tools.oci.digest import file_digest, hex_of
 
 
 def make_tree(root):

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from camg.errors import ConfigError, DatasetError, PreparationMissing
-from camg.oci import manifest as mf
-from camg.oci.digest import check_digest, sha256_bytes
 from camg.oci.images import load_materialized, load_specs, with_registry
-from camg.oci.pull import is_loopback
+from tools.oci import manifest as mf
+from tools.oci.digest import check_digest, sha256_bytes
+from tools.oci.pull import is_loopback
 
 D1, D2, D3 = ("sha256:" + c * 64 for c in "abc")
 

@@ -11,7 +11,7 @@ Layers (each cached under ``<cache_root>/autoresearch``, keyed by its inputs):
    writes its experiments and its submission in.
 
 Like the Coding demo it is published to the loopback registry, pulled back
-by digest and materialized by camg.oci (``ensure_image``).
+by digest and materialized by tools.oci (``ensure_image``).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 
 from camg.errors import DatasetError
 from camg.hashing import sha256_json
-from camg.oci import cache, layout
 from camg.oci.images import ImageSpec, MaterializedImage
-from camg.oci.prepare import default_options, prepare_images
-from camg.oci.pull import SkopeoPuller
+from tools.oci import cache, layout
+from tools.oci.prepare import default_options, prepare_images
+from tools.oci.pull import SkopeoPuller
 from tools import oci_demo as base_demo
 from tools.loopback_registry import LocalRegistry
 

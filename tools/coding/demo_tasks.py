@@ -27,7 +27,7 @@ from pathlib import Path
 from camg import progress
 from camg.errors import DatasetError
 
-from camg.oci.apply import extract_tree
+from tools.oci.apply import extract_tree
 from tools.coding import bugs
 from daemons.coding.profiles import DEMO_OWNER, parse_pytest_verbose
 

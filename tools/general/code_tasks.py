@@ -145,7 +145,7 @@ def clean_sources(task_dir: Path) -> dict[str, str]:
     check (daemons.coding.leaks) looks for in the agent's view."""
     import tempfile
 
-    from camg.oci.apply import extract_tree
+    from tools.oci.apply import extract_tree
     from daemons.coding.leaks import changed_paths
 
     instance = json.loads((task_dir / "instance.json").read_text())

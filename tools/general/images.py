@@ -25,7 +25,7 @@ from pathlib import Path
 
 from camg.errors import DatasetError
 from camg.hashing import sha256_json, sha256_tree
-from camg.oci import layout
+from tools.oci import layout
 
 from tools import oci_demo
 

@@ -237,7 +237,7 @@ def files(cases: int, seed: int = 0) -> Row:
 def _files(rng, cases: int, work: Path, good: dict, row: dict, layer: bytes, counts: dict,
            untyped: list[str]) -> None:
     from camg import task_manifest as manifest
-    from camg.oci import cache
+    from tools.oci import cache
     from daemons.coding import rows as coding_rows
     for i in range(cases):
         # manifests: structure mutations, and raw byte damage

@@ -4,7 +4,7 @@ Nothing a puller hands back is trusted: the manifest bytes must hash to the
 listed digest, the config and every layer blob to the digests the manifest
 names (and have its sizes), and the config must list one diff_id per layer.
 The diff_ids themselves are checked while the layers are applied
-(camg.oci.cache), where the uncompressed stream is read anyway.
+(tools.oci.cache), where the uncompressed stream is read anyway.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Protocol
 
 from camg.errors import ConfigError, DatasetError
-from camg.oci import manifest as mf
-from camg.oci.cache import VerifiedImage
-from camg.oci.digest import file_digest, hex_of
+from tools.oci import manifest as mf
+from tools.oci.cache import VerifiedImage
+from tools.oci.digest import file_digest, hex_of
 
 PULL_TIMEOUT = 3600
 

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from typing import BinaryIO
 
-from camg.errors import DatasetError
-from camg.hashing import sha256_bytes  # noqa: F401  (OCI code spells digests the same way)
+# The services check digests too (camg.oci.images); OCI code spells them the same way.
+from camg.hashing import check_digest, sha256_bytes  # noqa: F401
 
-_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
 _CHUNK = 1 << 20
-
-
-def check_digest(value: object, what: str, error: type[Exception] = DatasetError) -> str:
-    """Return ``value`` if it is a sha256 digest; other algorithms are refused
-    because every digest we compare must be one we can recompute."""
-    if not isinstance(value, str) or not _SHA256.fullmatch(value):
-        raise error(f"{what}: {value!r} is not a sha256 digest (sha256:<64 lowercase hex>)")
-    return value
 
 
 def hex_of(digest: str) -> str:

@@ -330,7 +330,7 @@ def apply_layer(root_fd: int, tar: tarfile.TarFile, *, image: str, layer: str,
     """Apply one layer; a rejected entry raises DatasetError naming image, layer and entry.
 
     The root may be left partly changed on error: callers apply into a
-    temporary directory and discard it (see camg.oci.cache).
+    temporary directory and discard it (see tools.oci.cache).
     """
     try:
         return _Applier(root_fd, options).apply(tar, members)

@@ -9,12 +9,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from camg.errors import ConfigError
-from camg.oci import cache
-from camg.oci.apply import ApplyOptions
 from camg.oci.images import ImageSpec, MaterializedImage, image_hash, with_registry
-from camg.oci.pull import CranePuller, Puller, SkopeoPuller, pull_verified
+from tools.oci import cache
+from tools.oci.apply import ApplyOptions
+from tools.oci.pull import CranePuller, Puller, SkopeoPuller, pull_verified
 
-log = logging.getLogger("camg.oci")
+log = logging.getLogger("tools.oci")
 
 
 def choose_puller(*, skopeo: str | None, crane: str | None, insecure: bool) -> Puller:

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from camg.errors import DatasetError
-from camg.oci import manifest as mf
-from camg.oci.digest import HashingWriter, file_digest, hex_of, sha256_bytes
-from camg.oci.pull import is_loopback
+from tools.oci import manifest as mf
+from tools.oci.digest import HashingWriter, file_digest, hex_of, sha256_bytes
+from tools.oci.pull import is_loopback
 
 EPOCH = "1970-01-01T00:00:00Z"
 

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from camg import progress
 from camg.errors import DatasetError
-from camg.oci.apply import ApplyOptions, LayerStats, apply_layer
-from camg.oci.digest import HashingReader, hex_of
+from tools.oci.apply import ApplyOptions, LayerStats, apply_layer
+from tools.oci.digest import HashingReader, hex_of
 
 # Bump when the applier's output for the same layers changes.
 APPLIER_VERSION = 1

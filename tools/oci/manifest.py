@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from camg.errors import DatasetError
-from camg.oci.digest import check_digest, sha256_bytes
+from tools.oci.digest import check_digest, sha256_bytes
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
