@@ -38,24 +38,31 @@ from camg.helper_client import DEFAULT_SOCKET, ExecResult, HelperClient, error_f
 log = logging.getLogger("camg.containers")
 
 
+_CREATE = wire.ContainerCreateParams
+
+
 @dataclasses.dataclass(frozen=True)
 class ContainerSpec:
-    """What every container of one kind is created with (a pool's key)."""
+    """What every container of one kind is created with (a pool's key): the
+    ContainerCreate parameters (camg.helper_wire) but the episode's own."""
 
     image: str  # REPO@sha256:HEX, listed in the helper's allowed-images manifest
     cpu: float
     memory_bytes: int
     pids_max: int
-    command: tuple[str, ...] = ()  # exec form; empty: the image's CMD
+    command: tuple[str, ...] = _CREATE.command  # exec form; empty: the image's CMD
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    workdir: str = ""
-    user: Literal["", "agent", "root"] = ""
-    mount_agent_env: bool = False
+    workdir: str = _CREATE.workdir
+    user: Literal["", "agent", "root"] = _CREATE.user
+    mount_agent_env: bool = _CREATE.mount_agent_env
+
+    def create_params(self, *, episode_id: str = "", pool: bool = False) -> wire.ContainerCreateParams:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return wire.ContainerCreateParams(**fields, episode_id=episode_id, pool=pool)
 
     def params(self) -> dict:
-        return {"image": self.image, "cpu": self.cpu, "memory_bytes": self.memory_bytes,
-                "pids_max": self.pids_max, "command": list(self.command), "env": dict(self.env),
-                "workdir": self.workdir, "user": self.user, "mount_agent_env": self.mount_agent_env}
+        """The JSON of a ContainerCreate of this spec (tests build refusals on it)."""
+        return wire.to_json(self.create_params())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,17 +81,17 @@ class ContainerClient:
 
     def pull(self, image: str) -> str:
         """Make a manifest image present locally; its image id."""
-        return self.helper.call("ContainerPull", {"image": image})[0]["image_id"]
+        return self.helper.call("ContainerPull", wire.ContainerPullParams(image))[0]["image_id"]
 
     def create(self, spec: ContainerSpec, *, episode_id: str = "", pool: bool = False) -> Container:
-        r = self.helper.call("ContainerCreate", {**spec.params(), "episode_id": episode_id, "pool": pool})[0]
+        r = self.helper.call("ContainerCreate", spec.create_params(episode_id=episode_id, pool=pool))[0]
         return Container(r["container_id"], r["image"], episode_id, pool, str(r.get("instance") or ""))
 
     def helper_instance(self) -> str:
         """The running helper process's id ("" from an older helper): one
         that differs from a container's was started after that container's
         maker died, and its start-up sweep removed the container."""
-        return str(self.helper.call("Ping")[0].get("instance") or "")
+        return str(self.helper.call("Ping", wire.NoParams())[0].get("instance") or "")
 
     def create_raw(self, params: dict) -> dict:
         """ContainerCreate with exactly these parameters (tests of the refusals)."""
@@ -111,9 +118,8 @@ class ContainerClient:
         h = self.helper
         sock = h._connect()
         try:
-            sock.sendall(wire.encode({"verb": wire.PREFIX + "ContainerConnect", "owner": h.owner,
-                                      "params": {"container_id": container_id, "port": port,
-                                                 "timeout": timeout}}))
+            sock.sendall(wire.encode(h.request("ContainerConnect",
+                                               wire.ContainerConnectParams(container_id, port, timeout))))
             reply, _, fd = wire.read_frame_with_fd(sock, 1 << 20)
         except (OSError, EOFError, wire.FrameError) as exc:
             raise errors.Unavailable(f"helper connection failed during ContainerConnect: {exc}") from None
@@ -127,32 +133,33 @@ class ContainerClient:
             raise errors.InfraFailure("helper: ContainerConnect answered without a descriptor")
         return socket.socket(fileno=fd)
 
-    def exec(self, container_id: str, command: str, *, user: Literal["agent", "root"] = "agent",
-             cwd: str = "/", env: dict[str, str] | None = None, stdin: bytes = b"",
-             timeout: float = 60, output_limit: int = 12000) -> ExecResult:
-        params = {"container_id": container_id, "command": command, "user": user, "cwd": cwd,
-                  "env": dict(env or {}), "timeout": timeout, "output_limit": output_limit}
-        r = self.helper.call("ContainerExec", params, stdin)[0]
-        return ExecResult(r["exit_code"], r["output"], r["truncated"], r["timed_out"], r["duration"])
+    def exec(self, container_id: str, command: str, *, user: Literal["agent", "root"] = wire.ExecOptions.user,
+             cwd: str = wire.ExecOptions.cwd, env: Mapping[str, str] | None = None, stdin: bytes = b"",
+             timeout: float = wire.ExecOptions.timeout,
+             output_limit: int = wire.ExecOptions.output_limit) -> ExecResult:
+        p = wire.ContainerExecParams(container_id, command, user=user, cwd=cwd, env=dict(env or {}),
+                                     timeout=timeout, output_limit=output_limit)
+        return ExecResult.from_reply(self.helper.call("ContainerExec", p, stdin)[0])
 
     def put_archive(self, container_id: str, dest_dir: str, tar_bytes: bytes) -> None:
-        self.helper.call("ContainerPutArchive", {"container_id": container_id, "dest_dir": dest_dir}, tar_bytes)
+        self.helper.call("ContainerPutArchive", wire.ContainerPutArchiveParams(container_id, dest_dir), tar_bytes)
 
     def get_archive(self, container_id: str, path: str) -> bytes:
-        return self.helper.call("ContainerGetArchive", {"container_id": container_id, "path": path})[1]
+        return self.helper.call("ContainerGetArchive", wire.ContainerGetArchiveParams(container_id, path))[1]
 
-    def logs(self, container_id: str, *, tail_bytes: int = 65536) -> str:
-        return self.helper.call("ContainerLogs", {"container_id": container_id, "tail_bytes": tail_bytes})[0]["logs"]
+    def logs(self, container_id: str, *, tail_bytes: int = wire.ContainerLogsParams.tail_bytes) -> str:
+        p = wire.ContainerLogsParams(container_id, tail_bytes)
+        return self.helper.call("ContainerLogs", p)[0]["logs"]
 
     def remove(self, container_id: str) -> bool:
         """Idempotent: False when the container was already gone."""
-        return self.helper.call("ContainerRemove", {"container_id": container_id})[0]["removed"]
+        return self.helper.call("ContainerRemove", wire.ContainerParams(container_id))[0]["removed"]
 
     def list(self) -> list[dict]:
-        return self.helper.call("ContainerList")[0]["containers"]
+        return self.helper.call("ContainerList", wire.NoParams())[0]["containers"]
 
     def release_all(self) -> int:
-        return self.helper.call("ContainerReleaseAll")[0]["released"]
+        return self.helper.call("ContainerReleaseAll", wire.NoParams())[0]["released"]
 
     def close(self) -> None:
         self.helper.close()

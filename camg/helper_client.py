@@ -24,6 +24,10 @@ SandboxDied (the sandbox's init was killed from outside: end the episode
 with failure_class sandbox_died) and InfraFailure (anything else). The
 helper's name is in ``exc.details["helper_error"]``.
 
+Requests are built from the wire's typed parameters (camg.helper_wire.PARAMS),
+so every default here is the helper's; ``call`` with a plain dict sends it
+as it is (tests of the helper's refusals, fuzzers).
+
 ``python -m camg.helper_client release-all --owner NAME`` releases a
 daemon's sandboxes (for a unit's ExecStopPost=).
 """
@@ -36,6 +40,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Literal
 
 from camg import errors
@@ -51,6 +56,10 @@ class ExecResult:
     truncated: bool
     timed_out: bool
     duration: float
+
+    @classmethod
+    def from_reply(cls, r: dict) -> "ExecResult":
+        return cls(r["exit_code"], r["output"], r["truncated"], r["timed_out"], r["duration"])
 
 
 # Each closed helper error name -> the camg.errors class it resembles.
@@ -118,10 +127,19 @@ class HelperClient:
         sock.settimeout(None)
         return sock
 
-    def call(self, verb: str, params: dict | None = None, blob: bytes = b"") -> tuple[dict, bytes]:
+    def request(self, verb: str, params: object = None) -> dict:
+        """The JSON part of a request: typed params (a wire.PARAMS type) built
+        by the wire, a dict or None sent as it is."""
+        if params is None or isinstance(params, dict):
+            name = verb if verb.startswith(wire.PREFIX) else wire.PREFIX + verb
+            return {"verb": name, "params": params or {}, "owner": self.owner}
+        return wire.request(verb, params, self.owner)
+
+    def call(self, verb: str, params: object = None, blob: bytes = b"") -> tuple[dict, bytes]:
         """One request; returns (result, blob) or raises the mapped camg error."""
-        name = verb if verb.startswith(wire.PREFIX) else wire.PREFIX + verb
-        frame = wire.encode({"verb": name, "params": params or {}, "owner": self.owner}, blob)
+        obj = self.request(verb, params)
+        name = obj["verb"]
+        frame = wire.encode(obj, blob)
         with self._lock:
             sock = self._idle.pop() if self._idle else None
         reused = sock is not None
@@ -184,44 +202,43 @@ class HelperClient:
     # -- verbs ------------------------------------------------------------
 
     def ping(self) -> dict:
-        return self.call("Ping")[0]
+        return self.call("Ping", wire.NoParams())[0]
 
     def probe(self) -> dict:
-        return self.call("Probe")[0]
+        return self.call("Probe", wire.NoParams())[0]
 
     def create_sandbox(self, lowers: list[str], *, memory_bytes: int, cpu_quota: float,
-                       pids_max: int, hostname: str | None = None,
-                       upper: Literal["tmpfs", "disk"] = "tmpfs", upper_bytes: int = 0) -> str:
-        params = {"lowers": list(lowers), "memory_bytes": memory_bytes, "cpu_quota": cpu_quota,
-                  "pids_max": pids_max, "upper": upper, "upper_bytes": upper_bytes}
-        if hostname is not None:
-            params["hostname"] = hostname
-        return self.call("CreateSandbox", params)[0]["sandbox_id"]
+                       pids_max: int, hostname: str = wire.CreateSandboxParams.hostname,
+                       upper: Literal["tmpfs", "disk"] = wire.CreateSandboxParams.upper,
+                       upper_bytes: int = wire.CreateSandboxParams.upper_bytes) -> str:
+        p = wire.CreateSandboxParams(tuple(lowers), memory_bytes, cpu_quota, pids_max, hostname,
+                                     upper, upper_bytes)
+        return self.call("CreateSandbox", p)[0]["sandbox_id"]
 
-    def exec(self, sandbox_id: str, command: str, *, user: Literal["agent", "root"] = "agent",
-             cwd: str = "/", env: dict[str, str] | None = None, stdin: bytes = b"",
-             timeout: float = 60, output_limit: int = 12000) -> ExecResult:
-        params = {"sandbox_id": sandbox_id, "command": command, "user": user, "cwd": cwd,
-                  "env": dict(env or {}), "timeout": timeout, "output_limit": output_limit}
-        r = self.call("Exec", params, stdin)[0]
-        return ExecResult(r["exit_code"], r["output"], r["truncated"], r["timed_out"], r["duration"])
+    def exec(self, sandbox_id: str, command: str, *, user: Literal["agent", "root"] = wire.ExecOptions.user,
+             cwd: str = wire.ExecOptions.cwd, env: Mapping[str, str] | None = None, stdin: bytes = b"",
+             timeout: float = wire.ExecOptions.timeout,
+             output_limit: int = wire.ExecOptions.output_limit) -> ExecResult:
+        p = wire.ExecParams(sandbox_id, command, user=user, cwd=cwd, env=dict(env or {}), timeout=timeout,
+                            output_limit=output_limit)
+        return ExecResult.from_reply(self.call("Exec", p, stdin)[0])
 
     def put_archive(self, sandbox_id: str, dest_dir: str, tar_bytes: bytes, *,
-                    user: Literal["agent", "root"] = "root") -> None:
-        self.call("PutArchive", {"sandbox_id": sandbox_id, "dest_dir": dest_dir, "user": user}, tar_bytes)
+                    user: Literal["agent", "root"] = wire.PutArchiveParams.user) -> None:
+        self.call("PutArchive", wire.PutArchiveParams(sandbox_id, dest_dir, user), tar_bytes)
 
     def get_archive(self, sandbox_id: str, path: str) -> bytes:
-        return self.call("GetArchive", {"sandbox_id": sandbox_id, "path": path})[1]
+        return self.call("GetArchive", wire.GetArchiveParams(sandbox_id, path))[1]
 
     def destroy(self, sandbox_id: str) -> bool:
         """Idempotent: False when the sandbox was already gone."""
-        return self.call("DestroySandbox", {"sandbox_id": sandbox_id})[0]["destroyed"]
+        return self.call("DestroySandbox", wire.SandboxParams(sandbox_id))[0]["destroyed"]
 
     def release_all(self) -> int:
-        return self.call("ReleaseAll")[0]["released"]
+        return self.call("ReleaseAll", wire.NoParams())[0]["released"]
 
     def list_sandboxes(self) -> list[dict]:
-        return self.call("ListSandboxes")[0]["sandboxes"]
+        return self.call("ListSandboxes", wire.NoParams())[0]["sandboxes"]
 
 
 def main(argv: list[str] | None = None) -> int:

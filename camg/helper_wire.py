@@ -9,32 +9,32 @@ plus an optional blob (stdin for Exec, a tar stream for PutArchive); a reply
 is ``{"ok": true, "result": {...}}`` plus an optional blob (a tar stream for
 GetArchive), or ``{"ok": false, "error": NAME, "message": TEXT}``.
 
-Error names are a closed set (``ERRORS``); the client (camg.helper_client)
-maps each onto the camg.errors class it resembles, so no class path ever
-crosses the socket. Both sides import this module; it holds no helper
-internals and imports nothing of camg but the strict parser (camg.typed,
-itself a leaf): what the root helper runs of camg/ is these two files.
+Each verb's ``params`` is one frozen dataclass below (``PARAMS``), defaults
+included: the helper parses requests into it strictly, the clients
+(camg.helper_client, camg.containers) build requests from it (``request``),
+so a default or a field exists once. Error names are a closed set
+(``ERRORS``); the client maps each onto the camg.errors class it resembles,
+so no class path ever crosses the socket. Both sides import this module; it
+holds no helper internals and imports nothing of camg but the strict parser
+(camg.typed, itself a leaf): what the root helper runs of camg/ is these two
+files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
 import struct
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal
 
-from camg.typed import parse  # noqa: F401  (the helper's strict parser)
+from camg.typed import parse, to_json  # noqa: F401  (parse: the helper's strict parser)
 
 
 PREFIX = "io.camg.helper."
-VERBS = tuple(PREFIX + v for v in (
-    "Ping", "Probe", "CreateSandbox", "Exec", "PutArchive", "GetArchive",
-    "DestroySandbox", "ReleaseAll", "ListSandboxes",
-    # The container mediator (helper/containers.py): Docker through the helper.
-    "ContainerPull", "ContainerCreate", "ContainerConnect", "ContainerExec",
-    "ContainerPutArchive", "ContainerGetArchive", "ContainerLogs", "ContainerRemove",
-    "ContainerList", "ContainerReleaseAll",
-))
 
 #: The helper's default ceiling of live sandboxes per peer (one service's
 #: owner label); environments derive their default capacity from it
@@ -59,6 +59,156 @@ ERRORS = frozenset({
     # configured, nothing listening on the port ContainerConnect asked for.
     "not_allowed", "docker_unavailable", "connection_refused",
 })
+
+# -- typed parameters, one frozen dataclass per verb -----------------------------
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+def _empty() -> Mapping[str, str]:
+    return _EMPTY
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateSandboxParams:
+    lowers: tuple[str, ...]  # bottom-first
+    memory_bytes: int
+    cpu_quota: float  # cores
+    pids_max: int
+    hostname: str = "sandbox"
+    upper: Literal["tmpfs", "disk"] = "tmpfs"
+    upper_bytes: int = 0  # tmpfs size; 0 means the helper's configured default
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExecOptions:
+    """How a command runs, in a sandbox (Exec) or a container (ContainerExec)."""
+
+    user: Literal["agent", "root"] = "agent"
+    cwd: str = "/"
+    env: Mapping[str, str] = dataclasses.field(default_factory=_empty)
+    timeout: float = 60.0
+    output_limit: int = 12000  # the final bytes of output kept
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecParams(ExecOptions):
+    sandbox_id: str
+    command: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PutArchiveParams:
+    sandbox_id: str
+    dest_dir: str
+    user: Literal["agent", "root"] = "root"
+
+
+@dataclasses.dataclass(frozen=True)
+class GetArchiveParams:
+    sandbox_id: str
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxParams:
+    sandbox_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerPullParams:
+    image: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerCreateParams:
+    image: str  # REPO@sha256:HEX, listed in the helper's allowed-images manifest
+    cpu: float
+    memory_bytes: int
+    pids_max: int
+    episode_id: str = ""
+    command: tuple[str, ...] = ()  # exec form; empty: the image's CMD
+    env: Mapping[str, str] = dataclasses.field(default_factory=_empty)
+    workdir: str = ""
+    user: Literal["", "agent", "root"] = ""  # "": the image's USER
+    mount_agent_env: bool = False
+    pool: bool = False  # a warm-pool container: no episode yet
+    labels: Mapping[str, str] = dataclasses.field(default_factory=_empty)
+    # These exist only so that asking for them gets a named refusal.
+    network: str = "none"
+    privileged: bool = False
+    cap_add: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    binds: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerParams:
+    container_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerConnectParams:
+    container_id: str
+    port: int
+    timeout: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerExecParams(ExecOptions):
+    container_id: str
+    command: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerPutArchiveParams:
+    container_id: str
+    dest_dir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerGetArchiveParams:
+    container_id: str
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerLogsParams:
+    container_id: str
+    tail_bytes: int = 65536
+
+
+# The closed set of verbs and each one's parameters (helper/verbs.py holds
+# the handlers; a test checks the two tables name the same verbs and types).
+PARAMS: Mapping[str, type] = MappingProxyType({PREFIX + name: cls for name, cls in (
+    ("Ping", NoParams), ("Probe", NoParams), ("CreateSandbox", CreateSandboxParams),
+    ("Exec", ExecParams), ("PutArchive", PutArchiveParams), ("GetArchive", GetArchiveParams),
+    ("DestroySandbox", SandboxParams), ("ReleaseAll", NoParams), ("ListSandboxes", NoParams),
+    # The container mediator (helper/containers.py): Docker through the helper.
+    ("ContainerPull", ContainerPullParams), ("ContainerCreate", ContainerCreateParams),
+    ("ContainerConnect", ContainerConnectParams), ("ContainerExec", ContainerExecParams),
+    ("ContainerPutArchive", ContainerPutArchiveParams),
+    ("ContainerGetArchive", ContainerGetArchiveParams), ("ContainerLogs", ContainerLogsParams),
+    ("ContainerRemove", ContainerParams), ("ContainerList", NoParams),
+    ("ContainerReleaseAll", NoParams),
+)})
+VERBS = tuple(PARAMS)
+
+
+def request(verb: str, params: object, owner: str) -> dict:
+    """A request's JSON part, its params built from the verb's own type."""
+    name = verb if verb.startswith(PREFIX) else PREFIX + verb
+    cls = PARAMS.get(name)
+    if cls is None or type(params) is not cls:
+        raise TypeError(f"{name} takes {getattr(cls, '__name__', 'no parameters (unknown verb)')}, "
+                        f"not {type(params).__name__}")
+    return {"verb": name, "params": to_json(params), "owner": owner}
+
 
 class WireError(Exception):
     """An error the helper reports by name; raised inside the helper only."""

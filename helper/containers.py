@@ -30,96 +30,19 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
-from typing import Literal
+from collections.abc import Callable
 
-from camg.helper_wire import FdBlob, WireError
-from helper import container_ops as ops
+from camg.helper_wire import ContainerCreateParams, WireError
+from helper import commands, container_ops as ops
+from helper.config import Ceilings
 from helper.container_config import ContainerConfig
 
 log = logging.getLogger("camg.helper")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]{0,254}@sha256:[0-9a-f]{64}$")
 _ID = re.compile(r"^[0-9a-f]{64}$")
 _EPISODE = re.compile(r"^[A-Za-z0-9._:-]{0,128}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
-_EMPTY: Mapping[str, str] = MappingProxyType({})
-
-
-def _empty() -> Mapping[str, str]:
-    return _EMPTY
-
-
-# -- wire parameters -----------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class PullParams:
-    image: str
-
-
-@dataclasses.dataclass(frozen=True)
-class CreateParams:
-    image: str
-    cpu: float
-    memory_bytes: int
-    pids_max: int
-    episode_id: str = ""
-    command: tuple[str, ...] = ()  # exec form; empty: the image's CMD
-    env: Mapping[str, str] = dataclasses.field(default_factory=_empty)
-    workdir: str = ""
-    user: Literal["", "agent", "root"] = ""  # "": the image's USER
-    mount_agent_env: bool = False
-    pool: bool = False  # a warm-pool container: no episode yet
-    labels: Mapping[str, str] = dataclasses.field(default_factory=_empty)
-    # These exist only so that asking for them gets a named refusal.
-    network: str = "none"
-    privileged: bool = False
-    cap_add: tuple[str, ...] = ()
-    devices: tuple[str, ...] = ()
-    binds: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class ContainerParams:
-    container_id: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ConnectParams:
-    container_id: str
-    port: int
-    timeout: float = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class ExecParams:
-    container_id: str
-    command: str
-    user: Literal["agent", "root"] = "agent"
-    cwd: str = "/"
-    env: Mapping[str, str] = dataclasses.field(default_factory=_empty)
-    timeout: float = 60.0
-    output_limit: int = 12000
-
-
-@dataclasses.dataclass(frozen=True)
-class PutArchiveParams:
-    container_id: str
-    dest_dir: str
-
-
-@dataclasses.dataclass(frozen=True)
-class GetArchiveParams:
-    container_id: str
-    path: str
-
-
-@dataclasses.dataclass(frozen=True)
-class LogsParams:
-    container_id: str
-    tail_bytes: int = 65536
 
 
 @dataclasses.dataclass
@@ -139,14 +62,11 @@ class Held:
 # -- the mediator -----------------------------------------------------------------
 
 class Mediator:
-    def __init__(self, cfg: ContainerConfig, *, agent_uid: int, agent_gid: int,
-                 archive_bytes: int, output_bytes: int, timeout: float, command_bytes: int) -> None:
+    def __init__(self, cfg: ContainerConfig, *, agent_uid: int, agent_gid: int, ceilings: Ceilings) -> None:
         self.cfg = cfg
         self.agent = f"{agent_uid}:{agent_gid}"
-        self.archive_bytes = archive_bytes
-        self.output_bytes = output_bytes
-        self.timeout = timeout
-        self.command_bytes = command_bytes
+        # The helper's ceilings (helper/config.py), the same a sandbox is held to.
+        self.ceilings = ceilings
         # A fresh id per helper instance: the start-up sweep removed every
         # container of this scope, so all that carry it were made by us.
         self.boot = secrets.token_hex(8)
@@ -180,7 +100,7 @@ class Mediator:
             raise WireError("not_allowed", f"image {image[:200]!r} is not in the allowed-images manifest")
         return image
 
-    def labels_for(self, peer, p: CreateParams) -> dict[str, str]:
+    def labels_for(self, peer, p: ContainerCreateParams) -> dict[str, str]:
         labels = {"camg.helper": self.cfg.scope, "camg.boot": self.boot, "camg.service": peer.owner,
                   "camg.uid": str(peer.uid), "camg.episode": p.episode_id,
                   "camg.pool": "1" if p.pool else "0"}
@@ -190,7 +110,7 @@ class Mediator:
                                 "their true values may be set")
         return labels
 
-    def check_create(self, peer, p: CreateParams) -> dict:
+    def check_create(self, peer, p: ContainerCreateParams) -> dict:
         cfg = self.cfg
         if p.privileged:
             raise WireError("not_allowed", "privileged containers are not allowed")
@@ -212,13 +132,13 @@ class Mediator:
             raise WireError("limit_exceeded", f"pids_max: must be within [8, {cfg.max_pids}]")
         if not _EPISODE.match(p.episode_id):
             raise WireError("bad_request", "episode_id: at most 128 of [A-Za-z0-9._:-]")
-        if any("\0" in a for a in p.command) or sum(len(a.encode()) for a in p.command) > self.command_bytes:
-            raise WireError("limit_exceeded", f"command: at most {self.command_bytes} bytes without NUL")
+        limit = self.ceilings.command_bytes
+        if any("\0" in a for a in p.command) or sum(len(a.encode()) for a in p.command) > limit:
+            raise WireError("limit_exceeded", f"command: at most {limit} bytes without NUL")
         if p.workdir and not (p.workdir.startswith("/") and "\0" not in p.workdir and len(p.workdir) < 4096):
             raise WireError("bad_request", "workdir: an absolute path")
-        check_env(p.env)
-        labels = self.labels_for(peer, p)
-        return labels
+        commands.check_env(p.env, self.ceilings)
+        return self.labels_for(peer, p)
 
     def admit(self, peer) -> None:
         """Called with self.lock held."""
@@ -230,7 +150,7 @@ class Mediator:
 
     # -- lifecycle --------------------------------------------------------
 
-    def create(self, peer, p: CreateParams) -> Held:
+    def create(self, peer, p: ContainerCreateParams) -> Held:
         image = self.check_image(p.image)
         labels = self.check_create(peer, p)
         token = secrets.token_hex(6)
@@ -298,14 +218,6 @@ class Mediator:
         return connect_in_netns(held.pidfd, port, timeout)
 
 
-def check_env(env: Mapping[str, str]) -> None:
-    if len(env) > 256:
-        raise WireError("limit_exceeded", "env: at most 256 entries")
-    for k, v in env.items():
-        if not _ENV_NAME.match(k) or "\0" in v or len(v) > 65536:
-            raise WireError("bad_request", f"env: invalid entry {k[:64]!r}")
-
-
 def connect_in_netns(pidfd: int, port: int, timeout: float) -> socket.socket:
     """A TCP socket connected to 127.0.0.1:port in the network namespace of pidfd's process.
 
@@ -358,10 +270,8 @@ def mediator(config) -> Mediator:
         raise WireError("docker_unavailable", "this helper has no containers configuration")
     with _mediator_lock:
         if _mediator is None:
-            c = config.ceilings
             _mediator = Mediator(config.containers, agent_uid=config.agent_uid, agent_gid=config.agent_gid,
-                                 archive_bytes=c.archive_bytes, output_bytes=c.output_bytes,
-                                 timeout=c.timeout, command_bytes=c.command_bytes)
+                                 ceilings=config.ceilings)
         return _mediator
 
 

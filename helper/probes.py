@@ -19,9 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from camg.helper_wire import WireError
+from camg.helper_wire import CreateSandboxParams, WireError
 from helper import proberoot
-from helper.sandbox_table import Peer, Registry, SandboxSpec
+from helper.sandbox_table import Peer, Registry
 from helper.sandbox import Sandbox
 
 log = logging.getLogger("camg.helper")
@@ -62,8 +62,8 @@ class Probes:
             return {"ok": False, "duration": 0.0, "results": [
                 {"name": "probe_root", "ok": False, "detail": f"cannot build the probe root: {exc}"}]}
         peer = Peer(0, 0, os.getpid(), "camg-probes")
-        spec = SandboxSpec(lowers, memory_bytes=64 << 20, cpu_quota=1.0,
-                           pids_max=64, hostname="camg-probe")
+        spec = CreateSandboxParams(lowers, memory_bytes=64 << 20, cpu_quota=1.0,
+                                   pids_max=64, hostname="camg-probe")
         try:
             sandbox = self.registry.create(peer, spec, probe=True)
         except (WireError, OSError) as exc:

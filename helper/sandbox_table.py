@@ -15,9 +15,8 @@ import re
 import secrets
 import threading
 import time
-from typing import Literal
 
-from camg.helper_wire import WireError
+from camg.helper_wire import CreateSandboxParams, WireError
 from helper import cgroups, paths, uppers
 from helper.config import HelperConfig
 from helper.ledger import Ledger, Record, remove_upper
@@ -37,19 +36,6 @@ class Peer:
     gid: int
     pid: int
     owner: str
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxSpec:
-    """What CreateSandbox asks for (also its wire parameters)."""
-
-    lowers: tuple[str, ...]  # bottom-first
-    memory_bytes: int
-    cpu_quota: float  # cores
-    pids_max: int
-    hostname: str = "sandbox"
-    upper: Literal["tmpfs", "disk"] = "tmpfs"
-    upper_bytes: int = 0  # tmpfs size; 0 means the configured default
 
 
 class Registry:
@@ -72,7 +58,7 @@ class Registry:
 
     # -- admission --------------------------------------------------------
 
-    def check_spec(self, spec: SandboxSpec, roots: tuple[str, ...] = ()) -> tuple[list[str], int]:
+    def check_spec(self, spec: CreateSandboxParams, roots: tuple[str, ...] = ()) -> tuple[list[str], int]:
         c = self.config.ceilings
         if not spec.lowers:
             raise WireError("bad_request", "lowers: at least one lower is required")
@@ -112,7 +98,7 @@ class Registry:
 
     # -- lifecycle --------------------------------------------------------
 
-    def create(self, peer: Peer, spec: SandboxSpec, *, probe: bool = False) -> Sandbox:
+    def create(self, peer: Peer, spec: CreateSandboxParams, *, probe: bool = False) -> Sandbox:
         # The helper's own probe root is a lower for the probes only.
         extra = (os.path.join(self.config.state_dir, "probe-root"),) if probe else ()
         lowers, size = self.check_spec(spec, extra)

@@ -1,26 +1,26 @@
-"""The helper's closed set of verbs: typed parameters and one handler each.
+"""The helper's closed set of verbs: one table row and one handler each.
 
-Parameters are frozen dataclasses parsed strictly (unknown or mistyped
-fields are a bad_request naming the field); every value is checked against
-the configured ceilings before anything is created or run.
+Every verb's parameters are the frozen dataclass camg.helper_wire.PARAMS
+names, parsed strictly (unknown or mistyped fields are a bad_request naming
+the field); every value is checked against the configured ceilings before
+anything is created or run. The sandbox handlers are here, the container
+mediator's in helper/container_verbs.py; both register in VERBS below.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import typing
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 from typing import Literal
 
-from camg.helper_wire import PREFIX, TIMEOUT_MARKER, TRUNCATION_MARKER, WireError, parse
-from helper import container_verbs, paths
-from helper.sandbox_table import Peer, Registry, SandboxSpec
+from camg import helper_wire as wire
+from camg.helper_wire import WireError, parse
+from helper import commands, container_verbs as cv, paths
+from helper.commands import PATH
+from helper.sandbox_table import Peer, Registry
 
-PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # File transfers are bounded by their own deadline, not the agent's.
 _ARCHIVE_TIMEOUT = 300.0
 
@@ -28,43 +28,6 @@ _ARCHIVE_TIMEOUT = 300.0
 class BadParams(WireError):
     def __init__(self, message: str) -> None:
         super().__init__("bad_request", message)
-
-
-@dataclasses.dataclass(frozen=True)
-class NoParams:
-    pass
-
-
-CreateSandboxParams = SandboxSpec
-
-
-@dataclasses.dataclass(frozen=True)
-class ExecParams:
-    sandbox_id: str
-    command: str
-    user: Literal["agent", "root"] = "agent"
-    cwd: str = "/"
-    env: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
-    timeout: float = 60.0
-    output_limit: int = 12000
-
-
-@dataclasses.dataclass(frozen=True)
-class PutArchiveParams:
-    sandbox_id: str
-    dest_dir: str
-    user: Literal["agent", "root"] = "root"
-
-
-@dataclasses.dataclass(frozen=True)
-class GetArchiveParams:
-    sandbox_id: str
-    path: str
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxParams:
-    sandbox_id: str
 
 
 Result = tuple[dict, bytes]
@@ -96,58 +59,34 @@ def _identity(ctx: Context, user: str) -> tuple[int, int, dict[str, str]]:
     return 0, 0, {"HOME": "/root", "USER": "root", "LOGNAME": "root"}
 
 
-def _check_env(ctx: Context, env: Mapping[str, str]) -> None:
-    if len(env) > ctx.registry.config.ceilings.env_entries:
-        raise WireError("limit_exceeded", f"env: at most {ctx.registry.config.ceilings.env_entries} entries")
-    for k, v in env.items():
-        if not _ENV_NAME.match(k) or "\0" in v or len(v) > 65536:
-            raise WireError("bad_request", f"env: invalid entry {k[:64]!r}")
-
-
-def ping(ctx: Context, peer: Peer, p: NoParams, blob: bytes) -> Result:
+def ping(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
     failure = ctx.registry.probe_failure
     return {"uid": peer.uid, "owner": peer.owner, "probes_ok": failure is None,
-            "probe_failure": failure, "instance": container_verbs.INSTANCE}, b""
+            "probe_failure": failure, "instance": cv.INSTANCE}, b""
 
 
-def probe(ctx: Context, peer: Peer, p: NoParams, blob: bytes) -> Result:
+def probe(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
     return ctx.run_probes(), b""
 
 
-def create_sandbox(ctx: Context, peer: Peer, p: CreateSandboxParams, blob: bytes) -> Result:
+def create_sandbox(ctx: Context, peer: Peer, p: wire.CreateSandboxParams, blob: bytes) -> Result:
     sandbox = ctx.registry.create(peer, p)
     return {"sandbox_id": sandbox.id}, b""
 
 
-def exec_(ctx: Context, peer: Peer, p: ExecParams, blob: bytes) -> Result:
-    c = ctx.registry.config.ceilings
-    if "\0" in p.command or len(p.command.encode()) > c.command_bytes:
-        raise WireError("limit_exceeded" if "\0" not in p.command else "bad_request",
-                        f"command: must be at most {c.command_bytes} bytes without NUL")
-    if not 0 < p.timeout <= c.timeout:
-        raise WireError("limit_exceeded", f"timeout: must be within (0, {c.timeout}]")
-    # At least one byte: the tail kept is the final output_limit bytes, and
-    # a zero limit once meant "keep everything" to the ring's trimming.
-    if not 1 <= p.output_limit <= c.output_bytes:
-        raise WireError("limit_exceeded", f"output_limit: must be within [1, {c.output_bytes}]")
+def exec_(ctx: Context, peer: Peer, p: wire.ExecParams, blob: bytes) -> Result:
+    commands.check_exec(p.command, p, ctx.registry.config.ceilings)
     cwd = paths.sandbox_path(p.cwd, "cwd")
-    _check_env(ctx, p.env)
     sandbox = ctx.registry.get(peer, p.sandbox_id)
     uid, gid, ident = _identity(ctx, p.user)
     env = {"PATH": PATH, **ident, **p.env}
     r = sandbox.run(["/bin/bash", "-c", p.command], uid=uid, gid=gid, cwd=cwd, env=env,
                     stdin=blob, timeout=p.timeout, output_limit=p.output_limit)
-    text = r.output.decode("utf-8", "replace")
-    truncated = r.total > p.output_limit
-    if truncated:
-        text = TRUNCATION_MARKER.format(limit=p.output_limit) + text
-    if r.timed_out:
-        text += TIMEOUT_MARKER
-    return {"exit_code": r.exit_code, "output": text, "truncated": truncated,
-            "timed_out": r.timed_out, "duration": round(r.duration, 6)}, b""
+    return commands.exec_reply(r.exit_code, r.output, r.total, r.timed_out, r.duration,
+                               p.output_limit), b""
 
 
-def put_archive(ctx: Context, peer: Peer, p: PutArchiveParams, blob: bytes) -> Result:
+def put_archive(ctx: Context, peer: Peer, p: wire.PutArchiveParams, blob: bytes) -> Result:
     dest = paths.sandbox_path(p.dest_dir, "dest_dir")
     sandbox = ctx.registry.get(peer, p.sandbox_id)
     uid, gid, ident = _identity(ctx, p.user)
@@ -163,7 +102,7 @@ def put_archive(ctx: Context, peer: Peer, p: PutArchiveParams, blob: bytes) -> R
     return {"bytes": len(blob)}, b""
 
 
-def get_archive(ctx: Context, peer: Peer, p: GetArchiveParams, blob: bytes) -> Result:
+def get_archive(ctx: Context, peer: Peer, p: wire.GetArchiveParams, blob: bytes) -> Result:
     path = paths.sandbox_path(p.path, "path")
     sandbox = ctx.registry.get(peer, p.sandbox_id)
     parent, name = os.path.split(path) if path != "/" else ("/", ".")
@@ -177,7 +116,7 @@ def get_archive(ctx: Context, peer: Peer, p: GetArchiveParams, blob: bytes) -> R
     return {"bytes": len(r.stdout)}, r.stdout
 
 
-def destroy_sandbox(ctx: Context, peer: Peer, p: SandboxParams, blob: bytes) -> Result:
+def destroy_sandbox(ctx: Context, peer: Peer, p: wire.SandboxParams, blob: bytes) -> Result:
     try:
         sandbox = ctx.registry.get(peer, p.sandbox_id)
     except WireError as exc:
@@ -187,35 +126,58 @@ def destroy_sandbox(ctx: Context, peer: Peer, p: SandboxParams, blob: bytes) -> 
     return {"destroyed": ctx.registry.destroy(sandbox)}, b""
 
 
-def release_all(ctx: Context, peer: Peer, p: NoParams, blob: bytes) -> Result:
+def release_all(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
     n = sum(ctx.registry.destroy(s) for s in ctx.registry.mine(peer))
-    return {"released": n, "containers": container_verbs.release_for(ctx, peer)}, b""
+    return {"released": n, "containers": cv.release_for(ctx, peer)}, b""
 
 
-def list_sandboxes(ctx: Context, peer: Peer, p: NoParams, blob: bytes) -> Result:
+def list_sandboxes(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
     out = [{"sandbox_id": s.id, "created_at": s.record.created_at, "alive": s.alive(),
             "lowers": s.record.lowers, "upper": "disk" if s.record.upper_dir else "tmpfs"}
            for s in ctx.registry.mine(peer)]
     return {"sandboxes": out}, b""
 
 
+def _verb(name: str, params: type, handler: Callable[..., Result], doc: str, *,
+          blob_in: str = "", blob_out: str = "") -> Verb:
+    return Verb(wire.PREFIX + name, params, handler, doc, blob_in, blob_out)
+
+
 VERBS: dict[str, Verb] = {v.name: v for v in (
-    Verb(PREFIX + "Ping", NoParams, ping, "Liveness, the caller's identity, probe state."),
-    Verb(PREFIX + "Probe", NoParams, probe, "Run the isolation probes now; creation is refused while any fails."),
-    Verb(PREFIX + "CreateSandbox", CreateSandboxParams, create_sandbox,
-         "New sandbox over lowers (bottom-first) -> sandbox_id."),
-    Verb(PREFIX + "Exec", ExecParams, exec_, "Run a bash command -> exit_code, output, truncated, "
-         "timed_out, duration.", blob_in="stdin"),
-    Verb(PREFIX + "PutArchive", PutArchiveParams, put_archive, "Extract a tar stream into dest_dir.",
-         blob_in="tar"),
-    Verb(PREFIX + "GetArchive", GetArchiveParams, get_archive, "A tar stream of path.", blob_out="tar"),
-    Verb(PREFIX + "DestroySandbox", SandboxParams, destroy_sandbox, "Kill and remove (idempotent)."),
-    Verb(PREFIX + "ReleaseAll", NoParams, release_all, "Destroy every sandbox of the caller."),
-    Verb(PREFIX + "ListSandboxes", NoParams, list_sandboxes, "The caller's sandboxes."),
+    _verb("Ping", wire.NoParams, ping, "Liveness, the caller's identity, probe state."),
+    _verb("Probe", wire.NoParams, probe, "Run the isolation probes now; creation is refused while any fails."),
+    _verb("CreateSandbox", wire.CreateSandboxParams, create_sandbox,
+          "New sandbox over lowers (bottom-first) -> sandbox_id."),
+    _verb("Exec", wire.ExecParams, exec_, "Run a bash command -> exit_code, output, truncated, "
+          "timed_out, duration.", blob_in="stdin"),
+    _verb("PutArchive", wire.PutArchiveParams, put_archive, "Extract a tar stream into dest_dir.",
+          blob_in="tar"),
+    _verb("GetArchive", wire.GetArchiveParams, get_archive, "A tar stream of path.", blob_out="tar"),
+    _verb("DestroySandbox", wire.SandboxParams, destroy_sandbox, "Kill and remove (idempotent)."),
+    _verb("ReleaseAll", wire.NoParams, release_all, "Destroy every sandbox (and container) of the caller."),
+    _verb("ListSandboxes", wire.NoParams, list_sandboxes, "The caller's sandboxes."),
+    # The container mediator (helper/container_verbs.py, helper/containers.py).
+    _verb("ContainerPull", wire.ContainerPullParams, cv.container_pull,
+          "Pull a manifest image by digest -> image_id."),
+    _verb("ContainerCreate", wire.ContainerCreateParams, cv.container_create,
+          "Create and start a container (init, no network, bounded) -> container_id."),
+    _verb("ContainerConnect", wire.ContainerConnectParams, cv.container_connect,
+          "A TCP socket connected to 127.0.0.1:port inside the container, passed as a file "
+          "descriptor (SCM_RIGHTS).", blob_out="fd"),
+    _verb("ContainerExec", wire.ContainerExecParams, cv.container_exec, "Run a sh command -> exit_code, "
+          "output, truncated, timed_out, duration.", blob_in="stdin"),
+    _verb("ContainerPutArchive", wire.ContainerPutArchiveParams, cv.container_put_archive,
+          "Extract a tar stream into an existing dest_dir.", blob_in="tar"),
+    _verb("ContainerGetArchive", wire.ContainerGetArchiveParams, cv.container_get_archive,
+          "A tar stream of path.", blob_out="tar"),
+    _verb("ContainerLogs", wire.ContainerLogsParams, cv.container_logs,
+          "The final tail_bytes of the container's output."),
+    _verb("ContainerRemove", wire.ContainerParams, cv.container_remove, "Kill and remove (idempotent)."),
+    _verb("ContainerList", wire.NoParams, cv.container_list, "The caller's containers."),
+    _verb("ContainerReleaseAll", wire.NoParams, cv.container_release_all,
+          "Remove every container of the caller."),
 )}
-# The container mediator's verbs (helper/container_verbs.py).
-VERBS.update({PREFIX + n: Verb(PREFIX + n, NoParams if prm == "NoParams" else prm, h, doc, bi, bo)
-              for n, prm, h, doc, bi, bo in container_verbs.TABLE})
+assert {n: v.params for n, v in VERBS.items()} == dict(wire.PARAMS), "one row per wire verb, its own params"
 
 
 def dispatch(ctx: Context, peer: Peer, verb: object, params: object, blob: bytes) -> Result:

@@ -28,14 +28,15 @@ def mediator(tmp_path):
     manifest.write_text(json.dumps({"images": [IMAGE]}))
     cfg = mc.ContainerConfig(images_manifest=str(manifest), scope="unit", max_cpu=2.0,
                              max_memory_bytes=1 << 30, max_pids=512)
-    return mc.Mediator(cfg, agent_uid=2000, agent_gid=2000, archive_bytes=1 << 20, output_bytes=1 << 16,
-                       timeout=60, command_bytes=1 << 16)
+    ceilings = helper_config.Ceilings(archive_bytes=1 << 20, output_bytes=1 << 16, timeout=60,
+                                      command_bytes=1 << 16, env_entries=4)
+    return mc.Mediator(cfg, agent_uid=2000, agent_gid=2000, ceilings=ceilings)
 
 
-def params(**kw) -> mc.CreateParams:
+def params(**kw) -> wire.ContainerCreateParams:
     base = dict(image=IMAGE, cpu=1.0, memory_bytes=256 << 20, pids_max=128)
     base.update(kw)
-    return mc.CreateParams(**base)
+    return wire.ContainerCreateParams(**base)
 
 
 def refused(fn, name: str) -> None:
@@ -53,7 +54,7 @@ def test_only_manifest_images_by_digest(mediator):
 
 def test_an_unreadable_manifest_allows_nothing(tmp_path):
     m = mc.Mediator(mc.ContainerConfig(images_manifest=str(tmp_path / "missing.json")), agent_uid=2000,
-                    agent_gid=2000, archive_bytes=1, output_bytes=1, timeout=1, command_bytes=1)
+                    agent_gid=2000, ceilings=helper_config.Ceilings())
     refused(lambda: m.check_image(IMAGE), "not_allowed")
     (tmp_path / "missing.json").write_text(json.dumps({"images": ["debian:latest"]}))
     refused(lambda: m.check_image(IMAGE), "not_allowed")
@@ -76,6 +77,8 @@ def test_an_unreadable_manifest_allows_nothing(tmp_path):
     ({"episode_id": "a b"}, "bad_request"),
     ({"command": ("a\0b",)}, "limit_exceeded"),
     ({"env": {"BAD-NAME": "x"}}, "bad_request"),
+    # The configured ceiling (env_entries=4 above), the one Exec is held to.
+    ({"env": {f"V{i}": "x" for i in range(5)}}, "limit_exceeded"),
     ({"workdir": "relative"}, "bad_request"),
 ])
 def test_create_refusals(mediator, kw, name):
@@ -90,7 +93,7 @@ def test_labels_are_the_helpers(mediator):
 
 def test_unknown_create_fields_are_bad_requests():
     with pytest.raises(wire.WireError) as info:
-        wire.parse(mc.CreateParams, {"image": IMAGE, "cpu": 1.0, "memory_bytes": 1 << 28, "pids_max": 64,
+        wire.parse(wire.ContainerCreateParams, {"image": IMAGE, "cpu": 1.0, "memory_bytes": 1 << 28, "pids_max": 64,
                                      "security_opt": ["seccomp=unconfined"]}, "params",
                    lambda m: wire.WireError("bad_request", m))
     assert "security_opt" in info.value.message

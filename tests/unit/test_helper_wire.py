@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
 import socket
@@ -12,6 +14,7 @@ import pytest
 from camg import errors
 from camg import helper_wire as wire
 from camg.helper_client import error_from_reply
+from camg.containers import ContainerClient, ContainerSpec
 from camg.helper_client import HelperClient
 from helper import config as configmod
 from helper import paths, verbs
@@ -162,6 +165,64 @@ def test_verb_parameters_are_strict():
         with pytest.raises(wire.WireError) as info:
             verbs.dispatch(ctx, peer, verb, params, b"")
         assert info.value.name == name, (verb, params)
+
+
+def test_every_verb_takes_the_wires_params_type():
+    """One closed table: the helper's rows are the wire's verbs, each parsing
+    into the very dataclass camg.helper_wire names (not a copy)."""
+    assert list(verbs.VERBS) == list(wire.PARAMS) == list(wire.VERBS)
+    for name, verb in verbs.VERBS.items():
+        assert verb.params is wire.PARAMS[name], name
+        assert verb.params.__module__ == "camg.helper_wire", name
+        assert dataclasses.is_dataclass(verb.params) and verb.params.__dataclass_params__.frozen, name
+        # Strict: an unknown field is a bad_request naming it, for every verb.
+        with pytest.raises(wire.WireError) as info:
+            wire.parse(verb.params, {"no_such_field": 1}, "params", verbs.BadParams)
+        assert info.value.name == "bad_request" and "no_such_field" in info.value.message, name
+
+
+def _defaults(fn) -> dict:
+    return {k: p.default for k, p in inspect.signature(fn).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def _wire_defaults(cls) -> dict:
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+@pytest.mark.parametrize("method, cls", [
+    (HelperClient.create_sandbox, wire.CreateSandboxParams),
+    (HelperClient.exec, wire.ExecParams),
+    (HelperClient.put_archive, wire.PutArchiveParams),
+    (ContainerClient.exec, wire.ContainerExecParams),
+    (ContainerClient.logs, wire.ContainerLogsParams),
+    (ContainerSpec, wire.ContainerCreateParams),
+])
+def test_client_defaults_are_the_wires(method, cls):
+    """Every default a client method (or ContainerSpec) states is the wire
+    type's own, and every field it shares with the type has that default."""
+    mine, theirs = _defaults(method), _wire_defaults(cls)
+    shared = set(mine) & set(theirs)
+    assert shared, (method, cls)
+    assert {k: mine[k] for k in shared} == {k: theirs[k] for k in shared}
+    assert set(theirs) - set(mine) <= {"episode_id", "pool", "network", "privileged", "cap_add",
+                                       "devices", "binds"}, "a wire default the client cannot pass"
+
+
+def test_client_builds_requests_from_the_wire_types():
+    assert wire.request("Exec", wire.ExecParams("s", "c"), "o")["params"] == {
+        "user": "agent", "cwd": "/", "env": {}, "timeout": 60.0, "output_limit": 12000,
+        "sandbox_id": "s", "command": "c"}
+    with pytest.raises(TypeError):
+        wire.request("ContainerExec", wire.ExecParams("s", "c"), "o")
+    with pytest.raises(TypeError):
+        wire.request("Shell", wire.NoParams(), "o")
+    # What a client builds, the helper parses back to an equal value.
+    spec = ContainerSpec(image="r@sha256:" + "a" * 64, cpu=1.0, memory_bytes=1 << 28, pids_max=64,
+                         command=("sleep", "1"), env={"A": "1"})
+    built = spec.create_params(episode_id="e", pool=True)
+    sent = json.loads(json.dumps(wire.request("ContainerCreate", built, "o")))
+    assert wire.parse(wire.ContainerCreateParams, sent["params"], "params", verbs.BadParams) == built
 
 
 def test_describe_lists_every_verb():
