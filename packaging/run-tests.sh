@@ -1,7 +1,27 @@
 #!/usr/bin/env bash
-# Run the whole camg test suite (unit, privileged, system) as root on a
-# Debian machine, installing what it needs first. Extra arguments go to
-# pytest. Fails on any failure, including "no tests ran".
+# Run the whole camg test suite (unit, privileged, system, and the unit
+# subset again on Python 3.12) as root on a Debian machine, installing what
+# it needs first. Fails on any failure, including a tier that ran no test.
+#
+# With no arguments the tiers run in three lanes at once (issue 23: the
+# suite is mostly waits on containers, sandboxes and nspawn guests, not CPU):
+#   sandboxes   the privileged modules on the helper's sandboxes (Coding,
+#               AutoResearch, the helper itself, the reliability suites),
+#               then the 3.12 tier
+#   containers  the privileged modules on Docker containers (General,
+#               Visual, the container mediator, the OCI demo)
+#   system      systemd in nspawn guests, then the unit tier, in a PID
+#               namespace of its own (packaging/reaper.py says why)
+# The lanes keep out of each other's way the way parallel runs on a shared
+# machine already must: every helper scope, cgroup and container a test
+# makes is tagged with its pytest's pid, and the leak check ignores what
+# another live run tagged (tests/privileged/conftest.py). Each tier's output
+# is printed whole when it ends; the end is the ten slowest tests of all of
+# them and one count line (packaging/ci_report.py). Logs and JUnit files:
+# $CAMG_TEST_OUT (default .test-results/ in the checkout).
+#
+# With arguments, one pytest over tests/ gets them (e.g. a module or -k),
+# in this shell, as before; CAMG_TEST_SERIAL=1 does the same with none.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
@@ -15,51 +35,112 @@ export CAMG_CACHE="${CAMG_CACHE:-/var/cache/camg-test}"
 camg_dockerd_start
 trap camg_dockerd_stop EXIT
 echo "run-tests.sh: $(.venv/bin/python -c 'import sys; print(sys.version.split()[0], sys._base_executable)')" >&2
-set +e
-.venv/bin/pytest tests -p no:cacheprovider "$@"
-status=$?
-set -e
-if [ "$status" = 5 ]; then
-    echo "run-tests.sh: pytest collected no tests: failing" >&2
-    exit 1
-fi
-main_status=$status
 
-# The seed's Python 3.12 (issue 23): every shipped module imported, the
+if [ $# -gt 0 ] || [ "${CAMG_TEST_SERIAL:-}" = 1 ]; then
+    set +e
+    .venv/bin/pytest tests -p no:cacheprovider "$@"
+    status=$?
+    set -e
+    [ "$status" = 5 ] && { echo "run-tests.sh: pytest collected no tests: failing" >&2; exit 1; }
+    exit "$status"
+fi
+
+out="${CAMG_TEST_OUT:-$here/.test-results}"
+rm -rf "$out"
+mkdir -p "$out"
+
+# Privileged modules by substrate: what runs Docker containers goes to the
+# containers lane, everything else to the sandboxes lane.
+container_modules=() sandbox_modules=()
+for f in tests/privileged/test_*.py; do
+    case "${f##*/}" in
+        test_general_*|test_oracle_general.py|test_visual_*|test_oracle_visual.py|\
+        test_containers*|test_oci_demo.py) container_modules+=("$f") ;;
+        *) sandbox_modules+=("$f") ;;
+    esac
+done
+
+# tier NAME CMD...: run one pytest tier, its output to $out/NAME.log and
+# JUnit to $out/NAME.xml; its status and wall seconds to $out/NAME.rc; its
+# log printed whole (one tier at a time) when it ends.
+tier() {
+    local name=$1 start=$SECONDS rc
+    shift
+    echo "run-tests.sh: [$((SECONDS))s] $name: started" >&2
+    set +e
+    "$@" -p no:cacheprovider --junitxml="$out/$name.xml" >"$out/$name.log" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" = 5 ] && { echo "run-tests.sh: $name collected no tests: failing" >>"$out/$name.log"; rc=1; }
+    echo "$rc $((SECONDS - start))" >"$out/$name.rc"
+    {
+        flock 9
+        echo "================ $name: exit $rc after $((SECONDS - start)) s ================"
+        cat "$out/$name.log"
+    } 9>"$out/print.lock"
+    echo "run-tests.sh: [$((SECONDS))s] $name: exit $rc after $((SECONDS - start)) s" >&2
+}
+
+# The seed's Python 3.12 (issue 23): every shipped module imported, and the
 # modules that exercise what an interpreter change can break (the HTTP
 # contract and worker supervision, plugins, typed config, the helper wire
 # and exec, WebShop's rewards against upstream's and Lucene search through
-# pyjnius, the judge, regrading) again, in a venv of their own
-# ($CAMG_CACHE/venv-py3.12), where the machine has a 3.12 the service user
-# can run. The rest of the unit tier ran above on the same sources (the
-# whole of it on 3.12 took ~15 min here; CI has 30). .venv above stays on camg_python (Debian's
-# 3.11.2 here). CAMG_PYTHON312 names one; a pyenv 3.12 under /root (which
-# user camg cannot execute) is copied to /opt/camg-python3.12 for it.
+# pyjnius, the judge, regrading), in a venv of their own
+# ($CAMG_CACHE/venv-py3.12) where the machine has a 3.12 the service user
+# can run. CAMG_PYTHON312 names one; a pyenv 3.12 under /root (which user
+# camg cannot execute) is copied to /opt/camg-python3.12 for it.
 # CAMG_SKIP_PY312=1 leaves the tier out.
-[ "${CAMG_SKIP_PY312:-}" = 1 ] && exit "$main_status"
-. packaging/lib.sh
-py312=$(camg_python312 || packaging/copy-python312.sh || true)
-if [ -z "$py312" ]; then
-    echo "run-tests.sh: no Python 3.12 on this machine: the 3.12 tier is skipped" >&2
-    exit "$main_status"
-fi
-# In the build cache CI keeps, not the checkout: a clean clone reuses it
-# while the lock is unchanged (bootstrap.sh's stamp); cold, it is ~13 min here.
-venv312="$CAMG_CACHE/venv-py3.12"
-CAMG_PYTHON=$py312 packaging/bootstrap.sh "$venv312"
-start=$SECONDS
-set +e
 PY312_TESTS=(test_every_module_imports test_http_contract test_serve_worker_respawn
     test_outcome_log_crash test_notify_and_logs test_plugins test_configure test_typed
     test_helper_wire test_status test_openenv_compat test_shop_goals test_shop_rewards
     test_shop_reward_golden test_shop_search_golden test_judge test_autoresearch_grading
     test_coding_rows test_regrade)
-py312_paths=("${PY312_TESTS[@]/#/tests/unit/}")
-"$venv312/bin/pytest" "${py312_paths[@]/%/.py}" tests/privileged/test_helper_exec.py \
-    -p no:cacheprovider -q
-status=$?
-set -e
-echo "run-tests.sh: the 3.12 tier ($("$py312" -V 2>&1)) took $((SECONDS - start)) s" >&2
-[ "$status" = 5 ] && status=1
-[ "$main_status" = 0 ] || exit "$main_status"
+py312_tier() {
+    [ "${CAMG_SKIP_PY312:-}" = 1 ] && return 0
+    . packaging/lib.sh
+    local py312
+    py312=$(camg_python312 || packaging/copy-python312.sh || true)
+    if [ -z "$py312" ]; then
+        echo "run-tests.sh: no Python 3.12 on this machine: the 3.12 tier is skipped" >&2
+        return 0
+    fi
+    # In the build cache, not the checkout: a clean clone reuses it while
+    # the lock is unchanged (bootstrap.sh's stamp); cold, it is ~13 min here.
+    local venv312="$CAMG_CACHE/venv-py3.12" paths=("${PY312_TESTS[@]/#/tests/unit/}")
+    if ! CAMG_PYTHON=$py312 packaging/bootstrap.sh "$venv312" >"$out/py312-bootstrap.log" 2>&1; then
+        cat "$out/py312-bootstrap.log"
+        echo "1 0" >"$out/py312.rc"
+        return 0
+    fi
+    tier py312 "$venv312/bin/pytest" "${paths[@]/%/.py}" tests/privileged/test_helper_exec.py -q
+}
+
+# The unit tier in a PID namespace of its own, under a reaping PID 1.
+unit_tier() {
+    tier unit unshare --pid --fork --mount-proc .venv/bin/python packaging/reaper.py \
+        .venv/bin/pytest tests/unit
+}
+
+( tier sandboxes .venv/bin/pytest "${sandbox_modules[@]}"; py312_tier ) &
+lane_sandboxes=$!
+( tier containers .venv/bin/pytest "${container_modules[@]}" ) &
+lane_containers=$!
+( tier system .venv/bin/pytest tests/system; unit_tier ) &
+lane_system=$!
+wait "$lane_sandboxes" "$lane_containers" "$lane_system" || true
+echo "run-tests.sh: all lanes ended after $SECONDS s" >&2
+
+status=0 reports=()
+for name in sandboxes containers system unit py312; do
+    if [ ! -f "$out/$name.rc" ]; then
+        [ "$name" = py312 ] && continue  # no 3.12 here, or CAMG_SKIP_PY312
+        echo "run-tests.sh: $name did not run" >&2
+        status=1
+        continue
+    fi
+    read -r rc wall <"$out/$name.rc"
+    [ "$rc" = 0 ] || status=1
+    [ -f "$out/$name.xml" ] && reports+=("$name=$out/$name.xml:$wall")
+done
+.venv/bin/python packaging/ci_report.py "${reports[@]}" || status=1
 exit "$status"

@@ -1,6 +1,13 @@
 """Fixtures of the General acceptance tests: the demo set's images published
 to a loopback registry, the agent environment, a helper mediating Docker with
-both, the prepared manifest, a fake judge and a running General service."""
+both, the prepared manifest, a fake judge and a running General service.
+
+Session-scoped and imported into conftest.py (like coding_fixtures.py), so
+the General modules share one of each instead of building them per module
+(~80 s each). A module imports only the plain helpers below (tasks_of,
+configure_general, judge_env, KEY); importing a fixture name would give that
+module a copy of its own. A test that changes the shared judge's reply sets
+it back (``finally``)."""
 
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ from tools.loopback_registry import LocalRegistry
 KEY = "sk-general-test-key-0001"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def general_demo(demo_set):
     from tools.general import agent_env, demo
 
@@ -41,7 +48,7 @@ def general_demo(demo_set):
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def general_helper(general_demo, lower_root, rootfs):
     base = Path(tempfile.mkdtemp(prefix="camg-general-helper-"))
     base.chmod(0o711)
@@ -57,7 +64,7 @@ def general_helper(general_demo, lower_root, rootfs):
     shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def general_prepared(general_demo, tmp_path_factory):
     from daemons.general.prepare import prepare_general
 
@@ -68,7 +75,7 @@ def general_prepared(general_demo, tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fake_judge():
     with FakeJudge(default=Reply(text='{"score": 1, "reason": "ok"}')) as judge:
         yield judge
@@ -101,7 +108,7 @@ def configure_general(tmp: Path, prepared: Path, helper, *, capacity: int = 40, 
     return tmp / "prepared" / "general.json"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def general_service(general_prepared, general_helper, fake_judge, tmp_path_factory):
     from tests.support.services import ServiceProcess
 

@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 
 from camg import errors
-from daemons.coding import grading, layers
+from daemons.coding import diff_paths, layers
 from tools.coding import canaries
-from test_coding_episodes import (CACHE, coding_helper, demo_image, demo_set, env,  # noqa: F401
-                                  prepared)
+from test_coding_episodes import CACHE, env, prepared  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -36,7 +35,7 @@ def workspace_diff(env, task, edit) -> bytes:
         subprocess.run(["cp", "-a", built.agent, str(tmp / "agent")], check=True)
         work = tmp / "agent" / "testbed"
         edit(work)
-        cmd = grading.diff_command(built.snapshot, private_git=str(tmp / "agent" / layers.PRIVATE_GIT),
+        cmd = diff_paths.diff_command(built.snapshot, private_git=str(tmp / "agent" / layers.PRIVATE_GIT),
                                    workdir=str(work))
         return subprocess.run(["bash", "-c", cmd], capture_output=True, check=True).stdout
     finally:

@@ -24,8 +24,7 @@ from camg import task_manifest as manifest
 from camg.environment import ServiceContext
 from daemons.coding import profiles
 from tools.coding import canaries
-from test_coding_episodes import (CACHE, FINISH, coding_helper, demo_image, demo_set,  # noqa: F401
-                                  run_episode, shell)
+from test_coding_episodes import CACHE, FINISH, run_episode, shell
 from test_coding_integrity_sandboxes import grade, reverse_gold, workspace_diff
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]

@@ -11,9 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from camg_client import Client
-from test_coding_episodes import coding_helper, demo_image, demo_set  # noqa: F401
-from general_fixtures import (KEY, fake_judge, general_demo, general_helper,  # noqa: F401
-                              general_prepared, general_service, tasks_of)
+from general_fixtures import KEY, tasks_of
 from tests.support.fake_judge import Reply
 # the general_agent hack canaries share this module's service and containers
 from general_agent_canary_check import test_general_agent_canaries_all_lose  # noqa: F401,E402

@@ -18,9 +18,7 @@ import pytest
 
 from camg_client import Client
 from tests.support.budget import FULL
-from test_coding_episodes import coding_helper, demo_image, demo_set  # noqa: F401
-from general_fixtures import (fake_judge, general_demo, general_helper,  # noqa: F401
-                              general_prepared, general_service, tasks_of)
+from general_fixtures import tasks_of
 from test_general_episodes import outcome, run, shell
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]

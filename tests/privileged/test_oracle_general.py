@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from test_coding_episodes import coding_helper, demo_image, demo_set  # noqa: F401
-from general_fixtures import KEY, general_helper  # noqa: F401
+from general_fixtures import KEY
 from test_oracle_autoresearch import run_rollout
 from tests.support import container_image as ci
 from tests.support.fake_judge import FakeJudge

@@ -13,8 +13,7 @@ from camg.episodes import EpisodeManager
 from camg.outcomes import OutcomeLog
 from camg.service_config import Limits
 # The demo task set, its helper and environment, as the Coding acceptance builds them.
-from test_coding_episodes import (FINISH, coding_helper, demo_image, demo_set,  # noqa: F401
-                                  env, prepared, shell, write_file)
+from test_coding_episodes import FINISH, env, prepared, shell, write_file  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 

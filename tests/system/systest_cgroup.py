@@ -39,7 +39,10 @@ def children(top: Path) -> list[str]:
 
 class OwnCgroup:
     def __init__(self, prefix: str = "camg-systest") -> None:
-        self.name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        # Tagged with this pytest's pid: the privileged tier's leak check,
+        # running beside this one (packaging/run-tests.sh lanes), leaves
+        # cgroups of another live run alone.
+        self.name = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.paths = [CGROOT / h / self.name for h in NSPAWN_HIERARCHIES]
 
     def create(self) -> "OwnCgroup":

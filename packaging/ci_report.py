@@ -1,0 +1,66 @@
+"""The end of a test run of packaging/run-tests.sh: its streams' JUnit files
+read together into the ten slowest tests (setup, call and teardown summed,
+so a module's expensive fixture shows on the test that paid for it), each
+stream's wall time, and one closing count line for all of them.
+
+    python packaging/ci_report.py [--slowest N] STREAM=FILE.xml[:SECONDS] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+
+
+def read(path: str) -> tuple[Counter, list[tuple[float, str]]]:
+    counts: Counter = Counter()
+    tests: list[tuple[float, str]] = []
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as exc:
+        counts["error"] += 1  # a stream that wrote no report did not pass
+        print(f"ci_report: no report in {path}: {exc}", file=sys.stderr)
+        return counts, tests
+    for case in root.iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed" if child.tag == "failure" else "error"
+                break
+            if child.tag == "skipped":
+                outcome = "skipped"
+        counts[outcome] += 1
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        tests.append((float(case.get("time") or 0.0), name))
+    return counts, tests
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--slowest", type=int, default=10)
+    ap.add_argument("streams", nargs="+", metavar="STREAM=FILE.xml[:SECONDS]")
+    args = ap.parse_args(argv)
+    total: Counter = Counter()
+    everything: list[tuple[float, str]] = []
+    print(f"{'stream':<14} {'wall':>7}  passed failed error skipped")
+    for spec in args.streams:
+        name, _, rest = spec.partition("=")
+        path, _, wall = rest.partition(":")
+        counts, tests = read(path)
+        total.update(counts)
+        everything += [(t, f"[{name}] {n}") for t, n in tests]
+        print(f"{name:<14} {wall + ' s' if wall else '?':>7}  {counts['passed']:6d} "
+              f"{counts['failed']:6d} {counts['error']:5d} {counts['skipped']:7d}")
+    print(f"\n{args.slowest} slowest tests (setup + call + teardown):")
+    for seconds, name in sorted(everything, reverse=True)[:args.slowest]:
+        print(f"{seconds:9.1f} s  {name}")
+    # The one closing line for the whole run, in the plain form CI reads.
+    print(f"\n{total['passed']} passed, {total['failed'] + total['error']} failed, "
+          f"{total['skipped']} skipped")
+    return 0 if not (total["failed"] or total["error"]) and total["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
