@@ -52,15 +52,14 @@ class CodingEnvironment(Environment):
         s = self.settings
         catalog = images.load(s.images)
         self._catalog_hash = catalog.hash
-        build = s.build_layers and os.geteuid() == 0
         for task in self.tasks:
-            self.prepared[task.task_id] = self._prepare_task(task, catalog, build)
+            self.prepared[task.task_id] = self._prepare_task(task, catalog)
         grading.preload()
         self.helper = HelperClient(self.context.helper_socket or DEFAULT_SOCKET,
                                    owner=s.helper_owner)
         log.info("coding: %d task(s) verified", len(self.prepared))
 
-    def _prepare_task(self, task: Task, catalog, build: bool) -> Prepared:
+    def _prepare_task(self, task: Task, catalog) -> Prepared:
         data = dict(task.data)
         try:
             recorded_ref = mirrors.TaskRef(**data.pop("mirror"))
@@ -80,8 +79,9 @@ class CodingEnvironment(Environment):
                                      f"{recorded_ref.mirror}, settings give {expected}")
         mirrors.verify(recorded_ref)
         image = images.verify(catalog, recorded_image)
-        built = layers.ensure(self.settings.layers_root, recorded_ref, build=build,
-                              image_rootfs=image.rootfs, image_key=image.hash)
+        # Built by preparation as root; the service, even as root, only checks
+        # them (a missing layer names the preparation command).
+        built = layers.verified(self.settings.layers_root, recorded_ref, image_key=image.hash)
         try:
             profile = profiles.for_repo(row.repo)
         except errors.DatasetError as exc:

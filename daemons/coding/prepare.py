@@ -27,6 +27,7 @@ from camg.errors import CamgError, DatasetError
 
 from daemons.coding import images as images_mod
 from daemons.coding import layers, mirrors, profiles
+from daemons.coding.prepare_layers import build_layers_as_root
 from daemons.coding import rows as rows_mod
 
 CREATED_BY = "camg.prepare 0.1.0"
@@ -98,8 +99,8 @@ def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_pa
     for row, ref in zip(chosen, refs):
         image = images_mod.lookup(catalog, row.image_name)
         if layers_root is not None:
-            built_layers[row.instance_id] = layers.ensure(
-                layers_root, ref, build=True, image_rootfs=image.rootfs, image_key=image.hash)
+            built_layers[row.instance_id] = build_layers_as_root(
+                layers_root, ref, image_rootfs=image.rootfs, image_key=image.hash)
         bar.update()
         data = row.to_data()
         data["mirror"] = ref.to_data()

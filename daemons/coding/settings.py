@@ -12,7 +12,6 @@ class Settings:
     mirrors_root: str
     images: str                                   # materialized-images.json
     layers_root: str = "/var/lib/camg/task-layers/coding"
-    build_layers: bool = True                     # build missing layers at start (root only)
     memory_bytes: int = 4 << 30
     cpu_quota: float = 1.0
     pids_max: int = 1024

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daemons.coding import layers
+from daemons.coding import prepare_layers
 
 
 def _hostile_repo(root: Path, marker: Path) -> Path:
@@ -58,11 +58,11 @@ def test_hostile_config_is_live_under_plain_git(tmp_path):
 def test_image_workspace_listing_runs_nothing(tmp_path):
     marker = tmp_path / "fired"
     ws = _hostile_repo(tmp_path / "image", marker)
-    tracked = layers.image_tracked(tmp_path / "image")
+    tracked = prepare_layers.image_tracked(tmp_path / "image")
     assert sorted(tracked) == [".gitattributes", "a.py"]
     private = tmp_path / "private-git"
     private.mkdir()
-    layers._exclude_artifacts(private, tmp_path / "image")
+    prepare_layers._exclude_artifacts(private, tmp_path / "image")
     assert "/built.so" in (private / "info" / "exclude").read_text()
     assert not marker.exists(), marker.read_text()
 
@@ -74,7 +74,7 @@ def test_tree_export_applies_no_filter(tmp_path):
                           text=True, check=True).stdout.strip()
     out = tmp_path / "out"
     out.mkdir()
-    layers.export_tree(str(ws), head, out)
+    prepare_layers.export_tree(str(ws), head, out)
     assert (out / "a.py").read_text() == "x = 1\n"
     assert not marker.exists(), marker.read_text()
 
@@ -84,5 +84,5 @@ def test_image_git_dir_that_is_a_symlink_is_refused(tmp_path):
     ws.mkdir(parents=True)
     (tmp_path / "elsewhere").mkdir()
     os.symlink(tmp_path / "elsewhere", ws / ".git")
-    with pytest.raises(layers.ConfigError, match="not a plain directory"):
-        layers.image_tracked(tmp_path / "image")
+    with pytest.raises(prepare_layers.ConfigError, match="not a plain directory"):
+        prepare_layers.image_tracked(tmp_path / "image")

@@ -15,6 +15,7 @@ import pytest
 
 from camg.errors import GraderError
 from daemons.coding import grading, integrity, layers, mirrors, profiles, rows
+from daemons.coding.prepare_layers import build_layers_as_root
 from tools.coding import synthetic
 
 
@@ -35,7 +36,7 @@ def task_layers(task_set, tmp_path_factory):
     root, task_rows = task_set
     refs = mirrors.resolve(root / "mirrors", task_rows)
     base = tmp_path_factory.mktemp("layers")
-    return {ref.branch: (ref, layers.ensure(base, ref, build=True, privileged=False))
+    return {ref.branch: (ref, build_layers_as_root(base, ref, privileged=False))
             for ref in refs}
 
 

@@ -12,6 +12,7 @@ from camg.oci.images import MaterializedImage, write_materialized
 from camg.prepare import main
 from daemons.coding.prepare import prepare_coding
 from daemons.coding import layers, mirrors, rows
+from daemons.coding.prepare_layers import build_layers_as_root
 from tools.coding import synthetic
 
 IMAGE = "camg/demo-apispec-6.8.1"
@@ -142,15 +143,18 @@ def test_branch_without_parent_is_rejected(task_set, images, tmp_path):
 def test_unprivileged_layers_build_and_verify(task_set, tmp_path):
     task_rows = [rows.validate(r, i) for i, r in enumerate(load_rows(task_set))]
     (ref,) = mirrors.resolve(task_set / "mirrors", task_rows[:1])
-    built = layers.ensure(tmp_path, ref, build=True, privileged=False)
-    again = layers.ensure(tmp_path, ref, build=False, privileged=False)
-    assert built == again
+    built = build_layers_as_root(tmp_path, ref, privileged=False)
+    again = layers.verified(tmp_path, ref, privileged=False)
+    assert built == again == build_layers_as_root(tmp_path, ref, privileged=False)
     with pytest.raises(ConfigError, match="rebuild"):
-        layers.ensure(tmp_path, ref, build=False, privileged=True)
+        layers.verified(tmp_path, ref, privileged=True)
     moved = mirrors.TaskRef(ref.mirror, ref.branch, ref.tip, ref.tip)
     other = tmp_path / "other"
-    with pytest.raises(PreparationMissing, match="missing"):
-        layers.ensure(other, moved, build=False, privileged=False)
+    with pytest.raises(PreparationMissing, match="missing") as missing:
+        layers.verified(other, moved, privileged=False)
+    # The service's refusal names the command that builds them.
+    assert missing.value.step == layers.PREPARE_STEP
+    assert not other.exists()
 
 
 def test_cli_reports_errors_and_writes(task_set, images, tmp_path, capsys):
@@ -199,3 +203,20 @@ def test_plain_clone_with_remote_tracking_branches_is_refused_with_the_fix(task_
             "--output", str(tmp_path / "m.json"), "--no-layers"]
     assert main(args) == 2
     assert "git clone --mirror" in capsys.readouterr().err
+
+
+def test_service_start_refuses_missing_layers_and_builds_none(task_set, images, tmp_path):
+    """Task layers are built only by preparation (as root): the service,
+    even started as root, checks them and names the command when one is
+    missing, without writing anything under layers_root."""
+    from camg.environment import ServiceContext
+    from daemons.coding.environment import CodingEnvironment
+    loaded = prep(task_set, images, tmp_path)
+    layers_root = tmp_path / "layers"
+    env = CodingEnvironment(ServiceContext("coding", str(tmp_path / "state"), {
+        "mirrors_root": str(task_set / "mirrors"), "images": str(images),
+        "layers_root": str(layers_root)}), loaded.tasks)
+    with pytest.raises(PreparationMissing, match="task layers are missing") as missing:
+        env.start()
+    assert missing.value.step == layers.PREPARE_STEP
+    assert not layers_root.exists()
