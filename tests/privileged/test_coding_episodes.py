@@ -30,38 +30,6 @@ CACHE = pc.CACHE / "coding"
 
 
 @pytest.fixture(scope="module")
-def demo_image():
-    from tools import oci_demo as demo
-    return demo.ensure_demo_image(demo.cache_root_from_env())
-
-
-@pytest.fixture(scope="module")
-def coding_helper(demo_image, rootfs):
-    from tools import oci_demo as demo
-    layers_root = CACHE / "layers"
-    layers_root.mkdir(parents=True, exist_ok=True)
-    base = Path(tempfile.mkdtemp(prefix="camg-coding-test-"))
-    base.chmod(0o711)
-    cfg = pc.helper_config(base, demo.cache_root_from_env(), rootfs,
-                           lower_roots=[str(demo.cache_root_from_env()), str(layers_root),
-                                        str(pc.CACHE / "helper")])
-    helper = pc.start_helper(base, cfg)
-    pc.state_root(base / "state" / "ledger")
-    pc.state_root(base / "uppers")
-    yield helper
-    pc.stop_helper(helper)
-    shutil.rmtree(base)
-
-
-@pytest.fixture(scope="module")
-def demo_set(demo_image, coding_helper):
-    """The demo task set, FAIL_TO_PASS/PASS_TO_PASS found in sandboxes (cached)."""
-    from tools.coding.demo_tasks import fetch_sdist
-    from tools.coding.sandbox_runner import ensure_demo_set
-    return ensure_demo_set(CACHE, demo_image.image, coding_helper.socket, fetch_sdist(CACHE / "sdist"))
-
-
-@pytest.fixture(scope="module")
 def prepared(demo_set, demo_image, tmp_path_factory):
     from camg.oci.images import write_materialized
     from daemons.coding.prepare import prepare_coding
@@ -439,8 +407,8 @@ def test_unprivileged_service_user_can_start(prepared, coding_helper):
     interpreter lives under /root, which nobody cannot exec afresh)."""
     import camg.helper_client  # noqa: F401 - imported before the fork
     import camg.oci.images  # noqa: F401
-    from daemons.coding import grading
-    grading.preload()
+    from daemons.coding import log_evaluation
+    log_evaluation.preload()
     work = Path(tempfile.mkdtemp(prefix="camg-coding-unpriv-"))
     work.chmod(0o755)
     for name in ("manifest", "images"):
