@@ -40,9 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from helperproc import PrivateHelper  # noqa: E402
+from tools.harness.helpers import start_private  # noqa: E402
 
 EXPERIMENT = r'''
 import csv, sys, time
@@ -108,7 +107,7 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="camg-ar-bench-"))
     base.chmod(0o711)
     research, images = setup(base)
-    helper = PrivateHelper("ar-bench", [str(oci_demo.cache_root_from_env()),
+    helper = start_private("ar-bench", [str(oci_demo.cache_root_from_env()),
                                         str(base / "workspaces")], [str(research.rootfs)])
     env = None
     results: dict = {"host": os.uname().nodename, "loadavg_start": os.getloadavg()}

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from camg import task_manifest as manifest  # noqa: E402
 from camg.environment import ServiceContext  # noqa: E402
 from camg.helper_client import HelperClient  # noqa: E402
-from helperproc import PrivateHelper  # noqa: E402
+from tools.harness.helpers import start_private  # noqa: E402
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
@@ -175,7 +175,7 @@ def main() -> int:
     image = demo.ensure_demo_image(demo.cache_root_from_env())
     layers_root = CACHE / "coding" / "layers"
     layers_root.mkdir(parents=True, exist_ok=True)
-    helper = PrivateHelper("bench-coding", [str(demo.cache_root_from_env()), str(layers_root),
+    helper = start_private("bench-coding", [str(demo.cache_root_from_env()), str(layers_root),
                                             str(CACHE / "helper")], [str(small_rootfs)])
     work = Path(tempfile.mkdtemp(prefix="camg-bench-coding-work-"))
     results: dict = {}

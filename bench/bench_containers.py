@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,12 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from camg.containers import ContainerClient, ContainerPool, ContainerSpec  # noqa: E402
-from camg.helper_client import HelperClient  # noqa: E402
-from tests.support import container_image as ci  # noqa: E402
+from tools.harness import container_image as ci  # noqa: E402
+from tools.harness.helpers import HelperProcess, helper_config, private_base  # noqa: E402
 from tools.loopback_registry import LocalRegistry  # noqa: E402
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
-CONTROLLERS = ("cpu", "memory", "pids", "freezer")
 PORT = 8123
 
 
@@ -70,53 +68,16 @@ def timed(fn, n: int) -> dict:
     return summary(samples)
 
 
-class Helper:
+def start_helper(image: str) -> HelperProcess:
     """A private helper with the container mediator, its own scope and cgroup parents."""
-
-    def __init__(self, image: str) -> None:
-        tag = f"camg-bench-containers-{os.getpid()}"
-        self.base = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
-        self.base.chmod(0o711)
-        (self.base / "uppers").mkdir()
-        ci.write_manifest(self.base / "images.json", [image])
-        self.cfg = {
-            "socket": str(self.base / "helper.sock"), "state_dir": str(self.base / "state"),
-            "group": "nogroup", "lower_roots": [str(CACHE / "helper")], "upper_root": str(self.base / "uppers"),
-            "probe_on_start": False,
-            "cgroup_parents": {c: f"/sys/fs/cgroup/{c}/{tag}" for c in CONTROLLERS},
-            "containers": {"images_manifest": str(self.base / "images.json"),
-                           "scope": f"bench-{os.getpid()}", "containers_per_peer": 64},
-        }
-        (self.base / "helper.json").write_text(json.dumps(self.cfg))
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("NOTIFY_SOCKET", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "helper", "--config", str(self.base / "helper.json")],
-                                     cwd=ROOT, env=env, start_new_session=True,
-                                     stderr=open(self.base / "helper.log", "wb"))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                HelperClient(self.socket).ping()
-                return
-            except Exception:  # noqa: BLE001  not listening yet
-                time.sleep(0.1)
-        self.stop()
-        raise SystemExit("helper never listened:\n" + (self.base / "helper.log").read_text())
-
-    @property
-    def socket(self) -> str:
-        return self.cfg["socket"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # its stop sweep removes the scope's containers
-            self.proc.wait(60)
-        for path in self.cfg["cgroup_parents"].values():
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass
-        shutil.rmtree(self.base, ignore_errors=True)
+    base = private_base("bench-containers")
+    manifest = ci.write_manifest(base / "images.json", [image])
+    cfg = helper_config(base, [str(CACHE / "helper")], [], name="bench-containers",
+                        probe_on_start=False,
+                        containers=ci.containers_config(manifest, scope=f"bench-{os.getpid()}",
+                                                        containers_per_peer=64))
+    # Its stop sweep removes the scope's containers.
+    return HelperProcess.start(base, cfg, wait_probes=False, owner="bench", owns_base=True)
 
 
 def request(cc: ContainerClient, cid: str) -> None:
@@ -240,7 +201,7 @@ def main() -> int:
     helper = None
     try:
         image = ci.publish_test_image(api, Path(args.rootfs), registry.address, "camg-bench/containers")
-        helper = Helper(image)
+        helper = start_helper(image)
         cc = ContainerClient(helper.socket, owner="bench")
         note(f"pulling {image}")
         cc.pull(image)

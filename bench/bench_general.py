@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,15 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from camg.helper_client import HelperClient  # noqa: E402
 from camg_client import Client  # noqa: E402
-from tests.support import container_image as ci  # noqa: E402
-from tests.support.fake_judge import FakeJudge  # noqa: E402
-from tests.support.services import ServiceProcess, clean_git_tree, free_port  # noqa: E402
+from tools.harness import container_image as ci  # noqa: E402
+from tools.harness.helpers import HelperProcess, helper_config, private_base  # noqa: E402
+from tools.harness.services import ServiceProcess, clean_git_tree, free_port  # noqa: E402
+from tools.judge_stub import FakeJudge  # noqa: E402
 from tools.loopback_registry import LocalRegistry  # noqa: E402
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
-CONTROLLERS = ("cpu", "memory", "pids", "freezer")
 
 
 def note(text: str) -> None:
@@ -65,56 +63,19 @@ def coding_demo() -> Path:
     return found[-1].parent
 
 
-class Helper:
-    def __init__(self, refs: list[str], agent_env: Path) -> None:
-        tag = f"camg-bench-general-{os.getpid()}"
-        self.base = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
-        self.base.chmod(0o711)
-        (self.base / "uppers").mkdir()
-        ci.write_manifest(self.base / "images.json", refs)
-        self.scope = f"bench-{os.getpid()}"
-        self.cfg = {
-            "socket": str(self.base / "helper.sock"), "state_dir": str(self.base / "state"),
-            "group": "nogroup", "lower_roots": [str(CACHE / "helper")],
-            "upper_root": str(self.base / "uppers"), "probe_on_start": False,
-            "cgroup_parents": {c: f"/sys/fs/cgroup/{c}/{tag}" for c in CONTROLLERS},
-            "containers": {"images_manifest": str(self.base / "images.json"), "scope": self.scope,
-                           "agent_env_source": str(agent_env), "containers_per_peer": 64,
-                           "max_memory_bytes": 2 << 30},
-        }
-        (self.base / "helper.json").write_text(json.dumps(self.cfg))
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("NOTIFY_SOCKET", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "helper", "--config",
-                                      str(self.base / "helper.json")], cwd=ROOT, env=env,
-                                     start_new_session=True, stderr=open(self.base / "helper.log", "wb"))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                HelperClient(self.socket).ping()
-                return
-            except Exception:  # noqa: BLE001 -- not listening yet
-                time.sleep(0.1)
-        self.stop()
-        raise SystemExit("helper never listened")
-
-    @property
-    def socket(self) -> str:
-        return self.cfg["socket"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(60)
-        for path in self.cfg["cgroup_parents"].values():
-            try:
-                os.rmdir(path)
-            except FileNotFoundError:
-                pass
-        shutil.rmtree(self.base, ignore_errors=True)
+def start_helper(refs: list[str], agent_env: Path) -> HelperProcess:
+    """A private helper with the container mediator, its own scope and cgroup parents."""
+    base = private_base("bench-general")
+    manifest = ci.write_manifest(base / "images.json", refs)
+    cfg = helper_config(base, [str(CACHE / "helper")], [], name="bench-general",
+                        probe_on_start=False,
+                        containers=ci.containers_config(
+                            manifest, scope=f"bench-{os.getpid()}", agent_env_source=str(agent_env),
+                            containers_per_peer=64, max_memory_bytes=2 << 30))
+    return HelperProcess.start(base, cfg, wait_probes=False, owner="bench", owns_base=True)
 
 
-def start_service(work: Path, prepared: Path, helper: Helper, judge: FakeJudge, pool: int):
+def start_service(work: Path, prepared: Path, helper: HelperProcess, judge: FakeJudge, pool: int):
     from camg.configure import configure
 
     work.mkdir(parents=True)
@@ -196,7 +157,7 @@ def main() -> int:
         prepare_general(code_rows=str(built["code_rows"]), general_rows=None, envs=None,
                         images=str(built["images"]), output_dir=prepared)
         task = json.loads((prepared / "manifest.json").read_text())["tasks"][0]
-        helper = Helper(built["refs"], env_dir)
+        helper = start_helper(built["refs"], env_dir)
         judge = FakeJudge().start()
         results = {}
         for pool, label in ((2, "with_pool"), (0, "without_pool")):

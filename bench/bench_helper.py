@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from helperproc import PrivateHelper  # noqa: E402
+from tools.harness.helpers import HelperProcess, start_private  # noqa: E402
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")
@@ -71,7 +71,7 @@ def kib(path: str, key: str) -> int:
 
 # -- the helper under test ---------------------------------------------------
 
-def bench_helper(helper: PrivateHelper, rootfs: Path, n: int) -> dict:
+def bench_helper(helper: HelperProcess, rootfs: Path, n: int) -> dict:
     c = helper.client(pool_size=64)
     lowers = [str(rootfs)]
     out = {}
@@ -87,7 +87,7 @@ def bench_helper(helper: PrivateHelper, rootfs: Path, n: int) -> dict:
     return out
 
 
-def bench_concurrent(helper: PrivateHelper, rootfs: Path, count: int) -> dict:
+def bench_concurrent(helper: HelperProcess, rootfs: Path, count: int) -> dict:
     c = helper.client(pool_size=64)
     lowers = [str(rootfs)]
     rss_before = kib(f"/proc/{helper.proc.pid}/status", "VmRSS")
@@ -129,7 +129,7 @@ def _ppid(pid: int) -> int:
         return -1
 
 
-def bench_sustained(helper: PrivateHelper, rootfs: Path, threads: int, seconds: float) -> dict:
+def bench_sustained(helper: HelperProcess, rootfs: Path, threads: int, seconds: float) -> dict:
     c = helper.client(pool_size=64)
     lowers = [str(rootfs)]
     done = [0] * threads
@@ -209,7 +209,7 @@ class Docker:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def paired(docker: Docker, helper: PrivateHelper, rootfs: Path, n: int) -> dict:
+def paired(docker: Docker, helper: HelperProcess, rootfs: Path, n: int) -> dict:
     """docker run/exec and helper create/exec sampled alternately (informational).
 
     Alternating puts both sides under the same background load, but docker's
@@ -275,7 +275,7 @@ def main() -> int:
         note("starting dockerd and importing the rootfs")
         docker = Docker(args.rootfs)
     note("starting the helper (its isolation probes run first)")
-    helper = PrivateHelper("bench-helper", [str(args.rootfs.parent)], [str(args.rootfs)])
+    helper = start_private("bench-helper", [str(args.rootfs.parent)], [str(args.rootfs)])
     try:
         note("helper latencies")
         results["helper"] = bench_helper(helper, args.rootfs, args.n)

@@ -18,7 +18,7 @@ With ``--service`` it also starts a real ``camg.serve`` Shop service
 (gunicorn worker, JVM heap 1024 MiB) and reports the worker's resident
 memory and the latency of search steps over loopback HTTP.
 Goal: search p50 <= 20 ms. Uses the cached test preparation
-(tests.support.shop_testing; $CAMG_CACHE).
+(tools.harness.shop; $CAMG_CACHE).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from camg import task_manifest as manifest  # noqa: E402
 from camg.environment import ServiceContext  # noqa: E402
-from tests.support import shop_testing as testing  # noqa: E402
+from tools.harness import shop as testing  # noqa: E402
 from daemons.shop.environment import ShopEnvironment  # noqa: E402
 
 CONTROLS = ("back to search", "next >", "< prev")
@@ -123,7 +123,7 @@ def bench_service(queries: list[str], episodes: int) -> dict:
     import tempfile
 
     from camg_client import Client
-    from tests.support.services import ServiceProcess
+    from tools.harness.services import ServiceProcess
     with tempfile.TemporaryDirectory(prefix="bench-shop-") as tmp:
         service = ServiceProcess(testing.configure_service(Path(tmp), jvm_heap_mb=1024))
         try:

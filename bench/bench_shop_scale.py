@@ -39,7 +39,7 @@ from bench.bench_shop import percentiles, rss_mb, timed  # noqa: E402
 from camg import task_manifest as manifest  # noqa: E402
 from daemons.shop import prepare as prepare_shop  # noqa: E402
 from daemons.shop import search  # noqa: E402
-from tests.support import shop_testing as testing  # noqa: E402
+from tools.harness import shop as testing  # noqa: E402
 from tools.shop import synth_catalog  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,7 +93,7 @@ def prepare_size(size: int, threads: int, heap_mb: int, key: str) -> tuple[Path,
 def serve(size_dir: Path, heap_mb: int, queries: list[str]) -> dict:
     from camg_client import Client
     from camg.configure import configure
-    from tests.support.services import ServiceProcess, clean_git_tree, free_port
+    from tools.harness.services import ServiceProcess, clean_git_tree, free_port
     settings = json.loads((size_dir / "settings.json").read_text())
     with tempfile.TemporaryDirectory(prefix="bench-shop-scale-") as tmp:
         tmp = Path(tmp)

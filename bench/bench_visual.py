@@ -33,9 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from helperproc import PrivateHelper  # noqa: E402
+from tools.harness.helpers import start_private  # noqa: E402
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 HOST_BROWSER = "/usr/lib/chromium/chromium-headless-shell"
@@ -138,7 +137,7 @@ def main() -> int:
     rdir = ensure_renderer_rootfs(lower)
     mirror_json = build_mirror(CACHE / "visual" / "cdn-mirror")
     info = json.loads((rdir / "renderer.json").read_text())
-    helper = PrivateHelper("bench-visual", [str(lower)], [str(lower / "bookworm-minbase")])
+    helper = start_private("bench-visual", [str(lower)], [str(lower / "bookworm-minbase")])
     result: dict = {"renderer": info["packages"], "rounds": args.rounds, "pages": {}}
     try:
         client = helper.client(owner="bench-visual", pool_size=16)
@@ -163,7 +162,7 @@ def main() -> int:
         result["concurrent"] = {}
         ref = tar_of(site[sorted(site)[0]])
         for k in [int(x) for x in args.concurrency.split(",")]:
-            sampler = MemorySampler(helper.cfg["cgroup_parents"]["memory"])
+            sampler = MemorySampler(helper.config["cgroup_parents"]["memory"])
             times: list[float] = []
             errors: list[Exception] = []
 

@@ -191,7 +191,7 @@ def test_sweep_kills_processes_still_in_cgroups(private_base, lower_root, rootfs
         assert sleeper.wait(5) == -signal.SIGKILL
         assert _cgroup_dirs(cfg) == []
     finally:
-        pc._allowed_pids.discard(sleeper.pid)
+        pc.WATCH.forget_process(sleeper.pid)
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
@@ -273,7 +273,7 @@ def test_socket_activation_and_ready_notification(private_base, lower_root, root
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
-        pc._allowed_pids.discard(proc.pid)
+        pc.WATCH.forget_process(proc.pid)
         notify.close()
         pc.remove_parents(cfg)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 
 import pytest
 
@@ -37,14 +36,10 @@ def _ours() -> set[str]:
 def rows():
     """The run, with the privileged leak check around all of it (the
     autouse one sees only each test's body) and the temporaries."""
-    before, temps = pc._snapshot(), _ours()
+    before, temps = pc.WATCH.snapshot(), _ours()
     rows = reliability.run(SUITES, None, dict(reliability.SHORT))
     print("\n" + render(rows))
-    left = pc._leaks(before)
-    deadline = time.monotonic() + 10
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = pc._leaks(before)
+    left = pc.WATCH.settled_leaks(before, settle=10)
     return rows, left + sorted(_ours() - temps)
 
 

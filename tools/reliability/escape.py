@@ -158,7 +158,7 @@ def run(helper: Helper, verbose: bool = True) -> tuple[Row, list[tuple[str, bool
 
     try:
         sid = new()
-        for name, user, command in probes(secret, helper.socket, helper.cfg["state_dir"], port):
+        for name, user, command in probes(secret, helper.socket, helper.config["state_dir"], port):
             r = client.exec(sid, command, user=user, timeout=30)
             out = r.output.strip()
             results.append((name, out.endswith("BLOCKED"), out[-160:]))
@@ -273,7 +273,7 @@ def _resources(client, helper: Helper, new) -> list[tuple[str, bool, str]]:
 
 
 def _pids_max_events(helper: Helper, sandbox: str) -> int:
-    parent = Path(helper.cfg["cgroup_parents"]["pids"])
+    parent = Path(helper.config["cgroup_parents"]["pids"])
     for name in os.listdir(parent):
         if sandbox in name:
             events = (parent / name / "pids.events").read_text().split()

@@ -168,7 +168,7 @@ def _mutate_frame(rng: random.Random, sandbox: str) -> bytes:
 def helper_socket(helper: Helper, frames: int, seed: int = 0) -> Row:
     rng = random.Random(seed)
     client = helper.client(owner="fuzz")
-    sandbox = client.create_sandbox([helper.cfg["probe_lowers"][0]], memory_bytes=64 << 20,
+    sandbox = client.create_sandbox([helper.config["probe_lowers"][0]], memory_bytes=64 << 20,
                                     cpu_quota=0.5, pids_max=32)
     bad, answered = [], 0
     try:

@@ -183,7 +183,7 @@ def visual(work: Path, socket: str) -> Rig:
     minbase), renders in the renderer sandbox (headless Chromium, the CDN
     mirror), the image-statistics judge (tools.judge_stub.scripted_judge)."""
     from daemons.visual.prepare import prepare_visual
-    from tests.support import container_image as ci
+    from tools.harness import container_image as ci
     from tools.judge_stub import scripted_judge
     from tools.loopback_registry import LocalRegistry
     from tools.reliability.rig import minbase

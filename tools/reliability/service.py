@@ -7,7 +7,8 @@ import signal
 import tempfile
 from pathlib import Path
 
-from tools.reliability.rig import Helper, children, rss_kib
+from camg.census import children_of
+from tools.reliability.rig import Helper, rss_kib
 from tools.reliability.targets import Target, configure
 
 
@@ -26,7 +27,7 @@ class Prepared:
 
     @contextlib.contextmanager
     def serve(self, *, capacity: int | None, limits: dict, ready_timeout: float = 600):
-        from tests.support.services import ServiceProcess
+        from tools.harness.services import ServiceProcess
         self.count += 1
         work = Path(tempfile.mkdtemp(prefix=f"svc{self.count}-", dir=self.work))
         if self.rig is not None:
@@ -46,5 +47,5 @@ class Prepared:
 
 def service_rss_kib(service) -> int:
     """Peak RSS of the service: gunicorn's arbiter plus its worker."""
-    pids = {service.proc.pid} | children(service.proc.pid)
+    pids = {service.proc.pid} | children_of({service.proc.pid})
     return sum(rss_kib(pid, "VmHWM") for pid in pids)

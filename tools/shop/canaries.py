@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url")
     parser.add_argument("--state-dir", help="the service's state directory (outcome records)")
     args = parser.parse_args(argv)
-    from tests.support import shop_testing as testing
+    from tools.harness import shop as testing
     prepared_dir = testing.prepared()[0]
     if args.url:
         state = Path(args.state_dir) if args.state_dir else None
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                              (state / "outcomes.jsonl").read_text().splitlines()]) if state else None
         results, checks = run(Client(args.url), prepared_dir, outcomes)
         return report("shop", results, checks=checks)
-    from tests.support.services import ServiceProcess
+    from tools.harness.services import ServiceProcess
     with tempfile.TemporaryDirectory(prefix="shop-canaries-") as tmp:
         service = ServiceProcess(testing.configure_service(Path(tmp) / "svc"))
         try:
