@@ -50,10 +50,11 @@ def minbase(lower_root: Path = CACHE / "helper") -> Path:
     return target
 
 
-def helper_config(base: Path, lower_roots: list[str], probe_lowers: list[str], *,
+def helper_config(base: Path, lower_roots: list[str], probe_lowers: list[str], /, *,
                   name: str = "test", **extra) -> dict:
     """helper.json for a helper living in ``base``; ``extra`` adds or
-    overrides keys (ceilings, probe_on_start, a ``containers`` section)."""
+    overrides keys (ceilings, probe_on_start, a ``containers`` section, even
+    ``lower_roots``)."""
     tag = f"camg-{name}-{os.getpid()}-{base.name}"
     return {
         "socket": str(base / "helper.sock"), "state_dir": str(base / "state"),
