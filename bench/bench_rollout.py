@@ -137,9 +137,8 @@ def own_rig(stack: ExitStack, work: Path, envs: list[str]) -> dict[str, str]:
     from camg.configure import configure
     from tests.support.services import ServiceProcess, clean_git_tree, free_port
     from tools.reliability.rig import Helper
-    from tools.reliability.targets import RECIPES
+    from tools.reliability.targets import CODING as coding, SHOP as shop
 
-    coding, shop = RECIPES["coding"], RECIPES["shop"]
     routes = {}
     for name in ("autoresearch", "general", "visual"):
         if name in envs:
@@ -185,8 +184,8 @@ def rigged_service(stack: ExitStack, work: Path, name: str) -> str:
     work.chmod(0o711)
     bootstrap = None
     if name == "general":  # its demo builds on the Coding demo set, made in sandboxes
-        from tools.reliability.targets import RECIPES
-        bootstrap = Helper(RECIPES["coding"].lower_roots(), probes=False)
+        from tools.reliability.targets import CODING
+        bootstrap = Helper(CODING.lower_roots(), probes=False)
         stack.callback(bootstrap.stop)
     rig = getattr(rigged, name)(work / "data", bootstrap.socket if bootstrap else "")
     stack.callback(rig.close)

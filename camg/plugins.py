@@ -32,6 +32,7 @@ from camg.errors import ConfigError
 from camg.helper_wire import SANDBOXES_PER_PEER
 
 GROUP = "camg.environments"
+SUBSTRATES = ("sandbox", "container", "process")
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
@@ -55,22 +56,59 @@ class EnvironmentPlugin:
     settings: str
     #: one line for listings (camg status, the README table)
     title: str = ""
-    #: the systemd unit, when the package ships one (units/camg-<name>.service)
-    unit: str | None = None
+    #: its systemd unit (units/<unit>, installed by install.sh, read by camg
+    #: status and the kill storm); "" is camg-<name>.service
+    unit: str = ""
+    #: what its episodes run in: "sandbox" (helper sandboxes), "container"
+    #: (task containers through the helper's mediator: needs a Docker
+    #: engine) or "process" (in the service's own process, no helper)
+    substrate: str = "sandbox"
     #: helper sandboxes one episode holds at its peak (Coding: its own plus a
-    #: fresh one while grading; 0 without sandboxes): decides the default
-    #: capacity (default_capacity)
-    sandboxes_per_episode: int = 1
+    #: fresh one while grading): decides the default capacity
+    #: (default_capacity); None is 0 for substrate "process", else 1
+    sandboxes_per_episode: int | None = None
+    #: its entry in the demo deployment (packaging/prepare_demo.py writes
+    #: it: manifest, capacity, references, limits, settings); None: no demo
+    demo: Mapping[str, Any] | None = None
+    #: ``module:function`` (data, cache, helper socket) -> manifest path:
+    #: how prepare_demo.py prepares the demo data (with ``demo``)
+    demo_prepare: str | None = None
+    #: where prepare_demo.py prepares it and the demo deployment lists it
+    #: (ascending, then by name)
+    demo_rank: int = 100
+    #: ``module:attr`` of its tools.reliability.targets.Target (how the
+    #: reliability suites prepare, serve and size it); None: listed missing
+    reliability: str | None = None
+    #: ``module:function`` (tools.reliability.killstorm_guest Guest, Env of
+    #: this plugin's unit and substrate) -> that Env completed: how a kill
+    #: storm drives its episodes; None: reset and idle only
+    storm: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
             raise ConfigError(f"environment plugin name {self.name!r} is invalid")
         if not 1024 <= self.port <= 65535:
             raise ConfigError(f"environment plugin {self.name}: port {self.port} out of range")
-        for field in ("factory", "prepare", "settings"):
-            if not _SPEC.fullmatch(getattr(self, field)):
+        for field in ("factory", "prepare", "settings", "demo_prepare", "reliability", "storm"):
+            value = getattr(self, field)
+            if value is not None and not _SPEC.fullmatch(value):
                 raise ConfigError(f"environment plugin {self.name}: {field} must look like "
-                                  f"'package.module:attr', not {getattr(self, field)!r}")
+                                  f"'package.module:attr', not {value!r}")
+        if self.substrate not in SUBSTRATES:
+            raise ConfigError(f"environment plugin {self.name}: substrate {self.substrate!r} "
+                              f"is none of {', '.join(SUBSTRATES)}")
+        if (self.demo is None) != (self.demo_prepare is None):
+            raise ConfigError(f"environment plugin {self.name}: demo and demo_prepare "
+                              "go together")
+        # Derived defaults, set once here so every reader sees one value.
+        if not self.unit:
+            object.__setattr__(self, "unit", default_unit(self.name))
+        if self.sandboxes_per_episode is None:
+            object.__setattr__(self, "sandboxes_per_episode",
+                               0 if self.substrate == "process" else 1)
+        if self.substrate == "process" and self.sandboxes_per_episode:
+            raise ConfigError(f"environment plugin {self.name}: substrate 'process' holds "
+                              "no helper sandbox")
 
     def load_factory(self) -> type:
         return resolve(self.factory)
@@ -80,6 +118,11 @@ class EnvironmentPlugin:
 
     def run_prepare(self, argv: list[str]) -> int:
         return int(resolve(self.prepare)(argv) or 0)
+
+
+def default_unit(name: str) -> str:
+    """The unit of an environment whose plugin names none."""
+    return f"camg-{name}.service"
 
 
 #: The most concurrent episodes a service takes by default: what the load
@@ -153,14 +196,18 @@ def get(name: str) -> EnvironmentPlugin:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m camg.plugins [--names | --json]``: list the registered
-    environments (install.sh and the system tests read this)."""
+    """``python -m camg.plugins [--names | --field F]``: list the registered
+    environments (install.sh, run-foreground.sh and the system tests read
+    this); JSON of every descriptor without an option."""
     import argparse
     import json
     import sys
 
     parser = argparse.ArgumentParser(prog="python -m camg.plugins", description=main.__doc__)
     parser.add_argument("--names", action="store_true", help="one name a line")
+    parser.add_argument("--field", choices=("unit", "substrate", "port"),
+                        help="'NAME VALUE' a line (install.sh: units, run-foreground.sh: "
+                             "substrates)")
     args = parser.parse_args(argv)
     try:
         plugins = all_plugins()
@@ -170,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.names:
         for name in plugins:
             print(name)
+    elif args.field:
+        for name, plugin in plugins.items():
+            print(name, getattr(plugin, args.field))
     else:
         print(json.dumps({n: dataclasses.asdict(p) for n, p in plugins.items()}, indent=1))
     return 0

@@ -53,8 +53,10 @@ CAMG_LOG_TAG=install.sh
 . "$CHECKOUT/packaging/dockerd.sh"
 log() { camg_log "$@"; }
 die() { camg_die "$@"; }
-# Filled from the installed venv's registry (python -m camg.plugins --names).
+# Filled from the installed venv's registry (python -m camg.plugins --names),
+# with each one's systemd unit (its plugin's ``unit``).
 ENVIRONMENTS=()
+declare -A UNITS=()
 # sd_booted(): the same test libsystemd uses.
 systemd_running() { [ -d /run/systemd/system ]; }
 
@@ -136,6 +138,10 @@ install_venv() {
     mapfile -t ENVIRONMENTS < <(camg_environments "$VENV/bin/python")
     [ ${#ENVIRONMENTS[@]} -gt 0 ] || die "no environment is registered (camg.environments entry points)"
     log "registered environments: ${ENVIRONMENTS[*]}"
+    local env unit
+    while read -r env unit; do
+        UNITS[$env]=$unit
+    done < <("$VENV/bin/python" -m camg.plugins --field unit)
 }
 
 install_system_files() {
@@ -152,19 +158,21 @@ install_system_files() {
         install -m 0644 "$SRC/units/$unit" "$UNITDIR/$unit"
     done
     for env in "${ENVIRONMENTS[@]}"; do
-        [ -f "$SRC/units/camg-$env.service" ] \
-            || die "environment $env is registered but units/camg-$env.service does not exist"
-        install -m 0644 "$SRC/units/camg-$env.service" "$UNITDIR/camg-$env.service"
+        unit=${UNITS[$env]}
+        [ -f "$SRC/units/$unit" ] \
+            || die "environment $env is registered but units/$unit does not exist"
+        install -m 0644 "$SRC/units/$unit" "$UNITDIR/$unit"
         install -D -m 0644 "$SRC/units/camg-environment.conf" \
-            "$UNITDIR/camg-$env.service.d/10-environment.conf"
-        # An environment's own drop-ins: units/camg-<env>-NAME.conf is
-        # installed as camg-<env>.service.d/20-NAME.conf (after the shared one).
+            "$UNITDIR/$unit.d/10-environment.conf"
+        # An environment's own drop-ins: units/camg-<env>-NAME.conf (the
+        # unit's name without .service) is installed as
+        # camg-<env>.service.d/20-NAME.conf (after the shared one).
         local extra
-        for extra in "$SRC/units/camg-$env"-*.conf; do
+        for extra in "$SRC/units/${unit%.service}"-*.conf; do
             [ -f "$extra" ] || continue
             extra=$(basename "$extra" .conf)
             install -m 0644 "$SRC/units/$extra.conf" \
-                "$UNITDIR/camg-$env.service.d/20-${extra#camg-"$env"-}.conf"
+                "$UNITDIR/$unit.d/20-${extra#"${unit%.service}"-}.conf"
         done
     done
     install -d -m 0755 "$ETC"
@@ -273,7 +281,7 @@ configure_services() {
 enable_units() {
     local env wanted=()
     for env in "${ENVIRONMENTS[@]}"; do
-        [ -f "$ETC/prepared/$env.json" ] && wanted+=("camg-$env.service")
+        [ -f "$ETC/prepared/$env.json" ] && wanted+=("${UNITS[$env]}")
     done
     # `systemctl enable` only writes symlinks, so it works without a running
     # systemd too; camg.target then starts exactly the configured services.

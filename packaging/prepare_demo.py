@@ -38,10 +38,14 @@ AutoResearch: the research image (Debian + numpy/scikit-learn/MONAI on CPU
   autoresearch, private answers /var/lib/camg-grader/answers, owned by
   camg-grader), DATA/autoresearch/{materialized-images.json,manifest.json}.
 
-With --deployment-out, the demo deployment is written there: the template's
-entries for the prepared environments, each with the settings its
-preparation recorded merged in (Shop's pool and index hashes change with
-every index build, so they cannot be written in the template). With
+Which environments have demo data, in which order, and how each is
+prepared, is its plugin's (camg.plugins: ``demo_prepare``, ``demo_rank``;
+the preparers are in tools/demo_data.py). With --deployment-out, the demo
+deployment is written there: the template's service-wide keys
+(packaging/demo-deployment.json) and each prepared environment's plugin
+``demo`` entry, with the settings its preparation recorded merged in (Shop's
+pool and index hashes change with every index build, so no plugin can say
+them). With
 --helper-config-out, the helper configuration for it: --helper-config-in
 plus the cache's lower roots and, when General or Visual is prepared, the
 ``containers`` section (allowed images DATA/container-images.json, the
@@ -51,195 +55,52 @@ agent environment).
 from __future__ import annotations
 
 import argparse
-import filecmp
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from camg.errors import CamgError
+from tools import demo_data
 
-STATE = Path("/var/lib/camg")
-AR_PACKAGES = STATE / "autoresearch-tasks"
-AR_WORKSPACES = STATE / "task-layers" / "autoresearch"
-AR_PRIVATE = Path("/var/lib/camg-grader/answers")
-DOCKER_SOCKET = "unix:///var/run/docker.sock"
+def _demo_plugins() -> dict:
+    """The registered environments with demo data (their plugin's ``demo``
+    and ``demo_prepare``), in preparation order (``demo_rank``)."""
+    from camg import plugins
 
-
-def _same_tree(a: Path, b: Path) -> bool:
-    if not b.is_dir():
-        return False
-    cmp = filecmp.dircmp(a, b)
-    stack = [cmp]
-    while stack:
-        c = stack.pop()
-        if c.left_only or c.right_only or c.diff_files or c.funny_files:
-            return False
-        stack.extend(c.subdirs.values())
-    return True
+    found = [p for p in plugins.all_plugins().values() if p.demo_prepare]
+    return {p.name: p for p in sorted(found, key=lambda p: (p.demo_rank, p.name))}
 
 
-def _readable(path: Path) -> None:
-    # The services (User=camg) read all of it; nothing here is secret.
-    subprocess.run(["chmod", "-R", "a+rX", str(path)], check=True)
+def _preparer(plugin):
+    from camg import plugins
+
+    return lambda data, cache, socket: plugins.resolve(plugin.demo_prepare)(data, cache, socket)
 
 
-def coding_demo_set(data: Path, cache: Path, helper_socket: str) -> Path:
-    """DATA/coding/demo (tasks.jsonl, mirrors/): found with the plain demo
-    image in real sandboxes, cached under CACHE/coding."""
-    from tools import oci_demo as demo
-    from tools.coding.demo_tasks import fetch_sdist
-    from tools.coding.sandbox_runner import ensure_demo_set
-
-    out = data / "coding"
-    out.mkdir(parents=True, exist_ok=True)
-    image = demo.ensure_demo_image(cache / "oci")
-    built = ensure_demo_set(cache / "coding", image.image, helper_socket,
-                            fetch_sdist(cache / "coding" / "sdist"))
-    # The cache may be shared or pruned; the service reads its own copy.
-    demo_set = out / "demo"
-    if not _same_tree(built, demo_set):
-        staging = out / ".demo.new"
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(built, staging, symlinks=True)
-        shutil.rmtree(demo_set, ignore_errors=True)
-        staging.rename(demo_set)
-    return demo_set
-
-
-def prepare_coding(data: Path, cache: Path, helper_socket: str) -> Path:
-    from tools import oci_demo as demo
-    from camg.oci.images import write_materialized
-    from daemons.coding.prepare import prepare_coding as prepare_manifest
-    from tools.coding.swesmith_demo import rewrite_rows
-
-    out = data / "coding"
-    # The task set is found with the plain image; it is served from the image
-    # laid out like SWE-smith's (clone at /testbed, conda-style activation,
-    # SWE-smith's own test command), as real SWE-smith tasks are.
-    demo_set = coding_demo_set(data, cache, helper_socket)
-    served = demo.ensure_demo_image(cache / "oci", flavor="swesmith")
-    images_json = out / "materialized-images.json"
-    write_materialized(images_json, (served.image,))
-    manifest = out / "manifest.json"
-    rows = out / "rows-swesmith.jsonl"
-    rewrite_rows(demo_set / "tasks.jsonl", rows)
-    prepare_manifest(rows_path=rows, mirrors_root=demo_set / "mirrors",
-                     images_path=images_json, output=manifest)
-    _readable(out)
-    return manifest
-
-
-def prepare_shop(data: Path, cache: Path, helper_socket: str) -> Path:
-    from daemons.shop import prepare as shop
-    from daemons.shop import javahome
-
-    out = data / "shop"
-    java_home = out / "java"
-    javahome.build_layout("/usr/lib/jvm/java-17-openjdk-amd64", java_home)
-    args = shop.parser().parse_args(["--output", str(out), "--java-home", str(java_home),
-                                     "--sample-index-check"])
-    try:
-        # A verified earlier preparation is kept: Lucene writes random segment
-        # ids, so rebuilding would change the index hash on every install.
-        shop.verify(args)
-    except (CamgError, OSError, ValueError):
-        shop.prepare(args)
-    _readable(out)
-    return out / "manifest.json"
-
-
-def _pull_into_dockerd(refs: list[str]) -> None:
-    """While the loopback registry still serves them: dockerd keeps the
-    images by digest after the registry is gone."""
-    import docker
-
-    api = docker.APIClient(base_url=DOCKER_SOCKET, timeout=900)
-    try:
-        for ref in refs:
-            for line in api.pull(ref, stream=True, decode=True):
-                if isinstance(line, dict) and line.get("error"):
-                    raise RuntimeError(f"pulling {ref}: {line['error']}")
-    finally:
-        api.close()
-
-
-def prepare_general(data: Path, cache: Path, helper_socket: str) -> Path:
-    from tools.general import demo
-
-    demo_set = data / "coding" / "demo"
-    if not (demo_set / "tasks.jsonl").is_file():
-        demo_set = coding_demo_set(data, cache, helper_socket)
-    result = demo.prepare_data(data, cache, demo_set)
-    _readable(data / "general")
-    return Path(result["manifest"])
-
-
-def prepare_visual(data: Path, cache: Path, helper_socket: str) -> Path:
-    from tools.loopback_registry import LocalRegistry
-    from tools.visual import prepare_demo as visual
-
-    out = data / "visual"
-    with tempfile.TemporaryDirectory(prefix="camg-visual-registry.") as state, \
-            LocalRegistry(Path(state)) as registry:
-        manifest = visual.prepare(out, cache / "helper", registry.address, cache)
-        refs = json.loads((out / "images.json").read_text())["images"]
-        _pull_into_dockerd(refs)
-    _readable(out)
-    return manifest
-
-
-def _tree_key(*paths: Path) -> str:
-    from camg.hashing import sha256_json
-
-    return sha256_json([[str(p), p.read_text()] for p in paths]).split(":", 1)[1][:16]
-
-
-def prepare_autoresearch(data: Path, cache: Path, helper_socket: str) -> Path:
-    from camg.oci.images import write_materialized
-    from daemons.autoresearch import metrics
-    from daemons.autoresearch.prepare import prepare
-    from tools.autoresearch import demo_tasks, image
-
-    out = data / "autoresearch"
-    out.mkdir(parents=True, exist_ok=True)
-    research = image.ensure_image(cache / "oci")
-    images_json = out / "materialized-images.json"
-    write_materialized(images_json, (research.image,))
-    # The bundles (scikit-learn's data, MONAI's synthetic images, the baseline
-    # and reference scores measured here) are keyed by the code that makes them.
-    bundles = cache / "autoresearch" / f"bundles-{_tree_key(Path(demo_tasks.__file__), Path(metrics.__file__))}"
-    if not (bundles / "done").is_file():
-        shutil.rmtree(bundles, ignore_errors=True)
-        demo_tasks.build(bundles)
-        (bundles / "done").write_text("")
-    for root in (AR_PACKAGES, AR_WORKSPACES):
-        root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o755)
-    AR_PRIVATE.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    manifest = out / "manifest.json"
-    prepare(source=bundles, packages_root=AR_PACKAGES, workspaces_root=AR_WORKSPACES,
-            private_root=AR_PRIVATE, images=images_json, image_name=image.NAME,
-            output=manifest, grader_user="camg-grader")
-    _readable(out)
-    return manifest
-
-
+DEMO = _demo_plugins()
 # In the order they are prepared (General reuses Coding's demo set).
-PREPARERS = {"coding": prepare_coding, "shop": prepare_shop, "general": prepare_general,
-             "visual": prepare_visual, "autoresearch": prepare_autoresearch}
+PREPARERS = {name: _preparer(plugin) for name, plugin in DEMO.items()}
 # What needs a Docker engine (task containers through the helper's mediator).
-CONTAINER_ENVIRONMENTS = ("general", "visual")
+CONTAINER_ENVIRONMENTS = tuple(n for n, p in DEMO.items() if p.substrate == "container")
+
+
+def deployment(template: Path, names: list[str]) -> dict:
+    """The demo deployment of ``names``: the template's service-wide keys
+    (packaging/demo-deployment.json) and each environment's plugin ``demo``
+    entry, in preparation order."""
+    import copy
+
+    body = json.loads(template.read_text())
+    body["environments"] = {name: copy.deepcopy(dict(plugin.demo))
+                            for name, plugin in DEMO.items() if name in names}
+    return body
 
 
 def write_deployment(template: Path, output: Path, data: Path, names: list[str]) -> None:
-    body = json.loads(template.read_text())
-    body["environments"] = {name: entry for name, entry in body["environments"].items()
-                            if name in names}
+    body = deployment(template, names)
     for name, entry in body["environments"].items():
         recorded = data / name / "settings.json"
         if recorded.is_file():
@@ -290,7 +151,7 @@ def untag_replaced(old: list[str], new: list[str]) -> None:
     import docker
     import docker.errors
 
-    api = docker.APIClient(base_url=DOCKER_SOCKET, timeout=120)
+    api = docker.APIClient(base_url=demo_data.DOCKER_SOCKET, timeout=120)
     try:
         for ref in gone:
             try:

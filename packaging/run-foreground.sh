@@ -127,8 +127,14 @@ start_demo_judge() {
         "$CREDENTIALS/{general,visual}-judge.env to use a real one)"
 }
 
-if served general || served visual; then
-    CAMG_CACHE=/var/cache/camg camg_dockerd_start || die "General and Visual need a Docker engine"
+# A Docker engine for the served environments whose episodes run in task
+# containers (their plugin's substrate: General, Visual).
+containers=()
+while read -r name substrate; do
+    if [ "$substrate" = container ] && served "$name"; then containers+=("$name"); fi
+done < <("$VENV/bin/python" -m camg.plugins --field substrate)
+if [ ${#containers[@]} -gt 0 ]; then
+    CAMG_CACHE=/var/cache/camg camg_dockerd_start || die "${containers[*]} need a Docker engine"
 fi
 start_demo_judge
 

@@ -10,5 +10,14 @@ PLUGIN = EnvironmentPlugin(
     settings="daemons.general.settings:Settings",
     prepare="daemons.general.prepare:main",
     prepare_hint="python -m camg.prepare --environment general",
-    unit="camg-general.service",
+    substrate="container",
+    demo={"manifest": "/srv/camg/data/general/manifest.json", "capacity": 4, "references": True,
+          "limits": {"reset_timeout_s": 300, "action_timeout_s": 1950, "grade_timeout_s": 700},
+          "settings": {"pool_size": 1, "cpu": 1.0, "memory_bytes": 1073741824,
+                       "pids_max": 512}},
+    demo_prepare="tools.demo_data:prepare_general",
+    # after Coding, whose demo set it reuses
+    demo_rank=30,
+    reliability="tools.reliability.targets:GENERAL",
+    storm="tools.reliability.killstorm_guest:general",
 )

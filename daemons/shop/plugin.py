@@ -10,7 +10,13 @@ PLUGIN = EnvironmentPlugin(
     settings="daemons.shop.settings:Settings",
     prepare="daemons.shop.prepare:main",
     prepare_hint="python -m camg.prepare_shop",
-    unit="camg-shop.service",
     # no helper sandbox: episodes are in-process sessions
-    sandboxes_per_episode=0,
+    substrate="process",
+    # its pool and index hashes are recorded by its preparation
+    demo={"manifest": "/srv/camg/data/shop/manifest.json", "capacity": 16, "references": True,
+          "settings": {}},
+    demo_prepare="tools.demo_data:prepare_shop",
+    demo_rank=20,
+    reliability="tools.reliability.targets:SHOP",
+    storm="tools.reliability.killstorm_guest:shop",
 )

@@ -168,11 +168,20 @@ def _prepare_demo():
     return module
 
 
+def _demo_deployment() -> dict:
+    demo = _prepare_demo()
+    return demo.deployment(CHECKOUT / "packaging" / "demo-deployment.json", list(demo.PREPARERS))
+
+
 def test_the_demo_serves_every_registered_environment():
     demo = _prepare_demo()
     assert sorted(demo.demo_names("all")) == sorted(plugins.all_plugins())
-    deployment = __import__("json").loads((CHECKOUT / "packaging" / "demo-deployment.json").read_text())
-    assert sorted(deployment["environments"]) == sorted(demo.PREPARERS)
+    # the template holds the service-wide keys; the entries are the plugins'
+    template = __import__("json").loads((CHECKOUT / "packaging" / "demo-deployment.json").read_text())
+    assert template["environments"] == {}
+    assert list(_demo_deployment()["environments"]) == list(demo.PREPARERS)
+    assert list(demo.PREPARERS) == ["coding", "shop", "general", "visual", "autoresearch"]
+    assert demo.CONTAINER_ENVIRONMENTS == ("general", "visual")
 
 
 @pytest.mark.parametrize("deployment", ["packaging/demo-deployment.json", "deployment.example.json"])
@@ -183,7 +192,8 @@ def test_deployment_settings_parse_and_limits_cover_the_budgets(deployment):
     from camg.errors import ConfigError
     from camg.service_config import Limits
 
-    body = json.loads((CHECKOUT / deployment).read_text())
+    body = (_demo_deployment() if deployment == "packaging/demo-deployment.json"
+            else json.loads((CHECKOUT / deployment).read_text()))
     for name, entry in body["environments"].items():
         settings_type = plugins.get(name).load_settings_type()
         settings = typed.parse(settings_type, entry.get("settings", {}), name, ConfigError) \

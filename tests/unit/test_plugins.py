@@ -4,7 +4,9 @@ A toy environment is "installed" the way pip installs one — a package on
 the path and a ``*.dist-info/entry_points.txt`` naming its descriptor in the
 ``camg.environments`` group — and must then appear in the service list,
 in ``camg.prepare``'s dispatch, in ``camg.configure`` (port, factory,
-refusal hint) and in routes.json, and serve.
+refusal hint) and in routes.json, and serve; and in the demo (its
+preparer, its deployment entry), the reliability suites' table, the kill
+storm's plan and camg status's unit, from its descriptor alone.
 """
 
 from __future__ import annotations
@@ -31,7 +33,50 @@ PLUGIN = EnvironmentPlugin(
     name="toy", port={port}, title="a toy for the plugin test",
     factory="toyenv.environment:ToyEnvironment", settings="toyenv.environment:Settings",
     prepare="toyenv.prepare:main", prepare_hint="python -m camg.prepare --environment toy",
+    unit="camg-toy-env.service", substrate="process",
+    demo={{"manifest": "/srv/camg/data/toy/manifest.json", "capacity": 3, "references": False}},
+    demo_prepare="toyenv.demo:prepare", demo_rank=15,
+    reliability="toyenv.reliability:TARGET", storm="toyenv.storm:drive",
 )
+'''
+
+# Its demo data, reliability recipe and storm drive: what the tools read.
+DEMO_PY = '''
+from toyenv import prepare as toy
+
+
+def prepare(data, cache, helper_socket):
+    out = data / "toy"
+    out.mkdir(parents=True, exist_ok=True)
+    toy.main(["--output", str(out / "manifest.json")])
+    return out / "manifest.json"
+'''
+
+RELIABILITY_PY = '''
+from tools.reliability.targets import Target
+from toyenv import prepare
+
+
+def _prepare(work, socket):
+    work.mkdir(parents=True, exist_ok=True)
+    prepare.main(["--output", str(work / "toy-manifest.json")])
+    return work / "toy-manifest.json", {}, None
+
+
+TARGET = Target("toy", {"operation": "guess", "value": 50}, prepare=_prepare,
+                short={"churn": 2, "load": 3}, full={"churn": 40})
+'''
+
+STORM_PY = '''
+import dataclasses
+from tools.reliability.killstorm_guest import first_task
+
+
+def drive(guest, env):
+    return dataclasses.replace(env, create={"task_id": first_task(guest, env)["task_id"]},
+                               slow_step={"operation": "sleep", "seconds": 3},
+                               finish={"operation": "finish"}, grader="process",
+                               grader_user="toy")
 '''
 
 ENVIRONMENT_PY = '''
@@ -75,6 +120,9 @@ def toy_path(tmp_path_factory):
     (package / "plugin.py").write_text(PLUGIN_PY.format(port=TOY_PORT))
     (package / "environment.py").write_text(ENVIRONMENT_PY)
     (package / "prepare.py").write_text(PREPARE_PY)
+    (package / "demo.py").write_text(DEMO_PY)
+    (package / "reliability.py").write_text(RELIABILITY_PY)
+    (package / "storm.py").write_text(STORM_PY)
     dist = root / "toyenv-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyenv\nVersion: 1.0\n")
@@ -180,6 +228,83 @@ def test_a_toy_package_serves(toy_path, tmp_path):
         assert service.stop() == 0
 
 
+# What packaging and the reliability tools make of the registry, run where
+# the toy is installed: the demo's preparers and deployment, the storm's
+# drive and plan, camg status's unit.
+FIRST_CLASS = """
+import dataclasses, importlib.util, json, random, subprocess, sys
+from pathlib import Path
+repo, data = Path(sys.argv[1]), Path(sys.argv[2])
+spec = importlib.util.spec_from_file_location("prepare_demo", repo / "packaging" / "prepare_demo.py")
+demo = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(demo)
+out = {"preparers": list(demo.PREPARERS), "containers": list(demo.CONTAINER_ENVIRONMENTS)}
+out["prepared"] = str(demo.PREPARERS["toy"](data, data / "cache", ""))
+demo.write_deployment(repo / "packaging" / "demo-deployment.json", data / "deployment.json",
+                      data, ["toy", "shop"])
+out["deployment"] = json.loads((data / "deployment.json").read_text())
+
+from tools.reliability import killstorm_guest, killstorm_report
+def run(argv, timeout=None, check=False):  # the guest's /srv/camg/data is DATA here
+    return subprocess.run(["cat", argv[1].replace("/srv/camg/data", str(data))], check=check,
+                          capture_output=True, text=True)
+env = killstorm_guest.describe(killstorm_guest.Guest(run, dict), "toy", 1234)
+out["env"] = dataclasses.asdict(env)
+out["plan"] = [[t, e.name, p] for t, e, p in killstorm_report.plan([env], 2, random.Random(0))]
+
+from camg import status
+out["unit"] = status.unit_name("toy")
+print(json.dumps(out))
+"""
+
+
+def test_a_toy_package_is_first_class(toy_path, tmp_path):
+    """With no edit outside its package and entry point, the toy is in the
+    demo (prepared, deployed), the reliability suites' table, the kill
+    storm's plan, and each tool reads its unit and substrate."""
+    probe = run(toy_path, "-c", FIRST_CLASS, str(REPO), str(tmp_path))
+    assert probe.returncode == 0, probe.stderr
+    got = json.loads(probe.stdout.splitlines()[-1])  # after the toy preparation's line
+    # the demo: prepared in its rank's place, its plugin's entry deployed
+    assert got["preparers"] == ["coding", "toy", "shop", "general", "visual", "autoresearch"]
+    assert got["containers"] == ["general", "visual"]
+    assert got["prepared"] == str(tmp_path / "toy" / "manifest.json")
+    assert json.loads((tmp_path / "toy" / "manifest.json").read_text())["tasks"]
+    assert list(got["deployment"]["environments"]) == ["toy", "shop"]
+    assert got["deployment"]["environments"]["toy"] == {
+        "manifest": "/srv/camg/data/toy/manifest.json", "capacity": 3, "references": False}
+    assert got["deployment"]["helper_socket"] == "/run/camg/helper.sock"
+    listed = run(toy_path, str(REPO / "packaging" / "prepare_demo.py"), "--data", str(tmp_path),
+                 "--cache", str(tmp_path / "cache"), "--helper-socket", "", "--list")
+    assert listed.stdout.split() == got["preparers"], listed.stderr
+
+    # the storm: its drive from its own first task, its unit, its grader in the plan
+    env = got["env"]
+    assert env["create"] == {"task_id": "toy-3"} and env["unit"] == "camg-toy-env.service"
+    assert (env["sandboxes"], env["containers"], env["grader"]) == (False, False, "process")
+    plan = {(t, p) for t, _, p in got["plan"]}
+    assert {t for t, _ in plan} == {"helper", "service", "worker", "grader"}
+    assert {p for t, p in plan if t == "service"} <= {"reset", "step", "grading", "idle"}
+    assert got["unit"] == "camg-toy-env.service"
+
+    # the reliability table: its recipe, with its own short-run budget
+    table = run(toy_path, "-m", "tools.reliability", "--list")
+    assert table.returncode == 0, table.stderr
+    rows = dict(line.split(" ", 1) for line in table.stdout.splitlines())
+    assert rows["toy"].split()[:5] == ["churn=2", "frames=300", "files=100", "examples=5",
+                                       "load=3"]
+    assert rows["coding"].startswith("churn=6 ")
+    full = dict(line.split(" ", 1) for line in
+                run(toy_path, "-m", "tools.reliability", "--list", "--full").stdout.splitlines())
+    assert full["toy"].startswith("churn=40 ")
+
+    # install.sh's units and run-foreground.sh's substrates
+    units = run(toy_path, "-m", "camg.plugins", "--field", "unit").stdout.splitlines()
+    assert "toy camg-toy-env.service" in units and "coding camg-coding.service" in units
+    substrates = run(toy_path, "-m", "camg.plugins", "--field", "substrate").stdout.splitlines()
+    assert {"toy process", "general container", "coding sandbox"} <= set(substrates)
+
+
 def test_unknown_environment_is_refused_naming_the_installed_ones():
     with pytest.raises(ConfigError, match=r"no environment named 'nope'.*coding"):
         plugins.get("nope")
@@ -203,6 +328,13 @@ def test_descriptor_fields_are_validated():
                 prepare_hint="prep")
     plugins.EnvironmentPlugin(**good)
     for field, bad in (("name", "Bad Name"), ("port", 80), ("factory", "a.b.C"),
-                       ("prepare", "main")):
-        with pytest.raises(ConfigError, match=field if field != "name" else "name"):
+                       ("prepare", "main"), ("substrate", "vm"), ("storm", "drive"),
+                       ("demo_prepare", "a.b:prep")):
+        with pytest.raises(ConfigError, match=field if field != "demo_prepare" else "demo"):
             plugins.EnvironmentPlugin(**{**good, field: bad})
+    with pytest.raises(ConfigError, match="'process' holds no helper sandbox"):
+        plugins.EnvironmentPlugin(**good, substrate="process", sandboxes_per_episode=1)
+    # the derived defaults: said once, here
+    plain = plugins.EnvironmentPlugin(**good)
+    assert (plain.unit, plain.sandboxes_per_episode) == ("camg-x.service", 1)
+    assert plugins.EnvironmentPlugin(**good, substrate="process").sandboxes_per_episode == 0

@@ -53,10 +53,15 @@ def test_kept_files_and_per_episode_directories(tmp_path):
         ["screenshots/.e9.tmp"]
 
 
-def test_every_plugin_has_a_recipe_and_short_scales_name_real_targets():
+def test_every_plugin_has_a_recipe_and_its_budgets_name_real_sizes():
     from tools.reliability.targets import all_targets
     targets = {t.name: t for t in all_targets()}
     assert set(targets) == {"sandbox", *plugins.all_plugins()}
     assert not [n for n, t in targets.items() if t.missing]
-    assert set(reliability.SHORT["scale"]) <= set(targets)
-    assert set(reliability.FULL["scale"]) <= set(targets)
+    for target in targets.values():
+        assert set(target.short) | set(target.full) <= set(reliability.SIZES), target.name
+    # CI's short run asks fewer episodes of the expensive targets
+    assert reliability.target_sizes(targets["general"], reliability.SHORT)["churn"] == 3
+    assert reliability.target_sizes(targets["coding"], reliability.SHORT)["churn"] == 6
+    given = dict(reliability.SHORT, churn=5, given=("churn",))
+    assert reliability.target_sizes(targets["general"], given)["churn"] == 5

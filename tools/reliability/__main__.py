@@ -10,10 +10,12 @@ schemathesis with 5 examples per operation, 8 concurrent episodes
 stepping for 2 s; AutoResearch runs 3 episodes, 3 examples and 4 at once,
 General and Visual 3, 2 and 2. ``--full``: 1000 churn episodes per
 environment, 5000 frames, 1000 files per kind, 100 examples (General 20,
-Visual 30: see FULL), 256 concurrent episodes for 60 s (at most
-Target.load_max), 20 kills per storm target.
+Visual 30: their recipes' Target.full), 256 concurrent episodes for 60 s
+(at most Target.load_max), 20 kills per storm target. ``--list``: the
+targets and the sizes each would run (no root needed).
 A size given as an option holds for every target. Needs root (real
-sandboxes). Every environment registered in camg.plugins gets a row.
+sandboxes). Every environment registered in camg.plugins gets a row, run
+by the recipe its plugin names (``reliability``).
 """
 
 from __future__ import annotations
@@ -35,19 +37,21 @@ from tools.reliability.service import Prepared
 from tools.reliability.table import Row, render
 from tools.reliability.targets import all_targets
 
+# The run's sizes; a target's own (Target.short / Target.full: its plugin's
+# recipe) replace them for it.
 SHORT = {"churn": 6, "frames": 300, "files": 100, "examples": 5, "load": 8, "seconds": 2.0,
-         "kills": 3,
-         # a few episodes of the targets whose episodes cost seconds each
-         # (a container, a render, a disk upper): CI's time is tight
-         "scale": {"general": {"churn": 3, "examples": 2, "load": 2},
-                   "visual": {"churn": 3, "examples": 2, "load": 2},
-                   "autoresearch": {"churn": 3, "examples": 3, "load": 4}}}
+         "kills": 3, "budget": "short"}
 FULL = {"churn": 1000, "frames": 5000, "files": 1000, "examples": 100, "load": 256,
-        "seconds": 60.0, "kills": 20,
-        # A General episode costs seconds of CPU (a container boot, the
-        # transport's reset, the verifier): its 1000 churn episodes take
-        # about 42 minutes on the 2 shared cores, its schemathesis fewer examples
-        "scale": {"general": {"examples": 20}, "visual": {"examples": 30}}}
+        "seconds": 60.0, "kills": 20, "budget": "full"}
+#: the sizes an option can set ("given": those set, which hold for every target)
+SIZES = tuple(k for k in SHORT if k != "budget")
+
+
+def target_sizes(target, sizes: dict) -> dict:
+    """The run's sizes with the target's own for this run (its
+    Target.short or Target.full), except where an option gave one."""
+    own = getattr(target, sizes["budget"])
+    return dict(sizes, **{k: v for k, v in own.items() if k not in sizes.get("given", ())})
 # killstorm installs the demo under systemd in nspawn and storms it (tests/system/test_newcomer.py)
 SUITES = ("escape", "fuzz", "churn", "load", "killstorm")
 
@@ -147,8 +151,7 @@ def _census(own: Helper, name: str) -> Row:
 def _suites(prepared: Prepared, wanted: list[str], sizes: dict) -> list[Row]:
     target = prepared.target
     # CI's short run asks fewer episodes of the expensive targets
-    scale = sizes.get("scale", {}).get(target.name, {})
-    sizes = dict(sizes, **scale)
+    sizes = target_sizes(target, sizes)
     rows = []
     if "escape" in wanted:
         note(f"{target.name}: escape battery inside one of its containers")
@@ -192,18 +195,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--environments", help="comma-separated (default: sandbox + every plugin)")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    for key in (k for k in SHORT if k != "scale"):
+    ap.add_argument("--list", action="store_true",
+                    help="print the targets and the sizes each would run, and exit")
+    for key in SIZES:
         ap.add_argument(f"--{key}", type=type(SHORT[key]), help=f"override the {key} size")
     args = ap.parse_args(argv)
+    sizes = dict(FULL if args.full else SHORT)
+    given = {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None}
+    # a size given on the command line holds for every target
+    sizes.update(given, given=tuple(given))
+    if args.list:
+        for t in all_targets():
+            own = target_sizes(t, sizes)
+            print(t.name, t.missing or " ".join(f"{k}={own[k]}" for k in SIZES))
+        return 0
     if os.geteuid() != 0:
         print("the reliability suites need root (real sandboxes)", file=sys.stderr)
         return 2
-    sizes = dict(FULL if args.full else SHORT)
-    given = {k: getattr(args, k) for k in SHORT if k != "scale" and getattr(args, k) is not None}
-    sizes.update(given)
-    # a size given on the command line holds for every target
-    sizes["scale"] = {name: {k: v for k, v in scale.items() if k not in given}
-                      for name, scale in sizes.get("scale", {}).items()}
     suites = tuple(s for s in args.suites.split(",") if s)
     unknown = set(suites) - set(SUITES)
     if unknown:

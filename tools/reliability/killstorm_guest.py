@@ -1,7 +1,7 @@
 """What a kill storm needs of the booted guest (tests/system's nspawn
 machine): HTTP on its loopback as a trainer would send it, unit properties,
 process children, file lines; and how each environment's episodes are
-driven to a kill point."""
+driven to a kill point (the drive its plugin names)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import json
 import subprocess
 import threading
 from typing import Callable
+
+from camg import plugins
 
 POINTS = ("reset", "step", "grading", "idle")
 
@@ -135,14 +137,15 @@ class Env:
     step_s: float = 1.0
     grade_s: float = 1.0
     graded: float | None = None        # the reward to_grading + finish earns
+    unit: str = ""                     # its systemd unit ("": its plugin's)
+
+    def __post_init__(self) -> None:
+        if not self.unit:
+            self.unit = plugins.get(self.name).unit
 
     @property
     def grader_name(self) -> str:
         return self.grader_what or GRADERS.get(self.grader, "")
-
-    @property
-    def unit(self) -> str:
-        return f"camg-{self.name}.service"
 
     @property
     def points(self) -> tuple[str, ...]:
@@ -155,38 +158,59 @@ FINISH = {"operation": "finish"}
 
 
 def describe(guest: Guest, name: str, port: int) -> Env:
-    """The drive of a known environment; a newer one gets reset and idle."""
-    def first_task() -> dict:
-        return json.loads(guest.run(["cat", f"/srv/camg/data/{name}/manifest.json"],
-                                    check=True).stdout)["tasks"][0]
+    """How a storm drives ``name``'s episodes: what its plugin says (unit,
+    substrate), completed by the drive its plugin's ``storm`` names; one
+    without gets reset and idle."""
+    plugin = plugins.get(name)
+    base = Env(name, port, {}, sandboxes=plugin.substrate == "sandbox",
+               containers=plugin.substrate == "container", unit=plugin.unit)
+    if plugin.storm is None:
+        return base
+    return plugins.resolve(plugin.storm)(guest, base)
 
-    if name == "coding":
-        task = first_task()
-        fix = f"git apply -R - <<'CAMG_EOF'\n{task['data']['patch']}\nCAMG_EOF"
-        return Env(name, port, {"task_id": task["task_id"]}, slow_step=SLEEP,
-                   to_grading=[{"operation": "shell", "command": fix}],
-                   finish=FINISH, sandboxes=True, grader="sandbox")
-    if name == "shop":
-        return Env(name, port, {"task_id": first_task()["task_id"]},
-                   slow_step={"action": "search[wireless bluetooth headphones with noise "
-                                        "cancelling long battery life]"})
-    # The rest are driven to their finish by the deployment's reference
-    # solution (the demo enables references), so an undisturbed finish earns
-    # the maximum, never 0, and a fake zero cannot pass for "unaffected".
-    if name == "autoresearch":
-        return Env(name, port, {"task_id": first_task()["task_id"]}, slow_step=SLEEP,
-                   reference=True, finish={"operation": "submit"}, sandboxes=True,
-                   grader="process", grader_user="camg-grader")
-    if name == "general":
-        return Env(name, port, {"task_id": first_task()["task_id"]}, slow_step=SLEEP,
-                   reference=True, finish=FINISH, containers=True, grader="container")
-    if name == "visual":
-        # The finish copies dist/ out, removes the container and renders in
-        # the helper's renderer sandbox.
-        return Env(name, port, {"task_id": first_task()["task_id"]}, slow_step=SLEEP,
-                   reference=True, finish=FINISH, containers=True, grader="sandbox",
-                   grader_what="renderer sandbox")
-    return Env(name, port, {})
+
+# -- the drives the plugins name (camg.plugins: ``storm``) -------------------------
+
+def first_task(guest: Guest, env: Env) -> dict:
+    return json.loads(guest.run(["cat", f"/srv/camg/data/{env.name}/manifest.json"],
+                                check=True).stdout)["tasks"][0]
+
+
+def coding(guest: Guest, env: Env) -> Env:
+    task = first_task(guest, env)
+    fix = f"git apply -R - <<'CAMG_EOF'\n{task['data']['patch']}\nCAMG_EOF"
+    return dataclasses.replace(env, create={"task_id": task["task_id"]}, slow_step=SLEEP,
+                               to_grading=[{"operation": "shell", "command": fix}],
+                               finish=FINISH, grader="sandbox")
+
+
+def shop(guest: Guest, env: Env) -> Env:
+    return dataclasses.replace(env, create={"task_id": first_task(guest, env)["task_id"]},
+                               slow_step={"action": "search[wireless bluetooth headphones with "
+                                                    "noise cancelling long battery life]"})
+
+
+# The rest are driven to their finish by the deployment's reference solution
+# (the demo enables references), so an undisturbed finish earns the maximum,
+# never 0, and a fake zero cannot pass for "unaffected".
+
+def autoresearch(guest: Guest, env: Env) -> Env:
+    return dataclasses.replace(env, create={"task_id": first_task(guest, env)["task_id"]},
+                               slow_step=SLEEP, reference=True, finish={"operation": "submit"},
+                               grader="process", grader_user="camg-grader")
+
+
+def general(guest: Guest, env: Env) -> Env:
+    return dataclasses.replace(env, create={"task_id": first_task(guest, env)["task_id"]},
+                               slow_step=SLEEP, reference=True, finish=FINISH, grader="container")
+
+
+def visual(guest: Guest, env: Env) -> Env:
+    # The finish copies dist/ out, removes the container and renders in the
+    # helper's renderer sandbox.
+    return dataclasses.replace(env, create={"task_id": first_task(guest, env)["task_id"]},
+                               slow_step=SLEEP, reference=True, finish=FINISH, grader="sandbox",
+                               grader_what="renderer sandbox")
 
 
 class Background(threading.Thread):

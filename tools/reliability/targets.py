@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from camg import task_manifest as manifest, plugins
+from camg.errors import ConfigError
 from tools.reliability import rigged
 from tools.reliability.rig import CACHE, minbase
 
@@ -41,7 +42,6 @@ class Target:
     prepare: Callable[[Path, str], tuple[Path, dict, str | None]] | None = None
     #: why it cannot run here (None: it can)
     missing: str | None = None
-    sandboxes: bool = True
     #: (work, the rig helper's socket) -> tools.reliability.rigged.Rig: a
     #: target that needs a helper of its own (private roots, containers);
     #: it then prepares itself there instead of in ``prepare``
@@ -56,6 +56,10 @@ class Target:
     #: the escape battery also runs inside one of its containers
     #: (tools.reliability.escape_container)
     container_escape: bool = False
+    #: sizes (SHORT/FULL keys: churn, examples, load ...) this target runs
+    #: instead of the run's, in the short (CI) and the full run
+    short: dict = dataclasses.field(default_factory=dict)
+    full: dict = dataclasses.field(default_factory=dict)
 
 
 def configure(target: Target, work: Path, prepared: tuple[Path, dict, str | None], socket: str,
@@ -140,35 +144,52 @@ def _shop_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
             dict(settings, jvm_heap_mb=512, verify_index_full=False), None)
 
 
-RECIPES = {
-    "sandbox": Target("sandbox", {"operation": "shell", "command": "echo $((6*7))"},
-                      lambda: [str(CACHE / "helper")], _sandbox_prepare),
-    "coding": Target("coding", {"operation": "shell", "command": "true"}, _coding_roots,
-                     _coding_prepare),
-    "shop": Target("shop", {"action": "search[red shoes]"}, prepare=_shop_prepare,
-                   sandboxes=False),
-    "autoresearch": Target("autoresearch", {"operation": "shell", "command": "true"},
-                           rig=rigged.autoresearch,
-                           # the run ledger stays until the next --check-clean
-                           # (daemons/autoresearch/runstate.py); the helper
-                           # census shows it names no live sandbox
-                           state_files=("clean.json", "run.json")),
-    "general": Target("general", {"operation": "shell", "command": "true"}, rig=rigged.general,
-                      sandboxes=False, load_max=GENERAL_LOAD, load_why=GENERAL_WHY,
-                      container_escape=True),
-    "visual": Target("visual", {"operation": "shell", "command": "true"}, rig=rigged.visual,
-                     sandboxes=False, state_dirs=("screenshots",)),
-}
+# Each environment's plugin names its recipe (camg.plugins: ``reliability``).
+SANDBOX = Target("sandbox", {"operation": "shell", "command": "echo $((6*7))"},
+                 lambda: [str(CACHE / "helper")], _sandbox_prepare)
+CODING = Target("coding", {"operation": "shell", "command": "true"}, _coding_roots,
+                _coding_prepare)
+SHOP = Target("shop", {"action": "search[red shoes]"}, prepare=_shop_prepare)
+# A few episodes in the short run of the targets whose episodes cost seconds
+# each (a container, a render, a disk upper): CI's time is tight.
+AUTORESEARCH = Target("autoresearch", {"operation": "shell", "command": "true"},
+                      rig=rigged.autoresearch,
+                      # the run ledger stays until the next --check-clean
+                      # (daemons/autoresearch/runstate.py); the helper
+                      # census shows it names no live sandbox
+                      state_files=("clean.json", "run.json"),
+                      short={"churn": 3, "examples": 3, "load": 4})
+# A General episode costs seconds of CPU (a container boot, the transport's
+# reset, the verifier): its 1000 churn episodes take about 42 minutes on the
+# 2 shared cores, its schemathesis fewer examples in the full run.
+GENERAL = Target("general", {"operation": "shell", "command": "true"}, rig=rigged.general,
+                 load_max=GENERAL_LOAD, load_why=GENERAL_WHY, container_escape=True,
+                 short={"churn": 3, "examples": 2, "load": 2}, full={"examples": 20})
+VISUAL = Target("visual", {"operation": "shell", "command": "true"}, rig=rigged.visual,
+                state_dirs=("screenshots",),
+                short={"churn": 3, "examples": 2, "load": 2}, full={"examples": 30})
+
+
+def recipes() -> dict[str, Target]:
+    """``sandbox``, then every registered environment's recipe (its plugin's
+    ``reliability``), in registry order; one without a recipe, or whose
+    recipe does not load, is listed ``missing`` with the reason."""
+    out = {"sandbox": SANDBOX}
+    for name, plugin in plugins.all_plugins().items():
+        if plugin.reliability is None:
+            out[name] = Target(name, {}, missing="no demo preparation in the runner yet: "
+                                                 "run its suites against a prepared service")
+            continue
+        try:
+            recipe = plugins.resolve(plugin.reliability)
+        except ConfigError as exc:
+            recipe = Target(name, {}, missing=str(exc))
+        if not isinstance(recipe, Target) or recipe.name != name:
+            recipe = Target(name, {}, missing=f"{plugin.reliability} is not a Target named {name!r}")
+        out[name] = recipe
+    return out
 
 
 def all_targets() -> list[Target]:
     """``sandbox`` first, then every registered environment, in registry order."""
-    out = [RECIPES["sandbox"]]
-    for name in plugins.all_plugins():
-        recipe = RECIPES.get(name)
-        if recipe is None:
-            out.append(Target(name, {}, missing="no demo preparation in the runner yet: "
-                                                "run its suites against a prepared service"))
-        else:
-            out.append(recipe)
-    return out
+    return list(recipes().values())
