@@ -135,7 +135,7 @@ def own_rig(stack: ExitStack, work: Path, envs: list[str]) -> dict[str, str]:
     """The services named in ``envs`` (references on), their routes: Coding
     and Shop on one private helper, the others as rigged_service makes them."""
     from camg.configure import configure
-    from tests.support.services import ServiceProcess, clean_git_tree, free_port
+    from tools.harness.services import ServiceProcess, clean_git_tree, free_port
     from tools.reliability.rig import Helper
     from tools.reliability.targets import CODING as coding, SHOP as shop
 
@@ -175,7 +175,7 @@ def rigged_service(stack: ExitStack, work: Path, name: str) -> str:
     (a helper of their own, the demo tasks with their references, the
     scripted judges), references on; the service's URL."""
     from camg.configure import configure
-    from tests.support.services import ServiceProcess, clean_git_tree, free_port
+    from tools.harness.services import ServiceProcess, clean_git_tree, free_port
     from tools.reliability import rigged
     from tools.reliability.rig import Helper
 

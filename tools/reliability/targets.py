@@ -67,7 +67,7 @@ def configure(target: Target, work: Path, prepared: tuple[Path, dict, str | None
     """camg.configure for one service on a free loopback port; its config path
     (``capacity`` None: the environment's default capacity)."""
     from camg.configure import configure as run_configure
-    from tests.support.services import clean_git_tree, free_port
+    from tools.harness.services import clean_git_tree, free_port
     manifest_path, settings, factory = prepared
     work.mkdir(parents=True, exist_ok=True)
     (work / "requirements.lock").write_text("falcon==4.4.0\n")
@@ -138,7 +138,7 @@ def _coding_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
 
 
 def _shop_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
-    from tests.support.shop_testing import prepared
+    from tools.harness.shop import prepared
     prepared_dir, settings = prepared()
     return (prepared_dir / "manifest.json",
             dict(settings, jvm_heap_mb=512, verify_index_full=False), None)
