@@ -208,7 +208,7 @@ prepare_demo() {
     install -d -m 0755 "$DATA" "$DEMO_CACHE"
     # What preparation's own sandboxes need: the cache's lower roots.
     "${prep[@]}" --helper-socket "" --helper-config-only --helper-config-out "$ETC/helper.json"
-    if grep -qxE 'general|visual' <<<"$names"; then
+    if needs_docker "$names"; then
         start_docker
     fi
     start_prep_helper
@@ -253,6 +253,16 @@ write_demo_judge() {
         mv "$file.new" "$file"
         log "$env: judge = the SCRIPTED demo judge on 127.0.0.1:$DEMO_JUDGE_PORT (not a model; write $file to use a real one)"
     done
+}
+
+# Whether any of NAMES (one a line) runs task containers (its plugin's
+# substrate: General, Visual).
+needs_docker() {
+    local env substrate
+    while read -r env substrate; do
+        if [ "$substrate" = container ] && grep -qx "$env" <<<"$1"; then return 0; fi
+    done < <("$VENV/bin/python" -m camg.plugins --field substrate)
+    return 1
 }
 
 # General and Visual run task containers: a Docker engine must answer on
