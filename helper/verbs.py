@@ -205,6 +205,8 @@ def describe() -> list[dict]:
             else:
                 entry["required"] = True
             fields.append(entry)
+        # Required first: Exec's shared options (wire.ExecOptions) are declared before its ids.
+        fields.sort(key=lambda e: not e.get("required"))
         out.append({"verb": verb.name, "doc": verb.doc, "params": fields,
                     "blob_in": verb.blob_in or None, "blob_out": verb.blob_out or None})
     return out
