@@ -9,12 +9,17 @@ in the ``camg.environments`` group (pyproject.toml)::
 
 Everything that lists environments — ports, factories, ``camg.configure``'s
 refusal hints, ``python -m camg.prepare --environment NAME``, routes,
-install.sh, the tests of the list — reads them from here. Entry points are
-read from installed distribution metadata, so a new package is seen after
-``pip install -e .`` (or any install that writes its entry points).
+install.sh and run-foreground.sh (units, substrates), ``camg status``,
+packaging/prepare_demo.py (the demo's preparers and deployment entries),
+tools.reliability (recipes, budgets, kill-storm drives), the tests of the
+list — reads them from here: every fact about an environment is said once,
+in its descriptor. Entry points are read from installed distribution
+metadata, so a new package is seen after ``pip install -e .`` (or any
+install that writes its entry points).
 
 Loading a descriptor imports only the package's small ``plugin`` module:
-its factory, settings type and preparation entry point are ``module:attr``
+its factory, settings type, preparation entry point and the tools' hooks
+(demo preparer, reliability recipe, storm drive) are ``module:attr``
 strings resolved on use, so listing environments never imports an
 environment's stack (pyserini, docker, swebench ...).
 """
@@ -41,7 +46,7 @@ _SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 class EnvironmentPlugin:
     """What the suite needs to know about one environment package."""
 
-    #: configs, routes, logs (CAMG_ENV), unit name camg-<name>.service
+    #: configs, routes, logs (CAMG_ENV), the default unit's name
     name: str
     #: loopback port the service listens on by default
     port: int
