@@ -1,7 +1,9 @@
 """The layering DESIGN.md promises, as import-linter contracts (pyproject.toml).
 
 The contracts hold on the tree; and each one fails, naming the offending
-import, when a forbidden import is planted in a temporary copy.
+import, when a forbidden import is planted in a temporary copy (tests/ and
+bench/ are copied too: the contracts that no shipped package and no
+benchmark imports the tests name their modules).
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def test_contracts_hold_on_the_tree():
     assert "broken" in proc.stdout and " 0 broken" in proc.stdout
 
 
+def _python_only(directory: str, names: list[str]) -> list[str]:
+    return [n for n in names if n == "__pycache__"
+            or (not n.endswith(".py") and not os.path.isdir(os.path.join(directory, n)))]
+
+
 @pytest.fixture(scope="module")
 def tree_copy(tmp_path_factory):
     tree = tmp_path_factory.mktemp("layering")
@@ -43,6 +50,10 @@ def tree_copy(tmp_path_factory):
     # services' install maps it.
     shutil.copytree(ROOT / "clients" / "python" / "camg_client", tree / "camg_client",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # The tests and the benchmarks, whose modules the last contracts name:
+    # their Python files are all the graph needs.
+    for package in ("tests", "bench"):
+        shutil.copytree(ROOT / package, tree / package, ignore=_python_only)
     shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")
     return tree
 
@@ -58,6 +69,13 @@ PLANTED = [
     ("daemons/shop/pages.py", "from tools.coding import bugs", "daemons.shop.pages -> tools.coding.bugs"),
     ("camg_client/rollout.py", "from camg import errors", "camg_client.rollout -> camg.errors"),
     ("camg_client/client.py", "import daemons.shop", "camg_client.client -> daemons.shop"),
+    # shipped code imports nothing of tests/ or bench/ (the harness lives in tools/harness)
+    ("tools/reliability/rig.py", "from tests.support import services",
+     "tools.reliability.rig -> tests.support.services"),
+    ("tools/harness/helpers.py", "import bench.bench_helper", "tools.harness.helpers -> bench.bench_helper"),
+    # the test tiers (no __init__.py) are in the graph too
+    ("camg/status.py", "from tests.privileged import conftest", "camg.status -> tests.privileged.conftest"),
+    ("bench/bench_http.py", "from tests.support import services", "bench.bench_http -> tests.support.services"),
 ]
 
 
