@@ -30,9 +30,11 @@ def mount_points() -> dict[str, str]:
 
 
 def mounts_under(prefixes: tuple[str, ...]) -> list[str]:
-    """Mount points at or below any of ``prefixes`` (directories)."""
+    """Mount points below any of the directories ``prefixes`` (a directory
+    that is itself a mount point, /var/lib/camg on a disk of its own, is no
+    sandbox's)."""
     wanted = tuple(p.rstrip("/") + "/" for p in prefixes)
-    return sorted(p for p in mount_points().values() if (p + "/").startswith(wanted))
+    return sorted(p for p in mount_points().values() if p.startswith(wanted))
 
 
 def cgroup_tree(base: str | Path) -> list[str]:
