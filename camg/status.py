@@ -27,10 +27,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from camg import census
+
 HELPER_DEFAULTS = {"socket": "/run/camg/helper.sock", "state_dir": "/run/camg-helper",
                    "upper_root": "/var/lib/camg/uppers", "agent_uid": 2000,
                    "cgroup_parents": {}}
-CONTROLLERS = ("cpu", "memory", "pids", "freezer")
+CONTROLLERS = census.CONTROLLERS
 SANDBOX_PATHS = ("/var/lib/camg/", "/run/camg-helper/")
 
 
@@ -120,13 +122,6 @@ def helper_row(config: dict) -> dict:
     return row
 
 
-def _children(path: Path) -> list[str]:
-    try:
-        return sorted(str(p) for p in path.rglob("*") if p.is_dir())
-    except OSError:
-        return []
-
-
 def helper_cgroup_dirs(config: dict) -> list[Path]:
     parents = config.get("cgroup_parents") or {}
     dirs = []
@@ -143,17 +138,12 @@ def leftovers(config: dict, helper_running: bool) -> dict[str, list[str]]:
     """What sandboxes left: everything when the helper is down; agent
     processes and uppers beyond the ledger's records when it runs."""
     found: dict[str, list[str]] = {}
-    ledger_dir = Path(config["state_dir"]) / "ledger"
-    ledger = sorted(p.name for p in ledger_dir.iterdir()) if ledger_dir.is_dir() else []
-    uppers_dir = Path(config["upper_root"])
-    uppers = sorted(p.name for p in uppers_dir.iterdir()) if uppers_dir.is_dir() else []
+    held = census.holdings(config, helper_cgroup_dirs(config), SANDBOX_PATHS)
+    ledger, uppers = held["ledger records"], held["uppers"]
     agent = subprocess.run(["ps", "-u", str(config["agent_uid"]), "-o", "pid=,args="],
                            capture_output=True, text=True).stdout.split("\n")
     agent = [line.strip() for line in agent if line.strip()]
-    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if line.split()[4].startswith(SANDBOX_PATHS)]
-    cgroups = [d for base in helper_cgroup_dirs(config) for d in _children(base)
-               if not d.endswith("/supervisor")]
+    mounts, cgroups = held["mounts"], held["cgroups"]
     if helper_running:
         if len(uppers) > len(ledger):
             found["uppers beyond the ledger"] = uppers
