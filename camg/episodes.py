@@ -111,8 +111,10 @@ class EpisodeManager:
         self.regrader = Regrader(self)
 
     # -- helpers ---------------------------------------------------------
-    async def _call(self, fn: Callable, *args: Any, timeout: float | None = None,
-                    pool: concurrent.futures.Executor | None = None) -> Any:
+    async def call(self, fn: Callable, *args: Any, timeout: float | None = None,
+                   pool: concurrent.futures.Executor | None = None) -> Any:
+        """``fn(*args)`` on a worker thread (``pool``, else the manager's),
+        DeadlineExceeded past ``timeout`` seconds."""
         future = asyncio.get_running_loop().run_in_executor(pool or self.pool, fn, *args)
         if timeout is None:
             return await future
@@ -163,10 +165,10 @@ class EpisodeManager:
         self.on_change()
         started = time.monotonic()
         try:
-            rec.episode = await self._call(
+            rec.episode = await self.call(
                 lambda: self.env.create_episode(task, seed=request.seed, episode_id=episode_id))
             if rec.terminal is None:
-                observation = await self._call(rec.episode.reset, timeout=self.limits.reset_timeout_s)
+                observation = await self.call(rec.episode.reset, timeout=self.limits.reset_timeout_s)
         except Exception as exc:  # every failure must free the slot and be recorded
             if rec.terminal is not None:  # closed meanwhile; the close aborted the reset
                 await self._closed_while_created(rec)
@@ -211,8 +213,8 @@ class EpisodeManager:
                               terminal=rec.terminal or {"episode_id": episode_id, "done": True})
         if rec.busy:
             raise EpisodeBusy(f"episode {episode_id!r} is running a step")
-        action = await self._call(rec.episode.reference_action,
-                                  timeout=self.limits.action_timeout_s)
+        action = await self.call(rec.episode.reference_action,
+                                 timeout=self.limits.action_timeout_s)
         return {"episode_id": episode_id, "action": None if action is None else dict(action)}
 
     async def _closed_while_created(self, rec: Record) -> None:
@@ -231,7 +233,7 @@ class EpisodeManager:
             return
         rec.episode_closed = True
         try:
-            await self._call(rec.episode.close)
+            await self.call(rec.episode.close)
         except Exception:  # the outcome is already durable; log the leak
             log.exception("closing the episode failed", **rec.fields)
 
@@ -251,8 +253,8 @@ class EpisodeManager:
             rec.step_count += 1
             started = time.monotonic()
             try:
-                result: Step = await self._call(rec.episode.step, request.action,
-                                                timeout=self.limits.action_timeout_s)
+                result: Step = await self.call(rec.episode.step, request.action,
+                                               timeout=self.limits.action_timeout_s)
             except InvalidAction:
                 rec.step_count -= 1
                 raise
@@ -280,8 +282,8 @@ class EpisodeManager:
             if not result.graded:
                 graded_at = time.monotonic()
                 try:
-                    reward = float(await self._call(rec.episode.grade,
-                                                    timeout=self.limits.grade_timeout_s))
+                    reward = float(await self.call(rec.episode.grade,
+                                                   timeout=self.limits.grade_timeout_s))
                 except Exception as exc:
                     reward, failure, reason = None, self._failure_of(exc, rec, "grade"), str(exc)
                 rec.timings["grade_s"] = time.monotonic() - graded_at
@@ -335,7 +337,7 @@ class EpisodeManager:
                                                   "reward": rec.reward,
                                                   "failure_class": rec.failure_class,
                                                   "reason": reason[:2000]})
-        await self._call(self._persist, rec, record)
+        await self.call(self._persist, rec, record)
         await self._close_episode(rec)
         self.records.pop(rec.episode_id, None)
         self.finished[rec.episode_id] = rec
@@ -408,7 +410,7 @@ class EpisodeManager:
             if rec.episode is not None and rec.busy:
                 # Abort the running step; its thread returns once the
                 # environment has torn down what it was using.
-                await self._call(rec.episode.close)
+                await self.call(rec.episode.close)
             await self._finish(rec, reward=None, failure=failure, observation={},
                                reason=reason, status="closed")
         elif rec.status == "done":

@@ -21,15 +21,16 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
-from camg.environment import Environment
+from camg.environment import Environment, Task
 from camg.errors import (EpisodeBusy, EpisodeNotFound, EpisodeRunning, FailureClass, InfraFailure,
                          NoSubmission, RegradeUnsupported, TaskNotFound)
 from camg.logs import episode_fields
-
-if TYPE_CHECKING:
-    from camg.episodes import EpisodeManager
+from camg.outcomes import OutcomeLog
+from camg.service_config import Limits
+from camg.submissions import SubmissionStore
 
 log = logging.getLogger("camg.episodes")
 
@@ -41,8 +42,26 @@ REGRADE_FIELDS = ("task_id", "seed", "reward", "failure_class", "status", "grade
                   "ended_at", "submission")
 
 
+class Episodes(Protocol):
+    """What a regrade reads of the episode manager (camg.episodes), all public."""
+
+    env: Environment
+    limits: Limits
+    config_hash: str
+    outcomes: OutcomeLog
+    submissions: SubmissionStore
+    tasks: Mapping[str, Task]
+    records: Mapping[str, Any]
+    finished: Mapping[str, Any]
+
+    def grader_hash(self) -> str | None: ...
+
+    async def call(self, fn: Callable, *args: Any, timeout: float | None = None,
+                   pool: concurrent.futures.Executor | None = None) -> Any: ...
+
+
 class Regrader:
-    def __init__(self, manager: "EpisodeManager") -> None:
+    def __init__(self, manager: Episodes) -> None:
         self.manager = manager
         # Threads of their own: a regrade never takes a running episode's
         # step or abort thread. Twice the slots: a regrade past its deadline
@@ -74,7 +93,7 @@ class Regrader:
         done = m.finished.get(episode_id)
         original = done.outcome if done is not None else None
         if original is None:
-            original = await m._call(m.outcomes.find, episode_id, pool=self.pool)
+            original = await m.call(m.outcomes.find, episode_id, pool=self.pool)
         if original is None:
             raise EpisodeNotFound(f"no episode {episode_id!r} in this service's outcome log")
         return original
@@ -91,7 +110,7 @@ class Regrader:
             if task is None:
                 raise TaskNotFound(f"task {original.get('task_id')!r} is not in this service's "
                                    "selection any more")
-            submission = await m._call(m.submissions.get, ref, pool=self.pool)
+            submission = await m.call(m.submissions.get, ref, pool=self.pool)
             if self._slots is None:
                 self._slots = asyncio.Semaphore(REGRADES)
             async with self._slots:
@@ -112,7 +131,7 @@ class Regrader:
                 "submission": ref,
             }
             record.update({k: v for k, v in extra.items() if k not in record})
-            await m._call(m.outcomes.append, record, pool=self.pool)
+            await m.call(m.outcomes.append, record, pool=self.pool)
             log.info("regraded: reward %s failure %s (was %s)", reward, record["failure_class"],
                      original.get("reward"), extra=episode_fields(episode_id, task.task_id))
             return record
@@ -124,8 +143,8 @@ class Regrader:
         m = self.manager
         fields = {"extra": episode_fields(episode_id, task.task_id)}
         try:
-            grade = await m._call(m.env.regrade, task, submission,
-                                  timeout=m.limits.grade_timeout_s, pool=self.pool)
+            grade = await m.call(m.env.regrade, task, submission,
+                                 timeout=m.limits.grade_timeout_s, pool=self.pool)
             return float(grade.reward), None, "regraded", dict(grade.outcome)
         except (RegradeUnsupported, NoSubmission):
             raise  # answered as errors: nothing was graded
