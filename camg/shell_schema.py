@@ -14,17 +14,22 @@ from typing import Any
 MAX_COMMAND = 16000
 
 
-def shell_action(*, finish: str, cwd: str, max_command: int = MAX_COMMAND) -> dict[str, Any]:
-    """shell/finish; ``finish`` says what finishing does, ``cwd`` where commands start."""
+def shell_action(*, finish: str, cwd: str, max_command: int = MAX_COMMAND,
+                 operations: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
+    """shell/finish; ``finish`` says what finishing does, ``cwd`` where commands start.
+
+    An environment's own ``operations`` go between the two (their
+    properties in ``extra``)."""
     return {
         "type": "object",
         "additionalProperties": False,
         "required": ["operation"],
         "properties": {
-            "operation": {"enum": ["shell", "finish"],
+            "operation": {"enum": ["shell", *operations, "finish"],
                           "description": f"Run a bash command, or finish: {finish}"},
             "command": {"type": "string", "maxLength": max_command,
                         "description": f"Bash command; each call starts in {cwd}."},
+            **extra,
         },
         "if": {"properties": {"operation": {"const": "shell"}}},
         "then": {"required": ["command"]},

@@ -11,7 +11,6 @@ destroyed, and only those bytes go to the private grader.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import io
 import logging
@@ -24,6 +23,8 @@ from typing import Any
 
 from camg import errors
 from camg.environment import Episode, Step, Submission
+from camg.sandbox_calls import HeldSandbox
+from camg.shell_reference import shipped
 
 from daemons.autoresearch.settings import Settings
 
@@ -120,7 +121,7 @@ def graded(grade: Callable[[str, bytes], dict], task_id: str, submitted: bytes |
     return reward, report
 
 
-class ResearchEpisode(Episode):
+class ResearchEpisode(HeldSandbox, Episode):
     def __init__(self, settings: Settings, helper, grade: Callable[[str, bytes], dict],
                  prepared: Prepared, episode_id: str, ledger=None) -> None:
         self.settings = settings
@@ -357,15 +358,12 @@ class ResearchEpisode(Episode):
         except OSError as exc:
             raise errors.NotFound(f"task {self.task.task_id!r} has no reference solution "
                                   f"({exc.strerror}: {path})") from None
-        encoded = base64.b64encode(script).decode()
-        size = max(1000, self.settings.max_command_chars - 200)
         store = f"{WORKDIR}/.camg-reference"
-        plan = [{"operation": "shell", "command": f"printf %s '{encoded[i:i + size]}' >> {store}.b64"}
-                for i in range(0, len(encoded), size)]
-        plan.append({"operation": "shell", "command":
-                     f"base64 -d {store}.b64 > {store}.py && rm -f {store}.b64 && "
-                     f"python {store}.py {TASK_DIR} {SUBMISSION} && rm -f {store}.py"})
-        plan.append({"operation": "submit"})
+        plan = shipped(script, f"{store}.b64",
+                       f"base64 -d {store}.b64 > {store}.py && rm -f {store}.b64 && "
+                       f"python {store}.py {TASK_DIR} {SUBMISSION} && rm -f {store}.py",
+                       max_command=self.settings.max_command_chars,
+                       finish={"operation": "submit"})
         return plan[min(self.steps, len(plan) - 1)]
 
     def state(self) -> Mapping[str, Any]:
@@ -376,24 +374,6 @@ class ResearchEpisode(Episode):
         return body
 
     # -- helper plumbing --------------------------------------------------
-
-    def _sandbox(self) -> str:
-        with self._lock:
-            if self._closed or self.sandbox is None:
-                raise errors.SandboxDied("the episode's sandbox is gone (episode closed)")
-            return self.sandbox
-
-    def _call(self, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except errors.SandboxDied:
-            raise
-        except errors.NotFound as exc:
-            raise errors.SandboxDied(f"sandbox is gone: {exc}") from None
-        except errors.InfraFailure:
-            raise
-        except errors.CamgError as exc:
-            raise errors.InfraFailure(f"helper: {exc}") from None
 
     def _destroy(self, sandbox: str) -> None:
         try:

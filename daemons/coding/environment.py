@@ -23,7 +23,7 @@ from camg.environment import Environment, Episode, Grade, ServiceContext, Submis
 from camg.hashing import sha256_bytes, sha256_json
 from camg.shell_schema import command_observation, shell_action
 
-from daemons.coding import grading, images, layers, mirrors, profiles, rows
+from daemons.coding import images, layers, log_evaluation, mirrors, profiles, rows
 from daemons.coding.episode import INSTRUCTIONS, WORKDIR, CodingEpisode, Prepared
 from daemons.coding.settings import Settings
 
@@ -54,7 +54,7 @@ class CodingEnvironment(Environment):
         self._catalog_hash = catalog.hash
         for task in self.tasks:
             self.prepared[task.task_id] = self._prepare_task(task, catalog)
-        grading.preload()
+        log_evaluation.preload()
         self.helper = HelperClient(self.context.helper_socket or DEFAULT_SOCKET,
                                    owner=s.helper_owner)
         log.info("coding: %d task(s) verified", len(self.prepared))
@@ -104,7 +104,9 @@ class CodingEnvironment(Environment):
     def metadata(self) -> Mapping[str, Any]:
         here = os.path.dirname(os.path.abspath(__file__))
         grader_sources = b"".join(open(os.path.join(here, name), "rb").read()
-                                  for name in ("grading.py", "profiles.py"))
+                                  for name in ("diff_paths.py", "grader_scripts.py",
+                                               "log_evaluation.py", "integrity.py",
+                                               "profiles.py"))
         return {
             "images": self._catalog_hash,
             "task_commits": sha256_json({k: p.ref.to_data() for k, p in self.prepared.items()}),

@@ -13,15 +13,17 @@ import base64
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from camg import errors
 from camg.environment import Episode, Step, Submission
-
 from camg.helper_client import HelperClient
-from daemons.coding import grading, integrity, layers, mirrors, profiles, rows
+from camg.sandbox_calls import HeldSandbox
+from camg.shell_reference import shipped
+
+from daemons.coding import (diff_paths, grader_scripts, integrity, layers, log_evaluation, mirrors,
+                            profiles, rows)
 from daemons.coding.settings import Settings
 
 log = logging.getLogger("camg.coding")
@@ -52,7 +54,7 @@ class Prepared:
     profile: profiles.Profile
 
 
-class CodingEpisode(Episode):
+class CodingEpisode(HeldSandbox, Episode):
     def __init__(self, settings: Settings, helper: HelperClient, prepared: Prepared,
                  episode_id: str) -> None:
         self.settings = settings
@@ -66,7 +68,7 @@ class CodingEpisode(Episode):
         self.terminal: Step | None = None
         self.diff: bytes | None = None
         self.diff_problem: str | None = None
-        self.report: grading.Report | None = None
+        self.report: log_evaluation.Report | None = None
         self._closed = False
         self._lock = threading.Lock()        # guards sandbox ids and _closed
         self._step_lock = threading.Lock()   # one step at a time
@@ -141,7 +143,7 @@ class CodingEpisode(Episode):
         return self.terminal
 
     def _collect_diff(self, sandbox: str) -> None:
-        command = ("set -o pipefail; ( " + grading.diff_command(self.task.layers.snapshot)
+        command = ("set -o pipefail; ( " + diff_paths.diff_command(self.task.layers.snapshot)
                    + " ) | base64 -w0")
         result = self._call(self.helper.exec, sandbox, command, user="root", cwd=WORKDIR,
                             env={}, timeout=max(60.0, self.settings.command_timeout),
@@ -163,9 +165,9 @@ class CodingEpisode(Episode):
         if self.diff is None:
             raise errors.GraderError("grade() before the episode finished")
         if self.diff_problem is not None:
-            self.report = grading.Report(False, self.diff_problem)
+            self.report = log_evaluation.Report(False, self.diff_problem)
             return 0.0
-        kept, dropped = grading.filter_diff(self.diff)
+        kept, dropped = diff_paths.filter_diff(self.diff)
         findings = integrity.screen(self.diff)
         try:
             self.report = self._run_grader(kept, dropped, findings)
@@ -182,7 +184,7 @@ class CodingEpisode(Episode):
             log.warning("tampering: %s", list(self.report.evidence), extra=self.fields)
         return self.report.reward
 
-    def _run_grader(self, diff: bytes, dropped, findings) -> grading.Report:
+    def _run_grader(self, diff: bytes, dropped, findings) -> log_evaluation.Report:
         profile = self.task.profile
         # The runner is probed on the pristine tree before the first grade of
         # each (image, grader layer, command); later grades probe only when
@@ -190,33 +192,33 @@ class CodingEpisode(Episode):
         # lowers are read-only.
         probe_key = (self.task.image.hash, self.task.layers.grader, profile.test_cmd)
         first = probe_key not in _PROBED
-        script = grading.eval_script(profile, self.task.ref.tests, probe=first)
+        script = grader_scripts.eval_script(profile, self.task.ref.tests, probe=first)
         timeout = self.settings.grade_timeout or profile.timeout
         # Fresh keys per script run, one per guard session, on the script's
         # stdin (an environment and the script text are readable in /proc).
-        keys = grading.new_keys(grading.eval_keys(first))
-        env = self.exec_env
+        keys = grader_scripts.new_keys(grader_scripts.eval_keys(first))
         grader = self._create([self.task.image.rootfs, self.task.layers.grader])
         with self._lock:
             self.grader = grader
             closed = self._closed
+
+        def run(script: str, keys: list[bytes], diff: bytes = b""):
+            return self._call(self.helper.exec, grader, script, user="agent", cwd=WORKDIR,
+                              env=self.exec_env, stdin=grader_scripts.script_stdin(keys, diff),
+                              timeout=timeout, output_limit=GRADE_OUTPUT_LIMIT)
         try:
             if closed:
                 raise errors.GraderError("episode closed during grading")
-            result = self._call(self.helper.exec, grader, script, user="agent", cwd=WORKDIR,
-                                env=env, stdin=grading.script_stdin(keys, diff), timeout=timeout,
-                                output_limit=GRADE_OUTPUT_LIMIT)
-            report = grading.evaluate(result.output, self.task.row, exit_code=result.exit_code,
-                                      timed_out=result.timed_out, keys=keys, dropped=dropped,
-                                      findings=findings)
+            result = run(script, keys, diff)
+            report = log_evaluation.evaluate(result.output, self.task.row,
+                                             exit_code=result.exit_code,
+                                             timed_out=result.timed_out, keys=keys,
+                                             dropped=dropped, findings=findings)
             if first:
                 _PROBED.add(probe_key)
             if not report.runner_started:
-                probe_keys = grading.new_keys(grading.PROBE_KEYS)
-                check = self._call(self.helper.exec, grader, grading.probe_script(profile),
-                                   user="agent", cwd=WORKDIR, env=env,
-                                   stdin=grading.script_stdin(probe_keys), timeout=timeout,
-                                   output_limit=GRADE_OUTPUT_LIMIT)
+                probe_keys = grader_scripts.new_keys(grader_scripts.PROBE_KEYS)
+                check = run(grader_scripts.probe_script(profile), probe_keys)
                 if check.exit_code != 0:
                     _PROBED.discard(probe_key)
                     raise errors.GraderError(f"the grader's test command cannot start "
@@ -224,12 +226,9 @@ class CodingEpisode(Episode):
             if report.none_collected and not report.resolved:
                 # None of the listed tests was collected: the agent broke
                 # collection (0.0), or the grader cannot collect them at all.
-                collect_keys = grading.new_keys(grading.COLLECT_KEYS)
-                check = self._call(self.helper.exec, grader, grading.collect_script(profile),
-                                   user="agent", cwd=WORKDIR, env=env,
-                                   stdin=grading.script_stdin(collect_keys), timeout=timeout,
-                                   output_limit=GRADE_OUTPUT_LIMIT)
-                grading.require_collectable(check.output, collect_keys, self.task.row)
+                collect_keys = grader_scripts.new_keys(grader_scripts.COLLECT_KEYS)
+                check = run(grader_scripts.collect_script(profile), collect_keys)
+                log_evaluation.require_collectable(check.output, collect_keys, self.task.row)
             return report
         finally:
             with self._lock:
@@ -261,15 +260,10 @@ class CodingEpisode(Episode):
         """The gold fix (the row's patch, reversed), as shell actions from
         step 0, then finish: chunks of the base64 patch appended to a file
         (a command holds at most max_command_chars), then one git apply -R."""
-        encoded = base64.b64encode(self.task.row.patch.encode()).decode()
-        size = max(1000, self.settings.max_command_chars - 200)
-        chunks = [encoded[i:i + size] for i in range(0, len(encoded), size)]
         store = "/tmp/.camg-reference.b64"
-        plan = [{"operation": "shell", "command": f"printf %s '{chunk}' >> {store}"}
-                for chunk in chunks]
-        plan.append({"operation": "shell", "command":
-                     f"base64 -d {store} | git apply -R && rm -f {store}"})
-        plan.append({"operation": "finish"})
+        plan = shipped(self.task.row.patch.encode(), store,
+                       f"base64 -d {store} | git apply -R && rm -f {store}",
+                       max_command=self.settings.max_command_chars)
         return plan[min(self.steps, len(plan) - 1)]
 
     def state(self) -> Mapping[str, Any]:
@@ -285,48 +279,10 @@ class CodingEpisode(Episode):
 
     # -- helper plumbing --------------------------------------------------
 
-    def _sandbox(self) -> str:
-        with self._lock:
-            if self._closed or self.sandbox is None:
-                raise errors.SandboxDied("the episode's sandbox is gone (episode closed)")
-            return self.sandbox
-
     def _create(self, lowers: list[str]) -> str:
         s = self.settings
         return self._call(self.helper.create_sandbox, lowers, memory_bytes=s.memory_bytes,
                           cpu_quota=s.cpu_quota, pids_max=s.pids_max, hostname="testbed")
-
-    def _call(self, fn, *args, **kwargs):
-        """Helper errors that are not already episode failures become InfraFailure."""
-        try:
-            return fn(*args, **kwargs)
-        except errors.SandboxDied:
-            raise
-        except errors.InfraFailure as exc:
-            # A call racing the death of the sandbox's init can come back as a
-            # generic failure; the helper's own view of the sandbox decides.
-            sandbox = next((a for a in args if isinstance(a, str)), None)
-            if sandbox is not None and self._dead(sandbox):
-                raise errors.SandboxDied(f"sandbox {sandbox} died: {exc}") from None
-            raise
-        except errors.NotFound as exc:
-            # The sandbox vanished under us (destroyed by close() or a sweep).
-            raise errors.SandboxDied(f"sandbox is gone: {exc}") from None
-        except errors.CamgError as exc:
-            raise errors.InfraFailure(f"helper: {exc}") from None
-
-    def _dead(self, sandbox: str) -> bool:
-        # The helper may take a moment to reap a killed init: ask a few times.
-        for _ in range(10):
-            try:
-                listing = self.helper.list_sandboxes()
-            except errors.CamgError:
-                return False
-            if any(entry.get("sandbox_id") == sandbox and entry.get("alive") is False
-                   for entry in listing):
-                return True
-            time.sleep(0.1)
-        return False
 
     def _destroy_quietly(self, sandbox: str) -> None:
         try:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from camg import guard_verdict, tamper_rules
 from camg.tamper_rules import Finding
-from daemons.coding import grading
+from daemons.coding import diff_paths
 
 GUARD_MODULE = guard_verdict.GUARD_MODULE
 GUARD_DIR = "/opt/camg-grader"
@@ -46,12 +46,12 @@ _content_rules = tamper_rules.content_rules
 def screen(diff: bytes) -> list[Finding]:
     """Every way the diff reaches for the runner (empty for an honest diff)."""
     findings: list[Finding] = []
-    for section in grading.split_sections(diff):
-        paths = grading.section_paths(section)
+    for section in diff_paths.split_sections(diff):
+        paths = diff_paths.section_paths(section)
         added = _added_lines(section)
         for path in dict.fromkeys(paths):
             findings += _path_rules(path, added)
-            if grading.is_protected(path):
+            if diff_paths.is_protected(path):
                 # Test and collection files are reverted before the run; one
                 # that reaches into the runner still shows the intent.
                 findings += _content_rules(path, added, _HOOKS, "runner_hook_in_tests")

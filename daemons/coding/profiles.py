@@ -7,7 +7,7 @@ own, registered here, because its image is not a SWE-smith image (no conda;
 the test environment is the venv /opt/testbed-venv).
 
 Every profile is registered on the installed swebench through
-third_party/swebench_shim, so grading.py parses logs with swebench itself.
+third_party/swebench_shim, so log_evaluation.py parses logs with swebench itself.
 """
 
 from __future__ import annotations

@@ -66,10 +66,10 @@ def validate(prepared: Sequence, settings, helper_socket: str) -> list[Result]:
     """Grade gold and no-op of every ``prepared`` task (episode.Prepared)."""
     from camg.helper_client import HelperClient
 
-    from daemons.coding import grading
+    from daemons.coding import log_evaluation
     from daemons.coding.episode import CodingEpisode
 
-    grading.preload()
+    log_evaluation.preload()
     helper = HelperClient(helper_socket, owner="coding-validate")
     results = []
     try:

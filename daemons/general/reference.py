@@ -19,17 +19,16 @@ deployment enables ``references`` (GET /episodes/{id}/reference).
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from camg.errors import DatasetError, NotFound
+from camg.shell_reference import shipped
 
 from daemons.general.schemas import MAX_COMMAND
 
-CHUNK = MAX_COMMAND - 400
 STORE = "/tmp/.camg-reference.b64"
 
 
@@ -41,13 +40,8 @@ def plan(task_id: str, data: Mapping[str, Any]) -> list[dict]:
                        "(camg.prepare --environment general --references DIR)")
     if "actions" in reference:
         return [dict(a) for a in reference["actions"]]
-    encoded = base64.b64encode(str(reference["patch"]).encode()).decode()
-    steps = [{"operation": "shell", "command": f"printf %s '{encoded[i:i + CHUNK]}' >> {STORE}"}
-             for i in range(0, len(encoded), CHUNK)]
-    steps.append({"operation": "shell",
-                  "command": f"base64 -d {STORE} | git apply && rm -f {STORE}"})
-    steps.append({"operation": "finish"})
-    return steps
+    return shipped(str(reference["patch"]).encode(), STORE,
+                   f"base64 -d {STORE} | git apply && rm -f {STORE}", max_command=MAX_COMMAND)
 
 
 def load(directory: str | Path, task_id: str, kind: str) -> dict | None:

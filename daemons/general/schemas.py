@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-MAX_COMMAND = 16000
+from camg.shell_schema import MAX_COMMAND, command_observation, shell_action
+
 MAX_ANSWER = 100000
 
 SOFTWARE_ACTION = {
@@ -19,13 +20,7 @@ SOFTWARE_ACTION = {
     "description": "shell: bash as uid 2000 from the repository, 60 s, output cut to the final "
                    "12000 bytes, exit 124 on timeout; finish: run the MiMo verifier. Step 64 "
                    "finishes.",
-    "type": "object",
-    "properties": {
-        "operation": {"enum": ["shell", "finish"]},
-        "command": {"type": "string", "maxLength": MAX_COMMAND},
-    },
-    "required": ["operation"],
-    "additionalProperties": False,
+    **shell_action(finish="run the MiMo verifier.", cwd="the repository"),
 }
 
 GENERAL_ACTION = {
@@ -33,17 +28,12 @@ GENERAL_ACTION = {
     "description": "shell as above (from the workspace); tool: call an MCP tool of the task "
                    "(server, name, JSON arguments); finish: the final answer, written to "
                    "answer.md, then the verifier and the judge grade. Step 64 finishes.",
-    "type": "object",
-    "properties": {
-        "operation": {"enum": ["shell", "tool", "finish"]},
-        "command": {"type": "string", "maxLength": MAX_COMMAND},
-        "server": {"type": "string", "maxLength": 128},
-        "name": {"type": "string", "maxLength": 128},
-        "arguments": {"type": "object"},
-        "answer": {"type": "string", "maxLength": MAX_ANSWER},
-    },
-    "required": ["operation"],
-    "additionalProperties": False,
+    **shell_action(finish="the final answer (answer.md), then the verifier and the judge grade.",
+                   cwd="the workspace", operations=("tool",),
+                   server={"type": "string", "maxLength": 128},
+                   name={"type": "string", "maxLength": 128},
+                   arguments={"type": "object"},
+                   answer={"type": "string", "maxLength": MAX_ANSWER}),
 }
 
 ACTION_SCHEMA = {
@@ -52,22 +42,16 @@ ACTION_SCHEMA = {
     "anyOf": [SOFTWARE_ACTION, GENERAL_ACTION],
 }
 
-OBSERVATION_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "task_id": {"type": "string"},
-        "task_kind": {"enum": ["opensource-code", "general_agent"]},
-        "output": {"type": "string"},
-        "exit_code": {"type": ["integer", "null"]},
-        "tools": {"type": ["array", "null"], "items": {"type": "object"}},
-        "verifier": {"type": ["string", "null"]},
-        # general_agent, terminal only: what the transport saw of attempts on
-        # the grade (mimoagent.verify.general_integrity), and agent processes
-        # it killed before grading
-        "integrity_evidence": {"type": ["array", "null"], "items": {"type": "object"}},
-        "processes_killed": {"type": ["integer", "null"]},
-    },
-}
+OBSERVATION_SCHEMA = command_observation(
+    task_kind={"enum": ["opensource-code", "general_agent"]},
+    tools={"type": ["array", "null"], "items": {"type": "object"}},
+    verifier={"type": ["string", "null"]},
+    # general_agent, terminal only: what the transport saw of attempts on
+    # the grade (mimoagent.verify.general_integrity), and agent processes
+    # it killed before grading
+    integrity_evidence={"type": ["array", "null"], "items": {"type": "object"}},
+    processes_killed={"type": ["integer", "null"]},
+)
 
 
 def allowed_action(kind: str, action: Mapping[str, Any]) -> str | None:

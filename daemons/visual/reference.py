@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from camg.errors import DatasetError, NotFound
+from camg.shell_reference import shipped
 
 MAX_SITE_BYTES = 8 << 20
 
@@ -40,15 +41,10 @@ def plan(task_id: str, data: Mapping[str, Any], *, cwd: str, max_command_chars: 
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(body), 0o644, 0
             tar.addfile(info, io.BytesIO(body))
-    blob = base64.b64encode(buf.getvalue()).decode()
     store = f"{cwd.rstrip('/')}/.camg-reference.b64"
-    size = max(1000, max_command_chars - 200)
-    steps = [{"operation": "shell", "command": f"printf %s '{blob[i:i + size]}' >> {store}"}
-             for i in range(0, len(blob), size)]
-    steps.append({"operation": "shell", "command":
-                  f"mkdir -p dist && base64 -d {store} | tar -xz -C dist && rm -f {store}"})
-    steps.append({"operation": "finish"})
-    return steps
+    return shipped(buf.getvalue(), store,
+                   f"mkdir -p dist && base64 -d {store} | tar -xz -C dist && rm -f {store}",
+                   max_command=max_command_chars)
 
 
 def load(directory: str | Path, task_id: str) -> dict | None:

@@ -7,6 +7,7 @@ image by tests/privileged/test_coding_episodes.py.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +15,32 @@ from pathlib import Path
 import pytest
 
 from camg.errors import GraderError
-from daemons.coding import grading, integrity, layers, mirrors, profiles, rows
+from daemons.coding import (diff_paths, grader_scripts, integrity, layers, log_evaluation, mirrors,
+                            profiles, rows)
 from daemons.coding.prepare_layers import build_layers_as_root
 from tools.coding import synthetic
 
 
 # One key per guard session of a script: the eval script probes, then runs.
 KEYS = (b"a1" * 32, b"b2" * 32)
-GUARD = grading.GUARD_SOURCE
+GUARD = grader_scripts.GUARD_SOURCE
+
+
+def local_eval(script: str, diff: bytes, cwd: str, timeout: float,
+               keys: list[bytes]) -> tuple[str, int, bool]:
+    """Run a grader script on a local checkout instead of a grader sandbox,
+    ``keys`` (as many as the script takes) and ``diff`` on its stdin."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PYTEST", "CAMG_GUARD"))}
+    env["CAMG_GRADE_TMP"] = os.path.join(os.path.dirname(os.path.abspath(cwd)),
+                                         ".camg-grade-" + os.path.basename(cwd))
+    try:
+        proc = subprocess.run(["bash", "-c", script],
+                              input=grader_scripts.script_stdin(keys, diff), cwd=cwd,
+                              env=env, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        return (exc.stdout or b"").decode("utf-8", "replace"), -1, True
+    return proc.stdout.decode("utf-8", "replace"), proc.returncode, False
 
 
 @pytest.fixture(scope="session")
@@ -40,18 +59,18 @@ def task_layers(task_set, tmp_path_factory):
             for ref in refs}
 
 
-def grade(task_layers, row, diff: bytes, tmp_path) -> grading.Report:
+def grade(task_layers, row, diff: bytes, tmp_path) -> log_evaluation.Report:
     ref, built = task_layers[row.instance_id]
     tmp_path.mkdir(parents=True, exist_ok=True)
     checkout = tmp_path / "grader"
     subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
     profiles.for_repo(row.repo)
     profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
-    kept, dropped = grading.filter_diff(diff)
-    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests, GUARD),
-                                              kept, str(checkout), timeout=120, keys=KEYS)
-    return grading.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped,
-                            keys=KEYS, findings=integrity.screen(diff))
+    kept, dropped = diff_paths.filter_diff(diff)
+    log, code, timed_out = local_eval(grader_scripts.eval_script(profile, ref.tests, GUARD),
+                                      kept, str(checkout), timeout=120, keys=KEYS)
+    return log_evaluation.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped,
+                                   keys=KEYS, findings=integrity.screen(diff))
 
 
 def agent_workspace(task_layers, row, tmp_path) -> tuple[Path, Path, str]:
@@ -64,7 +83,7 @@ def agent_workspace(task_layers, row, tmp_path) -> tuple[Path, Path, str]:
 
 
 def agent_diff(workspace: Path, private: Path, snapshot: str) -> bytes:
-    cmd = grading.diff_command(snapshot, private_git=str(private), workdir=str(workspace))
+    cmd = diff_paths.diff_command(snapshot, private_git=str(private), workdir=str(workspace))
     return subprocess.run(["bash", "-c", cmd], capture_output=True, check=True).stdout
 
 
@@ -195,10 +214,10 @@ def grader_checkout(task_set, task_layers, tmp_path):
 def test_hanging_tests_are_not_resolved(task_set, task_layers, tmp_path):
     row, ref, checkout, profile = grader_checkout(task_set, task_layers, tmp_path)
     hang = profiles.Profile(profile.key, "sleep 30", profile.parser, 1, "demo", str(checkout))
-    log, code, timed_out = grading.local_eval(grading.eval_script(hang, ref.tests, GUARD), b"",
-                                              str(checkout), timeout=1, keys=KEYS)
+    log, code, timed_out = local_eval(grader_scripts.eval_script(hang, ref.tests, GUARD), b"",
+                                      str(checkout), timeout=1, keys=KEYS)
     assert timed_out
-    report = grading.evaluate(log, row, exit_code=code, timed_out=timed_out, keys=KEYS)
+    report = log_evaluation.evaluate(log, row, exit_code=code, timed_out=timed_out, keys=KEYS)
     assert report.reason == "tests_timed_out" and report.reward == 0.0
 
 
@@ -207,14 +226,14 @@ def test_guard_keys_arrive_on_stdin_only(task_set, task_layers, tmp_path):
     in /proc by every process of the test uid); a script short of keys is
     the grader's failure, never a grade."""
     row, ref, checkout, profile = grader_checkout(task_set, task_layers, tmp_path)
-    script = grading.eval_script(profile, ref.tests, GUARD)
+    script = grader_scripts.eval_script(profile, ref.tests, GUARD)
     assert "CAMG_GUARD_KEY=" not in script and "CAMG_GUARD_KEYS=" in script
-    log, code, _ = grading.local_eval(script, b"", str(checkout), timeout=60, keys=KEYS[:1])
-    assert code == grading.EXIT_SETUP and "camg-guard" not in log
+    log, code, _ = local_eval(script, b"", str(checkout), timeout=60, keys=KEYS[:1])
+    assert code == grader_scripts.EXIT_SETUP and "camg-guard" not in log
     with pytest.raises(GraderError, match="setup failed"):
-        grading.evaluate(log, row, exit_code=code, timed_out=False, keys=KEYS[:1])
+        log_evaluation.evaluate(log, row, exit_code=code, timed_out=False, keys=KEYS[:1])
     with pytest.raises(ValueError):
-        grading.script_stdin([b"short"])
+        grader_scripts.script_stdin([b"short"])
 
 
 def test_unappliable_diff_is_not_resolved(task_set, task_layers, tmp_path):
@@ -227,17 +246,17 @@ def test_unappliable_diff_is_not_resolved(task_set, task_layers, tmp_path):
 
 def test_wrong_grader_state_is_a_grader_error(task_set, task_layers, tmp_path):
     row, ref, checkout, profile = grader_checkout(task_set, task_layers, tmp_path)
-    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tip, GUARD), b"",
-                                              str(checkout), timeout=60, keys=KEYS)
+    log, code, timed_out = local_eval(grader_scripts.eval_script(profile, ref.tip, GUARD), b"",
+                                      str(checkout), timeout=60, keys=KEYS)
     with pytest.raises(GraderError, match="setup failed"):
-        grading.evaluate(log, row, exit_code=code, timed_out=timed_out, keys=KEYS)
+        log_evaluation.evaluate(log, row, exit_code=code, timed_out=timed_out, keys=KEYS)
 
 
 def test_missing_markers_is_a_grader_error(task_set):
     _, task_rows = task_set
     profiles.for_repo(task_rows[0].repo)
     with pytest.raises(GraderError, match="markers"):
-        grading.evaluate("killed\n", task_rows[0], exit_code=137, timed_out=False, keys=KEYS)
+        log_evaluation.evaluate("killed\n", task_rows[0], exit_code=137, timed_out=False, keys=KEYS)
 
 
 def test_missing_test_counts_as_failed(task_set):
@@ -251,9 +270,9 @@ def test_missing_test_counts_as_failed(task_set):
                      {"t": "end", "exitstatus": 0, "evidence": []})
     log = ("+ : '>>>>> Start Test Output'\n" + "\n".join(passed)
            + "\n+ : '>>>>> End Test Output'\n" + channel)
-    assert grading.evaluate(log, row, exit_code=0, timed_out=False, keys=KEYS).resolved
+    assert log_evaluation.evaluate(log, row, exit_code=0, timed_out=False, keys=KEYS).resolved
     log_missing = log.replace(passed[-1] + "\n", "")
-    report = grading.evaluate(log_missing, row, exit_code=0, timed_out=False, keys=KEYS)
+    report = log_evaluation.evaluate(log_missing, row, exit_code=0, timed_out=False, keys=KEYS)
     assert not report.resolved
     assert len(report.fail_to_pass_failed) + len(report.pass_to_pass_failed) == 1
 
@@ -266,7 +285,7 @@ def test_missing_test_counts_as_failed(task_set):
     ("src/apispec/core.py", False), ("src/testament.py", False), ("README.rst", False),
 ])
 def test_protected_paths(path, protected):
-    assert grading.is_protected(path) is protected
+    assert diff_paths.is_protected(path) is protected
 
 
 def test_filter_diff_handles_quoting_and_renames():
@@ -275,7 +294,7 @@ def test_filter_diff_handles_quoting_and_renames():
             b"diff --git a/src/x.py b/src/x.py\n--- a/src/x.py\n+++ b/src/x.py\n@@ -1 +1 @@\n-a\n+b\n"
             b"diff --git a/src/y.py b/tests/y.py\nsimilarity index 100%\nrename from src/y.py\n"
             b"rename to tests/y.py\n")
-    kept, dropped = grading.filter_diff(diff)
+    kept, dropped = diff_paths.filter_diff(diff)
     assert kept.startswith(b"diff --git a/src/x.py") and kept.count(b"diff --git") == 1
     assert dropped == ["tests/t\u00e9st.py", "tests/y.py"]
 
@@ -296,8 +315,8 @@ def test_preexisting_untracked_files_survive_grading(task_set, task_layers, tmp_
     reverse_fix = subprocess.run(["git", "-C", str(checkout), "apply", "-R", "--check", "-"],
                                  input=fuzzy, capture_output=True)
     assert reverse_fix.returncode != 0  # git apply must fail: exercise the fallbacks
-    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests, GUARD),
-                                              fuzzy, str(checkout), timeout=120, keys=KEYS)
+    log, code, timed_out = local_eval(grader_scripts.eval_script(profile, ref.tests, GUARD),
+                                      fuzzy, str(checkout), timeout=120, keys=KEYS)
     assert (checkout / "tests" / "_built_fixture.bin").exists()
     assert (checkout / "build" / "ext.so").exists()
     assert "trying the next method" in log

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from daemons.coding import grading, integrity, profiles
+from camg.errors import GraderError
+from daemons.coding import diff_paths, grader_scripts, integrity, log_evaluation, profiles
 from tools.coding import canaries
 from test_coding_grading import (GUARD, KEYS, agent_diff, agent_workspace, gold,  # noqa: F401
-                                 reverse, task_layers, task_set)
+                                 local_eval, reverse, task_layers, task_set)
 
 
 def run_grade(task_layers, row, diff: bytes, tmp_path, *, screen=True, python=sys.executable):
@@ -31,12 +32,12 @@ def run_grade(task_layers, row, diff: bytes, tmp_path, *, screen=True, python=sy
     subprocess.run(["cp", "-a", str(Path(built.grader) / "testbed"), str(checkout)], check=True)
     profiles.for_repo(row.repo)
     profile = profiles.local_profile(row.mirror_name, python, str(checkout))
-    kept, dropped = grading.filter_diff(diff)
-    log, code, timed_out = grading.local_eval(grading.eval_script(profile, ref.tests, GUARD),
-                                              kept, str(checkout), timeout=120, keys=KEYS)
+    kept, dropped = diff_paths.filter_diff(diff)
+    log, code, timed_out = local_eval(grader_scripts.eval_script(profile, ref.tests, GUARD),
+                                      kept, str(checkout), timeout=120, keys=KEYS)
     findings = integrity.screen(diff) if screen else ()
-    return grading.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped,
-                            keys=KEYS, findings=findings), log
+    return log_evaluation.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped,
+                                   keys=KEYS, findings=findings), log
 
 
 def tampered_diff(task_layers, row, tmp_path, technique, with_gold):
@@ -105,7 +106,7 @@ def test_unsigned_channel_lines_are_forgeries(task_set):
                    for t in ids)
     log = ("+ : '>>>>> Start Test Output'\n" + "\n".join(f"{t} PASSED" for t in ids)
            + "\n+ : '>>>>> End Test Output'\n" + fake)
-    report = grading.evaluate(log, row, exit_code=0, timed_out=False, keys=KEYS)
+    report = log_evaluation.evaluate(log, row, exit_code=0, timed_out=False, keys=KEYS)
     assert report.reward == 0.0 and report.integrity == "tampered"
     assert "forged_channel" in {e["rule"] for e in report.evidence}
 
@@ -115,7 +116,7 @@ def test_unsigned_channel_lines_are_forgeries(task_set):
 def test_missing_runner_is_a_grader_error_not_a_zero(task_set, task_layers, tmp_path):
     _, task_rows = task_set
     row = task_rows[0]
-    with pytest.raises(grading.GraderError, match="cannot start"):
+    with pytest.raises(GraderError, match="cannot start"):
         run_grade(task_layers, row, gold(row), tmp_path, python="/nonexistent/python3")
 
 
@@ -126,24 +127,24 @@ def test_runner_that_cannot_import_pytest_is_a_grader_error(task_set, task_layer
     bare = tmp_path / "bare-python"
     bare.write_text('#!/bin/sh\nexec /usr/bin/python3 -S "$@"\n')
     bare.chmod(0o755)
-    with pytest.raises(grading.GraderError, match="cannot start"):
+    with pytest.raises(GraderError, match="cannot start"):
         run_grade(task_layers, row, gold(row), tmp_path, python=str(bare))
     # Without the up-front probe (a later grade of the same task), the run
     # that never started is flagged and the pristine probe decides.
     ref, _ = task_layers[row.instance_id]
     checkout = tmp_path / "grader"
     profile = profiles.local_profile(row.mirror_name, str(bare), str(checkout))
-    log, code, timed_out = grading.local_eval(
-        grading.eval_script(profile, ref.tests, GUARD, probe=False), gold(row), str(checkout),
+    log, code, timed_out = local_eval(
+        grader_scripts.eval_script(profile, ref.tests, GUARD, probe=False), gold(row), str(checkout),
         timeout=120, keys=KEYS[:1])
-    report = grading.evaluate(log, row, exit_code=code, timed_out=timed_out, keys=KEYS)
+    report = log_evaluation.evaluate(log, row, exit_code=code, timed_out=timed_out, keys=KEYS)
     assert not report.runner_started and report.reason == "runner_did_not_start"
-    _, probe_exit, _ = grading.local_eval(grading.probe_script(profile, GUARD), b"",
-                                          str(checkout), timeout=120, keys=KEYS[:1])
-    assert probe_exit == grading.EXIT_RUNNER
+    _, probe_exit, _ = local_eval(grader_scripts.probe_script(profile, GUARD), b"",
+                                  str(checkout), timeout=120, keys=KEYS[:1])
+    assert probe_exit == grader_scripts.EXIT_RUNNER
     good = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
-    _, probe_exit, _ = grading.local_eval(grading.probe_script(good, GUARD), b"",
-                                          str(checkout), timeout=120, keys=KEYS[:1])
+    _, probe_exit, _ = local_eval(grader_scripts.probe_script(good, GUARD), b"",
+                                  str(checkout), timeout=120, keys=KEYS[:1])
     assert probe_exit == 0
 
 
@@ -169,15 +170,15 @@ def test_pristine_collection_tells_broken_agent_from_broken_grader(task_set, tas
     report, _ = run_grade(task_layers, row, b"", tmp_path / "plain")
     checkout = tmp_path / "plain" / "grader"
     profile = profiles.local_profile(row.mirror_name, sys.executable, str(checkout))
-    log, _, _ = grading.local_eval(grading.collect_script(profile, GUARD), b"", str(checkout),
-                                   timeout=120, keys=KEYS[:1])
-    grading.require_collectable(log, KEYS[:1], row)          # collects: no error
+    log, _, _ = local_eval(grader_scripts.collect_script(profile, GUARD), b"", str(checkout),
+                           timeout=120, keys=KEYS[:1])
+    log_evaluation.require_collectable(log, KEYS[:1], row)          # collects: no error
     blind = profiles.Profile(profile.key, profile.test_cmd + " -k no_such_test_camg", profile.parser,
                              120, "demo", str(checkout))
-    log, _, _ = grading.local_eval(grading.collect_script(blind, GUARD), b"", str(checkout),
-                                   timeout=120, keys=KEYS[:1])
-    with pytest.raises(grading.GraderError, match="collects none"):
-        grading.require_collectable(log, KEYS[:1], row)
+    log, _, _ = local_eval(grader_scripts.collect_script(blind, GUARD), b"", str(checkout),
+                           timeout=120, keys=KEYS[:1])
+    with pytest.raises(GraderError, match="collects none"):
+        log_evaluation.require_collectable(log, KEYS[:1], row)
 
 
 def _section(path: str, *added: str) -> bytes:

@@ -32,7 +32,7 @@ def _modules() -> list[str]:
 
 def test_the_walk_finds_the_project():
     names = _modules()
-    assert {"camg.serve", "helper.verbs", "daemons.coding.grading", "tools.canary_table",
+    assert {"camg.serve", "helper.verbs", "daemons.coding.log_evaluation", "tools.canary_table",
             "camg_client.rollout"} <= set(names)
 
 

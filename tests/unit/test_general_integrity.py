@@ -508,7 +508,7 @@ def test_test_support_is_restored_to_the_base_before_the_run(tmp_path):
     1.0); the paths are Coding's protected ones."""
     import tarfile
 
-    from daemons.coding import grading
+    from daemons.coding import diff_paths
 
     base = {"repo/tests/helpers.py": b"def check(got, want):\n    assert got == want\n",
             "repo/tests/conftest.py": b"import pytest\n", "repo/src/pkg.py": b"X = 1\n"}
@@ -534,10 +534,10 @@ def test_test_support_is_restored_to_the_base_before_the_run(tmp_path):
         assert not path.is_symlink() and path.read_bytes() == (data if "src" not in rel else b"X = 3\n")
     assert not (repo / "conftest.py").exists() and not (repo / "tests" / "pkg.py").exists()
     assert pristine.restore_test_support() == []
-    assert verifier_guard.TEST_SUPPORT_DIRS == grading._PROTECTED_DIRS
-    assert set(verifier_guard.TEST_SUPPORT_NAMES) == set(grading._PROTECTED_NAMES) - {
+    assert verifier_guard.TEST_SUPPORT_DIRS == diff_paths.PROTECTED_DIRS
+    assert set(verifier_guard.TEST_SUPPORT_NAMES) == set(diff_paths.PROTECTED_NAMES) - {
         "sitecustomize.py", "usercustomize.py"}   # start-up hooks: the screen's (startup_hook)
-    assert set(verifier_guard.TEST_SUPPORT_GLOBS) == set(grading._PROTECTED_GLOBS) - {"*.pth"}
+    assert set(verifier_guard.TEST_SUPPORT_GLOBS) == set(diff_paths.PROTECTED_GLOBS) - {"*.pth"}
 
 
 def test_regrade_judges_the_stored_records_again(tmp_path):

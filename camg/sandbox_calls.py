@@ -1,0 +1,75 @@
+"""Helper calls of an episode that holds sandboxes, with the helper's errors
+as episode failures (Coding, AutoResearch).
+
+A sandbox that is gone (NotFound: destroyed by close() or a sweep) or whose
+init died is SandboxDied; any other helper error not already an episode
+failure is InfraFailure. Either way the episode's reward is null with the
+failure class, never a fake 0.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from camg import errors
+
+#: how often, and how far apart, the helper is asked whether a sandbox died
+_DEATH_CHECKS, _DEATH_CHECK_S = 10, 0.1
+
+
+def call(helper, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, a call of ``helper`` whose first string
+    argument (if any) names the sandbox it acts on."""
+    try:
+        return fn(*args, **kwargs)
+    except errors.SandboxDied:
+        raise
+    except errors.NotFound as exc:
+        raise errors.SandboxDied(f"sandbox is gone: {exc}") from None
+    except errors.InfraFailure as exc:
+        # A call racing the death of the sandbox's init can come back as a
+        # generic failure; the helper's own view of the sandbox decides.
+        sandbox = next((a for a in args if isinstance(a, str)), None)
+        if sandbox is not None and died(helper, sandbox):
+            raise errors.SandboxDied(f"sandbox {sandbox} died: {exc}") from None
+        raise
+    except errors.CamgError as exc:
+        raise errors.InfraFailure(f"helper: {exc}") from None
+
+
+def died(helper, sandbox: str) -> bool:
+    """Whether the helper lists ``sandbox`` as dead (it may take a moment to
+    reap a killed init: asked a few times); False when it cannot say."""
+    for _ in range(_DEATH_CHECKS):
+        try:
+            listing = helper.list_sandboxes()
+        except errors.CamgError:
+            return False
+        if any(entry.get("sandbox_id") == sandbox and entry.get("alive") is False
+               for entry in listing):
+            return True
+        time.sleep(_DEATH_CHECK_S)
+    return False
+
+
+class HeldSandbox:
+    """The helper plumbing of an episode that holds a sandbox (Coding,
+    AutoResearch); the episode sets ``helper``, ``sandbox`` (None once it is
+    gone), ``_closed`` and the ``_lock`` that guards both."""
+
+    helper: Any
+    sandbox: str | None
+    _closed: bool
+    _lock: threading.Lock
+
+    def _sandbox(self) -> str:
+        with self._lock:
+            if self._closed or self.sandbox is None:
+                raise errors.SandboxDied("the episode's sandbox is gone (episode closed)")
+            return self.sandbox
+
+    def _call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        return call(self.helper, fn, *args, **kwargs)
