@@ -90,7 +90,7 @@ def bench_helper(helper: HelperProcess, rootfs: Path, n: int) -> dict:
 def bench_concurrent(helper: HelperProcess, rootfs: Path, count: int) -> dict:
     c = helper.client(pool_size=64)
     lowers = [str(rootfs)]
-    rss_before = kib(f"/proc/{helper.proc.pid}/status", "VmRSS")
+    rss_before = helper.rss_kib()
     errors: list[str] = []
 
     def make(_):
@@ -107,8 +107,8 @@ def bench_concurrent(helper: HelperProcess, rootfs: Path, count: int) -> dict:
     with ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(lambda s: c.exec(s, "echo ok").output, ids))
     bad = sum(1 for o in outs if o != "ok\n")
-    rss_after = kib(f"/proc/{helper.proc.pid}/status", "VmRSS")
-    inits = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == helper.proc.pid]
+    rss_after = helper.rss_kib()
+    inits = sorted(helper.sandbox_inits())
     pss = sum(kib(f"/proc/{p}/smaps_rollup", "Pss") for p in inits)
     t = time.perf_counter()
     released = c.release_all()
@@ -119,14 +119,6 @@ def bench_concurrent(helper: HelperProcess, rootfs: Path, count: int) -> dict:
             "release_all_s": round(release_s, 3), "released": released,
             "helper_rss_growth_kib_each": round((rss_after - rss_before) / max(1, len(ids)), 1),
             "init_pss_kib_each": round(pss / max(1, len(inits)), 1), "inits_seen": len(inits)}
-
-
-def _ppid(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        return -1
 
 
 def bench_sustained(helper: HelperProcess, rootfs: Path, threads: int, seconds: float) -> dict:
