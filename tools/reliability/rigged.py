@@ -30,6 +30,17 @@ from tools.reliability.rig import CACHE, ROOT, scope
 GRADER_USER = "camg-grader"
 
 
+def coding_demo_set(socket: str) -> Path:
+    """The Coding demo task set (cached; built in sandboxes of ``socket``):
+    Coding's target and General's (its opensource-code tasks) share it."""
+    from tools import oci_demo as demo
+    from tools.coding.demo_tasks import fetch_sdist
+    from tools.coding.sandbox_runner import ensure_demo_set
+    image = demo.ensure_demo_image(demo.cache_root_from_env())
+    return ensure_demo_set(CACHE / "coding", image.image, socket,
+                           fetch_sdist(CACHE / "coding" / "sdist"))
+
+
 @dataclasses.dataclass
 class Rig:
     #: helper.json: lower_roots plus any private_roots / containers section
@@ -144,7 +155,6 @@ def general(work: Path, socket: str) -> Rig:
     from tools.general import agent_env, demo
     from tools.judge_stub import FakeJudge, Reply
     from tools.loopback_registry import LocalRegistry
-    from tools.reliability.targets import coding_demo_set
     demo_set = coding_demo_set(socket)
     rig_stack = contextlib.ExitStack()
     try:

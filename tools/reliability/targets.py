@@ -106,23 +106,13 @@ def _coding_roots() -> list[str]:
     return [str(demo.cache_root_from_env()), str(layers), str(CACHE / "helper")]
 
 
-def coding_demo_set(socket: str) -> Path:
-    """The Coding demo task set (cached; built in sandboxes of ``socket``)."""
-    from tools import oci_demo as demo
-    from tools.coding.demo_tasks import fetch_sdist
-    from tools.coding.sandbox_runner import ensure_demo_set
-    image = demo.ensure_demo_image(demo.cache_root_from_env())
-    return ensure_demo_set(CACHE / "coding", image.image, socket,
-                           fetch_sdist(CACHE / "coding" / "sdist"))
-
-
 def _coding_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
     """The Coding demo (image, task set, task layers), as the privileged tests build it."""
     from camg.oci.images import write_materialized
     from daemons.coding.prepare import prepare_coding
     from tools import oci_demo as demo
     image = demo.ensure_demo_image(demo.cache_root_from_env())
-    demo_set = coding_demo_set(socket)
+    demo_set = rigged.coding_demo_set(socket)
     work.mkdir(parents=True, exist_ok=True)
     images = work / "materialized-images.json"
     write_materialized(images, (image.image,))
