@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for t in all_targets():
             own = target_sizes(t, sizes)
+            own["load"] = min(own["load"], t.load_max or own["load"])
             print(t.name, t.missing or " ".join(f"{k}={own[k]}" for k in SIZES))
         return 0
     if os.geteuid() != 0:
