@@ -63,11 +63,24 @@ def get_json(url: str, timeout: float = 3.0) -> tuple[int | None, Any]:
         return None, str(exc)
 
 
+def unit_name(env: str) -> str:
+    """Its plugin's unit; one configured but no longer installed: the
+    default name."""
+    from camg import plugins
+    from camg.errors import ConfigError
+
+    try:
+        return plugins.get(env).unit
+    except ConfigError:
+        return plugins.default_unit(env)
+
+
 def environment_row(config_path: Path) -> dict:
     config = json.loads(config_path.read_text())
     env, port = config["environment"], config["port"]
     row: dict[str, Any] = {"environment": env, "port": port, "problems": []}
-    state = unit_state(f"camg-{env}.service")
+    unit = unit_name(env)
+    state = unit_state(unit)
     row["unit"] = state or "-"
     base = f"http://127.0.0.1:{port}"
     status, health = get_json(base + "/health")
@@ -83,13 +96,13 @@ def environment_row(config_path: Path) -> dict:
                      "matches disk" if served == config["config_hash"] else
                      f"serves {served[:12]} (disk {config['config_hash'][:12]})")
     if state is not None and not state.startswith("active/"):
-        row["problems"].append(f"camg-{env}.service is {state}")
+        row["problems"].append(f"{unit} is {state}")
     if row["health"] != "healthy":
         reasons = health.get("reasons") if isinstance(health, dict) else health
         row["problems"].append(f"health {row['health']}: {reasons}")
     if served is not None and served != config["config_hash"]:
         row["problems"].append("the service serves another configuration than the one on "
-                               "disk: restart it (systemctl restart camg-" + env + ")")
+                               f"disk: restart it (systemctl restart {unit})")
     return row
 
 
