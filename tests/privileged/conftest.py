@@ -27,9 +27,7 @@ import pytest
 
 from tools.harness import helpers
 from tools.harness.helpers import CACHE, ROOT, HelperProcess, remove_parents  # noqa: F401
-from tools.harness.leaks import LeakWatch
-
-WATCH = LeakWatch()
+from tools.harness.leaks import WATCH
 allow_process = WATCH.allow_process
 allow_mounts_under = WATCH.allow_mounts_under
 state_root = WATCH.state_root

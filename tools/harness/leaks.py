@@ -98,3 +98,9 @@ class LeakWatch:
             time.sleep(0.1)
             leaks = self.leaks(before)
         return leaks
+
+
+#: This process's one watch: pytest loads tests/privileged/conftest.py as
+#: ``conftest`` and fixtures modules import it again as
+#: ``tests.privileged.conftest``; both instances register here.
+WATCH = LeakWatch()
