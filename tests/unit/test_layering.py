@@ -69,6 +69,9 @@ PLANTED = [
     ("daemons/shop/pages.py", "from tools.coding import bugs", "daemons.shop.pages -> tools.coding.bugs"),
     ("camg_client/rollout.py", "from camg import errors", "camg_client.rollout -> camg.errors"),
     ("camg_client/client.py", "import daemons.shop", "camg_client.client -> daemons.shop"),
+    # the services build nothing: no image tooling, no root-only task layers
+    ("daemons/coding/environment.py", "from daemons.coding import prepare_layers",
+     "daemons.coding.environment -> daemons.coding.prepare_layers"),
     # shipped code imports nothing of tests/ or bench/ (the harness lives in tools/harness)
     ("tools/reliability/rig.py", "from tests.support import services",
      "tools.reliability.rig -> tests.support.services"),
