@@ -81,6 +81,13 @@ class EnvironmentPlugin:
     #: where prepare_demo.py prepares it and the demo deployment lists it
     #: (ascending, then by name)
     demo_rank: int = 100
+    #: substrate "container": the file under the demo's DATA its preparer
+    #: writes ({"images": [ref@digest ...]}): what the demo helper's
+    #: container mediator allows
+    demo_images: str | None = None
+    #: the directory under DATA its preparer writes the agent environment
+    #: to (the mediator's ``agent_env_source``; one environment's at most)
+    demo_agent_env: str | None = None
     #: ``module:attr`` of its tools.reliability.targets.Target (how the
     #: reliability suites prepare, serve and size it); None: listed missing
     reliability: str | None = None
@@ -105,6 +112,9 @@ class EnvironmentPlugin:
         if (self.demo is None) != (self.demo_prepare is None):
             raise ConfigError(f"environment plugin {self.name}: demo and demo_prepare "
                               "go together")
+        if (self.demo_images or self.demo_agent_env) and self.substrate != "container":
+            raise ConfigError(f"environment plugin {self.name}: demo_images and "
+                              "demo_agent_env are for substrate 'container'")
         # Derived defaults, set once here so every reader sees one value.
         if not self.unit:
             object.__setattr__(self, "unit", default_unit(self.name))

@@ -117,26 +117,29 @@ def _write_json(output: Path, body: dict) -> None:
 def helper_config(base: dict, data: Path, cache: Path, names: list[str]) -> dict:
     """The helper configuration the demo needs: ``base`` (units/helper.json or
     the operator's) plus the cache's lower roots (materialized images, the
-    renderer tree) and, for General/Visual, the container mediator."""
+    renderer tree) and, for the environments whose preparation lists task
+    images (their plugin's ``demo_images``: General, Visual), the container
+    mediator."""
     config = dict(base)
     lowers = list(config.get("lower_roots", []))
     for root in (cache / "oci", cache / "helper"):
         if str(root) not in lowers:
             lowers.append(str(root))
     config["lower_roots"] = lowers
+    served = [p for n, p in DEMO.items() if n in names]
     refs: list[str] = []
-    if "general" in names:
-        refs += json.loads((data / "general" / "container-images.json").read_text())["images"]
-    if "visual" in names:
-        refs += json.loads((data / "visual" / "images.json").read_text())["images"]
+    for plugin in served:
+        if plugin.demo_images:
+            refs += json.loads((data / plugin.demo_images).read_text())["images"]
     if refs:
         allowed = data / "container-images.json"
         _write_json(allowed, {"images": refs})
         allowed.chmod(0o644)
         containers = dict(config.get("containers") or {})
         containers["images_manifest"] = str(allowed)
-        if "general" in names:
-            containers["agent_env_source"] = str(data / "general" / "agent-env")
+        for plugin in served:
+            if plugin.demo_agent_env:
+                containers["agent_env_source"] = str(data / plugin.demo_agent_env)
         config["containers"] = containers
     return config
 

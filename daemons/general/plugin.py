@@ -18,6 +18,8 @@ PLUGIN = EnvironmentPlugin(
     demo_prepare="tools.demo_data:prepare_general",
     # after Coding, whose demo set it reuses
     demo_rank=30,
+    demo_images="general/container-images.json",
+    demo_agent_env="general/agent-env",
     reliability="tools.reliability.targets:GENERAL",
     storm="tools.reliability.killstorm_guest:general",
 )

@@ -17,6 +17,7 @@ PLUGIN = EnvironmentPlugin(
                        "pids_max": 512}},
     demo_prepare="tools.demo_data:prepare_visual",
     demo_rank=40,
+    demo_images="visual/images.json",
     reliability="tools.reliability.targets:VISUAL",
     storm="tools.reliability.killstorm_guest:visual",
 )
