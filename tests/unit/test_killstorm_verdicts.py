@@ -22,6 +22,34 @@ GENERAL = Env("general", 4, {}, slow_step={"operation": "shell"}, reference=True
               finish={"operation": "finish"}, containers=True, grader="container")
 
 
+def test_each_plugin_describes_its_drive():
+    """describe(): the plugin's unit and substrate, completed by the drive it
+    names; the Envs above are what it gives (less the first task)."""
+    import subprocess
+
+    from camg import plugins
+    from tools.reliability.killstorm_guest import describe
+
+    def run(argv, timeout=None, check=False):
+        body = {"tasks": [{"task_id": "t0", "data": {"patch": "THE-PATCH"}}]}
+        return subprocess.CompletedProcess(argv, 0, json.dumps(body), "")
+
+    guest = Guest(run, dict)
+    envs = {n: describe(guest, n, p.port) for n, p in plugins.all_plugins().items()}
+    assert {n for n, e in envs.items() if e.sandboxes} == {"coding", "autoresearch"}
+    assert {n for n, e in envs.items() if e.containers} == {"general", "visual"}
+    assert {n: e.grader_name for n, e in envs.items()} == {
+        "coding": "grader sandbox", "autoresearch": "private grader", "shop": "",
+        "general": "task container (verifier running)", "visual": "renderer sandbox"}
+    assert all(e.unit == f"camg-{n}.service" and e.create == {"task_id": "t0"}
+               for n, e in envs.items())
+    assert "THE-PATCH" in envs["coding"].to_grading[0]["command"]
+    fields = ("sandboxes", "containers", "grader", "grader_user", "reference", "finish")
+    for mine in (CODING, SHOP, RESEARCH, GENERAL):
+        assert [getattr(mine, f) for f in fields] == [getattr(envs[mine.name], f) for f in fields]
+        assert mine.points == envs[mine.name].points
+
+
 def test_plan_covers_every_target_and_the_helper_once_per_environment_that_needs_it():
     work = plan([CODING, SHOP, RESEARCH, GENERAL], 1, random.Random(0))
     targets = [(t, e.name) for t, e, _ in work]
