@@ -147,7 +147,9 @@ install_venv() {
 install_system_files() {
     install -D -m 0644 "$SRC/units/sysusers.d/camg.conf" "$SYSUSERS"
     install -D -m 0644 "$SRC/units/tmpfiles.d/camg.conf" "$TMPFILES"
-    systemd-sysusers "$SYSUSERS"
+    # Its "Creating group/user …" lines are info-level: quiet preparation
+    # (issue 23) keeps warnings and errors only.
+    SYSTEMD_LOG_LEVEL=warning systemd-sysusers "$SYSUSERS"
     # sysusers reports some failures only on stderr; check the result.
     getent passwd camg >/dev/null && getent passwd camg-agent >/dev/null \
         || die "systemd-sysusers did not create camg and camg-agent"
@@ -224,7 +226,9 @@ prepare_demo() {
     install -m 0644 "$DATA/helper.json" "$ETC/helper.json"
     if systemd_running; then
         # Socket-activated again on the next connection, with this configuration.
-        systemctl stop camg-helper.service
+        # --quiet: not the "can still be activated by camg-helper.socket"
+        # warning; that activation is the point.
+        systemctl --quiet stop camg-helper.service
     fi
     if grep -qxE 'general|visual' <<<"$names"; then
         write_demo_judge "$(grep -xE 'general|visual' <<<"$names")"

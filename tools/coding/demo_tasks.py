@@ -52,7 +52,7 @@ def fetch_sdist(directory: Path) -> Path:
     path = Path(directory) / DEMO_SDIST_FILE
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+        subprocess.run([sys.executable, "-m", "pip", "download", "-qq", "--no-deps",
                         "--no-binary", ":all:", DEMO_SDIST, "-d", str(path.parent)], check=True)
     return path
 
