@@ -16,9 +16,11 @@ inside the test process, so three independent checks decide together:
    root-owned path with autoloading off) checks at the end of the session
    that the reporting path is intact, and records each test's outcome from
    the raw call result on an HMAC-signed channel.
-3. ``verdict()`` — the log parsed by swebench and the guard's channel must
-   agree; a PASSED line the guard never saw pass is a forged line, a
-   process that exits 0 before the session ends faked its success.
+3. The verdict (camg.guard_verdict, shared with General, whose verifier runs
+   the same guard; daemons.coding.log_evaluation applies it) — the log
+   parsed by swebench and the guard's channel must agree; a PASSED line the
+   guard never saw pass is a forged line, a process that exits 0 before the
+   session ends faked its success.
 
 Any finding is ``tampered``: reward 0.0 whatever else the diff does, with
 the rule and the evidence in the outcome record.
@@ -26,19 +28,10 @@ the rule and the evidence in the outcome record.
 
 from __future__ import annotations
 
-from camg import guard_verdict, tamper_rules
-from camg.tamper_rules import Finding
-from daemons.coding import diff_paths
-
-GUARD_MODULE = guard_verdict.GUARD_MODULE
-GUARD_DIR = "/opt/camg-grader"
 # The rules themselves are shared with General (camg.tamper_rules).
-_RUNNER_MODULES = tamper_rules.RUNNER_MODULES
-_CONFIG_NAMES = tamper_rules.CONFIG_NAMES
-_INTERNALS = tamper_rules.INTERNALS
-_HOOKS = tamper_rules.HOOKS
-_path_rules = tamper_rules.path_rules
-_content_rules = tamper_rules.content_rules
+from camg import tamper_rules
+from camg.tamper_rules import HOOKS, INTERNALS, Finding, content_rules, path_rules
+from daemons.coding import diff_paths
 
 
 # --- 1. the diff screen ---------------------------------------------------------
@@ -50,13 +43,13 @@ def screen(diff: bytes) -> list[Finding]:
         paths = diff_paths.section_paths(section)
         added = _added_lines(section)
         for path in dict.fromkeys(paths):
-            findings += _path_rules(path, added)
+            findings += path_rules(path, added)
             if diff_paths.is_protected(path):
                 # Test and collection files are reverted before the run; one
                 # that reaches into the runner still shows the intent.
-                findings += _content_rules(path, added, _HOOKS, "runner_hook_in_tests")
+                findings += content_rules(path, added, HOOKS, "runner_hook_in_tests")
             else:
-                findings += _content_rules(path, added, _INTERNALS, "runner_internals")
+                findings += content_rules(path, added, INTERNALS, "runner_internals")
                 findings += tamper_rules.always_equal_rules(path, added)
     return findings
 
@@ -72,14 +65,3 @@ def _added_lines(section: bytes) -> list[str]:
         elif in_hunk and raw.startswith(b"+") and not raw.startswith(b"+++ "):
             lines.append(raw[1:].decode("utf-8", "replace"))
     return lines
-
-
-# --- 2 and 3. the guard's channel and the verdict: camg.guard_verdict (shared
-# with General, whose verifier runs the same guard) ---------------------------
-
-Channel = guard_verdict.Channel
-read_channel = guard_verdict.read_channel
-strip_channel = guard_verdict.strip_channel
-status_lines = guard_verdict.status_lines
-cross_check = guard_verdict.cross_check
-all_passed = guard_verdict.all_passed

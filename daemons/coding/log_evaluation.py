@@ -4,7 +4,7 @@ against the guard's channel: the Coding grade (a Report) or GraderError.
 swebench's get_logs_eval, get_eval_tests_report and get_resolution_status
 parse the test output between the markers grader_scripts prints; the
 guard's signed channel after the end marker must agree with that parse
-(daemons.coding.integrity), and the diff screen's findings make the grade
+(camg.guard_verdict), and the diff screen's findings make the grade
 ``tampered`` whatever the tests did.
 """
 
@@ -17,7 +17,6 @@ import tempfile
 from camg import guard_verdict
 from camg.errors import GraderError
 
-from daemons.coding import integrity
 from daemons.coding.grader_scripts import EXIT_RUNNER, EXIT_SETUP, EXIT_STATE
 from daemons.coding.profiles import SWEBENCH_VERSION
 from daemons.coding.rows import Row
@@ -83,7 +82,7 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, keys: list[
     if exit_code in (EXIT_SETUP, EXIT_STATE) and not timed_out:
         raise GraderError(f"grader sandbox setup failed (exit {exit_code}): {log[-2000:]}")
     # The whole log's channel (the pristine probe's session included).
-    findings += guard_verdict.channel_findings(integrity.read_channel(log, keys))
+    findings += guard_verdict.channel_findings(guard_verdict.read_channel(log, keys))
     if APPLY_PATCH_FAIL in log and START_TEST_OUTPUT not in log:
         return done(False, "patch_apply_failed")
     if timed_out:
@@ -93,7 +92,7 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, keys: list[
         raise GraderError(f"grader log lacks the test output markers (exit {exit_code}): "
                           f"{log[-2000:]}")
     test_part = log[log.index(START_TEST_OUTPUT):]
-    run = integrity.read_channel(test_part, keys)
+    run = guard_verdict.read_channel(test_part, keys)
     started = bool(run.hello)
     spec = TestSpec(instance_id=row.instance_id, repo=row.repo, version=SWEBENCH_VERSION,
                     repo_script_list=[], eval_script_list=[], env_script_list=[],
@@ -101,13 +100,13 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, keys: list[
                     PASS_TO_PASS=list(row.pass_to_pass), language="py", docker_specs={},
                     namespace=None)
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", suffix=".log") as handle:
-        handle.write(integrity.strip_channel(log))
+        handle.write(guard_verdict.strip_channel(log))
         handle.flush()
         status_map, found = get_logs_eval(spec, handle.name)
     section = test_part[:test_part.index(END_TEST_OUTPUT)] if END_TEST_OUTPUT in test_part \
         else test_part
-    findings += [f for f in integrity.cross_check(run, status_map if found else {}, listed,
-                                                  exit_code, timed_out, section)
+    findings += [f for f in guard_verdict.cross_check(run, status_map if found else {}, listed,
+                                                      exit_code, timed_out, section)
                  if f.rule not in guard_verdict.CHANNEL_RULES]
     none_collected = bool(run.hello) and not (run.collected or set()) & set(listed)
     if not started:
@@ -119,7 +118,7 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, keys: list[
     report = get_eval_tests_report(status_map, {FAIL_TO_PASS: list(row.fail_to_pass),
                                                 PASS_TO_PASS: list(row.pass_to_pass)})
     resolved = get_resolution_status(report) == ResolvedStatus.FULL.value
-    if resolved and not integrity.all_passed(run, listed):
+    if resolved and not guard_verdict.all_passed(run, listed):
         resolved = False
     return done(resolved, "resolved" if resolved else "tests_failed",
                 report[FAIL_TO_PASS]["failure"], report[PASS_TO_PASS]["failure"],
@@ -130,7 +129,7 @@ def require_collectable(log: str, keys: list[bytes], row: Row) -> None:
     """After collect_script: GraderError unless the pristine tree collects
     at least one listed test (else a 0.0 would blame the agent for the
     grader's environment)."""
-    channel = integrity.read_channel(log, keys)
+    channel = guard_verdict.read_channel(log, keys)
     if not channel.hello:
         raise GraderError(f"pristine collection did not start the runner: {log[-2000:]}")
     listed = set(row.fail_to_pass) | set(row.pass_to_pass)
