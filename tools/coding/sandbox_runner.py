@@ -72,6 +72,7 @@ def ensure_demo_set(cache_dir: Path, image, helper_socket: str, sdist: Path) -> 
     import shutil
 
     from tools.coding import demo_tasks
+    from tools.oci_demo import locked
 
     here = Path(__file__).resolve().parent
     sources = "".join((here / name).read_text()
@@ -81,13 +82,20 @@ def ensure_demo_set(cache_dir: Path, image, helper_socket: str, sdist: Path) -> 
     final = Path(cache_dir) / f"demo-{key}"
     if (final / "tasks.jsonl").is_file():
         return final
-    tmp = Path(cache_dir) / f".demo-{key}.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        runner = sandbox_runner(helper_socket, image.rootfs)
-        spec = demo_tasks.DemoSpec(sdist=sdist, image_name=image.name)
-        demo_tasks.write_rows(demo_tasks.build(spec, tmp, runner), tmp)
-        os.rename(tmp, final)
-    finally:
+    # One builder at a time (the privileged lanes and the system tier's
+    # guests share this cache through bind mounts; flock holds across them):
+    # the others wait and take its set.
+    with locked(Path(cache_dir) / f".demo-{key}.lock"):
+        if (final / "tasks.jsonl").is_file():
+            return final
+        tmp = Path(cache_dir) / f".demo-{key}.{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            runner = sandbox_runner(helper_socket, image.rootfs)
+            spec = demo_tasks.DemoSpec(sdist=sdist, image_name=image.name)
+            demo_tasks.write_rows(demo_tasks.build(spec, tmp, runner), tmp)
+            shutil.rmtree(final, ignore_errors=True)  # an unfinished set of a killed run
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -69,13 +69,27 @@ def key() -> str:
 def build(output: Path) -> Path:
     """Build (or reuse, when its recorded key matches) the environment at ``output``."""
     output = Path(output).absolute()
-    marker = output / "camg-agent-env.json"
     want = key()
-    try:
-        if json.loads(marker.read_text())["key"] == want:
+    if _built(output, want):
+        return output
+    # One builder at a time: CI's lanes and the system tier's guests share
+    # this cache, and a second builder would remove the first one's output
+    # from under the containers that mount it.
+    from tools.oci_demo import locked
+    with locked(output.with_name(f".{output.name}.lock")):
+        if _built(output, want):
             return output
+        return _build(output, want)
+
+
+def _built(output: Path, want: str) -> bool:
+    try:
+        return json.loads((output / "camg-agent-env.json").read_text())["key"] == want
     except (OSError, ValueError, KeyError):
-        pass
+        return False
+
+
+def _build(output: Path, want: str) -> Path:
     work = output.with_name(output.name + ".building")
     shutil.rmtree(work, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
