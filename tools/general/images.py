@@ -77,6 +77,16 @@ def build_task_image(cache_root: Path, task_dir: Path, kind: str) -> tuple[Path,
     digest_file = out / "digest"
     if digest_file.is_file():
         return out / "layout", tag, digest_file.read_text().strip()
+    # One builder at a time (CI's lanes share the cache): a waiter finds the digest.
+    with oci_demo.locked(out.with_name(f".{out.name}.lock")):
+        if digest_file.is_file():
+            return out / "layout", tag, digest_file.read_text().strip()
+        return _build_task_image(out, base, task_dir, kind, tag, instance)
+
+
+def _build_task_image(out: Path, base, task_dir: Path, kind: str, tag: str,
+                      instance: dict) -> tuple[Path, str, str]:
+    digest_file = out / "digest"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     stage = out / "stage"
