@@ -20,7 +20,7 @@ from pathlib import Path
 import camg
 from camg import service_config as cfg
 from camg import task_manifest as manifest_mod
-from camg import atomic, plugins, typed
+from camg import atomic, plugins, signing, typed
 from camg.errors import CamgError, ConfigError, PreparationMissing
 from camg.hashing import sha256_json
 
@@ -51,7 +51,7 @@ def _source_tree() -> Path:
 
 
 def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Deployment,
-                  base: Path, commit: str) -> tuple[dict, manifest_mod.Manifest]:
+                  base: Path, commit: str, outcome_key: dict) -> tuple[dict, manifest_mod.Manifest]:
     plugin = plugins.all_plugins().get(name)
     step = plugin.prepare_hint if plugin else f"prepare the {name} manifest"
     manifest_path = base / env.manifest
@@ -86,21 +86,27 @@ def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Dep
             for label, path in sorted(executables.items())},
         "settings": typed.to_json(env.settings),
         "references": env.references,
+        "outcome_key": outcome_key,
     }
     body["config_hash"] = sha256_json(body)
     typed.parse(cfg.ServiceConfig, body, f"{name} config", ConfigError)
     return body, manifest
 
 
-def configure(deployment_path: Path, output: Path, source_tree: Path | None = None) -> dict:
+def configure(deployment_path: Path, output: Path, source_tree: Path | None = None,
+              key_owner: str | None = None) -> dict:
+    """``key_owner``: the user the outcome signing key is made for (install.sh:
+    camg); the key is made only if it is missing."""
     deployment = cfg.load_deployment(deployment_path)
     commit = source_commit(source_tree or _source_tree())
     base = deployment_path.resolve().parent
+    key = signing.key_path(deployment.state_root)
+    outcome_key = {"path": str(key), **signing.describe(signing.ensure_key(key, key_owner))}
     services, schedule_envs = {}, {}
     for name, env in sorted(deployment.environments.items()):
         if not env.enabled:
             continue
-        body, manifest = build_service(name, env, deployment, base, commit)
+        body, manifest = build_service(name, env, deployment, base, commit, outcome_key)
         services[name] = body
         schedule_envs[name] = {
             "config_hash": body["config_hash"],
@@ -137,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m camg.configure", description=__doc__.split("\n")[0])
     parser.add_argument("--deployment", required=True, type=Path)
     parser.add_argument("--output", required=True, type=Path)
+    parser.add_argument("--key-owner", metavar="USER",
+                        help="owner of the outcome signing key if it is made now")
     args = parser.parse_args(argv)
     try:
-        schedule = configure(args.deployment, args.output)
+        schedule = configure(args.deployment, args.output, key_owner=args.key_owner)
     except CamgError as exc:
         print(f"camg.configure: {exc}", file=sys.stderr)
         return 2

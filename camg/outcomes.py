@@ -12,16 +12,24 @@ records; the next start of the service does (``recover``): ``reward:
 null``, ``failure_class: infra``, ``recovered: true``. Episodes live in the
 process, so the restarted service answers 404 for them, and the record is
 what a trainer finds.
+
+With a ``camg.signing.Signer`` every record is numbered (``seq``), chained
+to the line before it (``prev``) and signed; ``stamp`` fields (the task
+selection hash) are added to each record that lacks them. The chain's tail
+is read under an flock of the log, so two writers never fork it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from camg import atomic, signing
 
 
 def _line(record: Any) -> bytes:
@@ -30,8 +38,13 @@ def _line(record: Any) -> bytes:
 
 
 class OutcomeLog:
-    def __init__(self, state_dir: str | os.PathLike) -> None:
+    def __init__(self, state_dir: str | os.PathLike, *, signer: signing.Signer | None = None,
+                 stamp: dict | None = None) -> None:
         self.root = Path(state_dir)
+        self.signer = signer
+        self.stamp = dict(stamp or {})
+        # (end offset, seq, line hash) of the last record this process wrote.
+        self._tail: tuple[int, int, str] | None = None
         self.trajectories = self.root / "trajectories"
         self.trajectories.mkdir(parents=True, exist_ok=True)
         self.path = self.root / "outcomes.jsonl"
@@ -41,6 +54,11 @@ class OutcomeLog:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         self._cut_torn_tail()
         self._traj_fds: dict[str, int] = {}
+        if signer is not None:  # for camg.verify beside the records it checks
+            public = self.root / signing.PUBLIC_FILE
+            pem = signing.describe(signer.public)["public_key_pem"].encode()
+            if not public.exists() or public.read_bytes() != pem:
+                atomic.write_bytes(public, pem, mode=0o644)
 
     def _cut_torn_tail(self) -> None:
         # kill -9 inside a write leaves a short write (a fatal signal stops
@@ -59,14 +77,56 @@ class OutcomeLog:
         os.fsync(self._fd)
 
     def append(self, record: dict) -> None:
-        data = _line(record)
+        """Write ``record`` durably; the fields the log adds (``seq``,
+        ``prev``, stamp, signature) are added to ``record`` too."""
         with self._lock:
-            view = memoryview(data)
-            while view:  # a short write is finished, never left torn
-                view = view[os.write(self._fd, view):]
-            os.fsync(self._fd)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                data = self._chained(record)
+                view = memoryview(data)
+                while view:  # a short write is finished, never left torn
+                    view = view[os.write(self._fd, view):]
+                os.fsync(self._fd)
+                if self.signer is not None:
+                    self._tail = (os.fstat(self._fd).st_size, record["seq"],
+                                  signing.line_hash(data))
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
         if isinstance(record.get("episode_id"), str):
             self._marker(record["episode_id"]).unlink(missing_ok=True)
+
+    def _chained(self, record: dict) -> bytes:
+        record.update({k: v for k, v in self.stamp.items() if k not in record})
+        if self.signer is None:
+            return _line(record)
+        seq, prev = self._last()
+        record.update(seq=seq + 1, prev=prev)
+        # Signed as it will read back: JSON's form of every value.
+        body = json.loads(_line(record))
+        self.signer.sign(body)
+        record.update(signing_key=body["signing_key"], signature=body["signature"])
+        return _line(body)
+
+    def _last(self) -> tuple[int, str | None]:
+        """(seq, line hash) of the log's last record; (-1, None) if empty."""
+        size = os.fstat(self._fd).st_size
+        if self._tail is not None and self._tail[0] == size:
+            return self._tail[1], self._tail[2]
+        if size == 0:
+            return -1, None
+        end = start = size
+        tail = b""
+        while start > 0 and b"\n" not in tail[:-1]:
+            start = max(0, start - (1 << 16))
+            tail = os.pread(self._fd, end - start, start) + tail
+            end = start
+        line = tail[:-1].rsplit(b"\n", 1)[-1] + b"\n"
+        try:
+            seq = json.loads(line).get("seq")
+        except (ValueError, AttributeError):
+            seq = None
+        # A line of an older, unchained log starts a new chain after it.
+        return (seq if isinstance(seq, int) else -1), signing.line_hash(line)
 
     def _marker(self, episode_id: str) -> Path:
         return self.trajectories / f"{episode_id}.open"

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import camg
+from camg import signing
 from camg.service_config import ServiceConfig
 from camg.environment import Environment
 from camg.episodes import EpisodeManager
@@ -40,7 +41,10 @@ class Service:
         self.config = config
         self.env = environment
         self.notifier = notifier or Notifier()
-        self.outcomes = OutcomeLog(config.state_dir)
+        key = config.outcome_key
+        self.signer = signing.Signer.load(key.path, expect=key.fingerprint)
+        self.outcomes = OutcomeLog(config.state_dir, signer=self.signer,
+                                   stamp={"task_selection_hash": config.task_selection_hash})
         # Episodes a killed predecessor left running end here, masked.
         for episode_id in self.outcomes.recover(environment.name, config.config_hash):
             log.warning("episode %s ended with the previous process: recorded as infra",
@@ -120,6 +124,7 @@ class Service:
             "task_count": len(self.env.tasks),
             "capacity": c.capacity,
             "references": c.references,
+            "outcome_signing": signing.describe(self.signer.public),
             "limits": {k: getattr(c.limits, k) for k in c.limits.__dataclass_fields__},
             "hashes": {
                 "manifest": c.manifest.sha256,

@@ -89,6 +89,18 @@ class HashedFile:
 
 
 @dataclasses.dataclass(frozen=True)
+class OutcomeKey:
+    """The deployment's outcome signing key (camg.signing): where the private
+    half is, and the public half it must have."""
+
+    path: str
+    algorithm: str
+    public_key: str
+    fingerprint: str
+    public_key_pem: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ServiceConfig:
     """One prepared service configuration (``prepared/<env>.json``)."""
 
@@ -108,6 +120,7 @@ class ServiceConfig:
     runtime_lock: HashedFile
     executables: Mapping[str, HashedFile]
     settings: Mapping[str, Any]
+    outcome_key: OutcomeKey
     config_hash: str
     references: bool = False
 

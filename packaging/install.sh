@@ -282,8 +282,9 @@ start_docker() {
 configure_services() {
     install -m 0644 "$deployment" "$ETC/deployment.json"
     # From the clean clone (the editable install's tree), whose HEAD
-    # configure records.
-    (cd "$SRC" && "$VENV/bin/python" -m camg.configure \
+    # configure records. It makes the outcome signing key if missing
+    # (<state_root>/signing/outcomes.key, 0600), owned by the services' user.
+    (cd "$SRC" && "$VENV/bin/python" -m camg.configure --key-owner camg \
         --deployment "$ETC/deployment.json" --output "$ETC/prepared.new")
     rm -rf "$ETC/prepared.old"
     [ -d "$ETC/prepared" ] && mv "$ETC/prepared" "$ETC/prepared.old"
