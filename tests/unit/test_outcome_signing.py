@@ -80,11 +80,17 @@ def test_a_fresh_log_verifies_and_carries_the_signed_fields(signed):
 
 def test_a_restarted_log_continues_the_chain(signed):
     path, signer = signed
+    killed = OutcomeLog(path.parent, signer=signer)
+    killed.trajectory("e9", {"event": "reset", "task_id": "task-09"})  # still running
+    killed.close()
     again = OutcomeLog(path.parent, signer=signer)
-    again.append({"episode_id": "e9", "reward": 1.0})
+    assert again.recover("counter", "sha256:" + "c" * 64) == ["e9"]
+    again.append({"episode_id": "e10", "reward": 1.0})
     again.close()
-    assert json.loads(path.read_text().splitlines()[-1])["seq"] == 4
-    assert run_verify(path)[0] == 0
+    last = [json.loads(line) for line in path.read_text().splitlines()[-2:]]
+    assert [(r["episode_id"], r["seq"]) for r in last] == [("e9", 4), ("e10", 5)]
+    assert last[0]["recovered"] is True and last[0]["reward"] is None
+    assert run_verify(path) == (0, [])
 
 
 @pytest.mark.parametrize("change, line, why", [
