@@ -4,12 +4,41 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.support.budget import FULL
 from tests.support.services import ServiceProcess, configure_counter
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """This run's own temporaries (tempfile in this process: every helper's
+    base, hence every sandbox mount; the fixtures' work dirs) under
+    /tmp/camg-<pid>/. The privileged leak check leaves alone what is tagged
+    with another live run's pid (tests/privileged/conftest.py), so runs side
+    by side (packaging/run-tests.sh's lanes, engineers on one machine) do
+    not report each other's mounts. pytest's tmp_path root is fixed first
+    and stays where it was (its retention of the last runs works there)."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is not None:
+        factory.getbasetemp()
+    root = Path(tempfile.gettempdir()) / f"camg-{os.getpid()}"
+    root.mkdir(exist_ok=True)
+    root.chmod(0o1777)  # like /tmp: helpers and services of other uids write here too
+    tempfile.tempdir = str(root)
+
+
+def pytest_unconfigure(config):
+    root = tempfile.tempdir
+    if root and Path(root).name == f"camg-{os.getpid()}":
+        tempfile.tempdir = None
+        try:
+            os.rmdir(root)  # only when empty: never a tree walk over what may be mounted
+        except OSError:
+            pass
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,6 +11,7 @@ it back (``finally``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -48,20 +49,29 @@ def general_demo(demo_set):
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def general_helper(general_demo, lower_root, rootfs):
+@contextlib.contextmanager
+def helper_for(demo: dict, lower_root: Path, rootfs: Path):
+    """A helper mediating Docker with ``demo``'s images and agent environment."""
     base = Path(tempfile.mkdtemp(prefix="camg-general-helper-"))
     base.chmod(0o711)
-    manifest = ci.write_manifest(base / "images.json", general_demo["refs"])
+    manifest = ci.write_manifest(base / "images.json", demo["refs"])
     containers = ci.containers_config(
-        manifest, ci.scope_for("general"), agent_env_source=str(general_demo["agent_env"]),
+        manifest, ci.scope_for("general"), agent_env_source=str(demo["agent_env"]),
         max_cpu=2.0, max_memory_bytes=2 << 30, max_pids=1024, containers_per_peer=96,
         containers_total=128)
     helper = pc.start_helper(base, pc.helper_config(base, lower_root, rootfs, probe_on_start=False,
                                                     containers=containers), wait_probes=False)
-    yield helper
-    pc.stop_helper(helper)
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        yield helper
+    finally:
+        pc.stop_helper(helper)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def general_helper(general_demo, lower_root, rootfs):
+    with helper_for(general_demo, lower_root, rootfs) as helper:
+        yield helper
 
 
 @pytest.fixture(scope="session")
@@ -132,4 +142,4 @@ def tasks_of(prepared: Path, kind: str) -> list[dict]:
 
 
 __all__ = ["general_demo", "general_helper", "general_prepared", "fake_judge", "general_service",
-           "judge_env", "configure_general", "tasks_of", "KEY", "os"]
+           "helper_for", "judge_env", "configure_general", "tasks_of", "KEY", "os"]

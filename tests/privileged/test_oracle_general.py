@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from general_fixtures import KEY
+from general_fixtures import KEY, helper_for
 from test_oracle_autoresearch import run_rollout
 from tests.support import container_image as ci
 from tests.support.fake_judge import FakeJudge
@@ -34,8 +34,8 @@ pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def general_demo(demo_set):  # noqa: F811  (general_helper builds on this one)
-    """The General demo with one code task (general_fixtures' has three)."""
+def oracle_demo(demo_set):
+    """The General demo with one code task (the session's general_demo has three)."""
     from tools.general import agent_env, demo
 
     base = Path(tempfile.mkdtemp(prefix="camg-general-oracle-"))
@@ -56,20 +56,26 @@ def general_demo(demo_set):  # noqa: F811  (general_helper builds on this one)
 
 
 @pytest.fixture(scope="module")
-def oracle_service(general_demo, general_helper, tmp_path_factory):  # noqa: F811
+def oracle_helper(oracle_demo, lower_root, rootfs):
+    with helper_for(oracle_demo, lower_root, rootfs) as helper:
+        yield helper
+
+
+@pytest.fixture(scope="module")
+def oracle_service(oracle_demo, oracle_helper, tmp_path_factory):
     from camg.configure import configure
     from daemons.general.prepare import prepare_general
     from tests.support.services import ServiceProcess, clean_git_tree, free_port
 
     tmp = tmp_path_factory.mktemp("general-oracle")
-    prepare_general(code_rows=str(general_demo["code_rows"]),
-                    general_rows=str(general_demo["general_rows"]), envs=str(general_demo["envs"]),
-                    images=str(general_demo["images"]), output_dir=tmp / "data",
-                    references=str(general_demo["out"]))
+    prepare_general(code_rows=str(oracle_demo["code_rows"]),
+                    general_rows=str(oracle_demo["general_rows"]), envs=str(oracle_demo["envs"]),
+                    images=str(oracle_demo["images"]), output_dir=tmp / "data",
+                    references=str(oracle_demo["out"]))
     (tmp / "requirements.lock").write_text("openai==3.57.0\n")
     deployment = {
         "runtime_lock": str(tmp / "requirements.lock"), "state_root": str(tmp / "state"),
-        "helper_socket": general_helper.socket, "executables": {"python": sys.executable},
+        "helper_socket": oracle_helper.socket, "executables": {"python": sys.executable},
         "environments": {"general": {
             "manifest": str(tmp / "data" / "manifest.json"), "port": free_port(), "capacity": 8,
             "references": True,
@@ -94,7 +100,7 @@ def oracle_service(general_demo, general_helper, tmp_path_factory):  # noqa: F81
         finally:
             assert service.stop() == 0, service.output()[-3000:]
             from camg.containers import ContainerClient
-            left = ContainerClient(general_helper.socket, owner="general").list()
+            left = ContainerClient(oracle_helper.socket, owner="general").list()
             assert left == [], f"containers left after the service stopped: {left}"
 
 

@@ -21,6 +21,9 @@ from tools.harness import census
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _TAGGED = re.compile(r"-(\d+)(?=-|$)")
+# dockerd's own mounts (a container's rootfs, shm, netns): the containers are
+# checked by label below; these come and go with any run's containers.
+DOCKER_MOUNTS = ("/var/lib/docker/", "/run/docker/")
 
 
 def foreign(name: str) -> bool:
@@ -79,7 +82,8 @@ class LeakWatch:
         now = self.snapshot()
         leaks = []
         for mid, point in now["mounts"].items():
-            if mid in before["mounts"] or any((point + "/").startswith(p) for p in self.mount_prefixes):
+            if mid in before["mounts"] or any((point + "/").startswith(p)
+                                              for p in (*self.mount_prefixes, *DOCKER_MOUNTS)):
                 continue
             if any(foreign(part) for part in point.split("/") if part.startswith("camg")):
                 continue
