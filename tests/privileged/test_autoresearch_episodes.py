@@ -18,6 +18,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -209,6 +210,24 @@ def test_background_job_log_read_by_a_later_action(env):
         assert "job 1: exited 3" in listing and "finished-ok" in listing, listing
         log = episode.step({"operation": "log", "job": 1}).observation["output"]
         assert log.splitlines() == ["begin", "finished-ok"]
+    finally:
+        episode.close()
+
+
+def test_sandbox_killed_from_outside_is_sandbox_died(env, ar_helper):
+    """camg.sandbox_calls, as Coding's: the helper's own view of the sandbox
+    (its init reaped) turns whatever the call answered into sandbox_died."""
+    from camg import errors
+    before = ar_helper.sandbox_inits()
+    episode = env.create_episode(env.tasks[0], seed=None, episode_id="killed")
+    try:
+        episode.reset()
+        assert episode.step(shell("echo up")).observation["output"] == "up\n"
+        (init,) = ar_helper.sandbox_inits() - before
+        os.kill(init, signal.SIGKILL)
+        with pytest.raises(errors.SandboxDied) as info:
+            episode.step(shell("echo again"))
+        assert info.value.failure_class is errors.FailureClass.SANDBOX_DIED
     finally:
         episode.close()
 
