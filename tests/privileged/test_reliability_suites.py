@@ -6,7 +6,7 @@ preparation and one helper each, shared by the suites: cheaper than a run
 per suite), printed as the table; each test then requires no FAIL row of
 its suite and a row for every registered environment (run, or not run with
 the reason). The Docker-backed and AutoResearch targets run a few episodes
-each (``SHORT["scale"]``). The run must leave no temporary directory of its
+each (their recipe's Target.short). The run must leave no temporary directory of its
 own behind (the fuzz suite once left /tmp/camg-rel-fuzz-* after every run).
 """
 
