@@ -453,7 +453,7 @@ def ensure_demo_image(cache_root: str | Path, registry: str | None = None, *,
     build = build_demo(cache_root, flavor)
     options = default_options()
     marker = cache.read_marker(cache_root, build.digest)
-    if cache.marker_matches(marker, build.digest, options) and registry is None:
+    if cache.marker_matches(marker, cache_root, build.digest, options) and registry is None:
         registry_part = marker["repository"][:-len(FLAVORS[flavor][1]) - 1]
         spec = spec_for(registry_part, build.digest, flavor)
         return _materialize(spec, cache_root, skopeo)

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -53,9 +54,9 @@ def test_publish_and_marker(tmp_path):
     marker = cache.read_marker(root, DIGEST)
     assert marker["name"] == "unit/image" and marker["env"] == ["A=1"]
     assert [s["files"] for s in marker["layer_stats"]] == [1, 1]
-    assert cache.marker_matches(marker, DIGEST, OPTIONS)
-    assert not cache.marker_matches(marker, DIGEST, ApplyOptions(setuid="strip", chown=OPTIONS.chown))
-    assert not cache.marker_matches(marker, "sha256:" + "e" * 64, OPTIONS)
+    assert cache.marker_matches(marker, root, DIGEST, OPTIONS)
+    assert not cache.marker_matches(marker, root, DIGEST, ApplyOptions(setuid="strip", chown=OPTIONS.chown))
+    assert not cache.marker_matches(marker, root, "sha256:" + "e" * 64, OPTIONS)
     assert list((root / "tmp").iterdir()) == []
 
 
@@ -110,10 +111,24 @@ def test_stale_work_dirs_are_swept_and_removal_is_idempotent(tmp_path):
     assert cache.cached_digests(root) == ()
 
 
+def test_the_cache_seen_at_another_path_is_still_complete(tmp_path):
+    """The system tier's guests bind the host's cache at another path: an
+    entry applied there is reused, not applied again over the tree in use."""
+    root = tmp_path / "cache"
+    materialize(root, verified(tmp_path, tar(("a/b", b"1"))))
+    elsewhere = tmp_path / "seen-elsewhere"
+    root.rename(elsewhere)
+    marker = cache.read_marker(elsewhere, DIGEST)
+    assert not Path(marker["rootfs"]).exists()  # where it was applied
+    assert cache.marker_matches(marker, elsewhere, DIGEST, OPTIONS)
+    (cache.image_dir(elsewhere, DIGEST) / "rootfs").rename(elsewhere / "gone")
+    assert not cache.marker_matches(marker, elsewhere, DIGEST, OPTIONS)
+
+
 def test_broken_marker_is_not_trusted(tmp_path):
     root = tmp_path / "cache"
     final = materialize(root, verified(tmp_path, tar(("x", b"1"))))
     (final / "complete.json").write_text("{not json")
     assert cache.read_marker(root, DIGEST) is None
     (final / "complete.json").write_text(json.dumps({"digest": DIGEST}))
-    assert not cache.marker_matches(cache.read_marker(root, DIGEST), DIGEST, OPTIONS)
+    assert not cache.marker_matches(cache.read_marker(root, DIGEST), root, DIGEST, OPTIONS)

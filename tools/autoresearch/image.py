@@ -181,7 +181,7 @@ def ensure_image(cache_root: str | Path, *, skopeo: str = "skopeo") -> Image:
     cache_root = Path(cache_root).absolute()
     built = build(cache_root)
     marker = cache.read_marker(cache_root, built.digest)
-    if cache.marker_matches(marker, built.digest, default_options()):
+    if cache.marker_matches(marker, cache_root, built.digest, default_options()):
         spec = spec_for(marker["repository"].rsplit("/", 2)[0], built.digest)
         return _materialize(spec, cache_root, skopeo)
     with tempfile.TemporaryDirectory(prefix="camg-registry.") as state, \

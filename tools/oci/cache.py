@@ -103,7 +103,14 @@ def read_marker(cache_root: Path, digest: str) -> dict | None:
     return marker if isinstance(marker, dict) else None
 
 
-def marker_matches(marker: dict | None, digest: str, options: ApplyOptions) -> bool:
+def marker_matches(marker: dict | None, cache_root: Path, digest: str, options: ApplyOptions) -> bool:
+    """Whether the entry of ``digest`` is complete and applied as ``options`` ask.
+
+    The tree is looked for beside the marker, not at the path the marker
+    recorded: one cache is seen at other paths by other machines (the system
+    tier's guests bind the host's cache at /var/cache/camg), and a
+    recorded-path check made each side re-apply the other's entry in place,
+    under the sandboxes using it."""
     if marker is None:
         return False
     return (marker.get("digest") == digest
@@ -111,7 +118,7 @@ def marker_matches(marker: dict | None, digest: str, options: ApplyOptions) -> b
             and marker.get("setuid_policy") == options.setuid
             and marker.get("chown") == options.chown
             and isinstance(marker.get("diff_ids"), list)
-            and (Path(marker.get("rootfs", "")).is_dir()))
+            and (image_dir(cache_root, digest) / "rootfs").is_dir())
 
 
 def _apply_blob(root_fd: int, image: VerifiedImage, index: int, options: ApplyOptions) -> LayerStats:

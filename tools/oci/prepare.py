@@ -43,11 +43,13 @@ def _executable(path: str, flag: str) -> str:
     return found
 
 
-def _record(spec: ImageSpec, marker: dict, repository: str) -> MaterializedImage:
+def _record(spec: ImageSpec, marker: dict, repository: str, cache_root: Path) -> MaterializedImage:
     diff_ids = tuple(marker["diff_ids"])
+    # The rootfs as this machine sees the cache (marker_matches says why).
+    rootfs = str(cache.image_dir(cache_root, spec.digest) / "rootfs")
     return MaterializedImage(
         name=spec.name, repository=repository, digest=spec.digest,
-        config_digest=marker["config_digest"], diff_ids=diff_ids, rootfs=marker["rootfs"],
+        config_digest=marker["config_digest"], diff_ids=diff_ids, rootfs=rootfs,
         workspace=spec.workspace, env=tuple(marker["env"]), working_dir=marker["working_dir"],
         setuid_policy=marker["setuid_policy"],
         hash=image_hash(spec.name, spec.digest, marker["config_digest"], diff_ids, spec.workspace,
@@ -63,15 +65,15 @@ def prepare_image(spec: ImageSpec, cache_root: Path, puller: Puller, *, registry
     options = options or default_options()
     repository = with_registry(spec.repository, registry)
     marker = cache.read_marker(cache_root, spec.digest)
-    if cache.marker_matches(marker, spec.digest, options):
-        return _record(spec, marker, repository), True
+    if cache.marker_matches(marker, cache_root, spec.digest, options):
+        return _record(spec, marker, repository, cache_root), True
     with cache.work_dir(cache_root, spec.digest) as work:
         verified = pull_verified(puller, repository, spec.digest, spec.name, work / "pull")
         final = cache.materialize(cache_root, work, verified, options,
                                   {"name": spec.name, "repository": repository})
     marker = cache.read_marker(cache_root, spec.digest)
     assert marker is not None and marker["rootfs"] == str(final / "rootfs")
-    return _record(spec, marker, repository), False
+    return _record(spec, marker, repository, cache_root), False
 
 
 def default_options(setuid: str = "keep") -> ApplyOptions:
