@@ -125,5 +125,21 @@ def setup(environment: str, level: int = logging.INFO) -> logging.Logger:
     return logging.getLogger(f"camg.{environment}")
 
 
+def setup_command() -> None:
+    """Logging of a preparation command (camg.prepare, prepare_demo.py): the
+    project's INFO lines (camg, daemons, tools) as ``logger: message`` on
+    stderr, everyone else's from WARNING on. Installed first, so a library
+    that configures logging while it works (``basicConfig``, which then
+    does nothing) cannot print its timestamped INFO lines (quiet
+    preparation, issue 23)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    for ours in ("camg", "daemons", "tools"):
+        logging.getLogger(ours).setLevel(logging.INFO)
+
+
 def episode_fields(episode_id: str, task_id: str) -> dict:
     return {"EPISODE_ID": episode_id, "TASK_ID": task_id}

@@ -10,12 +10,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from camg import plugins
+from camg import logs, plugins
 from camg.errors import ConfigError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    logs.setup_command()
     if not args or args[0] in ("-h", "--help", "--list"):
         try:
             known = plugins.all_plugins()

@@ -62,6 +62,7 @@ import sys
 import time
 from pathlib import Path
 
+from camg import logs
 from camg.errors import CamgError
 from tools import demo_data
 
@@ -182,6 +183,7 @@ def demo_names(requested: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logs.setup_command()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--cache", type=Path, required=True)

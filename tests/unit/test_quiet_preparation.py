@@ -17,8 +17,8 @@ import sys
 from camg import plugins
 from tests.support import shop_testing as testing
 
-PREFIXES = ("camg", "prepare_demo", "install.sh", "demo.sh", "bootstrap.sh", "run-foreground.sh",
-            *plugins.all_plugins())
+PREFIXES = ("camg", "daemons", "tools", "prepare_demo", "install.sh", "demo.sh", "bootstrap.sh",
+            "run-foreground.sh", *plugins.all_plugins())
 OURS = re.compile(rf"^({'|'.join(re.escape(p) for p in PREFIXES)})(\.[\w.]+)?(\[\d+\])?: ")
 
 
@@ -33,6 +33,10 @@ def test_the_rule_catches_the_banners_we_had():
               "    Please report your system information (os version, java\n"
               "WARNING: sun.reflect.Reflection.getCallerClass is not supported.\n")
     assert len(not_ours(banner)) == 4
+    # A library's basicConfig format, and a label without its tool: not ours.
+    assert not_ours("2026-12-02 07:37:57,241 - tools.oci - INFO - image x: reused\n"
+                    "demo task set: candidate bugs tried: 6 candidates, 16s …\n") != []
+    assert not_ours("tools.oci: image x: reused\ncoding: demo task set: 6 candidates, 16s …\n") == []
 
 
 def test_shop_preparation_prints_only_our_lines(tmp_path):
@@ -52,3 +56,20 @@ def test_shop_preparation_prints_only_our_lines(tmp_path):
     assert not_ours(proc.stderr) == []
     summary = json.loads(proc.stdout)
     assert summary["products"] == 1000 and summary["tasks"] > 0
+
+
+def test_a_command_logs_ours_and_a_library_cannot_reconfigure_it():
+    """camg.logs.setup_command, as camg.prepare and prepare_demo.py start: our
+    loggers' INFO as ``name: message``; a library's later basicConfig does
+    nothing; others' INFO is dropped and their warnings stay visible."""
+    run = ("import logging; from camg import logs; logs.setup_command(); "
+           "logging.basicConfig(level=logging.INFO, "
+           "format='%(asctime)s - %(name)s - %(levelname)s - %(message)s'); "
+           "logging.getLogger('tools.oci').info('image x: reused'); "
+           "logging.getLogger('faiss.loader').info('Loading faiss with AVX2 support.'); "
+           "logging.getLogger('somelib').warning('careful')")
+    proc = subprocess.run([sys.executable, "-c", run], cwd=testing.REPO, capture_output=True,
+                          text=True, timeout=60, check=True,
+                          env={**os.environ, "PYTHONPATH": str(testing.REPO)})
+    assert proc.stderr.splitlines() == ["tools.oci: image x: reused", "somelib: careful"]
+    assert not_ours(proc.stderr) == ["somelib: careful"]

@@ -140,7 +140,7 @@ def build(spec: DemoSpec, out: Path, runner: Runner) -> list[dict]:
     per_modifier: dict[str, int] = {}
     seen: set[str] = set()
     # Each candidate runs the whole suite in a sandbox: show the pace.
-    bar = progress.Progress("demo task set: candidate bugs tried", None, "candidate")
+    bar = progress.Progress("coding: demo task set: candidate bugs tried", None, "candidate")
     for mutation in candidates:
         bar.update()
         if len(rows) >= spec.count:

@@ -156,7 +156,7 @@ def materialize(cache_root: Path, work: Path, image: VerifiedImage, options: App
     stats: list[dict] = []
     root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        with progress.Progress(f"image {image.name}: applying layers", len(image.layers),
+        with progress.Progress(f"tools.oci: image {image.name}: applying layers", len(image.layers),
                                "layer") as bar:
             for index in range(len(image.layers)):
                 stats.append(dataclasses.asdict(_apply_blob(root_fd, image, index, options)))
