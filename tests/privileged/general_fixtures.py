@@ -29,24 +29,33 @@ from tools.loopback_registry import LocalRegistry
 KEY = "sk-general-test-key-0001"
 
 
-@pytest.fixture(scope="session")
-def general_demo(demo_set):
+@contextlib.contextmanager
+def demo_for(demo_set: Path, **options):
+    """General's demo set (``tools.general.demo.build`` options) published to
+    a loopback registry of its own, with the agent environment."""
     from tools.general import agent_env, demo
 
     base = Path(tempfile.mkdtemp(prefix="camg-general-demo-"))
     registry = LocalRegistry(base / "registry").start()
     pc.allow_process(registry.pid)
+    built: dict = {}
     try:
-        built = demo.build(pc.CACHE, demo_set, registry.address, base / "demo")
+        built = demo.build(pc.CACHE, demo_set, registry.address, base / "demo", **options)
         built["agent_env"] = agent_env.cached(pc.CACHE)
         yield built
     finally:
         api = ci.docker_api()
-        for ref in built.get("refs", []) if "built" in locals() else []:
+        for ref in built.get("refs", []):
             ci.remove_image(api, ref)
         api.close()
         registry.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def general_demo(demo_set):
+    with demo_for(demo_set) as built:
+        yield built
 
 
 @contextlib.contextmanager
@@ -142,4 +151,4 @@ def tasks_of(prepared: Path, kind: str) -> list[dict]:
 
 
 __all__ = ["general_demo", "general_helper", "general_prepared", "fake_judge", "general_service",
-           "helper_for", "judge_env", "configure_general", "tasks_of", "KEY", "os"]
+           "demo_for", "helper_for", "judge_env", "configure_general", "tasks_of", "KEY", "os"]

@@ -15,20 +15,14 @@ one code task (the demo's first) instead of three.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-import conftest as pc
-from general_fixtures import KEY, helper_for
+from general_fixtures import KEY, demo_for, helper_for
 from test_oracle_autoresearch import run_rollout
-from tests.support import container_image as ci
 from tests.support.fake_judge import FakeJudge
 from tools.judge_stub import anchor_verdict
-from tools.loopback_registry import LocalRegistry
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -36,23 +30,8 @@ pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def oracle_demo(demo_set):
     """The General demo with one code task (the session's general_demo has three)."""
-    from tools.general import agent_env, demo
-
-    base = Path(tempfile.mkdtemp(prefix="camg-general-oracle-"))
-    registry = LocalRegistry(base / "registry").start()
-    pc.allow_process(registry.pid)
-    built = {}
-    try:
-        built = demo.build(pc.CACHE, demo_set, registry.address, base / "demo", code_count=1)
-        built["agent_env"] = agent_env.cached(pc.CACHE)
+    with demo_for(demo_set, code_count=1) as built:
         yield built
-    finally:
-        api = ci.docker_api()
-        for ref in built.get("refs", []):
-            ci.remove_image(api, ref)
-        api.close()
-        registry.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
