@@ -112,15 +112,21 @@ def service(prepared, judge, visual_helper):
 
 
 def browser_pids() -> list[int]:
+    """Renderers in sandboxes of this run's helpers, whose cgroup parents
+    carry this pytest's pid (tools/harness/helpers.py): the runs beside this
+    one (CI's other lanes, a newcomer guest's Visual) render too."""
+    mine = f"-{os.getpid()}-"
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                if not (b"chromium-headless-shell" in cmd or b"camg-render/shot.py" in cmd):
+                    continue
+                if mine in Path(f"/proc/{entry}/cgroup").read_text():
+                    found.append(int(entry))
             except OSError:
                 continue
-            if b"chromium-headless-shell" in cmd or b"camg-render/shot.py" in cmd:
-                found.append(int(entry))
     return found
 
 
