@@ -187,7 +187,11 @@ def test_check_config_cli_refuses_without_judge_variables(tmp_path, monkeypatch)
     configure(tmp_path / "deployment.json", tmp_path / "prepared",
               source_tree=clean_git_tree(tmp_path / "src"))
     config = tmp_path / "prepared" / "general.json"
-    assert "KEY" not in config.read_text().upper().replace("KEYS", "")
+    # No judge key field: the one *key* a config names is the outcome-signing
+    # key's public half and path (camg.signing), never key material.
+    body = json.loads(config.read_text())
+    assert "BEGIN PRIVATE" not in json.dumps(body.pop("outcome_key"))
+    assert "KEY" not in json.dumps(body).upper().replace("KEYS", "")
     for path in (tmp_path / "prepared").iterdir():  # configure never writes judge variables
         assert not any(v in path.read_text() for v in planted.values()), path
     env = {k: v for k, v in os.environ.items() if not k.startswith("GA_JUDGE")}
