@@ -37,6 +37,17 @@ def _fails(command: str) -> str:
     return f"if {command} >/dev/null 2>&1; then echo ESCAPED; else echo BLOCKED; fi"
 
 
+def listener_unreached(listener: socket.socket) -> tuple[str, bool, str]:
+    """The battery's row for the host's loopback listener: no probe may have
+    connected to it."""
+    listener.settimeout(0.1)
+    try:
+        listener.accept()
+        return ("host listener never reached", False, "a connection arrived")
+    except socket.timeout:
+        return ("host listener never reached", True, "no connection")
+
+
 def _absent(path: str) -> str:
     return f"if test -e {path} || test -L {path}; then echo ESCAPED; else echo BLOCKED; fi"
 
@@ -164,12 +175,7 @@ def run(helper: Helper, verbose: bool = True) -> tuple[Row, list[tuple[str, bool
             results.append((name, out.endswith("BLOCKED"), out[-160:]))
         results += _copy_out(client, sid, secret, token)
         results += _resources(client, helper, new)
-        listener.settimeout(0.1)
-        try:
-            listener.accept()
-            results.append(("host listener never reached", False, "a connection arrived"))
-        except socket.timeout:
-            results.append(("host listener never reached", True, "no connection"))
+        results.append(listener_unreached(listener))
         results.append(("host secret unchanged", secret.read_text() == token, ""))
         results.append(("helper alive after the battery", helper.alive(), ""))
     finally:

@@ -20,7 +20,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from tools.reliability.escape import _absent, _fails, _sys
+from tools.reliability.escape import _absent, _fails, _sys, listener_unreached
 from tools.reliability.rig import Helper
 from tools.reliability.table import Row
 
@@ -157,12 +157,7 @@ def run(helper: Helper, image: str) -> tuple[Row, list[tuple[str, bool | None, s
             out = r.output.strip()
             results.append((name, out.endswith("BLOCKED"), out[-160:]))
         results += _resources(cc, helper, new)
-        listener.settimeout(0.1)
-        try:
-            listener.accept()
-            results.append(("host listener never reached", False, "a connection arrived"))
-        except socket.timeout:
-            results.append(("host listener never reached", True, "no connection"))
+        results.append(listener_unreached(listener))
         results.append(("helper alive after the battery", helper.alive(), ""))
     finally:
         for c in made:
