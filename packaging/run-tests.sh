@@ -3,18 +3,15 @@
 # subset again on Python 3.12) as root on a Debian machine, installing what
 # it needs first. Fails on any failure, including a tier that ran no test.
 #
-# With no arguments the tiers run in four lanes at once (issue 23: the
-# suite is mostly waits on containers, sandboxes and nspawn guests; a
-# three-lane run used ~1.1 of the 2 cores on average):
+# With no arguments the tiers run in three lanes at once (issue 23: the
+# suite is mostly waits on containers, sandboxes and nspawn guests, not CPU):
 #   sandboxes   the privileged modules on the helper's sandboxes (Coding,
 #               AutoResearch, the helper itself, the reliability suites),
 #               then the 3.12 tier
-#   general     General's privileged modules (its containers, the longest)
-#   containers  the other privileged modules on Docker containers (Visual,
-#               the container mediator, the OCI demo, General's oracle), then
-#               the unit tier, in a PID namespace of its own
-#               (packaging/reaper.py says why)
-#   system      systemd in nspawn guests
+#   containers  the privileged modules on Docker containers (General,
+#               Visual, the container mediator, the OCI demo)
+#   system      systemd in nspawn guests, then the unit tier, in a PID
+#               namespace of its own (packaging/reaper.py says why)
 # The lanes keep out of each other's way the way parallel runs on a shared
 # machine already must: every helper scope, cgroup and container a test
 # makes is tagged with its pytest's pid, and the leak check ignores what
@@ -52,14 +49,12 @@ out="${CAMG_TEST_OUT:-$here/.test-results}"
 rm -rf "$out"
 mkdir -p "$out"
 
-# Privileged modules by substrate: General's container modules to the
-# general lane, the other Docker ones to the containers lane, everything
-# else to the sandboxes lane.
-general_modules=() container_modules=() sandbox_modules=()
+# Privileged modules by substrate: what runs Docker containers goes to the
+# containers lane, everything else to the sandboxes lane.
+container_modules=() sandbox_modules=()
 for f in tests/privileged/test_*.py; do
     case "${f##*/}" in
-        test_general_*) general_modules+=("$f") ;;
-        test_oracle_general.py|test_visual_*|test_oracle_visual.py|\
+        test_general_*|test_oracle_general.py|test_visual_*|test_oracle_visual.py|\
         test_containers*|test_oci_demo.py) container_modules+=("$f") ;;
         *) sandbox_modules+=("$f") ;;
     esac
@@ -128,17 +123,15 @@ unit_tier() {
 
 ( tier sandboxes .venv/bin/pytest "${sandbox_modules[@]}"; py312_tier ) &
 lane_sandboxes=$!
-( tier general .venv/bin/pytest "${general_modules[@]}" ) &
-lane_general=$!
-( tier containers .venv/bin/pytest "${container_modules[@]}"; unit_tier ) &
+( tier containers .venv/bin/pytest "${container_modules[@]}" ) &
 lane_containers=$!
-( tier system .venv/bin/pytest tests/system ) &
+( tier system .venv/bin/pytest tests/system; unit_tier ) &
 lane_system=$!
-wait "$lane_sandboxes" "$lane_general" "$lane_containers" "$lane_system" || true
+wait "$lane_sandboxes" "$lane_containers" "$lane_system" || true
 echo "run-tests.sh: all lanes ended after $SECONDS s" >&2
 
 status=0 reports=()
-for name in sandboxes general containers system unit py312; do
+for name in sandboxes containers system unit py312; do
     if [ ! -f "$out/$name.rc" ]; then
         [ "$name" = py312 ] && continue  # no 3.12 here, or CAMG_SKIP_PY312
         echo "run-tests.sh: $name did not run" >&2
