@@ -53,10 +53,12 @@ def _pins() -> list[str]:
 
 
 def _sources() -> list:
-    """The runtime's sources (not the __pycache__ tests leave in the tree)."""
+    """The runtime's sources: not the __pycache__ tests leave in the tree, nor
+    the build/ and *.egg-info a pip install of the tree in place leaves."""
     return [[str(p.relative_to(RUNTIME)), sha256_file(p)]
-            for p in sorted(RUNTIME.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
-            and not p.name.endswith(".pyc") and ".egg-info" not in str(p)]
+            for p in sorted(RUNTIME.rglob("*")) if p.is_file() and not p.name.endswith(".pyc")
+            and not any(part in ("__pycache__", "build") or part.endswith(".egg-info")
+                        for part in p.relative_to(RUNTIME).parts)]
 
 
 def key() -> str:
@@ -107,7 +109,16 @@ def _build(output: Path, want: str) -> Path:
     constraints.write_text("\n".join(line for line in (REPO / "requirements.lock").read_text().splitlines()
                                      if "==" in line and not line.startswith("torch")) + "\n")
     run([*pip, "-c", str(constraints), *_pins()], "pip install")
-    run([*pip, "--no-deps", str(RUNTIME)], "install mimoagent")
+    # pip builds a local directory in place (setuptools writes build/ and
+    # *.egg-info into it), and build/ would change key() for the next caller,
+    # which then rebuilt this tree from under running containers: build a copy.
+    source = work.with_name(work.name + ".src")
+    shutil.rmtree(source, ignore_errors=True)
+    shutil.copytree(RUNTIME, source, ignore=shutil.ignore_patterns("build", "__pycache__", "*.egg-info"))
+    try:
+        run([*pip, "--no-deps", str(source)], "install mimoagent")
+    finally:
+        shutil.rmtree(source, ignore_errors=True)
     constraints.unlink()
     (work / GUARD_DIR).mkdir()
     shutil.copyfile(guard_verdict.GUARD_FILE, work / GUARD_DIR / Path(guard_verdict.GUARD_FILE).name)
@@ -122,8 +133,11 @@ def _build(output: Path, want: str) -> Path:
 
 
 def cached(cache_root: Path | None = None) -> Path:
+    """The shared test cache's environment, one directory per key: a run at
+    another commit (a lane, a guest, a second checkout) builds beside this
+    one instead of replacing it under containers that mount it."""
     root = Path(cache_root or os.environ.get("CAMG_CACHE") or "/var/cache/camg-test")
-    return build(root / "general" / "agent-env")
+    return build(root / "general" / f"agent-env-{key()}")
 
 
 def main(argv: list[str] | None = None) -> int:
