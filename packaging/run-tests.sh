@@ -9,9 +9,11 @@
 #               AutoResearch, the helper itself, the reliability suites),
 #               then the 3.12 tier
 #   containers  the privileged modules on Docker containers (General,
-#               Visual, the container mediator, the OCI demo)
-#   system      systemd in nspawn guests, then the unit tier, in a PID
-#               namespace of its own (packaging/reaper.py says why)
+#               Visual, the container mediator, the OCI demo), then half
+#               of the unit tier
+#   system      systemd in nspawn guests, then the unit tier's other half
+#               (packaging/split_tests.py deals the halves), each half in a
+#               PID namespace of its own (packaging/reaper.py says why)
 # The lanes keep out of each other's way the way parallel runs on a shared
 # machine already must: every helper scope, cgroup and container a test
 # makes is tagged with its pytest's pid, and the leak check ignores what
@@ -115,23 +117,32 @@ py312_tier() {
     tier py312 "$venv312/bin/pytest" "${paths[@]/%/.py}" tests/privileged/test_helper_exec.py -q
 }
 
-# The unit tier in a PID namespace of its own, under a reaping PID 1.
+# Half the unit tier (packaging/split_tests.py deals its modules into two
+# halves of about equal time) in a PID namespace of its own, under a reaping
+# PID 1. Run whole after the system tier it was CI's critical path.
 unit_tier() {
-    tier unit unshare --pid --fork --mount-proc .venv/bin/python packaging/reaper.py \
-        .venv/bin/pytest tests/unit
+    local half=$1 files
+    mapfile -t files < <(.venv/bin/python packaging/split_tests.py 2 "$half" tests/unit)
+    if [ "${#files[@]}" = 0 ]; then
+        echo "1 0" >"$out/unit$half.rc"
+        echo "run-tests.sh: unit$half: no modules dealt" >&2
+        return 0
+    fi
+    tier "unit$half" unshare --pid --fork --mount-proc .venv/bin/python packaging/reaper.py \
+        .venv/bin/pytest "${files[@]}"
 }
 
 ( tier sandboxes .venv/bin/pytest "${sandbox_modules[@]}"; py312_tier ) &
 lane_sandboxes=$!
-( tier containers .venv/bin/pytest "${container_modules[@]}" ) &
+( tier containers .venv/bin/pytest "${container_modules[@]}"; unit_tier 0 ) &
 lane_containers=$!
-( tier system .venv/bin/pytest tests/system; unit_tier ) &
+( tier system .venv/bin/pytest tests/system; unit_tier 1 ) &
 lane_system=$!
 wait "$lane_sandboxes" "$lane_containers" "$lane_system" || true
 echo "run-tests.sh: all lanes ended after $SECONDS s" >&2
 
 status=0 reports=()
-for name in sandboxes containers system unit py312; do
+for name in sandboxes containers system unit0 unit1 py312; do
     if [ ! -f "$out/$name.rc" ]; then
         [ "$name" = py312 ] && continue  # no 3.12 here, or CAMG_SKIP_PY312
         echo "run-tests.sh: $name did not run" >&2
