@@ -353,6 +353,10 @@ class EpisodeManager:
         self._store_submission(rec, record)
         self.outcomes.append(record)
         rec.outcome = {k: record.get(k) for k in REGRADE_FIELDS}
+        if isinstance(record.get("seq"), int):
+            # The trainer's receipt: the record's place in the signed log, so
+            # a log cut after it is caught (python -m camg.verify --through).
+            rec.terminal["outcome_seq"] = record["seq"]
 
     def _store_submission(self, rec: Record, record: dict) -> None:
         # Before the record: a record never names bytes that are not stored.
@@ -392,6 +396,8 @@ class EpisodeManager:
                  "step_count": rec.step_count, "reward": rec.reward,
                  "failure_class": rec.failure_class, "seed": rec.seed,
                  "started_at": rec.started_wall}
+        if rec.terminal is not None and "outcome_seq" in rec.terminal:
+            state["outcome_seq"] = rec.terminal["outcome_seq"]
         if rec.status == "running":
             state["lease_expires_at"] = rec.lease_expires_at()
             if rec.episode is not None:

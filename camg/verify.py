@@ -8,8 +8,10 @@ exits 1; 0 when every line holds. Without ``--public-key`` it uses
 whose it is: pass the key ``/metadata`` published (``public_key_pem``, or
 the base64 ``public_key``) to prove it came from that deployment.
 
-A removed last line leaves no gap to see; compare the count with what the
-trainer received.
+A removed last line leaves no gap in the chain; it is caught against the
+trainer's receipts: every terminal reply carries its record's ``outcome_seq``,
+and ``--through SEQ`` (the highest the trainer received) fails a file that
+ends before it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from camg import signing
 from camg.errors import ConfigError
 
 
-def check(lines: list[bytes], public) -> list[tuple[int, str]]:
-    """(line number, problem) for every failing line, numbered from 1."""
+def check(lines: list[bytes], public, through: int | None = None) -> list[tuple[int, str]]:
+    """(line number, problem) for every failing line, numbered from 1; with
+    ``through``, a file whose last seq is below it fails at its end."""
     failures = []
     before: tuple[int | None, bytes] | None = None  # (seq, bytes) of the line before
     for number, line in enumerate(lines, 1):
@@ -58,6 +61,11 @@ def check(lines: list[bytes], public) -> list[tuple[int, str]]:
             eid = record.get("episode_id")
             failures.append((number, (f"episode {eid}: " if eid else "") + "; ".join(found)))
         before = (seq if isinstance(seq, int) else None, line)
+    if through is not None:
+        last = before[0] if before is not None else -1
+        if last is None or last < through:
+            failures.append((len(lines) + 1, f"the file ends at seq {last!r} but the trainer "
+                             f"received seq {through}: the records after it are missing"))
     return failures
 
 
@@ -68,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--public-key", type=Path, metavar="FILE",
                         help=f"the deployment's public key (default: {signing.PUBLIC_FILE} "
                              "beside the file)")
+    parser.add_argument("--through", type=int, metavar="SEQ",
+                        help="the highest outcome_seq the trainer received: fail if the file "
+                             "ends before it (a removed last line)")
     args = parser.parse_args(argv)
     key_file = args.public_key or args.outcomes.with_name(signing.PUBLIC_FILE)
     try:
@@ -76,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ConfigError) as exc:
         print(f"camg.verify: {exc}", file=sys.stderr)
         return 2
-    failures = check(lines, public)
+    failures = check(lines, public, args.through)
     for number, why in failures:
         print(f"{args.outcomes}:{number}: {why}")
     records = sum(1 for line in lines if line.strip())

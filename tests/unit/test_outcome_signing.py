@@ -121,6 +121,21 @@ def test_a_removed_line_is_named(signed):
                                    "(lines before it missing)"]
 
 
+def test_a_removed_last_line_is_caught_against_the_trainers_receipt(signed):
+    """No gap shows when the last line goes; the trainer's highest
+    outcome_seq (--through) shows it."""
+    path, _ = signed
+    assert run_verify(path, "--through", 3) == (0, [])
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:3]))
+    assert run_verify(path) == (0, [])
+    code, out = run_verify(path, "--through", 3)
+    assert code == 1 and out == [f"{path}:4: the file ends at seq 2 but the trainer received "
+                                 "seq 3: the records after it are missing"]
+    path.write_bytes(b"")
+    assert run_verify(path, "--through", 0)[0] == 1
+
+
 def test_another_key_fails_every_line(signed, tmp_path):
     path, _ = signed
     other = tmp_path / "other" / "outcomes.key"
@@ -146,10 +161,15 @@ def test_metadata_publishes_the_key_and_the_service_signs(shared_counter_service
     key = os.stat(svc.config["outcome_key"]["path"])
     assert stat.S_IMODE(key.st_mode) == 0o600
     eid = client.create(task_id="task-00")["episode_id"]
-    client.step(eid, {"operation": "guess", "value": 35})
+    final = client.step(eid, {"operation": "guess", "value": 35})
     pem = tmp_path / "published.pem"
     pem.write_text(published["public_key_pem"])
     outcomes = os.path.join(svc.config["state_dir"], "outcomes.jsonl")
     assert run_verify(outcomes, "--public-key", pem) == (0, [])
     [record] = [r for r in svc.outcomes() if r["episode_id"] == eid]
     assert record["task_selection_hash"] == svc.config["task_selection_hash"]
+    # the receipt: the terminal reply and the state name the record's seq
+    assert final["done"] and final["outcome_seq"] == record["seq"]
+    assert client.get(eid)["outcome_seq"] == record["seq"]
+    assert run_verify(outcomes, "--public-key", pem, "--through", record["seq"]) == (0, [])
+    assert run_verify(outcomes, "--public-key", pem, "--through", record["seq"] + 1)[0] == 1

@@ -45,6 +45,9 @@ def test_oracle_earns_the_maximum_and_noop_the_minimum(counter_service, tmp_path
     assert body["reward_min"] == "1" and body["failure_classes"] == "{}"
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 12 and all(line["reward"] == 1.0 for line in lines)
+    # every line carries its receipt, distinct seqs of the service's signed log
+    seqs = sorted(line["outcome_seq"] for line in lines)
+    assert len(set(seqs)) == 12 and body["outcome_seq_max"] == str(seqs[-1])
     # seeds 0..11 over the 5 tasks: every task ran
     assert len({line["task_id"] for line in lines}) == 5
     noop = run_rollout(routes, "--policy", "noop", "--episodes", "5", "--concurrency", "2")

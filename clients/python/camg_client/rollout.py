@@ -47,12 +47,15 @@ class Result:
     reset_s: float
     step_s: list[float]
     error: str | None = None
+    #: the outcome record's seq in the service's signed log: the receipt
+    #: ``python -m camg.verify --through`` checks the log against
+    outcome_seq: int | None = None
 
     def line(self) -> dict:
         return {"episode_id": self.episode_id, "task_id": self.task_id, "reward": self.reward,
                 "failure_class": self.failure_class, "steps": self.steps,
                 "reset_s": round(self.reset_s, 6), "step_s": [round(s, 6) for s in self.step_s],
-                "error": self.error}
+                "error": self.error, "outcome_seq": self.outcome_seq}
 
 
 class Noop:
@@ -131,6 +134,7 @@ async def run_episode(client: AsyncClient, policy, *, task_id: str | None, seed:
             if answer["done"]:
                 result.reward = answer["reward"]
                 result.failure_class = answer.get("failure_class")
+                result.outcome_seq = answer.get("outcome_seq")
                 break
         else:
             result.error = f"no terminal step after {MAX_ACTIONS} actions"
@@ -170,6 +174,9 @@ def summary(results: list[Result], wall: float) -> dict:
         "reward_histogram": {f"{b / 5:.1f}-{(b + 1) / 5:.1f}": buckets.get(b, 0) for b in range(5)},
         "failure_classes": dict(Counter(r.failure_class for r in results if r.failure_class)),
         "errors": sum(1 for r in results if r.error),
+        # verify the service's outcome log with --through this
+        "outcome_seq_max": max((r.outcome_seq for r in results if r.outcome_seq is not None),
+                               default=None),
         "reset_p50_s": percentile([r.reset_s for r in results], 0.5),
         "reset_p99_s": percentile([r.reset_s for r in results], 0.99),
         "step_p50_s": percentile(steps, 0.5),
