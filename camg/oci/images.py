@@ -78,6 +78,11 @@ class MaterializedImage:
     # whenever anything that decides the sandbox's file system changes.
     hash: str
 
+    @property
+    def reference(self) -> str:
+        """repository@digest, as outcome records name an episode's image."""
+        return f"{self.repository}@{self.digest}"
+
 
 @dataclasses.dataclass(frozen=True)
 class MaterializedList:

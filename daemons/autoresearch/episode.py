@@ -317,10 +317,12 @@ class ResearchEpisode(HeldSandbox, Episode):
         return reward
 
     def outcome(self) -> Mapping[str, Any]:
-        """The integrity verdict, as Coding and General record it."""
+        """The image the sandbox was built from and the integrity verdict,
+        as Coding and General record them."""
         if self.report is None:
-            return {}
-        body: dict[str, Any] = {"integrity": self.report.integrity}
+            return {"image": self.task.image.reference}
+        body: dict[str, Any] = {"image": self.task.image.reference,
+                                "integrity": self.report.integrity}
         if self.report.integrity != "ok":
             body["integrity_evidence"] = list(self.report.evidence)
         return body

@@ -244,9 +244,12 @@ class CodingEpisode(HeldSandbox, Episode):
             self._destroy_quietly(sandbox)
 
     def outcome(self) -> Mapping[str, Any]:
-        if self.report is None:
-            return {}
-        return self.report.outcome()
+        # The image the sandbox was built from, signed into the record
+        # (camg.signing), graded or not.
+        out: dict[str, Any] = {"image": self.task.image.reference}
+        if self.report is not None:
+            out.update(self.report.outcome())
+        return out
 
     def submission(self) -> Submission | None:
         """The agent's diff as collected at finish (regraded by

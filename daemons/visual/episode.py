@@ -180,7 +180,8 @@ class VisualEpisode(Episode):
                                 **delivery.verdict(self.evidence)})
 
     def outcome(self) -> Mapping[str, Any]:
-        out: dict[str, Any] = {"rubric_id": self.env.rubric_id, "rubric_hash": self.env.rubric_hash}
+        out: dict[str, Any] = {"rubric_id": self.env.rubric_id, "rubric_hash": self.env.rubric_hash,
+                               "image": self.task.data["image"]}
         if self.shot is not None:
             out["screenshot"] = {"sha256": self.shot.sha256, "width": self.shot.width,
                                  "height": self.shot.height, "path": self.shot_path,

@@ -168,6 +168,9 @@ def test_reference_earns_at_least_0_9_on_every_task(env, roots):
         assert outputs[1]["output"].strip().endswith("2000")  # the agent's uid
         assert reward is not None and reward >= 0.9, (task.task_id, reward, episode.state())
         assert episode.state()["grade"]["valid"] is True
+        # the image the sandbox was built from, signed into the record
+        image = env.prepared[task.task_id].image
+        assert episode.outcome()["image"] == f"{image.repository}@{image.digest}"
 
 
 def test_baseline_earns_about_zero(env):

@@ -145,6 +145,10 @@ def test_gold_fix_earns_one_on_every_task(env):
             assert all(o["exit_code"] == 0 for _, o in shells), [o for _, o in shells]
             assert episode.grade() == 1.0, (task.task_id, episode.state())
             assert episode.outcome()["integrity"] == "ok", (task.task_id, episode.outcome())
+            # the image the sandbox was built from, signed into the record
+            image = env.prepared[task.task_id].image
+            assert episode.outcome()["image"] == f"{image.repository}@{image.digest}"
+            assert image.digest.startswith("sha256:")
         finally:
             episode.close()
 

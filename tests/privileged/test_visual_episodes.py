@@ -200,6 +200,8 @@ def test_external_asset_is_render_error_and_judge_failure_is_judge_error(service
     got = records[linked["reset"]["episode_id"]]
     assert got["integrity"] == "tampered" and sorted(got["integrity_evidence"]) == [
         "symlink_out_of_dist: dist/etc -> /etc", "symlink_out_of_dist: dist/up -> ../../"]
+    # the image the episode's container ran, signed into its record
+    assert got["image"].count("@sha256:") == 1
     got = records[ext["reset"]["episode_id"]]
     assert got["integrity"] == "ok" and got["integrity_evidence"] == [
         "external_load: https://cdn.example.invalid/x.js"]
