@@ -12,7 +12,7 @@ import logging
 import falcon
 import falcon.asgi
 
-from camg import openenv_compat, http_wire as wire
+from camg import action_tools, openenv_compat, task_listing, http_wire as wire
 from camg.errors import AtCapacity, CamgError, PermissionDenied
 from camg.http import dumps, read_body, reply
 from camg.service import Service
@@ -51,6 +51,10 @@ class Schema:
             "step_request": wire.step_request_schema(env.action_schema),
             "step_response": wire.step_response_schema(env.observation_schema),
             "regrade_response": wire.REGRADE_SCHEMA,
+            "tasks_query": wire.TASKS_QUERY_SCHEMA,
+            "tasks_response": wire.TASKS_SCHEMA,
+            # the action schema above as OpenAI function-calling tools
+            "tools": action_tools.tools(env.action_schema, name=env.name),
         }
 
     async def on_get(self, req, resp):
@@ -172,6 +176,7 @@ def create_app(service: Service) -> falcon.asgi.App:
     app.add_route("/health", Health(service))
     app.add_route("/metadata", Metadata(service))
     app.add_route("/schema", Schema(service))
+    app.add_route("/tasks", task_listing.Tasks(service))
     app.add_route("/episodes", Episodes(service))
     app.add_route("/episodes/{episode_id}", Episode(service))
     app.add_route("/episodes/{episode_id}/step", EpisodeStep(service))

@@ -163,6 +163,13 @@ class Environment(abc.ABC):
         """Hashes of whatever decides a reward, and other facts for /metadata."""
         return {}
 
+    def task_facts(self, task: Task) -> Mapping[str, str | None]:
+        """What ``GET /tasks`` lists of a task beside its id: its ``kind``
+        and ``split`` (None where the dataset has none). The default reads
+        the row's own ``kind`` and ``split`` (Shop's and General's rows carry
+        them); an environment whose rows name them otherwise overrides this."""
+        return {key: task.data.get(key) for key in ("kind", "split")}
+
     def grader_hash(self) -> str | None:
         """Hash of what decides a reward now, written into every outcome
         record: ``metadata()["grader"]`` alone when it is the only such

@@ -99,6 +99,8 @@ def step_response_schema(observation_schema: Mapping[str, Any]) -> dict:
             "done": {"type": "boolean"},
             "failure_class": {"enum": FAILURE_CLASSES + [None]},
             "step": {"type": "integer"},
+            # on a terminal reply: the outcome record's seq in the signed log
+            "outcome_seq": {"type": "integer"},
         },
     }
 
@@ -114,6 +116,7 @@ STATE_SCHEMA = {
         "reward": _NULLABLE_NUMBER,
         "failure_class": {"enum": FAILURE_CLASSES + [None]},
         "lease_expires_at": {"type": "number"},
+        "outcome_seq": {"type": "integer"},
     },
 }
 
@@ -150,5 +153,72 @@ REGRADE_SCHEMA = {
             "properties": {"sha256": {"type": ["string", "null"]}, "bytes": {"type": "integer"},
                            "meta": {"type": "object"}}},
         "timings": {"type": "object"},
+    },
+}
+
+
+TASKS_PAGE_DEFAULT = 100
+TASKS_PAGE_MAX = 1000
+# A query integer: optional minus, then at most 19 digits (int64's width):
+# no "+1", " 1", "1.0" or "1e3", and no million-digit int() to parse.
+_QUERY_INT = re.compile(r"-?[0-9]{1,19}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TasksQuery:
+    """``GET /tasks?offset=&limit=``: one page of the manifest's tasks."""
+
+    offset: int = 0
+    limit: int = TASKS_PAGE_DEFAULT
+
+    def __post_init__(self) -> None:
+        if self.offset < 0:
+            raise ValueError("offset must be 0 or more")
+        if not 1 <= self.limit <= TASKS_PAGE_MAX:
+            raise ValueError(f"limit must be between 1 and {TASKS_PAGE_MAX}")
+
+
+def parse_query(params: Mapping[str, Any], model: type, where: str) -> Any:
+    """Query parameters into ``model``, whose fields are all integers:
+    each given once, as a plain decimal; anything else is a 400 naming it."""
+    values: dict[str, Any] = {}
+    for name, value in params.items():
+        if isinstance(value, str) and _QUERY_INT.fullmatch(value):
+            values[name] = int(value)
+        elif isinstance(value, list):
+            raise BadRequest(f"{where}.{name}: given more than once")
+        else:
+            raise BadRequest(f"{where}.{name}: must be an integer, got {value!r}")
+    return parse(model, values, where)
+
+
+TASKS_QUERY_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "description": "query parameters of GET /tasks (decimal integers)",
+    "properties": {
+        "offset": {"type": "integer", "minimum": 0, "default": 0},
+        "limit": {"type": "integer", "minimum": 1, "maximum": TASKS_PAGE_MAX,
+                  "default": TASKS_PAGE_DEFAULT},
+    },
+}
+
+TASKS_SCHEMA = {
+    "type": "object",
+    "description": "one page of the served tasks, in manifest order (the order served "
+                   "without task_id)",
+    "required": ["tasks", "offset", "limit", "total", "next_offset", "task_selection_hash"],
+    "properties": {
+        "tasks": {"type": "array", "items": {
+            "type": "object", "required": ["task_id", "kind", "split"],
+            "properties": {"task_id": {"type": "string"},
+                           "kind": {"type": ["string", "null"]},
+                           "split": {"type": ["string", "null"]}}}},
+        "offset": {"type": "integer"},
+        "limit": {"type": "integer"},
+        "total": {"type": "integer"},
+        "next_offset": {"type": ["integer", "null"],
+                        "description": "the offset of the next page; null on the last"},
+        "task_selection_hash": {"type": "string",
+                                "description": "the same as /metadata's"},
     },
 }

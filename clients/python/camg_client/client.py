@@ -22,6 +22,7 @@ import json
 import time
 import urllib.parse
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 
@@ -142,6 +143,19 @@ def _step_body(action: dict, request_id: str | None) -> dict:
     return {"action": action, "request_id": request_id or uuid.uuid4().hex}
 
 
+def _tasks_path(offset: int, limit: int | None) -> str:
+    query = {"offset": offset, **({"limit": limit} if limit is not None else {})}
+    return "/tasks?" + urllib.parse.urlencode(query)
+
+
+def _next_offset(offset: int, page: dict) -> int | None:
+    # A page that does not move forward would page forever.
+    following = page["next_offset"]
+    if following is not None and following <= offset:
+        raise ValueError(f"/tasks at offset {offset} answered next_offset {following}")
+    return following
+
+
 def _create_body(task_id: str | None, seed: int | None, episode_id: str | None) -> dict:
     return {k: v for k, v in (("task_id", task_id), ("seed", seed),
                               ("episode_id", episode_id)) if v is not None}
@@ -205,6 +219,20 @@ class Client:
 
     def schema(self) -> dict:
         return self.request("GET", "/schema")[1]
+
+    def tasks(self, offset: int = 0, limit: int | None = None) -> dict:
+        """One page of the served tasks in manifest order: ``tasks`` (id,
+        kind, split), ``total``, ``next_offset`` (None on the last page) and
+        ``task_selection_hash``; ``limit`` None is the service's default."""
+        return self.request("GET", _tasks_path(offset, limit))[1]
+
+    def iter_tasks(self, limit: int | None = None) -> Iterator[dict]:
+        """Every served task, page by page, in manifest order."""
+        offset: int | None = 0
+        while offset is not None:
+            page = self.tasks(offset, limit)
+            yield from page["tasks"]
+            offset = _next_offset(offset, page)
 
     def create(self, task_id: str | None = None, seed: int | None = None,
                episode_id: str | None = None, wait: float = 0.0) -> dict:
@@ -297,6 +325,19 @@ class AsyncClient:
 
     async def schema(self) -> dict:
         return await self.request("GET", "/schema")
+
+    async def tasks(self, offset: int = 0, limit: int | None = None) -> dict:
+        """One page of the served tasks (see Client.tasks)."""
+        return await self.request("GET", _tasks_path(offset, limit))
+
+    async def iter_tasks(self, limit: int | None = None) -> AsyncIterator[dict]:
+        """Every served task, page by page, in manifest order."""
+        offset: int | None = 0
+        while offset is not None:
+            page = await self.tasks(offset, limit)
+            for task in page["tasks"]:
+                yield task
+            offset = _next_offset(offset, page)
 
     async def create(self, task_id: str | None = None, seed: int | None = None,
                      episode_id: str | None = None, wait: float = 0.0) -> dict:

@@ -1,0 +1,185 @@
+"""An environment's action schema as OpenAI function-calling tools, and back.
+
+``/schema`` publishes ``tools(env.action_schema, name=env.name)`` beside the
+action schema it is made from, so an LLM policy gets one tool per action
+without a hand-written copy that could drift. An action schema is an
+object, or a ``oneOf``/``anyOf`` of objects; where the objects carry a
+discriminator (a required property whose ``const``/``enum`` are strings,
+such as ``operation``) each of its values becomes a tool of that name, whose
+parameters are the object's other properties, required as the object (and
+an ``if``/``then`` on that value) requires them. A value several branches
+share becomes one tool taking what any of them takes. Without a
+discriminator the object is a single tool called ``name``.
+
+``action(schema, tool_name, arguments)`` is the inverse: a model's tool call
+becomes the action body ``POST /episodes/{id}/step`` takes, validated
+against the action schema itself (the tools' parameters only describe it),
+so what it returns is what the service would accept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import fastjsonschema
+
+from camg.errors import ConfigError, InvalidAction
+
+# OpenAI's rule for a function name.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class ActionTools:
+    """The tools of one action schema, and the way back from a call."""
+
+    def __init__(self, action_schema: Mapping[str, Any], *, name: str) -> None:
+        self.schema = dict(action_schema)
+        branches = _branches(self.schema)
+        keys = {_discriminator(b) for b in branches}
+        if len(keys) != 1:
+            raise ConfigError("action schema: every branch needs the same discriminator "
+                              f"to become tools, found {sorted(map(str, keys))}")
+        self.key: str | None = keys.pop()
+        if self.key is None:
+            if len(branches) != 1:
+                raise ConfigError("action schema: branches without a discriminator "
+                                  "cannot be told apart as tools")
+            parts = {name: [_parameters(branches[0], None, None)]}
+            notes = {name: _describe(branches[0], self.schema, None)}
+        else:
+            parts, notes = {}, {}
+            for branch in branches:
+                for value in _values(branch["properties"][self.key]):
+                    parts.setdefault(value, []).append(_parameters(branch, self.key, value))
+                    notes.setdefault(value, []).extend(_describe(branch, self.schema, self.key))
+        bad = [n for n in parts if not _TOOL_NAME.fullmatch(n)]
+        if bad:
+            raise ConfigError(f"action schema: {bad} cannot be tool names "
+                              "(OpenAI allows [A-Za-z0-9_-]{1,64})")
+        self.tools = [{"type": "function", "function": {
+            "name": tool,
+            "description": " ".join(dict.fromkeys(notes[tool])) or f"One {name} action.",
+            "parameters": _merge(parts[tool])}} for tool in parts]
+        self._validate = fastjsonschema.compile(self.schema)
+
+    def action(self, tool_name: str, arguments: str | bytes | Mapping[str, Any] | None) -> dict:
+        """The action a tool call stands for; InvalidAction when the call is
+        not one the service would accept (unknown tool, arguments that are
+        not a JSON object, an action outside the schema)."""
+        names = [t["function"]["name"] for t in self.tools]
+        if tool_name not in names:
+            raise InvalidAction(f"no tool named {tool_name!r} (tools: {', '.join(names)})")
+        if isinstance(arguments, (str, bytes)):
+            # Models send "" for a tool without parameters.
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise InvalidAction(f"{tool_name}: arguments are not valid JSON: {exc}") from None
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, Mapping):
+            raise InvalidAction(f"{tool_name}: arguments must be a JSON object, "
+                                f"got {type(arguments).__name__}")
+        if self.key is None:
+            action = dict(arguments)
+        elif self.key in arguments:
+            raise InvalidAction(f"{tool_name}: {self.key!r} is the tool's name, "
+                                "not one of its arguments")
+        else:
+            action = {self.key: tool_name, **arguments}
+        try:
+            self._validate(action)
+        except fastjsonschema.JsonSchemaException as exc:
+            raise InvalidAction(f"{tool_name}: " + exc.message.replace("data", "action", 1)) \
+                from None
+        return action
+
+
+def tools(action_schema: Mapping[str, Any], *, name: str) -> list[dict]:
+    """The OpenAI tools of ``action_schema``; ``name`` names the only tool of
+    a schema without a discriminator."""
+    return ActionTools(action_schema, name=name).tools
+
+
+def action(action_schema: Mapping[str, Any], tool_name: str, arguments: Any, *,
+           name: str) -> dict:
+    """The validated action body of one tool call (see ``ActionTools.action``)."""
+    return ActionTools(action_schema, name=name).action(tool_name, arguments)
+
+
+def _branches(schema: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    for union in ("oneOf", "anyOf"):
+        if union in schema:
+            return list(schema[union])
+    return [schema]
+
+
+def _values(prop: Mapping[str, Any]) -> list[str]:
+    values = [prop["const"]] if "const" in prop else list(prop.get("enum") or [])
+    return values if values and all(isinstance(v, str) for v in values) else []
+
+
+def _discriminator(branch: Mapping[str, Any]) -> str | None:
+    props = branch.get("properties") or {}
+    for key in branch.get("required") or []:
+        if _values(props.get(key) or {}):
+            return key
+    return None
+
+
+def _parameters(branch: Mapping[str, Any], key: str | None, value: str | None) -> dict:
+    props = {k: v for k, v in (branch.get("properties") or {}).items() if k != key}
+    required = [r for r in branch.get("required") or [] if r != key]
+    conditions = [branch, *(branch.get("allOf") or [])]
+    for cond in (c for c in conditions if "if" in c and key is not None):
+        # Only an if on the discriminator alone is decided by the tool's name;
+        # any other stays to the schema's own check in ActionTools.action.
+        tested = (cond["if"].get("properties") or {}) if isinstance(cond["if"], Mapping) else {}
+        if set(tested) != {key} or set(cond["if"]) - {"properties", "required"}:
+            continue
+        clause = cond.get("then") if value in _values(tested[key]) else cond.get("else")
+        required += (clause or {}).get("required") or []
+    parameters = {"type": "object", "properties": props,
+                  "required": list(dict.fromkeys(r for r in required if r in props))}
+    if branch.get("additionalProperties") is False:
+        parameters["additionalProperties"] = False
+    return parameters
+
+
+def _merge(parts: list[dict]) -> dict:
+    """One tool's parameters from the branches sharing its name: what any of
+    them takes, and required only what all of them require."""
+    if len(parts) == 1:
+        return parts[0]
+    options: dict[str, dict] = {}
+    for part in parts:
+        for prop, sub in part["properties"].items():
+            # Subschemas that differ only in their description are one
+            # (General's command starts in the repository or the workspace).
+            shape = {k: v for k, v in sub.items() if k != "description"}
+            known = options.setdefault(prop, {})
+            texts = known.setdefault(json.dumps(shape, sort_keys=True), (shape, []))[1]
+            if sub.get("description") and sub["description"] not in texts:
+                texts.append(sub["description"])
+    props = {}
+    for prop, known in options.items():
+        subs = [{**shape, "description": " / ".join(texts)} if texts else shape
+                for shape, texts in known.values()]
+        props[prop] = subs[0] if len(subs) == 1 else {"anyOf": subs}
+    required = [r for r in parts[0]["required"] if all(r in p["required"] for p in parts)]
+    merged = {"type": "object", "properties": props, "required": required}
+    if all(p.get("additionalProperties") is False for p in parts):
+        merged["additionalProperties"] = False
+    return merged
+
+
+def _describe(branch: Mapping[str, Any], schema: Mapping[str, Any],
+              key: str | None) -> list[str]:
+    """The texts a tool's description is made of, most specific first."""
+    texts = [(branch["properties"][key].get("description") or "") if key else ""]
+    for where in (branch, schema) if branch is not schema else (schema,):
+        texts += [str(where.get("title") or ""), str(where.get("description") or "")]
+    return [t.strip() for t in texts if t and t.strip()]
