@@ -27,6 +27,7 @@ from camg.environment import Environment, Step, Task
 from camg.errors import (AtCapacity, DeadlineExceeded, EpisodeBusy, EpisodeDone,
                          EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
                          TaskNotFound, Unavailable)
+from camg.cost import episode_cost
 from camg.logs import episode_fields
 from camg.outcomes import OutcomeLog
 from camg.regrading import REGRADE_FIELDS, Regrader
@@ -66,6 +67,7 @@ class Record:
         self.timings = {"reset_s": 0.0, "steps_s": 0.0, "grade_s": 0.0}
         #: the outcome record's fields a regrade needs (set when it is written)
         self.outcome: dict | None = None
+        self.cost: dict | None = None  # the record's cost (camg.cost), once finished
 
     @property
     def fields(self) -> dict:
@@ -332,6 +334,8 @@ class EpisodeManager:
                 record.update({k: v for k, v in rec.episode.outcome().items() if k not in record})
             except Exception:  # extra fields must never cost the record itself
                 log.exception("outcome fields of the episode failed", **rec.fields)
+        # Also on the terminal reply, so a trainer needs no extra request for it.
+        record["cost"] = rec.cost = body["cost"] = episode_cost(record.get("cost"), record["timings"])
         self.outcomes.trajectory(rec.episode_id, {"event": "end", "step": rec.step_count,
                                                   "action": action, "observation": body["observation"],
                                                   "reward": rec.reward,
@@ -398,6 +402,8 @@ class EpisodeManager:
                  "started_at": rec.started_wall}
         if rec.terminal is not None and "outcome_seq" in rec.terminal:
             state["outcome_seq"] = rec.terminal["outcome_seq"]
+        if rec.cost is not None:
+            state["cost"] = rec.cost
         if rec.status == "running":
             state["lease_expires_at"] = rec.lease_expires_at()
             if rec.episode is not None:

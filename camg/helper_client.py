@@ -234,6 +234,14 @@ class HelperClient:
         """Idempotent: False when the sandbox was already gone."""
         return self.call("DestroySandbox", wire.SandboxParams(sandbox_id))[0]["destroyed"]
 
+    def sandbox_usage(self, sandbox_id: str) -> dict:
+        """cpu_s, memory_peak_bytes, disk_written_bytes (and pids_peak where
+        the kernel keeps it) of one of this peer's sandboxes."""
+        return self.call("SandboxUsage", wire.SandboxParams(sandbox_id))[0]
+
+    def container_usage(self, container_id: str) -> dict:
+        return self.call("ContainerUsage", wire.ContainerParams(container_id))[0]
+
     def release_all(self) -> int:
         return self.call("ReleaseAll", wire.NoParams())[0]["released"]
 

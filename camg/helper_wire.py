@@ -189,13 +189,14 @@ PARAMS: Mapping[str, type] = MappingProxyType({PREFIX + name: cls for name, cls 
     ("Ping", NoParams), ("Probe", NoParams), ("CreateSandbox", CreateSandboxParams),
     ("Exec", ExecParams), ("PutArchive", PutArchiveParams), ("GetArchive", GetArchiveParams),
     ("DestroySandbox", SandboxParams), ("ReleaseAll", NoParams), ("ListSandboxes", NoParams),
+    ("SandboxUsage", SandboxParams),
     # The container mediator (helper/containers.py): Docker through the helper.
     ("ContainerPull", ContainerPullParams), ("ContainerCreate", ContainerCreateParams),
     ("ContainerConnect", ContainerConnectParams), ("ContainerExec", ContainerExecParams),
     ("ContainerPutArchive", ContainerPutArchiveParams),
     ("ContainerGetArchive", ContainerGetArchiveParams), ("ContainerLogs", ContainerLogsParams),
     ("ContainerRemove", ContainerParams), ("ContainerList", NoParams),
-    ("ContainerReleaseAll", NoParams),
+    ("ContainerReleaseAll", NoParams), ("ContainerUsage", ContainerParams),
 )})
 VERBS = tuple(PARAMS)
 

@@ -101,8 +101,21 @@ def step_response_schema(observation_schema: Mapping[str, Any]) -> dict:
             "step": {"type": "integer"},
             # on a terminal reply: the outcome record's seq in the signed log
             "outcome_seq": {"type": "integer"},
+            "cost": COST_SCHEMA,  # on a terminal reply (camg.cost)
         },
     }
+
+
+#: an episode's cost (camg.cost): measures an environment could not take are absent
+COST_SCHEMA = {
+    "type": "object", "required": ["phases"],
+    "properties": {
+        "cpu_s": {"type": "number"}, "memory_peak_bytes": {"type": "integer"},
+        "disk_written_bytes": {"type": "integer"}, "pids_peak": {"type": "integer"},
+        "phases": {"type": "object", "additionalProperties": {"type": "number"}},
+        "judge_tokens": {"type": "object", "additionalProperties": {"type": "integer"}},
+    },
+}
 
 
 STATE_SCHEMA = {
@@ -117,6 +130,7 @@ STATE_SCHEMA = {
         "failure_class": {"enum": FAILURE_CLASSES + [None]},
         "lease_expires_at": {"type": "number"},
         "outcome_seq": {"type": "integer"},
+        "cost": COST_SCHEMA,  # once finished
     },
 }
 

@@ -9,12 +9,15 @@ failure class, never a fake 0.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from camg import errors
+
+log = logging.getLogger("camg")
 
 #: how often, and how far apart, the helper is asked whether a sandbox died
 _DEATH_CHECKS, _DEATH_CHECK_S = 10, 0.1
@@ -64,6 +67,8 @@ class HeldSandbox:
     sandbox: str | None
     _closed: bool
     _lock: threading.Lock
+    #: the agent sandbox's cost, read at finish (SandboxUsage)
+    usage: dict | None = None
 
     def _sandbox(self) -> str:
         with self._lock:
@@ -73,3 +78,19 @@ class HeldSandbox:
 
     def _call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         return call(self.helper, fn, *args, **kwargs)
+
+    def _take_usage(self, sandbox: str) -> None:
+        """Read the agent sandbox's cost once, just before finish destroys it.
+
+        An episode closed or reaped before it finished records no cpu or
+        memory: the record is written on the event loop (episode.outcome()),
+        where a helper round trip would stall every other episode, and its
+        sandbox is destroyed right after."""
+        try:
+            self.usage = self.helper.sandbox_usage(sandbox)
+        except errors.CamgError as exc:  # a lost measurement never costs the grade
+            log.warning("reading sandbox %s usage failed: %s", sandbox, exc)
+
+    def _cost(self) -> dict:
+        """The outcome() field camg.cost completes with the phases."""
+        return {"cost": dict(self.usage)} if self.usage else {}

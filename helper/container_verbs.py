@@ -12,7 +12,8 @@ import secrets
 
 from camg import helper_wire as wire
 from camg.helper_wire import FdBlob, WireError
-from helper import commands, containers as mc
+from helper import commands, containers as mc, usage
+from helper.container_ops import mapped
 
 log = logging.getLogger("camg.helper")
 # This helper process's id, in Ping's and ContainerCreate's replies. A
@@ -86,6 +87,13 @@ def container_logs(ctx, peer, p: wire.ContainerLogsParams, blob: bytes):
         raise WireError("limit_exceeded", f"tail_bytes: must be within [0, {m.ceilings.output_bytes}]")
     data = m.docker.logs(m.get(peer, p.container_id).id, p.tail_bytes)
     return {"logs": data.decode("utf-8", "replace")}, b""
+
+
+def container_usage(ctx, peer, p: wire.ContainerParams, blob: bytes):
+    m = _m(ctx)
+    held = m.get(peer, p.container_id)
+    with mapped(f"usage of {held.id[:12]}"):
+        return usage.container_usage(m.docker.api, held.id), b""
 
 
 def container_remove(ctx, peer, p: wire.ContainerParams, blob: bytes):

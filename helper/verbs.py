@@ -17,7 +17,7 @@ from typing import Literal
 
 from camg import helper_wire as wire
 from camg.helper_wire import WireError, parse
-from helper import commands, container_verbs as cv, paths
+from helper import commands, container_verbs as cv, paths, usage
 from helper.commands import PATH
 from helper.sandbox_table import Peer, Registry
 
@@ -138,6 +138,11 @@ def list_sandboxes(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> R
     return {"sandboxes": out}, b""
 
 
+def sandbox_usage(ctx: Context, peer: Peer, p: wire.SandboxParams, blob: bytes) -> Result:
+    sandbox = ctx.registry.get(peer, p.sandbox_id)
+    return usage.sandbox_usage(sandbox.record.cgroups, sandbox.record.upper_dir), b""
+
+
 def _verb(name: str, params: type, handler: Callable[..., Result], doc: str, *,
           blob_in: str = "", blob_out: str = "") -> Verb:
     return Verb(wire.PREFIX + name, params, handler, doc, blob_in, blob_out)
@@ -156,6 +161,8 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
     _verb("DestroySandbox", wire.SandboxParams, destroy_sandbox, "Kill and remove (idempotent)."),
     _verb("ReleaseAll", wire.NoParams, release_all, "Destroy every sandbox (and container) of the caller."),
     _verb("ListSandboxes", wire.NoParams, list_sandboxes, "The caller's sandboxes."),
+    _verb("SandboxUsage", wire.SandboxParams, sandbox_usage, "What the sandbox cost so far -> cpu_s, "
+          "memory_peak_bytes, disk_written_bytes (its upper), pids_peak where the kernel has it."),
     # The container mediator (helper/container_verbs.py, helper/containers.py).
     _verb("ContainerPull", wire.ContainerPullParams, cv.container_pull,
           "Pull a manifest image by digest -> image_id."),
@@ -176,6 +183,8 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
     _verb("ContainerList", wire.NoParams, cv.container_list, "The caller's containers."),
     _verb("ContainerReleaseAll", wire.NoParams, cv.container_release_all,
           "Remove every container of the caller."),
+    _verb("ContainerUsage", wire.ContainerParams, cv.container_usage,
+          "What the container cost so far -> cpu_s, memory_peak_bytes, disk_written_bytes (SizeRw)."),
 )}
 assert {n: v.params for n, v in VERBS.items()} == dict(wire.PARAMS), "one row per wire verb, its own params"
 

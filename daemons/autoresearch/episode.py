@@ -250,6 +250,7 @@ class ResearchEpisode(HeldSandbox, Episode):
     def _finish(self, text: str) -> Step:
         sandbox = self._sandbox()
         self.submitted, problem, self.evidence = self._collect(sandbox)
+        self._take_usage(sandbox)
         with self._lock:
             self.sandbox = None
         self._destroy(sandbox)
@@ -320,8 +321,8 @@ class ResearchEpisode(HeldSandbox, Episode):
         """The image the sandbox was built from and the integrity verdict,
         as Coding and General record them."""
         if self.report is None:
-            return {"image": self.task.image.reference}
-        body: dict[str, Any] = {"image": self.task.image.reference,
+            return {"image": self.task.image.reference, **self._cost()}
+        body: dict[str, Any] = {"image": self.task.image.reference, **self._cost(),
                                 "integrity": self.report.integrity}
         if self.report.integrity != "ok":
             body["integrity_evidence"] = list(self.report.evidence)

@@ -132,6 +132,7 @@ class CodingEpisode(HeldSandbox, Episode):
     def _finish(self, *, auto: bool) -> Step:
         sandbox = self._sandbox()
         self._collect_diff(sandbox)
+        self._take_usage(sandbox)
         with self._lock:
             self.sandbox = None
         self._destroy_quietly(sandbox)
@@ -246,7 +247,7 @@ class CodingEpisode(HeldSandbox, Episode):
     def outcome(self) -> Mapping[str, Any]:
         # The image the sandbox was built from, signed into the record
         # (camg.signing), graded or not.
-        out: dict[str, Any] = {"image": self.task.image.reference}
+        out: dict[str, Any] = {"image": self.task.image.reference, **self._cost()}
         if self.report is not None:
             out.update(self.report.outcome())
         return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -252,6 +253,7 @@ class ShopEpisode(Episode):
         self.rejected: dict[str, list] = {}     # rule -> [count, first action, its page]
         self.evidence: list[str] = []           # of a tampered purchase
         self._log_extra = {"EPISODE_ID": episode_id, "TASK_ID": task.task_id}
+        self.cpu_s = 0.0
 
     def reset(self) -> Mapping[str, Any]:
         with self._lock:
@@ -265,6 +267,15 @@ class ShopEpisode(Episode):
             return self._observation(True)
 
     def step(self, action: Mapping[str, Any]) -> Step:
+        # No sandbox to ask: the CPU its steps took on the calling thread
+        # (the search's JVM threads, shared by every episode, are not in it).
+        started = time.thread_time()
+        try:
+            return self._step(action)
+        finally:
+            self.cpu_s += time.thread_time() - started
+
+    def _step(self, action: Mapping[str, Any]) -> Step:
         text = action.get("action") if isinstance(action, Mapping) else None
         if not isinstance(text, str) or not text or len(text) > ACTION_MAX:
             raise InvalidAction(f"action must be {{\"action\": <string of 1..{ACTION_MAX}>}}")
@@ -334,6 +345,7 @@ class ShopEpisode(Episode):
         if "attribute_method" in self.reward_info:
             out["attribute_method"] = self.reward_info["attribute_method"]
         out.update(integrity_verdict(self.evidence, self.rejected))
+        out["cost"] = {"cpu_s": round(self.cpu_s, 6)}  # camg.cost adds the phases
         return out
 
     def state(self) -> Mapping[str, Any]:

@@ -74,7 +74,15 @@ def test_oracle_episode_over_http_records_the_reward(services):
         client.step(eid, {"action": f"click[{value}]"})
     last = client.step(eid, {"action": "click[buy now]"})
     assert last["done"] is True and last["reward"] == 1.0
-    assert any(r["episode_id"] == eid and r["reward"] == 1.0 for r in service.outcomes())
+    [record] = [r for r in service.outcomes() if r["episode_id"] == eid]
+    assert record["reward"] == 1.0
+    # cost: the phases the service timed and the steps' CPU; no sandbox, so
+    # no memory or disk measure at all (absent, not 0)
+    cost = record["cost"]
+    assert set(cost) == {"cpu_s", "phases"} and cost["cpu_s"] > 0
+    assert cost["phases"]["steps_s"] > 0 and cost["phases"]["reset_s"] > 0
+    assert cost["phases"]["wall_s"] >= cost["phases"]["steps_s"] + cost["phases"]["reset_s"]
+    assert last["cost"] == cost == client.get(eid)["cost"]
 
 
 def test_schema_and_bad_actions_over_http(services):

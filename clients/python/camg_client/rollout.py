@@ -50,12 +50,14 @@ class Result:
     #: the outcome record's seq in the service's signed log: the receipt
     #: ``python -m camg.verify --through`` checks the log against
     outcome_seq: int | None = None
+    #: what the episode cost the host, from the terminal reply (no extra request)
+    cost: dict | None = None
 
     def line(self) -> dict:
         return {"episode_id": self.episode_id, "task_id": self.task_id, "reward": self.reward,
                 "failure_class": self.failure_class, "steps": self.steps,
                 "reset_s": round(self.reset_s, 6), "step_s": [round(s, 6) for s in self.step_s],
-                "error": self.error, "outcome_seq": self.outcome_seq}
+                "error": self.error, "outcome_seq": self.outcome_seq, "cost": self.cost}
 
 
 class Noop:
@@ -135,6 +137,7 @@ async def run_episode(client: AsyncClient, policy, *, task_id: str | None, seed:
                 result.reward = answer["reward"]
                 result.failure_class = answer.get("failure_class")
                 result.outcome_seq = answer.get("outcome_seq")
+                result.cost = answer.get("cost")
                 break
         else:
             result.error = f"no terminal step after {MAX_ACTIONS} actions"
@@ -160,6 +163,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def _mean_cost(results: list[Result], key: str) -> float | None:
+    values = [r.cost[key] for r in results
+              if isinstance(r.cost, dict) and isinstance(r.cost.get(key), (int, float))]
+    return statistics.fmean(values) if values else None
+
+
 def summary(results: list[Result], wall: float) -> dict:
     rewards = [r.reward for r in results if r.reward is not None]
     last = [r.step_s[-1] for r in results if r.step_s]
@@ -177,6 +186,10 @@ def summary(results: list[Result], wall: float) -> dict:
         # verify the service's outcome log with --through this
         "outcome_seq_max": max((r.outcome_seq for r in results if r.outcome_seq is not None),
                                default=None),
+        # per episode, over the episodes whose service measured it (None: none did)
+        "cpu_s_mean": _mean_cost(results, "cpu_s"),
+        "memory_peak_bytes_mean": _mean_cost(results, "memory_peak_bytes"),
+        "disk_written_bytes_mean": _mean_cost(results, "disk_written_bytes"),
         "reset_p50_s": percentile([r.reset_s for r in results], 0.5),
         "reset_p99_s": percentile([r.reset_s for r in results], 0.99),
         "step_p50_s": percentile(steps, 0.5),
