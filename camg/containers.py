@@ -155,6 +155,10 @@ class ContainerClient:
         """Idempotent: False when the container was already gone."""
         return self.helper.call("ContainerRemove", wire.ContainerParams(container_id))[0]["removed"]
 
+    def usage(self, container_id: str) -> dict:
+        """cpu_s, memory_peak_bytes, disk_written_bytes of one of this peer's containers."""
+        return self.helper.call("ContainerUsage", wire.ContainerParams(container_id))[0]
+
     def list(self) -> list[dict]:
         return self.helper.call("ContainerList", wire.NoParams())[0]["containers"]
 
@@ -285,3 +289,16 @@ class ContainerPool:
             self.client.remove(container.id)
         except errors.CamgError as exc:  # the helper's release/sweep takes it
             log.warning("removing pool container %s failed: %s", container.id[:12], exc)
+
+
+def read_usage(client: ContainerClient | None, container_id: str) -> dict | None:
+    """A container's usage for its episode's cost (camg.cost), read before
+    it is removed; None when the helper cannot say (a lost measurement is
+    logged and never costs the episode its grade)."""
+    if client is None:
+        return None
+    try:
+        return client.usage(container_id)
+    except errors.CamgError as exc:
+        log.warning("reading container %s usage failed: %s", container_id[:12], exc)
+        return None

@@ -39,3 +39,13 @@ def add_tokens(total: dict[str, int], usage: Any) -> None:
         value = usage.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             total[key] = total.get(key, 0) + value
+
+
+def judge_tokens(reported: Any) -> dict:
+    """``{"judge_tokens": {...}}`` summed over the judge verdicts' reported
+    usages (camg.judge.Verdict.record's judge_tokens), or {} when none
+    reported any."""
+    total: dict[str, int] = {}
+    for usage in reported:
+        add_tokens(total, usage)
+    return {"judge_tokens": total} if total else {}

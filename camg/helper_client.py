@@ -239,9 +239,6 @@ class HelperClient:
         the kernel keeps it) of one of this peer's sandboxes."""
         return self.call("SandboxUsage", wire.SandboxParams(sandbox_id))[0]
 
-    def container_usage(self, container_id: str) -> dict:
-        return self.call("ContainerUsage", wire.ContainerParams(container_id))[0]
-
     def release_all(self) -> int:
         return self.call("ReleaseAll", wire.NoParams())[0]["released"]
 

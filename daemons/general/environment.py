@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from camg import errors, typed
+from camg.containers import read_usage
+from camg.cost import judge_tokens
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
 
 from daemons.general import rubric
@@ -211,6 +213,7 @@ class GeneralEpisode(Episode):
         self.integrity: dict | None = None  # the tamper screen's part of the outcome
         self.code_records: dict | None = None  # opensource-code: changes + guard (regrade)
         self.steps = 0  # actions the transport took (the reference's position)
+        self.usage: dict | None = None  # the container's, at the terminal step (camg.cost)
         self._closed = False
         self._lock = threading.Lock()
 
@@ -242,6 +245,9 @@ class GeneralEpisode(Episode):
         observation, reward, done = observation_of(payload)
         if not done:
             return Step(observation=observation, reward=0.0)
+        # The agent and the verifier are done with the container; a judge
+        # still to come costs tokens, not container time.
+        self.usage = read_usage(self.env.client, self.container.id)
         self.verifier_exit = observation.get("exit_code")
         if self.kind == "general_agent":  # the transport's findings (rubric.integrity)
             self.integrity = rubric.integrity(None, observation)
@@ -341,4 +347,6 @@ class GeneralEpisode(Episode):
             record["judge_failure"] = self.judge_failure
         if self.integrity:
             record.update(self.integrity)
+        record["cost"] = {**(self.usage or {}),
+                          **judge_tokens(r.get("judge_tokens") for r in self.judge_records)}
         return record

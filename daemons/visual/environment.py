@@ -29,6 +29,7 @@ from typing import Any
 
 from camg import atomic, errors, typed
 from camg.environment import Environment, Grade, ServiceContext, Submission, Task
+from camg.containers import read_usage
 from camg.shell_schema import command_observation, shell_action
 
 from daemons.visual import rubric
@@ -94,6 +95,9 @@ class ContainerBox:
 
     def remove(self) -> None:
         self.client.remove(self.container.id)
+
+    def usage(self) -> dict | None:
+        return read_usage(self.client, self.container.id)
 
 
 class VisualEnvironment(Environment):

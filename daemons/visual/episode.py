@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from camg import errors
+from camg.cost import judge_tokens
 from camg.environment import Episode, Step, Submission
 
 from daemons.visual import delivery
@@ -62,6 +63,8 @@ class TaskBox(Protocol):
 
     def remove(self) -> None: ...
 
+    def usage(self) -> dict | None: ...  # its cost so far (camg.cost); None: unknown
+
 
 def png_image(jpeg: bytes) -> dict:
     """An image for an observation: PNG bytes as base64, with sha256 and size."""
@@ -90,6 +93,7 @@ class VisualEpisode(Episode):
         self.verdict: dict | None = None
         self.failure: dict | None = None
         self.evidence: list[str] = []       # delivery.py's integrity evidence
+        self.usage: dict | None = None      # the container's, read at finish (camg.cost)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -141,6 +145,7 @@ class VisualEpisode(Episode):
         except errors.NotFound:
             tar = b""  # no dist/ at all: rendered like a missing index.html
         finally:
+            self.usage = box.usage()
             self._drop_box()
         tar, self.evidence = delivery.strip_top(tar, self.settings.dist_bytes)
         try:
@@ -192,6 +197,8 @@ class VisualEpisode(Episode):
         if self.failure is not None:
             out["judge_failure"] = self.failure
         out.update(delivery.verdict(self.evidence))
+        tokens = judge_tokens([self.verdict.get("judge_tokens")] if self.verdict else [])
+        out["cost"] = {**(self.usage or {}), **tokens}
         return out
 
     def state(self) -> Mapping[str, Any]:

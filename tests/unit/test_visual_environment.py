@@ -121,6 +121,9 @@ class DirBox:
     def remove(self):
         self.removed = True
 
+    def usage(self):
+        return None  # a directory, not a container: nothing measured
+
 
 class PillowRenderer:
     """Blank page when dist/index.html is missing or empty, stripes otherwise."""
