@@ -103,7 +103,12 @@ def sandbox_usage(cg: dict[str, str], upper_dir: str) -> dict:
 def container_usage(api, cid: str) -> dict:
     """From Docker's one-shot stats (cgroup v1 or v2 alike) and the
     container's writable layer (SizeRw, what docker ps --size shows)."""
-    stats = api.stats(cid, stream=False) or {}
+    import docker.errors
+    try:
+        # one_shot: the totals now, without waiting a second for a second sample
+        stats = api.stats(cid, stream=False, one_shot=True) or {}
+    except docker.errors.InvalidVersion:  # an API before 1.41
+        stats = api.stats(cid, stream=False) or {}
     cpu = (stats.get("cpu_stats") or {}).get("cpu_usage") or {}
     mem = stats.get("memory_stats") or {}
     listed = api.containers(all=True, filters={"id": cid}, size=True)

@@ -247,7 +247,8 @@ class GeneralEpisode(Episode):
             return Step(observation=observation, reward=0.0)
         # The agent and the verifier are done with the container; a judge
         # still to come costs tokens, not container time.
-        self.usage = read_usage(self.env.client, self.container.id)
+        if self.container is not None:
+            self.usage = read_usage(self.env.client, self.container.id)
         self.verifier_exit = observation.get("exit_code")
         if self.kind == "general_agent":  # the transport's findings (rubric.integrity)
             self.integrity = rubric.integrity(None, observation)

@@ -133,6 +133,28 @@ def test_other_peers_cannot_see_or_touch(helper, client, sandbox):
     assert client.exec(sandbox, "echo still").output == "still\n"
 
 
+def test_sandbox_usage_counts_cpu_memory_and_the_upper_and_is_the_owners_only(helper, client,
+                                                                              sandbox):
+    idle = client.sandbox_usage(sandbox)
+    assert set(idle) >= {"cpu_s", "memory_peak_bytes", "disk_written_bytes"}
+    r = client.exec(sandbox, "head -c 4194304 /dev/urandom > /tmp/blob && sync "
+                    "&& i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done", timeout=120)
+    assert r.exit_code == 0, r.output
+    used = client.sandbox_usage(sandbox)
+    # the loop ran in a command that has exited: its time still counts
+    assert used["cpu_s"] > idle["cpu_s"] + 0.05, (idle, used)
+    assert used["memory_peak_bytes"] >= 4 << 20 and used["disk_written_bytes"] >= 4 << 20, used
+    other = helper.client(owner="someone-else")
+    try:
+        # another peer's sandbox is not found, like a missing one
+        with pytest.raises(errors.NotFound):
+            other.sandbox_usage(sandbox)
+    finally:
+        other.close()
+    with pytest.raises(errors.NotFound):
+        client.sandbox_usage("0" * 16)
+
+
 def test_hostname_and_loopback(client, rootfs):
     sid = client.create_sandbox([str(rootfs)], memory_bytes=64 << 20, cpu_quota=1.0, pids_max=32,
                                 hostname="episode-7")
