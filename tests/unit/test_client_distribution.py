@@ -68,7 +68,9 @@ def test_a_fresh_venv_runs_an_episode_with_the_client_alone(counter_service, tmp
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "wheels").glob("camg_client-*.whl")
     fresh = tmp_path / "venv"
-    venv.create(fresh, with_pip=False)
+    # symlinks, as `python -m venv` makes them: a copied interpreter would look
+    # for its libpython beside the copy (the 3.12 copy has RUNPATH $ORIGIN/../lib)
+    venv.create(fresh, with_pip=False, symlinks=True)
     python = fresh / "bin" / "python"
     installed = pip("--python", str(python), "install", "--no-index", str(wheel))
     assert installed.returncode == 0, installed.stderr[-3000:]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -47,13 +48,22 @@ def project_files(name: str) -> list[dict] | None:
     """The project's files on the index, or None when it has no such project."""
     request = urllib.request.Request(f"{INDEX}/{canonicalize_name(name)}/",
                                      headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return json.load(reply)["files"]
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
+    for attempt in range(4):
+        try:
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                return json.load(reply)["files"]
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            if exc.code < 500 or attempt == 3:
+                raise
+        except (urllib.error.URLError, OSError):
+            # a resolver or connection hiccup (seen once among 16 parallel
+            # look-ups) is not an answer about the pin: ask again
+            if attempt == 3:
+                raise
+        time.sleep(1 + 2 * attempt)
+    raise AssertionError("unreachable")
 
 
 def servable(pin: str, files: list[dict] | None, pythons) -> str | None:
