@@ -358,8 +358,16 @@ def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, t
         with pytest.raises(ServiceError) as bad:
             client.step(eid, {"operation": "shell", "command": 3})
         assert bad.value.status == 422
+        # 1 MiB outside the repository: in the upper, not in the diff
+        step = client.step(eid, {"operation": "shell", "command":
+                                 "head -c 1048576 /dev/urandom > /tmp/cost-blob"})
+        assert step["observation"]["exit_code"] == 0
         done = client.step(eid, {"operation": "finish"})
         assert done["done"] is True and done["reward"] == 1.0, done
+        cost = done["cost"]  # the agent sandbox's, read by SandboxUsage at finish
+        assert cost["cpu_s"] > 0 and cost["memory_peak_bytes"] > 0, cost
+        assert cost["disk_written_bytes"] >= 1 << 20, cost
+        assert cost["phases"]["grade_s"] > 0 and client.get(eid)["cost"] == cost
 
         noop = client.create(task_id=task.task_id)
         done = client.step(noop["episode_id"], {"operation": "finish"})
@@ -400,6 +408,9 @@ def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, t
         assert [o.get("integrity") for o in outcomes] == ["ok", "ok", "tampered", None, "ok"]
         assert {e["rule"] for e in outcomes[2]["integrity_evidence"]} >= {"runner_internals"}
         assert outcomes[4]["episode_id"] == openenv_eid
+        assert outcomes[0]["cost"] == cost
+        # killed before it finished: phases only, no measure made up
+        assert set(outcomes[3]["cost"]) == {"phases"}
     finally:
         assert service.stop() == 0, service.output()[-3000:]
 

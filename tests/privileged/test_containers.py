@@ -94,6 +94,21 @@ def test_round_trip_create_exec_copy_remove(cc, image_ref):
         cc.exec(c.id, "true")
 
 
+def test_usage_counts_cpu_memory_and_the_writable_layer(cc, image_ref):
+    c = cc.create(spec(image_ref))
+    try:
+        r = cc.exec(c.id, "head -c 1048576 /dev/urandom > /cost-blob && i=0; "
+                    "while [ $i -lt 200000 ]; do i=$((i+1)); done", user="root", timeout=120)
+        assert r.exit_code == 0, r.output
+        used = cc.usage(c.id)
+        assert used["cpu_s"] > 0.05 and used["memory_peak_bytes"] > 0, used
+        assert used["disk_written_bytes"] >= 1 << 20, used
+    finally:
+        cc.remove(c.id)
+    with pytest.raises(errors.NotFound):
+        cc.usage(c.id)
+
+
 def test_exec_output_tail_and_timeout(cc, image_ref):
     c = cc.create(spec(image_ref))
     r = cc.exec(c.id, "head -c 50000 /dev/zero | tr '\\0' a; printf END", output_limit=1000)
@@ -133,7 +148,8 @@ def test_a_peer_sees_only_its_own_containers(cc, container_helper, image_ref):
     try:
         assert other.list() == []
         for call in (lambda: other.exec(c.id, "true"), lambda: other.connect(c.id, PORT, timeout=1),
-                     lambda: other.get_archive(c.id, "/etc"), lambda: other.logs(c.id)):
+                     lambda: other.get_archive(c.id, "/etc"), lambda: other.logs(c.id),
+                     lambda: other.usage(c.id)):
             with pytest.raises(errors.NotFound):
                 call()
         assert other.remove(c.id) is False
