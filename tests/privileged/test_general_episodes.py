@@ -58,6 +58,16 @@ def test_gold_earns_one_and_noop_zero_on_every_code_task(general_service, genera
         assert "GOLD-APPLIED" in outputs[1]["output"], outputs[1]
         assert reply["done"] and reply["reward"] == 1.0, reply
         _, noop, _ = run(client, task["task_id"], [{"operation": "finish"}])
+        if task is tasks[0]:
+            # the container's cost, read by ContainerUsage at the terminal step
+            # in the workspace: a 1 MiB file in /tmp did not show in SizeRw
+            # (627904 bytes; a volume is not in SizeRw), cause not established
+            blob = shell("head -c 1048576 /dev/urandom > cost-blob && echo WROTE")
+            _, done, outputs = run(client, task["task_id"], [blob, {"operation": "finish"}])
+            assert "WROTE" in outputs[1]["output"], outputs
+            cost = outcome(general_service, done["episode_id"])["cost"]
+            assert cost["cpu_s"] > 0 and cost["memory_peak_bytes"] > 0, cost
+            assert cost["disk_written_bytes"] >= 1 << 20 and done["cost"] == cost, cost
         assert noop["done"] and noop["reward"] == 0.0 and noop["failure_class"] is None, noop
 
 
