@@ -194,6 +194,16 @@ def test_no_or_bad_submission_earns_zero(env, actions):
     assert reward == 0.0, episode.state()
 
 
+def test_a_finished_episode_records_its_sandbox_cost(env):
+    """The disk upper's blocks, read by SandboxUsage before submit destroys it."""
+    blob = shell("head -c 1048576 /dev/urandom > /workspace/cost-blob && sync")
+    _, _, reward, episode = run_episode(env, env.tasks[1], [blob, SUBMIT])
+    assert reward == 0.0  # no submission.csv
+    cost = episode.outcome()["cost"]
+    assert cost["cpu_s"] > 0 and cost["memory_peak_bytes"] > 0, cost
+    assert cost["disk_written_bytes"] >= 1 << 20, cost
+
+
 def test_background_job_log_read_by_a_later_action(env):
     task = env.tasks[0]
     episode = env.create_episode(task, seed=None, episode_id="bg")
