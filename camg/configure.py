@@ -20,7 +20,7 @@ from pathlib import Path
 import camg
 from camg import service_config as cfg
 from camg import task_manifest as manifest_mod
-from camg import atomic, plugins, signing, typed
+from camg import admission, atomic, plugins, signing, typed
 from camg.errors import CamgError, ConfigError, PreparationMissing
 from camg.hashing import sha256_json
 
@@ -88,6 +88,8 @@ def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Dep
         "references": env.references,
         "outcome_key": outcome_key,
     }
+    body["queue_bound"] = (env.queue_bound if env.queue_bound is not None
+                           else admission.default_queue_bound(body["capacity"]))
     body["config_hash"] = sha256_json(body)
     typed.parse(cfg.ServiceConfig, body, f"{name} config", ConfigError)
     return body, manifest

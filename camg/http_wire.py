@@ -18,6 +18,8 @@ from camg.errors import BadRequest, FailureClass
 
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 REQUEST_ID_MAX = 255
+#: the longest a POST /episodes may wait in the admission line (camg.admission)
+WAIT_MAX_S = 600.0
 # Derived from the one taxonomy so a new class is never missing from /schema.
 FAILURE_CLASSES = [c.value for c in FailureClass]
 
@@ -27,11 +29,17 @@ class CreateEpisode:
     task_id: str | None = None
     seed: int | None = None
     episode_id: str | None = None
+    #: seconds to wait in line for a slot when the service is at capacity
+    #: (0: answer 429 at once)
+    wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError("seed must be between 0 and 2**63-1")
         check_episode_id(self.episode_id)
+        # written so NaN fails too
+        if not 0 <= self.wait_s <= WAIT_MAX_S:
+            raise ValueError(f"wait_s must be between 0 and {WAIT_MAX_S:g}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +83,9 @@ CREATE_SCHEMA = {
         "task_id": {"type": ["string", "null"]},
         "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**63 - 1},
         "episode_id": {"type": ["string", "null"], "pattern": f"^{EPISODE_ID.pattern}$"},
+        "wait_s": {"type": "number", "minimum": 0, "maximum": WAIT_MAX_S, "default": 0,
+                   "description": "at capacity, wait this long in a bounded FIFO line for "
+                                  "a slot before answering 429"},
     },
 }
 

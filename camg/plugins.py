@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import re
 from collections.abc import Mapping
 from importlib import metadata
@@ -72,6 +73,11 @@ class EnvironmentPlugin:
     #: fresh one while grading): decides the default capacity
     #: (default_capacity); None is 0 for substrate "process", else 1
     sandboxes_per_episode: int | None = None
+    #: measured peak memory of one live episode, in bytes (its sandbox's or
+    #: container's cgroup, or what it adds to the service for "process"):
+    #: bounds the default capacity by the host's memory (default_capacity);
+    #: None: not measured, no memory bound
+    episode_peak_bytes: int | None = None
     #: its entry in the demo deployment (packaging/prepare_demo.py writes
     #: it: manifest, capacity, references, limits, settings); None: no demo
     demo: Mapping[str, Any] | None = None
@@ -106,6 +112,9 @@ class EnvironmentPlugin:
             if value is not None and not _SPEC.fullmatch(value):
                 raise ConfigError(f"environment plugin {self.name}: {field} must look like "
                                   f"'package.module:attr', not {value!r}")
+        if self.episode_peak_bytes is not None and self.episode_peak_bytes <= 0:
+            raise ConfigError(f"environment plugin {self.name}: episode_peak_bytes must be "
+                              "positive")
         if self.substrate not in SUBSTRATES:
             raise ConfigError(f"environment plugin {self.name}: substrate {self.substrate!r} "
                               f"is none of {', '.join(SUBSTRATES)}")
@@ -143,18 +152,48 @@ def default_unit(name: str) -> str:
 #: The most concurrent episodes a service takes by default: what the load
 #: suite (python -m tools.reliability --full) shows holding with 0 errors.
 MAX_DEFAULT_CAPACITY = 256
+#: Live episodes per core: an episode mostly idles while the model thinks
+#: (the load suite holds 256 on this 2-core host)
+EPISODES_PER_CORE = 128
+#: The share of the host's memory one service's episodes may hold at their
+#: peaks; the rest is the kernel, page cache and the other services
+MEMORY_SHARE = 0.5
 
 
-def default_capacity(plugin: EnvironmentPlugin | None) -> int:
-    """Episodes a service takes when its deployment names no ``capacity``.
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """What the default capacity is derived from."""
 
-    Derived from what the helper can hold, not from the core count: a
-    sandbox idles while the model thinks, so one peer's sandbox ceiling
-    (camg.helper_wire.SANDBOXES_PER_PEER) divided by the sandboxes an
-    episode holds at its peak, capped at MAX_DEFAULT_CAPACITY.
+    cores: int
+    memory_bytes: int
+
+    @classmethod
+    def detect(cls) -> "Host":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+        return cls(cores=max(1, cores),
+                   memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def default_capacity(plugin: EnvironmentPlugin | None, host: Host | None = None) -> int:
+    """Episodes a service takes when its deployment names no ``capacity``::
+
+        min(256, SANDBOXES_PER_PEER // sandboxes_per_episode,
+            cores * EPISODES_PER_CORE,
+            memory * MEMORY_SHARE // episode_peak_bytes)   (at least 1)
+
+    The helper's per-peer sandbox ceiling (camg.helper_wire.SANDBOXES_PER_PEER)
+    over the sandboxes an episode holds at its peak; the host's cores; and
+    its memory over the episode's measured peak (no bound where the plugin
+    has none measured). ``host``: this machine's, unless given.
     """
+    host = host or Host.detect()
     per = plugin.sandboxes_per_episode if plugin is not None else 1
-    return min(MAX_DEFAULT_CAPACITY, SANDBOXES_PER_PEER // max(1, per))
+    bounds = [MAX_DEFAULT_CAPACITY, SANDBOXES_PER_PEER // max(1, per),
+              host.cores * EPISODES_PER_CORE]
+    if plugin is not None and plugin.episode_peak_bytes:
+        bounds.append(int(host.memory_bytes * MEMORY_SHARE) // plugin.episode_peak_bytes)
+    return max(1, min(bounds))
 
 
 def resolve(spec: str) -> Any:

@@ -51,7 +51,8 @@ class Service:
                         episode_id)
         self.manager = EpisodeManager(environment, capacity=config.capacity,
                                       limits=config.limits, config_hash=config.config_hash,
-                                      outcomes=self.outcomes, on_change=self._status)
+                                      outcomes=self.outcomes, on_change=self._status,
+                                      queue_bound=config.queue_bound)
         self._tasks: list[asyncio.Task] = []
         self.started = False
 
@@ -123,6 +124,7 @@ class Service:
             "task_selection_hash": c.task_selection_hash,
             "task_count": len(self.env.tasks),
             "capacity": c.capacity,
+            "admission": self.manager.admission.counts(),  # queued, queue_bound
             "references": c.references,
             "outcome_signing": signing.describe(self.signer.public),
             "limits": {k: getattr(c.limits, k) for k in c.limits.__dataclass_fields__},

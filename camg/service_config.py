@@ -56,6 +56,9 @@ class EnvironmentDeployment:
     #: concurrent episodes; None: camg.plugins.default_capacity (what the
     #: helper can hold for one service, at most 256)
     capacity: int | None = None
+    #: creates that may wait for a slot at once (POST /episodes wait_s);
+    #: None: camg.admission.default_queue_bound (4 per slot); 0: none wait
+    queue_bound: int | None = None
     port: int | None = None
     factory: str | None = None
     enabled: bool = True
@@ -69,6 +72,8 @@ class EnvironmentDeployment:
     def __post_init__(self) -> None:
         if self.capacity is not None and not 1 <= self.capacity <= 4096:
             raise ValueError("capacity must be between 1 and 4096")
+        if self.queue_bound is not None and not 0 <= self.queue_bound <= 65536:
+            raise ValueError("queue_bound must be between 0 and 65536")
         if self.port is not None and not 1 <= self.port <= 65535:
             raise ValueError("port must be between 1 and 65535")
 
@@ -123,6 +128,8 @@ class ServiceConfig:
     outcome_key: OutcomeKey
     config_hash: str
     references: bool = False
+    #: None (a config written before the admission line): 4 per slot
+    queue_bound: int | None = None
 
     def __post_init__(self) -> None:
         if self.format != SERVICE_FORMAT:

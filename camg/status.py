@@ -5,8 +5,9 @@
 One row per configured environment (``<etc>/prepared/<env>.json``): its
 unit's state (under systemd), READY (the unit is active, which Type=notify
 grants only after READY=1; without systemd: the service answers), /health,
-episodes active/capacity, and whether the configuration hash the service
-serves is the one on disk. Then the helper (its isolation probes' verdict)
+episodes active/capacity, the creates waiting in its admission line
+(queued/bound), and whether the configuration hash the service serves is
+the one on disk. Then the helper (its isolation probes' verdict)
 and leftovers: ledger records, mounts, cgroups, overlay uppers and agent-uid
 processes that no live sandbox explains. Exit status 0 when everything is
 as it should be, 1 otherwise (each problem is named), 2 on bad usage.
@@ -89,6 +90,9 @@ def environment_row(config_path: Path) -> dict:
     episodes = health.get("episodes", {}) if isinstance(health, dict) else {}
     row["episodes"] = (f"{episodes['active']}/{episodes['capacity']}" if episodes
                        else f"-/{config.get('capacity', '?')}")
+    # creates waiting for a slot / the line's bound (camg.admission)
+    row["queue"] = (f"{episodes['queued']}/{episodes['queue_bound']}" if "queued" in episodes
+                    else "-")
     _, meta = get_json(base + "/metadata")
     served = meta.get("config_hash") if isinstance(meta, dict) else None
     row["config_hash"] = config["config_hash"][:12]
@@ -189,7 +193,7 @@ def collect(etc: Path) -> dict:
 
 
 def render(report: dict) -> str:
-    cols = ("environment", "port", "unit", "ready", "health", "episodes", "config")
+    cols = ("environment", "port", "unit", "ready", "health", "episodes", "queue", "config")
     rows = [[str(r[c] if c != "ready" else ("yes" if r["ready"] else "no")) for c in cols]
             for r in report["environments"]]
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)

@@ -11,6 +11,9 @@ PLUGIN = EnvironmentPlugin(
     prepare="daemons.general.prepare:main",
     prepare_hint="python -m camg.prepare --environment general",
     substrate="container",
+    # a live container's cgroup memory, 133-140 MiB measured (docker stats,
+    # issue 25; the in-container transport's): bounds the default capacity
+    episode_peak_bytes=140 << 20,
     demo={"manifest": "/srv/camg/data/general/manifest.json", "capacity": 4, "references": True,
           "limits": {"reset_timeout_s": 300, "action_timeout_s": 1950, "grade_timeout_s": 700},
           "settings": {"pool_size": 1, "cpu": 1.0, "memory_bytes": 1073741824,

@@ -11,6 +11,9 @@ PLUGIN = EnvironmentPlugin(
     prepare="daemons.visual.prepare:main",
     prepare_hint="python -m camg.prepare --environment visual",
     substrate="container",
+    # its renderer sandbox at a render, 195-199 MiB measured (memory cgroup,
+    # daemons/visual/README.md; the task container idles at 0.5 MiB)
+    episode_peak_bytes=200 << 20,
     demo={"manifest": "/srv/camg/data/visual/manifest.json", "capacity": 2, "references": True,
           "limits": {"action_timeout_s": 300, "grade_timeout_s": 900},
           "settings": {"pool_size": 1, "cpu": 1.0, "memory_bytes": 1073741824,

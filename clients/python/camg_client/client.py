@@ -161,6 +161,19 @@ def _create_body(task_id: str | None, seed: int | None, episode_id: str | None) 
                               ("episode_id", episode_id)) if v is not None}
 
 
+# The most a service lets a create wait in its line (camg.http_wire.WAIT_MAX_S;
+# the client does not import the services).
+_WAIT_MAX_S = 600.0
+
+
+def _with_wait(body: dict, deadline: float) -> dict:
+    """The create body asking the service to queue us for what is left of
+    the wait: the service hands a freed slot to the oldest waiter, which a
+    client sleeping between retries would never be."""
+    left = min(_WAIT_MAX_S, deadline - time.monotonic())
+    return {**body, "wait_s": round(left, 3)} if left >= 0.001 else body
+
+
 class Client:
     def __init__(self, base_url: str, timeout: float = 3600.0) -> None:
         url = urllib.parse.urlsplit(base_url)
@@ -236,12 +249,13 @@ class Client:
 
     def create(self, task_id: str | None = None, seed: int | None = None,
                episode_id: str | None = None, wait: float = 0.0) -> dict:
-        """Start an episode; with ``wait`` > 0, retry at capacity until then."""
+        """Start an episode; with ``wait`` > 0, wait in the service's line
+        (``wait_s``) and retry a 429 (a full line) for whatever time remains."""
         body = _create_body(task_id, seed, episode_id)
         deadline = time.monotonic() + wait
         while True:
             try:
-                return self.request("POST", "/episodes", body)[1]
+                return self.request("POST", "/episodes", _with_wait(body, deadline))[1]
             except ServiceError as exc:
                 if exc.status != 429 or time.monotonic() >= deadline:
                     raise
@@ -341,14 +355,15 @@ class AsyncClient:
 
     async def create(self, task_id: str | None = None, seed: int | None = None,
                      episode_id: str | None = None, wait: float = 0.0) -> dict:
-        """Start an episode; with ``wait`` > 0, wait out 429 (Retry-After) until then."""
+        """Start an episode; with ``wait`` > 0, wait in the service's line
+        (``wait_s``) and retry a 429 (a full line) for whatever time remains."""
         import asyncio
 
         body = _create_body(task_id, seed, episode_id)
         deadline = time.monotonic() + wait
         while True:
             try:
-                return await self.request("POST", "/episodes", body)
+                return await self.request("POST", "/episodes", _with_wait(body, deadline))
             except AtCapacity as exc:
                 if time.monotonic() >= deadline:
                     raise
