@@ -1,7 +1,7 @@
 """Per-request overhead of a step over loopback HTTP, against a direct
 in-process call of the same environment step, measured in the same run.
 
-    .venv/bin/python bench/bench_http.py [--steps 3000]
+    .venv/bin/python bench/bench_http.py [--steps 3000] [--metrics on|off]
 
 Prints p50/p99 of both and the overhead (HTTP minus direct). Goal: the
 overhead's p50 <= 0.5 ms.
@@ -44,8 +44,9 @@ def direct(steps: int) -> list[float]:
     return samples
 
 
-def over_http(steps: int, tmp: Path) -> list[float]:
-    service = ServiceProcess(configure_counter(tmp, limits={"max_steps": steps + 10})).wait_ready()
+def over_http(steps: int, tmp: Path, metrics: str = "on") -> list[float]:
+    service = ServiceProcess(configure_counter(tmp, limits={"max_steps": steps + 10}),
+                             env={"CAMG_METRICS": metrics}).wait_ready()
     try:
         client = Client(service.url)
         eid = client.create()["episode_id"]
@@ -67,13 +68,15 @@ def over_http(steps: int, tmp: Path) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3000)
+    # off: the service's Prometheus metrics switched off (camg/metrics.py), to measure their cost
+    parser.add_argument("--metrics", choices=("on", "off"), default="on")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = direct(args.steps)
-        http = over_http(args.steps, Path(tmp))
+        http = over_http(args.steps, Path(tmp), args.metrics)
     ms = lambda s: round(s * 1000, 3)  # noqa: E731
     result = {
-        "steps": args.steps,
+        "steps": args.steps, "metrics": args.metrics,
         "direct_ms": {"p50": ms(percentile(base, .5)), "p99": ms(percentile(base, .99))},
         "http_ms": {"p50": ms(percentile(http, .5)), "p99": ms(percentile(http, .99)),
                     "mean": ms(statistics.fmean(http))},

@@ -12,7 +12,7 @@ import logging
 import falcon
 import falcon.asgi
 
-from camg import action_tools, admission, openenv_compat, task_listing, http_wire as wire
+from camg import action_tools, metrics, openenv_compat, task_listing, http_wire as wire
 from camg.errors import AtCapacity, CamgError, PermissionDenied
 from camg.http import dumps, read_body, reply
 from camg.service import Service
@@ -71,7 +71,7 @@ class Episodes:
 
     async def on_post(self, req, resp):
         request = wire.parse_body(await read_body(req, self.limit), wire.CreateEpisode, "body")
-        body = await self.manager.create(request, hangup=admission.hangup(req))
+        body = await self.manager.create(request)
         resp.location = f"/episodes/{body['episode_id']}"
         reply(resp, body, 201)
 
@@ -177,6 +177,7 @@ def create_app(service: Service) -> falcon.asgi.App:
     app.add_route("/metadata", Metadata(service))
     app.add_route("/schema", Schema(service))
     app.add_route("/tasks", task_listing.Tasks(service))
+    app.add_route("/metrics", metrics.MetricsResource(service.metrics))
     app.add_route("/episodes", Episodes(service))
     app.add_route("/episodes/{episode_id}", Episode(service))
     app.add_route("/episodes/{episode_id}/step", EpisodeStep(service))

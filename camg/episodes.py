@@ -22,14 +22,14 @@ from typing import Any
 import fastjsonschema
 
 from camg import http_wire as wire
-from camg.admission import Admission, default_queue_bound
 from camg.service_config import Limits
 from camg.environment import Environment, Step, Task
-from camg.errors import (DeadlineExceeded, EpisodeBusy, EpisodeDone,
+from camg.errors import (AtCapacity, DeadlineExceeded, EpisodeBusy, EpisodeDone,
                          EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
                          TaskNotFound, Unavailable)
 from camg.cost import episode_cost
 from camg.logs import episode_fields
+from camg.metrics import Metrics, NoMetrics, task_kind
 from camg.outcomes import OutcomeLog
 from camg.regrading import REGRADE_FIELDS, Regrader
 from camg.submissions import SubmissionStore
@@ -92,8 +92,9 @@ class EpisodeManager:
                  config_hash: str, outcomes: OutcomeLog,
                  on_change: Callable[[], None] | None = None,
                  submissions: SubmissionStore | None = None,
-                 queue_bound: int | None = None) -> None:
+                 metrics: Metrics | NoMetrics | None = None) -> None:
         self.env = environment
+        self.metrics = metrics or NoMetrics()
         self.capacity = capacity
         self.limits = limits
         self.config_hash = config_hash
@@ -113,9 +114,6 @@ class EpisodeManager:
             max_workers=2 * capacity + 4, thread_name_prefix=f"camg-{environment.name}")
         self._grader_hash: str | None = None
         self.regrader = Regrader(self)
-        self.admission = Admission(lambda: self.capacity - self.active(),
-                                   default_queue_bound(capacity) if queue_bound is None
-                                   else queue_bound)
 
     # -- helpers ---------------------------------------------------------
     async def call(self, fn: Callable, *args: Any, timeout: float | None = None,
@@ -141,7 +139,7 @@ class EpisodeManager:
 
     def counts(self) -> dict:
         return {"active": self.active(), "capacity": self.capacity,
-                "finished": len(self.finished), **self.admission.counts()}
+                "finished": len(self.finished)}
 
     def pick_task(self, task_id: str | None, seed: int | None) -> Task:
         if task_id is not None:
@@ -156,21 +154,20 @@ class EpisodeManager:
         return task
 
     # -- the contract ----------------------------------------------------
-    async def create(self, request: wire.CreateEpisode, hangup=None) -> dict:
-        """``hangup``: completes when the trainer hangs up (camg.admission)."""
-        self._refuse_create(request)
-        if request.task_id is not None:
-            self.pick_task(request.task_id, None)  # a 404 is not worth a wait
-        await self.admission.enter(request.wait_s, hangup)
-        try:  # the slot is taken (the record) before the next await
-            self._refuse_create(request)  # again: the wait may have changed both
-            task = self.pick_task(request.task_id, request.seed)
-            episode_id = request.episode_id or uuid.uuid4().hex
-            rec = Record(episode_id, task, request.seed, self.limits.idle_ttl_s,
-                         self.limits.episode_timeout_s)
-            self.records[episode_id] = rec
-        finally:
-            self.admission.wake()  # a slot not taken after all goes to the next waiter
+    async def create(self, request: wire.CreateEpisode) -> dict:
+        if self._stopping:
+            raise Unavailable("service is shutting down")
+        if request.episode_id and (request.episode_id in self.records
+                                   or request.episode_id in self.finished):
+            raise EpisodeExists(f"episode {request.episode_id!r} exists")
+        if self.active() >= self.capacity:
+            raise AtCapacity(f"{self.capacity} episodes are running", retry_after=5)
+        task = self.pick_task(request.task_id, request.seed)
+        episode_id = request.episode_id or uuid.uuid4().hex
+        rec = Record(episode_id, task, request.seed, self.limits.idle_ttl_s,
+                     self.limits.episode_timeout_s)
+        self.records[episode_id] = rec
+        self.metrics.episode_started(task_kind(self.env, task))
         self.on_change()
         started = time.monotonic()
         try:
@@ -189,6 +186,7 @@ class EpisodeManager:
         if rec.terminal is not None:
             await self._closed_while_created(rec)
         rec.timings["reset_s"] = time.monotonic() - started
+        self.metrics.reset(rec.timings["reset_s"])
         rec.status = "running"
         rec.touch()
         log.info("episode started (task %s, reset %.3f s)", task.task_id,
@@ -197,13 +195,6 @@ class EpisodeManager:
                                               "seed": request.seed, "observation": observation})
         return {"episode_id": episode_id, "task_id": task.task_id, "observation": observation,
                 "reward": None, "done": False, "lease_expires_at": rec.lease_expires_at()}
-
-    def _refuse_create(self, request: wire.CreateEpisode) -> None:
-        if self._stopping:
-            raise Unavailable("service is shutting down")
-        if request.episode_id and (request.episode_id in self.records
-                                   or request.episode_id in self.finished):
-            raise EpisodeExists(f"episode {request.episode_id!r} exists")
 
     async def step(self, episode_id: str, request: wire.StepRequest) -> dict:
         rec = self._lookup(episode_id)
@@ -280,7 +271,9 @@ class EpisodeManager:
                                           reason=str(exc), request_id=request.request_id,
                                           action=request.action)
             finally:
-                rec.timings["steps_s"] += time.monotonic() - started
+                elapsed = time.monotonic() - started
+                rec.timings["steps_s"] += elapsed
+                self.metrics.step(elapsed)
             if rec.terminal is not None:  # closed while the step ran
                 return rec.terminal
             done = result.done or rec.step_count >= self.limits.max_steps
@@ -303,6 +296,7 @@ class EpisodeManager:
                 except Exception as exc:
                     reward, failure, reason = None, self._failure_of(exc, rec, "grade"), str(exc)
                 rec.timings["grade_s"] = time.monotonic() - graded_at
+                self.metrics.grade(rec.timings["grade_s"])
             return await self._finish(rec, reward=reward, failure=failure,
                                       observation=result.observation, reason=reason,
                                       request_id=request.request_id, action=request.action)
@@ -318,7 +312,8 @@ class EpisodeManager:
 
     async def _finish(self, rec: Record, *, reward: float | None, failure: FailureClass | None,
                       observation: Mapping[str, Any], reason: str, request_id: str | None = None,
-                      action: Any = None, status: str = "done") -> dict:
+                      action: Any = None, status: str = "done",
+                      outcome: str | None = None) -> dict:
         """Terminal bookkeeping: outcome record (fsync'd), release, reply.
 
         Runs once per episode: a step that returns after its episode was
@@ -350,6 +345,9 @@ class EpisodeManager:
                 log.exception("outcome fields of the episode failed", **rec.fields)
         # Also on the terminal reply, so a trainer needs no extra request for it.
         record["cost"] = rec.cost = body["cost"] = episode_cost(record.get("cost"), record["timings"])
+        # outcome: status, or "reaped" for a close by the lease reaper
+        self.metrics.episode_ended(task_kind(self.env, rec.task), outcome or status,
+                                   rec.failure_class, record.get("integrity"))
         self.outcomes.trajectory(rec.episode_id, {"event": "end", "step": rec.step_count,
                                                   "action": action, "observation": body["observation"],
                                                   "reward": rec.reward,
@@ -359,7 +357,6 @@ class EpisodeManager:
         await self._close_episode(rec)
         self.records.pop(rec.episode_id, None)
         self.finished[rec.episode_id] = rec
-        self.admission.wake()  # the slot goes to the oldest waiter
         while len(self.finished) > _TOMBSTONES:
             self.finished.popitem(last=False)
         log.info("episode %s: reward %s failure %s after %d steps", status, rec.reward,
@@ -431,7 +428,7 @@ class EpisodeManager:
         return [self.state(eid, renew=False) for eid in list(self.records)]
 
     async def close(self, episode_id: str, reason: str = "closed by trainer",
-                    failure: FailureClass | None = None) -> dict:
+                    failure: FailureClass | None = None, outcome: str | None = None) -> dict:
         rec = self._lookup(episode_id)
         if rec.status in ("running", "starting"):
             if rec.episode is not None and rec.busy:
@@ -439,7 +436,7 @@ class EpisodeManager:
                 # environment has torn down what it was using.
                 await self.call(rec.episode.close)
             await self._finish(rec, reward=None, failure=failure, observation={},
-                               reason=reason, status="closed")
+                               reason=reason, status="closed", outcome=outcome)
         elif rec.status == "done":
             rec.status = "closed"
         return self.state(episode_id)
@@ -451,13 +448,14 @@ class EpisodeManager:
             if rec.status != "running" or rec.busy:
                 continue
             if now > rec.last_active + rec.idle_ttl:
-                await self.close(rec.episode_id, "lease expired", FailureClass.TIMEOUT)
+                await self.close(rec.episode_id, "lease expired", FailureClass.TIMEOUT,
+                                 outcome="reaped")
             elif now > rec.deadline:
-                await self.close(rec.episode_id, "episode deadline passed", FailureClass.TIMEOUT)
+                await self.close(rec.episode_id, "episode deadline passed", FailureClass.TIMEOUT,
+                                 outcome="reaped")
 
     async def shutdown(self) -> None:
         self._stopping = True
-        self.admission.close()
         for episode_id in list(self.records):
             try:
                 await self.close(episode_id, "service stopping", FailureClass.INFRA)

@@ -294,6 +294,10 @@ def prompt_hash(api: str, system: str | None, prompt: str, images: Sequence[Imag
 class Judge:
     """A configured judge. Thread-safe: one SDK client, no per-call state."""
 
+    #: ``observer(ok, seconds, attempts)`` after every request: the service's
+    #: metrics (camg.metrics.observe_judge); None outside a service
+    observer: Callable[[bool, float, int], None] | None = None
+
     def __init__(self, config: JudgeConfig, *, sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None) -> None:
         import openai  # heavy import, only where a judge is used
@@ -332,9 +336,11 @@ class Judge:
                                  timeout=min(cfg.timeout_s, remaining) if remaining else cfg.timeout_s,
                                  schema=schema if cfg.structured else None)
                 score = parse(raw)
-                return Verdict(raw=raw, score=float(score), model=cfg.model, host=cfg.host,
-                               api=cfg.api, prompt_hash=phash, attempts=attempt,
-                               latency_s=time.monotonic() - started)
+                verdict = Verdict(raw=raw, score=float(score), model=cfg.model, host=cfg.host,
+                                  api=cfg.api, prompt_hash=phash, attempts=attempt,
+                                  latency_s=time.monotonic() - started)
+                self._observe(True, verdict.latency_s, attempt)
+                return verdict
             except _Fatal as exc:
                 last = (exc.reason, exc.message)
                 break
@@ -353,9 +359,17 @@ class Judge:
                 if deadline_s is not None:
                     delay = min(delay, max(0.0, deadline_s - (time.monotonic() - started)))
                 self._sleep(delay)
+        self._observe(False, time.monotonic() - started, attempt)
         raise JudgeError(f"judge failed ({last[0]}): {last[1]}", reason=last[0], host=cfg.host,
                          model=cfg.model, api=cfg.api, prompt_hash=phash,
                          attempts=attempt)
+
+    def _observe(self, ok: bool, seconds: float, attempts: int) -> None:
+        if self.observer is not None:
+            try:
+                self.observer(ok, seconds, attempts)
+            except Exception:  # a metric must never cost a verdict
+                log.exception("the judge observer failed")
 
     # -- one HTTP call -------------------------------------------------------
     def _call(self, prompt: str, system: str | None, images: Sequence[Image], *,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import camg
-from camg import signing
+from camg import metrics, signing
 from camg.service_config import ServiceConfig
 from camg.environment import Environment
 from camg.episodes import EpisodeManager
@@ -49,10 +49,14 @@ class Service:
         for episode_id in self.outcomes.recover(environment.name, config.config_hash):
             log.warning("episode %s ended with the previous process: recorded as infra",
                         episode_id)
+        self.metrics = metrics.for_environment(environment.name)
         self.manager = EpisodeManager(environment, capacity=config.capacity,
                                       limits=config.limits, config_hash=config.config_hash,
                                       outcomes=self.outcomes, on_change=self._status,
-                                      queue_bound=config.queue_bound)
+                                      metrics=self.metrics)
+        self.metrics.watch(live=self.manager.active, capacity=config.capacity,
+                # only environments that talk to the helper have one to report
+                helper_up=metrics.helper_up(environment, self.health) if hasattr(environment, "helper") else None)
         self._tasks: list[asyncio.Task] = []
         self.started = False
 
@@ -61,6 +65,7 @@ class Service:
         self.env.start_in_only_thread()
         # Environment start-up (JVMs, indexes, helper connection) blocks.
         await asyncio.get_running_loop().run_in_executor(self.manager.pool, self.env.start)
+        metrics.observe_judge(self.env, self.metrics)
         self._tasks.append(asyncio.create_task(self._reaper()))
         if self.notifier.watchdog_interval:
             self._tasks.append(asyncio.create_task(self._watchdog()))
@@ -124,7 +129,6 @@ class Service:
             "task_selection_hash": c.task_selection_hash,
             "task_count": len(self.env.tasks),
             "capacity": c.capacity,
-            "admission": self.manager.admission.counts(),  # queued, queue_bound
             "references": c.references,
             "outcome_signing": signing.describe(self.signer.public),
             "limits": {k: getattr(c.limits, k) for k in c.limits.__dataclass_fields__},

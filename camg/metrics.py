@@ -1,0 +1,204 @@
+"""Prometheus metrics of one environment service (``GET /metrics``).
+
+Every metric the service exports is defined here, once; packaging/README.md
+lists them (tests/unit/test_metrics.py keeps the two in step). Each service
+has its own ``CollectorRegistry``, never prometheus-client's global one, so
+several in-process services of one test process do not collide.
+
+camg.serve always runs one gunicorn worker (the episode table lives in its
+memory), so prometheus-client's multiprocess mode is not needed: a worker
+that dies takes its counters with it, and Prometheus reads the restart as
+a counter reset, which ``rate()`` handles.
+
+No label carries task content: environment, task kind, outcome, failure
+class, integrity verdict and judge result are closed sets of the code or the
+manifest's kinds, never a task id.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder, generate_latest
+
+from camg.errors import NotFound
+
+#: The switch for measuring the metrics' own cost (bench/bench_http.py
+#: --metrics off); on unless set to "off".
+SWITCH = "CAMG_METRICS"
+
+#: ms .. minutes: a Shop step takes milliseconds, a Coding grade minutes.
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+           30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+
+#: How an episode ended: on its own (done), closed by the trainer or a
+#: shutdown (closed), or by the lease reaper (reaped).
+OUTCOMES = ("done", "closed", "reaped")
+
+NONE = "none"
+
+
+def task_kind(environment: object, task: object) -> str | None:
+    """The task's kind as GET /tasks lists it (Environment.task_facts); None
+    when the environment cannot say: a metric must never cost an episode."""
+    try:
+        return environment.task_facts(task).get("kind")
+    except Exception:
+        return None
+
+
+def enabled(environ=os.environ) -> bool:
+    return environ.get(SWITCH, "on") != "off"
+
+
+def _label(value: object) -> str:
+    # Bounded: a label is a short closed-set word, never free text.
+    return NONE if value is None or value == "" else str(value)[:64]
+
+
+class Metrics:
+    """The series of one service; methods are the episode manager's and the
+    judge's hooks, each a few dictionary lookups (the step budget is 0.05 ms)."""
+
+    def __init__(self, environment: str) -> None:
+        self.environment = environment
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        env = ("environment",)
+        self.started_total = Counter(
+            "camg_episodes_started", "Episodes whose reset began.",
+            env + ("task_kind",), registry=r)
+        self.ended_total = Counter(
+            "camg_episodes_ended", "Episodes that ended, by how and with what verdict.",
+            env + ("task_kind", "outcome", "failure_class", "integrity"), registry=r)
+        self.live = Gauge("camg_episodes_live", "Episodes starting or running now.",
+                          env, registry=r)
+        self.capacity = Gauge("camg_capacity", "Concurrent episodes this service admits.",
+                              env, registry=r)
+        self.reset_seconds = Histogram("camg_reset_seconds", "Duration of successful resets.",
+                                       env, buckets=BUCKETS, registry=r)
+        self.step_seconds = Histogram("camg_step_seconds",
+                                      "Duration of the environment's step calls.",
+                                      env, buckets=BUCKETS, registry=r)
+        self.grade_seconds = Histogram("camg_grade_seconds",
+                                       "Duration of grading at an episode's end.",
+                                       env, buckets=BUCKETS, registry=r)
+        self.judge_requests_total = Counter(
+            "camg_judge_requests", "Judge verdicts asked for, by result (ok, error).",
+            env + ("result",), registry=r)
+        self.judge_retries_total = Counter(
+            "camg_judge_retries", "Judge attempts beyond the first of each request.",
+            env, registry=r)
+        self.judge_seconds = Histogram("camg_judge_seconds",
+                                       "Duration of a judge request, retries included.",
+                                       env, buckets=BUCKETS, registry=r)
+        self.helper_up = Gauge("camg_helper_up",
+                               "1 if the root helper answers as /health sees it, else 0.",
+                               env, registry=r)
+        # Bound once: a labelled child is one attribute away on the hot path.
+        self._step = self.step_seconds.labels(environment)
+        self._reset = self.reset_seconds.labels(environment)
+        self._grade = self.grade_seconds.labels(environment)
+        self._judge = self.judge_seconds.labels(environment)
+        self._retries = self.judge_retries_total.labels(environment)
+
+    def watch(self, *, live: Callable[[], int], capacity: int,
+              helper_up: Callable[[], bool] | None = None) -> None:
+        """Gauges read at scrape time from what the service already knows."""
+        self.live.labels(self.environment).set_function(live)
+        self.capacity.labels(self.environment).set(capacity)
+        if helper_up is not None:
+            self.helper_up.labels(self.environment).set_function(lambda: float(helper_up()))
+
+    # -- hooks -------------------------------------------------------------
+    def episode_started(self, task_kind: object) -> None:
+        self.started_total.labels(self.environment, _label(task_kind)).inc()
+
+    def episode_ended(self, task_kind: object, outcome: str, failure_class: object,
+                      integrity: object) -> None:
+        self.ended_total.labels(self.environment, _label(task_kind), outcome,
+                                _label(failure_class), _label(integrity)).inc()
+
+    def reset(self, seconds: float) -> None:
+        self._reset.observe(seconds)
+
+    def step(self, seconds: float) -> None:
+        self._step.observe(seconds)
+
+    def grade(self, seconds: float) -> None:
+        self._grade.observe(seconds)
+
+    def judge(self, ok: bool, seconds: float, attempts: int) -> None:
+        self.judge_requests_total.labels(self.environment, "ok" if ok else "error").inc()
+        self._judge.observe(seconds)
+        if attempts > 1:
+            self._retries.inc(attempts - 1)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class NoMetrics:
+    """Metrics switched off: every hook does nothing."""
+
+    registry = None
+
+    def watch(self, **_: object) -> None:
+        pass
+
+    def episode_started(self, *_: object) -> None:
+        pass
+
+    def episode_ended(self, *_: object) -> None:
+        pass
+
+    def reset(self, seconds: float) -> None:
+        pass
+
+    def step(self, seconds: float) -> None:
+        pass
+
+    def grade(self, seconds: float) -> None:
+        pass
+
+    def judge(self, ok: bool, seconds: float, attempts: int) -> None:
+        pass
+
+
+def for_environment(environment: str, environ=os.environ) -> Metrics | NoMetrics:
+    return Metrics(environment) if enabled(environ) else NoMetrics()
+
+
+def helper_up(environment: object,
+              health: Callable[[], tuple[bool, list[str]]]) -> Callable[[], bool]:
+    """The helper's reachability as /health knows it: connected (the
+    environment's ``helper`` client exists once it started) and no health
+    reason ``helper: ...`` (how the sandbox environments report a helper
+    that does not answer or whose probes failed)."""
+    return lambda: (getattr(environment, "helper", None) is not None
+                    and not any(r.startswith("helper") for r in health()[1]))
+
+
+class MetricsResource:
+    """``GET /metrics``: the text exposition format, generated per scrape
+    (OpenMetrics instead when the scraper's Accept header asks for it)."""
+
+    def __init__(self, metrics: Metrics | NoMetrics) -> None:
+        self.metrics = metrics
+
+    async def on_get(self, req, resp):
+        if not isinstance(self.metrics, Metrics):
+            raise NotFound(f"metrics are switched off ({SWITCH}=off)")
+        encoder, content_type = choose_encoder(req.get_header("Accept") or "")
+        resp.content_type = content_type
+        resp.data = encoder(self.metrics.registry)
+
+
+def observe_judge(environment: object, metrics: Metrics | NoMetrics) -> None:
+    """Count the environment's judge requests (General's, Visual's, Shop's
+    MemoryArena judge: a ``camg.judge.Judge`` at ``environment.judge``,
+    set once the environment has started)."""
+    judge = getattr(environment, "judge", None)
+    if isinstance(metrics, Metrics) and judge is not None and hasattr(type(judge), "observer"):
+        judge.observer = metrics.judge
