@@ -12,7 +12,7 @@ import logging
 import falcon
 import falcon.asgi
 
-from camg import action_tools, metrics, openenv_compat, task_listing, http_wire as wire
+from camg import action_tools, admission, metrics, openenv_compat, task_listing, http_wire as wire
 from camg.errors import AtCapacity, CamgError, PermissionDenied
 from camg.http import dumps, read_body, reply
 from camg.service import Service
@@ -71,7 +71,7 @@ class Episodes:
 
     async def on_post(self, req, resp):
         request = wire.parse_body(await read_body(req, self.limit), wire.CreateEpisode, "body")
-        body = await self.manager.create(request)
+        body = await self.manager.create(request, hangup=admission.hangup(req))
         resp.location = f"/episodes/{body['episode_id']}"
         reply(resp, body, 201)
 

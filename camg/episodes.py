@@ -22,9 +22,10 @@ from typing import Any
 import fastjsonschema
 
 from camg import http_wire as wire
+from camg.admission import Admission, default_queue_bound
 from camg.service_config import Limits
 from camg.environment import Environment, Step, Task
-from camg.errors import (AtCapacity, DeadlineExceeded, EpisodeBusy, EpisodeDone,
+from camg.errors import (DeadlineExceeded, EpisodeBusy, EpisodeDone,
                          EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
                          TaskNotFound, Unavailable)
 from camg.cost import episode_cost
@@ -92,7 +93,8 @@ class EpisodeManager:
                  config_hash: str, outcomes: OutcomeLog,
                  on_change: Callable[[], None] | None = None,
                  submissions: SubmissionStore | None = None,
-                 metrics: Metrics | NoMetrics | None = None) -> None:
+                 metrics: Metrics | NoMetrics | None = None,
+                 queue_bound: int | None = None) -> None:
         self.env = environment
         self.metrics = metrics or NoMetrics()
         self.capacity = capacity
@@ -114,6 +116,9 @@ class EpisodeManager:
             max_workers=2 * capacity + 4, thread_name_prefix=f"camg-{environment.name}")
         self._grader_hash: str | None = None
         self.regrader = Regrader(self)
+        self.admission = Admission(lambda: self.capacity - self.active(),
+                                   default_queue_bound(capacity) if queue_bound is None
+                                   else queue_bound)
 
     # -- helpers ---------------------------------------------------------
     async def call(self, fn: Callable, *args: Any, timeout: float | None = None,
@@ -139,7 +144,7 @@ class EpisodeManager:
 
     def counts(self) -> dict:
         return {"active": self.active(), "capacity": self.capacity,
-                "finished": len(self.finished)}
+                "finished": len(self.finished), **self.admission.counts()}
 
     def pick_task(self, task_id: str | None, seed: int | None) -> Task:
         if task_id is not None:
@@ -154,19 +159,21 @@ class EpisodeManager:
         return task
 
     # -- the contract ----------------------------------------------------
-    async def create(self, request: wire.CreateEpisode) -> dict:
-        if self._stopping:
-            raise Unavailable("service is shutting down")
-        if request.episode_id and (request.episode_id in self.records
-                                   or request.episode_id in self.finished):
-            raise EpisodeExists(f"episode {request.episode_id!r} exists")
-        if self.active() >= self.capacity:
-            raise AtCapacity(f"{self.capacity} episodes are running", retry_after=5)
-        task = self.pick_task(request.task_id, request.seed)
-        episode_id = request.episode_id or uuid.uuid4().hex
-        rec = Record(episode_id, task, request.seed, self.limits.idle_ttl_s,
-                     self.limits.episode_timeout_s)
-        self.records[episode_id] = rec
+    async def create(self, request: wire.CreateEpisode, hangup=None) -> dict:
+        """``hangup``: completes when the trainer hangs up (camg.admission)."""
+        self._refuse_create(request)
+        if request.task_id is not None:
+            self.pick_task(request.task_id, None)  # a 404 is not worth a wait
+        await self.admission.enter(request.wait_s, hangup)
+        try:  # the slot is taken (the record) before the next await
+            self._refuse_create(request)  # again: the wait may have changed both
+            task = self.pick_task(request.task_id, request.seed)
+            episode_id = request.episode_id or uuid.uuid4().hex
+            rec = Record(episode_id, task, request.seed, self.limits.idle_ttl_s,
+                         self.limits.episode_timeout_s)
+            self.records[episode_id] = rec
+        finally:
+            self.admission.wake()  # a slot not taken after all goes to the next waiter
         self.metrics.episode_started(task_kind(self.env, task))
         self.on_change()
         started = time.monotonic()
@@ -195,6 +202,13 @@ class EpisodeManager:
                                               "seed": request.seed, "observation": observation})
         return {"episode_id": episode_id, "task_id": task.task_id, "observation": observation,
                 "reward": None, "done": False, "lease_expires_at": rec.lease_expires_at()}
+
+    def _refuse_create(self, request: wire.CreateEpisode) -> None:
+        if self._stopping:
+            raise Unavailable("service is shutting down")
+        if request.episode_id and (request.episode_id in self.records
+                                   or request.episode_id in self.finished):
+            raise EpisodeExists(f"episode {request.episode_id!r} exists")
 
     async def step(self, episode_id: str, request: wire.StepRequest) -> dict:
         rec = self._lookup(episode_id)
@@ -357,6 +371,7 @@ class EpisodeManager:
         await self._close_episode(rec)
         self.records.pop(rec.episode_id, None)
         self.finished[rec.episode_id] = rec
+        self.admission.wake()  # the slot goes to the oldest waiter
         while len(self.finished) > _TOMBSTONES:
             self.finished.popitem(last=False)
         log.info("episode %s: reward %s failure %s after %d steps", status, rec.reward,
@@ -456,6 +471,7 @@ class EpisodeManager:
 
     async def shutdown(self) -> None:
         self._stopping = True
+        self.admission.close()
         for episode_id in list(self.records):
             try:
                 await self.close(episode_id, "service stopping", FailureClass.INFRA)

@@ -53,7 +53,7 @@ class Service:
         self.manager = EpisodeManager(environment, capacity=config.capacity,
                                       limits=config.limits, config_hash=config.config_hash,
                                       outcomes=self.outcomes, on_change=self._status,
-                                      metrics=self.metrics)
+                                      metrics=self.metrics, queue_bound=config.queue_bound)
         self.metrics.watch(live=self.manager.active, capacity=config.capacity,
                 # only environments that talk to the helper have one to report
                 helper_up=metrics.helper_up(environment, self.health) if hasattr(environment, "helper") else None)
@@ -129,6 +129,7 @@ class Service:
             "task_selection_hash": c.task_selection_hash,
             "task_count": len(self.env.tasks),
             "capacity": c.capacity,
+            "admission": self.manager.admission.counts(),  # queued, queue_bound
             "references": c.references,
             "outcome_signing": signing.describe(self.signer.public),
             "limits": {k: getattr(c.limits, k) for k in c.limits.__dataclass_fields__},
