@@ -4,6 +4,7 @@ entry or an unregistered child is a leak."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from camg import census
@@ -45,7 +46,10 @@ def test_a_new_state_entry_and_an_unregistered_child_are_leaks(tmp_path):
     try:
         leaks = watch.leaks(before)
         assert f"state entry {tmp_path / 'left'}" in leaks
-        assert f"process {child.pid}" in leaks
+        [named] = [leak for leak in leaks if leak.startswith(f"process {child.pid} ")]
+        # the message says what it runs and whose child it is
+        assert named in (f"process {child.pid} (parent {os.getpid()}: sleep 30)",
+                         f"process {child.pid} (parent {os.getpid()}: )")  # not yet exec'd
         watch.allow_process(child.pid)
         watch.forget_state_under(tmp_path.parent)
         # (mounts, cgroups and containers of other runs on a shared machine aside)

@@ -89,13 +89,16 @@ class LeakWatch:
                 continue
             leaks.append(f"mount {point}")
         leaks += [f"cgroup {c}" for c in sorted(now["cgroups"] - before["cgroups"])]
-        leaks += [f"process {p}" for p in sorted(now["procs"] - before["procs"] - self.pids)]
+        leaks += [f"process {p} ({_cmdline(p)})"
+                  for p in sorted(now["procs"] - before["procs"] - self.pids)]
         leaks += [f"state entry {s}" for s in sorted(now["state"] - before["state"])]
         leaks += [f"container {c}" for c in sorted(now["containers"] - before["containers"])]
         return leaks
 
-    def settled_leaks(self, before: dict, settle: float = 5.0) -> list[str]:
-        """Leaks still there after up to ``settle`` seconds (teardown is asynchronous)."""
+    def settled_leaks(self, before: dict, settle: float = 15.0) -> list[str]:
+        """Leaks still there after up to ``settle`` seconds (teardown is
+        asynchronous; under CI's four lanes a helper's child took over 5 s
+        to go). A clean check returns at once; only a leak waits it out."""
         deadline = time.monotonic() + settle
         leaks = self.leaks(before)
         while leaks and time.monotonic() < deadline:
@@ -108,3 +111,14 @@ class LeakWatch:
 #: ``conftest`` and fixtures modules import it again as
 #: ``tests.privileged.conftest``; both instances register here.
 WATCH = LeakWatch()
+
+
+def _cmdline(pid: int) -> str:
+    """What a leaked process runs, for the message (gone: say so)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return "exited"
+    return f"parent {ppid}: " + " ".join(a.decode(errors="replace") for a in argv if a)[:200]
