@@ -13,11 +13,14 @@ from tests.support.budget import FULL
 from tests.support.services import ServiceProcess, configure_counter
 
 
+_RUN_TMP = pytest.StashKey[str]()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     """This run's own temporaries (tempfile in this process: every helper's
     base, hence every sandbox mount; the fixtures' work dirs) under
-    /tmp/camg-<pid>/. The privileged leak check leaves alone what is tagged
+    /tmp/camg-<pid>-<random>/. The privileged leak check leaves alone what is tagged
     with another live run's pid (tests/privileged/conftest.py), so runs side
     by side (packaging/run-tests.sh's lanes, engineers on one machine) do
     not report each other's mounts. pytest's tmp_path root is fixed first
@@ -25,15 +28,18 @@ def pytest_configure(config):
     factory = getattr(config, "_tmp_path_factory", None)
     if factory is not None:
         factory.getbasetemp()
-    root = Path(tempfile.gettempdir()) / f"camg-{os.getpid()}"
-    root.mkdir(exist_ok=True)
+    # mkdtemp, not a fixed camg-<pid>: run-tests.sh runs unit tiers side by
+    # side, each in a PID namespace of its own where pytest is pid 2, and a
+    # shared /tmp/camg-2 was removed by whichever run ended first.
+    root = Path(tempfile.mkdtemp(prefix=f"camg-{os.getpid()}-", dir=tempfile.gettempdir()))
     root.chmod(0o1777)  # like /tmp: helpers and services of other uids write here too
     tempfile.tempdir = str(root)
+    config.stash[_RUN_TMP] = str(root)
 
 
 def pytest_unconfigure(config):
     root = tempfile.tempdir
-    if root and Path(root).name == f"camg-{os.getpid()}":
+    if root and root == config.stash.get(_RUN_TMP, None):
         tempfile.tempdir = None
         try:
             os.rmdir(root)  # only when empty: never a tree walk over what may be mounted
