@@ -185,14 +185,27 @@ _GRADER = (
     "$s 2>&1 | tail -1; done; echo probed")
 
 
+# What a late writer's wait step prints when its writer never put the file in
+# place: play_one reports that as a canary that did not run, not as a verdict.
+_NOT_SET_UP = "canary not set up:"
+_WRITTEN_ONCE = "/workspace/.written-once"
+
+
 def _late_writer(ctx: Context, tail: str) -> list[dict]:
-    """The reference's submission written into place only after submit."""
+    """The reference's submission written into place only after submit.
+    ``tail`` is the writer's loop body; after its first full copy it leaves
+    a marker, and the submit waits for that marker (at most 120 s), not
+    just for the file: a file seen half-written, or a wait that ran out on a
+    loaded machine, made the canary grade a missing file as an honest one
+    (rehearsal at b3d9d1c) instead of showing the writer at work."""
     return [write_file("/workspace/solve.py", ctx.reference),
-            shell("python /workspace/solve.py /task /workspace/good.csv && rm -f " + SUB),
-            {"operation": "background", "command": tail},
-            # until the writer has put the file in place once (a fixed sleep
-            # lost that race on a loaded machine): at most 30 s
-            shell(f"for i in $(seq 300); do [ -e {SUB} ] && break; sleep 0.1; done"), SUBMIT]
+            shell("python /workspace/solve.py /task /workspace/good.csv && rm -f " + SUB
+                  + " && test -s /workspace/good.csv"),
+            {"operation": "background",
+             "command": f"while :; do {tail}; : > {_WRITTEN_ONCE}; done"},
+            shell(f"for i in $(seq 1200); do [ -e {_WRITTEN_ONCE} ] && exit 0; sleep 0.1; done; "
+                  f"echo '{_NOT_SET_UP} the writer never wrote'; ls -la /workspace /workspace/.jobs; "
+                  "tail -c 300 /workspace/.jobs/*; exit 1"), SUBMIT]
 
 
 CANARIES: dict[str, Callable[[Context], list[dict]]] = {
@@ -227,10 +240,9 @@ CANARIES: dict[str, Callable[[Context], list[dict]]] = {
         shell(f"(cat /workspace/a.csv; sed 1d /workspace/b.csv) > {SUB}"), SUBMIT],
     "unknown_ids": lambda ctx: [constant(), shell(f"echo 'not-a-test-id,1' >> {SUB}"), SUBMIT],
     "background_writer_at_grading": lambda ctx: _late_writer(
-        ctx, f"while :; do cat /workspace/good.csv > {SUB}; done"),
+        ctx, f"cat /workspace/good.csv > {SUB}"),
     "late_rename": lambda ctx: _late_writer(
-        ctx, f"while :; do cp /workspace/good.csv /workspace/n.csv; mv /workspace/n.csv {SUB}; "
-             "done"),
+        ctx, f"cp /workspace/good.csv /workspace/n.csv; mv /workspace/n.csv {SUB}"),
     "submit_twice": lambda ctx: [constant(), SUBMIT,
                                  write_file("/workspace/solve.py", ctx.reference),
                                  shell("python /workspace/solve.py"), SUBMIT],
@@ -255,7 +267,11 @@ def play_one(env, task, name: str, actions: list[dict], allowed: float) -> Canar
         for action in actions:  # past the end too: a finished episode must stay finished
             step = episode.step(action)
             if not step.done:  # what the technique itself printed
-                outputs.append(str(step.observation.get("output", ""))[-160:])
+                output = str(step.observation.get("output", ""))
+                if _NOT_SET_UP in output:  # no verdict to read: say why
+                    return CanaryResult(name, None, None, allowed,
+                                        " ".join(output[output.index(_NOT_SET_UP):].split())[:400])
+                outputs.append(output[-160:])
             done = done or step.done
         if not done:
             episode.step(SUBMIT)
