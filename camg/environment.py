@@ -28,7 +28,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from camg.errors import NotFound, RegradeUnsupported
+from camg.errors import NotForkable, NotFound, RegradeUnsupported
 from camg.hashing import sha256_json
 
 
@@ -136,6 +136,16 @@ class Episode(abc.ABC):
         failure. Environments that implement ``Environment.regrade`` return
         enough here to grade it again without the episode."""
         return None
+
+    def fork(self, episode_id: str) -> Episode:
+        """A new, independent episode continuing from this one's present
+        state (same task, seed, history and filesystem; POST
+        /episodes/{id}/fork). Called only on a reset, idle, unfinished
+        episode (the manager holds its step lock); the child is returned
+        already reset, its ``reset()`` never called. Raise ``NotForkable``
+        naming what cannot be carried (``what=...``, shown as ``details.what``)."""
+        raise NotForkable(f"{type(self).__name__} episodes cannot be forked",
+                          what="environment")
 
 
 class Environment(abc.ABC):

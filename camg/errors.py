@@ -142,6 +142,14 @@ class NoSubmission(Conflict):
     name = "no_submission"
 
 
+class NotForkable(Conflict):
+    """The episode cannot be forked in its present state, or this
+    environment cannot carry some of it (``details["what"]`` names it, e.g.
+    AutoResearch background jobs still running, or the fork depth bound)."""
+
+    name = "not_forkable"
+
+
 class RegradeUnsupported(CamgError, NotImplementedError):
     """This environment cannot grade a stored submission again."""
 

@@ -11,12 +11,12 @@ of theirs.
 from camg_client.client import (
     ERROR_CLASSES, AsyncClient, AtCapacity, BadRequest, Client, Conflict, EpisodeBusy,
     EpisodeDone, EpisodeExists, EpisodeRunning, InvalidAction, NoSubmission, NotFound,
-    PermissionDenied, RegradeUnsupported, ServerError, ServiceError, Unavailable, load_routes,
+    NotForkable, PermissionDenied, RegradeUnsupported, ServerError, ServiceError, Unavailable, load_routes,
 )
 
 __all__ = [
     "ERROR_CLASSES", "AsyncClient", "AtCapacity", "BadRequest", "Client", "Conflict",
     "EpisodeBusy", "EpisodeDone", "EpisodeExists", "EpisodeRunning", "InvalidAction",
-    "NoSubmission", "NotFound", "PermissionDenied", "RegradeUnsupported", "ServerError",
+    "NoSubmission", "NotForkable", "NotFound", "PermissionDenied", "RegradeUnsupported", "ServerError",
     "ServiceError", "Unavailable", "load_routes",
 ]

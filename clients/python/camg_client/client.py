@@ -87,6 +87,11 @@ class EpisodeRunning(Conflict):
     """episode_running: a regrade of an episode that has not ended yet."""
 
 
+class NotForkable(Conflict):
+    """not_forkable: the episode cannot be forked now, or its environment
+    cannot carry some of its state (``details.what`` names it)."""
+
+
 class NoSubmission(Conflict):
     """no_submission: the episode ended before it submitted, or its stored
     submission was evicted; nothing to regrade."""
@@ -117,7 +122,8 @@ ERROR_CLASSES: dict[str, type[ServiceError]] = {
     "not_found": NotFound, "episode_not_found": NotFound, "task_not_found": NotFound,
     "conflict": Conflict, "episode_exists": EpisodeExists, "episode_busy": EpisodeBusy,
     "episode_done": EpisodeDone, "episode_running": EpisodeRunning,
-    "no_submission": NoSubmission, "regrade_unsupported": RegradeUnsupported,
+    "no_submission": NoSubmission, "not_forkable": NotForkable,
+    "regrade_unsupported": RegradeUnsupported,
     "at_capacity": AtCapacity,
     "unavailable": Unavailable, "infra": Unavailable, "sandbox_died": Unavailable,
     "grader_error": Unavailable, "judge_error": Unavailable, "timeout": Unavailable,
