@@ -51,6 +51,8 @@ class Schema:
             "step_request": wire.step_request_schema(env.action_schema),
             "step_response": wire.step_response_schema(env.observation_schema),
             "regrade_response": wire.REGRADE_SCHEMA,
+            "fork_request": wire.FORK_SCHEMA,
+            "fork_response": wire.fork_response_schema(env.observation_schema),
             "tasks_query": wire.TASKS_QUERY_SCHEMA,
             "tasks_response": wire.TASKS_SCHEMA,
             # the action schema above as OpenAI function-calling tools
@@ -123,6 +125,20 @@ class EpisodeRegrade:
         reply(resp, await self.manager.regrade(episode_id))
 
 
+class EpisodeFork:
+    """A running, idle episode's child (camg.forking)."""
+
+    def __init__(self, service: Service) -> None:
+        self.manager = service.manager
+        self.limit = service.config.limits.max_body_bytes
+
+    async def on_post(self, req, resp, episode_id):
+        request = wire.parse_body(await read_body(req, self.limit), wire.ForkEpisode, "body")
+        body = await self.manager.fork(episode_id, request, hangup=admission.hangup(req))
+        resp.location = f"/episodes/{body['episode_id']}"
+        reply(resp, body, 201)
+
+
 async def _handle_camg_error(req, resp, exc: CamgError, params, ws=None):
     if ws is not None:  # errors inside a WebSocket are answered by the protocol
         return
@@ -183,6 +199,7 @@ def create_app(service: Service) -> falcon.asgi.App:
     app.add_route("/episodes/{episode_id}/step", EpisodeStep(service))
     app.add_route("/episodes/{episode_id}/reference", EpisodeReference(service))
     app.add_route("/episodes/{episode_id}/regrade", EpisodeRegrade(service))
+    app.add_route("/episodes/{episode_id}/fork", EpisodeFork(service))
     openenv_compat.add_routes(app, service)
     app.add_error_handler(Exception, _handle_unexpected)
     app.add_error_handler(falcon.HTTPError, _handle_http_error)

@@ -29,6 +29,7 @@ from camg.errors import (DeadlineExceeded, EpisodeBusy, EpisodeDone,
                          EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
                          TaskNotFound, Unavailable)
 from camg.cost import episode_cost
+from camg.forking import Forker
 from camg.logs import episode_fields
 from camg.metrics import Metrics, NoMetrics, task_kind
 from camg.outcomes import OutcomeLog
@@ -70,6 +71,10 @@ class Record:
         #: the outcome record's fields a regrade needs (set when it is written)
         self.outcome: dict | None = None
         self.cost: dict | None = None  # the record's cost (camg.cost), once finished
+        #: the latest observation, which a fork's child starts from (camg.forking)
+        self.observation: Any = None
+        self.forked_from: str | None = None  # a fork's parent and its step count then
+        self.fork_step: int | None = None
 
     @property
     def fields(self) -> dict:
@@ -116,6 +121,7 @@ class EpisodeManager:
             max_workers=2 * capacity + 4, thread_name_prefix=f"camg-{environment.name}")
         self._grader_hash: str | None = None
         self.regrader = Regrader(self)
+        self.forker = Forker(self)
         self.admission = Admission(lambda: self.capacity - self.active(),
                                    default_queue_bound(capacity) if queue_bound is None
                                    else queue_bound)
@@ -195,6 +201,7 @@ class EpisodeManager:
         rec.timings["reset_s"] = time.monotonic() - started
         self.metrics.reset(rec.timings["reset_s"])
         rec.status = "running"
+        rec.observation = observation
         rec.touch()
         log.info("episode started (task %s, reset %.3f s)", task.task_id,
                  rec.timings["reset_s"], **rec.fields)
@@ -299,6 +306,7 @@ class EpisodeManager:
                     "observation": body["observation"], "reward": result.reward,
                     "seconds": round(time.monotonic() - started, 6)})
                 rec.remember(request.request_id, body)
+                rec.observation = body["observation"]
                 rec.touch()
                 return body
             reward, failure, reason = result.reward, None, "done"
@@ -352,6 +360,8 @@ class EpisodeManager:
             | {"wall_s": round(time.monotonic() - rec.started, 6)},
             "config_hash": self.config_hash, "grader_hash": self.grader_hash(),
         }
+        if rec.forked_from is not None:  # signed where present (camg.signing)
+            record.update(forked_from=rec.forked_from, fork_step=rec.fork_step)
         if rec.episode is not None:
             try:
                 record.update({k: v for k, v in rec.episode.outcome().items() if k not in record})
@@ -413,6 +423,10 @@ class EpisodeManager:
                 log.exception("the environment's grader hash failed")
         return self._grader_hash
 
+    async def fork(self, episode_id: str, request: wire.ForkEpisode, hangup=None) -> dict:
+        """A running, idle episode's child (camg.forking)."""
+        return await self.forker.fork(episode_id, request, hangup)
+
     async def regrade(self, episode_id: str) -> dict:
         """Grade a finished episode's stored submission again (camg.regrading)."""
         return await self.regrader.regrade(episode_id)
@@ -431,6 +445,8 @@ class EpisodeManager:
             state["outcome_seq"] = rec.terminal["outcome_seq"]
         if rec.cost is not None:
             state["cost"] = rec.cost
+        if rec.forked_from is not None:
+            state.update(forked_from=rec.forked_from, fork_step=rec.fork_step)
         if rec.status == "running":
             state["lease_expires_at"] = rec.lease_expires_at()
             if rec.episode is not None:

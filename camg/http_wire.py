@@ -43,6 +43,20 @@ class CreateEpisode:
 
 
 @dataclasses.dataclass(frozen=True)
+class ForkEpisode:
+    """``POST /episodes/{id}/fork``: the child's id (None: one is made) and,
+    as for a create, how long it may wait in the admission line for a slot."""
+
+    episode_id: str | None = None
+    wait_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_episode_id(self.episode_id)
+        if not 0 <= self.wait_s <= WAIT_MAX_S:
+            raise ValueError(f"wait_s must be between 0 and {WAIT_MAX_S:g}")
+
+
+@dataclasses.dataclass(frozen=True)
 class StepRequest:
     action: dict[str, Any]
     request_id: str | None = None
@@ -88,6 +102,37 @@ CREATE_SCHEMA = {
                                   "a slot before answering 429"},
     },
 }
+
+
+FORK_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "description": "body of POST /episodes/{id}/fork (empty or {})",
+    "properties": {
+        "episode_id": {"type": ["string", "null"], "pattern": f"^{EPISODE_ID.pattern}$",
+                       "description": "the child's id (default: a new one)"},
+        "wait_s": CREATE_SCHEMA["properties"]["wait_s"],
+    },
+}
+
+
+def fork_response_schema(observation_schema: Mapping[str, Any]) -> dict:
+    return {
+        "type": "object",
+        "required": ["episode_id", "task_id", "observation", "lease_expires_at", "forked_from",
+                     "fork_step"],
+        "properties": {
+            "episode_id": {"type": "string", "description": "the child's"},
+            "task_id": {"type": "string"},
+            "observation": dict(observation_schema),
+            "reward": {"type": "null"},
+            "done": {"const": False},
+            "lease_expires_at": {"type": "number"},
+            "forked_from": {"type": "string", "description": "the parent's episode_id"},
+            "fork_step": {"type": "integer",
+                          "description": "the parent's step count at the fork; the child's "
+                                         "steps go on from it"},
+        },
+    }
 
 
 def step_request_schema(action_schema: Mapping[str, Any]) -> dict:
@@ -142,6 +187,9 @@ STATE_SCHEMA = {
         "lease_expires_at": {"type": "number"},
         "outcome_seq": {"type": "integer"},
         "cost": COST_SCHEMA,  # once finished
+        # a forked episode's parent and the parent's step count at the fork
+        "forked_from": {"type": "string"},
+        "fork_step": {"type": "integer"},
     },
 }
 

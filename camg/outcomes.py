@@ -152,7 +152,8 @@ class OutcomeLog:
             eid = marker.name.removesuffix(".open")
             if eid not in recorded:
                 entries = self._entries(eid)
-                reset = next((e for e in entries if e.get("event") == "reset"), {})
+                # a fork's child begins with its fork event (camg.forking)
+                reset = next((e for e in entries if e.get("event") in ("reset", "fork")), {})
                 reason = ("the service process ended while the episode ran (killed or "
                           "crashed); recorded by its next start")
                 self.trajectory(eid, {"event": "end", "reward": None, "failure_class": "infra",
@@ -165,7 +166,8 @@ class OutcomeLog:
                     "reason": reason, "recovered": True,
                     "steps": sum(1 for e in entries if e.get("event") == "step"),
                     "started_at": marker.stat().st_mtime, "ended_at": time.time(),
-                    "timings": {}, "config_hash": config_hash})
+                    "timings": {}, "config_hash": config_hash,
+                    **{k: reset[k] for k in ("forked_from", "fork_step") if k in reset}})
                 ended.append(eid)
             marker.unlink(missing_ok=True)
         return ended

@@ -8,7 +8,8 @@ publishes the public half, and ``python -m camg.verify`` checks a record
 file offline against it.
 
 Each record is signed over a canonical form: the sorted-key compact JSON of
-``SIGNED_FIELDS`` (missing fields as null). ``seq`` and ``prev`` (the
+``SIGNED_FIELDS`` (missing fields as null) and of those ``SIGNED_IF_PRESENT``
+fields the record has. ``seq`` and ``prev`` (the
 SHA-256 of the previous line) chain the records, so a removed, reordered or
 inserted line is noticed, not just an edited one.
 """
@@ -58,6 +59,15 @@ SIGNED_FIELDS: dict[str, tuple[str, ...]] = {
     "signing_key": ("signing_key",),
 }
 
+#: Signed only where a record has them (a fork's child: camg.forking), so
+#: the canonical form, and every signature, of a record without them is
+#: what it was before they existed; a record that has them loses its
+#: signature when they are removed, and one that lacks them when they are added.
+SIGNED_IF_PRESENT: dict[str, tuple[str, ...]] = {
+    "forked_from": ("forked_from",),
+    "fork_step": ("fork_step",),
+}
+
 
 def canonical(record: dict) -> bytes:
     values = {}
@@ -66,6 +76,9 @@ def canonical(record: dict) -> bytes:
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         values[name] = value
+    for name, (key,) in SIGNED_IF_PRESENT.items():
+        if key in record:
+            values[name] = record[key]
     return json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode("utf-8")
 

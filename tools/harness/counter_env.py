@@ -2,7 +2,10 @@
 
 The agent guesses a hidden number. Actions also exercise every path the
 framework must handle: slow steps (deadlines), infrastructure failures in
-step and grade, unexpected exceptions, and aborts through close().
+step and grade, unexpected exceptions, and aborts through close(). Its
+fork (POST /episodes/{id}/fork) copies the guesses; a task's data may make
+it refuse (``fork_refused``), fail (``fork_fails``) or take a while
+(``fork_sleep`` seconds), for the manager's paths.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from camg.environment import Environment, Episode, Grade, Step, Submission, Task
-from camg.errors import GraderError, InvalidAction, SandboxDied
+from camg.errors import GraderError, InvalidAction, NotForkable, SandboxDied
 
 ACTION_SCHEMA = {
     "type": "object",
@@ -85,6 +88,19 @@ class CounterEpisode(Episode):
 
     def reference_action(self) -> Mapping[str, Any] | None:
         return {"operation": "guess", "value": self.target}
+
+    def fork(self, episode_id: str) -> Episode:
+        data = self.task.data
+        if data.get("fork_refused"):
+            raise NotForkable("this task's episodes hold a secret that cannot be copied",
+                              what="secret")
+        if self.closed.wait(float(data.get("fork_sleep", 0))):
+            raise SandboxDied("closed while forking")
+        if data.get("fork_fails"):
+            raise SandboxDied("the copy of the sandbox failed")
+        child = CounterEpisode(self.task, None)
+        child.guesses = list(self.guesses)
+        return child
 
     def submission(self) -> Submission | None:
         if not self.finished:

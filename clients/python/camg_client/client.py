@@ -267,6 +267,22 @@ class Client:
                     raise
                 time.sleep(min(exc.retry_after or 1.0, max(0.0, deadline - time.monotonic())))
 
+    def fork(self, episode_id: str, child_id: str | None = None, wait: float = 0.0) -> dict:
+        """A child of a running, idle episode, continuing from where it is:
+        ``{episode_id, task_id, observation, lease_expires_at, forked_from,
+        fork_step}`` as ``create`` answers; ``wait`` as for ``create`` (the
+        child takes a slot). Not resent after a dropped connection."""
+        body = {"episode_id": child_id} if child_id is not None else {}
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return self.request("POST", f"/episodes/{episode_id}/fork",
+                                    _with_wait(body, deadline))[1]
+            except ServiceError as exc:
+                if exc.status != 429 or time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(exc.retry_after or 1.0, max(0.0, deadline - time.monotonic())))
+
     def step(self, episode_id: str, action: dict, request_id: str | None = None) -> dict:
         return self.request("POST", f"/episodes/{episode_id}/step",
                             _step_body(action, request_id))[1]
@@ -370,6 +386,23 @@ class AsyncClient:
         while True:
             try:
                 return await self.request("POST", "/episodes", _with_wait(body, deadline))
+            except AtCapacity as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(exc.retry_after or 1.0,
+                                        max(0.0, deadline - time.monotonic())))
+
+    async def fork(self, episode_id: str, child_id: str | None = None,
+                   wait: float = 0.0) -> dict:
+        """A child of a running, idle episode (see Client.fork)."""
+        import asyncio
+
+        body = {"episode_id": child_id} if child_id is not None else {}
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return await self.request("POST", f"/episodes/{episode_id}/fork",
+                                          _with_wait(body, deadline))
             except AtCapacity as exc:
                 if time.monotonic() >= deadline:
                     raise
