@@ -25,6 +25,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import fastjsonschema
+# The pure mapping lives in the trainer client, so a trainer maps a call
+# exactly as the service does without this library (the services' venv and
+# wheel carry camg_client: pyproject.toml maps clients/python in).
+from camg_client.tool_calls import ToolCallError, action_of
+from camg_client.tool_calls import branches as _branches
+from camg_client.tool_calls import discriminator as _discriminator
+from camg_client.tool_calls import values as _values
 
 from camg.errors import ConfigError, InvalidAction
 
@@ -70,26 +77,10 @@ class ActionTools:
         not one the service would accept (unknown tool, arguments that are
         not a JSON object, an action outside the schema)."""
         names = [t["function"]["name"] for t in self.tools]
-        if tool_name not in names:
-            raise InvalidAction(f"no tool named {tool_name!r} (tools: {', '.join(names)})")
-        if isinstance(arguments, (str, bytes)):
-            # Models send "" for a tool without parameters.
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise InvalidAction(f"{tool_name}: arguments are not valid JSON: {exc}") from None
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, Mapping):
-            raise InvalidAction(f"{tool_name}: arguments must be a JSON object, "
-                                f"got {type(arguments).__name__}")
-        if self.key is None:
-            action = dict(arguments)
-        elif self.key in arguments:
-            raise InvalidAction(f"{tool_name}: {self.key!r} is the tool's name, "
-                                "not one of its arguments")
-        else:
-            action = {self.key: tool_name, **arguments}
+        try:
+            action = action_of(tool_name, arguments, key=self.key, names=names)
+        except ToolCallError as exc:
+            raise InvalidAction(str(exc)) from None
         try:
             self._validate(action)
         except fastjsonschema.JsonSchemaException as exc:
@@ -108,26 +99,6 @@ def action(action_schema: Mapping[str, Any], tool_name: str, arguments: Any, *,
            name: str) -> dict:
     """The validated action body of one tool call (see ``ActionTools.action``)."""
     return ActionTools(action_schema, name=name).action(tool_name, arguments)
-
-
-def _branches(schema: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    for union in ("oneOf", "anyOf"):
-        if union in schema:
-            return list(schema[union])
-    return [schema]
-
-
-def _values(prop: Mapping[str, Any]) -> list[str]:
-    values = [prop["const"]] if "const" in prop else list(prop.get("enum") or [])
-    return values if values and all(isinstance(v, str) for v in values) else []
-
-
-def _discriminator(branch: Mapping[str, Any]) -> str | None:
-    props = branch.get("properties") or {}
-    for key in branch.get("required") or []:
-        if _values(props.get(key) or {}):
-            return key
-    return None
 
 
 def _parameters(branch: Mapping[str, Any], key: str | None, value: str | None) -> dict:

@@ -113,7 +113,10 @@ def test_openai_policy_plays_through_a_scripted_model(counter_service, tmp_path)
 
     svc = counter_service(capacity=2)
     routes = svc.config_path.parent / "routes.json"
-    with FakeJudge(responder=model) as server:
+    # an endpoint without tools: the policy falls back to this text protocol
+    # (native tool calls: tests/unit/test_rollout_tool_calls.py)
+    from tests.support.tool_model import without_tools
+    with FakeJudge(responder=without_tools(model)) as server:
         proc = subprocess.run(
             [sys.executable, "-m", "camg_client", "--routes", str(routes), "--env", "counter",
              "--policy", "openai", "--episodes", "3", "--no-progress"], cwd=REPO,

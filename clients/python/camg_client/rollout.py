@@ -14,9 +14,8 @@ Policies:
   episode ends: every task should earn the environment's minimum.
 * ``openai`` drives the episode with any OpenAI-compatible chat endpoint
   (``CAMG_POLICY_URL``, ``CAMG_POLICY_MODEL``, ``CAMG_POLICY_KEY`` from the
-  environment): the system message carries the action schema, each user
-  message the observation as JSON, and the reply must be one JSON action
-  (the first ``{…}`` block of the text is taken).
+  environment) through native tool calls (``/schema``'s "tools"), or the
+  text protocol where the endpoint has no tools (camg_client/openai_policy.py).
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
-import re
 import statistics
 import sys
 import time
@@ -33,6 +30,7 @@ from collections import Counter
 from typing import Any
 
 from camg_client.client import AsyncClient, ServiceError
+from camg_client.openai_policy import OpenAIPolicy
 
 MAX_ACTIONS = 1000     # a policy that never ends its episode is cut here
 
@@ -83,34 +81,6 @@ class Noop:
 class Oracle:
     async def act(self, client: AsyncClient, episode_id: str, observation: Any) -> dict | None:
         return (await client.reference(episode_id))["action"]
-
-
-class OpenAIPolicy:
-    def __init__(self, schema: dict) -> None:
-        from openai import AsyncOpenAI
-
-        missing = [v for v in ("CAMG_POLICY_URL", "CAMG_POLICY_MODEL") if not os.environ.get(v)]
-        if missing:
-            raise SystemExit(f"camg_client: --policy openai needs {', '.join(missing)}")
-        self.model = os.environ["CAMG_POLICY_MODEL"]
-        self.client = AsyncOpenAI(base_url=os.environ["CAMG_POLICY_URL"],
-                                  api_key=os.environ.get("CAMG_POLICY_KEY") or "none",
-                                  timeout=300, max_retries=2)
-        self.system = ("You act in an environment. Reply with exactly one JSON object, the "
-                       "next action, matching this JSON Schema:\n" + json.dumps(schema))
-        self.history: dict[str, list[dict]] = {}
-
-    async def act(self, client: AsyncClient, episode_id: str, observation: Any) -> dict | None:
-        messages = self.history.setdefault(episode_id, [{"role": "system", "content": self.system}])
-        messages.append({"role": "user", "content": json.dumps(observation)})
-        reply = await self.client.chat.completions.create(model=self.model, messages=messages,
-                                                          temperature=0.0)
-        text = reply.choices[0].message.content or ""
-        messages.append({"role": "assistant", "content": text})
-        match = re.search(r"\{.*\}", text, re.S)
-        if not match:
-            raise ValueError(f"policy reply holds no JSON action: {text[:200]!r}")
-        return json.loads(match.group(0))
 
 
 async def run_episode(client: AsyncClient, policy, *, task_id: str | None, seed: int | None,
@@ -211,9 +181,10 @@ def print_summary(body: dict, stream=sys.stdout) -> None:
 async def rollout(url: str, policy_name: str, episodes: int, concurrency: int,
                   task_ids: list[str] | None, out, progress: bool) -> dict:
     async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
-        schema = (await client.schema())["action"]
+        body = await client.schema()
+        schema = body["action"]
         policy = {"oracle": lambda: Oracle(), "noop": lambda: Noop(schema),
-                  "openai": lambda: OpenAIPolicy(schema)}[policy_name]()
+                  "openai": lambda: OpenAIPolicy(schema, body.get("tools"))}[policy_name]()
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(episodes):
             queue.put_nowait(i)

@@ -89,10 +89,11 @@ class NodeRunner:
                                   f"{self.env} to {url}; a node drives only its own services "
                                   "on 127.0.0.1")
         self.client = AsyncClient(url, max_connections=max(4, self.concurrency * 2))
-        schema = (await self.client.schema())["action"]
+        body = await self.client.schema()
+        schema = body["action"]
         metadata = await self.client.metadata()
         self.policy = {"oracle": lambda: Oracle(), "noop": lambda: Noop(schema),
-                       "openai": lambda: OpenAIPolicy(schema)}[self.policy_name]()
+                       "openai": lambda: OpenAIPolicy(schema, body.get("tools"))}[self.policy_name]()
         return {"node": self.node_id, "host": socket.gethostname(), "url": url,
                 "routes": self.routes_path, "config_hash": metadata.get("config_hash"),
                 "task_selection_hash": metadata.get("task_selection_hash")}
