@@ -9,6 +9,7 @@ shared by every episode of the process and loaded once in ``start``.
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import threading
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
-from camg.errors import ConfigError, DatasetError, GraderError, InfraFailure, InvalidAction
+from camg.errors import (ConfigError, DatasetError, GraderError, InfraFailure, InvalidAction,
+                         NotForkable)
 from camg.hashing import sha256_bytes, verify_recorded
 from camg.typed import parse
 
@@ -228,6 +230,21 @@ def integrity_verdict(evidence: Sequence[str], rejected: Mapping[str, list]) -> 
     return body
 
 
+#: what a Store holds that no episode writes (the catalog, the search engine)
+_SHARED_STORE_STATE = frozenset({"_products", "_search"})
+
+
+def _copy_store(store: Store) -> Store:
+    # Every container the page state mutates in place (chosen options) or
+    # replaces (results) is copied; pages.py is not touched for it, since
+    # it is part of the grader hash.
+    child = copy.copy(store)
+    for name, value in vars(store).items():
+        if name not in _SHARED_STORE_STATE and isinstance(value, (list, dict, set)):
+            setattr(child, name, copy.copy(value))
+    return child
+
+
 def grader_hash() -> str:
     """Hash of the code that decides rewards and observations."""
     here = Path(__file__).parent
@@ -328,6 +345,26 @@ class ShopEpisode(Episode):
 
     def close(self) -> None:
         self._closed = True
+
+    def fork(self, episode_id: str) -> Episode:
+        """The session as it stands, copied: goal, page stack (page, query,
+        results, page number, product, chosen options, sub page), the
+        products listed so far (what a purchase may be), the refusals and
+        the step and repeat counts. Parent and child share only what no
+        episode writes: the catalog and the search engine. The child's cost
+        is its own steps' CPU."""
+        with self._lock:
+            self._check_open()
+            if self.store is None:
+                raise NotForkable("the episode has not been reset", what="reset")
+            child = ShopEpisode(self.env, self.task, episode_id)
+            child.store = _copy_store(self.store)
+            child.steps = self.steps
+            child._last_action, child._repeats = self._last_action, self._repeats
+            child._listed = set(self._listed)
+            child.rejected = {rule: list(seen) for rule, seen in self.rejected.items()}
+            child.evidence = list(self.evidence)
+            return child
 
     def submission(self) -> Submission | None:
         # The purchase is all the reward function sees; a few hundred bytes
