@@ -25,7 +25,7 @@ install builds nothing:
 Coding: DATA/coding/{materialized-images.json,demo/,rows-swesmith.jsonl,manifest.json}
   (the SWE-smith-shaped apispec image, task rows and git mirrors; task layers
   under /var/lib/camg/task-layers/coding).
-Shop: DATA/shop/{java,product_pool.json,index/,manifest.json,settings.json}.
+Shop: DATA/shop/{java,product_pool.sqlite,index/,manifest.json,settings.json}.
 General: DATA/general/{manifest.json,agent-env,...} (tools.general.demo): three
   opensource-code tasks from the Coding demo set and the general_agent office
   tasks, one image each, published to a loopback registry and pulled into

@@ -4,8 +4,8 @@ documents and their prices.
 A product record is what WebShop's ``load_products`` produces (Title,
 Description, BulletPoints, Price, pricing, options, Attributes, category,
 query, product_category, name, Reviews, Rating, MainImage, ...). The pool
-file ``product_pool.json`` is the JSON list of those records in catalog
-order; that order decides goal generation, so it is part of the pool hash.
+file is a store of those records in catalog order (daemons/shop/store.py);
+that order decides goal generation, so it is part of the pool hash.
 """
 
 from __future__ import annotations
@@ -98,35 +98,25 @@ def read_catalog_documents(path: str | Path) -> Iterator[dict]:
         yield row
 
 
-def select_products(rows: Iterable[Mapping], where: str) -> list[dict]:
+def iter_products(rows: Iterable[Mapping], where: str) -> Iterator[dict]:
     """Validated products in catalog order, dropping what WebShop drops
-    (duplicate ASINs; ASINs that are 'nan' or too long)."""
+    (duplicate ASINs; ASINs that are 'nan' or too long); one at a time, so
+    a 1.18 M-product catalog is never a list in memory."""
     seen: set[str] = set()
-    products = []
     for index, row in enumerate(rows):
         product = row["product"]
         asin = product.get("asin") if isinstance(product, Mapping) else None
         if asin == "nan" or (isinstance(asin, str) and len(asin) > ASIN_MAX) or asin in seen:
             continue
-        products.append(validate_product(product, f"{where} row {index}"))
+        yield validate_product(product, f"{where} row {index}")
         seen.add(asin)
+
+
+def select_products(rows: Iterable[Mapping], where: str) -> list[dict]:
+    """``iter_products`` as a list; an empty catalog is a DatasetError."""
+    products = list(iter_products(rows, where))
     if not products:
         raise DatasetError(f"{where}: no products")
-    return products
-
-
-def load_pool(path: str | Path) -> list[dict]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            body = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"cannot read product pool {path}: {exc}") from None
-    if not isinstance(body, list) or not body:
-        raise DatasetError(f"{path}: the product pool must be a non-empty JSON list")
-    products = [validate_product(p, f"{path} #{i}") for i, p in enumerate(body)]
-    asins = [p["asin"] for p in products]
-    if len(set(asins)) != len(asins):
-        raise DatasetError(f"{path}: duplicate ASINs in the product pool")
     return products
 
 
@@ -134,7 +124,16 @@ def write_json(path: str | Path, body: Any) -> None:
     atomic.write_json(path, body, indent=None)
 
 
-def product_prices(products: Sequence[Mapping[str, Any]], rng: random.Random) -> dict[str, float]:
+def draw_price(pricing: Sequence[float], rng: random.Random) -> float:
+    """One product's price as WebShop's ``generate_product_prices`` draws it."""
+    if not pricing:
+        return 100.0
+    if len(pricing) == 1:
+        return float(pricing[0])
+    return rng.uniform(*pricing[:2])
+
+
+def product_prices(products: Iterable[Mapping[str, Any]], rng: random.Random) -> dict[str, float]:
     """WebShop's ``generate_product_prices`` on a seeded generator.
 
     A product with a price range gets a uniform draw inside it; upstream
@@ -143,14 +142,4 @@ def product_prices(products: Sequence[Mapping[str, Any]], rng: random.Random) ->
     upstream, so seeding upstream's global generator with the same seed
     would give the same prices.
     """
-    prices = {}
-    for product in products:
-        pricing = product["pricing"]
-        if not pricing:
-            price = 100.0
-        elif len(pricing) == 1:
-            price = float(pricing[0])
-        else:
-            price = rng.uniform(*pricing[:2])
-        prices[product["asin"]] = price
-    return prices
+    return {product["asin"]: draw_price(product["pricing"], rng) for product in products}

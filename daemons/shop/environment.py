@@ -14,7 +14,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,14 +24,16 @@ from camg.errors import (ConfigError, DatasetError, GraderError, InfraFailure, I
 from camg.hashing import sha256_bytes, verify_recorded
 from camg.typed import parse
 
-from daemons.shop import catalog, goals, javahome, memoryarena, rewards, search
+from daemons.shop import goals, javahome, memoryarena, rewards, search
 from daemons.shop.pages import PRODUCT_WINDOW, Store
 from daemons.shop.settings import Settings
+from daemons.shop.store import ProductStore
 
 log = logging.getLogger("camg.shop")
 
 ACTION_MAX = 1000
-_GRADER_MODULES = ("rewards.py", "goals.py", "pages.py", "catalog.py", "memoryarena.py")
+_GRADER_MODULES = ("rewards.py", "goals.py", "pages.py", "catalog.py", "memoryarena.py",
+                   "store.py")
 
 
 class ShopEnvironment(Environment):
@@ -70,9 +72,9 @@ class ShopEnvironment(Environment):
     def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
         super().__init__(context, tasks)
         self.settings = parse(Settings, context.settings, "shop.settings", ConfigError)
-        self.products: dict[str, dict] = {}
-        self.prices: dict[str, float] = {}
-        self.option_values: frozenset[str] = frozenset()
+        self.products: Mapping[str, dict] = {}
+        self.prices: Mapping[str, float] = {}
+        self.option_values: Container[str] = frozenset()
         self.searcher: search.Searcher | None = None
         self.judge = None
         self._facts: dict[str, Any] = {}
@@ -83,15 +85,14 @@ class ShopEnvironment(Environment):
         javahome.check_layout(s.java_home)
         self._check_hash("product_pool", s.product_pool, s.product_pool_sha256)
         self._check_hash("index", s.index_dir, s.index_sha256)
+        # the pool is a store read by ASIN (store.py), not a dict per product
+        self.products = ProductStore(s.product_pool)
+        self.option_values = self.products.option_values
         try:
-            pool = catalog.load_pool(s.product_pool)
-            self.products = {p["asin"]: p for p in pool}
-            self.option_values = frozenset(v for p in pool for vs in p["options"].values()
-                                           for v in vs)
             goals.check_tasks(self.tasks, self.products, s.goal_seed)
         except DatasetError as exc:
             raise ConfigError(f"shop: {exc}") from None
-        self.prices = catalog.product_prices(pool, random.Random(s.goal_seed))
+        self.prices = self.products.prices(random.Random(s.goal_seed))
         if s.memoryarena_attributes == "judge" and any(
                 t.data.get("kind") == "memoryarena" for t in self.tasks):
             from camg.judge import Judge, JudgeConfig
@@ -99,9 +100,8 @@ class ShopEnvironment(Environment):
             self.judge = Judge(JudgeConfig.from_env(s.memoryarena_judge_env, temperature=0.0,
                                                     attempts=3, backoff_s=1.5))
         search.boot_jvm(s.java_home, s.jvm_heap_mb)
-        self.searcher = search.Searcher(s.index_dir, frozenset(self.products))
-        search.verify_index(self.searcher, [catalog.document(p) for p in pool],
-                            full=s.verify_index_full)
+        self.searcher = search.Searcher(s.index_dir, self.products)
+        search.verify_index(self.searcher, self.products.documents(), full=s.verify_index_full)
         self._facts = {
             "product_pool": s.product_pool_sha256,
             "index": s.index_sha256,
@@ -121,6 +121,8 @@ class ShopEnvironment(Environment):
         searcher, self.searcher = self.searcher, None
         if searcher is not None:
             searcher.close()
+        if isinstance(self.products, ProductStore):
+            self.products.close()
 
     def health(self) -> list[str]:
         return [] if self.searcher is not None else ["search engine is not running"]

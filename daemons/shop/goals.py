@@ -26,12 +26,12 @@ from __future__ import annotations
 import itertools
 import random
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from camg.errors import DatasetError
 
-from daemons.shop.catalog import product_prices
+from daemons.shop.catalog import draw_price
 
 #: WebShop goal.py
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
@@ -120,14 +120,24 @@ def human_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, floa
     return goals
 
 
-def generate(products: Sequence[Mapping[str, Any]], *, source: str, seed: int) -> list[dict]:
+def generate(products: Iterable[Mapping[str, Any]], *, source: str, seed: int) -> list[dict]:
     """WebShop's goal list (shuffled, split-indexed) for ``seed``."""
     if source not in GOAL_SOURCES:
         raise DatasetError(f"goal source must be one of {GOAL_SOURCES}, got {source!r}")
     rng = random.Random(seed)
-    prices = product_prices(products, rng)
+    # Every product's price is drawn, in catalog order, before any goal is
+    # (upstream's generate_product_prices, then the goal loop); only goal
+    # products' prices are kept and only they reach the goal loop, which
+    # skips the others without drawing: the same draws on a 1.18 M pool
+    # without a 1.18 M-entry dict.
+    kept, prices = [], {}
+    for product in products:
+        price = draw_price(product["pricing"], rng)
+        if product.get("instruction_text") is not None or product.get("instructions"):
+            kept.append(product)
+            prices[product["asin"]] = price
     make = synthetic_goals if source == "synthetic" else human_goals
-    goals = make(products, prices, rng)
+    goals = make(kept, prices, rng)
     random.Random(SHUFFLE_SEED).shuffle(goals)
     return goals
 
@@ -230,8 +240,10 @@ def check_tasks(tasks: Sequence[Any], products: Mapping[str, Mapping[str, Any]],
         if goal_seed is not None:
             source = data.get("source")
             if source not in regenerated:
-                regenerated[source] = generate(list(products.values()), source=source,
-                                               seed=goal_seed)
+                # a product store hands over only what generation reads
+                inputs = getattr(products, "goal_inputs", None)
+                regenerated[source] = generate(inputs() if inputs else list(products.values()),
+                                               source=source, seed=goal_seed)
             index = data.get("goal_index")
             ref = regenerated[source]
             if not isinstance(index, int) or not 0 <= index < len(ref) or ref[index] != goal:

@@ -6,13 +6,16 @@ index, goals and the prepared manifest for ``camg.configure``.
 
 writes into OUTPUT:
 
-* ``product_pool.json`` — the selected products in WebShop's processed form
-  (a JSON list in catalog order), with the synthetic instruction fields
-  (``instruction_text``, ``instruction_attributes``) and human instructions
-  (``instructions``) merged in as WebShop's loader does;
+* ``product_pool.sqlite`` — the selected products in WebShop's processed
+  form, in catalog order, as a product store (daemons/shop/store.py), with
+  the synthetic instruction fields (``instruction_text``,
+  ``instruction_attributes``) and human instructions (``instructions``)
+  merged in as WebShop's loader does; written in one streaming pass, so a
+  1.18 M-product catalog is never in memory at once;
 * ``collection/documents.jsonl`` — pyserini JsonCollection documents in
   WebShop's format (title, description, first bullet point, options,
-  lowercased; the product record rides along as WebShop's does);
+  lowercased; the product record rides along as WebShop's does), the
+  index's input: only written when the index is built here;
 * ``index/`` — the Lucene index, built with ``python -m pyserini.index.lucene
   --collection JsonCollection --generator DefaultLuceneDocumentGenerator
   --threads 1 --storePositions --storeDocvectors --storeRaw``, then checked
@@ -42,17 +45,19 @@ document, regenerated goals) and changes nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from camg import task_manifest as manifest, progress
 from camg.errors import CamgError, ConfigError, DatasetError
 
-from daemons.shop import catalog, goals, javahome, memoryarena, search
+from daemons.shop import catalog, goals, javahome, memoryarena, search, store
 
 DATA = Path(__file__).resolve().parent / "data"
 DEFAULT_CATALOG = DATA / "documents_1k.jsonl.gz"
@@ -77,11 +82,19 @@ def _read_json(path: str | os.PathLike | None) -> dict:
 def build_pool(catalog_path: str | os.PathLike, instructions: str | os.PathLike | None,
                human_instructions: str | os.PathLike | None) -> list[dict]:
     """The product pool: catalog products with WebShop's instruction fields."""
-    products = catalog.select_products(catalog.read_catalog_documents(catalog_path),
-                                       str(catalog_path))
+    products = list(iter_pool(catalog_path, instructions, human_instructions))
+    if not products:
+        raise DatasetError(f"{catalog_path}: no products")
+    return products
+
+
+def iter_pool(catalog_path: str | os.PathLike, instructions: str | os.PathLike | None,
+              human_instructions: str | os.PathLike | None) -> Iterator[dict]:
+    """``build_pool``'s products one at a time, in catalog order."""
     synthetic = _read_json(instructions)
     human = _read_json(human_instructions)
-    for product in products:
+    for product in catalog.iter_products(catalog.read_catalog_documents(catalog_path),
+                                         str(catalog_path)):
         asin = product["asin"]
         entry = synthetic.get(asin) or {}
         if entry.get("instruction") is not None:
@@ -89,7 +102,7 @@ def build_pool(catalog_path: str | os.PathLike, instructions: str | os.PathLike 
             product["instruction_attributes"] = entry.get("instruction_attributes")
         if human.get(asin):
             product["instructions"] = human[asin]
-    return products
+        yield product
 
 
 def memoryarena_pool(db: Path) -> tuple[list[dict], dict[str, str]]:
@@ -121,14 +134,36 @@ def pool_bytes(products: list[dict]) -> bytes:
 
 
 def write_collection(products: list[dict], directory: Path) -> list[dict]:
-    directory.mkdir(parents=True, exist_ok=True)
     docs = [catalog.document(p) for p in products]
+    with _collection_writer(directory) as write:
+        for doc in docs:
+            write(doc)
+    return docs
+
+
+@contextlib.contextmanager
+def _collection_writer(directory: Path) -> Iterator:
+    directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / ".documents.jsonl.tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
-        for doc in docs:
-            handle.write(json.dumps(doc) + "\n")
+        yield lambda doc: handle.write(json.dumps(doc) + "\n")
     tmp.replace(directory / "documents.jsonl")
-    return docs
+
+
+def write_pool(products: Iterable[dict], out: Path, collection: Path | None) -> Path:
+    """The store (and, with ``collection``, the index's documents) in one
+    pass over ``products``."""
+    pool_path = out / store.FILE_NAME
+    if collection is None:
+        store.write_store(products, pool_path)
+        return pool_path
+    with _collection_writer(collection) as write:
+        def documented(items: Iterable[dict]) -> Iterator[dict]:
+            for product in items:
+                write(catalog.document(product))
+                yield product
+        store.write_store(documented(products), pool_path)
+    return pool_path
 
 
 def build_index(collection: Path, index: Path, java_home: str, threads: int = 1) -> None:
@@ -158,21 +193,17 @@ def prepare(args: argparse.Namespace) -> dict:
         if not args.index_dir:
             args.index_dir = str(db / "search_engine" / "indexes-full")
     else:
-        products = build_pool(args.catalog, args.instructions, args.human_instructions)
-    body = pool_bytes(products)
-    pool_path = out / "product_pool.json"
-    if not pool_path.exists() or pool_path.read_bytes() != body:
-        tmp = out / ".product_pool.json.tmp"
-        tmp.write_bytes(body)
-        tmp.replace(pool_path)
-    docs = write_collection(products, out / "collection")
+        products = iter_pool(args.catalog, args.instructions, args.human_instructions)
+    javahome.check(args.java_home)   # before a long pass, not after it
     index = Path(args.index_dir).resolve() if args.index_dir else out / "index"
+    pool_path = write_pool(products, out, None if args.index_dir else out / "collection")
     if not args.index_dir:
         build_index(out / "collection", index, args.java_home, args.threads)
+    pool = store.ProductStore(pool_path)
     search.boot_jvm(args.java_home, args.jvm_heap_mb)
-    searcher = search.Searcher(str(index), frozenset(p["asin"] for p in products))
+    searcher = search.Searcher(str(index), pool)
     try:
-        search.verify_index(searcher, docs, full=not args.sample_index_check)
+        search.verify_index(searcher, pool.documents(), full=not args.sample_index_check)
     finally:
         searcher.close()
 
@@ -182,17 +213,16 @@ def prepare(args: argparse.Namespace) -> dict:
     if unknown:
         raise ConfigError(f"unknown split(s) {', '.join(sorted(unknown))}")
     if args.goals != "none":
-        goal_list = goals.generate(products, source=args.goals, seed=args.goal_seed)
+        goal_list = goals.generate(pool.goal_inputs(), source=args.goals, seed=args.goal_seed)
         tasks += goals.webshop_tasks(goal_list, source=args.goals, splits=splits)
     if args.exact_product_rows:
-        by_asin = {p["asin"]: p for p in products}
         with open(args.exact_product_rows, encoding="utf-8") as handle:
             for number, line in enumerate(handle, 1):
                 if line.strip():
-                    tasks.append(goals.exact_product_task(json.loads(line), number, by_asin))
+                    tasks.append(goals.exact_product_task(json.loads(line), number, pool))
     if args.memoryarena_rows:
         tasks += memoryarena.subtask_tasks(memoryarena.read_rows(args.memoryarena_rows),
-                                           {p["asin"]: p for p in products}, categories)
+                                           pool, categories)
     if not tasks:
         raise DatasetError("no tasks: choose --goals synthetic|human, --exact-product-rows "
                            "or --memoryarena-rows")
@@ -213,7 +243,7 @@ def prepare(args: argparse.Namespace) -> dict:
     }
     catalog.write_json(out / "settings.json", settings)
     return {"manifest": str(out / "manifest.json"), "settings": settings,
-            "products": len(products), "tasks": len(tasks),
+            "products": len(pool), "tasks": len(tasks),
             "selection_hash": manifest.load(out / "manifest.json").selection_hash()}
 
 
@@ -222,14 +252,12 @@ def verify(args: argparse.Namespace) -> dict:
     loaded = manifest.load(out / "manifest.json")
     loaded.verify_files()
     settings = _read_json(out / "settings.json")
-    pool = catalog.load_pool(loaded.files["product_pool"]["path"])
-    by_asin = {p["asin"]: p for p in pool}
-    goals.check_tasks(loaded.tasks, by_asin, loaded.sampling.get("goal_seed"))
+    pool = store.ProductStore(loaded.files["product_pool"]["path"])
+    goals.check_tasks(loaded.tasks, pool, loaded.sampling.get("goal_seed"))
     search.boot_jvm(settings.get("java_home", args.java_home), args.jvm_heap_mb)
-    searcher = search.Searcher(loaded.files["index"]["path"], frozenset(by_asin))
+    searcher = search.Searcher(loaded.files["index"]["path"], pool)
     try:
-        search.verify_index(searcher, [catalog.document(p) for p in pool],
-                            full=not args.sample_index_check)
+        search.verify_index(searcher, pool.documents(), full=not args.sample_index_check)
     finally:
         searcher.close()
     return {"verified": str(out / "manifest.json"), "products": len(pool),

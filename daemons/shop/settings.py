@@ -15,7 +15,8 @@ from camg.errors import ConfigError
 class Settings:
     #: Conda-style Java environment (JAVA_HOME/lib/jvm/lib/server/libjvm.so, JAVA_HOME/bin/java)
     java_home: str
-    #: product_pool.json written by camg.prepare_shop, and its sha256 ("sha256:<hex>")
+    #: the product store (product_pool.sqlite, daemons/shop/store.py) written by
+    #: camg.prepare_shop, and its sha256 ("sha256:<hex>"): the pool hash
     product_pool: str
     product_pool_sha256: str
     #: the Lucene index directory, and its tree hash (camg.hashing.sha256_tree)

@@ -11,7 +11,8 @@ import pytest
 from camg import task_manifest as manifest
 from camg.environment import ServiceContext, Task
 from camg.errors import ConfigError, InvalidAction
-from daemons.shop import rewards, search
+from daemons.shop import rewards, search, store
+from daemons.shop.store import ProductStore
 from tests.support import shop_testing as testing
 from daemons.shop.environment import ShopEnvironment
 from daemons.shop.pages import PRODUCT_WINDOW
@@ -42,6 +43,14 @@ def env(prepared, tasks, tmp_path_factory):
     env = make_env(prepared, tasks, tmp_path_factory.mktemp("shop"))
     yield env
     env.stop()
+
+
+def edited_pool(settings, tmp_path):
+    """A copy of the pool's store with the first product's title edited."""
+    body = list(ProductStore(settings["product_pool"]).values())
+    body[0]["Title"] += " (edited)"
+    store.write_store(body, tmp_path / "product_pool.sqlite")
+    return tmp_path / "product_pool.sqlite"
 
 
 def start(env, task):
@@ -282,10 +291,7 @@ def test_metadata_hashes(env, prepared):
 
 def test_start_refuses_a_changed_pool_or_index(prepared, tasks, tmp_path):
     out, settings = prepared
-    pool = tmp_path / "product_pool.json"
-    body = json.loads((out / "product_pool.json").read_text())
-    body[0]["Title"] += " (edited)"
-    pool.write_text(json.dumps(body))
+    pool = edited_pool(settings, tmp_path)
     with pytest.raises(ConfigError, match="product_pool (changed|.* differs)"):
         make_env(prepared, tasks, tmp_path, product_pool=str(pool))
     index = tmp_path / "index"
@@ -343,10 +349,7 @@ def test_files_the_service_verified_are_not_hashed_again(prepared, tasks, tmp_pa
     env.stop()
     # A verified file elsewhere exempts nothing: an edited copy is still refused.
     monkeypatch.undo()
-    pool = tmp_path / "product_pool.json"
-    body = json.loads((out / "product_pool.json").read_text())
-    body[0]["Title"] += " (edited)"
-    pool.write_text(json.dumps(body))
+    pool = edited_pool(settings, tmp_path)
     edited = ShopEnvironment(ServiceContext("shop", str(tmp_path), dict(settings, product_pool=str(pool)),
                                             verified_files=verified), tasks)
     with pytest.raises(ConfigError, match="product_pool (changed|.* differs)"):

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from camg_client import Client, ServiceError
+from daemons.shop.store import ProductStore
 from tests.support import shop_testing as testing
 from tests.support.services import ServiceProcess
 
@@ -60,8 +61,7 @@ def test_oracle_episode_over_http_records_the_reward(services):
     manifest = json.loads((testing.prepared()[0] / "manifest.json").read_text())
     task = manifest["tasks"][7]
     goal = task["data"]["goal"]
-    products = {p["asin"]: p for p in json.loads(
-        (testing.prepared()[0] / "product_pool.json").read_text())}
+    products = ProductStore(testing.prepared()[1]["product_pool"])
     created = client.create(task_id=task["task_id"])
     eid = created["episode_id"]
     assert goal["asin"] not in json.dumps(created["observation"])
@@ -107,8 +107,7 @@ def test_stock_openenv_client_runs_a_whole_shop_episode(services):
     manifest = json.loads((testing.prepared()[0] / "manifest.json").read_text())
     task = manifest["tasks"][7]
     goal = task["data"]["goal"]
-    products = {p["asin"]: p for p in json.loads(
-        (testing.prepared()[0] / "product_pool.json").read_text())}
+    products = ProductStore(testing.prepared()[1]["product_pool"])
     title = products[goal["asin"]]["Title"].replace("[", " ").replace("]", " ")
     with GenericEnvClient(base_url=service.url).sync() as env:
         result = env.reset(task_id=task["task_id"])

@@ -10,6 +10,8 @@ import pytest
 
 from camg import task_manifest as manifest
 from camg.hashing import sha256_path
+from daemons.shop import store
+from daemons.shop.store import ProductStore
 from tests.support import shop_testing as testing
 
 
@@ -28,7 +30,7 @@ def test_outputs_and_recorded_hashes(prepared):
     loaded = manifest.load(out / "manifest.json")
     assert loaded.environment == "shop" and len(loaded.tasks) == 6910
     assert loaded.files["product_pool"]["sha256"] == settings["product_pool_sha256"] \
-        == sha256_path(out / "product_pool.json")
+        == sha256_path(out / "product_pool.sqlite")
     assert loaded.files["index"]["sha256"] == settings["index_sha256"] == sha256_path(out / "index")
     assert loaded.sampling["goal_seed"] == settings["goal_seed"] == 0
     assert loaded.sampling["splits"] == {"test": [0, 500], "eval": [500, 1500], "train": [1500, None]}
@@ -48,9 +50,9 @@ def test_verify_detects_a_changed_pool(prepared, tmp_path):
     for entry in body["files"].values():
         entry["path"] = entry["path"].replace(str(out), str(copy))
     (copy / "manifest.json").write_text(json.dumps(body))
-    pool = json.loads((copy / "product_pool.json").read_text())
+    pool = list(ProductStore(copy / "product_pool.sqlite").values())
     pool[3]["Price"] = "$0.01"
-    (copy / "product_pool.json").write_text(json.dumps(pool))
+    store.write_store(pool, copy / "product_pool.sqlite")
     proc = run("--output", str(copy), "--verify")
     assert proc.returncode == 2
     assert "product_pool" in proc.stderr and "changed since preparation" in proc.stderr
@@ -58,8 +60,7 @@ def test_verify_detects_a_changed_pool(prepared, tmp_path):
 
 def test_exact_product_rows_on_an_existing_index(prepared, tmp_path):
     out, settings = prepared
-    pool = json.loads((out / "product_pool.json").read_text())
-    product = next(p for p in pool if p["options"])
+    product = next(p for p in ProductStore(settings["product_pool"]).values() if p["options"])
     name, values = next(iter(product["options"].items()))
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"task_id": "ma-1", "instruction": "buy the thing",

@@ -20,7 +20,7 @@ from camg import task_manifest as manifest
 from camg.errors import ConfigError
 from camg.hashing import sha256_bytes
 
-from daemons.shop import catalog, goals, javahome
+from daemons.shop import catalog, goals, javahome, store
 
 DEBIAN_JDK = "/usr/lib/jvm/java-17-openjdk-amd64"
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +58,8 @@ def prepared() -> tuple[Path, dict]:
     from daemons.shop import prepare as prepare_shop
     # keyed by the pool hash and the code that turns a pool into goals and
     # documents, so a changed generator never reuses stale tasks
-    code = b"".join(Path(m.__file__).read_bytes() for m in (prepare_shop, goals, catalog))
+    code = b"".join(Path(m.__file__).read_bytes()
+                     for m in (prepare_shop, goals, catalog, store))
     pool_hash = sha256_bytes(prepare_shop.pool_bytes(pool())).removeprefix("sha256:")[:16]
     key = f"{pool_hash}-{sha256_bytes(code).removeprefix('sha256:')[:8]}"
     out = cache_root() / f"pool-{key}"

@@ -28,7 +28,8 @@ from pathlib import Path
 from camg_client import Client, EpisodeDone, InvalidAction
 from tools.canary_table import CanaryResult, report
 
-from daemons.shop import catalog, rewards
+from daemons.shop import rewards
+from daemons.shop.store import ProductStore
 
 _PAGE = ("page", "text", "available_actions")
 
@@ -45,9 +46,8 @@ class Suite:
         self.client = client
         manifest = json.loads((prepared_dir / "manifest.json").read_text())
         settings = json.loads((prepared_dir / "settings.json").read_text())
-        pool = catalog.load_pool(settings["product_pool"])
-        self.products = {p["asin"]: p for p in pool}
-        self.prices = catalog.product_prices(pool, random.Random(settings["goal_seed"]))
+        self.products = ProductStore(settings["product_pool"])
+        self.prices = self.products.prices(random.Random(settings["goal_seed"]))
         self.tasks = {t["task_id"]: t["data"] for t in manifest["tasks"]}
         self.outcomes = outcomes
         self.checks = Checks()
