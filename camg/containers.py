@@ -87,6 +87,29 @@ class ContainerClient:
         r = self.helper.call("ContainerCreate", spec.create_params(episode_id=episode_id, pool=pool))[0]
         return Container(r["container_id"], r["image"], episode_id, pool, str(r.get("instance") or ""))
 
+    def fork(self, container_id: str, *, episode_id: str = "",
+             allow_agent_processes: bool = wire.ContainerForkParams.allow_agent_processes) -> Container:
+        """A new container of this peer from a snapshot of ``container_id``
+        as it stands (helper/container_fork.py): same parameters, its own
+        main process started afresh. NotForkable (``what`` agent_processes
+        or fork_depth) for what the helper refuses to carry."""
+        try:
+            r = self.fork_reply(container_id, episode_id=episode_id,
+                                allow_agent_processes=allow_agent_processes)
+        except (errors.PermissionDenied, errors.BadRequest) as exc:
+            what = {"not_allowed": "agent_processes", "limit_exceeded": "fork_depth"}.get(
+                exc.details.get("helper_error"))
+            if what is None:
+                raise
+            raise errors.NotForkable(f"the container cannot be forked: {exc.message}", what=what) from None
+        return Container(r["container_id"], r["image"], episode_id, False, str(r.get("instance") or ""))
+
+    def fork_reply(self, container_id: str, *, episode_id: str = "",
+                   allow_agent_processes: bool = wire.ContainerForkParams.allow_agent_processes) -> dict:
+        """ContainerFork's whole reply (snapshot, depth, commit_s, create_s: the benchmarks)."""
+        p = wire.ContainerForkParams(container_id, episode_id, allow_agent_processes)
+        return self.helper.call("ContainerFork", p)[0]
+
     def helper_instance(self) -> str:
         """The running helper process's id ("" from an older helper): one
         that differs from a container's was started after that container's

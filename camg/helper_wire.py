@@ -153,6 +153,19 @@ class ContainerParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class ContainerForkParams:
+    """A new container of the caller's, from a snapshot of one of its own
+    (its filesystem as it stands, the parent paused meanwhile), created with
+    the parent's parameters (helper/container_fork.py)."""
+
+    container_id: str
+    episode_id: str = ""
+    # Processes are not carried by a snapshot: an agent process still
+    # running in the parent is refused by name unless the caller allows it.
+    allow_agent_processes: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class ContainerConnectParams:
     container_id: str
     port: int
@@ -197,6 +210,7 @@ PARAMS: Mapping[str, type] = MappingProxyType({PREFIX + name: cls for name, cls 
     ("ContainerGetArchive", ContainerGetArchiveParams), ("ContainerLogs", ContainerLogsParams),
     ("ContainerRemove", ContainerParams), ("ContainerList", NoParams),
     ("ContainerReleaseAll", NoParams), ("ContainerUsage", ContainerParams),
+    ("ContainerFork", ContainerForkParams),
 )})
 VERBS = tuple(PARAMS)
 

@@ -142,8 +142,51 @@ class Docker:
         with mapped("listing containers"):
             return self.api.containers(all=True, filters=filters)
 
+    # -- snapshots (helper/container_fork.py) ---------------------------------
+
+    def commit(self, cid: str, labels: dict[str, str]) -> str:
+        """The container's filesystem as a new local image; its id (sha256:HEX).
+
+        Docker pauses the container (freezer cgroup) for the commit, so the
+        snapshot is consistent; no repository or tag: the image is reached
+        by its content-addressed id only.
+        """
+        with mapped(f"committing container {cid[:12]}"):
+            return self.api.commit(cid, pause=True, conf={"Labels": labels})["Id"]
+
+    def images_labelled(self, labels: dict[str, str]) -> list[str]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        with mapped("listing images"):
+            return [i["Id"] for i in self.api.images(all=True, filters=filters)]
+
+    def remove_image(self, image_id: str) -> bool | None:
+        """True removed, False already gone, None still in use (a container
+        or a newer snapshot made from it: removed later)."""
+        import docker.errors
+        with mapped(f"removing image {image_id[:19]}"):
+            try:
+                self.api.remove_image(image_id, force=False, noprune=False)
+                return True
+            except docker.errors.ImageNotFound:
+                return False
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409:
+                    return None
+                raise
+
+    def remove_images_labelled(self, labels: dict[str, str]) -> int:
+        """Remove every image with these labels; dependants first (passes
+        until nothing more goes: a snapshot of a snapshot holds its parent)."""
+        n = 0
+        while True:
+            gone = [i for i in self.images_labelled(labels) if self.remove_image(i)]
+            if not gone:
+                return n
+            n += len(gone)
+
     def sweep_scope(self, scope: str) -> int:
         n = self.remove_labelled({"camg.helper": scope})
+        n += self.remove_images_labelled({"camg.helper": scope, "camg.fork": "1"})
         with mapped("listing networks"):
             for net in self.api.networks(filters={"label": [f"camg.helper={scope}"]}):
                 try:

@@ -96,6 +96,15 @@ def container_usage(ctx, peer, p: wire.ContainerParams, blob: bytes):
         return usage.container_usage(m.docker.api, held.id), b""
 
 
+def container_fork(ctx, peer, p: wire.ContainerForkParams, blob: bytes):
+    from helper import container_fork
+    m = _m(ctx)
+    held, timings = container_fork.fork(m, peer, p)
+    return {"container_id": held.id, "image": held.image, "episode_id": held.episode_id,
+            "pool": False, "instance": INSTANCE, "snapshot": held.snapshot, "depth": held.depth,
+            **timings}, b""
+
+
 def container_remove(ctx, peer, p: wire.ContainerParams, blob: bytes):
     m = _m(ctx)
     try:

@@ -57,6 +57,12 @@ class Held:
     pool: bool
     created_at: float
     pidfd: int
+    # What it was created with (a fork's child is created with the same).
+    params: ContainerCreateParams | None = None
+    # A fork's child: the snapshot image it runs (removed when its last
+    # container goes: helper/container_fork.py) and how many forks deep it is.
+    snapshot: str = ""
+    depth: int = 0
 
 
 # -- the mediator -----------------------------------------------------------------
@@ -152,18 +158,23 @@ class Mediator:
 
     def create(self, peer, p: ContainerCreateParams) -> Held:
         image = self.check_image(p.image)
-        labels = self.check_create(peer, p)
+        return self.start(peer, p, self.check_create(peer, p), run_image=image)
+
+    def start(self, peer, p: ContainerCreateParams, labels: dict[str, str], *, run_image: str,
+              snapshot: str = "", depth: int = 0) -> Held:
+        """Admit, then run ``run_image`` with checked ``p`` and ``labels``
+        (p.image, the manifest image, is what the container is recorded as)."""
         token = secrets.token_hex(6)
         with self.lock:
             self.admit(peer)
-            self.held[token] = Held(token, peer.uid, peer.owner, image, p.episode_id, p.pool, 0.0, -1)
+            self.held[token] = Held(token, peer.uid, peer.owner, p.image, p.episode_id, p.pool, 0.0, -1)
         try:
             user = {"": "", "agent": self.agent, "root": "0:0"}[p.user]
             mounts = {}
             if p.mount_agent_env:
                 mounts[self.cfg.agent_env_source] = {"bind": self.cfg.agent_env_target, "mode": "ro"}
             name = f"camg-{self.cfg.scope}-{peer.owner}-{token}"[:120]
-            cid, pid = self.docker.run(name=name, image=image, command=list(p.command), env=dict(p.env),
+            cid, pid = self.docker.run(name=name, image=run_image, command=list(p.command), env=dict(p.env),
                                        workdir=p.workdir, user=user, labels=labels, cpu=p.cpu,
                                        memory=p.memory_bytes, pids=p.pids_max, binds=mounts)
             try:
@@ -171,7 +182,8 @@ class Mediator:
             except ProcessLookupError:
                 self.docker.remove(cid)
                 raise WireError("sandbox_died", "the container exited as soon as it started") from None
-            held = Held(cid, peer.uid, peer.owner, image, p.episode_id, p.pool, time.time(), pidfd)
+            held = Held(cid, peer.uid, peer.owner, p.image, p.episode_id, p.pool, time.time(), pidfd,
+                        p, snapshot, depth)
             with self.lock:
                 self.held[cid] = held
             return held
@@ -194,6 +206,9 @@ class Mediator:
         with self.lock:
             if self.held.pop(held.id, None) is not None and held.pidfd >= 0:
                 os.close(held.pidfd)
+        if held.snapshot:
+            from helper import container_fork
+            container_fork.collect(self)
         return gone
 
     def mine(self, peer) -> list[Held]:
@@ -206,6 +221,8 @@ class Mediator:
         n = sum(self.remove(h) for h in self.mine(peer))
         n += self.docker.remove_labelled({"camg.helper": self.cfg.scope, "camg.service": peer.owner,
                                           "camg.uid": str(peer.uid)})
+        from helper import container_fork
+        container_fork.collect(self)
         return n
 
     def connect(self, held: Held, port: int, timeout: float) -> socket.socket:

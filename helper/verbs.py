@@ -185,6 +185,9 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
           "Remove every container of the caller."),
     _verb("ContainerUsage", wire.ContainerParams, cv.container_usage,
           "What the container cost so far -> cpu_s, memory_peak_bytes, disk_written_bytes (SizeRw)."),
+    _verb("ContainerFork", wire.ContainerForkParams, cv.container_fork,
+          "A new container from a snapshot of one of the caller's (paused meanwhile), created with "
+          "its parameters -> container_id, snapshot, depth."),
 )}
 assert {n: v.params for n, v in VERBS.items()} == dict(wire.PARAMS), "one row per wire verb, its own params"
 

@@ -68,6 +68,26 @@ class TransportChannel:
             raise errors.InfraFailure(f"transport answered an unexpected {reply.get('type')!r} message")
         return reply["data"]
 
+    def state(self, timeout: float) -> dict:
+        """The transport's episode state (openenv's ``state`` message:
+        episode_id, step_count)."""
+        try:
+            self._ws.send(json.dumps({"type": "state", "data": {}}))
+            raw = self._ws.recv(timeout=timeout)
+            reply = json.loads(raw)
+        except TimeoutError:
+            raise errors.DeadlineExceeded(f"transport gave no state within {timeout:.0f} s") from None
+        except ValueError:
+            raise errors.InfraFailure("transport answered non-JSON") from None
+        except Exception as exc:  # connection closed / reset: the container went away
+            raise errors.SandboxDied(f"transport connection lost during state: "
+                                     f"{type(exc).__name__}") from None
+        if reply.get("type") == "error":
+            raise error_of(reply.get("data") or {}, "state")
+        if reply.get("type") != "state" or not isinstance(reply.get("data"), dict):
+            raise errors.InfraFailure(f"transport answered an unexpected {reply.get('type')!r} message")
+        return reply["data"]
+
     def close(self) -> None:
         with self._lock:
             if self._closed:

@@ -218,7 +218,7 @@ class GeneralEpisode(Episode):
         self._lock = threading.Lock()
 
     def reset(self) -> Mapping[str, Any]:
-        env, s = self.env, self.env.settings
+        env = self.env
         pool = env.pools[self.task.data["image"]]
         container = pool.claim(self.episode_id)
         with self._lock:
@@ -226,13 +226,40 @@ class GeneralEpisode(Episode):
             if self._closed:  # closed while claiming
                 self._remove()
                 raise errors.InfraFailure("episode closed during reset")
-        sock = env.client.connect(container.id, s.transport_port, timeout=s.connect_timeout_s)
-        self.channel = TransportChannel(sock, open_timeout=s.connect_timeout_s)
-        payload = self.channel.request("reset", {"task_id": self.task.data["instance_id"],
-                                                 "episode_id": self.episode_id},
-                                       timeout=s.step_timeout_s)
-        observation, _, _ = observation_of(payload)
+        observation, _, _ = observation_of(self._open_transport())
         return {**observation, "task_kind": self.kind}
+
+    def _open_transport(self) -> dict:
+        s = self.env.settings
+        sock = self.env.client.connect(self.container.id, s.transport_port, timeout=s.connect_timeout_s)
+        self.channel = TransportChannel(sock, open_timeout=s.connect_timeout_s)
+        return self.channel.request("reset", {"task_id": self.task.data["instance_id"],
+                                              "episode_id": self.episode_id},
+                                    timeout=s.step_timeout_s)
+
+    def fork(self, episode_id: str) -> "GeneralEpisode":
+        """A snapshot of this episode's container (the helper's ContainerFork)
+        with a transport of its own, which continues this episode from the
+        records the parent's transport keeps (mimoagent.transport.checkpoint:
+        the step count, the verifier's setup snapshot, the findings so far),
+        so the child's integrity checks see the parent's actions too."""
+        if self.container is None or self.channel is None:
+            raise errors.NotForkable("the episode has no container yet", what="container")
+        child = GeneralEpisode(self.env, self.task, episode_id)
+        child.container = self.env.client.fork(self.container.id, episode_id=episode_id)
+        child.steps = self.steps
+        try:
+            child._open_transport()
+            carried = child.channel.state(timeout=self.env.settings.step_timeout_s).get("step_count")
+            if carried != self.steps:
+                # An agent environment without checkpoints prepared a fresh
+                # episode over the snapshot: nothing of the parent's went on.
+                raise errors.NotForkable(f"the child's transport is at step {carried}, not "
+                                         f"{self.steps}: it did not resume", what="transport_state")
+        except BaseException:
+            child.close()
+            raise
+        return child
 
     def step(self, action: Mapping[str, Any]) -> Step:
         problem = allowed_action(self.kind, action)

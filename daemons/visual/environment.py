@@ -99,6 +99,9 @@ class ContainerBox:
     def usage(self) -> dict | None:
         return read_usage(self.client, self.container.id)
 
+    def fork(self, episode_id: str) -> "ContainerBox":
+        return ContainerBox(self.client, self.client.fork(self.container.id, episode_id=episode_id))
+
 
 class VisualEnvironment(Environment):
     name = "visual"

@@ -65,6 +65,8 @@ class TaskBox(Protocol):
 
     def usage(self) -> dict | None: ...  # its cost so far (camg.cost); None: unknown
 
+    def fork(self, episode_id: str) -> "TaskBox": ...  # a copy of its filesystem as it stands
+
 
 def png_image(jpeg: bytes) -> dict:
     """An image for an observation: PNG bytes as base64, with sha256 and size."""
@@ -130,6 +132,17 @@ class VisualEpisode(Episode):
         if self.steps >= s.max_steps:
             return self._finish("step_limit", last=obs)
         return Step(observation=obs)
+
+    def fork(self, episode_id: str) -> "VisualEpisode":
+        """A snapshot of the container (the helper's ContainerFork): the
+        workspace as it stands, and the step count. Nothing else decides the
+        grade before finish: the child's dist/ is copied, rendered and
+        judged from its own container, and delivery.py's evidence comes
+        from that copy and render."""
+        child = VisualEpisode(self.env, self.task, episode_id)
+        child.box = self._box().fork(episode_id)
+        child.steps = self.steps
+        return child
 
     def _box(self) -> TaskBox:
         with self._lock:

@@ -11,6 +11,8 @@ from pathlib import Path
 def create(root: Path, prewarm: bool = True):
     from openenv.core.env_server import create_app
 
+    from mimoagent.transport.checkpoint import STATE_DIR, Checkpoint
+
     instance = json.loads((root / "instance.json").read_text())
     kind = instance.get("dataset_type")
     if kind == "opensource-code":
@@ -18,18 +20,21 @@ def create(root: Path, prewarm: bool = True):
 
         from mimoagent.transport.verifier_guard import GuardConfig
 
-        env, action, observation = (module.bind(root, guard=GuardConfig()), module.ShellAction,
-                                    module.ShellObservation)
+        env, action, observation = (module.bind(root, guard=GuardConfig(), checkpoint=STATE_DIR),
+                                    module.ShellAction, module.ShellObservation)
         name = "mimo_software"
     elif kind == "general_agent":
         from mimoagent.transport import general as module
 
-        env, action, observation = module.bind(root), module.GeneralAction, module.GeneralObservation
+        env, action, observation = (module.bind(root, checkpoint=STATE_DIR), module.GeneralAction,
+                                    module.GeneralObservation)
         name = "mimo_general"
     else:
         raise SystemExit(f"unsupported dataset_type {kind!r}")
-    if prewarm:
-        env.prewarm()  # the container serves one episode: prepare it before anyone asks
+    # The container serves one episode: prepare it before anyone asks, unless
+    # this filesystem is a fork's (its reset continues the parent's episode).
+    if prewarm and not Checkpoint(STATE_DIR).resuming():
+        env.prewarm()
     return create_app(env, action, observation, env_name=name, max_concurrent_envs=1)
 
 

@@ -37,6 +37,7 @@ from pydantic import Field
 from mimoagent.environments.datasets.general_agent import GeneralAgentEnvironment
 from mimoagent.tools.mcp_bridge import ToolServerDown
 from mimoagent.transport import verifier_guard
+from mimoagent.transport.checkpoint import Checkpoint
 from mimoagent.verify import general_integrity as watch
 from mimoagent.transport.common import (AGENT_UID, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
                                         OUTPUT_LIMIT, InfraError, prewarmer, VerifierExecution, chown_tree,
@@ -78,20 +79,36 @@ def _tail(text: str) -> str:
             + data[-OUTPUT_LIMIT:].decode("utf-8", "replace"))
 
 
-def bind(root: Path, agent_uid: int = AGENT_UID, *, reap: bool = True, **paths: str) -> type:
+def bind(root: Path, agent_uid: int = AGENT_UID, *, reap: bool = True, checkpoint: str | None = None,
+         **paths: str) -> type:
     """``reap=False`` only for in-process tests (outside a container's pid
-    namespace the sweep would reach every process of the uid on the host)."""
+    namespace the sweep would reach every process of the uid on the host).
+    ``checkpoint``: where the episode is recorded for a fork's child to
+    resume (transport/checkpoint.py); None: not recorded."""
     instance = json.loads((root / "instance.json").read_text())
     workspace = Path(instance["cwd"])
+    ckpt = Checkpoint(checkpoint)
+
+    def _task():
+        return GeneralAgentEnvironment(VerifierExecution(cwd=str(workspace), privileged=True),
+                                       instance, task_dir=str(root), **paths)
 
     def _prepare():
-        task = GeneralAgentEnvironment(VerifierExecution(cwd=str(workspace), privileged=True),
-                                       instance, task_dir=str(root), **paths)
+        task = _task()
         try:
             task.setup_environment()
         except ToolServerDown as exc:
             raise InfraError("infra", f"tool server down at setup: {exc}") from None
         chown_tree(str(workspace), agent_uid)
+        ckpt.save("setup.json", {"tools": task.tools})
+        return task
+
+    def _resume(setup: dict):
+        """The parent's task on the forked filesystem (workspace and tool
+        state are the parent's; the servers start per call anyway)."""
+        task = _task()
+        task.env.start()
+        task.tools = setup["tools"]
         return task
 
     _take_prewarmed, prewarm = prewarmer(_prepare)
@@ -109,9 +126,16 @@ def bind(root: Path, agent_uid: int = AGENT_UID, *, reap: bool = True, **paths: 
         def reset(self, seed=None, episode_id=None, task_id=None, **kwargs):
             if task_id not in (None, instance["instance_id"]):
                 raise ValueError("This image does not contain that task_id")
-            task = _take_prewarmed() or _prepare()
-            self.task, self.terminal, self.findings = task, None, []
-            self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
+            resumed = ckpt.resumed()
+            if resumed is not None:  # a fork's child: the parent's episode, findings and all
+                setup, episode = resumed
+                task, steps, findings = _resume(setup), int(episode["step_count"]), \
+                    list(episode["findings"])
+            else:
+                task, steps, findings = _take_prewarmed() or _prepare(), 0, []
+            self.task, self.terminal, self.findings = task, None, findings
+            self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=steps)
+            self._checkpoint()
             catalogue = [{"server": server, **tool} for server, tools in task.tools.items()
                          for tool in tools]
             lines = [f"- {t['server']}.{t['name']}: {t['description']} "
@@ -125,7 +149,18 @@ def bind(root: Path, agent_uid: int = AGENT_UID, *, reap: bool = True, **paths: 
             return GeneralObservation(task_id=instance["instance_id"], output=_tail(text),
                                       reward=0.0, tools=catalogue)
 
+        def _checkpoint(self) -> None:
+            ckpt.save("episode.json", {"episode_id": self._state.episode_id,
+                                       "step_count": self._state.step_count,
+                                       "findings": self.findings})
+
         def step(self, action, timeout_s=None, **kwargs):
+            observation = self._step(action, timeout_s)
+            if not observation.done:
+                self._checkpoint()
+            return observation
+
+        def _step(self, action, timeout_s):
             if self.task is None:
                 raise RuntimeError("reset is required before step")
             if self.terminal is not None:

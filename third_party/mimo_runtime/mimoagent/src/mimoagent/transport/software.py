@@ -10,6 +10,7 @@ failure of the verifier (``error_category``, ``transport_error`` or no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from pydantic import Field
 
 from mimoagent.environments.datasets.opensource_code import OpenSourceCodeEnvironment
 from mimoagent.transport import verifier_guard
+from mimoagent.transport.checkpoint import Checkpoint
 from mimoagent.transport.common import (AGENT_UID, prewarmer, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
                                         InfraError, VerifierExecution, chown_tree, run_command)
 
@@ -43,15 +45,18 @@ WORKSPACES = (Path("/testbed"), Path("/workspace/repo"))
 
 
 def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = WORKSPACES,
-         guard: verifier_guard.GuardConfig | None = None) -> type:
+         guard: verifier_guard.GuardConfig | None = None, checkpoint: str | None = None) -> type:
     """The environment class for the task under ``root`` (instance.json, workspace.tar).
 
     ``guard`` isolates the grade from what the agent left (verifier_guard:
     its processes killed, pristine .git, clean HOME/TMP, the change record);
     the transport's entry point always passes it. None only for in-process
-    tests, where a reap of the agent uid would reach the host's processes."""
+    tests, where a reap of the agent uid would reach the host's processes.
+    ``checkpoint``: where the episode is recorded for a fork's child to
+    resume (transport/checkpoint.py); None: not recorded."""
     instance = json.loads((root / "instance.json").read_text())
     workspace = Path(instance["cwd"])
+    ckpt = Checkpoint(checkpoint)
 
     def _prepare():
         """A fresh workspace and a set-up verifier (history stripped)."""
@@ -72,6 +77,26 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
             verifier.pristine = verifier_guard.Pristine(str(workspace), str(root / "workspace.tar"),
                                                         agent_uid, guard.state_root)
             verifier.pristine.snapshot()
+        entries = None if verifier.pristine is None else {
+            rel: dataclasses.asdict(e) for rel, e in verifier.pristine.entries.items()}
+        ckpt.save("setup.json", {"base_ref": verifier.base_ref, "entries": entries})
+        return verifier
+
+    def _resume(setup: dict):
+        """The parent's verifier on the forked filesystem (its setup ran
+        there already: history stripped, .git copied, snapshot taken)."""
+        verifier = OpenSourceCodeEnvironment(
+            VerifierExecution(cwd=str(workspace), agent_uid=agent_uid), instance)
+        verifier.env.start()
+        verifier.base_ref = setup["base_ref"]
+        verifier.pristine = None
+        if guard is not None:
+            if setup.get("entries") is None:
+                raise RuntimeError("the parent's setup snapshot is missing")
+            verifier.pristine = verifier_guard.Pristine(str(workspace), str(root / "workspace.tar"),
+                                                        agent_uid, guard.state_root)
+            verifier.pristine.entries = {rel: verifier_guard.Entry(**e)
+                                         for rel, e in setup["entries"].items()}
         return verifier
 
     def _isolate(verifier) -> None:
@@ -111,9 +136,15 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
         def reset(self, seed=None, episode_id=None, task_id=None, **kwargs):
             if task_id not in (None, instance["instance_id"]):
                 raise ValueError("This image does not contain that task_id")
-            self.verifier = _take_prewarmed() or _prepare()
-            self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
+            resumed = ckpt.resumed()
+            if resumed is not None:  # a fork's child: the parent's episode goes on
+                setup, episode = resumed
+                self.verifier, steps = _resume(setup), int(episode["step_count"])
+            else:
+                self.verifier, steps = _take_prewarmed() or _prepare(), 0
+            self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=steps)
             self.terminal = None
+            self._checkpoint()
             text = (instance["problem_statement"]
                     + f"\n\nRepository: {workspace}. Use shell actions to inspect, edit, and test it. "
                     'Return {"operation":"finish"} when ready for the original MiMo tests. '
@@ -121,7 +152,17 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
                     "Commands time out after 60 seconds and output is truncated.")
             return ShellObservation(task_id=instance["instance_id"], output=text, reward=0.0)
 
+        def _checkpoint(self) -> None:
+            ckpt.save("episode.json", {"episode_id": self._state.episode_id,
+                                       "step_count": self._state.step_count})
+
         def step(self, action, timeout_s=None, **kwargs):
+            observation = self._step(action, timeout_s)
+            if not observation.done:
+                self._checkpoint()
+            return observation
+
+        def _step(self, action, timeout_s):
             if self.verifier is None:
                 raise RuntimeError("reset is required before step")
             if self.terminal is not None:

@@ -1,0 +1,116 @@
+"""Forking a container (ContainerFork): a new container of the caller's with
+the parent's filesystem as it stands.
+
+The parent is committed (Docker pauses it meanwhile, so the snapshot is
+consistent) into a local image labelled camg.helper=<scope>, camg.fork=1 and
+the parent's owner, reached only by its content-addressed id (sha256:HEX:
+digest-pinned like every image a container runs). The child is created from
+it with the parent's checked ContainerCreate parameters -- resources, user,
+command, environment, the one read-only mount, no network, no privilege --
+and the project's labels with their true values for the new episode; only
+the image it runs differs. A snapshot image goes when its last container
+does (``collect``, after every removal of a fork's child and every release),
+and the helper's sweep removes any that a crash left (container_ops.sweep_scope).
+
+What a snapshot cannot carry is processes: the child starts its command
+afresh. An agent-uid process still running in the parent (a background job)
+is refused by name before anything is committed, unless the caller allows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+from camg.helper_wire import ContainerForkParams, WireError
+from helper import container_ops as ops
+
+log = logging.getLogger("camg.helper")
+# A snapshot of a snapshot stacks one more image layer; overlay2 mounts at
+# most ~125 lowers, and a deep chain slows every commit: a bound, by name.
+MAX_FORK_DEPTH = 32
+
+
+def fork(m, peer, p: ContainerForkParams):
+    """(child Held, timings). Ceilings and the parent's state are checked before any work."""
+    parent = m.get(peer, p.container_id)  # another peer's container is not found
+    if parent.params is None:
+        raise WireError("internal", f"container {parent.id[:12]} has no recorded parameters")
+    if parent.depth + 1 > MAX_FORK_DEPTH:
+        raise WireError("limit_exceeded", f"fork depth: at most {MAX_FORK_DEPTH} forks of forks")
+    child_params = dataclasses.replace(parent.params, episode_id=p.episode_id, pool=False, labels={})
+    labels = m.check_create(peer, child_params)
+    with m.lock:
+        m.admit(peer)  # at_capacity before the commit, not after
+    if ops.pid_exited(parent.pidfd):
+        raise WireError("sandbox_died", f"container {parent.id[:12]} is not running")
+    if not p.allow_agent_processes:
+        found = agent_processes(parent.pidfd, int(m.agent.split(":")[0]))
+        if found:
+            raise WireError("not_allowed", f"{len(found)} agent process(es) still run in container "
+                            f"{parent.id[:12]} (processes cannot be forked)")
+    started = time.monotonic()
+    image_labels = {"camg.helper": m.cfg.scope, "camg.boot": m.boot, "camg.fork": "1",
+                    "camg.service": peer.owner, "camg.uid": str(peer.uid),
+                    "camg.parent": parent.id[:12]}
+    snapshot = m.docker.commit(parent.id, image_labels)
+    committed = time.monotonic()
+    try:
+        child = m.start(peer, child_params, labels, run_image=snapshot, snapshot=snapshot,
+                        depth=parent.depth + 1)
+    except BaseException:
+        collect(m)
+        raise
+    return child, {"commit_s": round(committed - started, 4),
+                   "create_s": round(time.monotonic() - committed, 4)}
+
+
+def collect(m) -> int:
+    """Remove this helper instance's snapshot images that no container uses."""
+    try:
+        return m.docker.remove_images_labelled({"camg.helper": m.cfg.scope, "camg.boot": m.boot,
+                                                "camg.fork": "1"})
+    except WireError as exc:  # the next removal or the sweep tries again
+        log.warning("removing snapshot images failed: %s", exc.message)
+        return 0
+
+
+def _pid_of(pidfd: int) -> int:
+    with open(f"/proc/self/fdinfo/{pidfd}", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    raise WireError("internal", "no pid behind the container's pidfd")
+
+
+def agent_processes(pidfd: int, agent_uid: int, proc: str = "/proc") -> list[int]:
+    """Live processes with the agent uid in the container's pid namespace,
+    but its main process (the command, the init's first child)."""
+    init = _pid_of(pidfd)
+    if init <= 0:
+        return []
+    try:
+        ns = os.readlink(f"{proc}/{init}/ns/pid")
+    except OSError:
+        return []
+    members: list[tuple[int, int, int, bool]] = []  # pid, ppid, start, agent's
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"{proc}/{name}/ns/pid") != ns:
+                continue
+            with open(f"{proc}/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"{proc}/{name}/status", encoding="ascii", errors="replace") as f:
+                uids = next((line.split()[1:] for line in f if line.startswith("Uid:")), [])
+        except (OSError, IndexError, StopIteration):
+            continue  # gone meanwhile
+        if fields[0] == b"Z":
+            continue
+        members.append((int(name), int(fields[1]), int(fields[19]), str(agent_uid) in uids))
+    children = sorted((start, pid) for pid, ppid, start, _ in members if ppid == init)
+    main = children[0][1] if children else -1
+    return [pid for pid, _, _, agent in members if agent and pid not in (init, main)]
