@@ -9,6 +9,11 @@ should earn its maximum), ``noop`` (every task should earn the minimum) or
 ``openai`` (any OpenAI-compatible chat endpoint); camg_client/rollout.py
 says what each plays.
 
+``--fork-at K --branches N`` plays each of ``--episodes`` prefixes K actions,
+forks it N times (``POST /episodes/{id}/fork``), plays every branch out and
+prints, beside the summary, each prefix's reward mean, min, max and spread
+over its branches (camg_client/rollout_fork.py).
+
 ``--regrade run.jsonl`` (instead of ``--policy``) grades every episode of
 an earlier run again from its stored submission with the service's current
 grader (``POST /episodes/{id}/regrade``), writes one JSON line per episode
@@ -28,7 +33,7 @@ import argparse
 import asyncio
 import sys
 
-from camg_client import rollout_ray
+from camg_client import rollout_fork, rollout_ray
 from camg_client.client import load_routes
 from camg_client.rollout import print_summary, read_run, regrade_run, rollout
 
@@ -46,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", help="file of task ids, one a line (cycled in order)")
     ap.add_argument("--out", help="append one JSON line per episode here")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--fork-at", type=int, metavar="K",
+                    help="play K actions, then fork --branches children and play each out")
+    ap.add_argument("--branches", type=int, metavar="N", help="children per prefix (--fork-at)")
     ap.add_argument("--ray", metavar="ADDRESS",
                     help="spread the episodes over a Ray cluster (camg_client/rollout_ray.py): each "
                          "node with the 'camg' resource drives its own 127.0.0.1 services; "
@@ -53,6 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.episodes < 1 or args.concurrency < 1:
         ap.error("--episodes and --concurrency must be at least 1")
+    if (args.fork_at is None) != (args.branches is None):
+        ap.error("--fork-at and --branches go together")
+    if args.fork_at is not None:
+        if args.fork_at < 0 or args.branches < 1:
+            ap.error("--fork-at must be 0 or more and --branches at least 1")
+        if args.regrade or args.ray:
+            ap.error("--fork-at runs against one service, not with --regrade or --ray")
     if args.ray:
         if args.regrade:
             ap.error("--regrade runs on the host of the run's services, not with --ray")
@@ -73,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.tasks, encoding="utf-8") as handle:
             task_ids = [line.split("#", 1)[0].strip() for line in handle]
         task_ids = [t for t in task_ids if t]
+    if args.fork_at is not None:
+        return _run_and_summarise(args, lambda out, progress: rollout_fork.fork_rollout(
+            routes[args.env], args.policy, args.episodes, args.concurrency, task_ids, out,
+            progress, fork_at=args.fork_at, branches=args.branches))
     return _run_and_summarise(args, lambda out, progress: rollout(
         routes[args.env], args.policy, args.episodes, args.concurrency, task_ids, out,
         progress=progress))
@@ -87,6 +106,9 @@ def _run_and_summarise(args, make) -> int:
     finally:
         if out is not None:
             out.close()
+    rows = body.pop("per_prefix", None)
+    if rows is not None:
+        rollout_fork.print_prefixes(rows)
     print_summary(body)
     return 0 if body["errors"] == 0 else 1
 

@@ -66,6 +66,11 @@ class OpenAIPolicy:
         #: per episode: the first observation, then (reply, observation) per turn
         self.turns: dict[str, list] = {}
 
+    def fork(self, parent: str, child: str) -> None:
+        """A fork's child goes on from the parent's conversation (rollout_fork.py)."""
+        if parent in self.turns:
+            self.turns[child] = list(self.turns[parent])
+
     def messages(self, episode_id: str) -> list[dict]:
         """The conversation so far in the protocol in force (rebuilt each
         turn, so a switch to text mid-episode replays it as text)."""

@@ -50,12 +50,20 @@ class Result:
     outcome_seq: int | None = None
     #: what the episode cost the host, from the terminal reply (no extra request)
     cost: dict | None = None
+    #: a fork's parent and the step it was forked at (rollout_fork.py)
+    forked_from: str | None = None
+    fork_step: int | None = None
+    #: the episode answered a terminal step
+    ended: bool = False
 
     def line(self) -> dict:
-        return {"episode_id": self.episode_id, "task_id": self.task_id, "reward": self.reward,
+        line = {"episode_id": self.episode_id, "task_id": self.task_id, "reward": self.reward,
                 "failure_class": self.failure_class, "steps": self.steps,
                 "reset_s": round(self.reset_s, 6), "step_s": [round(s, 6) for s in self.step_s],
                 "error": self.error, "outcome_seq": self.outcome_seq, "cost": self.cost}
+        if self.forked_from is not None:
+            line.update(forked_from=self.forked_from, fork_step=self.fork_step)
+        return line
 
 
 class Noop:
@@ -94,22 +102,40 @@ async def run_episode(client: AsyncClient, policy, *, task_id: str | None, seed:
     episode_id, observation = created["episode_id"], created["observation"]
     result = Result(episode_id, created["task_id"], None, None, 0, time.monotonic() - started, [])
     try:
-        for _ in range(MAX_ACTIONS):
-            action = await policy.act(client, episode_id, observation)
+        await play(client, policy, result, observation)
+    finally:
+        try:
+            await client.close(episode_id)
+        except ServiceError:
+            pass
+    return result
+
+
+async def play(client: AsyncClient, policy, result: Result, observation: Any,
+               stop_after: int | None = None) -> Any:
+    """Step ``result``'s episode with ``policy`` from ``observation`` until it
+    ends, or with ``stop_after`` after that many actions (a fork's prefix,
+    rollout_fork.py); the last observation. A failure is the result's."""
+    try:
+        for _ in range(MAX_ACTIONS if stop_after is None else stop_after):
+            action = await policy.act(client, result.episode_id, observation)
             if action is None:
                 break
             t0 = time.monotonic()
-            answer = await client.step(episode_id, action)
+            answer = await client.step(result.episode_id, action)
             result.step_s.append(time.monotonic() - t0)
             result.steps += 1
             observation = answer["observation"]
             if answer["done"]:
+                result.ended = True
                 result.reward = answer["reward"]
                 result.failure_class = answer.get("failure_class")
                 result.outcome_seq = answer.get("outcome_seq")
                 result.cost = answer.get("cost")
-                break
+                return observation
         else:
+            if stop_after is not None:
+                return observation
             result.error = f"no terminal step after {MAX_ACTIONS} actions"
         if result.reward is None and result.failure_class is None and result.error is None:
             result.error = "the policy stopped before the episode ended"
@@ -118,12 +144,7 @@ async def run_episode(client: AsyncClient, policy, *, task_id: str | None, seed:
         result.failure_class = exc.failure_class
     except Exception as exc:  # a policy bug ends its episode, not the run
         result.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        try:
-            await client.close(episode_id)
-        except ServiceError:
-            pass
-    return result
+    return observation
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -178,13 +199,17 @@ def print_summary(body: dict, stream=sys.stdout) -> None:
         print(f"{key:<{width}}  {value}", file=stream)
 
 
+async def make_policy(client: AsyncClient, name: str):
+    body = await client.schema()
+    schema = body["action"]
+    return {"oracle": lambda: Oracle(), "noop": lambda: Noop(schema),
+            "openai": lambda: OpenAIPolicy(schema, body.get("tools"))}[name]()
+
+
 async def rollout(url: str, policy_name: str, episodes: int, concurrency: int,
                   task_ids: list[str] | None, out, progress: bool) -> dict:
     async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
-        body = await client.schema()
-        schema = body["action"]
-        policy = {"oracle": lambda: Oracle(), "noop": lambda: Noop(schema),
-                  "openai": lambda: OpenAIPolicy(schema, body.get("tools"))}[policy_name]()
+        policy = await make_policy(client, policy_name)
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(episodes):
             queue.put_nowait(i)
