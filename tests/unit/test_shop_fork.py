@@ -10,6 +10,7 @@ import pytest
 
 from camg import verify
 from camg_client import Client
+from daemons.shop.store import ProductStore
 from tests.support import shop_testing as testing
 from tests.support.services import ServiceProcess
 
@@ -28,9 +29,11 @@ def shop(tmp_path_factory):
 def goal_task():
     manifest = json.loads((testing.prepared()[0] / "manifest.json").read_text())
     task = manifest["tasks"][7]  # one whose oracle earns 1.0 (test_shop_http)
-    products = {p["asin"]: p for p in json.loads(
-        (testing.prepared()[0] / "product_pool.json").read_text())}
-    return task, products[task["data"]["goal"]["asin"]]["Title"]
+    products = ProductStore(testing.prepared()[1]["product_pool"])
+    try:
+        return task, products[task["data"]["goal"]["asin"]]["Title"]
+    finally:
+        products.close()
 
 
 def to_results(client, eid, title, asin):
