@@ -26,7 +26,9 @@ Rules this module keeps:
   sends them (the screenshot first, then the rubric).
 
 A verdict carries what an outcome record needs: raw text, parsed score,
-model, URL host, API, a hash of the prompt, attempts and latency.
+model, URL host, API, a hash of the prompt, attempts and latency, and the
+tokens the judge reported (its replies' ``usage``, summed over every
+attempt that got an answer: an unparseable answer was paid for too).
 
 Rubric items (General) are asked with ``rubric_messages``: the instruction
 channel (system message) holds the role, the item and its pass anchor and
@@ -170,13 +172,38 @@ class Verdict:
     prompt_hash: str
     attempts: int
     latency_s: float
+    #: prompt/completion/total tokens as the judge reported them; None when
+    #: no reply said (then the record has no count rather than a guessed one)
+    usage: Mapping[str, int] | None = None
 
     def record(self) -> dict:
         """The judge fields of an outcome record."""
-        return {"judge_host": self.host, "judge_model": self.model, "judge_api": self.api,
-                "judge_prompt_hash": self.prompt_hash, "judge_raw": self.raw,
-                "judge_score": self.score, "judge_attempts": self.attempts,
-                "judge_latency_s": round(self.latency_s, 3)}
+        out = {"judge_host": self.host, "judge_model": self.model, "judge_api": self.api,
+               "judge_prompt_hash": self.prompt_hash, "judge_raw": self.raw,
+               "judge_score": self.score, "judge_attempts": self.attempts,
+               "judge_latency_s": round(self.latency_s, 3)}
+        if self.usage:
+            out["judge_tokens"] = dict(self.usage)  # summed by camg.cost.judge_tokens
+        return out
+
+
+def reported_usage(reply: Any) -> dict[str, int]:
+    """A reply's ``usage`` in Chat Completions' names: the Responses API's
+    input/output tokens are its prompt/completion tokens. Only counts the
+    judge sent (non-negative integers); {} when it sent none."""
+    usage = getattr(reply, "usage", None)
+    if usage is None:
+        return {}
+    names = (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens"),
+             ("total_tokens", "total_tokens"))
+    out = {}
+    for name, alias in names:
+        value = getattr(usage, name, None)
+        if value is None:
+            value = getattr(usage, alias, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            out[name] = value
+    return out
 
 
 _SCORE_KEY = re.compile(r'"?\b(?:score|reward)\b"?\s*[:=]\s*(-?\d+(?:\.\d+)?)', re.I)
@@ -326,6 +353,7 @@ class Judge:
         phash = prompt_hash(cfg.api, system, prompt, images)
         started = time.monotonic()
         last: tuple[str, str] = ("none", "no attempt made")
+        usage: dict[str, int] = {}
         for attempt in range(1, cfg.attempts + 1):
             remaining = None if deadline_s is None else deadline_s - (time.monotonic() - started)
             if remaining is not None and remaining <= 0:
@@ -334,11 +362,11 @@ class Judge:
             try:
                 raw = self._call(prompt, system, images,
                                  timeout=min(cfg.timeout_s, remaining) if remaining else cfg.timeout_s,
-                                 schema=schema if cfg.structured else None)
+                                 schema=schema if cfg.structured else None, usage=usage)
                 score = parse(raw)
                 verdict = Verdict(raw=raw, score=float(score), model=cfg.model, host=cfg.host,
                                   api=cfg.api, prompt_hash=phash, attempts=attempt,
-                                  latency_s=time.monotonic() - started)
+                                  latency_s=time.monotonic() - started, usage=usage or None)
                 self._observe(True, verdict.latency_s, attempt)
                 return verdict
             except _Fatal as exc:
@@ -373,7 +401,9 @@ class Judge:
 
     # -- one HTTP call -------------------------------------------------------
     def _call(self, prompt: str, system: str | None, images: Sequence[Image], *,
-              timeout: float, schema: Mapping | None = None) -> str:
+              timeout: float, schema: Mapping | None = None,
+              usage: dict[str, int] | None = None) -> str:
+        """The reply's text; its reported tokens are added into ``usage``."""
         cfg, oa = self.config, self._openai
         extra: dict[str, Any] = {}
         if cfg.temperature is not None:
@@ -416,6 +446,9 @@ class Judge:
                              retry_after=retry_after_s(getattr(exc, "response", None))) from exc
         except (oa.OpenAIError, ValueError) as exc:  # a body that is not the protocol
             raise _Retryable("protocol", "malformed answer: " + self._scrub(_short(str(exc)))) from exc
+        if usage is not None:
+            for name, value in reported_usage(reply).items():
+                usage[name] = usage.get(name, 0) + value
         if not isinstance(text, str) or not text.strip():
             raise _Retryable("empty", "the judge's answer has no text")
         return text

@@ -13,6 +13,13 @@ a counter reset, which ``rate()`` handles.
 No label carries task content: environment, task kind, outcome, failure
 class, integrity verdict and judge result are closed sets of the code or the
 manifest's kinds, never a task id.
+
+The root helper's own series (``HelperMetrics``) are defined here too, so
+every metric name lives in one module: helper/ may import this one (with
+camg.errors, both standard-library leaves plus prometheus-client; the
+import-linter contracts in pyproject.toml). The helper serves them on a
+loopback port of its own (helper.json ``metrics_port``), never on the
+trainers' helper socket.
 """
 
 from __future__ import annotations
@@ -76,6 +83,12 @@ class Metrics:
                           env, registry=r)
         self.capacity = Gauge("camg_capacity", "Concurrent episodes this service admits.",
                               env, registry=r)
+        self.admission_queued = Gauge(
+            "camg_admission_queued", "Creates waiting in the admission line now (camg.admission).",
+            env, registry=r)
+        self.admission_queue_bound = Gauge(
+            "camg_admission_queue_bound", "Creates the admission line holds at most.",
+            env, registry=r)
         self.reset_seconds = Histogram("camg_reset_seconds", "Duration of successful resets.",
                                        env, buckets=BUCKETS, registry=r)
         self.step_seconds = Histogram("camg_step_seconds",
@@ -104,10 +117,15 @@ class Metrics:
         self._retries = self.judge_retries_total.labels(environment)
 
     def watch(self, *, live: Callable[[], int], capacity: int,
-              helper_up: Callable[[], bool] | None = None) -> None:
+              helper_up: Callable[[], bool] | None = None,
+              queued: Callable[[], int] | None = None, queue_bound: int | None = None) -> None:
         """Gauges read at scrape time from what the service already knows."""
         self.live.labels(self.environment).set_function(live)
         self.capacity.labels(self.environment).set(capacity)
+        if queued is not None:
+            self.admission_queued.labels(self.environment).set_function(queued)
+        if queue_bound is not None:
+            self.admission_queue_bound.labels(self.environment).set(queue_bound)
         if helper_up is not None:
             self.helper_up.labels(self.environment).set_function(lambda: float(helper_up()))
 
@@ -164,6 +182,62 @@ class NoMetrics:
 
     def judge(self, ok: bool, seconds: float, attempts: int) -> None:
         pass
+
+
+class HelperMetrics:
+    """The root helper's series: its verbs, what it holds, its probes and
+    sweeps. Hooks are called by helper/server.py and helper/main.py."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.requests_total = Counter(
+            "camg_helper_requests", "Helper requests answered, by verb and error name "
+            "(none when it succeeded).", ("verb", "error"), registry=r)
+        self.request_seconds = Histogram(
+            "camg_helper_request_seconds", "Duration of helper requests, by verb.",
+            ("verb",), buckets=BUCKETS, registry=r)
+        self.sandboxes_live = Gauge("camg_helper_sandboxes_live",
+                                    "Sandboxes the helper holds now.", registry=r)
+        self.containers_live = Gauge("camg_helper_containers_live",
+                                     "Containers the helper's mediator holds now.", registry=r)
+        self.probes_ok = Gauge("camg_helper_probes_ok",
+                               "1 while the isolation probes pass (sandboxes are made), "
+                               "else 0.", registry=r)
+        self.sweeps_total = Counter("camg_helper_sweeps",
+                                    "Sweeps of what an earlier helper left, run by this one.",
+                                    registry=r)
+        self.swept_total = Counter("camg_helper_swept",
+                                   "What the sweeps reclaimed, by kind (sandboxes, containers).",
+                                   ("kind",), registry=r)
+
+    def watch(self, *, sandboxes: Callable[[], int], containers: Callable[[], int],
+              probes_ok: Callable[[], bool]) -> None:
+        self.sandboxes_live.set_function(sandboxes)
+        self.containers_live.set_function(containers)
+        self.probes_ok.set_function(lambda: float(probes_ok()))
+
+    def request(self, verb: str, error: str | None, seconds: float) -> None:
+        """``verb`` must be a name of the closed verb table or "unknown"."""
+        self.requests_total.labels(verb, _label(error)).inc()
+        self.request_seconds.labels(verb).observe(seconds)
+
+    def swept(self, sandboxes: int, containers: int) -> None:
+        self.sweeps_total.inc()
+        self.swept_total.labels("sandboxes").inc(sandboxes)
+        self.swept_total.labels("containers").inc(containers)
+
+    def serve(self, port: int) -> Callable[[], None]:
+        """Answer scrapes on 127.0.0.1:``port`` in a daemon thread; returns
+        the function that stops it."""
+        from prometheus_client import start_http_server
+
+        server, thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+        return stop
 
 
 def for_environment(environment: str, environ=os.environ) -> Metrics | NoMetrics:

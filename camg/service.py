@@ -54,9 +54,11 @@ class Service:
                                       limits=config.limits, config_hash=config.config_hash,
                                       outcomes=self.outcomes, on_change=self._status,
                                       metrics=self.metrics, queue_bound=config.queue_bound)
+        admission = self.manager.admission
         self.metrics.watch(live=self.manager.active, capacity=config.capacity,
                 # only environments that talk to the helper have one to report
-                helper_up=metrics.helper_up(environment, self.health) if hasattr(environment, "helper") else None)
+                helper_up=metrics.helper_up(environment, self.health) if hasattr(environment, "helper") else None,
+                queued=lambda: admission.counts()["queued"], queue_bound=admission.bound)
         self._tasks: list[asyncio.Task] = []
         self.started = False
 

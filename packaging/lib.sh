@@ -67,6 +67,32 @@ camg_apt_packages() {
     sed -e 's/#.*//' -e 's/[[:space:]]//g' "$1"/packaging/apt/*.txt | grep -v '^$' | sort -u
 }
 
+# Daemons of packages camg installs only for their binary (the tests run
+# their own, on a loopback port, by pid): neither the package's postinst
+# nor a boot may start one. systemd: masked before the install; invoke-rc.d
+# (sysvinit, or no init at all): a policy-rc.d that refuses them while apt
+# runs, unless the machine already has one (a container's refuses all).
+_camg_never_started=(prometheus)
+
+_camg_apt_get_install() {
+    local policy=/usr/sbin/policy-rc.d made="" unit rc=0
+    if [ -d /run/systemd/system ]; then
+        for unit in "${_camg_never_started[@]}"; do
+            systemctl mask -q "$unit.service" || true
+        done
+    fi
+    if [ ! -e "$policy" ]; then
+        local IFS='|'
+        printf '#!/bin/sh\n# camg_install_apt (packaging/lib.sh), while apt runs\ncase "$1" in %s) exit 101 ;; esac\nexit 0\n' \
+            "${_camg_never_started[*]}" > "$policy"
+        chmod 0755 "$policy"
+        made=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" || rc=$?
+    [ -z "$made" ] || rm -f "$policy"
+    return "$rc"
+}
+
 camg_install_apt() {
     local missing=() pkg
     for pkg in $(camg_apt_packages "$1"); do
@@ -76,7 +102,7 @@ camg_install_apt() {
     [ ${#missing[@]} -eq 0 ] && return 0
     camg_log "apt: installing ${missing[*]}"
     apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    _camg_apt_get_install "${missing[@]}"
 }
 
 # pip's own noise (a configured local index folder that does not exist,

@@ -64,6 +64,10 @@ class Reply:
     error_type: str = "server_error"
     #: extra response headers (e.g. {"Retry-After": "2"})
     headers: dict = dataclasses.field(default_factory=dict)
+    #: the reply's token usage: None counts it from the request and the text
+    #: (``count_usage``, as a real server reports what it read and wrote),
+    #: a dict is sent as given, False sends none (some gateways omit it)
+    usage: dict | bool | None = None
 
 
 @dataclasses.dataclass
@@ -129,17 +133,43 @@ class FakeJudge:
         self.stop()
 
 
-def chat_completion(model: str, text: str) -> dict:
+def count_usage(body: Any, text: str) -> dict:
+    """Tokens as the stub counts them: about four characters a token of the
+    request's JSON and of the answer, so a longer prompt costs more and the
+    sums a client records can be checked against the requests it sent."""
+    prompt = -(-len(json.dumps(body, sort_keys=True)) // 4)
+    completion = -(-len(text) // 4)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def chat_completion(model: str, text: str, usage: dict | None = None) -> dict:
     return {
         "id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": "chat.completion",
         "created": int(time.time()), "model": model, "system_fingerprint": None,
         "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                      "message": {"role": "assistant", "content": text, "refusal": None}}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        **_usage(usage, lambda u: u),
     }
 
 
-def response_object(model: str, text: str) -> dict:
+def _usage(usage: dict | None, shape: Callable[[dict], dict]) -> dict:
+    if usage is False:
+        return {}
+    usage = usage or {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    return {"usage": shape(usage)}
+
+
+def _responses_usage(usage: dict) -> dict:
+    # The Responses API names them input/output tokens.
+    return {"input_tokens": usage.get("prompt_tokens", 0),
+            "output_tokens": usage.get("completion_tokens", 0),
+            "total_tokens": usage.get("total_tokens", 0),
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0}}
+
+
+def response_object(model: str, text: str, usage: dict | None = None) -> dict:
     return {
         "id": "resp_" + uuid.uuid4().hex[:24], "object": "response",
         "created_at": int(time.time()), "model": model, "status": "completed",
@@ -149,9 +179,7 @@ def response_object(model: str, text: str) -> dict:
         "output": [{"type": "message", "id": "msg_" + uuid.uuid4().hex[:24],
                     "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": text, "annotations": []}]}],
-        "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
-                  "input_tokens_details": {"cached_tokens": 0},
-                  "output_tokens_details": {"reasoning_tokens": 0}},
+        **_usage(usage, _responses_usage),
     }
 
 
@@ -190,7 +218,8 @@ def _handler(judge: FakeJudge):
                     "param": None, "code": None}}, reply.headers)
             model = (body or {}).get("model", "fake-judge")
             make = chat_completion if path.endswith("chat/completions") else response_object
-            self._send(200, make(model, reply.text))
+            usage = count_usage(body, reply.text) if reply.usage is None else reply.usage
+            self._send(200, make(model, reply.text, usage))
 
         def _send(self, status: int, payload: Any, headers: dict | None = None) -> None:
             data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()

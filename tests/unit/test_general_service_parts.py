@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from camg import errors
+from camg.cost import judge_tokens
 from camg.judge import Judge, JudgeConfig, prompt_hash
 from daemons.general import channel, rubric
 from daemons.general.environment import GeneralEnvironment, judge_config
@@ -18,6 +19,7 @@ from daemons.general.prepare import main as prepare_main, prepare_general
 from daemons.general.schemas import ACTION_SCHEMA, allowed_action
 from daemons.general.settings import Settings
 from tests.support.fake_judge import FakeJudge, Reply
+from tools.judge_stub import count_usage
 
 ROWS = str(Path(__file__).resolve().parents[1] / "support" / "mimo_rows" / "example_rows_nemo_gym.jsonl")
 
@@ -88,6 +90,10 @@ def test_judge_episode_records_and_failures():
         assert records[0]["judge_host"] == f"127.0.0.1:{fake.port}"
         assert records[0]["judge_model"] == "m" and records[0]["judge_raw"] == '{"score": 0}'
         assert records[0]["judge_prompt_hash"] == prompt_hash("chat", "s", "p", ())
+        # the tokens the judge reported, as the episode's cost sums them
+        tokens = count_usage(fake.requests[0].body, '{"score": 0}')
+        assert records[0]["judge_tokens"] == tokens
+        assert judge_tokens(r.get("judge_tokens") for r in records) == {"judge_tokens": tokens}
         fake.default = Reply(status=500)
         with pytest.raises(errors.JudgeError):
             rubric.judge_episode(judge, detail, deadline_s=30)

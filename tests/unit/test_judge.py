@@ -7,9 +7,11 @@ import logging
 
 import pytest
 
+from camg import cost
 from camg.errors import ConfigError, FailureClass, JudgeError
 from camg.judge import Image, Judge, JudgeConfig, parse_score, prompt_hash, retry_after_s
 from tests.support.fake_judge import FakeJudge, Reply
+from tools.judge_stub import count_usage
 
 KEY = "sk-test-SECRET-0123456789"
 
@@ -209,3 +211,27 @@ def test_retry_after_header_forms():
                          now=lambda: 1445412500.0) == 10.0
     assert retry_after_s(Response({"retry-after": "soon"})) is None
     assert retry_after_s(Response({})) is None and retry_after_s(None) is None
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_tokens_as_the_judge_reported_them_summed_over_attempts(fake, api):
+    # An unparseable answer was paid for too: its tokens count.
+    fake.script(Reply(text="no verdict here", usage={"prompt_tokens": 40, "completion_tokens": 3,
+                                                    "total_tokens": 43}),
+                Reply(text='{"score": 1}'))
+    verdict = make(fake, api, attempts=2).ask("grade this")
+    counted = count_usage(fake.requests[1].body, '{"score": 1}')
+    assert verdict.attempts == 2
+    assert verdict.usage == {"prompt_tokens": 40 + counted["prompt_tokens"],
+                             "completion_tokens": 3 + counted["completion_tokens"],
+                             "total_tokens": 43 + counted["total_tokens"]}
+    assert verdict.record()["judge_tokens"] == verdict.usage
+    assert cost.judge_tokens([verdict.record()["judge_tokens"]] * 2) == {
+        "judge_tokens": {k: 2 * v for k, v in verdict.usage.items()}}
+
+
+def test_a_judge_that_reports_no_usage_records_no_count(fake):
+    fake.script(Reply(text='{"score": 1}', usage=False))
+    verdict = make(fake).ask("grade this")
+    assert verdict.usage is None and "judge_tokens" not in verdict.record()
+    assert cost.judge_tokens([verdict.record().get("judge_tokens")]) == {}

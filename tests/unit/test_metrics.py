@@ -118,6 +118,34 @@ def test_series_move_as_episodes_end_and_carry_no_task_id(service):
         assert not any(SECRET in v for _, v in labels), (name, labels)
 
 
+def test_admission_queue_length(tmp_path):
+    import threading
+
+    config = configure_counter(tmp_path, capacity=1, limits={"idle_ttl_s": 60.0})
+    proc = ServiceProcess(config).wait_ready()
+    try:
+        env = {"environment": "counter"}
+        client = Client(proc.url)
+        _, idle = scrape(proc.url)
+        assert value(idle, "camg_admission_queued", **env) == 0
+        assert value(idle, "camg_admission_queue_bound", **env) == 4  # 4 x capacity 1
+        first = client.create()["episode_id"]
+        admitted = []
+        # a client of its own: one Client is one connection
+        waiter = threading.Thread(target=lambda: admitted.append(Client(proc.url).create(wait=30)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while value(scrape(proc.url)[1], "camg_admission_queued", **env) != 1:
+            assert time.monotonic() < deadline, "the waiting create never showed in the line"
+            time.sleep(0.05)
+        client.close(first)
+        waiter.join(10)
+        assert admitted and value(scrape(proc.url)[1], "camg_admission_queued", **env) == 0
+        client.close(admitted[0]["episode_id"])
+    finally:
+        proc.stop()
+
+
 def test_switched_off_is_a_404(tmp_path):
     config = configure_counter(tmp_path, limits={"idle_ttl_s": 30.0})
     proc = ServiceProcess(config, env={metrics.SWITCH: "off"}).wait_ready()
@@ -180,15 +208,17 @@ def test_judge_requests_retries_and_failures():
 def documented() -> dict[str, tuple[str, set[str]]]:
     text = (REPO / "packaging" / "README.md").read_text()
     section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `(camg_\w+)` \| (\w+) \| ([\w, ]+) \|$", section, re.M)
+    rows = re.findall(r"^\| `(camg_\w+)` \| (\w+) \| ([\w, -]+) \|$", section, re.M)
     assert rows, "packaging/README.md has no metrics table"
-    return {name: (kind, {label.strip() for label in labels.split(",")})
+    # "-": a series without labels (the helper's own)
+    return {name: (kind, {label.strip() for label in labels.split(",")} - {"-"})
             for name, kind, labels in rows}
 
 
 def defined() -> dict[str, tuple[str, set[str]]]:
+    """Every series camg/metrics.py defines: a service's and the helper's."""
     found = {}
-    for metric in vars(metrics.Metrics("x")).values():
+    for metric in [*vars(metrics.Metrics("x")).values(), *vars(metrics.HelperMetrics()).values()]:
         if isinstance(metric, MetricWrapperBase) and not metric._labelvalues:
             name = metric._name + ("_total" if metric._type == "counter" else "")
             found[name] = (metric._type, set(metric._labelnames))
@@ -197,7 +227,7 @@ def defined() -> dict[str, tuple[str, set[str]]]:
 
 def test_readme_table_lists_every_metric_and_label():
     code, doc = defined(), documented()
-    assert len(code) == 11
+    assert len(code) == 13 + 7
     assert code == doc
 
 

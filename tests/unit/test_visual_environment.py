@@ -29,6 +29,7 @@ from daemons.visual.episode import png_image
 from daemons.visual.render import Shot, downscale
 from daemons.visual.settings import Settings
 from tests.support.fake_judge import Reply
+from tools.judge_stub import count_usage
 from tests.support.visual_judge import scripted_judge
 
 FULL = {k: 0.5 for k in rubric.KEYS}
@@ -210,6 +211,9 @@ def test_reference_scores_higher_than_blank(tmp_path, judge, monkeypatch):
     assert out["judge"]["judge_prompt_hash"].startswith("sha256:")
     assert json.loads(out["judge"]["judge_raw"])["reason"]
     assert out["judge"]["rubric"]["score"] == reward_ref
+    # its tokens as the judge reported them, in the episode's cost
+    assert out["judge"]["judge_attempts"] == 1
+    assert out["cost"]["judge_tokens"] == count_usage(body, out["judge"]["judge_raw"])
     assert out["rubric_hash"] == rubric.RUBRIC_HASH
     assert "sk-test-secret" not in json.dumps(out) + json.dumps(env.metadata())
 

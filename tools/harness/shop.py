@@ -38,7 +38,7 @@ def cache_root() -> Path:
 def java_home() -> str:
     """A Conda-style JAVA_HOME over Debian's openjdk-17 (packaging/apt/shop.txt)."""
     home = cache_root() / "java"
-    with _locked(cache_root() / ".java.lock"):
+    with locked(cache_root() / ".java.lock"):
         javahome.build_layout(DEBIAN_JDK, home)
     return str(home)
 
@@ -64,7 +64,7 @@ def prepared() -> tuple[Path, dict]:
     key = f"{pool_hash}-{sha256_bytes(code).removeprefix('sha256:')[:8]}"
     out = cache_root() / f"pool-{key}"
     home = java_home()
-    with _locked(cache_root() / f".{key}.lock"):
+    with locked(cache_root() / f".{key}.lock"):
         if not _still_valid(out):
             proc = subprocess.run(
                 [sys.executable, "-m", "camg.prepare_shop", "--output", str(out),
@@ -87,7 +87,9 @@ def _still_valid(out: Path) -> bool:
     return True
 
 
-class _locked:
+class locked:
+    """An exclusive flock on ``path`` for the block (cache builders)."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
 
@@ -100,12 +102,18 @@ class _locked:
         self.handle.close()
 
 
-def configure_service(tmp: Path, *, jvm_heap_mb: int = 512, capacity: int = 4) -> Path:
+def configure_service(tmp: Path, *, jvm_heap_mb: int = 512, capacity: int = 4,
+                      references: bool = False, preparation: Path | None = None) -> Path:
     """Run camg.configure for a Shop service on a free loopback port over the
-    cached preparation; returns the prepared service config path."""
+    cached preparation (or the prepared directory ``preparation``); returns
+    the prepared service config path."""
     from camg.configure import configure
     from tools.harness.services import clean_git_tree, free_port
-    prepared_dir, settings = prepared()
+    if preparation is None:
+        prepared_dir, settings = prepared()
+    else:
+        prepared_dir = preparation
+        settings = json.loads((preparation / "settings.json").read_text())
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "requirements.lock").write_text("pyserini==0.22.1\n")
     deployment = {
@@ -115,7 +123,7 @@ def configure_service(tmp: Path, *, jvm_heap_mb: int = 512, capacity: int = 4) -
         "executables": {},
         "environments": {"shop": {
             "manifest": str(prepared_dir / "manifest.json"), "port": free_port(),
-            "capacity": capacity,
+            "capacity": capacity, "references": references,
             "settings": dict(settings, jvm_heap_mb=jvm_heap_mb, verify_index_full=False)}},
     }
     (tmp / "deployment.json").write_text(json.dumps(deployment))
