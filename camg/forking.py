@@ -70,6 +70,9 @@ class Episodes(Protocol):
 class Forker:
     def __init__(self, manager: Episodes) -> None:
         self.manager = manager
+        #: parents whose Episode.fork overran its deadline and still runs:
+        #: their step lock is held until it returns
+        self._overrun: set[str] = set()
 
     def _refuse(self, parent_id: str, child_id: str | None) -> Any:
         """The parent's record, or the refusal a fork of it gets now."""
@@ -120,7 +123,8 @@ class Forker:
         try:
             return await self._make(parent, child)
         finally:
-            parent.busy = False
+            if parent.episode_id not in self._overrun:
+                parent.busy = False
 
     async def _make(self, parent: Any, child: Any) -> dict:
         m = self.manager
@@ -140,6 +144,7 @@ class Forker:
             m.metrics.episode_started(task_kind(m.env, child.task))
             if child.terminal is not None:  # closed meanwhile
                 await m._closed_while_created(child)
+            self._trajectory_head(parent, child)
             failure = m._failure_of(exc, child, "fork")
             await m._finish(child, reward=None, failure=failure, observation={},
                             reason=f"fork failed: {exc}")
@@ -155,15 +160,20 @@ class Forker:
         parent.touch()
         log.info("episode forked from %s at step %d (%.4f s)", parent.episode_id,
                  child.fork_step, child.timings["reset_s"], **child.fields)
-        m.outcomes.trajectory(child.episode_id, {
-            "event": "fork", "task_id": child.task.task_id, "seed": child.seed,
-            "forked_from": parent.episode_id, "fork_step": child.fork_step,
-            "observation": child.observation})
+        self._trajectory_head(parent, child)
         m.on_change()
         return {"episode_id": child.episode_id, "task_id": child.task.task_id,
                 "observation": child.observation, "reward": None, "done": False,
                 "lease_expires_at": child.lease_expires_at(),
                 "forked_from": parent.episode_id, "fork_step": child.fork_step}
+
+    def _trajectory_head(self, parent: Any, child: Any) -> None:
+        # Only once the environment has forked: a refused fork leaves no
+        # file (nor an open marker that a restart would record).
+        self.manager.outcomes.trajectory(child.episode_id, {
+            "event": "fork", "task_id": child.task.task_id, "seed": child.seed,
+            "forked_from": parent.episode_id, "fork_step": child.fork_step,
+            "observation": child.observation})
 
     async def _call_fork(self, parent: Any, child: Any) -> Episode:
         """``parent.episode.fork`` on a worker thread under the reset
@@ -175,19 +185,30 @@ class Forker:
         try:
             episode = await asyncio.wait_for(asyncio.shield(future), m.limits.reset_timeout_s)
         except asyncio.TimeoutError:
-            future.add_done_callback(_close_late_child)
+            # The environment is still copying the parent: it stays locked
+            # until the copy returns, and the late child is closed.
+            self._overrun.add(parent.episode_id)
+            future.add_done_callback(lambda done: self._late(done, parent))
             raise DeadlineExceeded(f"fork exceeded {m.limits.reset_timeout_s:g} s") from None
         if not isinstance(episode, Episode):
             raise InfraFailure(f"{type(parent.episode).__name__}.fork returned "
                                f"{type(episode).__name__}, not an Episode")
         return episode
 
+    def _late(self, future: asyncio.Future, parent: Any) -> None:
+        """On the event loop, once an overrun Episode.fork has returned."""
+        self._overrun.discard(parent.episode_id)
+        parent.busy = False
+        if future.cancelled() or future.exception() is not None:
+            return
+        late = future.result()
+        if callable(getattr(late, "close", None)):
+            self.manager.pool.submit(_close_quietly, late)
 
-def _close_late_child(future) -> None:
-    if future.cancelled() or future.exception() is not None:
-        return
+
+def _close_quietly(episode: Any) -> None:
     try:
-        future.result().close()
+        episode.close()
     except Exception:
         log.exception("closing a child that was forked after its deadline failed")
 

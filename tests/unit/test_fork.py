@@ -194,6 +194,24 @@ def test_a_fork_in_flight_holds_the_parents_step_lock(svc):
     client.close(parent)
 
 
+def test_a_fork_past_its_deadline_keeps_the_parent_locked_until_it_returns(counter_service):
+    service = counter_service(tasks=TASKS, limits={"reset_timeout_s": 0.5})
+    client = Client(service.url)
+    parent = client.create(task_id="slow")["episode_id"]  # its fork takes 1.5 s
+    with pytest.raises(client_mod.Unavailable) as info:
+        client.fork(parent, child_id="late")
+    assert info.value.failure_class == "timeout"
+    [record] = [r for r in service.outcomes() if r["episode_id"] == "late"]
+    assert record["reward"] is None and record["failure_class"] == "timeout"
+    assert record["forked_from"] == parent
+    # the environment is still copying: no step may change the parent under it
+    with pytest.raises(client_mod.EpisodeBusy):
+        client.step(parent, {"operation": "guess", "value": 1})
+    time.sleep(1.3)
+    assert client.step(parent, {"operation": "guess", "value": 1})["done"] is False
+    assert "late" not in {e["episode_id"] for e in client.list()["episodes"]}
+
+
 def test_not_forkable_names_what_and_leaves_nothing(svc):
     client = Client(svc.url)
     parent = client.create(task_id="refuses")["episode_id"]
@@ -205,6 +223,8 @@ def test_not_forkable_names_what_and_leaves_nothing(svc):
     with pytest.raises(client_mod.NotFound):
         client.get("never-made")
     assert not records_of(svc, "never-made")
+    trajectories = Path(svc.config["state_dir"]) / "trajectories"
+    assert not list(trajectories.glob("never-made.*"))  # no file, no open marker
     assert client.step(parent, {"operation": "finish"})["done"]  # the parent is unharmed
 
 
