@@ -12,7 +12,8 @@ import logging
 import falcon
 import falcon.asgi
 
-from camg import action_tools, admission, metrics, openenv_compat, task_listing, http_wire as wire
+from camg import (action_tools, admission, mcp_server, metrics, openenv_compat, task_listing,
+                  http_wire as wire)
 from camg.errors import AtCapacity, CamgError, PermissionDenied
 from camg.http import dumps, read_body, reply
 from camg.service import Service
@@ -204,5 +205,5 @@ def create_app(service: Service) -> falcon.asgi.App:
     app.add_error_handler(Exception, _handle_unexpected)
     app.add_error_handler(falcon.HTTPError, _handle_http_error)
     app.add_error_handler(CamgError, _handle_camg_error)
-    return app
+    return mcp_server.mount(app, service)  # /mcp, dispatched before falcon
 

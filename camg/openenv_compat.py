@@ -37,7 +37,7 @@ import logging
 import falcon
 import falcon.asgi
 
-from camg import http_wire as wire
+from camg import http_wire as wire, mcp_server
 from camg.errors import AtCapacity, BadRequest, CamgError, EpisodeDone, EpisodeNotFound
 from camg.http import read_body, reply
 from camg.service import Service
@@ -49,7 +49,8 @@ COOKIE = "camg_openenv_episode"
 EPISODE_HEADER = "X-Camg-Episode-Id"
 #: keys each client message may carry (openenv BaseMessage: extra="forbid")
 _WS_KEYS = {"reset": ({"type"}, {"data"}), "step": ({"type", "data"}, set()),
-            "state": ({"type"}, set()), "close": ({"type"}, set())}
+            "state": ({"type"}, set()), "close": ({"type"}, set()),
+            "mcp": ({"type", "data"}, set())}   # a JSON-RPC request (camg.mcp_server)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +173,7 @@ class State:
 class WebSocket:
     def __init__(self, service: Service) -> None:
         self.service = service
+        self.mcp = mcp_server.OpenEnvRpc(mcp_server.EpisodeTools(service))
 
     async def on_websocket(self, req, ws: falcon.asgi.WebSocket):
         await ws.accept()
@@ -215,6 +217,11 @@ class WebSocket:
         try:
             if kind == "reset":
                 return {"type": "observation", "data": await session.reset(data)}
+            if kind == "mcp":
+                return {"type": "mcp", "data": await self.mcp.answer(data, session)}
+            if kind == "step" and mcp_server.is_ws_tool_step(self.mcp.tools, data):
+                # OpenEnv MCPToolClient's list_tools/call_tool
+                return {"type": "observation", "data": await self.mcp.ws_step(session, data)}
             if kind == "step":
                 return {"type": "observation", "data": await session.step(data)}
             if kind == "state":
