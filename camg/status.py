@@ -11,6 +11,9 @@ the one on disk. Then the helper (its isolation probes' verdict)
 and leftovers: ledger records, mounts, cgroups, overlay uppers and agent-uid
 processes that no live sandbox explains. Exit status 0 when everything is
 as it should be, 1 otherwise (each problem is named), 2 on bad usage.
+Below the table, each service's episodes per minute and the failure classes
+they ended with over the last minutes, from its /metrics counters
+(camg.activity; the samples are kept in ``--state``).
 
 Reading only: it never starts a unit (the helper is asked only when it
 already runs, so socket activation is not triggered) and changes nothing.
@@ -28,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from camg import census
+from camg import activity, census
 
 HELPER_DEFAULTS = {"socket": "/run/camg/helper.sock", "state_dir": "/run/camg-helper",
                    "upper_root": "/var/lib/camg/uppers", "agent_uid": 2000,
@@ -175,10 +178,14 @@ def leftovers(config: dict, helper_running: bool) -> dict[str, list[str]]:
     return found
 
 
-def collect(etc: Path) -> dict:
+def collect(etc: Path, state: Path | None = None, sample_s: float = activity.SAMPLE_S) -> dict:
     prepared = etc / "prepared"
     configs = sorted(p for p in prepared.glob("*.json") if p.stem not in ("routes", "schedule"))
     envs = [environment_row(p) for p in configs]
+    rates = activity.collect({r["environment"]: r["port"] for r in envs},
+                             state or activity.default_state(), sample_s)
+    for row in envs:
+        row["activity"] = rates.get(row["environment"])
     hconf = helper_config(etc)
     helper = helper_row(hconf)
     left = leftovers(hconf, helper["running"]) if os.geteuid() == 0 else {}
@@ -200,6 +207,10 @@ def render(report: dict) -> str:
               for i, c in enumerate(cols)]
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    lines.append("")
+    lines.append("last minutes (from each service's /metrics):")
+    lines += [f"  {r['environment']}: {activity.describe(r.get('activity'))}"
+              for r in report["environments"]]
     h = report["helper"]
     lines.append("")
     lines.append(f"helper: unit {h['unit']}, isolation probes {h['probes']}")
@@ -221,8 +232,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--etc", type=Path, default=Path("/etc/camg"),
                         help="the installation's configuration directory")
     parser.add_argument("--json", action="store_true", help="the report as JSON")
+    parser.add_argument("--state", type=Path, default=None,
+                        help="the samples kept between runs for the per-minute rates "
+                             f"(default ${activity.STATE_VARIABLE} or "
+                             "~/.local/state/camg/status-samples.json)")
+    parser.add_argument("--sample-s", type=float, default=activity.SAMPLE_S,
+                        help="without an earlier sample, scrape again after this many "
+                             "seconds (0: show no rate)")
     args = parser.parse_args(argv)
-    report = collect(args.etc)
+    if not 0 <= args.sample_s <= 60:
+        parser.error("--sample-s must be within [0, 60]")
+    report = collect(args.etc, args.state, args.sample_s)
     print(json.dumps(report, indent=1) if args.json else render(report))
     return 1 if report["problems"] else 0
 
@@ -231,7 +251,7 @@ def cli(argv: list[str] | None = None) -> int:
     """The ``camg`` console script: ``camg status …``."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: camg status [--etc DIR] [--json]")
+        print("usage: camg status [--etc DIR] [--json] [--state FILE] [--sample-s S]")
         return 0 if argv else 2
     if argv[0] != "status":
         print(f"camg: unknown command {argv[0]!r} (known: status)", file=sys.stderr)
