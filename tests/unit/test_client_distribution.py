@@ -26,6 +26,9 @@ import importlib.util, json, sys
 assert [m for m in ("camg", "daemons", "helper", "tools", "httpx")
         if importlib.util.find_spec(m)] == []
 import camg_client
+# the framework adapters ship too, and import no framework until used
+import camg_client.adapters.skyrl_gym, camg_client.adapters.verifiers, camg_verifiers
+assert not {"verifiers", "skyrl_gym"} & set(sys.modules)
 
 client = camg_client.Client(sys.argv[1])
 created = client.create(task_id="task-02", episode_id="fresh-venv")

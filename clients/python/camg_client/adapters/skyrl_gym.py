@@ -1,0 +1,146 @@
+"""A camg service as a SkyRL-Gym 0.4 environment (``pip install
+'camg-client[skyrl]'``): ``CamgTextEnv``, a ``BaseTextEnv`` that
+``register()`` puts in skyrl_gym's registry as ``camg``.
+
+One env instance is one camg episode, as SkyRL's generator uses it
+(``skyrl_gym.make(env_class, env_config=…, extras=row)``, ``init(prompt)``,
+``step(model_output)`` until ``done``, ``close()``): ``init`` creates the
+episode and appends its first observation (with the action schema) to the
+prompt; ``step`` reads one JSON action from the model's text (the text
+protocol, camg_client/adapters/text_protocol.py), steps, and answers the
+next observation as a user message. Steps before the last carry reward 0.0
+(camg rewards only the end); the last carries camg's terminal reward.
+
+Where camg gives no reward (``reward: null``, an infrastructure failure, or
+``max_turns`` reached before the episode ended) the step is ``done`` with
+``reward`` None and ``metadata["camg"]["masked"]`` True (``get_metrics``:
+``camg_masked`` 1.0): the outcome to drop, never a 0. skyrl-train's
+generator places no token reward for a None step, so a trainer filters
+masked trajectories on that flag; ``env_config.on_unrewarded: raise``
+raises ``Unrewarded`` from ``step`` instead, for a loop that cannot.
+
+A row names its service and task: ``extras`` ``camg_url`` and ``task_id``
+(or ``extra_info.task_id``), as ``dataset_rows(url)`` writes them from
+``GET /tasks``; ``env_config`` may give ``url``, ``max_turns``, ``wait_s``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from camg_client.adapters.text_protocol import (
+    SYSTEM_PROMPT, Unrewarded, first_message, next_message, parse_action,
+)
+from camg_client.client import Client, InvalidAction, NotFound
+
+ENV_ID = "camg"
+ENTRY_POINT = "camg_client.adapters.skyrl_gym:CamgTextEnv"
+__all__ = ["CamgTextEnv", "dataset_rows", "register"]
+
+
+def register(env_id: str = ENV_ID) -> str:
+    """Register ``CamgTextEnv`` in skyrl_gym's registry (once; again is a no-op)."""
+    import skyrl_gym
+
+    if env_id not in skyrl_gym.registry:
+        skyrl_gym.register(id=env_id, entry_point=ENTRY_POINT)
+    return env_id
+
+
+def dataset_rows(url: str, *, env_class: str = ENV_ID, task_ids: list[str] | None = None) -> list[dict]:
+    """One SkyRL dataset row per served task (``GET /tasks``, manifest order)."""
+    wanted = None if task_ids is None else set(task_ids)
+    return [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}], "env_class": env_class,
+             "camg_url": url, "task_id": row["task_id"]}
+            for row in Client(url).iter_tasks() if wanted is None or row["task_id"] in wanted]
+
+
+def __getattr__(name: str):
+    if name == "CamgTextEnv":
+        return _env_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _option(config: Any, key: str, default: Any = None) -> Any:
+    # env_config is an OmegaConf DictConfig under skyrl-train, a dict elsewhere
+    return config.get(key, default) if config is not None else default
+
+
+@functools.cache
+def _env_class() -> type:
+    from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+
+    class CamgTextEnv(BaseTextEnv):
+        def __init__(self, env_config: Any = None, extras: Mapping[str, Any] | None = None) -> None:
+            super().__init__()
+            extras = dict(extras or {})
+            info = extras.get("extra_info") or {}
+            self.url = extras.get("camg_url") or _option(env_config, "url")
+            self.task_id = extras.get("task_id") or info.get("task_id")
+            if not self.url:
+                raise ValueError("CamgTextEnv needs the service URL: extras camg_url "
+                                 "or env_config url")
+            self.max_turns = int(extras.get("max_turns") or _option(env_config, "max_turns", 100))
+            self.wait_s = float(_option(env_config, "wait_s", 600.0))
+            self.raise_unrewarded = _option(env_config, "on_unrewarded", "mask") == "raise"
+            self.client = Client(self.url)
+            self.episode_id: str | None = None
+            self.closed = False
+            self.outcome: dict = {}
+
+        def init(self, prompt):
+            schema = self.client.schema()["action"]
+            created = self.client.create(task_id=self.task_id, wait=self.wait_s)
+            self.episode_id, self.task_id = created["episode_id"], created["task_id"]
+            opening = {"role": "user", "content": first_message(created["observation"], schema)}
+            return [*(prompt or []), opening], {"episode_id": self.episode_id,
+                                                "task_id": self.task_id}
+
+        def step(self, action: str) -> BaseTextEnvStepOutput:
+            self.turns += 1
+            try:
+                answer = self.client.step(self.episode_id, parse_action(action))
+            except (ValueError, InvalidAction) as exc:
+                # the model's mistake: nothing changed, it reads why and goes on
+                answer = {"done": False, "reward": 0.0,
+                          "observation": {"error": f"not an action: {exc}"}}
+            if answer["done"]:
+                return self._end(answer.get("reward"), answer.get("failure_class"),
+                                 answer.get("outcome_seq"))
+            if self.turns >= self.max_turns:
+                return self._end(None, None, None, detail=f"no end after {self.max_turns} turns")
+            return BaseTextEnvStepOutput(
+                observations=[{"role": "user", "content": next_message(answer["observation"])}],
+                reward=0.0, done=False, metadata={})
+
+        def _end(self, reward, failure_class, outcome_seq, detail="ended with reward null "
+                 "(infrastructure failure)"):
+            masked = reward is None
+            self.outcome = {"episode_id": self.episode_id, "task_id": self.task_id,
+                            "reward": reward, "failure_class": failure_class,
+                            "outcome_seq": outcome_seq, "masked": masked}
+            if masked and self.raise_unrewarded:
+                self.close()
+                raise Unrewarded(self.episode_id, failure_class, detail)
+            return BaseTextEnvStepOutput(observations=[], reward=reward, done=True,
+                                         metadata={"camg": dict(self.outcome)})
+
+        def close(self) -> None:
+            # Idempotent: the generator closes every env, finished or not.
+            if self.episode_id is not None and not self.closed:
+                try:
+                    self.client.close(self.episode_id)
+                except NotFound:
+                    pass  # the service already forgot it: closed is what we wanted
+                self.closed = True
+                self.client.close_connection()
+
+        def get_metrics(self) -> dict:
+            metrics = {"steps": float(self.turns)}
+            if self.outcome:
+                metrics["camg_masked"] = float(self.outcome["masked"])
+            return metrics
+
+    return CamgTextEnv

@@ -1,0 +1,57 @@
+"""What the adapters share: the text a model reads (an observation, the
+first one with the action schema), the action read back from its reply, and
+the outcome of an episode that earned no reward.
+
+The text protocol is ``--policy openai``'s fallback (camg_client/openai_policy.py):
+one JSON action per reply, its first ``{…}`` block. Frameworks whose chat
+loop has no tools of ours (verifiers' ``null`` harness, SkyRL-Gym's string
+actions) speak it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from camg_client.openai_policy import first_json_object
+
+#: the system prompt of a camg episode in a framework's chat loop
+SYSTEM_PROMPT = ("You act in an environment. Reply with exactly one JSON object, the next "
+                 "action, matching the action schema you are given.")
+
+
+class Unrewarded(RuntimeError):
+    """A camg episode that ended without a reward: an infrastructure failure
+    (``reward: null``, ``failure_class`` set) or a policy that stopped before
+    the episode ended. An adapter surfaces it as its framework's failed or
+    masked outcome: a trainer must not learn 0 from it."""
+
+    def __init__(self, episode_id: str | None, failure_class: str | None, detail: str) -> None:
+        self.episode_id = episode_id
+        self.failure_class = failure_class
+        super().__init__(f"camg episode {episode_id}: {detail}"
+                         + (f" (failure_class {failure_class})" if failure_class else ""))
+
+
+def first_message(observation: Any, action_schema: dict) -> str:
+    return json.dumps({"observation": observation, "action_schema": action_schema})
+
+
+def next_message(observation: Any) -> str:
+    return json.dumps({"observation": observation})
+
+
+def parse_action(reply: str) -> dict:
+    """The action of a reply; ValueError when it holds none."""
+    action = first_json_object(reply or "")
+    if not isinstance(action, dict):
+        raise ValueError(f"the reply's JSON is not an action object: {reply[:200]!r}")
+    return action
+
+
+def terminal_reward(answer: dict, episode_id: str | None) -> float:
+    """The reward of a terminal step answer, or Unrewarded."""
+    if answer.get("reward") is None:
+        raise Unrewarded(episode_id, answer.get("failure_class"),
+                         "ended with reward null (infrastructure failure)")
+    return float(answer["reward"])

@@ -1,0 +1,67 @@
+"""Scratch venvs holding one RL framework's stock PyPI release, for the
+adapter tests: never the services' venv, never the lock.
+
+A venv is made from the pins of one extra of the client distribution
+(clients/python/pyproject.toml, the one place they are written), keyed by
+those pins and the interpreter, under ``$CAMG_CACHE/adapter-venvs/``: the
+first run builds it (verifiers 0.4.0 ~2.5 min, skyrl-gym 0.4.0 ~1 min here),
+later runs reuse it. The build goes to a temporary directory renamed into
+place, under an flock, so concurrent test processes (the split unit tier)
+build it once and never see half a venv. As test_client_distribution does,
+the venv is made without pip and the services' pip installs into it
+(``--python``). camg_client itself is not installed there: the loops run
+with clients/python on PYTHONPATH, so the venv outlives client changes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+import venv
+from pathlib import Path
+
+from tests.support.services import REPO
+
+CLIENT_PYPROJECT = REPO / "clients" / "python" / "pyproject.toml"
+
+
+def extra_pins(extra: str) -> list[str]:
+    project = tomllib.loads(CLIENT_PYPROJECT.read_text())["project"]
+    return list(project["optional-dependencies"][extra])
+
+
+def framework_venv(cache: Path, extra: str) -> Path:
+    """The venv holding ``extra``'s pins (built once); returns its python."""
+    pins = extra_pins(extra)
+    key = hashlib.sha256(json.dumps([sys.version, pins]).encode()).hexdigest()[:12]
+    root = cache / "adapter-venvs"
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"{extra}-{key}"
+    python = target / "bin" / "python"
+    with open(root / f".{extra}-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():
+            return python
+        building = root / f".{extra}-{key}.building"
+        shutil.rmtree(building, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)
+        # symlinks: a copied interpreter would look for its libpython beside the copy
+        venv.create(building, with_pip=False, symlinks=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
+                               "--no-input", "--python", str(building / "bin" / "python"),
+                               "install", "-q", *pins], capture_output=True, text=True,
+                              timeout=1800)
+        if proc.returncode != 0:
+            shutil.rmtree(building, ignore_errors=True)
+            raise RuntimeError(f"installing {pins} failed:\n{proc.stderr[-4000:]}")
+        (building / ".complete").write_text(json.dumps(pins) + "\n")
+        # venv wrote absolute paths of the building directory into its scripts
+        # and pyvenv.cfg; the loops run the interpreter directly, which is
+        # location-independent, but uv (verifiers' harness) is run from bin/.
+        building.rename(target)
+    return python
