@@ -40,6 +40,8 @@ class Ceilings:
     upper_bytes: int = 16 << 30
     # Overlay lowers per sandbox (each is a path resolved and mounted).
     lowers: int = 16
+    # Frozen layers a fork chain may stack (ForkSandbox, helper/forks.py).
+    fork_depth: int = 8
     # Connections served at once; each holds one thread and at most one
     # request in flight, so this also bounds concurrent requests.
     connections: int = 1024
@@ -78,6 +80,11 @@ class HelperConfig:
     ceilings: Ceilings = dataclasses.field(default_factory=Ceilings)
     # The container mediator (helper/containers.py); None: no Docker verbs.
     containers: ContainerConfig | None = None
+    # Prometheus metrics (camg.metrics.HelperMetrics) on 127.0.0.1:<port>, a
+    # listener of their own: the trainers' socket speaks only verbs. 0: none
+    # (the default, so the tests' many helpers do not fight over one port;
+    # units/helper.json turns it on).
+    metrics_port: int = 0
 
     def __post_init__(self) -> None:
         for name in ("socket", "state_dir", "upper_root", "agent_home"):
@@ -101,10 +108,12 @@ class HelperConfig:
             raise ConfigError("agent_uid/agent_gid: must be an unprivileged id")
         c = self.ceilings
         if min(c.memory_bytes, c.pids_max, c.output_bytes, c.archive_bytes, c.sandboxes_per_peer,
-               c.sandboxes_total, c.command_bytes, c.upper_bytes, c.lowers, c.connections) <= 0 or c.cpu_quota <= 0 or c.timeout <= 0:
+               c.sandboxes_total, c.command_bytes, c.upper_bytes, c.lowers, c.connections) <= 0 or c.fork_depth < 0 or c.cpu_quota <= 0 or c.timeout <= 0:
             raise ConfigError("ceilings: every ceiling must be positive")
         if self.create_timeout <= 0:
             raise ConfigError("create_timeout: must be positive")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("metrics_port: must be a TCP port (1-65535) or 0 for none")
         if not 0 < self.tmpfs_upper_bytes <= c.upper_bytes:
             raise ConfigError("tmpfs_upper_bytes: must be positive and within ceilings.upper_bytes")
 

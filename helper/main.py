@@ -78,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError) as exc:
         log.critical("cannot start: %s", exc)
         return 2
-    swept = sweep(ledger, parents, cfg.upper_root, log.info)
+    swept_sandboxes = sweep(ledger, parents, cfg.upper_root, log.info)
     # Containers of this helper scope from an earlier instance (helper/containers.py).
-    swept += containers.sweep(cfg, log.info)
+    swept_containers = containers.sweep(cfg, log.info)
     if args.sweep:
         cgroups.release_parents(created_parents)
-        log.info("sweep reclaimed %d sandbox(es)", swept)
+        log.info("sweep reclaimed %d sandbox(es)", swept_sandboxes + swept_containers)
         return 0
     import prctl  # only the serving modes spawn sandboxes
     from sdnotify import SystemdNotifier
@@ -129,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         log.critical("cannot listen: %s", exc)
         return 2
+    metrics = _metrics(registry, swept_sandboxes, swept_containers)
+    stop_metrics = _serve_metrics(metrics, cfg.metrics_port, log)
     server = Server(listener, verbs.Context(registry, probes.run), cfg.group,
-                    max_blob=cfg.ceilings.archive_bytes, max_connections=cfg.ceilings.connections)
+                    max_blob=cfg.ceilings.archive_bytes, max_connections=cfg.ceilings.connections,
+                    metrics=metrics)
     if server.gid is None:
         log.warning("group %r does not exist: only root may use the helper", cfg.group)
     threading.Thread(target=_probe_loop, args=(probes, registry, notifier, stop, cfg.probe_on_start, log),
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         notifier.notify("STOPPING=1")
         listener.close()
+        stop_metrics()
         n = registry.destroy_all()
         containers.sweep(cfg, log.info)
         cgroups.release_parents(created_parents)
@@ -154,6 +158,33 @@ def main(argv: list[str] | None = None) -> int:
             except FileNotFoundError:
                 pass
     return 0
+
+
+def _metrics(registry, swept_sandboxes: int, swept_containers: int):
+    """The helper's series (camg.metrics.HelperMetrics), read from what it holds."""
+    from camg.metrics import HelperMetrics
+
+    metrics = HelperMetrics()
+    metrics.watch(sandboxes=lambda: len(registry.sandboxes),
+                  containers=lambda: len(getattr(containers._mediator, "held", ())),
+                  probes_ok=lambda: registry.probe_failure is None)
+    metrics.swept(swept_sandboxes, swept_containers)
+    return metrics
+
+
+def _serve_metrics(metrics, port: int, log):
+    """The metrics listener on 127.0.0.1:port (none for 0). One that cannot
+    bind is logged and the helper serves on: sandboxes matter more than
+    their counts."""
+    if not port:
+        return lambda: None
+    try:
+        stop = metrics.serve(port)
+    except OSError as exc:
+        log.error("metrics not served: cannot listen on 127.0.0.1:%d: %s", port, exc)
+        return lambda: None
+    log.info("metrics on http://127.0.0.1:%d/metrics", port)
+    return stop
 
 
 def _probe_loop(probes, registry, notifier, stop, on_start, log) -> None:

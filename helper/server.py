@@ -16,6 +16,7 @@ import re
 import socket
 import struct
 import threading
+import time
 
 from camg import helper_wire as wire
 from helper import verbs
@@ -44,9 +45,13 @@ def peer_credentials(conn: socket.socket) -> tuple[int, int, int, list[int]]:
 
 
 class Server:
+    metrics = None
+
     def __init__(self, listener: socket.socket, ctx: verbs.Context, group: str,
-                 max_blob: int, max_connections: int = 1024) -> None:
+                 max_blob: int, max_connections: int = 1024, metrics=None) -> None:
         self.listener = listener
+        # camg.metrics.HelperMetrics, or None: nothing is counted
+        self.metrics = metrics
         self.ctx = ctx
         self.gid = group_id(group)
         self.max_blob = max_blob
@@ -90,8 +95,10 @@ class Server:
         except EOFError:
             return False
         except wire.FrameError as exc:
+            self._count("unknown", exc.name, 0.0)
             _send(conn, {"ok": False, "error": exc.name, "message": exc.message})
             return False
+        started = time.monotonic()
         try:
             extra = sorted(set(request) - {"verb", "params", "owner"})
             if extra:
@@ -107,6 +114,9 @@ class Server:
         except Exception as exc:  # a bug must cost one request, not the helper
             log.exception("verb %r failed", request.get("verb"))
             reply, out = {"ok": False, "error": "internal", "message": f"{type(exc).__name__}: {exc}"}, b""
+        verb = request.get("verb")
+        self._count(verb if isinstance(verb, str) and verb in verbs.VERBS else "unknown",
+                    reply.get("error"), time.monotonic() - started)
         if not _send(conn, reply, out) and reply["ok"] and request.get("verb") == CREATE:
             # The requester died while its sandbox was made (kill -9 of a
             # service mid-reset): nobody holds the id, and the release its
@@ -117,6 +127,13 @@ class Server:
                 log.exception("rolling back an unclaimed sandbox failed (the sweep reclaims it)")
             return False
         return True
+
+    def _count(self, verb: str, error: str | None, seconds: float) -> None:
+        if self.metrics is not None:
+            try:
+                self.metrics.request(verb, error, seconds)
+            except Exception:  # a metric must never cost a request
+                log.exception("counting a request failed")
 
 
 CREATE, DESTROY = wire.PREFIX + "CreateSandbox", wire.PREFIX + "DestroySandbox"
