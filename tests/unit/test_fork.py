@@ -334,3 +334,20 @@ def test_async_client_fork(svc):
             assert answer["reward"] == 1.0
             await client.close(parent)
     asyncio.run(scenario())
+
+
+def test_a_child_left_running_by_a_killed_service_is_recorded_as_a_fork(tmp_path):
+    # what the manager writes for a child (camg/forking.py), then the
+    # service dies: its next start records the child with its lineage
+    log = OutcomeLog(tmp_path)
+    log.trajectory("kid", {"event": "fork", "task_id": "task-03", "seed": 4,
+                           "forked_from": "mum", "fork_step": 2, "observation": {}})
+    log.trajectory("kid", {"event": "step", "step": 3, "action": {}, "observation": {}})
+    log.close()
+    restarted = OutcomeLog(tmp_path)
+    assert restarted.recover("counter", "sha256:c") == ["kid"]
+    [record] = restarted.read()
+    assert (record["task_id"], record["seed"], record["forked_from"], record["fork_step"]) == (
+        "task-03", 4, "mum", 2)
+    assert record["reward"] is None and record["failure_class"] == "infra" and record["recovered"]
+    restarted.close()
