@@ -9,6 +9,9 @@ it takes a slot (429, or a wait in the admission line, as a create), has
 its own lease, outcome record, trajectory, metrics and cost, and carries
 ``forked_from`` and ``fork_step`` (the parent's step count at the fork).
 
+The fork's time is the child's reset time (its ``reset_s`` phase, the
+reset histogram of camg.metrics).
+
 What the child inherits is the episode's budget, not a fresh one: its step
 count starts at ``fork_step`` (``max_steps`` counts the whole path) and its
 wall deadline is the parent's, so forking never buys an episode more steps

@@ -164,7 +164,9 @@ class OutcomeLog:
                     "task_id": reset.get("task_id"), "seed": reset.get("seed"),
                     "reward": None, "failure_class": "infra", "status": "closed",
                     "reason": reason, "recovered": True,
-                    "steps": sum(1 for e in entries if e.get("event") == "step"),
+                    # a fork's child counts on from its parent's steps
+                    "steps": sum(1 for e in entries if e.get("event") == "step")
+                    + int(reset.get("fork_step") or 0),
                     "started_at": marker.stat().st_mtime, "ended_at": time.time(),
                     "timings": {}, "config_hash": config_hash,
                     **{k: reset[k] for k in ("forked_from", "fork_step") if k in reset}})

@@ -350,4 +350,5 @@ def test_a_child_left_running_by_a_killed_service_is_recorded_as_a_fork(tmp_path
     assert (record["task_id"], record["seed"], record["forked_from"], record["fork_step"]) == (
         "task-03", 4, "mum", 2)
     assert record["reward"] is None and record["failure_class"] == "infra" and record["recovered"]
+    assert record["steps"] == 3  # 2 before the fork, 1 after
     restarted.close()
