@@ -133,12 +133,14 @@ def pool_bytes(products: list[dict]) -> bytes:
     return (json.dumps(products, ensure_ascii=False) + "\n").encode()
 
 
-def write_collection(products: list[dict], directory: Path) -> list[dict]:
-    docs = [catalog.document(p) for p in products]
+def write_collection(products: Iterable[dict], directory: Path) -> int:
+    """The index's input documents (``directory/documents.jsonl``), streamed."""
+    count = 0
     with _collection_writer(directory) as write:
-        for doc in docs:
-            write(doc)
-    return docs
+        for product in products:
+            write(catalog.document(product))
+            count += 1
+    return count
 
 
 @contextlib.contextmanager

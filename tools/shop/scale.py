@@ -1,0 +1,126 @@
+"""Synthesised Shop catalogs at scale, indexed and prepared once and cached,
+for bench/bench_shop_scale.py and the unit tier's generated-catalog test.
+
+An index is a function of the generator's parameters only (size, seed, the
+synthesiser's and the document function's code, the indexing command,
+pyserini's version): it is cached under
+``$CAMG_CACHE/shop-scale/index-<size>-s<seed>-<key>`` and a change to the
+service never rebuilds it (1.18 M products take many minutes on 2 cores).
+The preparation over it (store, goals, manifest: ``camg.prepare_shop
+--index-dir``) is cached beside it, keyed by the preparation code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from daemons.shop import catalog, goals, store
+from daemons.shop import prepare as prepare_shop
+from tools.harness import shop as testing
+from tools.shop import synth_catalog
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def timed(fn, *args):
+    started = time.perf_counter()
+    result = fn(*args)
+    return time.perf_counter() - started, result
+
+
+def cache_root() -> Path:
+    root = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test")) / "shop-scale"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def tree_mb(path: Path) -> float:
+    return round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20, 1)
+
+
+def _hash(*parts: str | bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else part.encode())
+    return digest.hexdigest()[:10]
+
+
+def index_key(seed: int) -> str:
+    """What the index is a function of: the generator and the documents."""
+    return _hash(Path(synth_catalog.__file__).read_bytes(), inspect.getsource(catalog.document),
+                 inspect.getsource(prepare_shop.iter_pool), inspect.getsource(prepare_shop.build_index),
+                 metadata.version("pyserini"), str(seed))
+
+
+def prepare_key() -> str:
+    return _hash(*(Path(m.__file__).read_bytes() for m in (prepare_shop, store, goals, catalog)))
+
+
+def build_index(size: int, seed: int = 0, threads: int = 2,
+                key: str | None = None) -> tuple[Path, dict]:
+    """Synthesise a catalog and index it (cached by ``key``, default
+    ``index_key(seed)``); (directory, build facts)."""
+    out = cache_root() / f"index-{size}-s{seed}-{key or index_key(seed)}"
+    with testing.locked(cache_root() / f".{out.name}.lock"):
+        return _build_index(out, size, seed, threads)
+
+
+def _build_index(out: Path, size: int, seed: int, threads: int) -> tuple[Path, dict]:
+    facts_path = out / "build-facts.json"
+    if facts_path.exists():
+        return out, json.loads(facts_path.read_text())
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    catalog_path = out / "documents.jsonl.gz"
+    synth_s, _ = timed(synth_catalog.write_catalog,
+                       synth_catalog.synthesize(synth_catalog.real_products(), size, seed),
+                       catalog_path)
+    collection = out / "collection"
+    collect_s, count = timed(prepare_shop.write_collection, prepare_shop.iter_pool(
+        catalog_path, prepare_shop.DEFAULT_INSTRUCTIONS, prepare_shop.DEFAULT_HUMAN), collection)
+    build_s, _ = timed(prepare_shop.build_index, collection, out / "index",
+                       testing.java_home(), threads)
+    shutil.rmtree(collection)   # the index's input only: 5 KB a product
+    facts = {"products": count, "synthesise_s": round(synth_s, 1),
+             "collection_s": round(collect_s, 1), "index_build_s": round(build_s, 1),
+             "index_mb": tree_mb(out / "index"), "threads": threads}
+    facts_path.write_text(json.dumps(facts))
+    return out, facts
+
+
+def prepare(index_dir: Path, heap_mb: int) -> tuple[Path, dict]:
+    """camg.prepare_shop on the cached index: store, goals, manifest (cached)."""
+    out = index_dir / f"prepared-{prepare_key()}"
+    with testing.locked(index_dir / f".{out.name}.lock"):
+        return _prepare(out, index_dir, heap_mb)
+
+
+def _prepare(out: Path, index_dir: Path, heap_mb: int) -> tuple[Path, dict]:
+    facts_path = out / "prepare-facts.json"
+    if facts_path.exists():
+        return out, json.loads(facts_path.read_text())
+    for stale in index_dir.glob("prepared-*"):
+        shutil.rmtree(stale)    # an older preparation code's store: gigabytes at full size
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "camg.prepare_shop", "--output", str(out),
+         "--catalog", str(index_dir / "documents.jsonl.gz"), "--java-home", testing.java_home(),
+         "--index-dir", str(index_dir / "index"), "--sample-index-check",
+         "--jvm-heap-mb", str(heap_mb)],
+        cwd=REPO, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"prepare_shop failed for {index_dir}:\n{proc.stderr[-3000:]}")
+    facts = {"prepare_s": round(time.perf_counter() - started, 1),
+             "store_mb": round((out / store.FILE_NAME).stat().st_size / 2**20, 1)}
+    facts_path.write_text(json.dumps(facts))
+    return out, facts
