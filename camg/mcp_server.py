@@ -41,9 +41,13 @@ Three forms, one episode table (the manager's):
   "arguments"}`` as the step's data, whenever the action schema itself
   refuses them), on the connection's own episode (its ``reset``).
 
-General's ``tool`` action (a general_agent task's own MCP servers) is one
-tool taking ``server``, ``name`` and ``arguments``, as ``/schema`` has it;
-the task's tools are not listed one by one.
+A general_agent task's own MCP tools are passed through: General's first
+observation lists them (``tools``: server, name, description,
+input_schema), and the episode's session lists each as ``<server>__<name>``
+with the task's input schema after the actions; a call is General's
+``tool`` action (``server``, ``name``, ``arguments``), which stays a tool
+too. Before a session has an episode (openenv's ``tools/list`` without
+one) only the actions are listed.
 """
 
 from __future__ import annotations
@@ -67,8 +71,12 @@ from camg.errors import (BadRequest, CamgError, EpisodeDone, EpisodeNotFound,
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 SERVER_ERROR, UNSUPPORTED_VERSION = -32000, -32022
 SESSION_HEADER = "mcp-session-id"
-_SESSIONS_KEPT = 10_000          # ended sessions still answered (as the manager's tombstones)
+_SESSIONS_KEPT = 10_000
+#: the action a task's own tools pass through (General's general_agent tasks)
+_PASS_THROUGH = "tool"          # ended sessions still answered (as the manager's tombstones)
 _QUERY_INT = re.compile(r"-?[0-9]{1,19}")
+# MCP's rule for a tool name (specification 2025-11-25, "Tool names")
+_MCP_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 def rpc_code(exc: CamgError) -> int:
@@ -101,6 +109,8 @@ class EpisodeTools:
                        "inputSchema": f["parameters"]}
                       for f in (tool["function"] for tool in self.calls.tools)]
         self.names = frozenset(t["name"] for t in self.tools)
+        #: episode id -> its task's own tools (name -> (server, tool, listing))
+        self.task_tools: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
     def is_action(self, data: Mapping[str, Any]) -> bool:
         try:
@@ -109,14 +119,59 @@ class EpisodeTools:
             return False
         return True
 
+    def remember(self, episode_id: str, observation: Any) -> None:
+        """Pass a task's own MCP tools through: where the environment has a
+        ``tool`` action (server, name, arguments) and the first observation
+        lists ``tools`` ({server, name, description, input_schema}: General's
+        general_agent tasks), each becomes a tool ``<server>__<name>`` of the
+        episode's session with the task's input schema, stepping ``tool``."""
+        listed = observation.get("tools") if isinstance(observation, Mapping) else None
+        if _PASS_THROUGH not in self.names or not isinstance(listed, list):
+            return
+        tools = {}
+        for entry in listed:
+            if not isinstance(entry, Mapping):
+                continue
+            server, tool = entry.get("server"), entry.get("name")
+            name = f"{server}__{tool}"
+            schema = entry.get("input_schema")
+            if not (isinstance(server, str) and isinstance(tool, str)
+                    and _MCP_TOOL_NAME.fullmatch(name)) or name in self.names:
+                continue  # still reachable through the tool action itself
+            tools[name] = (server, tool, {
+                "name": name, "description": str(entry.get("description") or "")
+                + f" (the task's MCP tool {server}.{tool})",
+                "inputSchema": dict(schema) if isinstance(schema, Mapping) and schema
+                else {"type": "object"}})
+        if tools:
+            self.task_tools[episode_id] = tools
+            while len(self.task_tools) > _SESSIONS_KEPT:
+                self.task_tools.popitem(last=False)
+
+    def listing(self, episode_id: str | None) -> list[dict]:
+        """The tools of an episode's session: the actions, then its task's."""
+        extra = self.task_tools.get(episode_id, {}) if episode_id else {}
+        return self.tools + [entry[2] for entry in extra.values()]
+
     async def open(self, request: wire.CreateEpisode, hangup=None) -> dict:
-        return await self.manager.create(request, hangup=hangup)
+        body = await self.manager.create(request, hangup=hangup)
+        self.remember(body["episode_id"], body.get("observation"))
+        return body
 
     async def call(self, episode_id: str, name: Any, arguments: Any) -> dict:
         """The step reply of one tool call; after the end, the sticky terminal."""
-        if not isinstance(name, str) or name not in self.names:
-            raise UnknownTool(f"no tool named {name!r} (tools: {', '.join(sorted(self.names))})")
-        action = self.calls.action(name, arguments)
+        extra = self.task_tools.get(episode_id, {})
+        if isinstance(name, str) and name in extra:
+            server, tool, _ = extra[name]
+            if arguments is None or isinstance(arguments, str) and not arguments.strip():
+                arguments = {}
+            action = self.calls.action(_PASS_THROUGH, {"server": server, "name": tool,
+                                                       "arguments": arguments})
+        elif isinstance(name, str) and name in self.names:
+            action = self.calls.action(name, arguments)
+        else:
+            known = sorted(self.names | set(extra))
+            raise UnknownTool(f"no tool named {name!r} (tools: {', '.join(known)})")
         try:
             body = await self.manager.step(episode_id, wire.StepRequest(action=action))
         except EpisodeDone as done:
@@ -180,7 +235,8 @@ class OpenEnvRpc:
         if method == "openenv/session/create":
             if ws_session is not None:
                 if ws_session.episode_id is None:
-                    await ws_session.reset(params)
+                    answer = await ws_session.reset(params)
+                    self.tools.remember(ws_session.episode_id, answer["observation"])
                 return {"session_id": ws_session.episode_id}
             body = await self.tools.open(wire.parse(wire.CreateEpisode, params, "params"))
             session_id = secrets.token_hex(16)
@@ -196,7 +252,9 @@ class OpenEnvRpc:
             await self.tools.close(episode_id, "OpenEnv MCP session closed")
             return {"session_id": session_id, "closed": True}
         if method == "tools/list":
-            return {"tools": self.tools.tools}
+            if ws_session is not None:
+                return {"tools": self.tools.listing(ws_session.episode_id)}
+            return {"tools": self.tools.listing(self.sessions.get(params.get("session_id")))}
         if method == "tools/call":
             if ws_session is not None:
                 episode_id = ws_session.episode_id
@@ -217,7 +275,8 @@ class OpenEnvRpc:
         MCPEnvironment answers it (an observation with ``tools``, or with
         ``tool_name``, ``result`` and ``error``)."""
         if data.get("type") == "list_tools":
-            return {"observation": {"tools": self.tools.tools, "metadata": {}},
+            return {"observation": {"tools": self.tools.listing(ws_session.episode_id),
+                                    "metadata": {}},
                     "reward": None, "done": False}
         name = data.get("tool_name")
         if ws_session.episode_id is None:

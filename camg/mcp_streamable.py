@@ -64,7 +64,9 @@ class Streamable:
 
     # -- the SDK server's handlers ---------------------------------------
     async def _list_tools(self, ctx, params) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[types.Tool.model_validate(t) for t in self.tools.tools])
+        session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
+        listing = self.tools.listing(self.sessions.get(session_id))
+        return types.ListToolsResult(tools=[types.Tool.model_validate(t) for t in listing])
 
     async def _call_tool(self, ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None

@@ -216,7 +216,9 @@ class WebSocket:
             return _ws_error("data must be an object", "VALIDATION_ERROR")
         try:
             if kind == "reset":
-                return {"type": "observation", "data": await session.reset(data)}
+                answer = await session.reset(data)
+                self.mcp.tools.remember(session.episode_id, answer["observation"])
+                return {"type": "observation", "data": answer}
             if kind == "mcp":
                 return {"type": "mcp", "data": await self.mcp.answer(data, session)}
             if kind == "step" and mcp_server.is_ws_tool_step(self.mcp.tools, data):

@@ -386,3 +386,75 @@ def test_shop_oracle_and_noop_over_mcp(shop_service):
     assert noop["done"] is True and noop["reward"] == 0.0 and noop["failure_class"] is None
     rewards = {r["episode_id"]: r["reward"] for r in shop_service.outcomes()}
     assert rewards[oracle["episode_id"]] == 1.0 and rewards[noop["episode_id"]] == 0.0
+
+
+def configure_tooly(tmp):
+    """A service of tests/support/tool_env.py (General's tool shape)."""
+    import sys
+
+    from camg import task_manifest as manifest
+    from camg.configure import configure
+    from tests.support.services import clean_git_tree, free_port
+    tmp.mkdir(parents=True)
+    (tmp / "requirements.lock").write_text("falcon==4.4.0\n")
+    manifest.write(tmp / "manifest.json", manifest.build(
+        "tooly", [{"task_id": "t-1", "data": {"ids": {"ada": 42, "bob": 7}}}],
+        created_by="tests", sampling={"mode": "sequential", "seed": 0}, files={}))
+    (tmp / "deployment.json").write_text(json.dumps({
+        "runtime_lock": str(tmp / "requirements.lock"), "state_root": str(tmp / "state"),
+        "helper_socket": str(tmp / "helper.sock"), "executables": {"python": sys.executable},
+        "environments": {"tooly": {"manifest": "manifest.json", "port": free_port(),
+                                   "capacity": 2,
+                                   "factory": "tests.support.tool_env:ToolEnvironment"}}}))
+    configure(tmp / "deployment.json", tmp / "prepared", source_tree=clean_git_tree(tmp / "src"))
+    return tmp / "prepared" / "tooly.json"
+
+
+def test_a_tasks_own_tools_are_passed_through(tmp_path):
+    from tests.support.services import ServiceProcess
+    from tests.support.tool_env import TOOLS
+    svc = ServiceProcess(configure_tooly(tmp_path / "tooly")).wait_ready()
+    lookup = {"name": "crm__lookup", "inputSchema": TOOLS[0]["input_schema"]}
+    try:
+        async def scenario():
+            async with McpClient(f"{svc.url}/mcp") as client:
+                listed = sdk_tools(await client.list_tools())
+                assert listed[:2] == schema_tools(svc.url)  # the actions first
+                assert [(t["name"], t["inputSchema"]) for t in listed[2:]] == [
+                    (lookup["name"], lookup["inputSchema"])]
+                found = (await client.call_tool("crm__lookup", {"customer": "ada"}))
+                assert found.structured_content["observation"]["text"] == "id 42"
+                # the action itself still reaches any tool of the task
+                other = await client.call_tool("tool", {"server": "crm", "name": "two words"})
+                assert other.structured_content["observation"]["text"] == "no tool crm.two words"
+                done = await client.call_tool("finish", {"answer": "42"})
+                assert done.structured_content["reward"] == 1.0
+            async with MCPToolClient(base_url=svc.url) as env:
+                await env.reset()
+                names = [t.name for t in await env.list_tools()]
+                assert names == ["tool", "finish", "crm__lookup"]
+                assert (await env.call_tool("crm__lookup", customer="bob"))["observation"][
+                    "text"] == "id 7"
+                result = await env.step(CallToolAction(tool_name="finish",
+                                                       arguments={"answer": "7"}))
+                assert result.done is True and result.reward == 0.0
+            # without a session, the actions only (no task yet)
+            _, body = post(f"{svc.url}/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                                              "params": {"session_id": "none"}})
+            assert [t["name"] for t in body["result"]["tools"]] == ["tool", "finish"]
+            _, created = post(f"{svc.url}/mcp", {"jsonrpc": "2.0", "id": 2,
+                                                 "method": "openenv/session/create"})
+            session = {"session_id": created["result"]["session_id"]}
+            _, body = post(f"{svc.url}/mcp", {"jsonrpc": "2.0", "id": 3, "method": "tools/list",
+                                              "params": session})
+            assert body["result"]["tools"][-1]["name"] == "crm__lookup"
+            _, bad = post(f"{svc.url}/mcp", {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                                             "params": {**session, "name": "crm__lookup",
+                                                        "arguments": ["ada"]}})
+            assert bad["error"]["data"]["error"] == "invalid_action"
+            post(f"{svc.url}/mcp", {"jsonrpc": "2.0", "id": 5, "method": "openenv/session/close",
+                                    "params": session})
+        asyncio.run(scenario())
+        assert [r["reward"] for r in svc.outcomes()] == [1.0, 0.0, None]
+    finally:
+        svc.stop()
