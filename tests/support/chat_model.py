@@ -113,6 +113,12 @@ def crash(messages: list[dict]) -> str:
     return json.dumps({"operation": "crash"})
 
 
+def stall(messages: list[dict]) -> str:
+    """A model that never acts (no JSON in its replies): it must not escape
+    its grade by running out the framework's turns."""
+    return "I would rather not say."
+
+
 def per_task(url: str, policies: dict[str, Policy]) -> Policy:
     """``policies[task_id]`` for the service's one running episode, so one
     framework run can play an oracle, a no-op and a failure in turn."""

@@ -24,25 +24,27 @@ import pytest
 from camg.configure import configure
 from camg_client import Client
 from tests.support import shop_testing
-from tests.support.chat_model import ScriptedModel, crash, noop, oracle, per_task
+from tests.support.chat_model import ScriptedModel, crash, noop, oracle, per_task, stall
 from tests.support.framework_venvs import framework_venv
 from tests.support.services import (REPO, ServiceProcess, clean_git_tree, configure_counter,
                                     free_port)
 
 LOOPS = REPO / "tests" / "support" / "adapter_loops"
 # the counter's tasks (tests/support/services.py counter_tasks), manifest order first
-ORACLE, NOOP, CRASH = "task-04", "task-03", "task-02"
+ORACLE, NOOP, CRASH, STALL = "task-04", "task-03", "task-02", "task-01"
+#: the counter runs: one turn each, but the stall, which the budget cuts
+COUNTER_TURNS = 2
 SHOP_ORACLE, SHOP_NOOP = "webshop-synthetic-00000", "webshop-synthetic-00001"
 
 
-def run_loop(python, loop: str, service_url: str, policy, task_ids: list[str],
-             home=None) -> list[dict]:
+def run_loop(python, loop: str, service_url: str, policy, task_ids: list[str], *,
+             max_turns: int, home=None) -> list[dict]:
     """The framework's loop over ``task_ids`` in the scratch venv; its JSON lines."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
     env.update(PYTHONPATH=str(REPO / "clients" / "python"), CAMG_SCRIPTED_KEY="scripted",
                PATH=f"{python.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                # uv (verifiers' harness) uses this interpreter, never downloads one
-               UV_PYTHON_DOWNLOADS="never")
+               UV_PYTHON_DOWNLOADS="never", CAMG_MAX_TURNS=str(max_turns))
     if home is not None:
         # verifiers keeps its caches (uv script envs) under HOME: ours, not root's
         env["HOME"] = str(home)
@@ -111,7 +113,7 @@ def test_the_adapters_import_no_framework_until_used():
 
 
 def counter_policy(url: str):
-    return per_task(url, {ORACLE: oracle(url), NOOP: noop(url), CRASH: crash})
+    return per_task(url, {ORACLE: oracle(url), NOOP: noop(url), CRASH: crash, STALL: stall})
 
 
 # -- verifiers 0.4 -----------------------------------------------------------
@@ -125,14 +127,19 @@ def test_verifiers_plays_the_counter_max_0_and_masks_a_failure(verifiers_python,
     home = cache_root / "adapter-venvs" / "verifiers-home"
     home.mkdir(parents=True, exist_ok=True)
     lines = run_loop(verifiers_python, "verifiers_loop.py", counter_url,
-                     counter_policy(counter_url), [ORACLE, NOOP, CRASH], home=home)
-    best, nothing, failed = lines
+                     counter_policy(counter_url), [ORACLE, NOOP, CRASH, STALL],
+                     max_turns=COUNTER_TURNS, home=home)
+    best, nothing, failed, stalled = lines
     assert best["ok"] and best["rewards"] == {"camg_reward": 1.0} and not best["errors"]
     assert nothing["ok"] and nothing["rewards"] == {"camg_reward": 0.0}
     # reward null: the episode failed (verifiers drops it), no reward recorded at all
     assert failed["ok"] is False and failed["rewards"] == {}
     assert "Unrewarded" in failed["errors"][0] and "sandbox_died" in failed["errors"][0]
     assert failed["camg"][0]["failure_class"] == "sandbox_died"
+    # replies without an action are answered, and when the turns run out the
+    # work is graded (finish): 0, not a masked episode
+    assert stalled["ok"] and stalled["rewards"] == {"camg_reward": 0.0}
+    assert stalled["turns"] == COUNTER_TURNS
     # every camg episode was closed
     assert Client(counter_url).list()["active"] == 0
 
@@ -141,7 +148,8 @@ def test_verifiers_plays_shop_max_and_0(verifiers_python, shop_url, cache_root):
     home = cache_root / "adapter-venvs" / "verifiers-home"
     home.mkdir(parents=True, exist_ok=True)
     best, nothing = run_loop(verifiers_python, "verifiers_loop.py", shop_url,
-                             shop_policy(shop_url), [SHOP_ORACLE, SHOP_NOOP], home=home)
+                             shop_policy(shop_url), [SHOP_ORACLE, SHOP_NOOP], max_turns=20,
+                             home=home)
     assert best["ok"] and best["rewards"] == {"camg_reward": 1.0} and best["turns"] == 4
     assert nothing["ok"] and nothing["rewards"] == {"camg_reward": 0.0} and nothing["turns"] == 4
     assert Client(shop_url).list()["active"] == 0
@@ -155,8 +163,9 @@ def skyrl_python(cache_root):
 
 def test_skyrl_gym_plays_the_counter_max_0_and_masks_a_failure(skyrl_python, counter_url):
     lines = run_loop(skyrl_python, "skyrl_gym_loop.py", counter_url,
-                     counter_policy(counter_url), [ORACLE, NOOP, CRASH])
-    best, nothing, failed = lines
+                     counter_policy(counter_url), [ORACLE, NOOP, CRASH, STALL],
+                     max_turns=COUNTER_TURNS)
+    best, nothing, failed, stalled = lines
     assert best["rewards"][-1] == 1.0 and best["camg"]["masked"] is False
     assert nothing["rewards"][-1] == 0.0 and nothing["camg"]["masked"] is False
     # reward null stays null, flagged masked, with its failure class
@@ -164,12 +173,14 @@ def test_skyrl_gym_plays_the_counter_max_0_and_masks_a_failure(skyrl_python, cou
     assert failed["camg"] == {**failed["camg"], "masked": True, "reward": None,
                               "failure_class": "sandbox_died"}
     assert failed["metrics"]["camg_masked"] == 1.0
+    # out of turns: finish graded the work, 0 and not masked
+    assert stalled["rewards"] == [0.0, 0.0] and stalled["camg"]["masked"] is False
     assert Client(counter_url).list()["active"] == 0
 
 
 def test_skyrl_gym_plays_shop_max_and_0(skyrl_python, shop_url):
     best, nothing = run_loop(skyrl_python, "skyrl_gym_loop.py", shop_url,
-                             shop_policy(shop_url), [SHOP_ORACLE, SHOP_NOOP])
+                             shop_policy(shop_url), [SHOP_ORACLE, SHOP_NOOP], max_turns=20)
     # camg rewards only the end: 0.0 before, the terminal reward last
     assert best["rewards"] == [0.0, 0.0, 0.0, 1.0] and best["camg"]["masked"] is False
     assert nothing["rewards"] == [0.0] * 4 and nothing["camg"]["reward"] == 0.0

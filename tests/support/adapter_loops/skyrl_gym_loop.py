@@ -6,10 +6,11 @@ extras=row)`` through the registry, ``init(prompt)``, the model's text to
 chat-completions endpoint, asked with the chat history as the generator's
 inference engine is.
 
-    python skyrl_gym_loop.py SERVICE_URL MODEL_URL TASK_ID...
+    CAMG_MAX_TURNS=N python skyrl_gym_loop.py SERVICE_URL MODEL_URL TASK_ID...
 """
 
 import json
+import os
 import sys
 import urllib.request
 
@@ -31,7 +32,8 @@ def main(url: str, model_url: str, task_ids: list[str]) -> None:
     env_class = adapter.register()
     for row in adapter.dataset_rows(url, task_ids=task_ids):
         extras = {k: v for k, v in row.items() if k not in ("prompt", "env_class")}
-        extras["max_turns"] = 50
+        # the generator sets it from its config the same way
+        extras["max_turns"] = int(os.environ["CAMG_MAX_TURNS"])
         env = skyrl_gym.make(row["env_class"], env_config=DictConfig({}), extras=extras)
         chat, _ = env.init(list(row["prompt"]))
         rewards, done, metadata, error = [], False, {}, None

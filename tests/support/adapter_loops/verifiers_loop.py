@@ -3,11 +3,12 @@ with ``Env.serving()`` and each task is one ``Env.run_slot`` (what
 ``vf-eval`` runs in-process), the player verifiers' ``null`` chat harness in
 a subprocess runtime, its model the scripted endpoint.
 
-    python verifiers_loop.py SERVICE_URL MODEL_URL TASK_ID...
+    CAMG_MAX_TURNS=N python verifiers_loop.py SERVICE_URL MODEL_URL TASK_ID...
 """
 
 import asyncio
 import json
+import os
 import sys
 
 import verifiers.v1 as vf
@@ -16,7 +17,7 @@ from camg_client.adapters import verifiers as adapter
 
 
 async def main(url: str, model_url: str, task_ids: list[str]) -> None:
-    env = adapter.load_environment(url, task_ids=task_ids, max_turns=200)
+    env = adapter.load_environment(url, task_ids=task_ids, max_turns=int(os.environ["CAMG_MAX_TURNS"]))
     ctx = vf.ModelContext(model="scripted", client=vf.EvalClientConfig(
         base_url=model_url, api_key_var="CAMG_SCRIPTED_KEY"))
     tasks = list(env.taskset)

@@ -11,8 +11,12 @@ protocol, camg_client/adapters/text_protocol.py), steps, and answers the
 next observation as a user message. Steps before the last carry reward 0.0
 (camg rewards only the end); the last carries camg's terminal reward.
 
-Where camg gives no reward (``reward: null``, an infrastructure failure, or
-``max_turns`` reached before the episode ended) the step is ``done`` with
+A reply holding no action, or one the service refuses, is answered with the
+reason (a turn spent, nothing played). At ``max_turns`` the environment's
+ending action (``finish``/``submit``) has the work graded as it stands, so
+stalling earns what doing nothing earns. Where camg gives no reward
+(``reward: null``, an infrastructure failure, or ``max_turns`` reached
+where there is no ending action: Shop) the step is ``done`` with
 ``reward`` None and ``metadata["camg"]["masked"]`` True (``get_metrics``:
 ``camg_masked`` 1.0): the outcome to drop, never a 0. skyrl-train's
 generator places no token reward for a None step, so a trainer filters
@@ -31,7 +35,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from camg_client.adapters.text_protocol import (
-    SYSTEM_PROMPT, Unrewarded, first_message, next_message, parse_action,
+    SYSTEM_PROMPT, Unrewarded, ending_action, first_message, next_message, parse_action,
+    refusal,
 )
 from camg_client.client import Client, InvalidAction, NotFound
 
@@ -87,11 +92,13 @@ def _env_class() -> type:
             self.raise_unrewarded = _option(env_config, "on_unrewarded", "mask") == "raise"
             self.client = Client(self.url)
             self.episode_id: str | None = None
+            self.end: dict | None = None
             self.closed = False
             self.outcome: dict = {}
 
         def init(self, prompt):
             schema = self.client.schema()["action"]
+            self.end = ending_action(schema)
             created = self.client.create(task_id=self.task_id, wait=self.wait_s)
             self.episode_id, self.task_id = created["episode_id"], created["task_id"]
             opening = {"role": "user", "content": first_message(created["observation"], schema)}
@@ -104,16 +111,21 @@ def _env_class() -> type:
                 answer = self.client.step(self.episode_id, parse_action(action))
             except (ValueError, InvalidAction) as exc:
                 # the model's mistake: nothing changed, it reads why and goes on
-                answer = {"done": False, "reward": 0.0,
-                          "observation": {"error": f"not an action: {exc}"}}
+                answer = {"done": False, "reward": 0.0, "observation": None, "refused": exc}
             if answer["done"]:
                 return self._end(answer.get("reward"), answer.get("failure_class"),
                                  answer.get("outcome_seq"))
             if self.turns >= self.max_turns:
+                if self.end is not None:
+                    # out of turns: the work is graded as it stands
+                    answer = self.client.step(self.episode_id, self.end)
+                    return self._end(answer.get("reward"), answer.get("failure_class"),
+                                     answer.get("outcome_seq"))
                 return self._end(None, None, None, detail=f"no end after {self.max_turns} turns")
-            return BaseTextEnvStepOutput(
-                observations=[{"role": "user", "content": next_message(answer["observation"])}],
-                reward=0.0, done=False, metadata={})
+            text = (refusal(answer["refused"]) if "refused" in answer
+                    else next_message(answer["observation"]))
+            return BaseTextEnvStepOutput(observations=[{"role": "user", "content": text}],
+                                         reward=0.0, done=False, metadata={})
 
         def _end(self, reward, failure_class, outcome_seq, detail="ended with reward null "
                  "(infrastructure failure)"):

@@ -49,6 +49,26 @@ def parse_action(reply: str) -> dict:
     return action
 
 
+def ending_action(action_schema: dict) -> dict | None:
+    """The action that ends an episode and has it graded as it stands
+    (``finish``; AutoResearch's ``submit``), or None (Shop ends on a purchase
+    or at its step limit). An adapter plays it when its framework's turn
+    budget runs out first: the work done is graded, so stalling until the
+    budget ends earns what doing nothing earns, not a masked episode."""
+    for branch in action_schema.get("anyOf") or action_schema.get("oneOf") or [action_schema]:
+        ops = (branch.get("properties") or {}).get("operation") or {}
+        for op in ops.get("enum") or ([ops["const"]] if "const" in ops else []):
+            if op in ("finish", "submit"):
+                return {"operation": op}
+    return None
+
+
+def refusal(exc: Exception) -> str:
+    """The next user turn after a reply that played nothing (no JSON action,
+    or one the service refused): the model reads why; nothing changed."""
+    return json.dumps({"error": f"no action was played: {exc}"})
+
+
 def terminal_reward(answer: dict, episode_id: str | None) -> float:
     """The reward of a terminal step answer, or Unrewarded."""
     if answer.get("reward") is None:

@@ -14,11 +14,17 @@ environments step an engine host-side. Here:
   JSON action from each reply (the text protocol: the player's harness is
   verifiers' tool-less ``null`` chat loop), steps, and records camg's
   terminal reward as the trace's ``camg_reward``.
-* ``reward: null`` (an infrastructure failure) and a player that stopped
-  before the episode ended raise ``Unrewarded`` from ``run``: verifiers
-  records it on the episode's ``errors`` and leaves ``episode.ok`` False,
-  its failed outcome that training drops and ``--resume`` re-runs; no
-  reward is recorded, so nothing reads as 0.
+* A reply holding no action, or one the service refuses, is answered with
+  the reason (a turn spent, nothing played). When the player stops first
+  (``max_turns``, the model ends), the environment's ending action
+  (``finish``/``submit``) has the work graded as it stands: stalling earns
+  what doing nothing earns.
+* ``reward: null`` (an infrastructure failure), a player that failed (its
+  trace has errors: the model endpoint, the harness) and one that stopped
+  where there is no ending action (Shop) raise ``Unrewarded`` from ``run``:
+  verifiers records it on the episode's ``errors`` and leaves
+  ``episode.ok`` False, its failed outcome that training drops and
+  ``--resume`` re-runs; no reward is recorded, so nothing reads as 0.
 
 verifiers finds a taskset by module name, so the id is ``camg_verifiers``
 (a top-level module of this distribution re-exporting the two classes).
@@ -31,9 +37,10 @@ import functools
 from typing import Any
 
 from camg_client.adapters.text_protocol import (
-    SYSTEM_PROMPT, Unrewarded, first_message, next_message, parse_action, terminal_reward,
+    SYSTEM_PROMPT, Unrewarded, ending_action, first_message, next_message, parse_action,
+    refusal, terminal_reward,
 )
-from camg_client.client import AsyncClient, Client
+from camg_client.client import AsyncClient, Client, InvalidAction
 
 TASKSET_ID = "camg_verifiers"
 __all__ = ["CamgEnv", "CamgTaskset"]
@@ -102,26 +109,36 @@ def _classes() -> dict[str, type]:
                 schema = (await client.schema())["action"]
                 created = await client.create(task_id=data.id, wait=data.wait_s)
                 episode_id = created["episode_id"]
-                answer = None
+                answer: dict = {"done": False}
                 try:
                     async with agents.player.interaction(task) as interaction:
                         segment = await interaction.turn(
                             first_message(created["observation"], schema))
                         while not segment.terminated:
-                            answer = await client.step(episode_id,
-                                                       parse_action(segment.last_reply))
+                            try:
+                                answer = await client.step(episode_id,
+                                                           parse_action(segment.last_reply))
+                            except (ValueError, InvalidAction) as exc:
+                                # the model's mistake, not the episode's end
+                                segment = await interaction.turn(refusal(exc))
+                                continue
                             if answer["done"]:
                                 break
                             segment = await interaction.turn(next_message(answer["observation"]))
+                    trace = interaction.trace
+                    end = ending_action(schema)
+                    if not answer["done"] and not trace.errors and end is not None:
+                        # the turn budget ran out (or the model stopped): grade the work
+                        answer = await client.step(episode_id, end)
                 finally:
                     await client.close(episode_id)
-            trace = interaction.trace
             trace.info["camg"] = {"episode_id": episode_id, "task_id": created["task_id"],
-                                  **({"failure_class": answer.get("failure_class"),
-                                      "outcome_seq": answer.get("outcome_seq")}
-                                     if answer else {})}
-            if answer is None or not answer["done"]:
-                raise Unrewarded(episode_id, None, "the player stopped before the episode ended")
+                                  "failure_class": answer.get("failure_class"),
+                                  "outcome_seq": answer.get("outcome_seq")}
+            if not answer["done"]:
+                why = ("the player failed" if trace.errors else
+                       "the player stopped before the episode ended, which has no ending action")
+                raise Unrewarded(episode_id, None, why)
             trace.record_reward("camg_reward", terminal_reward(answer, episode_id))
 
     return {cls.__name__: cls for cls in (CamgTasksetConfig, CamgData, CamgTask, CamgTaskset,
