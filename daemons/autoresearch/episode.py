@@ -49,9 +49,17 @@ INSTRUCTIONS = (
 
 _JOB_LAUNCH = (
     # The log exists before the job starts, so a listing right after sees it.
+    # The launcher waits until the job runs in a session of its own (its
+    # .started marker): the sandbox's init kills the exec's process group
+    # when the launcher exits, and setsid -f's child, not yet scheduled on a
+    # loaded machine, was still in that group and died with it (the job then
+    # never ran: rehearsals at b3d9d1c and 8ffd67c).
     "mkdir -p {jobs} && : > {jobs}/{n}.log && cd {work} && "
-    "setsid -f bash -c 'timeout -s KILL \"$1\" bash -c \"$2\" > {jobs}/$0.log 2>&1 < /dev/null; "
-    "echo $? > {jobs}/$0.exit' {n} {seconds} \"$CAMG_JOB_COMMAND\" && echo started")
+    "setsid -f bash -c ': > {jobs}/$0.started; "
+    "timeout -s KILL \"$1\" bash -c \"$2\" > {jobs}/$0.log 2>&1 < /dev/null; "
+    "echo $? > {jobs}/$0.exit' {n} {seconds} \"$CAMG_JOB_COMMAND\" && "
+    "for i in $(seq 1200); do [ -e {jobs}/{n}.started ] && echo started && exit 0; sleep 0.05; "
+    "done; echo 'the job did not start within 60 s'; exit 1")
 _JOBS_LIST = (
     "cd {jobs} 2>/dev/null || {{ echo 'no jobs'; exit 0; }}; "
     "for log in $(ls *.log 2>/dev/null | sort -n); do n=${{log%.log}}; "
