@@ -2,7 +2,7 @@
 and error name by the server that answers the helper socket, served on a
 loopback port of their own (helper.json metrics_port), never as a verb.
 The privileged half (a real helper's sandboxes, probes and sweep, scraped
-by a real Prometheus) is tests/privileged/test_prometheus.py."""
+by a real Prometheus) is tests/privileged/test_prometheus_coding.py."""
 
 from __future__ import annotations
 

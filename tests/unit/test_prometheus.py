@@ -4,7 +4,7 @@ environment and Shop (one JVM), while oracle and no-op episodes run; the
 counts per outcome and the latency histograms are read back through
 Prometheus' own query API (/api/v1/query), not from the exposition.
 
-Coding and the helper's own endpoint: tests/privileged/test_prometheus.py.
+Coding and the helper's own endpoint: tests/privileged/test_prometheus_coding.py.
 """
 
 from __future__ import annotations
@@ -108,8 +108,10 @@ def test_counts_per_outcome_and_latency_histograms_through_prometheus(services):
         assert prom.value(f'camg_step_seconds_count{{environment="{env}"}}') == steps[env]
         assert prom.value(f'camg_grade_seconds_count{{environment="{env}"}}') == grades[env]
         assert prom.value(f'camg_episodes_live{{environment="{env}"}}') == 0
-        plausible_histogram(prom, env, "camg_step_seconds", steps[env], upper_s=10)
-        plausible_histogram(prom, env, "camg_reset_seconds", sum(want[env].values()), upper_s=60)
+        prom.assert_plausible_histogram("camg_step_seconds", f'environment="{env}"', steps[env],
+                                        upper_s=10)
+        prom.assert_plausible_histogram("camg_reset_seconds", f'environment="{env}"',
+                                        sum(want[env].values()), upper_s=60)
     assert prom.value('camg_capacity{environment="shop"}') == 4
     assert prom.value('camg_admission_queue_bound{environment="shop"}') == 16
     assert prom.value('camg_admission_queued{environment="shop"}') == 0
@@ -117,18 +119,3 @@ def test_counts_per_outcome_and_latency_histograms_through_prometheus(services):
     assert prom.value('camg_step_seconds_sum{environment="shop"}') > \
         prom.value('camg_step_seconds_sum{environment="counter"}')
 
-
-def plausible_histogram(prom: PrometheusServer, env: str, name: str, count: int,
-                        upper_s: float) -> None:
-    """Cumulative buckets that end at the count, a median inside (0, upper_s)
-    and a mean between the smallest and largest bucket bound seen."""
-    buckets = sorted((float(labels["le"]), v) for labels, v in
-                     prom.query(f'{name}_bucket{{environment="{env}"}}'))
-    assert buckets[-1] == (float("inf"), count), buckets
-    values = [v for _, v in buckets]
-    assert values == sorted(values), f"{name} buckets are not cumulative: {buckets}"
-    median = prom.value(f'histogram_quantile(0.5, {name}_bucket{{environment="{env}"}})')
-    assert 0 < median < upper_s, (name, env, median)
-    mean = prom.value(f'{name}_sum{{environment="{env}"}} / {name}_count{{environment="{env}"}}')
-    first_nonzero = next(le for le, v in buckets if v > 0)
-    assert 0 < mean <= max(first_nonzero, upper_s), (name, env, mean)
