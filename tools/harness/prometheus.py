@@ -147,3 +147,19 @@ class PrometheusServer:
                 raise AssertionError("targets not up: " + json.dumps(
                     [(t["labels"].get("job"), t["health"], t.get("lastError")) for t in active]))
             time.sleep(0.25)
+
+    def assert_plausible_histogram(self, name: str, selector: str, count: float,
+                                   upper_s: float) -> None:
+        """``name``'s buckets under ``selector`` (e.g. ``environment="shop"``) are
+        cumulative and end at ``count``; its median lies in (0, upper_s) and its
+        mean in (0, upper_s] (or the first bucket holding an observation)."""
+        buckets = sorted((float(labels["le"]), v) for labels, v in
+                         self.query(f"{name}_bucket{{{selector}}}"))
+        assert buckets and buckets[-1] == (float("inf"), count), (name, selector, buckets)
+        values = [v for _, v in buckets]
+        assert values == sorted(values), f"{name} buckets are not cumulative: {buckets}"
+        median = self.value(f"histogram_quantile(0.5, {name}_bucket{{{selector}}})")
+        assert median is not None and 0 < median < upper_s, (name, selector, median)
+        mean = self.value(f"{name}_sum{{{selector}}} / {name}_count{{{selector}}}")
+        first = next(le for le, v in buckets if v > 0)
+        assert mean is not None and 0 < mean <= max(first, upper_s), (name, selector, mean)
