@@ -14,14 +14,35 @@ def dumps(body: object) -> str:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
+# At most this much of a refused body is read and dropped (see _drain).
+DRAIN_MAX = 64 << 20
+
+
 async def read_body(req: falcon.asgi.Request, limit: int) -> bytes:
     """The whole body, refusing more than ``limit`` bytes (declared or sent)."""
     if req.content_length is not None and req.content_length > limit:
+        await _drain(req)
         raise PayloadTooLarge(f"request body exceeds {limit} bytes")
     data = await req.stream.read(limit + 1) if req.content_length != 0 else b""
     if len(data) > limit:
+        await _drain(req)
         raise PayloadTooLarge(f"request body exceeds {limit} bytes")
     return data
+
+
+async def _drain(req: falcon.asgi.Request) -> None:
+    """Read and drop what the client is still sending (up to DRAIN_MAX), so
+    the 413 reaches it: uvicorn closes a ``Connection: close`` request's
+    socket right after the reply, and closing with unread input resets the
+    connection, which can destroy the reply before the client reads it."""
+    if req.content_length is not None and req.content_length > DRAIN_MAX:
+        return
+    left = DRAIN_MAX
+    while left > 0:
+        chunk = await req.stream.read(min(left, 1 << 16))
+        if not chunk:
+            return
+        left -= len(chunk)
 
 
 def reply(resp: falcon.asgi.Response, body: object, status: int = 200) -> None:

@@ -1,8 +1,8 @@
 """python -m camg.serve --config prepared/<env>.json [--check-config]
 
 Verifies the prepared configuration (every recorded hash, the schedule's
-configuration hash), then serves the environment with gunicorn's ASGI
-worker on 127.0.0.1 only. One worker: episodes live in process memory,
+configuration hash), then serves the environment under gunicorn (worker
+class: camg.http_worker) on 127.0.0.1 only. One worker: episodes live in process memory,
 and a second worker would be a second, inconsistent episode table.
 """
 
@@ -17,7 +17,7 @@ import sys
 from gunicorn.app.base import BaseApplication
 
 from camg import service_config as cfg
-from camg import logs, notify, plugins
+from camg import http_worker, logs, notify, plugins
 from camg.environment import ServiceContext
 from camg.errors import CamgError
 
@@ -58,11 +58,11 @@ class GunicornService(BaseApplication):
         return create_app(build_service(self.config_obj, self.manifest))
 
 
-def gunicorn_options(config: cfg.ServiceConfig) -> dict:
+def gunicorn_options(config: cfg.ServiceConfig, worker: str = http_worker.DEFAULT) -> dict:
     return {
         "bind": [f"{cfg.LOOPBACK}:{config.port}"],
         "workers": 1,
-        "worker_class": "asgi",
+        **http_worker.options(worker),
         # gunicorn's worker heartbeat does not run during ASGI lifespan
         # start-up, where the environment starts (a JVM and an index can
         # take minutes on a loaded host), so its timeout must cover that.
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         config = cfg.load_service_config(args.config)
         logs.setup(config.environment)
         manifest = cfg.verify(config, args.config)
+        worker = http_worker.selected()
     except CamgError as exc:
         print(f"<3>camg.serve: {exc}", file=sys.stderr)
         return 2
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         os.unlink(stop_failed)  # a previous run's, already reported
     master = os.getpid()
     try:
-        GunicornService(config, manifest, gunicorn_options(config)).run()
+        GunicornService(config, manifest, gunicorn_options(config, worker)).run()
     except SystemExit as exc:
         # A forked worker ends through here too: only the master reports.
         if exc.code not in (0, None) or os.getpid() != master:

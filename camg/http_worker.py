@@ -1,0 +1,146 @@
+"""Which gunicorn worker class serves the falcon ASGI app, and its options.
+
+gunicorn stays the process manager (the arbiter systemd supervises, socket
+activation, the pre_fork release hook, graceful_timeout); only the worker
+inside it changes. ``uvicorn`` (the default) parses HTTP with httptools (C,
+llhttp) on uvloop; ``gunicorn-asgi`` is gunicorn's own ASGI worker with its
+pure-Python parser on asyncio, as before issue 25, kept so bench/bench_http.py
+can measure one against the other in the same run. (gunicorn's own worker
+on uvloop with gunicorn_h1c's C parser measured the same as uvicorn here,
+and gunicorn_h1c is on PyPI as an sdist only: a compiler at install.)
+
+CAMG_HTTP_WORKER selects one; anything else is refused before the arbiter
+starts (serve.main), never silently replaced by the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from camg.errors import ConfigError
+
+ENV = "CAMG_HTTP_WORKER"
+DEFAULT = "uvicorn"
+
+_UVICORN_CLASS = "camg.http_worker.UvicornWorker"
+
+
+def selected() -> str:
+    name = os.environ.get(ENV, "").strip() or DEFAULT
+    if name not in WORKERS:
+        raise ConfigError(f"{ENV}={name!r}: not one of {sorted(WORKERS)}")
+    return name
+
+
+def options(name: str) -> dict:
+    """gunicorn settings that differ by worker class."""
+    return dict(WORKERS[name])
+
+
+WORKERS: dict[str, dict] = {
+    "uvicorn": {"worker_class": _UVICORN_CLASS},
+    # gunicorn's own ASGI worker as camg ran it before issue 25: asyncio and
+    # the pure-Python parser, named (its "auto" picks uvloop, which the
+    # lock now has, and gunicorn_h1c where installed), so the baseline
+    # stays the same.
+    # lifespan "on": an environment that fails to start stops the arbiter.
+    "gunicorn-asgi": {"worker_class": "asgi", "asgi_lifespan": "on",
+                      "asgi_loop": "asyncio", "http_parser": "python"},
+}
+
+
+def _uvicorn_worker_class():
+    # Imported only in the worker process that uses it: uvicorn_worker
+    # imports uvicorn, which the gunicorn-asgi path never needs.
+    from uvicorn_worker import UvicornWorker as Base
+
+    class Worker(Base):
+        CONFIG_KWARGS = {
+            # Both C: llhttp through httptools, libuv through uvloop. Named,
+            # not "auto", so a missing wheel fails the boot instead of
+            # quietly falling back to h11 on asyncio.
+            "loop": "uvloop",
+            "http": "httptools",
+            # websockets' sans-I/O protocol: the /ws route's (OpenEnv's)
+            # frames; the legacy "websockets" implementation is deprecated.
+            "ws": "websockets-sansio",
+            # An environment that fails to start must stop the service
+            # (uvicorn's "auto" would log it and serve anyway).
+            "lifespan": "on",
+            # No per-request access log (gunicorn's accesslog is off too)
+            # and no Server: header naming the implementation.
+            "access_log": False,
+            "server_header": False,
+            # Every peer is on loopback: no X-Forwarded-* rewriting (and
+            # no middleware on every request).
+            "proxy_headers": False,
+        }
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            # Half of gunicorn's graceful_timeout for in-flight requests,
+            # so the lifespan shutdown (closing every episode) still runs
+            # before the arbiter's SIGKILL at graceful_timeout.
+            self.config.timeout_graceful_shutdown = max(1, self.cfg.graceful_timeout // 2)
+            logging.getLogger("uvicorn.error").addFilter(_not_a_quick_stop)
+
+        async def _serve(self) -> None:
+            # uvicorn_worker's _serve, plus two things gunicorn's own ASGI
+            # worker does and uvicorn_worker's does not. SIGQUIT (the
+            # arbiter's quick stop, on its SIGINT) stops at once: uvicorn_
+            # worker's handler only clears gunicorn's ``alive``, which
+            # uvicorn never reads, so the worker served on until SIGKILL.
+            # And leave when the arbiter is gone (a kill -9 of the master
+            # outside systemd) rather than linger holding the port.
+            from gunicorn.arbiter import Arbiter
+            from uvicorn.server import Server
+            self.config.app = self.wsgi
+            server = Server(config=self.config)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, _quick_stop, server)
+            watch = asyncio.create_task(self._watch_parent(server))
+            try:
+                await server.serve(sockets=self.sockets)
+            finally:
+                watch.cancel()
+            if not server.started:
+                sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+        async def _watch_parent(self, server) -> None:
+            while not server.should_exit:
+                if os.getppid() != self.ppid:
+                    self.log.warning("the arbiter (pid %s) is gone: stopping", self.ppid)
+                    server.should_exit = True
+                    return
+                await asyncio.sleep(1.0)
+
+    Worker.__name__ = Worker.__qualname__ = "UvicornWorker"
+    return Worker
+
+
+def _quick_stop(server) -> None:
+    # As gunicorn's ASGI worker's quick shutdown: no wait for connections,
+    # no lifespan shutdown (the unit's ExecStopPost= and the next start's
+    # recovery account for the episodes).
+    server.should_exit = server.force_exit = True
+
+
+def _not_a_quick_stop(record: logging.LogRecord) -> bool:
+    # A quick stop leaves the lifespan task waiting for its shutdown event;
+    # the loop's end cancels it, which uvicorn logs as an error.
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, asyncio.CancelledError)
+
+
+def __getattr__(name: str):
+    # gunicorn resolves worker_class by import path in the arbiter and the
+    # worker; building the class lazily keeps ``import camg.http_worker``
+    # free of uvicorn.
+    if name == "UvicornWorker":
+        worker = _uvicorn_worker_class()
+        globals()[name] = worker
+        return worker
+    raise AttributeError(name)
