@@ -152,7 +152,7 @@ def pool_python_mb(prepared: Path, index_dir: Path, dict_baseline: bool) -> dict
     if dict_baseline:
         gc.collect()
         tracemalloc.start()
-        pool = list(prepare_shop.iter_pool(index_dir / "documents.jsonl.gz",
+        pool = list(prepare_shop.iter_pool(index_dir / "catalog" / "documents.jsonl",
                                            prepare_shop.DEFAULT_INSTRUCTIONS,
                                            prepare_shop.DEFAULT_HUMAN))
         by_asin = {p["asin"]: p for p in pool}

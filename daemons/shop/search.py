@@ -78,6 +78,77 @@ def _simple_searcher():
     return autoclass("io.anserini.search.SimpleSearcher")
 
 
+class _TopIds:
+    """``SimpleSearcher.search(q, k)``'s ranking without its stored documents.
+
+    Anserini 0.22.1 (``SimpleSearcher._search``, no RM3/Rocchio) builds the
+    query with ``BagOfWordsQueryGenerator`` and its analyzer, asks Lucene's
+    ``IndexSearcher`` (its BM25 similarity) for the top k sorted by score,
+    ties broken by the ``id`` field (``BREAK_SCORE_TIES_BY_DOCID``; a
+    Lucene 8 index by plain score order instead), then loads every hit's
+    stored document (``ScoredDocuments.fromTopDocs``: the raw product JSON,
+    kilobytes each) only to read its ``id``; its ``ScoreTiesAdjusterReranker``
+    changes scores, never the order. At 1.18 M products those 50 document
+    loads were most of a search, so this asks Lucene the same question with
+    the same analyzer, similarity and sort and reads the ids from the sort
+    values. tests/unit/test_shop_search_golden.py checks it hit for hit
+    against upstream's top 50, and against SimpleSearcher here.
+    """
+
+    def __init__(self, simple, index_dir: str) -> None:
+        from jnius import autoclass, cast
+        self._cast = cast
+        self._lock = threading.Lock()
+        self._field_doc = autoclass("org.apache.lucene.search.FieldDoc")
+        self._bytes_ref = autoclass("org.apache.lucene.util.BytesRef")
+        reader = autoclass("org.apache.lucene.index.DirectoryReader").open(
+            autoclass("org.apache.lucene.store.FSDirectory").open(
+                autoclass("java.io.File")(str(index_dir)).toPath()))
+        self._reader = reader
+        searcher = autoclass("org.apache.lucene.search.IndexSearcher")(
+            cast("org.apache.lucene.index.IndexReader", reader))
+        searcher.setSimilarity(simple.get_similarity())
+        self._searcher = searcher
+        self._analyzer = simple.get_analyzer()
+        self._generator = autoclass("io.anserini.search.query.BagOfWordsQueryGenerator")()
+        sort_field = autoclass("org.apache.lucene.search.SortField")
+        self._sort = None
+        # SimpleSearcher's own test for an index it reads in Lucene 8 compatibility
+        if "lucene.version=9" in reader.toString():
+            self._sort = autoclass("org.apache.lucene.search.Sort")(
+                sort_field.FIELD_SCORE,
+                sort_field("id", autoclass("org.apache.lucene.search.SortField$Type").STRING_VAL))
+
+        # Every call search makes, once at start: a setup that cannot sort or
+        # read ids fails here, not in an episode.
+        self._ids(self._searcher.search(autoclass("org.apache.lucene.search.MatchAllDocsQuery")(),
+                                        1, *((self._sort, True) if self._sort else ())))
+        self.search("warm", 1)
+
+    def search(self, keywords: str, k: int) -> list[str]:
+        query = self._generator.buildQuery("contents", self._analyzer, keywords)
+        if self._sort is None:
+            top = self._searcher.search(query, k)
+        else:
+            top = self._searcher.search(query, k, self._sort, True)
+        # pyjnius' casts and Object[] field reads of these results crashed
+        # the JVM when episodes' threads ran them at once (SIGSEGV in
+        # UnicodeUtil.UTF8toUTF16, NullPointerException): they take turns;
+        # the Lucene search above, most of the time, does not.
+        with self._lock:
+            return self._ids(top)
+
+    def _ids(self, top_docs) -> list[str]:
+        if self._sort is None:
+            return [self._searcher.doc(hit.doc).get("id") for hit in top_docs.scoreDocs]
+        cast, field_doc, bytes_ref = self._cast, self._field_doc, self._bytes_ref
+        return [cast(bytes_ref, cast(field_doc, hit).fields[1]).utf8ToString()
+                for hit in top_docs.scoreDocs]
+
+    def close(self) -> None:
+        self._reader.close()
+
+
 def jvm_heap_max_bytes() -> int:
     """The running JVM's max heap (Runtime.maxMemory), to prove the cap applies."""
     from jnius import autoclass
@@ -98,6 +169,7 @@ class Searcher:
             raise PreparationMissing(f"no Lucene index at {index_dir}",
                                      step="python -m camg.prepare_shop --output DIR")
         self._searcher = _simple_searcher()(str(index_dir))
+        self._top = _TopIds(self._searcher, index_dir)
         self.num_docs = int(self._searcher.get_total_num_docs())
         self._known = known_asins
 
@@ -106,11 +178,10 @@ class Searcher:
 
         Upstream fetches each hit's stored raw document and reads its ``id``;
         for a JsonCollection index the Lucene docid *is* that ``id``, so we
-        use it directly (``verify_index`` checks this for every document).
+        use it directly (``verify_index`` checks this for every document),
+        read from the sort values without loading a document (``_TopIds``).
         """
-        # Positional: pyjnius drops keyword arguments of a Java method.
-        hits = self._searcher.search(keywords, int(k))
-        asins = [hit.docid for hit in hits]
+        asins = self._top.search(keywords, int(k))
         if self._known is not None:
             asins = [a for a in asins if a in self._known]
         return asins
@@ -119,7 +190,16 @@ class Searcher:
         doc = self._searcher.doc(docid)
         return None if doc is None else doc.get("raw")
 
+    def simple_search(self, keywords: str, k: int = SEARCH_RETURN_N) -> list[str]:
+        """Anserini's own ``SimpleSearcher.search`` ids (what ``search``
+        must equal, for the tests)."""
+        # Positional: pyjnius drops keyword arguments of a Java method.
+        return [hit.docid for hit in self._searcher.search(keywords, int(k))]
+
     def close(self) -> None:
+        top, self._top = getattr(self, "_top", None), None
+        if top is not None:
+            top.close()
         searcher, self._searcher = getattr(self, "_searcher", None), None
         if searcher is not None:
             searcher.close()

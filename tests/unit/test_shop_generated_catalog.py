@@ -12,7 +12,7 @@ import pytest
 
 from camg import task_manifest as manifest
 from camg_client import Client
-from daemons.shop import rewards
+from daemons.shop import rewards, search
 from daemons.shop.store import ProductStore
 from tests.support import shop_testing as testing
 from tests.support.services import ServiceProcess
@@ -83,3 +83,20 @@ def test_a_generated_catalog_is_served_end_to_end(service, preparation, pool):
     assert done["done"] and done["observation"]["purchase"]["asin"] == synthetic
     assert done["reward"] == pytest.approx(
         rewards.webshop_reward(products[synthetic], goal, prices[synthetic], {})[0])
+
+
+def test_search_ranks_as_anserini_on_20k_products(preparation):
+    """On 20x the 1k catalog (synthetic near-duplicates: many score ties)
+    the service's search returns SimpleSearcher.search's hits in its order."""
+    settings = json.loads((preparation / "settings.json").read_text())
+    search.boot_jvm(settings["java_home"], testing.TEST_HEAP_MB)
+    searcher = search.Searcher(settings["index_dir"])
+    tasks = manifest.load(preparation / "manifest.json").tasks
+    queries = [t.data["goal"]["instruction_text"].lower()
+               for t in random.Random(1).sample(list(tasks), 80)]
+    queries += ["kalo hair extension pack of 2", "pro"]
+    try:
+        differing = [q for q in queries if searcher.search(q) != searcher.simple_search(q)]
+    finally:
+        searcher.close()
+    assert not differing, f"{len(differing)} differ, e.g. {differing[:3]}"

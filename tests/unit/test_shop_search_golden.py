@@ -38,6 +38,16 @@ def test_top50_equals_upstream_for_every_golden_query(searcher):
     assert not differing, f"{len(differing)} queries differ from upstream, e.g. {differing[:3]}"
 
 
+def test_the_ranking_is_anserinis_simple_searchers(searcher):
+    """Searcher.search reads the ids from Lucene's sort values; Anserini's
+    SimpleSearcher.search loads every hit's document: the same hits."""
+    rows = json.loads(gzip.decompress(GOLDEN.read_bytes()))["rows"]
+    queries = [row["query"] for row in rows[:300]] + ["red shoes", "x", "and the of", "zzzz"]
+    for k in (50, 10, 1):
+        differing = [q for q in queries if searcher.search(q, k=k) != searcher.simple_search(q, k)]
+        assert not differing, f"k={k}: {len(differing)} differ, e.g. {differing[:3]}"
+
+
 def test_the_raw_document_is_the_upstream_one(searcher):
     first = json.loads(gzip.decompress(GOLDEN.read_bytes()))["rows"][0]["ids"][0]
     assert json.loads(searcher.raw(first))["id"] == first
