@@ -9,8 +9,9 @@ it with the parent's checked ContainerCreate parameters -- resources, user,
 command, environment, the one read-only mount, no network, no privilege --
 and the project's labels with their true values for the new episode; only
 the image it runs differs. A snapshot image goes when its last container
-does (``collect``, after every removal of a fork's child and every release),
-and the helper's sweep removes any that a crash left (container_ops.sweep_scope).
+does (``release``, after every removal of a fork's child; ``collect`` after a
+release of a peer's containers), and the helper's sweep removes any that a
+crash left (container_ops.sweep_scope).
 
 What a snapshot cannot carry is processes: the child starts its command
 afresh. An agent-uid process still running in the parent (a background job)
@@ -57,18 +58,37 @@ def fork(m, peer, p: ContainerForkParams):
                     "camg.parent": parent.id[:12]}
     snapshot = m.docker.commit(parent.id, image_labels)
     committed = time.monotonic()
+    with m.lock:
+        # A snapshot of a fork's child stacks on that child's snapshot:
+        # Docker keeps the older image while the newer one exists.
+        m.lineage[snapshot] = parent.snapshot
     try:
         child = m.start(peer, child_params, labels, run_image=snapshot, snapshot=snapshot,
                         depth=parent.depth + 1)
     except BaseException:
-        collect(m)
+        release(m, snapshot)
         raise
     return child, {"commit_s": round(committed - started, 4),
                    "create_s": round(time.monotonic() - committed, 4)}
 
 
+def release(m, snapshot: str) -> None:
+    """After a container running ``snapshot`` went: remove that image, and
+    the older snapshots it stacked on, as far as nothing else uses them
+    (Docker answers 409 for an image a container or a newer image holds)."""
+    try:
+        while snapshot:
+            if m.docker.remove_image(snapshot) is None:
+                return  # still in use: its last user's removal comes back here
+            with m.lock:
+                snapshot = m.lineage.pop(snapshot, "")
+    except WireError as exc:  # the next release or the sweep takes it
+        log.warning("removing snapshot image %s failed: %s", snapshot[:19], exc.message)
+
+
 def collect(m) -> int:
-    """Remove this helper instance's snapshot images that no container uses."""
+    """Remove this helper instance's snapshot images that no container uses
+    (a release of every container of a peer: one pass over all of them)."""
     try:
         return m.docker.remove_images_labelled({"camg.helper": m.cfg.scope, "camg.boot": m.boot,
                                                 "camg.fork": "1"})

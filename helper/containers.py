@@ -79,6 +79,8 @@ class Mediator:
         self.docker = ops.Docker(cfg)
         self.lock = threading.Lock()
         self.held: dict[str, Held] = {}
+        # snapshot image -> the snapshot its parent ran ("" for a manifest image)
+        self.lineage: dict[str, str] = {}
         self._manifest: tuple[float, frozenset[str]] = (-1.0, frozenset())
 
     # -- admission --------------------------------------------------------
@@ -208,7 +210,7 @@ class Mediator:
                 os.close(held.pidfd)
         if held.snapshot:
             from helper import container_fork
-            container_fork.collect(self)
+            container_fork.release(self, held.snapshot)
         return gone
 
     def mine(self, peer) -> list[Held]:
@@ -315,6 +317,7 @@ def sweep(config, say: Callable[[str], None]) -> int:
                     if held.pidfd >= 0:
                         os.close(held.pidfd)
                 _mediator.held.clear()
+                _mediator.lineage.clear()
     if n:
         say(f"container sweep removed {n} container(s)/network(s) of scope {cfg.scope}")
     return n

@@ -60,7 +60,7 @@ container_modules=() sandbox_modules=()
 for f in tests/privileged/test_*.py; do
     case "${f##*/}" in
         test_general_*|test_oracle_general.py|test_visual_*|test_oracle_visual.py|\
-        test_containers*|test_oci_demo.py) container_modules+=("$f") ;;
+        test_containers*|test_fork_containers*|test_oci_demo.py) container_modules+=("$f") ;;
         *) sandbox_modules+=("$f") ;;
     esac
 done

@@ -72,7 +72,7 @@ class TransportChannel:
         """The transport's episode state (openenv's ``state`` message:
         episode_id, step_count)."""
         try:
-            self._ws.send(json.dumps({"type": "state", "data": {}}))
+            self._ws.send(json.dumps({"type": "state"}))  # (openenv forbids any other field)
             raw = self._ws.recv(timeout=timeout)
             reply = json.loads(raw)
         except TimeoutError:
