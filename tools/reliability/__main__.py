@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 
 from tools.reliability import churn, escape, escape_container, fuzz, killstorm_report, load
-from tools.reliability.rig import CACHE, TMP_PREFIX, Helper, containers
+from tools.reliability.rig import CACHE, TMP_PREFIX, Helper, containers, fork_images
 from tools.reliability.service import Prepared
 from tools.reliability.table import Row, render
 from tools.reliability.targets import all_targets
@@ -140,10 +140,12 @@ def _target(target, helper: Helper, work: Path, suites, sizes) -> list[Row]:
 
 def _census(own: Helper, name: str) -> Row:
     """A target's own helper, after its suites: nothing held; and once the
-    helper stopped, no container of its scope left in dockerd."""
+    helper stopped, no container or fork snapshot image of its scope left
+    in dockerd."""
     left = own.census()
     own.stop()
     left["containers after stop"] = containers(own.scope) if own.scope else 0
+    left["fork images after stop"] = fork_images(own.scope) if own.scope else 0
     return Row("census", name, "its own helper, after its suites",
                ", ".join(f"{k} {v}" for k, v in left.items()), not any(left.values()))
 

@@ -5,10 +5,12 @@ Each episode: reset → 1-3 cheap actions → one of
   * finish   — actions until the step budget ends it (graded),
   * close    — DELETE,
   * abandon  — never touched again: the lease reaper must end it.
+Beside them, on an environment whose plugin forks, a small fork tree and
+a worker kill -9 with forks live (tools/reliability/churn_forks.py).
 Afterwards (service still running, then stopped): no sandbox in the
 helper's ledger, no upper, cgroup, process or host mount of a sandbox, no
-container, and nothing in the state directory beyond one outcome record and
-one trajectory per episode.
+fork layer, no container or fork snapshot image, and nothing in the state
+directory beyond one outcome record and one trajectory per episode.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 from camg_client import AsyncClient, ServiceError
+from tools.reliability import churn_forks
 from tools.reliability.rig import state_strays
 from tools.reliability.service import Prepared
 from tools.reliability.table import Row
@@ -42,7 +45,8 @@ async def _episode(client: AsyncClient, action: dict, mode: str, rng: random.Ran
     return eid
 
 
-async def _churn(url: str, action: dict, n: int, seed: int) -> tuple[set[str], list[str]]:
+async def _churn(url: str, action: dict, n: int, seed: int,
+                 forks: churn_forks.Forks) -> tuple[set[str], list[str]]:
     modes = ["finish", "close", "abandon"]
     ids: set[str] = set()
     errors: list[str] = []
@@ -56,7 +60,8 @@ async def _churn(url: str, action: dict, n: int, seed: int) -> tuple[set[str], l
                     ids.add(await _episode(client, action, modes[i % 3], rng))
                 except (ServiceError, OSError) as exc:
                     errors.append(f"episode {i}: {exc}")
-        await asyncio.gather(*(worker(w) for w in range(WORKERS)))
+        await asyncio.gather(*(worker(w) for w in range(WORKERS)),
+                             churn_forks.tree(client, action, BUDGET, forks))
         # The reaper ends the abandoned ones within a lease and a tick.
         deadline = time.monotonic() + IDLE_TTL * 10 + 60
         while time.monotonic() < deadline:
@@ -79,8 +84,11 @@ def _held(census: dict[str, int], prepared: Prepared) -> bool:
 def run(prepared: Prepared, n: int, seed: int = 0) -> Row:
     target, helper = prepared.target, prepared.helper
     limits = {"idle_ttl_s": IDLE_TTL, "max_steps": BUDGET}
+    forks = churn_forks.Forks()
     with prepared.serve(capacity=max(WORKERS, 16), limits=limits) as service:
-        ids, errors = asyncio.run(_churn(service.url, target.action, n, seed))
+        ids, errors = asyncio.run(_churn(service.url, target.action, n, seed, forks))
+        if forks.refused is None and not forks.problems:
+            asyncio.run(churn_forks.kill_with_forks_live(service, target.action, forks))
         # An episode leaves the table before its close has released
         # everything (AutoResearch unmounts a disk upper): a few seconds.
         settle = time.monotonic() + SETTLE_S
@@ -91,6 +99,9 @@ def run(prepared: Prepared, n: int, seed: int = 0) -> Row:
         state = Path(service.config["state_dir"])
     stopped = helper.census()
     records = [json.loads(line) for line in (state / "outcomes.jsonl").read_text().splitlines()]
+    churned = len(ids)
+    ids |= forks.ids
+    churn_forks.check_records(records, forks)
     strays = state_strays(state, ids, target.state_files, target.state_dirs, records)
     by = {s: sum(1 for r in records if r["status"] == s) for s in ("done", "closed")}
     reaped = sum(1 for r in records if r["reason"] == "lease expired")
@@ -98,13 +109,15 @@ def run(prepared: Prepared, n: int, seed: int = 0) -> Row:
     running["containers"] = max(0, running["containers"] - pooled)
     leaks = {k: v for k, v in stopped.items() if v} | {
         f"{k} (while serving)": v for k, v in running.items() if v}
-    ok = (not errors and not leaks and not strays and len(records) == len(ids) == n
-          and reaped >= n // 3)
+    ok = (not errors and not forks.problems and not leaks and not strays
+          and len(records) == len(ids) and churned == n and reaped >= n // 3)
     counted = (f"{len(records)} records ({by['done']} done, {by['closed']} closed, {reaped} reaped); "
-               f"leaks {leaks or 0}; strays {len(strays)}; errors {len(errors)}"
+               f"{forks.summary()}; leaks {leaks or 0}; strays {len(strays)}; errors {len(errors)}"
                + (f"; {pooled} warm pool containers while serving" if pooled else ""))
     if errors:
         counted += f"; first error: {errors[0][:200]}"
+    if forks.problems:
+        counted += f"; {len(forks.problems)} fork problem(s), first: {forks.problems[0][:200]}"
     if strays:
         counted += f"; first strays: {', '.join(strays[:3])}"
-    return Row("churn", target.name, f"{n} episodes (finish/close/abandon)", counted, ok)
+    return Row("churn", target.name, f"{n} episodes (finish/close/abandon) + forks", counted, ok)

@@ -6,13 +6,17 @@ The helper has its own socket, state directory, upper root and cgroup
 parents, tagged with this process's pid (the privileged tests' leak check
 then knows they are someone else's), so a census counts only what this run
 made: ledger entries, uppers, sandbox cgroups, processes in them, sandbox
-inits, host mounts naming the rig, Docker containers carrying its label.
+inits, host mounts naming the rig, Docker containers carrying its label;
+and what only forks make: the frozen layers of forked sandboxes the helper
+still holds (helper/forks.py) and the snapshot images of forked containers
+(helper/container_fork.py).
 """
 
 from __future__ import annotations
 
 import os
 
+from camg import census as host
 from tools.harness import census
 from tools.harness.census import container_memory, rss_kib, state_strays  # noqa: F401
 from tools.harness.helpers import (CACHE, ROOT, HelperProcess, helper_config,  # noqa: F401
@@ -36,6 +40,52 @@ class Helper(HelperProcess):
                                probe_on_start=probes, ceilings=ceilings or {}, **(extra or {}))
         super().__init__(base, config, owner="reliability", owns_base=True)
         self.launch()
+
+    def census(self) -> dict[str, int]:
+        counted = super().census()
+        counted["layers"] = layers(self.proc.pid) if self.alive() else 0
+        counted["fork images"] = fork_images(self.scope) if self.scope else 0
+        return counted
+
+
+# O_PATH in /proc/<pid>/fdinfo's octal flags
+_O_PATH = 0o10000000
+
+
+def layers(pid: int) -> int:
+    """Fork layers the helper ``pid`` holds: a layer is a detached clone of
+    a mount (open_tree), held only by an O_PATH descriptor whose mount is in
+    no mount table of the helper's namespace (helper/forks.py); its last
+    user's destroy closes it, so one left after every sandbox went leaked."""
+    try:
+        with open(f"/proc/{pid}/mountinfo") as f:
+            mounted = {line.split()[0] for line in f}
+    except (FileNotFoundError, ProcessLookupError):
+        return 0  # no helper: the kernel closed whatever it held
+    held = 0
+    for fd in host.entries(f"/proc/{pid}/fdinfo"):
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                info = dict(line.split(":", 1) for line in f if ":" in line)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # closed while we looked
+        if int(info.get("flags", "0").strip(), 8) & _O_PATH \
+                and info.get("mnt_id", "").strip() not in mounted:
+            held += 1
+    return held
+
+
+def fork_images(scope: str) -> int:
+    """Docker images of the helper scope ``scope`` that a container fork
+    committed (labels camg.helper=<scope>, camg.fork=1); 0 without Docker."""
+    if not os.path.exists(census.DOCKER_SOCKET):
+        return 0
+    import docker
+    api = docker.APIClient(base_url=f"unix://{census.DOCKER_SOCKET}", timeout=60)
+    try:
+        return len(api.images(filters={"label": [f"camg.helper={scope}", "camg.fork=1"]}))
+    finally:
+        api.close()
 
 
 def scope(name: str) -> str:
