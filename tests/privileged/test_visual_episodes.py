@@ -300,3 +300,33 @@ def _quiet(fn, *args):
         fn(*args)
     except Exception:
         pass  # the service was killed under it
+
+
+def test_prometheus_counts_the_oracle_and_the_blank(service, prepared, tmp_path):
+    """A real Prometheus (tools/harness/prometheus.py) scrapes this test's own
+    service every second: its counts and histograms through /api/v1/query."""
+    from tools.harness.prometheus import PrometheusServer
+    oracle = prepared[1]
+    task_id = sorted(oracle)[0]
+    env = 'environment="visual"'
+    with PrometheusServer(tmp_path / "prom",
+                          {"visual": service.url.removeprefix("http://")}) as prom:
+        prom.wait_up()
+        ref = play(service.url, task_id, oracle[task_id])
+        blank = play(service.url, task_id, [{"operation": "finish"}])
+        assert ref["final"]["reward"] > blank["final"]["reward"] >= 0
+        prom.wait_for(f"sum by (outcome) (camg_episodes_ended_total{{{env}}})",
+                      lambda got: got == {"done": 2}, by="outcome")
+        assert prom.value(f'sum(camg_episodes_ended_total{{{env},failure_class!="none"}})') is None
+        assert prom.value(f"sum(camg_episodes_started_total{{{env}}})") == 2
+        assert prom.value(f"camg_step_seconds_count{{{env}}}") == len(oracle[task_id]) + 1
+        assert prom.value(f"camg_grade_seconds_count{{{env}}}") == 2
+        # one vision-judge verdict per episode, and Visual talks to the helper
+        assert prom.value(f'camg_judge_requests_total{{{env},result="ok"}}') == 2
+        assert prom.value(f"camg_helper_up{{{env}}}") == 1
+        prom.assert_plausible_histogram("camg_grade_seconds", env, 2, upper_s=300)
+        prom.assert_plausible_histogram("camg_judge_seconds", env, 2, upper_s=60)
+    records = {r["episode_id"]: r for r in service.outcomes()}
+    for played in (ref, blank):
+        tokens = records[played["reset"]["episode_id"]]["cost"]["judge_tokens"]
+        assert tokens["total_tokens"] > 0, tokens
