@@ -239,6 +239,11 @@ class HelperClient:
         the kernel keeps it) of one of this peer's sandboxes."""
         return self.call("SandboxUsage", wire.SandboxParams(sandbox_id))[0]
 
+    def fork_sandbox(self, sandbox_id: str) -> dict:
+        """A new sandbox over this one's filesystem as it stands ->
+        sandbox_id, depth, upper_bytes (helper/forks.py)."""
+        return self.call("ForkSandbox", wire.ForkSandboxParams(sandbox_id))[0]
+
     def release_all(self) -> int:
         return self.call("ReleaseAll", wire.NoParams())[0]["released"]
 

@@ -121,6 +121,18 @@ class SandboxParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class ForkSandboxParams:
+    """A new sandbox of the caller's over one of its own as it stands: the
+    parent's upper becomes a read-only layer under a fresh upper on each
+    side (helper/forks.py). The filesystem is carried, processes are not: a
+    parent still running anything besides its init is refused (not_allowed,
+    message "processes: ..."); past ceilings.fork_depth stacked layers,
+    limit_exceeded ("fork_depth: ...")."""
+
+    sandbox_id: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ContainerPullParams:
     image: str
 
@@ -202,7 +214,7 @@ PARAMS: Mapping[str, type] = MappingProxyType({PREFIX + name: cls for name, cls 
     ("Ping", NoParams), ("Probe", NoParams), ("CreateSandbox", CreateSandboxParams),
     ("Exec", ExecParams), ("PutArchive", PutArchiveParams), ("GetArchive", GetArchiveParams),
     ("DestroySandbox", SandboxParams), ("ReleaseAll", NoParams), ("ListSandboxes", NoParams),
-    ("SandboxUsage", SandboxParams),
+    ("SandboxUsage", SandboxParams), ("ForkSandbox", ForkSandboxParams),
     # The container mediator (helper/containers.py): Docker through the helper.
     ("ContainerPull", ContainerPullParams), ("ContainerCreate", ContainerCreateParams),
     ("ContainerConnect", ContainerConnectParams), ("ContainerExec", ContainerExecParams),

@@ -13,6 +13,7 @@ the pid cannot be reused before destroy() reaps it.
 from __future__ import annotations
 
 import array
+import fcntl
 import os
 import select
 import signal
@@ -54,28 +55,44 @@ class Sandbox:
         self.destroyed = False
         self.died = False
         self.reqid = 0
+        # What a fork repeats (set by the registry): the create's checked
+        # parameters, the upper's size, and the frozen layers this sandbox
+        # stacks over its lowers (helper/forks.py), bottom-first.
+        self.spec = None
+        self.size = 0
+        self.layers: tuple = ()
 
     # -- creation ---------------------------------------------------------
 
     @classmethod
     def spawn(cls, record: Record, *, init_binary: str, hostname: str, scratch: str,
-              lowers: list[str], tmpfs_bytes: int, timeout: float) -> "Sandbox":
-        """Start init for ``record`` (cgroups and upper exist already)."""
+              lowers: list[str], tmpfs_bytes: int, timeout: float,
+              layer_fds: tuple[int, ...] = ()) -> "Sandbox":
+        """Start init for ``record`` (cgroups and upper exist already).
+
+        ``layer_fds`` become init's descriptors 5.. (a fork's frozen layers,
+        named in ``lowers`` as /proc/self/fd/N/...)."""
         # overlayfs lists lowers top-first; our API takes them bottom-first.
         lowerdir = ":".join(reversed(lowers))
         upper = record.upper_dir or "tmpfs"
         procs = [os.path.join(record.cgroups[c], "cgroup.procs") for c in sorted(record.cgroups)]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [init_binary, hostname, scratch, lowerdir, upper, str(tmpfs_bytes), *procs]
+        # Above every target (3, 5..), so no dup2 of the spawn overwrites a
+        # source it has yet to copy.
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in layer_fds]
         try:
             spawner = os.posix_spawn(init_binary, argv, {}, setsid=True, file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
                 (os.POSIX_SPAWN_DUP2, theirs.fileno(), 3),
+                *((os.POSIX_SPAWN_DUP2, fd, 5 + i) for i, fd in enumerate(high)),
             ])
         finally:
             theirs.close()
+            for fd in high:
+                os.close(fd)
         init_pid = 0
         try:
             ours.settimeout(timeout)
@@ -104,6 +121,35 @@ class Sandbox:
             os.waitpid(spawner, 0)
         ours.settimeout(None)
         return cls(record, init_pid, ours)
+
+    def upper_handle(self) -> int:
+        """A descriptor of init's read-only clone of the mount holding this
+        sandbox's upper (sbxinit's fd 4); the caller holds ``ops``."""
+        try:
+            self.ctl.sendall(b"U")
+            deadline = time.monotonic() + _KILL_GRACE
+            while time.monotonic() < deadline:
+                self.ctl.settimeout(max(0.01, deadline - time.monotonic()))
+                msg, fds, _flags, _addr = socket.recv_fds(self.ctl, 4096, 1)
+                if msg == b"U" and fds:
+                    return fds[0]
+                for fd in fds:
+                    os.close(fd)
+                if not msg:
+                    break
+                if msg[:1] == b"E" and len(msg) >= _STATUS.size:
+                    raise WireError("internal", "init could not hand over its upper: "
+                                    f"{os.strerror(_STATUS.unpack(msg[:_STATUS.size])[2])}")
+                # anything else is a late report of an earlier request
+        except OSError:
+            pass
+        finally:
+            try:
+                self.ctl.settimeout(None)
+            except OSError:
+                pass  # closed under us by destroy
+        self._mark_died()
+        raise WireError("sandbox_died", f"sandbox {self.id}: init did not hand over its upper")
 
     # -- commands ---------------------------------------------------------
 
@@ -236,12 +282,22 @@ class Sandbox:
             self.destroyed = True
         # pid 1 dying makes the kernel kill the whole pid namespace; its mount
         # and net namespaces (tmpfs upper, overlay, /proc, lo) go with it.
-        _kill_and_reap(self.init_pid)
+        # 0: a fork killed init and could not start its successor.
+        pid = self.init_pid
+        if pid > 1:
+            _kill_and_reap(pid)
         with self.ops:  # a running exec sees EOF and leaves
+            # A fork that held ops meanwhile may have started a new init.
+            if self.init_pid > 1 and self.init_pid != pid:
+                _kill_and_reap(self.init_pid)
             self.ctl.close()
         cgroups.remove(self.record.cgroups)
         remove_upper(self.record.upper_dir)
         ledger.remove(self.id)
+        # A layer's last user closes it (a disk one's filesystem goes with it).
+        layers, self.layers = self.layers, ()
+        for layer in layers:
+            layer.release()
         return True
 
 

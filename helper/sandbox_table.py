@@ -17,7 +17,7 @@ import threading
 import time
 
 from camg.helper_wire import CreateSandboxParams, WireError
-from helper import cgroups, paths, uppers
+from helper import cgroups, forks, paths, uppers
 from helper.config import HelperConfig
 from helper.ledger import Ledger, Record, remove_upper
 from helper.sandbox import Sandbox
@@ -128,9 +128,15 @@ class Registry:
         except BaseException:
             self._forget(record)
             raise
+        sandbox.spec, sandbox.size = (None if probe else spec), size
         with self.lock:
             self.sandboxes[sandbox_id] = sandbox
         return sandbox
+
+    def fork(self, peer: Peer, parent: Sandbox) -> tuple[Sandbox, dict]:
+        """A new sandbox of ``peer`` over ``parent``'s filesystem as it stands
+        (helper/forks.py); ceilings are checked before anything is made."""
+        return forks.fork(self, peer, parent)
 
     def _forget(self, record: Record) -> None:
         try:

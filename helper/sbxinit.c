@@ -7,10 +7,15 @@
  * a few hundred KiB and starts in well under a millisecond.
  *
  * argv: hostname scratch lowerdir upper tmpfs_bytes procs_path...
- *   lowerdir  overlay "lowerdir=" value, already top-first and validated
+ *   lowerdir  overlay "lowerdir=" value, already top-first and validated;
+ *             a fork's frozen layers are /proc/self/fd/N/... paths of
+ *             the descriptors 5.. the helper passed (closed once mounted)
  *   upper     "tmpfs" or a host directory holding upper/ and work/
  *   procs     cgroup.procs files to join before unsharing
  * fd 3: SOCK_SEQPACKET control socket to the helper.
+ * fd 4 (made here): a detached, read-only clone of the mount that holds
+ *   the upper (the scratch tmpfs, or the disk upper), handed to the helper
+ *   on 'U' so a fork can stack this upper as a lower (helper/forks.py).
  *
  * Messages to the helper (first byte is the type):
  *   'P' u32 host pid of init    'R' ready    'F' text: setup failed
@@ -19,6 +24,7 @@
  *   'E' u32 reqid, u32 uid, u32 gid, u32 cwd_len, u32 argv_len, u32 env_len,
  *       cwd, argv (NUL-separated), env (NUL-separated); SCM_RIGHTS stdin,
  *       stdout, stderr.
+ *   'U' -> 'U' with SCM_RIGHTS fd 4 (or 'E' u32 0, i32 errno).
  * EOF on the control socket means the helper is gone: init exits, and the
  * kernel kills every process of the pid namespace with it.
  */
@@ -52,6 +58,8 @@
 #include <unistd.h>
 
 #define CTL 3
+#define UPPER_FD 4
+#define FIRST_LAYER_FD 5
 #define MAX_MSG (256 * 1024)
 #define MAX_RUNNING 64
 
@@ -131,6 +139,22 @@ static void make_dev(void) {
         fail("symlink fd");
 }
 
+/* Taken before the overlay is mounted on the scratch (the clone is of the
+ * one mount, no submounts) and while init still may: the helper gets it on
+ * request, never a command (they close fds >= 3, and init is not
+ * dumpable). Read-only: whoever holds it can only read the frozen upper. */
+static void upper_handle(const char *dir) {
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, dir, 1 /* OPEN_TREE_CLONE */ | O_CLOEXEC);
+    if (fd < 0) fail("open_tree %s", dir);
+    struct { uint64_t set, clr, prop, userns; } attr = {0x1 /* MOUNT_ATTR_RDONLY */, 0, 0, 0};
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
+        fail("read-only upper handle");
+    if (fd != UPPER_FD) {
+        if (dup3(fd, UPPER_FD, O_CLOEXEC) < 0) fail("dup upper handle");
+        close(fd);
+    }
+}
+
 static void setup_root(const char *scratch, const char *lowerdir, const char *upper,
                        const char *tmpfs_bytes) {
     char path[4096], opts[8192], upperdir[4096], workdir[4096];
@@ -154,6 +178,7 @@ static void setup_root(const char *scratch, const char *lowerdir, const char *up
         snprintf(upperdir, sizeof upperdir, "%s/upper", upper);
         snprintf(workdir, sizeof workdir, "%s/work", upper);
     }
+    upper_handle(strcmp(upper, "tmpfs") == 0 ? scratch : upper);
     snprintf(path, sizeof path, "%s/r", scratch);
     xmkdir(path, 0755);
     if ((size_t)snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s", lowerdir,
@@ -162,6 +187,8 @@ static void setup_root(const char *scratch, const char *lowerdir, const char *up
         fail("overlay options");
     }
     xmount("overlay", path, "overlay", MS_NOSUID, opts);
+    /* The overlay holds its own clones of the layers now. */
+    syscall(SYS_close_range, FIRST_LAYER_FD, ~0U, 0);
     if (chdir(path) < 0) fail("chdir new root");
     if (syscall(SYS_pivot_root, ".", ".") < 0) fail("pivot_root");
     if (umount2(".", MNT_DETACH) < 0) fail("detach old root");
@@ -343,6 +370,28 @@ static void reap(void) {
     }
 }
 
+static void send_upper(void) {
+    char c = 'U';
+    struct iovec iov = {&c, 1};
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct msghdr mh = {0};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    int fd = UPPER_FD;
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    while (sendmsg(CTL, &mh, MSG_NOSIGNAL) < 0) {
+        if (errno == EINTR) continue;
+        reply_status('E', 0, errno);
+        return;
+    }
+}
+
 static void serve(void) {
     sigset_t mask;
     sigemptyset(&mask);
@@ -384,6 +433,10 @@ static void serve(void) {
                 memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
                 if (nfds < 3) fds[nfds++] = fd; else close(fd);
             }
+        }
+        if (!(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && n == 1 && msg[0] == 'U' && nfds == 0) {
+            send_upper();
+            continue;
         }
         if ((mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || msg[0] != 'E') {
             for (int i = 0; i < nfds; i++) close(fds[i]);

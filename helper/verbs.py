@@ -143,6 +143,13 @@ def sandbox_usage(ctx: Context, peer: Peer, p: wire.SandboxParams, blob: bytes) 
     return usage.sandbox_usage(sandbox.record.cgroups, sandbox.record.upper_dir), b""
 
 
+def fork_sandbox(ctx: Context, peer: Peer, p: wire.ForkSandboxParams, blob: bytes) -> Result:
+    # Someone else's sandbox is not_found, as for every verb.
+    parent = ctx.registry.get(peer, p.sandbox_id)
+    _child, reply = ctx.registry.fork(peer, parent)
+    return reply, b""
+
+
 def _verb(name: str, params: type, handler: Callable[..., Result], doc: str, *,
           blob_in: str = "", blob_out: str = "") -> Verb:
     return Verb(wire.PREFIX + name, params, handler, doc, blob_in, blob_out)
@@ -163,6 +170,10 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
     _verb("ListSandboxes", wire.NoParams, list_sandboxes, "The caller's sandboxes."),
     _verb("SandboxUsage", wire.SandboxParams, sandbox_usage, "What the sandbox cost so far -> cpu_s, "
           "memory_peak_bytes, disk_written_bytes (its upper), pids_peak where the kernel has it."),
+    _verb("ForkSandbox", wire.ForkSandboxParams, fork_sandbox,
+          "A new sandbox over this one's filesystem as it stands (its upper frozen as a shared "
+          "read-only layer, a fresh upper each side; processes are not carried) -> sandbox_id, "
+          "depth, upper_bytes."),
     # The container mediator (helper/container_verbs.py, helper/containers.py).
     _verb("ContainerPull", wire.ContainerPullParams, cv.container_pull,
           "Pull a manifest image by digest -> image_id."),

@@ -1,0 +1,189 @@
+"""ForkSandbox: a second sandbox continuing from one's filesystem as it stands.
+
+The parent's upper becomes a read-only layer shared by parent and child, and
+each gets a fresh, empty upper over it, so a fork costs the same whatever
+the agent wrote:
+
+1. refusals first (peer, depth, capacity, lowerdir length): nothing exists yet;
+2. the parent's init hands over a read-only clone of the mount holding its
+   upper (sbxinit's fd 4: the scratch tmpfs, or the disk upper's ext4);
+3. the parent's init is killed (its overlay, the only writer of that upper,
+   goes with its mount namespace) and a new one is started over
+   lowers + layers + the frozen upper, with a fresh upper; then the child's,
+   the same stack, in cgroups of its own.
+
+Processes are not carried: a fork copies the filesystem, and a parent that
+still runs anything besides init (a daemon the agent left) is refused
+(not_allowed) rather than have it killed. Both sides continue with a fresh
+init; neither sees the other's later writes.
+
+Layers are kernel objects held only by descriptors (here, and inside the
+overlays of the sandboxes stacking them): the last user's destroy closes
+the helper's, and a helper that dies takes every one with it (the inits exit
+with it), so the sweep has nothing of theirs to find beyond what the ledger
+already names: a disk layer lives in its parent's upper filesystem, whose
+directory and image the parent's record names; it is unmounted lazily at
+the parent's destroy and freed by the kernel with the last reference.
+
+Bounds: a fork may not give either side more room than the parent had: the
+new uppers are sized to the parent's free space at the fork (at least
+MIN_UPPER), a tmpfs one charged to its sandbox's memory cgroup as before, a
+disk one its own ext4 of that size (the parent keeps its own ext4, whose
+free space that is). Depth (layers stacked) is at most ceilings.fork_depth.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+
+from camg.helper_wire import WireError
+from helper import cgroups, uppers
+from helper.ledger import Record
+from helper.sandbox import Sandbox, _kill_and_reap
+
+#: the smallest upper a fork makes (a full parent's child still has a work dir)
+MIN_UPPER = 1 << 20
+# Overlay options fit one page with the upper and work paths (sandbox_table).
+_LOWERDIR_BYTES = 3584
+
+
+class Layer:
+    """A frozen upper: read-only, shared by every sandbox stacking it."""
+
+    def __init__(self, fd: int, sub: str) -> None:
+        self.fd = fd
+        self.sub = sub  # the upper's directory inside the handle's mount
+        self.users = 0
+        self.lock = threading.Lock()
+
+    def acquire(self) -> None:
+        with self.lock:
+            if self.fd < 0:
+                raise WireError("internal", "layer already released")
+            self.users += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.users -= 1
+            if self.users > 0 or self.fd < 0:
+                return
+            fd, self.fd = self.fd, -1
+        os.close(fd)
+
+    def discard_if_unused(self) -> None:
+        with self.lock:
+            if self.users > 0 or self.fd < 0:
+                return
+            fd, self.fd = self.fd, -1
+        os.close(fd)
+
+
+def _stack(record: Record, layers: tuple[Layer, ...]) -> tuple[list[str], tuple[int, ...]]:
+    """lowers bottom-first (base lowers, then layers) and the fds init gets at 5.."""
+    paths = [f"/proc/self/fd/{5 + i}/{layer.sub}" for i, layer in enumerate(layers)]
+    return [*record.lowers, *paths], tuple(layer.fd for layer in layers)
+
+
+def _free_bytes(fd: int) -> int:
+    st = os.fstatvfs(fd)
+    return st.f_bavail * st.f_frsize
+
+
+def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
+    c = registry.config.ceilings
+    spec = parent.spec
+    if spec is None:
+        raise WireError("not_allowed", "sandbox: the helper's own probe sandboxes cannot be forked")
+    depth = len(parent.layers) + 1
+    if depth > c.fork_depth:
+        raise WireError("limit_exceeded", f"fork_depth: at most {c.fork_depth} forks stacked "
+                        f"(this sandbox is {depth - 1} deep)")
+    lowers, _ = _stack(parent.record, parent.layers + (Layer(-1, "layer-" + "0" * 8),))
+    if len(":".join(lowers)) > _LOWERDIR_BYTES:
+        raise WireError("limit_exceeded", f"fork_depth: the layer stack would exceed "
+                        f"{_LOWERDIR_BYTES} bytes of overlay options")
+    child_id = secrets.token_hex(8)
+    with registry.lock:
+        registry._admit(peer, child_id)
+    disk = bool(parent.record.upper_dir)
+    child_upper = os.path.join(registry.config.upper_root, cgroups.cgroup_name(child_id)) \
+        if disk else ""
+    record = Record(child_id, peer.uid, peer.owner, time.time(),
+                    cgroups.paths(registry.parents, child_id), child_upper, list(parent.record.lowers))
+    layer: Layer | None = None
+    created = False
+    try:
+        with parent.ops:
+            if parent.destroyed or parent.died:
+                raise WireError("sandbox_died" if parent.died else "not_found",
+                                f"sandbox {parent.id} is {'dead' if parent.died else 'destroyed'}")
+            others = [p for p in cgroups.procs(parent.record.cgroups["freezer"]) if p != parent.init_pid]
+            if others:
+                raise WireError("not_allowed", f"processes: {len(others)} process(es) besides init "
+                                "still run in the sandbox; a fork carries the filesystem, not "
+                                "processes")
+            fd = parent.upper_handle()
+            layer = Layer(fd, "u" if not disk else "layer-" + secrets.token_hex(4))
+            size = max(MIN_UPPER, _free_bytes(fd))
+            registry.ledger.write(record)
+            created = True
+            cgroups.create(record.cgroups, memory_bytes=spec.memory_bytes, cpu_quota=spec.cpu_quota,
+                           pids_max=spec.pids_max)
+            if disk:
+                uppers.create_disk(child_upper, size)
+            layers = parent.layers + (layer,)
+            lowers, fds = _stack(parent.record, layers)
+            _replace_init(registry, parent, layers, lowers, fds, size, disk, layer.sub)
+        child = Sandbox.spawn(record, init_binary=registry.init_binary, hostname=spec.hostname,
+                              scratch=registry.scratch, lowers=lowers, tmpfs_bytes=size,
+                              timeout=registry.config.create_timeout, layer_fds=fds)
+        for each in layers:
+            each.acquire()
+        child.spec, child.size, child.layers = spec, size, layers
+    except BaseException:
+        if created:
+            registry._forget(record)
+        else:
+            with registry.lock:
+                registry.owners.pop(child_id, None)
+        raise
+    finally:
+        if layer is not None:
+            layer.discard_if_unused()
+    with registry.lock:
+        registry.sandboxes[child_id] = child
+    return child, {"sandbox_id": child_id, "depth": depth, "upper_bytes": size}
+
+
+def _replace_init(registry, parent: Sandbox, layers, lowers, fds, size: int, disk: bool,
+                  sub: str) -> None:
+    """The parent continues over the frozen upper with a fresh one (ops held)."""
+    _kill_and_reap(parent.init_pid)
+    parent.ctl.close()
+    try:
+        if disk:
+            # Its own ext4 keeps the frozen upper beside the new one, so its
+            # free space is what it had.
+            top = parent.record.upper_dir
+            os.rename(os.path.join(top, "upper"), os.path.join(top, sub))
+            os.mkdir(os.path.join(top, "upper"), 0o755)
+        fresh = Sandbox.spawn(parent.record, init_binary=registry.init_binary,
+                              hostname=parent.spec.hostname, scratch=registry.scratch,
+                              lowers=lowers, tmpfs_bytes=size,
+                              timeout=registry.config.create_timeout, layer_fds=fds)
+    except BaseException:
+        # The old pid is reaped and may be reused: never signal it again.
+        parent.init_pid, parent.died = 0, True
+        raise
+    for each in layers:
+        each.acquire()
+    old = parent.layers
+    parent.init_pid, parent.ctl = fresh.init_pid, fresh.ctl
+    parent.layers = layers
+    if not disk:
+        parent.size = size
+    for each in old:
+        each.release()
