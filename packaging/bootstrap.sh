@@ -20,11 +20,9 @@ python=$(camg_python)
 camg_venv "$venv" "$python"
 # Only reinstall when the lock changed: a warm venv costs nothing.
 stamp="$venv/.camg-lock.sha256"
-want="$(cat "$here/requirements.lock" "$here/requirements/trainer.in" | sha256sum | cut -d' ' -f1)"
+want="$(sha256sum < "$here/requirements.lock" | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     camg_install_lock "$venv" "$here/requirements.lock"
-    # Trainer-side extras (ray, for python -m camg_client --ray): in the test venv, not the services'.
-    camg_pip "$venv" install -q -r "$here/requirements/trainer.in" -c "$here/requirements.lock"
     camg_pip_check "$venv"
     echo "$want" > "$stamp"
 fi

@@ -6,6 +6,12 @@ instance (a real ``camg.serve`` of the counter environment on its own
 loopback port). The proof that every node drives only its own services comes
 from each instance's own records — outcome records and trajectories — not
 from what the actors report.
+
+Ray is a trainer-side package, not in the services' lock: the cluster and
+the rollout run in a venv of the client's own ``ray`` extra (its pin in
+clients/python/pyproject.toml, built once under $CAMG_CACHE by
+tests/support/framework_venvs.py), driven by tests/support/ray_nodes.py. A
+venv that cannot be built fails the test: nothing here is skipped.
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,111 +29,12 @@ import pytest
 from camg_client import Client
 from camg_client.rollout_ray import RayRolloutError, check_same_tasks, is_loopback
 
+from tests.support.framework_venvs import framework_venv
 from tests.support.services import REPO
 
-psutil = pytest.importorskip("psutil")
-
 NODES = ("head", "worker1", "worker2")
-#: Set in the environment of every process a test node starts.
-MARKER = "CAMG_TEST_RAY_NODES"
 EPISODES = 15
-
-
-def ray_env() -> dict:
-    # Telemetry off; a one-host cluster stays on 127.0.0.1 (Ray would swap a
-    # loopback address for the host's routable one).
-    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-@pytest.fixture
-def cluster(monkeypatch):
-    """Start nodes with ``cluster.add(routes)``; everything is torn down after,
-    and a Ray process that outlives the shutdown fails the test (killed by pid)."""
-    # Imported here, not at collection: only this fixture needs ray.
-    pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
-    # Unix socket paths must stay short: not under pytest's tmp_path.
-    tmp = tempfile.mkdtemp(prefix="camg-ray-", dir="/tmp")
-    os.makedirs(os.path.join(tmp, "ray"))
-    for key, value in {**ray_env(), "RAY_TMPDIR": tmp}.items():
-        monkeypatch.setenv(key, value)
-
-    class Nodes:
-        def __init__(self) -> None:
-            self.ray: Cluster | None = None
-            self.nodes: list = []
-
-        def add(self, routes: str):
-            args = dict(node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=1,
-                        object_store_memory=80 * 1024 * 1024, dashboard_agent_listen_port=0,
-                        resources={"camg": 1}, env_vars={"CAMG_ROUTES": routes})
-            # Every process the node starts inherits the marker (the
-            # services and the driver do not): even one a failed start
-            # orphaned is found at teardown.
-            with monkeypatch.context() as env:
-                env.setenv(MARKER, tmp)
-                if self.ray is None:
-                    self.ray = Cluster(initialize_head=True, head_node_args=args)
-                    node = self.ray.head_node
-                else:
-                    node = self.ray.add_node(**args)
-            self.nodes.append(node)
-            return node
-
-        def processes(self) -> list:
-            """Every process of the nodes: GCS, raylets, agents, workers (by pid)."""
-            found: dict[int, psutil.Process] = {}
-            for node in self.nodes:
-                for infos in node.all_processes.values():
-                    for info in infos:
-                        try:
-                            proc = psutil.Process(info.process.pid)
-                            for p in (proc, *proc.children(recursive=True)):
-                                found[p.pid] = p
-                        except psutil.NoSuchProcess:
-                            pass
-            return list(found.values())
-
-        def marked(self) -> list:
-            """Ours even when orphaned: the marker in its environment, or (a
-            process that retitled itself clobbers its environ) a log file
-            open under this cluster's directory."""
-            found = []
-            for proc in psutil.process_iter():
-                try:
-                    if (proc.environ().get(MARKER) == tmp
-                            or any(f.path.startswith(tmp + "/") for f in proc.open_files())):
-                        found.append(proc)
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    pass
-            return found
-
-    nodes = Nodes()
-    yield nodes
-    spawned = {p.pid: p for p in nodes.processes() + nodes.marked()}
-    if nodes.ray is not None:
-        nodes.ray.shutdown()
-    gone, alive = psutil.wait_procs(list(spawned.values()), timeout=15)
-    alive += [p for p in nodes.marked() if p.pid not in spawned]
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    subprocess.run(["rm", "-rf", tmp], check=False)
-    assert not alive, f"Ray processes outlived the cluster's shutdown: {alive}"
-
-
-def listening(processes) -> list[str]:
-    addresses = []
-    for proc in processes:
-        try:
-            conns = proc.net_connections(kind="inet")
-        except psutil.NoSuchProcess:
-            continue
-        addresses += [c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN]
-    return addresses
+DRIVER = REPO / "tests" / "support" / "ray_nodes.py"
 
 
 def on_loopback(address: str) -> bool:
@@ -145,31 +51,35 @@ def records(service) -> tuple[set[str], set[str]]:
 
 
 def test_episodes_spread_over_every_node_and_stay_on_its_own_services(
-        counter_service, cluster, tmp_path):
+        counter_service, cache_root, tmp_path):
+    python = framework_venv(cache_root, "ray")
     services = [counter_service(references=True, capacity=4, wait=False) for _ in NODES]
     for service in services:
         service.wait_ready()
     routes = [str(s.config_path.parent / "routes.json") for s in services]
-    nodes = [cluster.add(r) for r in routes]
-    # Every Ray listener of the three "hosts" is on loopback.
-    assert {p.pid for p in cluster.processes()} <= {p.pid for p in cluster.marked()}
-    addresses = listening(cluster.processes())
-    assert addresses and all(map(on_loopback, addresses)), addresses
-
     out = tmp_path / "run.jsonl"
+    report_path = tmp_path / "cluster.json"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "camg_client", "--ray", cluster.ray.address,
+        [str(python), str(DRIVER), str(report_path), *routes, "--",
          # No such file on any node: each node's CAMG_ROUTES must win.
          "--routes", str(tmp_path / "absent" / "routes.json"), "--env", "counter",
          "--policy", "oracle", "--episodes", str(EPISODES), "--concurrency", "2",
          "--out", str(out), "--no-progress"],
-        cwd=REPO, capture_output=True, text=True, timeout=240,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
-    wall = time.monotonic() - started
-    print(f"rollout over 3 nodes: {wall:.1f} s\n{proc.stdout}")
-    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout
-    body = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
+        cwd=REPO, capture_output=True, text=True, timeout=420,
+        # the client from this checkout; nothing of the services' library
+        env={**os.environ, "PYTHONPATH": str(REPO / "clients" / "python")})
+    assert proc.returncode == 0 and report_path.exists(), proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    print(f"cluster and rollout over 3 nodes: {time.monotonic() - started:.1f} s "
+          f"(rollout {report.get('wall', 0):.1f} s)\n{report.get('stdout', '')}")
+    # The cluster's processes all carried the marker and all went at its shutdown.
+    assert report["unmarked_node_processes"] == [] and report["outlived_shutdown"] == [], report
+    # Every Ray listener of the three "hosts" is on loopback, before and after.
+    assert report["listening_before"] and all(map(on_loopback, report["listening_before"]))
+    assert all(map(on_loopback, report["listening_after"])), report["listening_after"]
+    assert report["returncode"] == 0, report["stderr"] + report["stdout"]
+    body = dict(line.split(None, 1) for line in report["stdout"].splitlines() if line.strip())
     assert body["episodes"] == str(EPISODES) and body["rewarded"] == str(EPISODES)
     assert body["reward_min"] == "1" and body["errors"] == "0" and body["nodes"] == "3"
 
@@ -178,18 +88,16 @@ def test_episodes_spread_over_every_node_and_stay_on_its_own_services(
     by_node: dict[str, set[str]] = {}
     for line in lines:
         by_node.setdefault(line["node"], set()).add(line["episode_id"])
+    node_ids = [n["node_id"] for n in report["nodes"]]
     # Episodes ran on every node ...
-    assert set(by_node) == {node.node_id for node in nodes}, (by_node, wall)
-    for node, service in zip(nodes, services):
-        mine = by_node[node.node_id]
+    assert set(by_node) == set(node_ids), by_node
+    for node_id, service in zip(node_ids, services):
+        mine = by_node[node_id]
         assert mine
         # ... and each instance saw exactly its own node's episodes, by its own records.
         outcomes, trajectories = records(service)
-        assert outcomes == mine, (node.node_id, outcomes ^ mine)
+        assert outcomes == mine, (node_id, outcomes ^ mine)
         assert trajectories == mine
-    # The actors' workers listened on loopback too; every episode was closed.
-    addresses = listening(cluster.processes())
-    assert all(map(on_loopback, addresses)), addresses
     assert all(Client(s.url).list()["active"] == 0 for s in services)
 
 
@@ -209,7 +117,7 @@ def test_nodes_serving_different_task_sets_are_refused():
 
 
 def test_ray_stays_out_of_the_services_and_the_plain_rollout():
-    # ray is a trainer-side extra (requirements/trainer.in), not in the services' lock.
+    # ray is a trainer-side extra (the client's [ray]), not in the services' lock.
     probe = ("import sys; import camg.serve, camg_client.cli, camg_client.rollout_ray; "
              "assert 'ray' not in sys.modules, 'imported ray'")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,

@@ -166,7 +166,7 @@ def _connect(address: str):
     try:
         import ray
     except ImportError:
-        raise RayRolloutError("--ray needs the ray package (requirements/trainer.in)") from None
+        raise RayRolloutError("--ray needs the ray package (pip install 'camg-client[ray]')") from None
     try:
         ray.init(address=address, logging_level="WARNING", log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
