@@ -135,3 +135,31 @@ def test_oracle_earns_one_and_noop_zero_through_camg_rollout(small_roots, oracle
     finally:
         assert svc.stop() == 0, svc.output()[-3000:]
 
+
+
+def test_prometheus_counts_the_oracle_and_the_noop(small_roots, oracle_helper, tmp_path):
+    """A real Prometheus (tools/harness/prometheus.py) scrapes the service every
+    second while camg_client's oracle and noop run one task each."""
+    from tools.harness.prometheus import PrometheusServer
+
+    svc = ServiceProcess(configured(small_roots, oracle_helper, tmp_path, True)).wait_ready(120)
+    env = 'environment="autoresearch"'
+    try:
+        with PrometheusServer(tmp_path / "prom",
+                              {"autoresearch": svc.url.removeprefix("http://")}) as prom:
+            prom.wait_up()
+            routes = tmp_path / "prepared" / "routes.json"
+            for policy, reward in (("oracle", 1.0), ("noop", 0.0)):
+                status, lines = run_rollout(routes, "autoresearch", policy, TASKS[:1], tmp_path, 1)
+                assert status == 0 and [l["reward"] for l in lines] == [reward], lines
+            prom.wait_for(f"sum by (outcome) (camg_episodes_ended_total{{{env}}})",
+                          lambda got: got == {"done": 2}, by="outcome")
+            assert prom.value(f'sum(camg_episodes_ended_total{{{env},failure_class!="none"}})') \
+                is None
+            assert prom.value(f"sum(camg_episodes_started_total{{{env}}})") == 2
+            assert prom.value(f"camg_step_seconds_count{{{env}}}") == 3 + 1  # write, run, submit; submit
+            assert prom.value(f"camg_helper_up{{{env}}}") == 1
+            prom.assert_plausible_histogram("camg_step_seconds", env, 4, upper_s=600)
+            prom.assert_plausible_histogram("camg_reset_seconds", env, 2, upper_s=300)
+    finally:
+        assert svc.stop() == 0, svc.output()[-3000:]
