@@ -71,9 +71,9 @@ from camg.errors import (BadRequest, CamgError, EpisodeDone, EpisodeNotFound,
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 SERVER_ERROR, UNSUPPORTED_VERSION = -32000, -32022
 SESSION_HEADER = "mcp-session-id"
-_SESSIONS_KEPT = 10_000
+_SESSIONS_KEPT = 10_000          # ended sessions still answered (as the manager's tombstones)
 #: the action a task's own tools pass through (General's general_agent tasks)
-_PASS_THROUGH = "tool"          # ended sessions still answered (as the manager's tombstones)
+_PASS_THROUGH = "tool"
 _QUERY_INT = re.compile(r"-?[0-9]{1,19}")
 # MCP's rule for a tool name (specification 2025-11-25, "Tool names")
 _MCP_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -109,8 +109,8 @@ class EpisodeTools:
                        "inputSchema": f["parameters"]}
                       for f in (tool["function"] for tool in self.calls.tools)]
         self.names = frozenset(t["name"] for t in self.tools)
-        #: episode id -> its task's own tools (name -> (server, tool, listing))
-        self.task_tools: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        #: running episode id -> its task's own tools (name -> (server, tool, listing))
+        self.task_tools: dict[str, dict] = {}
 
     def is_action(self, data: Mapping[str, Any]) -> bool:
         try:
@@ -143,10 +143,12 @@ class EpisodeTools:
                 + f" (the task's MCP tool {server}.{tool})",
                 "inputSchema": dict(schema) if isinstance(schema, Mapping) and schema
                 else {"type": "object"}})
+        # Kept while their episode runs (at most capacity of them: a task's
+        # listing can be kilobytes), so after the end only the actions list.
+        for ended in [e for e in self.task_tools if e not in self.manager.records]:
+            del self.task_tools[ended]
         if tools:
             self.task_tools[episode_id] = tools
-            while len(self.task_tools) > _SESSIONS_KEPT:
-                self.task_tools.popitem(last=False)
 
     def listing(self, episode_id: str | None) -> list[dict]:
         """The tools of an episode's session: the actions, then its task's."""
