@@ -12,8 +12,8 @@ import logging
 import falcon
 import falcon.asgi
 
-from camg import (action_tools, admission, mcp_server, metrics, openenv_compat, task_listing,
-                  http_wire as wire)
+from camg import (action_tools, admission, mcp_server, metrics, openenv_compat, openenv_tasks,
+                  task_listing, http_wire as wire)
 from camg.errors import AtCapacity, CamgError, PermissionDenied
 from camg.http import dumps, read_body, reply
 from camg.service import Service
@@ -56,6 +56,7 @@ class Schema:
             "fork_response": wire.fork_response_schema(env.observation_schema),
             "tasks_query": wire.TASKS_QUERY_SCHEMA,
             "tasks_response": wire.TASKS_SCHEMA,
+            "openenv_task_api": wire.OPENENV_TASK_API_SCHEMA,
             # the action schema above as OpenAI function-calling tools
             "tools": action_tools.tools(env.action_schema, name=env.name),
         }
@@ -193,7 +194,9 @@ def create_app(service: Service) -> falcon.asgi.App:
     app.add_route("/health", Health(service))
     app.add_route("/metadata", Metadata(service))
     app.add_route("/schema", Schema(service))
-    app.add_route("/tasks", task_listing.Tasks(service))
+    tasks = task_listing.Tasks(service)
+    app.add_route("/tasks", tasks)
+    openenv_tasks.add_routes(app, service.env.name, tasks.listing)
     app.add_route("/metrics", metrics.MetricsResource(service.metrics))
     app.add_route("/episodes", Episodes(service))
     app.add_route("/episodes/{episode_id}", Episode(service))

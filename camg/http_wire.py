@@ -295,3 +295,69 @@ TASKS_SCHEMA = {
                                 "description": "the same as /metadata's"},
     },
 }
+
+
+# OpenEnv's Task API bodies (its GetTaskRequest and siblings: split required,
+# unknown fields refused); camg.openenv_tasks serves them. "" is the first split.
+@dataclasses.dataclass(frozen=True)
+class OpenEnvSplitRequest:
+    """``POST /{env}/tasks`` and ``/{env}/num_tasks``."""
+
+    split: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenEnvTaskRequest:
+    """``POST /{env}/task``: the task at ``index`` of ``split``."""
+
+    split: str
+    index: int
+
+    def __post_init__(self) -> None:
+        if self.index < 0:
+            raise ValueError("index must be 0 or more")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenEnvTaskRangeRequest:
+    """``POST /{env}/task_range``: ``[start, stop)`` of ``split`` (None: its
+    beginning, its end). Never negative: an index is a task's identity to a
+    trainer, and one counted from the end would shift as a split grows."""
+
+    split: str
+    start: int | None = None
+    stop: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("start", "stop"):
+            if (getattr(self, name) or 0) < 0:
+                raise ValueError(f"{name} must be 0 or more")
+
+_SPLIT = {"type": "string", "description": "a split's name; \"\" the first split"}
+_BOUND = {"type": ["integer", "null"], "minimum": 0}
+
+OPENENV_TASK_API_SCHEMA = {
+    "description": "OpenEnv's Task API under /{env}/ (the environment's name or harbor_env)",
+    "split_request": {"type": "object", "additionalProperties": False, "required": ["split"],
+                      "description": "body of POST /{env}/tasks and /{env}/num_tasks",
+                      "properties": {"split": _SPLIT}},
+    "task_request": {"type": "object", "additionalProperties": False,
+                     "required": ["split", "index"], "description": "body of POST /{env}/task",
+                     "properties": {"split": _SPLIT, "index": {"type": "integer", "minimum": 0}}},
+    "task_range_request": {"type": "object", "additionalProperties": False,
+                           "required": ["split"],
+                           "description": "body of POST /{env}/task_range: [start, stop)",
+                           "properties": {"split": _SPLIT, "start": _BOUND, "stop": _BOUND}},
+    "split": {"type": "object", "required": ["name", "type", "num_tasks"],
+              "description": "one entry of GET /{env}/splits",
+              "properties": {"name": {"type": "string"},
+                             "type": {"enum": ["train", "validation", "test"]},
+                             "num_tasks": {"type": "integer"}}},
+    "task": {"type": "object", "required": ["index", "task_id", "task_name", "dataset", "kind"],
+             "description": "a task of /{env}/tasks, /{env}/task and /{env}/task_range",
+             "properties": {"index": {"type": "integer",
+                                      "description": "its position within its split"},
+                            "task_id": {"type": "string"}, "task_name": {"type": "string"},
+                            "dataset": {"type": "string", "description": "its split"},
+                            "kind": {"type": ["string", "null"]}}},
+}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -35,10 +36,16 @@ def extra_pins(extra: str) -> list[str]:
     return list(project["optional-dependencies"][extra])
 
 
-def framework_venv(cache: Path, extra: str) -> Path:
-    """The venv holding ``extra``'s pins (built once); returns its python."""
+def framework_venv(cache: Path, extra: str, no_deps: tuple[str, ...] = ()) -> Path:
+    """The venv holding ``extra``'s pins (built once); returns its python.
+    The pins of the projects named in ``no_deps`` go in without their own
+    requirements (a distribution whose metadata pulls far more than the part
+    a test runs imports: the extra then lists what that part needs)."""
     pins = extra_pins(extra)
-    key = hashlib.sha256(json.dumps([sys.version, pins]).encode()).hexdigest()[:12]
+    bare = [p for p in pins if re.split(r"[=<>!~\[; ]", p, maxsplit=1)[0] in no_deps]
+    # bare joins the key only when set: the other extras' cached venvs keep theirs
+    key = hashlib.sha256(json.dumps([sys.version, pins, *([bare] if bare else [])])
+                         .encode()).hexdigest()[:12]
     root = cache / "adapter-venvs"
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"{extra}-{key}"
@@ -52,13 +59,16 @@ def framework_venv(cache: Path, extra: str) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         # symlinks: a copied interpreter would look for its libpython beside the copy
         venv.create(building, with_pip=False, symlinks=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
-                               "--no-input", "--python", str(building / "bin" / "python"),
-                               "install", "-q", *pins], capture_output=True, text=True,
-                              timeout=1800)
-        if proc.returncode != 0:
-            shutil.rmtree(building, ignore_errors=True)
-            raise RuntimeError(f"installing {pins} failed:\n{proc.stderr[-4000:]}")
+        for group, flags in (([p for p in pins if p not in bare], []), (bare, ["--no-deps"])):
+            if not group:
+                continue
+            proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check",
+                                   "--no-input", "--python", str(building / "bin" / "python"),
+                                   "install", "-q", *flags, *group], capture_output=True,
+                                  text=True, timeout=1800)
+            if proc.returncode != 0:
+                shutil.rmtree(building, ignore_errors=True)
+                raise RuntimeError(f"installing {group} failed:\n{proc.stderr[-4000:]}")
         (building / ".complete").write_text(json.dumps(pins) + "\n")
         # venv wrote absolute paths of the building directory into its scripts
         # and pyvenv.cfg; the loops run the interpreter directly, which is
