@@ -240,6 +240,24 @@ def test_session_end_closes_the_episode_and_frees_capacity(counter_service):
     assert svc.outcomes()[-1]["status"] == "closed"
 
 
+def test_an_abandoned_session_ends_with_its_lease(counter_service):
+    """A client gone without DELETE: the episode's lease (the SDK session's
+    idle timeout too) ends it, masked as a timeout."""
+    from mcp.client.streamable_http import streamable_http_client
+    svc = counter_service(limits={"idle_ttl_s": 1})
+
+    async def scenario():
+        transport = streamable_http_client(f"{svc.url}/mcp?task_id={ORACLE_TASK}",
+                                           terminate_on_close=False)
+        async with McpClient(transport) as client:
+            await client.call_tool("guess", {"value": 1})
+    asyncio.run(scenario())
+    [record] = wait_for(svc.outcomes, 15)
+    assert (record["status"], record["reward"], record["failure_class"], record["reason"]) == (
+        "closed", None, "timeout", "lease expired")
+    assert Client(svc.url).health()["episodes"]["active"] == 0
+
+
 def test_infrastructure_failures_are_reward_null_with_a_failure_class(counter_service):
     tasks = counter_tasks() + [{"task_id": "broken", "data": {"target": 1, "reset_fails": True}},
                                {"task_id": "ungradable", "data": {"target": 1, "grade_fails": True}}]
