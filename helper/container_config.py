@@ -36,12 +36,18 @@ class ContainerConfig:
     max_pids: int = 4096
     containers_per_peer: int = 256
     containers_total: int = 512
+    # Every container's writable layer on its own ext4 of this many bytes
+    # and inodes (helper/container_disk.py), its sparse image under
+    # upper_root on the host's disk.
+    upper_root: str = "/var/lib/camg/container-uppers"
+    upper_bytes: int = 4 << 30
+    upper_inodes: int = 1 << 18
     # Seconds any one Docker API call may take (pull excepted).
     api_timeout: float = 60.0
     pull_timeout: float = 900.0
 
     def __post_init__(self) -> None:
-        for name in ("docker_socket", "images_manifest", "agent_env_target"):
+        for name in ("docker_socket", "images_manifest", "agent_env_target", "upper_root"):
             if not os.path.isabs(getattr(self, name)):
                 raise ContainerConfigError(f"containers.{name}: must be an absolute path")
         if self.agent_env_source and not os.path.isabs(self.agent_env_source):
@@ -51,3 +57,7 @@ class ContainerConfig:
         if min(self.max_cpu, self.max_memory_bytes, self.max_pids, self.containers_per_peer,
                self.containers_total, self.api_timeout, self.pull_timeout) <= 0:
             raise ContainerConfigError("containers: every ceiling and timeout must be positive")
+        # ext4 needs a few MiB of metadata and a few inodes of its own.
+        if self.upper_bytes < 16 << 20 or self.upper_inodes < 1024:
+            raise ContainerConfigError("containers: upper_bytes must be at least 16 MiB and "
+                                       "upper_inodes at least 1024")

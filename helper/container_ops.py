@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 
 from camg.helper_wire import WireError
+from helper import container_disk
 from helper.container_config import ContainerConfig
 
 # Capabilities Docker grants by default that no task needs: raw packets,
@@ -103,6 +104,11 @@ class Docker:
                 user=user or None, labels=labels, host_config=host, name=name, detach=True)
         cid = created["Id"]
         try:
+            with mapped(f"bounding container {cid[:12]}'s writable layer"):
+                layer = container_disk.layer_dir(api.inspect_container(cid))
+                if layer:
+                    container_disk.bound(layer, self.cfg.upper_root, cid,
+                                         self.cfg.upper_bytes, self.cfg.upper_inodes)
             with mapped(f"starting container {cid[:12]}"):
                 api.start(cid)
                 state = api.inspect_container(cid)["State"]
@@ -118,6 +124,12 @@ class Docker:
         """Kill and remove with its anonymous volumes; False if already gone."""
         import docker.errors
         with mapped(f"removing container {cid[:12]}"):
+            try:
+                layer = container_disk.layer_dir(self.api.inspect_container(cid))
+            except docker.errors.NotFound:
+                layer = None
+            # Before dockerd's removal, which cannot rmdir a mount point.
+            container_disk.release(layer, self.cfg.upper_root, cid)
             for attempt in range(50):
                 try:
                     self.api.remove_container(cid, force=True, v=True)
