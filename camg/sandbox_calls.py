@@ -28,7 +28,7 @@ def call(helper, fn: Callable, *args: Any, **kwargs: Any) -> Any:
     argument (if any) names the sandbox it acts on."""
     try:
         return fn(*args, **kwargs)
-    except errors.SandboxDied:
+    except (errors.SandboxDied, errors.NotForkable):
         raise
     except errors.NotFound as exc:
         raise errors.SandboxDied(f"sandbox is gone: {exc}") from None
@@ -94,3 +94,21 @@ class HeldSandbox:
     def _cost(self) -> dict:
         """The outcome() field camg.cost completes with the phases."""
         return {"cost": dict(self.usage)} if self.usage else {}
+
+    def _fork_sandbox(self, sandbox: str, processes: str = "processes") -> str:
+        """A sandbox over ``sandbox``'s filesystem as it stands (the helper's
+        ForkSandbox). Its two named refusals are NotForkable: a process still
+        running in the parent (called ``processes`` here; a fork carries
+        files, not processes) and ``fork_depth``; other helper errors are
+        episode failures as for every call (the manager records them as the
+        child's failed reset, never the parent's)."""
+        def fork(sandbox_id: str) -> str:
+            try:
+                return self.helper.fork_sandbox(sandbox_id)["sandbox_id"]
+            except (errors.BadRequest, errors.PermissionDenied) as exc:
+                what = {"not_allowed": processes, "limit_exceeded": "fork_depth"}.get(
+                    exc.details.get("helper_error"))
+                if what is None:
+                    raise
+                raise errors.NotForkable(exc.message, what=what) from None
+        return self._call(fork, sandbox)

@@ -353,6 +353,26 @@ class ResearchEpisode(HeldSandbox, Episode):
         if sandbox is not None:
             self._destroy(sandbox)
 
+    def fork(self, episode_id: str) -> "ResearchEpisode":
+        """A child with the same task, step and job counts and wall clock
+        (``started``: a fork buys no time) over this sandbox's workspace as
+        it stands (the helper's ForkSandbox). A background job still running
+        cannot be carried: NotForkable(what="background_jobs"), from the
+        helper's own count of the sandbox's processes, which no file in the
+        workspace can fake. The child collects and is graded on its own
+        submission, with evidence of its own."""
+        if self.terminal is not None:
+            raise errors.NotForkable("the episode has finished", what="finished")
+        sandbox = self._fork_sandbox(self._sandbox(), processes="background_jobs")
+        if self.ledger is not None:
+            self.ledger.add_sandbox(sandbox)
+        child = ResearchEpisode(self.settings, self.helper, self.grade_submission, self.task,
+                                episode_id, self.ledger)
+        child.steps, child.jobs, child.started = self.steps, self.jobs, self.started
+        child.sandbox = sandbox
+        log.info("forked into %s at step %d", episode_id, self.steps, extra=self.fields)
+        return child
+
     def reference_action(self) -> Mapping[str, Any] | None:
         """The task's reference solution from step 0: its solve.py written to
         /workspace in base64 chunks, run on /task, then submit.

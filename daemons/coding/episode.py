@@ -244,6 +244,21 @@ class CodingEpisode(HeldSandbox, Episode):
         for sandbox in sandboxes:
             self._destroy_quietly(sandbox)
 
+    def fork(self, episode_id: str) -> "CodingEpisode":
+        """A child with the same task and step count over this sandbox's
+        filesystem as it stands (the helper's ForkSandbox: both continue on
+        a shared frozen layer, each with a fresh upper). Nothing graded is
+        carried (the manager forks only unfinished episodes): the child's
+        diff is taken from its own tree at its finish, so it holds what the
+        parent did before the fork as well as what the child did."""
+        if self.terminal is not None:
+            raise errors.NotForkable("the episode has finished", what="finished")
+        child = CodingEpisode(self.settings, self.helper, self.task, episode_id)
+        child.steps = self.steps
+        child.sandbox = self._fork_sandbox(self._sandbox())
+        log.info("forked into %s at step %d", episode_id, self.steps, extra=self.fields)
+        return child
+
     def outcome(self) -> Mapping[str, Any]:
         # The image the sandbox was built from, signed into the record
         # (camg.signing), graded or not.

@@ -1,0 +1,402 @@
+"""Forks of the helper's sandboxes (ForkSandbox, helper/forks.py) and of the
+episodes built on them (Coding, AutoResearch; issue 26).
+
+The verb tests use the session helper; the episode tests build Coding's and
+AutoResearch's environments as their own acceptance modules do (the
+fixtures' code is theirs, imported as functions). Every test ends with the
+conftest's leak check (mounts, cgroups, processes, state roots).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import conftest as pc
+from camg import errors
+
+SPEC = dict(memory_bytes=256 << 20, cpu_quota=1.0, pids_max=128)
+# The minimal rootfs has no procps: processes named sleep, from /proc.
+SLEEPS = "grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l"
+KILL_SLEEPS = ("for f in $(grep -lx sleep /proc/[0-9]*/comm 2>/dev/null); do p=${f#/proc/}; "
+               "kill ${p%/comm}; done; sleep 0.3")
+
+
+def out(client, sid, command, user="root"):
+    r = client.exec(sid, command, user=user)
+    return r.output.strip()
+
+
+def _uppers(helper) -> list[str]:
+    return sorted(os.listdir(helper.config["upper_root"]))
+
+
+# -- the verb ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("upper", ["tmpfs", "disk"])
+def test_fork_carries_files_and_isolates_both_ways(client, rootfs, helper, upper):
+    parent = client.create_sandbox([str(rootfs)], **SPEC, upper=upper, upper_bytes=64 << 20)
+    try:
+        out(client, parent, "echo before > /tmp/shared && echo gone > /tmp/deleted && "
+                            "rm /tmp/deleted && echo x > /etc/motd-extra && rm -f /etc/issue")
+        reply = client.fork_sandbox(parent)
+        child = reply["sandbox_id"]
+        assert reply["depth"] == 1 and child != parent
+        assert {s["sandbox_id"] for s in client.list_sandboxes()} == {parent, child}
+        for sid in (parent, child):
+            # what the parent wrote, deleted (a whiteout) and removed from a lower
+            assert out(client, sid, "cat /tmp/shared /etc/motd-extra; ls /tmp/deleted /etc/issue "
+                                    "2>&1 | wc -l") == "before\nx\n2"
+        out(client, child, "echo child > /tmp/c && echo child-edit > /tmp/shared && rm /etc/motd-extra")
+        out(client, parent, "echo parent > /tmp/p && echo parent-edit >> /tmp/shared")
+        assert out(client, parent, "cat /tmp/shared; ls /tmp/c 2>&1; cat /etc/motd-extra") == \
+            "before\nparent-edit\nls: cannot access '/tmp/c': No such file or directory\nx"
+        assert out(client, child, "cat /tmp/shared; ls /tmp/p 2>&1; ls /etc/motd-extra 2>&1") == \
+            ("child-edit\nls: cannot access '/tmp/p': No such file or directory\n"
+             "ls: cannot access '/etc/motd-extra': No such file or directory")
+        # the agent keeps its rights on both sides; the rootfs lower is untouched
+        assert out(client, child, "echo a > /tmp/agent-file && cat /tmp/agent-file", user="agent") == "a"
+        assert (rootfs / "etc" / "issue").exists() and not (rootfs / "tmp" / "shared").exists()
+        if upper == "disk":  # each side's own filesystem: two mounts, two images
+            assert len(_uppers(helper)) == 4
+        assert client.destroy(child) and client.destroy(parent)
+        assert client.destroy(child) is False  # idempotent: already gone
+    finally:
+        client.release_all()
+    assert _uppers(helper) == []
+
+
+def test_another_peers_sandbox_cannot_be_forked(client, helper, sandbox):
+    other = helper.client(owner=f"other{os.getpid()}")
+    try:
+        with pytest.raises(errors.NotFound):
+            other.fork_sandbox(sandbox)
+        with pytest.raises(errors.NotFound):
+            client.fork_sandbox("0" * 16)
+        assert other.list_sandboxes() == []
+    finally:
+        other.close()
+    assert [s["sandbox_id"] for s in client.list_sandboxes()] == [sandbox]
+
+
+def test_fork_depth_is_bounded_by_name(client, rootfs):
+    """A chain of forks of forks, each level writing a file the deeper ones
+    see; past ceilings.fork_depth (8) the helper refuses by name, before
+    making anything."""
+    chain = [client.create_sandbox([str(rootfs)], **SPEC)]
+    try:
+        for level in range(1, 9):
+            out(client, chain[-1], f"echo {level} > /tmp/level-{level}")
+            reply = client.fork_sandbox(chain[-1])
+            assert reply["depth"] == level
+            chain.append(reply["sandbox_id"])
+        assert out(client, chain[-1], "cat /tmp/level-*") == "\n".join(str(i) for i in range(1, 9))
+        # each ancestor has only what was written before its own fork
+        assert out(client, chain[0], "ls /tmp | grep -c level") == "1"
+        assert out(client, chain[4], "ls /tmp | grep -c level") == "5"
+        before = len(client.list_sandboxes())
+        with pytest.raises(errors.BadRequest) as refused:
+            client.fork_sandbox(chain[-1])
+        assert refused.value.details["helper_error"] == "limit_exceeded"
+        assert "fork_depth" in str(refused.value)
+        assert len(client.list_sandboxes()) == before
+    finally:
+        client.release_all()
+
+
+def test_a_running_process_is_refused_not_killed(client, sandbox):
+    out(client, sandbox, "setsid -f sleep 300 </dev/null >/dev/null 2>&1")
+    with pytest.raises(errors.PermissionDenied) as refused:
+        client.fork_sandbox(sandbox)
+    assert refused.value.details["helper_error"] == "not_allowed"
+    assert "processes" in str(refused.value)
+    assert out(client, sandbox, SLEEPS) == "1"  # still running
+    assert len(client.list_sandboxes()) == 1
+    out(client, sandbox, KILL_SLEEPS)
+    child = client.fork_sandbox(sandbox)["sandbox_id"]
+    assert out(client, child, SLEEPS) == "0"  # the child's init is fresh
+    client.destroy(child)
+
+
+@pytest.mark.parametrize("upper", ["tmpfs", "disk"])
+def test_disk_bound_holds_on_both_sides(client, rootfs, upper):
+    """A fork gives neither side more room than the parent had left: after
+    20 of 48 MiB, each side meets ENOSPC within the rest."""
+    parent = client.create_sandbox([str(rootfs)], **SPEC, upper=upper, upper_bytes=48 << 20)
+    try:
+        out(client, parent, "head -c 20M /dev/zero > /tmp/first && sync")
+        reply = client.fork_sandbox(parent)
+        assert reply["upper_bytes"] <= 29 << 20, reply
+        for sid in (parent, reply["sandbox_id"]):
+            r = client.exec(sid, "dd if=/dev/zero of=/tmp/fill bs=1M count=48 2>&1; "
+                                 "stat -c %s /tmp/fill; rm -f /tmp/fill; stat -c %s /tmp/first")
+            lines = r.output.splitlines()
+            assert "No space left on device" in r.output, r.output
+            assert int(lines[-2]) <= 29 << 20, r.output
+            assert int(lines[-1]) == 20 << 20  # the frozen layer is intact
+    finally:
+        client.release_all()
+
+
+@pytest.mark.parametrize("first", ["parent", "child"])
+@pytest.mark.parametrize("upper", ["tmpfs", "disk"])
+def test_destroy_in_either_order_keeps_the_other_whole(client, rootfs, helper, first, upper):
+    """The shared layer outlives whichever side goes first, and a fork of
+    the survivor still stacks it; the last user's destroy reclaims it (the
+    leak check: no mount, loop device mount, cgroup or upper left)."""
+    parent = client.create_sandbox([str(rootfs)], **SPEC, upper=upper, upper_bytes=32 << 20)
+    try:
+        out(client, parent, "head -c 1M /dev/urandom > /tmp/blob && md5sum /tmp/blob > /tmp/sum")
+        child = client.fork_sandbox(parent)["sandbox_id"]
+        gone, kept = (parent, child) if first == "parent" else (child, parent)
+        assert client.destroy(gone)
+        assert out(client, kept, "md5sum -c /tmp/sum") == "/tmp/blob: OK"
+        grandchild = client.fork_sandbox(kept)["sandbox_id"]
+        assert client.destroy(kept)
+        assert out(client, grandchild, "md5sum -c /tmp/sum && echo more > /tmp/more && "
+                                       "cat /tmp/more") == "/tmp/blob: OK\nmore"
+        assert client.destroy(grandchild)
+    finally:
+        client.release_all()
+    assert _uppers(helper) == []
+
+
+def test_sweep_after_a_killed_helper_leaves_no_layer(lower_root, rootfs):
+    """Layers are held by descriptors and by the overlays that stack them:
+    a helper killed mid-chain (a parent destroyed, its child and grandchild
+    alive) takes them with it; --sweep reclaims the cgroups, disk uppers and
+    records the ledger names, and nothing else is left (the leak check)."""
+    base = Path(tempfile.mkdtemp(prefix="camg-fork-sweep-"))
+    cfg = pc.helper_config(base, lower_root, rootfs, probe_on_start=False)
+    helper = pc.start_helper(base, cfg)
+    try:
+        client = helper.client(owner="sweep")
+        parent = client.create_sandbox([str(rootfs)], **SPEC, upper="disk", upper_bytes=32 << 20)
+        out(client, parent, "echo a > /tmp/a")
+        child = client.fork_sandbox(parent)["sandbox_id"]
+        client.fork_sandbox(child)
+        client.destroy(parent)
+        client.close()
+        inits = helper.sandbox_inits()
+        assert len(inits) == 2
+        helper.proc.send_signal(signal.SIGKILL)
+        helper.proc.wait()
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f"/proc/{p}") for p in inits) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(os.listdir(Path(cfg["state_dir"]) / "ledger")) == 2
+        env = dict(os.environ, PYTHONPATH=str(pc.ROOT))
+        swept = subprocess.run([sys.executable, "-m", "helper", "--config",
+                                str(base / "helper.json"), "--sweep"], cwd=pc.ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert swept.returncode == 0, swept.stderr
+        assert swept.stderr.count("swept sandbox") == 2, swept.stderr
+        assert os.listdir(cfg["upper_root"]) == []
+        assert os.listdir(Path(cfg["state_dir"]) / "ledger") == []
+    finally:
+        pc.stop_helper(helper)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- Coding ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def coding_env(demo_set, demo_image, coding_helper, tmp_path_factory):
+    """test_coding_episodes' environment, built the same way."""
+    import test_coding_episodes as tc
+    from camg.oci.images import write_materialized
+    from daemons.coding.prepare import prepare_coding
+    work = tmp_path_factory.mktemp("coding-fork-prepared")
+    images = work / "materialized-images.json"
+    write_materialized(images, (demo_image.image,))
+    manifest_path = work / "manifest.json"
+    prepare_coding(rows_path=demo_set / "tasks.parquet", mirrors_root=demo_set / "mirrors",
+                   images_path=images, output=manifest_path, layers_root=tc.CACHE / "layers")
+    prepared = {"manifest": manifest_path, "images": images, "mirrors": demo_set / "mirrors",
+                "work": work}
+    environment = tc.make_env(prepared, coding_helper)
+    environment.start()
+    yield environment
+    environment.stop()
+
+
+FINISH = {"operation": "finish"}
+
+
+def test_coding_fork_gold_on_one_branch_noop_on_the_other(coding_env, coding_helper):
+    """The parent plays the reference's first step (a chunk of the gold patch
+    shipped into /tmp), forks, then finishes as it is: 0.0. The child goes on
+    with the reference from the same step (its step count is the parent's,
+    and the shipped chunk is in its /tmp) and earns 1.0, integrity ok: its
+    diff is taken from its own tree."""
+    env = coding_env
+    task = env.tasks[0]
+    parent = env.create_episode(task, seed=None, episode_id="fork-parent")
+    child = None
+    try:
+        parent.reset()
+        first = parent.reference_action()
+        assert first["operation"] == "shell"
+        assert parent.step(first).observation["exit_code"] == 0
+        child = parent.fork("fork-child")
+        assert child.steps == parent.steps == 1
+        assert child.sandbox != parent.sandbox and child.diff is None and child.report is None
+        # the child has the parent's files, then neither sees the other's new
+        # ones (the child looked at through the helper: none of its steps spent)
+        assert env.helper.exec(child.sandbox, "test -s /tmp/.camg-reference.b64 && echo shipped",
+                               user="agent").output.strip() == "shipped"
+        parent.step({"operation": "shell", "command": "echo parent-only > /tmp/p"})
+        probe = env.helper.exec(child.sandbox, "ls /tmp/p 2>&1 | wc -l; echo c > /tmp/c",
+                                user="agent")
+        assert probe.output.strip() == "1", probe.output  # ls's error line
+        seen = parent.step({"operation": "shell", "command": "ls /tmp/c 2>&1 | wc -l; "
+                            "git status --porcelain | wc -l"}).observation["output"].split()
+        assert seen == ["1", "0"], seen
+        for _ in range(50):
+            action = child.reference_action()
+            step = child.step(action)
+            if step.done:
+                break
+        assert step.done
+        assert child.grade() == 1.0, child.state()
+        assert child.outcome()["integrity"] == "ok", child.outcome()
+        done = parent.step(FINISH)
+        assert done.done
+        assert parent.grade() == 0.0, parent.state()
+    finally:
+        parent.close()
+        if child is not None:
+            child.close()
+    assert env.helper.list_sandboxes() == []
+
+
+def test_coding_child_is_graded_on_what_its_whole_path_did(coding_env):
+    """What the parent did before the fork is the child's too: the gold
+    fix applied before the fork earns the child 1.0 when it finishes at
+    once, and the parent, reverting it, 0.0. No verdict or submission is
+    carried (the parent's grade comes after the fork)."""
+    env = coding_env
+    task = env.tasks[0]
+    patch = task.data["patch"]
+    parent = env.create_episode(task, seed=None, episode_id="fork-gold-first")
+    child = None
+    try:
+        parent.reset()
+        fixed = parent.step({"operation": "shell",
+                             "command": f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF"})
+        assert fixed.observation["exit_code"] == 0, fixed.observation
+        child = parent.fork("fork-gold-child")
+        reverted = parent.step({"operation": "shell", "command": "git checkout -- . && git status "
+                                "--porcelain | wc -l"})
+        assert reverted.observation["output"].strip() == "0"
+        assert parent.step(FINISH).done and parent.grade() == 0.0
+        assert child.step(FINISH).done and child.grade() == 1.0, child.state()
+    finally:
+        parent.close()
+        if child is not None:
+            child.close()
+
+
+# -- AutoResearch ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ar_roots(rootfs):
+    """test_autoresearch_episodes' roots and helper, built the same way."""
+    import test_autoresearch_episodes as ta
+    from camg.oci.images import write_materialized
+    from daemons.autoresearch.prepare import prepare
+    from tools import oci_demo
+    from tools.autoresearch import demo_tasks, image
+    research_image = image.ensure_image(oci_demo.cache_root_from_env())
+    ta.ensure_grader_user()
+    base = Path(tempfile.mkdtemp(prefix="camg-ar-fork-test-"))
+    base.chmod(0o711)
+    demo_tasks.build(base / "bundles")
+    images = base / "materialized-images.json"
+    write_materialized(images, (research_image.image,))
+    roots = {"base": base, "packages": base / "packages", "workspaces": base / "workspaces",
+             "private": base / "private", "images": images, "manifest": base / "manifest.json",
+             "image": research_image}
+    prepare(source=base / "bundles", packages_root=roots["packages"],
+            workspaces_root=roots["workspaces"], private_root=roots["private"], images=images,
+            image_name="camg/demo-autoresearch", output=roots["manifest"],
+            grader_user=ta.GRADER_USER)
+    hbase = base / "helper"
+    cfg = pc.helper_config(hbase, roots["workspaces"], rootfs,
+                           lower_roots=[str(oci_demo.cache_root_from_env()),
+                                        str(roots["workspaces"]), str(pc.CACHE / "helper")],
+                           private_roots=[str(roots["private"])])
+    helper = pc.start_helper(hbase, cfg)
+    pc.state_root(hbase / "state" / "ledger")
+    pc.state_root(hbase / "uppers")
+    environment = ta.make_env(roots, helper, base / "state-fork")
+    environment.start()
+    pc.allow_process(environment.grader.pid)
+    yield roots, helper, environment
+    environment.stop()
+    pc.stop_helper(helper)
+    shutil.rmtree(base)
+
+
+def _shell(command: str) -> dict:
+    return {"operation": "shell", "command": command}
+
+
+SUBMIT = {"operation": "submit"}
+
+
+def test_autoresearch_fork_reference_on_one_branch_nothing_on_the_other(ar_roots):
+    import test_autoresearch_episodes as ta
+    roots, helper, env = ar_roots
+    task = env.tasks[1]
+    parent = env.create_episode(task, seed=None, episode_id="ar-fork-parent")
+    child = None
+    try:
+        parent.reset()
+        wrote = parent.step(ta.write_file("/workspace/solve.py", ta.reference(roots, task.task_id)))
+        assert wrote.observation["exit_code"] == 0
+        child = parent.fork("ar-fork-child")
+        assert (child.steps, child.jobs, child.started) == (parent.steps, parent.jobs, parent.started)
+        ran = child.step(_shell("python /workspace/solve.py && wc -l /workspace/submission.csv"))
+        assert ran.observation["exit_code"] == 0, ran.observation
+        assert parent.step(_shell("ls /workspace/submission.csv 2>&1 | wc -l")) \
+            .observation["output"].strip() == "1"  # the child's submission is not the parent's
+        assert child.step(SUBMIT).done
+        reward = child.grade()
+        assert reward >= 0.9, (reward, child.state())
+        assert child.outcome()["integrity"] == "ok"
+        assert parent.step(SUBMIT).done
+        assert parent.grade() == 0.0, parent.state()
+        assert parent.state()["grade"]["submitted"] is False
+    finally:
+        parent.close()
+        if child is not None:
+            child.close()
+    assert env.helper.list_sandboxes() == []
+
+
+def test_autoresearch_running_background_job_is_not_forkable(ar_roots):
+    roots, helper, env = ar_roots
+    episode = env.create_episode(env.tasks[0], seed=None, episode_id="ar-fork-bg")
+    try:
+        episode.reset()
+        started = episode.step({"operation": "background", "command": "sleep 120"})
+        assert started.observation["exit_code"] == 0
+        # a forged exit file does not make the job look done: the helper counts processes
+        episode.step(_shell("echo 0 > /workspace/.jobs/1.exit"))
+        with pytest.raises(errors.NotForkable) as refused:
+            episode.fork("ar-fork-bg-child")
+        assert refused.value.details["what"] == "background_jobs"
+        assert len(env.helper.list_sandboxes()) == 1
+        # the episode goes on: the job still runs
+        assert episode.step(_shell(SLEEPS)).observation["output"].strip() == "1"
+    finally:
+        episode.close()
