@@ -88,7 +88,10 @@ def run(prepared: Prepared, n: int, seed: int = 0) -> Row:
     with prepared.serve(capacity=max(WORKERS, 16), limits=limits) as service:
         ids, errors = asyncio.run(_churn(service.url, target.action, n, seed, forks))
         if forks.refused is None and not forks.problems:
-            asyncio.run(churn_forks.kill_with_forks_live(service, target.action, forks))
+            # a service that serves only a state directory checked clean
+            # (the rig's pre_serve) stops when its worker dies
+            restart = prepared.restart if prepared.rig and prepared.rig.pre_serve else None
+            asyncio.run(churn_forks.kill_with_forks_live(service, target.action, forks, restart))
         # An episode leaves the table before its close has released
         # everything (AutoResearch unmounts a disk upper): a few seconds.
         settle = time.monotonic() + SETTLE_S

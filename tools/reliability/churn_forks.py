@@ -28,6 +28,8 @@ import os
 import signal
 import time
 
+import httpx
+
 from camg.census import children_of
 from camg_client import AsyncClient, ServiceError
 
@@ -49,12 +51,15 @@ class Forks:
     problems: list[str] = dataclasses.field(default_factory=list)
     #: episodes live in the worker when it was killed
     killed: set[str] = dataclasses.field(default_factory=set)
+    #: the service stopped itself after the kill and was started again
+    restarted: bool = False
 
     def summary(self) -> str:
         if self.refused is not None and not self.children:
             return f"forks skipped: not_forkable ({self.refused[:120]})"
         text = f"{len(self.children)} forks (chains, forks of forks, parents closed first, " \
-               f"children reaped), {len(self.killed)} live at a worker kill -9"
+               f"children reaped), {len(self.killed)} live at a worker kill -9" \
+            + (" (the service stopped itself; restarted)" if self.restarted else "")
         if self.refused is not None:
             text += f"; then refused: not_forkable ({self.refused[:120]})"
         return text
@@ -83,28 +88,69 @@ async def _create(client: AsyncClient, forks: Forks) -> str:
     return eid
 
 
+class Held:
+    """The episodes a trainer still means to use, their leases renewed
+    (GET /episodes/{id}) every ``RENEW_S``: a fork of a container costs
+    seconds, more than the churn's 2 s lease, and the lease reaper must end
+    only what is abandoned on purpose."""
+
+    RENEW_S = 0.5
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.ids: set[str] = set()
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "Held":
+        self._task = asyncio.create_task(self._renew())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+    async def _renew(self) -> None:
+        while True:
+            for eid in list(self.ids):
+                try:
+                    await self.client.request("GET", f"/episodes/{eid}")
+                except (ServiceError, OSError, httpx.TransportError):
+                    pass  # ended, or the worker is being replaced: the tree says which
+            await asyncio.sleep(self.RENEW_S)
+
+
 async def tree(client: AsyncClient, action: dict, budget: int, forks: Forks) -> None:
     """The fork tree above, run beside the churn's workers."""
-    try:
-        a = await _create(client, forks)
-        await client.step(a, action)
-        b = await _fork(client, forks, a, 1)
-        await client.step(b, action)
-        c = await _fork(client, forks, b, 2)
-        d = await _fork(client, forks, a, 1)
-        await client.close(a)
-        await client.step(c, action)
-        await client.close(b)
-        for _ in range(budget):
-            if (await client.step(c, action))["done"]:
-                break
-        else:
-            forks.problems.append(f"fork {c} did not end by the step budget")
-        await _fork(client, forks, d, 1)
-    except Refused as exc:
-        forks.refused = str(exc)
-    except (ServiceError, OSError) as exc:
-        forks.problems.append(f"fork tree: {exc}")
+    async with Held(client) as held:
+        try:
+            a = await _create(client, forks)
+            held.ids.add(a)
+            await client.step(a, action)
+            b = await _fork(client, forks, a, 1)
+            held.ids.add(b)
+            await client.step(b, action)
+            c = await _fork(client, forks, b, 2)
+            held.ids.add(c)
+            d = await _fork(client, forks, a, 1)
+            held.ids.add(d)
+            await client.close(a)
+            await client.step(c, action)
+            await client.close(b)
+            for _ in range(budget):
+                if (await client.step(c, action))["done"]:
+                    break
+            else:
+                forks.problems.append(f"fork {c} did not end by the step budget")
+            await _fork(client, forks, d, 1)
+            # d and its child are abandoned: the reaper's
+            held.ids.clear()
+        except Refused as exc:
+            forks.refused = str(exc)
+        except (ServiceError, OSError, httpx.TransportError) as exc:
+            forks.problems.append(f"fork tree: {exc}")
 
 
 def _uid(pid: int) -> int | None:
@@ -115,6 +161,14 @@ def _uid(pid: int) -> int | None:
         return None
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+
+
 def _worker(service) -> int | None:
     """The service's worker (where the episodes live): the master's child
     of its own uid (AutoResearch's private grader runs as another)."""
@@ -123,17 +177,21 @@ def _worker(service) -> int | None:
     return max(workers) if workers else None
 
 
-async def kill_with_forks_live(service, action: dict, forks: Forks) -> None:
+async def kill_with_forks_live(service, action: dict, forks: Forks, restart=None):
     """f, its fork g and g's fork h live; kill -9 the worker; the
-    replacement answers 404 for all three and has recorded each."""
+    replacement answers 404 for all three and has recorded each.
+    ``restart(service)``: a new service on the same config, for one that
+    stopped itself (Prepared.restart); returns the service serving now."""
     live: list[str] = []
     async with AsyncClient(service.url, timeout=900) as client:
         try:
-            live.append(await _create(client, forks))
-            await client.step(live[0], action)
-            live.append(await _fork(client, forks, live[0], 1))
-            live.append(await _fork(client, forks, live[1], 1))
-        except (Refused, ServiceError, OSError) as exc:
+            async with Held(client) as held:
+                held.ids = live  # the same list: each is held once made
+                live.append(await _create(client, forks))
+                await client.step(live[0], action)
+                live.append(await _fork(client, forks, live[0], 1))
+                live.append(await _fork(client, forks, live[1], 1))
+        except (Refused, ServiceError, OSError, httpx.TransportError) as exc:
             if isinstance(exc, Refused):
                 forks.refused = str(exc)
             else:
@@ -141,11 +199,12 @@ async def kill_with_forks_live(service, action: dict, forks: Forks) -> None:
             # no kill: what was made ends the ordinary way
             for eid in live:
                 await _close_quietly(client, eid)
-            return
+            return service
         worker = _worker(service)
         if worker is None:
             forks.problems.append("no worker to kill")
-            return
+            return service
+        what = _cmdline(worker)
         os.kill(worker, signal.SIGKILL)
         forks.killed = set(live)
         deadline = time.monotonic() + KILL_WAIT_S
@@ -153,11 +212,22 @@ async def kill_with_forks_live(service, action: dict, forks: Forks) -> None:
             recorded = {r["episode_id"]: r for r in service.outcomes() if r["episode_id"] in live}
             if len(recorded) == len(live) and await _gone(client, live):
                 break
+            if service.proc.poll() is not None:
+                if restart is None:
+                    forks.problems.append(f"the service exited {service.proc.returncode} after "
+                                          f"the kill -9 of its worker ({what})")
+                    return service
+                # AutoResearch stops itself when its worker dies (a new worker
+                # may not claim a state directory not checked clean): start it
+                # again as systemd would, on the same port
+                forks.restarted = True
+                service = await asyncio.to_thread(restart, service)
+                continue
             await asyncio.sleep(0.5)
         else:
             forks.problems.append(f"after the worker's kill -9, not all of {live} were recorded "
                                   f"and 404 within {KILL_WAIT_S:.0f} s")
-            return
+            return service
     for eid in live:
         r = recorded[eid]
         if r["reward"] is not None or r["failure_class"] != "infra" or not r.get("recovered"):
@@ -166,6 +236,7 @@ async def kill_with_forks_live(service, action: dict, forks: Forks) -> None:
         if eid in forks.children and r.get("forked_from") != forks.children[eid][0]:
             forks.problems.append(f"recovered record of fork {eid}: forked_from "
                                   f"{r.get('forked_from')}, not {forks.children[eid][0]}")
+    return service
 
 
 async def _gone(client: AsyncClient, ids: list[str]) -> bool:
@@ -177,7 +248,7 @@ async def _gone(client: AsyncClient, ids: list[str]) -> bool:
         except ServiceError as exc:
             if exc.status != 404:
                 return False
-        except OSError:
+        except (OSError, httpx.TransportError):
             return False  # no worker listening yet
     return True
 

@@ -37,12 +37,27 @@ class Prepared:
         if self.rig is not None and self.rig.pre_serve is not None:
             self.rig.pre_serve(config)
         service = ServiceProcess(config, env=self.rig.env if self.rig else None)
+        self._replacements = []
         try:
             service.wait_ready(timeout=ready_timeout)
             yield service
         finally:
             # SIGTERM: the graceful path (episodes closed, sandboxes released).
-            service.stop(signal.SIGTERM)
+            for each in [service, *self._replacements]:
+                each.stop(signal.SIGTERM)
+
+    def restart(self, service, ready_timeout: float = 600):
+        """What the unit's Restart= does for a service that stopped itself
+        (AutoResearch stops when its worker or grader dies): its
+        ExecStartPre= (the rig's pre_serve: --check-clean) and a new process
+        on the same config, stopped with the ``serve`` it replaces."""
+        from tools.harness.services import ServiceProcess
+        service.stop(signal.SIGTERM)
+        if self.rig is not None and self.rig.pre_serve is not None:
+            self.rig.pre_serve(service.config_path)
+        again = ServiceProcess(service.config_path, env=self.rig.env if self.rig else None)
+        self._replacements.append(again)
+        return again.wait_ready(timeout=ready_timeout)
 
 
 def service_rss_kib(service) -> int:
