@@ -25,6 +25,9 @@ from tools.reliability.rig import Helper
 from tools.reliability.table import Row
 
 AGENT_ENV = "/opt/camg/agent-env"
+#: what the disk and inode probes try to write; more than the rig's bound
+FILL_MIB = 1024
+INODE_CAP = 100_000
 TASK_ROOT = "/opt/mimo-task"
 
 
@@ -197,11 +200,20 @@ def _resources(cc, helper: Helper, new) -> list[tuple[str, bool | None, str]]:
     alive = cc.exec(hog, "echo alive", timeout=30).output.strip()
     out.append(("memory hog (128 MiB limit)", r.exit_code != 0 and alive.endswith("alive"),
                 f"exit {r.exit_code}; then {alive[-10:]}"))
-    # The writable layer: bounded only with a storage quota (not here).
-    r = cc.exec(sid, "dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1 | tail -1; "
-                "rm -f /tmp/fill", timeout=120)
-    bounded = "No space left" in r.output
-    out.append(("disk exhaustion of the writable layer", True if bounded else None,
-                "ENOSPC" if bounded else "100 MiB written: overlay2 has no size limit without "
-                "xfs project quotas (the container's disk use is bounded by the host's)"))
+    # Every writable path: / and /tmp are the overlay's upper, its own
+    # bounded ext4 (helper/container_disk.py: the rig sizes it below
+    # FILL_MIB); /dev/shm is Docker's 64 MiB tmpfs.
+    for name, user, path in (("disk exhaustion through /tmp (agent)", "agent", "/tmp/fill"),
+                             ("disk exhaustion through / (root)", "root", "/fill"),
+                             ("disk exhaustion through /dev/shm (agent)", "agent", "/dev/shm/fill")):
+        r = cc.exec(sid, f"dd if=/dev/zero of={path} bs=1M count={FILL_MIB} 2>&1; "
+                    f"rm -f {path}", user=user, timeout=300)
+        full = "No space left" in r.output
+        out.append((name, full, "ENOSPC" if full else r.output.strip()[-120:]))
+    # Empty files cost inodes only.
+    r = cc.exec(sid, f"mkdir /tmp/many && cd /tmp/many && i=0; while [ $i -lt {INODE_CAP} ]; do "
+                "true > f$i 2>/dev/null || { echo stopped at $i; break; }; i=$((i+1)); done; "
+                "cd / && rm -rf /tmp/many", user="agent", timeout=300)
+    out.append(("inode exhaustion through /tmp (agent)", "stopped at" in r.output,
+                r.output.strip()[-120:] or f"{INODE_CAP} files made"))
     return out

@@ -173,7 +173,10 @@ def general(work: Path, socket: str) -> Rig:
                     "judge_backoff_s": 0.05}
         helper = {"lower_roots": [str(CACHE / "helper")],
                   "containers": _containers("general", images,
-                                            agent_env_source=str(agent_env.cached(CACHE)))}
+                                            agent_env_source=str(agent_env.cached(CACHE)),
+                                            # below the escape battery's FILL_MIB and
+                                            # INODE_CAP (tools/reliability/escape_container.py)
+                                            upper_bytes=256 << 20, upper_inodes=16384)}
         env = {"GA_JUDGE_URL": judge.url, "GA_JUDGE_MODEL": "reliability-judge",
                "GA_JUDGE_KEY": "sk-reliability", "GA_JUDGE_API": "chat"}
         # daemons/general/README.md: action_timeout_s >= 1900 (the verifier)
