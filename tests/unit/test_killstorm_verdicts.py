@@ -173,3 +173,60 @@ def test_a_kill_that_lands_after_repeats_is_no_problem_one_that_never_lands_is(m
     assert landed.missed == 5 and not landed.problems
     never = run(killstorm.MAX_REPEATS + 5)
     assert never.missed == killstorm.MAX_REPEATS and never.problems
+
+
+class ForkGuest(ScriptedGuest):
+    """A scripted guest whose dockerd holds the images ``left``."""
+
+    def __init__(self, answers, records, left=()) -> None:
+        super().__init__(answers, records)
+        self.left = set(left)
+
+    def images(self, *labels):
+        return set(self.left)
+
+
+def test_forks_live_at_a_service_kill_are_recorded_and_their_images_gone(monkeypatch):
+    from tools.reliability import killstorm_forks
+    monkeypatch.setattr(killstorm_forks, "RECLAIM_S", 0.0)
+    chain = {("POST", "/episodes/e1/fork"): Answer(201, {"episode_id": "c1", "forked_from": "e1"}),
+             ("POST", "/episodes/c1/fork"): Answer(201, {"episode_id": "c2", "forked_from": "c1"})}
+    recovered = [{"episode_id": c, "reward": None, "failure_class": "infra", "recovered": True,
+                  "forked_from": p} for c, p in (("c1", "e1"), ("c2", "c1"))]
+    storm = Storm(ForkGuest(chain, recovered), [GENERAL], random.Random(0))
+    kill = Kill("service", "idle", "general")
+    made = killstorm_forks.fork_chain(storm, GENERAL, "e1", kill)
+    assert made == [("c1", "e1"), ("c2", "c1")] and kill.forked == 2
+    killstorm_forks.check_lost(storm, GENERAL, kill, made)
+    assert not kill.problems, kill.problems
+    # a fork the recovery forgot, or whose snapshot image stayed, is a problem
+    storm = Storm(ForkGuest(chain, recovered[:1], left={"sha256:abc"}), [GENERAL], random.Random(0))
+    kill = Kill("service", "idle", "general")
+    killstorm_forks.check_lost(storm, GENERAL, kill, made)
+    assert any("no record" in p for p in kill.problems)
+    assert any("snapshot images" in p for p in kill.problems)
+
+
+def test_an_environment_refusing_forks_is_skipped_by_name_a_503_is_a_problem():
+    from tools.reliability import killstorm_forks
+    refused = Answer(409, {"error": "not_forkable", "details": {"what": "environment"}})
+    storm = Storm(ScriptedGuest({("POST", "/episodes/e1/fork"): refused}, []), [SHOP],
+                  random.Random(0))
+    kill = Kill("service", "idle", "shop", ended="idle, then 404; recorded None infra")
+    assert killstorm_forks.fork_chain(storm, SHOP, "e1", kill) == []
+    assert not kill.problems and kill.unforkable == "environment"
+    row = summarize([kill], 1, [SHOP])[0]
+    assert row.ok and "forks skipped: not_forkable (environment)" in row.counted
+    infra = Answer(503, {"error": "infra_failure", "failure_class": "infra"})
+    storm = Storm(ScriptedGuest({("POST", "/episodes/e1/fork"): infra}, []), [SHOP],
+                  random.Random(0))
+    kill = Kill("service", "idle", "shop")
+    assert killstorm_forks.fork_chain(storm, SHOP, "e1", kill) == []
+    assert kill.problems and "503" in kill.problems[0]
+    assert not summarize([kill], 1, [SHOP])[0].ok
+
+
+def test_a_services_first_kill_comes_past_its_reset_so_forks_are_live():
+    for seed in range(20):
+        work = plan([CODING, SHOP, GENERAL], 1, random.Random(seed))
+        assert all(p != "reset" for t, _, p in work if t == "service")

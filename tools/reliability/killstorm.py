@@ -35,7 +35,9 @@ kill) is driven to the kill point, the target is killed, and then
 
 Kill points: ``reset`` (POST /episodes outstanding), ``step`` (a step
 outstanding), ``grading`` (the finish outstanding, grading running),
-``idle`` (an episode with no request outstanding).
+``idle`` (an episode with no request outstanding). A kill of a service or
+its worker past ``reset`` has a fork chain of the episode live as well
+(tools/reliability/killstorm_forks.py).
 
 ``storm(guest, ...)`` needs only a way to run commands in the booted guest
 and a census of its sandboxes; tests/system/test_newcomer.py provides both.
@@ -50,6 +52,7 @@ import time
 import uuid
 from typing import Callable
 
+from tools.reliability import killstorm_forks
 from tools.reliability.killstorm_guest import Answer, Background, Env, Guest
 from tools.reliability.killstorm_report import RECLAIM_S, Kill, plan, summarize
 from tools.reliability.table import Row
@@ -203,6 +206,7 @@ class Storm:
         create = {**env.create, "episode_id": eid}
         pending: Background | None = None
         mine: set[str] = set()
+        forks: list[tuple[str, str]] = []
         if point == "reset":
             pending = Background(self.guest, env.port, "POST", "/episodes", create)
             time.sleep(self.rng.uniform(0.0, env.reset_s * 0.9))
@@ -213,6 +217,9 @@ class Storm:
                 return kill
             if env.containers:
                 mine = self.episode_containers(env, eid)
+            if loses_episodes(target, env):
+                # forks live at the kill (tools/reliability/killstorm_forks.py)
+                forks = killstorm_forks.fork_chain(self, env, eid, kill)
             if point == "step":
                 pending = Background(self.guest, env.port, "POST", f"/episodes/{eid}/step",
                                      {"action": env.slow_step})
@@ -252,7 +259,8 @@ class Storm:
             # done): no kill happened; this episode ends, the storm retries.
             if pending is not None:
                 pending.result(600)
-            self.guest.http(env.port, "DELETE", f"/episodes/{eid}")
+            for each in [eid, *(child for child, _ in forks)]:
+                self.guest.http(env.port, "DELETE", f"/episodes/{each}")
             return kill
         killed_at = time.monotonic()
         self.log(f"kill -9 {target} (pid {pid}) at {point}"
@@ -265,6 +273,8 @@ class Storm:
         answer = pending.result(600) if pending is not None else None
         ended_at = time.monotonic()
         self._ended(kill, target, env, eid, answer)
+        if forks:
+            killstorm_forks.check_lost(self, env, kill, forks)
         if env.containers and not loses_episodes(target, env):
             self._containers_gone(kill, ended_at, mine, f"of episode {eid}")
         self._records(kill, before)

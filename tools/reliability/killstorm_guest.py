@@ -96,6 +96,14 @@ class Guest:
         got = self.run(argv, timeout=60, check=False)
         return set(got.stdout.split()) if got.returncode == 0 else set()
 
+    def images(self, *labels: str) -> set[str]:
+        """Ids of the guest dockerd's images with every label (empty where
+        no dockerd runs)."""
+        argv = ["docker", "images", "-q", "--no-trunc"] + [a for label in labels
+                                                            for a in ("--filter", f"label={label}")]
+        got = self.run(argv, timeout=60, check=False)
+        return set(got.stdout.split()) if got.returncode == 0 else set()
+
     def container_pid(self, cid: str) -> str:
         """The host-side pid of a running container's init ("" when gone)."""
         got = self.run(["docker", "inspect", "-f", "{{.State.Pid}}", cid], timeout=60, check=False)

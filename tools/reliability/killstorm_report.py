@@ -33,6 +33,8 @@ class Kill:
     reclaim_s: float = 0.0
     ended: str = ""             # how the in-flight episode ended
     missed: int = 0             # tries whose target had exited before the kill
+    forked: int = 0             # forks of the episode live at the kill
+    unforkable: str = ""        # what its environment refused to fork (not_forkable)
     problems: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -55,6 +57,10 @@ def plan(envs: list[Env], kills: int, rng: random.Random) -> list[tuple[str, Env
             only_grading = target == "grader" and env.grader != "process"
             orders[env.name] = list(("grading",) if only_grading else env.points)
             rng.shuffle(orders[env.name])
+            if target == "service" and orders[env.name][0] == "reset":
+                # its first kill comes past the reset, with forks of the
+                # episode live (killstorm_forks): a short storm has one too
+                orders[env.name].append(orders[env.name].pop(0))
         # The helper at least once per environment that needs it.
         for i in range(max(kills, len(choices)) if target == "helper" else kills):
             env = choices[i % len(choices)]
@@ -99,6 +105,12 @@ def summarize(done: list[Kill], kills: int, envs: list[Env] | None = None) -> li
                    + ", ".join(f"{n}x {e}" for e, n in sorted(ends.items())))
         if missed:
             counted += f"; {missed} tries repeated (the target finished before the kill)"
+        forked = sum(k.forked for k in ks)
+        if forked:
+            counted += f"; {forked} forks live at {sum(1 for k in ks if k.forked)} kill(s)"
+        refused = sorted({k.unforkable for k in ks if k.unforkable})
+        if refused and not forked:
+            counted += f"; forks skipped: not_forkable ({', '.join(refused)})"
         if problems:
             counted += f"; {len(problems)} problem(s), first: {problems[0][:200]}"
         wanted = max(kills, len({k.env for k in ks})) if target == "helper" else kills
