@@ -9,7 +9,10 @@ such as ``operation``) each of its values becomes a tool of that name, whose
 parameters are the object's other properties, required as the object (and
 an ``if``/``then`` on that value) requires them. A value several branches
 share becomes one tool taking what any of them takes. Without a
-discriminator the object is a single tool called ``name``.
+discriminator the object is a single tool called ``name``, unless it names
+the forms of its one string property as tools (``"x-camg-tools"``: Shop's
+``search[…]`` and ``click[…]`` are tools ``search`` and ``click``, each
+taking the text in the brackets).
 
 ``action(schema, tool_name, arguments)`` is the inverse: a model's tool call
 becomes the action body ``POST /episodes/{id}/step`` takes, validated
@@ -31,6 +34,8 @@ import fastjsonschema
 from camg_client.tool_calls import ToolCallError, action_of
 from camg_client.tool_calls import branches as _branches
 from camg_client.tool_calls import discriminator as _discriminator
+from camg_client.tool_calls import FORMS as _FORMS_KEY
+from camg_client.tool_calls import forms as _forms
 from camg_client.tool_calls import values as _values
 
 from camg.errors import ConfigError, InvalidAction
@@ -44,6 +49,12 @@ class ActionTools:
 
     def __init__(self, action_schema: Mapping[str, Any], *, name: str) -> None:
         self.schema = dict(action_schema)
+        self.forms = _forms(self.schema)
+        self._validate = fastjsonschema.compile(self.schema)
+        if self.forms is not None:
+            self.key = None
+            self.tools = _form_tools(self.schema, self.forms)
+            return
         branches = _branches(self.schema)
         keys = {_discriminator(b) for b in branches}
         if len(keys) != 1:
@@ -70,7 +81,6 @@ class ActionTools:
             "name": tool,
             "description": " ".join(dict.fromkeys(notes[tool])) or f"One {name} action.",
             "parameters": _merge(parts[tool])}} for tool in parts]
-        self._validate = fastjsonschema.compile(self.schema)
 
     def action(self, tool_name: str, arguments: str | bytes | Mapping[str, Any] | None) -> dict:
         """The action a tool call stands for; InvalidAction when the call is
@@ -78,7 +88,8 @@ class ActionTools:
         not a JSON object, an action outside the schema)."""
         names = [t["function"]["name"] for t in self.tools]
         try:
-            action = action_of(tool_name, arguments, key=self.key, names=names)
+            action = action_of(tool_name, arguments, key=self.key, names=names,
+                               forms=self.forms)
         except ToolCallError as exc:
             raise InvalidAction(str(exc)) from None
         try:
@@ -99,6 +110,36 @@ def action(action_schema: Mapping[str, Any], tool_name: str, arguments: Any, *,
            name: str) -> dict:
     """The validated action body of one tool call (see ``ActionTools.action``)."""
     return ActionTools(action_schema, name=name).action(tool_name, arguments)
+
+
+def _form_tools(schema: Mapping[str, Any], forms: Mapping[str, Any]) -> list[dict]:
+    """One tool per form of the string property ``forms`` names, taking the
+    text its template's ``{}`` stands for."""
+    prop = forms.get("property")
+    if (schema.get("properties") or {}).get(prop, {}).get("type") != "string" \
+            or schema.get("required") != [prop]:
+        raise ConfigError(f"action schema: {_FORMS_KEY} needs the schema's one required "
+                          f"string property, not {prop!r}")
+    tools = []
+    for tool, form in (forms.get("tools") or {}).items():
+        template, parameter = form.get("template"), form.get("parameter")
+        if not isinstance(template, str) or template.count("{}") != 1 \
+                or not isinstance(parameter, str) or not form.get("description"):
+            raise ConfigError(f"action schema: {_FORMS_KEY} {tool!r} needs a template with "
+                              "one {}, a parameter and a description")
+        if not _TOOL_NAME.fullmatch(tool):
+            raise ConfigError(f"action schema: {tool!r} cannot be a tool name "
+                              "(OpenAI allows [A-Za-z0-9_-]{1,64})")
+        argument = {"type": "string", "minLength": 1}
+        if form.get("parameter_description"):
+            argument["description"] = form["parameter_description"]
+        tools.append({"type": "function", "function": {
+            "name": tool, "description": form["description"],
+            "parameters": {"type": "object", "properties": {parameter: argument},
+                           "required": [parameter], "additionalProperties": False}}})
+    if not tools:
+        raise ConfigError(f"action schema: {_FORMS_KEY} names no tools")
+    return tools
 
 
 def _parameters(branch: Mapping[str, Any], key: str | None, value: str | None) -> dict:

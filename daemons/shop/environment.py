@@ -47,6 +47,16 @@ class ShopEnvironment(Environment):
                            "observation.available_actions.clickables"}},
         "required": ["action"],
         "additionalProperties": False,
+        # The two forms as tools (/schema's tools, MCP's; camg.action_tools).
+        "x-camg-tools": {"property": "action", "tools": {
+            "search": {"template": "search[{}]", "parameter": "query",
+                       "description": "Search the shop (from any page) for products "
+                                      "matching the keywords.",
+                       "parameter_description": "the search keywords"},
+            "click": {"template": "click[{}]", "parameter": "text",
+                      "description": "Click a button or link on the current page: one of "
+                                     "observation.available_actions.clickables.",
+                      "parameter_description": "the button or link text, as in clickables"}}},
     }
     observation_schema: ClassVar[Mapping[str, Any]] = {
         "type": "object",

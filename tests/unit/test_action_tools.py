@@ -12,6 +12,7 @@ import pytest
 
 from camg import action_tools, plugins
 from camg.errors import ConfigError, InvalidAction
+from camg_client.tool_calls import ToolCallError, ToolCalls
 from tools.harness.counter_env import ACTION_SCHEMA as COUNTER_SCHEMA
 
 # A sample of every action of every environment; the test below fails when
@@ -38,6 +39,13 @@ def schemas() -> dict:
 def split(action: dict, schema, env: str) -> tuple[str, dict]:
     """The tool call a model would make for ``action``."""
     tool = action_tools.ActionTools(schema, name=env)
+    if tool.forms is not None:
+        text = action[tool.forms["property"]]
+        for name, form in tool.forms["tools"].items():
+            before, after = form["template"].split("{}")
+            if text.startswith(before) and text.endswith(after):
+                return name, {form["parameter"]: text[len(before):len(text) - len(after)]}
+        raise AssertionError(f"{text!r} is no form of {env}")
     if tool.key is None:
         return env, action
     return action[tool.key], {k: v for k, v in action.items() if k != tool.key}
@@ -95,9 +103,50 @@ def test_branches_sharing_an_action_become_one_tool():
 
 
 def test_a_schema_without_discriminator_is_one_tool_named_for_the_environment():
-    [tool] = action_tools.tools(schemas()["shop"], name="shop")
+    schema = {"type": "object", "required": ["action"], "additionalProperties": False,
+              "properties": {"action": {"type": "string"}}}
+    [tool] = action_tools.tools(schema, name="shop")
     assert tool["function"]["name"] == "shop"
     assert tool["function"]["parameters"]["required"] == ["action"]
+
+
+def test_shops_forms_are_its_search_and_click_tools():
+    schema = schemas()["shop"]
+    tools = {t["function"]["name"]: t["function"] for t in action_tools.tools(schema, name="shop")}
+    assert list(tools) == ["search", "click"]
+    assert tools["search"]["parameters"]["required"] == ["query"]
+    assert tools["click"]["parameters"]["required"] == ["text"]
+    calls = ToolCalls({"action": schema, "tools": [{"type": "function", "function": f}
+                                                   for f in tools.values()]})
+    for call, action in [(("search", '{"query": "red mug"}'), {"action": "search[red mug]"}),
+                         (("click", {"text": "< prev"}), {"action": "click[< prev]"})]:
+        assert action_tools.action(schema, *call, name="shop") == calls.action(*call) == action
+    for arguments in ({}, {"query": 3}, {"query": "mug", "page": 2}, {"action": "search[mug]"}):
+        with pytest.raises(InvalidAction, match="takes one argument, 'query'"):
+            action_tools.action(schema, "search", arguments, name="shop")
+        with pytest.raises(ToolCallError):
+            calls.action("search", arguments)
+    with pytest.raises(InvalidAction, match="no tool named 'shop'"):
+        action_tools.action(schema, "shop", {"action": "search[mug]"}, name="shop")
+    # the service's own limits still hold: the action is checked against its schema
+    with pytest.raises(InvalidAction, match="action.action must be shorter"):
+        action_tools.action(schema, "search", {"query": "x" * 1000}, name="shop")
+
+
+@pytest.mark.parametrize("forms, message", [
+    ({"property": "colour", "tools": {"a": {"template": "a[{}]", "parameter": "p",
+                                            "description": "d"}}}, "one required string"),
+    ({"property": "action", "tools": {"a": {"template": "a[]", "parameter": "p",
+                                            "description": "d"}}}, "template with one {}"),
+    ({"property": "action", "tools": {"a b": {"template": "a[{}]", "parameter": "p",
+                                              "description": "d"}}}, "cannot be a tool name"),
+    ({"property": "action", "tools": {}}, "names no tools"),
+])
+def test_bad_forms_refuse_to_start(forms, message):
+    schema = {"type": "object", "required": ["action"], "x-camg-tools": forms,
+              "properties": {"action": {"type": "string"}}}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        action_tools.tools(schema, name="shop")
 
 
 @pytest.mark.parametrize("name, arguments, message", [

@@ -376,34 +376,52 @@ def test_shop_oracle_and_noop_over_mcp(shop_service):
     title = products[goal["asin"]]["Title"].replace("[", " ").replace("]", " ")
     url = shop_service.url
 
+    async def buy(act) -> dict:
+        """The oracle's clicks through ``act(tool, arguments)``: the goal's
+        product, its options, buy now."""
+        def click(text: str):
+            return act("click", {"text": text})
+        step = await act("search", {"query": title})
+        while goal["asin"].lower() not in step["observation"]["available_actions"]["clickables"]:
+            step = await click("next >")
+        await click(goal["asin"].lower())
+        for value in goal["goal_options"].values():
+            await click(value)
+        return await click("buy now")
+
     async def play():
         async with McpClient(f"{url}/mcp?task_id={task['task_id']}") as client:
-            assert sdk_tools(await client.list_tools()) == schema_tools(url)
+            listed = sdk_tools(await client.list_tools())
+            assert listed == schema_tools(url) and [t["name"] for t in listed] == ["search", "click"]
 
-            async def act(text: str) -> dict:
-                result = await client.call_tool("shop", {"action": text})
+            async def act(tool: str, arguments: dict) -> dict:
+                result = await client.call_tool(tool, arguments)
                 assert result.is_error is False, result.structured_content
                 return result.structured_content
-            step = await act(f"search[{title}]")
-            while goal["asin"].lower() not in step["observation"]["available_actions"]["clickables"]:
-                step = await act("click[next >]")
-            await act(f"click[{goal['asin'].lower()}]")
-            for value in goal["goal_options"].values():
-                await act(f"click[{value}]")
-            oracle = await act("click[buy now]")
+            oracle = await buy(act)
+        # the stock openenv package's MCP client, over /ws
+        async with MCPToolClient(base_url=url) as env:
+            await env.reset(task_id=task["task_id"])
+            assert [t.name for t in await env.list_tools()] == ["search", "click"]
+
+            async def act(tool: str, arguments: dict) -> dict:
+                return await env.call_tool(tool, **arguments)
+            stock = await buy(act)
         async with McpClient(f"{url}/mcp?task_id={task['task_id']}") as client:
             # searching until the step limit buys nothing: 0
             for _ in range(500):
-                noop = (await client.call_tool("shop", {"action": "search[nothing]"})).structured_content
+                noop = (await client.call_tool("search", {"query": "nothing"})).structured_content
                 if noop["done"]:
                     break
-        return oracle, noop
+        return oracle, noop, stock
 
-    oracle, noop = asyncio.run(play())
+    oracle, noop, stock = asyncio.run(play())
     assert oracle["done"] is True and oracle["reward"] == 1.0 and oracle["failure_class"] is None
+    assert stock["done"] is True and stock["reward"] == 1.0 and stock["failure_class"] is None
     assert noop["done"] is True and noop["reward"] == 0.0 and noop["failure_class"] is None
     rewards = {r["episode_id"]: r["reward"] for r in shop_service.outcomes()}
     assert rewards[oracle["episode_id"]] == 1.0 and rewards[noop["episode_id"]] == 0.0
+    assert rewards[stock["episode_id"]] == 1.0
 
 
 def configure_tooly(tmp):

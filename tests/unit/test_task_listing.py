@@ -174,7 +174,7 @@ def test_schema_describes_the_route(shop):
         "tasks", "offset", "limit", "total", "next_offset", "task_selection_hash"}
     # the tools come from the very action schema served beside them
     assert schema["tools"] == action_tools.tools(schema["action"], name="shop")
-    assert [t["function"]["name"] for t in schema["tools"]] == ["shop"]
+    assert [t["function"]["name"] for t in schema["tools"]] == ["search", "click"]
 
 
 def test_a_bad_task_fact_stops_the_service_at_build(tmp_path):
