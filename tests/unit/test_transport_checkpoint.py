@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 
 import pytest
 
@@ -36,12 +37,18 @@ def test_records_are_root_only_and_a_lone_episode_record_is_refused(tmp_path):
         c.resumed()
 
 
+# The guard's reap kills every process of the agent uid on the host: a uid
+# of this module's own (test_general_integrity uses 2931), never 2000.
+UID = 2932
+
+
 @pytest.fixture
 def code_world():
     base = world_dir("mimo-ckpt.")
     cwd = base / "testbed"
     mimo_tasks.code_task(base, cwd=cwd)
     yield base, cwd
+    subprocess.run(["pkill", "-KILL", "-U", str(UID)], check=False)
     shutil.rmtree(base, ignore_errors=True)
 
 
@@ -50,29 +57,38 @@ def shell(command):
 
 
 def test_software_child_continues_the_parents_episode(code_world):
+    from camg.guard_verdict import GUARD_DIR
     from mimoagent.transport.verifier_guard import GuardConfig
 
     base, cwd = code_world
     guard = GuardConfig(tmp_dirs=(), state_root=str(base / "verifier-state"),
                         changes_file=str(base / "changes.json"),
-                        guard_record=str(base / "guard.json"))
+                        guard_record=str(base / "guard.json"), test_guard_dir=GUARD_DIR)
     ck = str(base / "checkpoint")
-    parent = software.bind(base / "task", workspaces=(cwd,), checkpoint=ck)()
+    parent = software.bind(base / "task", agent_uid=UID, workspaces=(cwd,), guard=guard,
+                           checkpoint=ck)()
     parent.reset()
     r = parent.step(shell(f"cat > /tmp/gold.$$ <<'EOF'\n{GOLD}EOF\ngit apply /tmp/gold.$$ && echo applied"))
     assert "applied" in r.output
     parent.step(shell("echo second"))
     # A fresh transport (a fork's child) on the same files: no setup again
     # (which would re-extract the workspace over the fix), the count goes on.
-    child = software.bind(base / "task", workspaces=(cwd,), checkpoint=ck)()
+    child = software.bind(base / "task", agent_uid=UID, workspaces=(cwd,), guard=guard,
+                          checkpoint=ck)()
     child.reset(episode_id="child-1")
     assert child.state.step_count == 2
     assert "a + b" in (cwd / "calc.py").read_text()
     assert child.verifier.base_ref == parent.verifier.base_ref
+    assert child.verifier.pristine.entries == parent.verifier.pristine.entries
     child.step(shell("echo third"))
     assert checkpoint.Checkpoint(ck).load("episode.json") == {"episode_id": "child-1", "step_count": 3}
     done = child.step(software.ShellAction(operation="finish"))
     assert done.done and done.reward == 1.0 and done.exit_code == 0
+    # the child's change record is walked against the parent's setup
+    # snapshot: the fix made before the fork is in it
+    import json
+    changed = {c["path"] for c in json.loads((base / "changes.json").read_text())["changes"]}
+    assert "calc.py" in changed
 
 
 @pytest.fixture
