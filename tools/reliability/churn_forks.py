@@ -53,13 +53,17 @@ class Forks:
     killed: set[str] = dataclasses.field(default_factory=set)
     #: the service stopped itself after the kill and was started again
     restarted: bool = False
+    #: seconds the tree and the kill (to every record and 404) took
+    tree_s: float = 0.0
+    kill_s: float = 0.0
 
     def summary(self) -> str:
         if self.refused is not None and not self.children:
             return f"forks skipped: not_forkable ({self.refused[:120]})"
         text = f"{len(self.children)} forks (chains, forks of forks, parents closed first, " \
-               f"children reaped), {len(self.killed)} live at a worker kill -9" \
-            + (" (the service stopped itself; restarted)" if self.restarted else "")
+               f"children reaped; {self.tree_s:.0f} s), {len(self.killed)} live at a worker " \
+               f"kill -9 ({self.kill_s:.0f} s" \
+            + ("; the service stopped itself, restarted)" if self.restarted else ")")
         if self.refused is not None:
             text += f"; then refused: not_forkable ({self.refused[:120]})"
         return text
@@ -124,6 +128,7 @@ class Held:
 
 async def tree(client: AsyncClient, action: dict, budget: int, forks: Forks) -> None:
     """The fork tree above, run beside the churn's workers."""
+    started = time.monotonic()
     async with Held(client) as held:
         try:
             a = await _create(client, forks)
@@ -151,6 +156,7 @@ async def tree(client: AsyncClient, action: dict, budget: int, forks: Forks) -> 
             forks.refused = str(exc)
         except (ServiceError, OSError, httpx.TransportError) as exc:
             forks.problems.append(f"fork tree: {exc}")
+    forks.tree_s = time.monotonic() - started
 
 
 def _uid(pid: int) -> int | None:
@@ -183,6 +189,7 @@ async def kill_with_forks_live(service, action: dict, forks: Forks, restart=None
     ``restart(service)``: a new service on the same config, for one that
     stopped itself (Prepared.restart); returns the service serving now."""
     live: list[str] = []
+    started = time.monotonic()
     async with AsyncClient(service.url, timeout=900) as client:
         try:
             async with Held(client) as held:
@@ -236,6 +243,7 @@ async def kill_with_forks_live(service, action: dict, forks: Forks, restart=None
         if eid in forks.children and r.get("forked_from") != forks.children[eid][0]:
             forks.problems.append(f"recovered record of fork {eid}: forked_from "
                                   f"{r.get('forked_from')}, not {forks.children[eid][0]}")
+    forks.kill_s = time.monotonic() - started
     return service
 
 
