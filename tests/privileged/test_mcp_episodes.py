@@ -1,7 +1,8 @@
 """Coding over MCP: a real ``camg.serve`` Coding service (helper sandboxes on
 the demo image) driven by the ``mcp`` SDK's own streamable HTTP client at
-``/mcp``: the gold fix to 1.0, a no-op finish to 0.0, each session one
-episode with its outcome record (coding_fixtures.py's helper and task set).
+``/mcp``: the gold fix to 1.0, a no-op finish to 0.0, and the gold fix to
+1.0 again by the stock openenv package's MCPToolClient (/ws), each session
+one episode with its outcome record (coding_fixtures.py's helper and task set).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import sys
 
 import pytest
 from mcp import Client as McpClient
+from openenv.core.env_server.mcp_types import CallToolAction
+from openenv.core.mcp_client import MCPToolClient
 
 import conftest as pc
 from camg import task_manifest as manifest
@@ -70,11 +73,22 @@ def test_gold_fix_to_one_and_noop_to_zero_over_mcp(service):
             gold = (await client.call_tool("finish", {})).structured_content
         async with McpClient(url, read_timeout_seconds=600) as client:
             noop = (await client.call_tool("finish", {})).structured_content
-        return gold, noop
+        # the stock openenv package's MCP client (its MCP messages on /ws)
+        async with MCPToolClient(base_url=proc.url, message_timeout_s=600) as env:
+            await env.reset(task_id=task.task_id)
+            assert [t.name for t in await env.list_tools()] == ["shell", "finish"]
+            fix = await env.call_tool("shell", command=f"git apply -R - <<'CAMG_EOF'\n"
+                                                       f"{task.data['patch']}\nCAMG_EOF")
+            assert fix["observation"]["exit_code"] == 0 and fix["done"] is False, fix
+            stock = await env.step(CallToolAction(tool_name="finish", arguments={}))
+        return gold, noop, stock
 
-    gold, noop = asyncio.run(play())
+    gold, noop, stock = asyncio.run(play())
     assert gold["done"] is True and gold["reward"] == 1.0 and gold["failure_class"] is None, gold
     assert noop["done"] is True and noop["reward"] == 0.0 and noop["failure_class"] is None, noop
+    assert stock.done is True and stock.reward == 1.0
+    assert stock.observation.result["failure_class"] is None
     records = proc.outcomes()
-    assert [(r["episode_id"], r["reward"], r["integrity"]) for r in records] == [
+    assert [(r["episode_id"], r["reward"], r["integrity"]) for r in records[:2]] == [
         (gold["episode_id"], 1.0, "ok"), (noop["episode_id"], 0.0, "ok")]
+    assert [(r["reward"], r["integrity"]) for r in records[2:]] == [(1.0, "ok")]
