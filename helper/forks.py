@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import threading
 import time
 
@@ -115,6 +116,8 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
                     cgroups.paths(registry.parents, child_id), child_upper, list(parent.record.lowers))
     layer: Layer | None = None
     created = False
+    layers: tuple[Layer, ...] = ()
+    made: dict = {}
     try:
         with parent.ops:
             if parent.destroyed or parent.died:
@@ -132,18 +135,50 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
             created = True
             cgroups.create(record.cgroups, memory_bytes=spec.memory_bytes, cpu_quota=spec.cpu_quota,
                            pids_max=spec.pids_max)
-            if disk:
-                uppers.create_disk(child_upper, size)
-            layers = parent.layers + (layer,)
+            # The child's references, taken while the parent still holds its
+            # own (a destroy of the parent cannot close them under the spawn).
+            for each in parent.layers + (layer,):
+                each.acquire()
+                layers += (each,)
             lowers, fds = _stack(parent.record, layers)
-            _replace_init(registry, parent, layers, lowers, fds, size, disk, layer.sub)
-        child = Sandbox.spawn(record, init_binary=registry.init_binary, hostname=spec.hostname,
-                              scratch=registry.scratch, lowers=lowers, tmpfs_bytes=size,
-                              timeout=registry.config.create_timeout, layer_fds=fds)
-        for each in layers:
-            each.acquire()
+            # The frozen upper's only writer goes first: an overlay may not
+            # stack an upper another mounted overlay still writes. Dead is
+            # enough (its mounts are gone before it is a zombie); it is reaped
+            # once replaced, so its pid is never free while parent names it.
+            old_pid = parent.init_pid
+            _kill_unreaped(old_pid)
+            parent.ctl.close()
+
+            def make_child() -> None:
+                try:
+                    if disk:
+                        uppers.create_disk(child_upper, size)
+                    made["child"] = Sandbox.spawn(
+                        record, init_binary=registry.init_binary, hostname=spec.hostname,
+                        scratch=registry.scratch, lowers=lowers, tmpfs_bytes=size,
+                        timeout=registry.config.create_timeout, layer_fds=fds)
+                except BaseException as exc:  # re-raised by the fork below
+                    made["error"] = exc
+            # Both inits come up at once (the two cores each take one).
+            worker = threading.Thread(target=make_child, name=f"fork-{child_id}", daemon=True)
+            try:
+                worker.start()
+                try:
+                    _replace_init(registry, parent, layers, lowers, fds, size, disk, layer.sub)
+                finally:
+                    worker.join()
+            finally:
+                _reap(old_pid)
+            if "error" in made:
+                raise made["error"]
+        child = made["child"]
         child.spec, child.size, child.layers = spec, size, layers
     except BaseException:
+        if "child" in made:
+            _kill_and_reap(made["child"].init_pid)
+            made["child"].ctl.close()
+        for each in layers:
+            each.release()
         if created:
             registry._forget(record)
         else:
@@ -158,11 +193,27 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
     return child, {"sandbox_id": child_id, "depth": depth, "upper_bytes": size}
 
 
+def _kill_unreaped(pid: int) -> None:
+    if pid <= 1:
+        raise ValueError(f"refusing to kill pid {pid}")
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    except (ProcessLookupError, ChildProcessError):
+        pass  # reaped already by a concurrent destroy
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass  # reaped already by a concurrent destroy
+
+
 def _replace_init(registry, parent: Sandbox, layers, lowers, fds, size: int, disk: bool,
                   sub: str) -> None:
-    """The parent continues over the frozen upper with a fresh one (ops held)."""
-    _kill_and_reap(parent.init_pid)
-    parent.ctl.close()
+    """The parent continues over the frozen upper with a fresh one (ops held,
+    its old init killed)."""
     try:
         if disk:
             # Its own ext4 keeps the frozen upper beside the new one, so its
@@ -175,7 +226,7 @@ def _replace_init(registry, parent: Sandbox, layers, lowers, fds, size: int, dis
                               lowers=lowers, tmpfs_bytes=size,
                               timeout=registry.config.create_timeout, layer_fds=fds)
     except BaseException:
-        # The old pid is reaped and may be reused: never signal it again.
+        # The old pid is reaped next and may then be reused: never signal it.
         parent.init_pid, parent.died = 0, True
         raise
     for each in layers:
