@@ -1,7 +1,8 @@
 """General over MCP: a general_agent task's own MCP tools, passed through
 as ``<server>__<name>`` tools of its session (camg.mcp_server), listed with
 the task's input schemas and played by the mcp SDK's client to the judged
-1.0 on the session's General service (general_fixtures.py; shared with
+1.0 on the session's General service, and a code task's no-op to 0.0 over
+both the SDK's and openenv's MCP clients (general_fixtures.py; shared with
 test_general_episodes.py, so about 23 s here beyond it, 2 min alone).
 """
 
@@ -52,3 +53,29 @@ def test_general_agent_task_tools_passed_through_over_mcp(general_service, gener
     reply, passed = asyncio.run(play())
     assert passed >= 1
     assert reply["done"] is True and reply["reward"] == 1.0 and reply["failure_class"] is None
+
+
+def test_noop_to_zero_over_mcp(general_service, general_prepared):
+    """A code task finished at once, over the mcp SDK's client and over
+    openenv's MCPToolClient (its /ws MCP messages): 0.0 each."""
+    from general_fixtures import tasks_of
+    from openenv.core.env_server.mcp_types import CallToolAction
+    from openenv.core.mcp_client import MCPToolClient
+    task = tasks_of(general_prepared, "opensource-code")[0]
+
+    async def play():
+        async with McpClient(f"{general_service.url}/mcp?task_id={task['task_id']}&wait_s=120",
+                             read_timeout_seconds=600) as client:
+            assert [t.name for t in (await client.list_tools()).tools] == [
+                "shell", "finish", "tool"]
+            sdk = (await client.call_tool("finish", {})).structured_content
+        async with MCPToolClient(base_url=general_service.url, message_timeout_s=600) as env:
+            await env.reset(task_id=task["task_id"])
+            assert [t.name for t in await env.list_tools()] == ["shell", "finish", "tool"]
+            stock = await env.step(CallToolAction(tool_name="finish", arguments={}))
+        return sdk, stock
+
+    sdk, stock = asyncio.run(play())
+    assert sdk["done"] is True and sdk["reward"] == 0.0 and sdk["failure_class"] is None, sdk
+    assert stock.done is True and stock.reward == 0.0
+    assert stock.observation.result["failure_class"] is None
