@@ -1,11 +1,13 @@
 """AutoResearch as a real ``python -m camg.serve`` process: fresh state per
 invocation (--check-clean), the supervised grader (killing it stops the
-service), a crash's sandboxes released by the next check, and the stock
-OpenEnv client running an episode. Configured for real with camg.configure.
+service), a crash's sandboxes released by the next check, the stock
+OpenEnv client running an episode and a no-op over MCP to 0. Configured
+for real with camg.configure.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -146,7 +148,18 @@ def _ppid(pid: int) -> int:
         return -1
 
 
+async def mcp_noop(url: str, task_id: str) -> dict:
+    """Submitting nothing over MCP (the mcp SDK's client at /mcp): 0."""
+    from mcp import Client as McpClient
+    async with McpClient(f"{url}/mcp?task_id={task_id}", read_timeout_seconds=300) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert names == ["shell", "background", "jobs", "log", "submit"]
+        return (await client.call_tool("submit", {})).structured_content
+
+
 def test_stock_openenv_client_runs_an_episode(config_path, roots):
+    """The stock OpenEnv client's episode to the reference's reward, then a
+    no-op (submit at once) to 0 over MCP."""
     from openenv.core import GenericEnvClient
     assert check_clean(config_path).returncode == 0
     svc = ServiceProcess(config_path).wait_ready(120)
@@ -160,7 +173,10 @@ def test_stock_openenv_client_runs_an_episode(config_path, roots):
             assert result.observation["exit_code"] == 0, result.observation
             result = env.step({"operation": "submit"})
             assert result.done is True and result.reward >= 0.9
+        noop = asyncio.run(mcp_noop(svc.url, "breast-cancer"))
+        assert noop["done"] is True and noop["reward"] == 0.0 and noop["failure_class"] is None
     finally:
         assert svc.stop() == 0, svc.output()[-3000:]
-    record = [r for r in svc.outcomes() if r["task_id"] == "breast-cancer"][-1]
-    assert record["reward"] >= 0.9
+    *_, played, nothing = [r for r in svc.outcomes() if r["task_id"] == "breast-cancer"]
+    assert played["reward"] >= 0.9
+    assert (nothing["episode_id"], nothing["reward"]) == (noop["episode_id"], 0.0)
