@@ -2,7 +2,7 @@
 --policy oracle`` against a real service (references enabled, the demo tasks
 prepared with ``--references``: the reference sites) earns the maximum on
 every task it runs, ``--policy noop`` (finish at once: an empty dist/) the
-minimum, 0.
+minimum, 0, and so does a no-op over MCP (the mcp SDK's client at /mcp).
 
 What "maximum" means for a judged environment: the reward is the judge's
 rubric score, and no site is owed 1.0 by a real vision judge — the rubric
@@ -17,6 +17,7 @@ included) and judged. Kept cheap: two tasks, one with Tailwind, one without.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 
@@ -62,6 +63,14 @@ def oracle_config(tmp_path_factory, image_ref, renderer_dir, mirror_manifest,  #
     return tmp
 
 
+async def mcp_noop(url: str, task_id: str) -> dict:
+    """Finishing at once over MCP (the mcp SDK's client at /mcp): 0."""
+    from mcp import Client as McpClient
+    async with McpClient(f"{url}/mcp?task_id={task_id}", read_timeout_seconds=600) as client:
+        assert [t.name for t in (await client.list_tools()).tools] == ["shell", "finish"]
+        return (await client.call_tool("finish", {})).structured_content
+
+
 def test_oracle_earns_the_judges_maximum_and_noop_zero(oracle_config, judge,  # noqa: F811
                                                        visual_helper, tmp_path):  # noqa: F811
     body = json.loads((oracle_config / "visual-manifest.json").read_text())
@@ -78,6 +87,8 @@ def test_oracle_earns_the_judges_maximum_and_noop_zero(oracle_config, judge,  # 
         assert status == 0, lines
         assert sorted((l["task_id"], l["reward"], l["failure_class"]) for l in lines) == \
             [(t, 0.0, None) for t in TASKS], lines
+        noop = asyncio.run(mcp_noop(svc.url, TASKS[1]))
+        assert noop["done"] is True and noop["reward"] == 0.0 and noop["failure_class"] is None
     finally:
         svc.stop()
     assert_nothing_left(visual_helper, svc)
