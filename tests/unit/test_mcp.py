@@ -413,6 +413,13 @@ def test_shop_oracle_and_noop_over_mcp(shop_service):
                 noop = (await client.call_tool("search", {"query": "nothing"})).structured_content
                 if noop["done"]:
                     break
+        async with MCPToolClient(base_url=url) as env:
+            await env.reset(task_id=task["task_id"])
+            for _ in range(500):
+                stock_noop = await env.call_tool("search", query="nothing")
+                if stock_noop["done"]:
+                    break
+        assert stock_noop["reward"] == 0.0 and stock_noop["failure_class"] is None, stock_noop
         return oracle, noop, stock
 
     oracle, noop, stock = asyncio.run(play())
