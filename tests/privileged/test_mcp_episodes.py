@@ -1,8 +1,8 @@
 """Coding over MCP: a real ``camg.serve`` Coding service (helper sandboxes on
 the demo image) driven by the ``mcp`` SDK's own streamable HTTP client at
-``/mcp``: the gold fix to 1.0, a no-op finish to 0.0, and the gold fix to
-1.0 again by the stock openenv package's MCPToolClient (/ws), each session
-one episode with its outcome record (coding_fixtures.py's helper and task set).
+``/mcp``: the gold fix to 1.0, a no-op finish to 0.0, and both again by the
+stock openenv package's MCPToolClient (/ws), each session one episode with
+its outcome record (coding_fixtures.py's helper and task set).
 """
 
 from __future__ import annotations
@@ -81,6 +81,9 @@ def test_gold_fix_to_one_and_noop_to_zero_over_mcp(service):
                                                        f"{task.data['patch']}\nCAMG_EOF")
             assert fix["observation"]["exit_code"] == 0 and fix["done"] is False, fix
             stock = await env.step(CallToolAction(tool_name="finish", arguments={}))
+            await env.reset(task_id=task.task_id)
+            stock_noop = await env.step(CallToolAction(tool_name="finish", arguments={}))
+            assert stock_noop.done is True and stock_noop.reward == 0.0
         return gold, noop, stock
 
     gold, noop, stock = asyncio.run(play())
@@ -91,4 +94,4 @@ def test_gold_fix_to_one_and_noop_to_zero_over_mcp(service):
     records = proc.outcomes()
     assert [(r["episode_id"], r["reward"], r["integrity"]) for r in records[:2]] == [
         (gold["episode_id"], 1.0, "ok"), (noop["episode_id"], 0.0, "ok")]
-    assert [(r["reward"], r["integrity"]) for r in records[2:]] == [(1.0, "ok")]
+    assert [(r["reward"], r["integrity"]) for r in records[2:]] == [(1.0, "ok"), (0.0, "ok")]
