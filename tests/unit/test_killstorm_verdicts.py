@@ -207,6 +207,26 @@ def test_forks_live_at_a_service_kill_are_recorded_and_their_images_gone(monkeyp
     assert any("snapshot images" in p for p in kill.problems)
 
 
+def test_a_full_service_ends_the_fork_chain_without_a_problem():
+    # the demo's capacity 2 holds the parent and one child; the grandchild's 429 is right
+    from tools.reliability import killstorm_forks
+    chain = {("POST", "/episodes/e1/fork"): Answer(201, {"episode_id": "c1", "forked_from": "e1"}),
+             ("POST", "/episodes/c1/fork"): Answer(429, {"error": "at_capacity",
+                                                         "details": {"retry_after": 5}})}
+    storm = Storm(ScriptedGuest(chain, []), [SHOP], random.Random(0))
+    kill = Kill("service", "idle", "shop", ended="idle, then 404; recorded None infra")
+    assert killstorm_forks.fork_chain(storm, SHOP, "e1", kill) == [("c1", "e1")]
+    assert not kill.problems and kill.forked == 1 and kill.fork_full
+    row = summarize([kill], 1, [SHOP])[0]
+    assert row.ok and "reached capacity (429) at 1 kill(s)" in row.counted
+    # any other 429 (a queue bound, a rate limit) is still a problem
+    storm = Storm(ScriptedGuest({("POST", "/episodes/e1/fork"): Answer(429, {"error": "x"})}, []),
+                  [SHOP], random.Random(0))
+    kill = Kill("service", "idle", "shop")
+    assert killstorm_forks.fork_chain(storm, SHOP, "e1", kill) == []
+    assert kill.problems and "429" in kill.problems[0]
+
+
 def test_an_environment_refusing_forks_is_skipped_by_name_a_503_is_a_problem():
     from tools.reliability import killstorm_forks
     refused = Answer(409, {"error": "not_forkable", "details": {"what": "environment"}})

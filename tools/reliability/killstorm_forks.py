@@ -11,8 +11,11 @@ of the service (``camg.fork=1``) is left in the guest's dockerd within
 ``RECLAIM_S``.
 
 An environment that refuses (409 ``not_forkable``) is named in the row and
-the kill goes on without forks; any other answer to a fork (a 503 infra
-among them) is a problem of the kill.
+the kill goes on without forks. A full service (429 ``at_capacity``: a
+child takes a slot like any episode, and the demo serves three
+environments with capacity 2) ends the chain where it is, and the row says
+so. Any other answer to a fork (a 503 infra among them) is a problem of the
+kill.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def fork_chain(storm, env: Env, eid: str, kill: Kill) -> list[tuple[str, str]]:
         got = storm.guest.http(env.port, "POST", f"/episodes/{parent}/fork", {})
         if got.status == 409 and got.json.get("error") == "not_forkable":
             kill.unforkable = (got.json.get("details") or {}).get("what") or "-"
+            break
+        if got.status == 429 and got.json.get("error") == "at_capacity":
+            kill.fork_full = True
             break
         if got.status != 201 or got.json.get("forked_from") != parent:
             kill.problems.append(f"fork of {parent} answered {got.status}: {str(got.body)[:300]}")

@@ -35,6 +35,7 @@ class Kill:
     missed: int = 0             # tries whose target had exited before the kill
     forked: int = 0             # forks of the episode live at the kill
     unforkable: str = ""        # what its environment refused to fork (not_forkable)
+    fork_full: bool = False     # the chain ended at the service's capacity (429)
     problems: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -108,6 +109,9 @@ def summarize(done: list[Kill], kills: int, envs: list[Env] | None = None) -> li
         forked = sum(k.forked for k in ks)
         if forked:
             counted += f"; {forked} forks live at {sum(1 for k in ks if k.forked)} kill(s)"
+        full = sum(k.fork_full for k in ks)
+        if full:
+            counted += f"; the fork chain reached capacity (429) at {full} kill(s)"
         refused = sorted({k.unforkable for k in ks if k.unforkable})
         if refused and not forked:
             counted += f"; forks skipped: not_forkable ({', '.join(refused)})"
