@@ -195,8 +195,12 @@ def test_no_or_bad_submission_earns_zero(env, actions):
 
 
 def test_a_finished_episode_records_its_sandbox_cost(env):
-    """The disk upper's blocks, read by SandboxUsage before submit destroys it."""
-    blob = shell("head -c 1048576 /dev/urandom > /workspace/cost-blob && sync")
+    """The disk upper's blocks, read by SandboxUsage before submit destroys it.
+    CPU is counted in clock ticks here (cpuacct is a hierarchy of its own on
+    these hosts, helper/usage.py), so the agent does ~0.2 s of work: a 1 MiB
+    write alone fits in one 10 ms tick and read 0.0 in a rehearsal."""
+    blob = shell("head -c 1048576 /dev/urandom > /workspace/cost-blob && sync && "
+                 "head -c 128M /dev/zero | sha256sum")
     _, _, reward, episode = run_episode(env, env.tasks[1], [blob, SUBMIT])
     assert reward == 0.0  # no submission.csv
     cost = episode.outcome()["cost"]

@@ -148,13 +148,23 @@ def _ppid(pid: int) -> int:
         return -1
 
 
-async def mcp_noop(url: str, task_id: str) -> dict:
-    """Submitting nothing over MCP (the mcp SDK's client at /mcp): 0."""
+TOOLS = ["shell", "background", "jobs", "log", "submit"]
+
+
+async def mcp_noop(url: str, task_id: str) -> tuple[dict, object]:
+    """Submitting nothing over MCP, by the mcp SDK's client at /mcp and by
+    the stock openenv package's MCPToolClient (its MCP messages on /ws): 0."""
     from mcp import Client as McpClient
+    from openenv.core.env_server.mcp_types import CallToolAction
+    from openenv.core.mcp_client import MCPToolClient
     async with McpClient(f"{url}/mcp?task_id={task_id}", read_timeout_seconds=300) as client:
-        names = [t.name for t in (await client.list_tools()).tools]
-        assert names == ["shell", "background", "jobs", "log", "submit"]
-        return (await client.call_tool("submit", {})).structured_content
+        assert [t.name for t in (await client.list_tools()).tools] == TOOLS
+        sdk = (await client.call_tool("submit", {})).structured_content
+    async with MCPToolClient(base_url=url, message_timeout_s=300) as env:
+        await env.reset(task_id=task_id)
+        assert [t.name for t in await env.list_tools()] == TOOLS
+        stock = await env.step(CallToolAction(tool_name="submit", arguments={}))
+    return sdk, stock
 
 
 def test_stock_openenv_client_runs_an_episode(config_path, roots):
@@ -173,10 +183,14 @@ def test_stock_openenv_client_runs_an_episode(config_path, roots):
             assert result.observation["exit_code"] == 0, result.observation
             result = env.step({"operation": "submit"})
             assert result.done is True and result.reward >= 0.9
-        noop = asyncio.run(mcp_noop(svc.url, "breast-cancer"))
+        noop, stock = asyncio.run(mcp_noop(svc.url, "breast-cancer"))
         assert noop["done"] is True and noop["reward"] == 0.0 and noop["failure_class"] is None
+        assert stock.done is True and stock.reward == 0.0
+        assert stock.observation.result["failure_class"] is None
     finally:
         assert svc.stop() == 0, svc.output()[-3000:]
-    *_, played, nothing = [r for r in svc.outcomes() if r["task_id"] == "breast-cancer"]
+    *_, played, nothing, stock_nothing = [r for r in svc.outcomes()
+                                          if r["task_id"] == "breast-cancer"]
     assert played["reward"] >= 0.9
     assert (nothing["episode_id"], nothing["reward"]) == (noop["episode_id"], 0.0)
+    assert stock_nothing["reward"] == 0.0

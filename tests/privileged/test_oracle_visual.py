@@ -2,7 +2,8 @@
 --policy oracle`` against a real service (references enabled, the demo tasks
 prepared with ``--references``: the reference sites) earns the maximum on
 every task it runs, ``--policy noop`` (finish at once: an empty dist/) the
-minimum, 0, and so does a no-op over MCP (the mcp SDK's client at /mcp).
+minimum, 0, and so does a no-op over MCP (the mcp SDK's client at /mcp and
+the stock openenv package's MCPToolClient on /ws).
 
 What "maximum" means for a judged environment: the reward is the judge's
 rubric score, and no site is owed 1.0 by a real vision judge — the rubric
@@ -63,12 +64,20 @@ def oracle_config(tmp_path_factory, image_ref, renderer_dir, mirror_manifest,  #
     return tmp
 
 
-async def mcp_noop(url: str, task_id: str) -> dict:
-    """Finishing at once over MCP (the mcp SDK's client at /mcp): 0."""
+async def mcp_noop(url: str, task_id: str) -> tuple[dict, object]:
+    """Finishing at once over MCP, by the mcp SDK's client at /mcp and by
+    the stock openenv package's MCPToolClient (its MCP messages on /ws): 0."""
     from mcp import Client as McpClient
+    from openenv.core.env_server.mcp_types import CallToolAction
+    from openenv.core.mcp_client import MCPToolClient
     async with McpClient(f"{url}/mcp?task_id={task_id}", read_timeout_seconds=600) as client:
         assert [t.name for t in (await client.list_tools()).tools] == ["shell", "finish"]
-        return (await client.call_tool("finish", {})).structured_content
+        sdk = (await client.call_tool("finish", {})).structured_content
+    async with MCPToolClient(base_url=url, message_timeout_s=600) as env:
+        await env.reset(task_id=task_id)
+        assert [t.name for t in await env.list_tools()] == ["shell", "finish"]
+        stock = await env.step(CallToolAction(tool_name="finish", arguments={}))
+    return sdk, stock
 
 
 def test_oracle_earns_the_judges_maximum_and_noop_zero(oracle_config, judge,  # noqa: F811
@@ -87,8 +96,10 @@ def test_oracle_earns_the_judges_maximum_and_noop_zero(oracle_config, judge,  # 
         assert status == 0, lines
         assert sorted((l["task_id"], l["reward"], l["failure_class"]) for l in lines) == \
             [(t, 0.0, None) for t in TASKS], lines
-        noop = asyncio.run(mcp_noop(svc.url, TASKS[1]))
+        noop, stock = asyncio.run(mcp_noop(svc.url, TASKS[1]))
         assert noop["done"] is True and noop["reward"] == 0.0 and noop["failure_class"] is None
+        assert stock.done is True and stock.reward == 0.0
+        assert stock.observation.result["failure_class"] is None
     finally:
         svc.stop()
     assert_nothing_left(visual_helper, svc)
