@@ -206,45 +206,64 @@ async def make_policy(client: AsyncClient, name: str):
             "openai": lambda: OpenAIPolicy(schema, body.get("tools"))}[name]()
 
 
+async def for_each_index(count: int, workers: int, work, *, progress: bool, unit: str,
+                         postfix=None) -> float:
+    """``await work(i)`` for every i in 0..count-1, in order of start, on
+    ``workers`` tasks at once (at least one, at most ``count``), with a tqdm
+    bar when ``progress`` (``postfix()`` its fields after each); returns the
+    wall seconds. The loop of both the plain and the forking rollout."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(count):
+        queue.put_nowait(i)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=count, unit=unit, dynamic_ncols=True)
+
+    async def worker() -> None:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            await work(i)
+            if bar is not None:
+                if postfix is not None:
+                    bar.set_postfix(**postfix())
+                bar.update(1)
+
+    started = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(max(1, min(workers, count)))))
+    if bar is not None:
+        bar.close()
+    return time.monotonic() - started
+
+
 async def rollout(url: str, policy_name: str, episodes: int, concurrency: int,
                   task_ids: list[str] | None, out, progress: bool) -> dict:
     async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
         policy = await make_policy(client, policy_name)
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(episodes):
-            queue.put_nowait(i)
         results: list[Result] = []
-        bar = None
-        if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=episodes, unit="ep", dynamic_ncols=True)
 
-        async def worker() -> None:
-            while True:
-                try:
-                    i = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                task_id = task_ids[i % len(task_ids)] if task_ids else None
-                result = await run_episode(client, policy, task_id=task_id,
-                                           seed=None if task_ids else i, wait=3600.0)
-                results.append(result)
-                if out is not None:
-                    out.write(json.dumps(result.line()) + "\n")
-                    out.flush()
-                if bar is not None:
-                    rewards = [r.reward for r in results if r.reward is not None]
-                    fails = Counter(r.failure_class or "error" for r in results
-                                    if r.failure_class or r.error)
-                    bar.set_postfix(mean=f"{statistics.fmean(rewards):.3f}" if rewards else "-",
-                                    failed=dict(fails) or 0)
-                    bar.update(1)
+        async def one(i: int) -> None:
+            task_id = task_ids[i % len(task_ids)] if task_ids else None
+            result = await run_episode(client, policy, task_id=task_id,
+                                       seed=None if task_ids else i, wait=3600.0)
+            results.append(result)
+            if out is not None:
+                out.write(json.dumps(result.line()) + "\n")
+                out.flush()
 
-        started = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, episodes)))))
-        if bar is not None:
-            bar.close()
-        return summary(results, time.monotonic() - started)
+        def postfix() -> dict:
+            rewards = [r.reward for r in results if r.reward is not None]
+            fails = Counter(r.failure_class or "error" for r in results
+                            if r.failure_class or r.error)
+            return {"mean": f"{statistics.fmean(rewards):.3f}" if rewards else "-",
+                    "failed": dict(fails) or 0}
+
+        wall = await for_each_index(episodes, concurrency, one, progress=progress, unit="ep",
+                                    postfix=postfix)
+        return summary(results, wall)
 
 
 def regrade_line(episode_id: str, run_reward: float | None, record: dict | None,

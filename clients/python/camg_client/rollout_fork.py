@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from camg_client.client import AsyncClient, ServiceError
-from camg_client.rollout import Result, make_policy, play, summary
+from camg_client.rollout import Result, for_each_index, make_policy, play, summary
 
 #: the longest a branch waits in the service's admission line for its slot
 FORK_WAIT_S = 3600.0
@@ -122,41 +122,25 @@ async def fork_rollout(url: str, policy_name: str, prefixes: int, concurrency: i
     (one row per prefix, for ``print_prefixes``)."""
     async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
         policy = await make_policy(client, policy_name)
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(prefixes):
-            queue.put_nowait(i)
         rows: list[dict] = []
         results: list[Result] = []
-        bar = None
-        if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=prefixes, unit="prefix", dynamic_ncols=True)
 
-        async def worker() -> None:
-            while True:
-                try:
-                    i = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                task_id = task_ids[i % len(task_ids)] if task_ids else None
-                row, done = await run_prefix(client, policy, task_id=task_id,
-                                             seed=None if task_ids else i, fork_at=fork_at,
-                                             branches=branches)
-                rows.append(row)
-                results.extend(done)
-                if out is not None:
-                    for result in done:
-                        out.write(json.dumps(result.line()) + "\n")
-                    out.flush()
-                if bar is not None:
-                    bar.update(1)
+        async def one(i: int) -> None:
+            task_id = task_ids[i % len(task_ids)] if task_ids else None
+            row, done = await run_prefix(client, policy, task_id=task_id,
+                                         seed=None if task_ids else i, fork_at=fork_at,
+                                         branches=branches)
+            rows.append(row)
+            results.extend(done)
+            if out is not None:
+                for result in done:
+                    out.write(json.dumps(result.line()) + "\n")
+                out.flush()
 
-        started = time.monotonic()
-        workers = max(1, min(prefixes, concurrency // (branches + 1)))
-        await asyncio.gather(*(worker() for _ in range(workers)))
-        if bar is not None:
-            bar.close()
-        body = summary(results, time.monotonic() - started)
+        # a prefix holds its parent and its branches at once
+        wall = await for_each_index(prefixes, concurrency // (branches + 1), one,
+                                    progress=progress, unit="prefix")
+        body = summary(results, wall)
         body.update(spread_summary(rows, fork_at, branches))
         body["per_prefix"] = rows
         return body
