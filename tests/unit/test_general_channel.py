@@ -1,11 +1,15 @@
-"""The service's channel against the real in-container transport app
-(openenv create_app + uvicorn) on a loopback port, no container: the
-OpenEnv /ws protocol, sticky terminal, error mapping. Root: the transport
-runs commands as uid 2000."""
+"""The service's channel against the real in-container transport server
+(mimoagent.transport.wsserver) on a loopback port, no container: the
+OpenEnv /ws protocol, sticky terminal, error mapping; and the server's
+answers message for message against openenv's own create_app (the protocol
+it replaces), one session at a time, /health. Root: the transport runs
+commands as uid 2000."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -21,19 +25,67 @@ from tests.support.mimo_tasks import GOLD, world_dir
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs commands as uid 2000 (CI runs as root)")
 
 
-@pytest.fixture
-def served():
-    import uvicorn
-    from openenv.core.env_server import create_app
-
+def _code_env(prefix: str):
     from mimoagent.transport import software
 
-    base = world_dir("mimo-channel.")
+    base = world_dir(prefix)
     cwd = base / "testbed"
     mimo_tasks.code_task(base, cwd=cwd)
-    env = software.bind(base / "task", workspaces=(cwd,))
-    app = create_app(env, software.ShellAction, software.ShellObservation, env_name="t",
-                     max_concurrent_envs=1)
+    return base, software.bind(base / "task", workspaces=(cwd,))
+
+
+@pytest.fixture
+def served():
+    from mimoagent.transport import software
+    from mimoagent.transport.wsserver import Server
+
+    base, env = _code_env("mimo-channel.")
+    server = Server(env, software.ShellAction, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.port
+    server.close()
+    thread.join(10)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def openenv_served():
+    """openenv's create_app + uvicorn over the same transport class: the reference."""
+    import uvicorn
+    from openenv.core.env_server import Action, Environment, Observation, create_app
+    from pydantic import ConfigDict
+
+    base, env = _code_env("mimo-openenv.")
+
+    # pydantic twins of the transport's types: what the transport declared before
+    # it dropped openenv (transport/software.py's ShellAction, ShellObservation).
+    from typing import Literal
+
+    from pydantic import Field
+
+    class PydanticShell(Action):
+        operation: Literal["shell", "finish"]
+        command: str = Field(default="", max_length=16000)
+
+    class PydanticObservation(Observation):
+        model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+        task_id: str
+        output: str
+        exit_code: int | None = None
+
+    class Adapted(env, Environment):
+        def step(self, action, timeout_s=None, **kwargs):
+            from mimoagent.transport import software
+            return _twin(super().step(software.ShellAction(**action.model_dump(exclude={"metadata"}))))
+
+        def reset(self, *args, **kwargs):
+            return _twin(super().reset(*args, **kwargs))
+
+    def _twin(obs):
+        return PydanticObservation(**obs.serialize()["observation"], reward=obs.reward, done=obs.done)
+
+    app = create_app(Adapted, PydanticShell, PydanticObservation, env_name="t", max_concurrent_envs=1)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -101,3 +153,92 @@ def test_lost_transport_is_sandbox_died(served):
     with pytest.raises(errors.SandboxDied):
         ch.request("step", {"operation": "shell", "command": "true"}, 10)
     ch.close()
+
+
+def _raw(port):
+    from websockets.sync.client import connect
+
+    return connect(f"ws://127.0.0.1:{port}/ws", open_timeout=30, max_size=1 << 24, proxy=None,
+                   compression=None, ping_interval=None)
+
+
+#: each message as text, and what of the answer both servers must agree on
+_SCRIPT = [
+    json.dumps({"type": "reset", "data": {"task_id": "calc-001"}}),
+    json.dumps({"type": "step", "data": {"operation": "shell", "command": "printf 'a\\nb'; exit 3"}}),
+    json.dumps({"type": "step", "data": {"operation": "dance"}}),
+    json.dumps({"type": "step", "data": {"operation": "shell", "command": 5}}),
+    json.dumps({"type": "step", "data": {"operation": "shell", "extra": 1}}),
+    json.dumps({"type": "step", "data": {"operation": "shell", "command": "x" * 70000}}),
+    json.dumps({"type": "state"}),
+    json.dumps({"type": "levitate"}),
+    "{not json",
+    json.dumps({"type": "step", "data": {"operation": "shell", "command": "echo ok"}}),
+]
+
+
+def _comparable(raw: str) -> dict:
+    reply = json.loads(raw)
+    data = dict(reply["data"])
+    if reply["type"] == "error":
+        if "errors" in data:  # pydantic adds input/ctx/url; the service reads type and loc
+            data["errors"] = sorted((e["type"], tuple(e["loc"])) for e in data["errors"])
+        if data.get("code") == "INVALID_JSON":
+            data["message"] = data["message"].split(":")[0]  # json's and pydantic's wording
+    if reply["type"] == "state":
+        data.pop("episode_id")
+    if reply["type"] == "observation":  # each server has a workspace of its own
+        obs = data["observation"] = dict(data["observation"])
+        obs["output"] = re.sub(r"/tmp/mimo-[a-z]+\.[a-z0-9_]+/", "/WORLD/", obs["output"])
+    return {"type": reply["type"], "data": data}
+
+
+def test_same_answers_as_openenv_create_app(served, openenv_served):
+    answers = {}
+    for name, port in (("ours", served), ("openenv", openenv_served)):
+        with _raw(port) as ws:
+            replies = []
+            for message in _SCRIPT:
+                ws.send(message)
+                replies.append(_comparable(ws.recv(timeout=60)))
+            answers[name] = replies
+    assert answers["ours"] == answers["openenv"]
+    ours = answers["ours"]
+    assert ours[1]["data"]["observation"]["exit_code"] == 3
+    assert [r["data"].get("code") for r in ours[2:6]] == ["VALIDATION_ERROR"] * 4
+    assert ours[6]["data"]["step_count"] == 1 and ours[7]["data"]["code"] == "UNKNOWN_TYPE"
+
+
+def test_one_session_at_a_time_and_health(served):
+    import urllib.request
+
+    with _raw(served) as first:
+        first.send(json.dumps({"type": "state"}))
+        assert json.loads(first.recv(timeout=30))["type"] == "state"
+        with _raw(served) as second:
+            refused = json.loads(second.recv(timeout=30))
+            assert refused["data"]["code"] == "CAPACITY_REACHED"
+    with _raw(served) as later:  # the first session ended: a new one is served
+        later.send(json.dumps({"type": "state"}))
+        assert json.loads(later.recv(timeout=30))["data"]["step_count"] == 0
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://127.0.0.1:{served}/health", timeout=10) as reply:
+        assert json.loads(reply.read()) == {"status": "healthy"}
+
+
+def test_protocol_violations_close_the_connection(served):
+    """A client frame without a mask breaks RFC 6455: the server closes (1002)."""
+    import base64
+    import struct
+
+    with socket.create_connection(("127.0.0.1", served), timeout=10) as sock:
+        key = base64.b64encode(os.urandom(16)).decode()
+        sock.sendall((f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                      f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(4096)
+        assert head.startswith(b"HTTP/1.1 101")
+        sock.sendall(struct.pack("!BB", 0x81, 2) + b"{}")  # unmasked text frame
+        closing = sock.recv(16)
+        assert closing[0] == 0x88 and struct.unpack("!H", closing[2:4])[0] == 1002

@@ -2,9 +2,9 @@
 every General task container (``mimo.agent_environment`` in the deployment).
 
 It is a virtualenv made by Debian bookworm's ``/usr/bin/python3`` (3.11.2,
-the same interpreter the task images carry), holding the in-container
-transport's dependencies (openenv-core, its FastAPI/uvicorn server), the MCP
-package the tool bridge and the tool servers use, openpyxl for the rule
+the same interpreter the task images carry), holding the MCP
+package the tool bridge's child and the tool servers use (the in-container
+transport itself is stdlib alone: mimoagent.transport.wsserver), openpyxl for the rule
 verifier, and the project's own ``mimoagent`` runtime, installed as a copy
 (not editable: the container has no view of the source tree), and camg's
 test guard (camg/guard/camg_guard.py, the pytest plugin Coding's grader
@@ -35,7 +35,7 @@ from camg.hashing import sha256_file, sha256_json
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = REPO / "third_party" / "mimo_runtime" / "mimoagent"
 PYTHON = "/usr/bin/python3"
-PACKAGES = ("openenv-core", "mcp", "openpyxl", "websockets")
+PACKAGES = ("mcp", "openpyxl")
 #: where the helper mounts it inside containers (helper.json containers.agent_env_target)
 MOUNT_POINT = "/opt/camg/agent-env"
 #: below the environment: camg_guard.py (verifier_guard.TEST_GUARD_DIR is <sys.prefix>/camg-guard)

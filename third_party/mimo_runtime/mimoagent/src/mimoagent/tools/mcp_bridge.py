@@ -2,10 +2,14 @@
 
 Upstream tunnels every MCP call through a one-shot bridge (``--list`` /
 ``--call <fn> --args-json ...``, one process per call, 120 s timeouts;
-FACTS 2.2). We keep the one-shot shape but speak stdio to the server
-directly with the maintained ``mcp`` package: each call starts the task's
-server script as a child (``python tools/<server>.py``), initializes a
-session, lists or calls, and exits. State lives in the server's SQLite file,
+FACTS 2.2). We keep the one-shot shape: each list or call is a child
+``python -m mimoagent.tools.mcp_bridge`` (the request as JSON on its stdin,
+the reply as JSON on its stdout) that speaks stdio to the server with the
+maintained ``mcp`` package: it starts the task's server script as its own
+child (``python tools/<server>.py``), initializes a session, lists or
+calls, and exits. The ``mcp`` package (pydantic, anyio) is imported only
+there, never in the transport that stays resident for the whole episode
+(its memory is the container's). State lives in the server's SQLite file,
 so nothing is lost between calls. The server process runs with the
 caller's privileges (root in the task container), which is what keeps the
 state files out of the agent's reach.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -47,11 +52,54 @@ class ServerSpec:
 
 
 def list_tools(server: ServerSpec, timeout: float = DEFAULT_TIMEOUT) -> list[dict]:
-    return _run(server, timeout, None, None)
+    return _in_child(server, timeout, None, None)
 
 
 def call_tool(server: ServerSpec, name: str, arguments: dict, timeout: float = DEFAULT_TIMEOUT) -> dict:
-    return _run(server, timeout, name, arguments)
+    return _in_child(server, timeout, name, arguments)
+
+
+#: beyond the session's own timeout: the child's interpreter and imports
+_CHILD_GRACE_S = 30.0
+
+
+def _in_child(server: ServerSpec, timeout: float, name: str | None, arguments: dict | None) -> Any:
+    request = json.dumps({"server": dataclasses.asdict(server), "timeout": timeout,
+                          "name": name, "arguments": arguments})
+    # The child imports this very package (an installed copy in containers,
+    # the source tree under tests), whatever the caller's sys.path was.
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": here}
+    try:
+        done = subprocess.run([sys.executable, "-m", "mimoagent.tools.mcp_bridge"], input=request,
+                              capture_output=True, text=True, env=env,
+                              timeout=timeout + _CHILD_GRACE_S)
+    except subprocess.TimeoutExpired:
+        raise ToolServerDown(f"MCP server {server.name!r}: the bridge gave no answer in "
+                             f"{timeout + _CHILD_GRACE_S:.0f} s") from None
+    lines = done.stdout.strip().splitlines()
+    try:
+        reply = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise ToolServerDown(f"MCP server {server.name!r}: the bridge exited {done.returncode} "
+                             f"without a reply: {done.stderr[-500:]}") from None
+    if "down" in reply:
+        raise ToolServerDown(str(reply["down"]))
+    return reply["result"]
+
+
+def _child() -> int:
+    request = json.loads(sys.stdin.read())
+    raw = request["server"]
+    server = ServerSpec(name=raw["name"], command=raw["command"], args=tuple(raw["args"]),
+                        env=tuple(tuple(pair) for pair in raw["env"]), cwd=raw["cwd"])
+    try:
+        reply = {"result": _run(server, float(request["timeout"]), request["name"],
+                                request["arguments"])}
+    except ToolServerDown as exc:
+        reply = {"down": str(exc)}
+    sys.stdout.write("\n" + json.dumps(reply) + "\n")
+    return 0
 
 
 def _run(server: ServerSpec, timeout: float, name: str | None, arguments: dict | None) -> Any:
@@ -106,3 +154,7 @@ def _schema(tool: Any) -> dict:
 
 def _dump(value: Any) -> Any:
     return value.model_dump() if hasattr(value, "model_dump") else str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(_child())

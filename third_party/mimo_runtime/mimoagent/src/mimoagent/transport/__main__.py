@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 
-def create(root: Path, prewarm: bool = True):
-    from openenv.core.env_server import create_app
-
+def create(root: Path, prewarm: bool = True, host: str = "127.0.0.1", port: int = 8000):
+    """The transport's server for the task under ``root`` (not yet serving)."""
     from mimoagent.transport.checkpoint import STATE_DIR, Checkpoint
+    from mimoagent.transport.wsserver import Server
 
     instance = json.loads((root / "instance.json").read_text())
     kind = instance.get("dataset_type")
@@ -20,22 +20,18 @@ def create(root: Path, prewarm: bool = True):
 
         from mimoagent.transport.verifier_guard import GuardConfig
 
-        env, action, observation = (module.bind(root, guard=GuardConfig(), checkpoint=STATE_DIR),
-                                    module.ShellAction, module.ShellObservation)
-        name = "mimo_software"
+        env, action = module.bind(root, guard=GuardConfig(), checkpoint=STATE_DIR), module.ShellAction
     elif kind == "general_agent":
         from mimoagent.transport import general as module
 
-        env, action, observation = (module.bind(root, checkpoint=STATE_DIR), module.GeneralAction,
-                                    module.GeneralObservation)
-        name = "mimo_general"
+        env, action = module.bind(root, checkpoint=STATE_DIR), module.GeneralAction
     else:
         raise SystemExit(f"unsupported dataset_type {kind!r}")
     # The container serves one episode: prepare it before anyone asks, unless
     # this filesystem is a fork's (its reset continues the parent's episode).
     if prewarm and not Checkpoint(STATE_DIR).resuming():
         env.prewarm()
-    return create_app(env, action, observation, env_name=name, max_concurrent_envs=1)
+    return Server(env, action, host, port, max_size=1 << 24)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,10 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", default=8000, type=int)
     ap.add_argument("--no-prewarm", action="store_true", help="prepare the task only at reset")
     args = ap.parse_args(argv)
-    import uvicorn
-
-    uvicorn.run(create(args.root, prewarm=not args.no_prewarm), host=args.host, port=args.port, log_level="warning",
-                ws_max_size=1 << 24)
+    create(args.root, prewarm=not args.no_prewarm, host=args.host, port=args.port).serve_forever()
     return 0
 
 

@@ -29,15 +29,12 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Any, Literal
-
-from openenv.core.env_server import Action, Environment, Observation, State
-from pydantic import Field
 
 from mimoagent.environments.datasets.general_agent import GeneralAgentEnvironment
 from mimoagent.tools.mcp_bridge import ToolServerDown
 from mimoagent.transport import verifier_guard
 from mimoagent.transport.checkpoint import Checkpoint
+from mimoagent.transport.protocol import Action, Environment, Observation, Spec, State
 from mimoagent.verify import general_integrity as watch
 from mimoagent.transport.common import (AGENT_UID, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
                                         OUTPUT_LIMIT, InfraError, prewarmer, VerifierExecution, chown_tree,
@@ -47,28 +44,29 @@ MAX_ANSWER_CHARS = 100000
 
 
 class GeneralAction(Action):
-    operation: Literal["shell", "tool", "finish"] = Field(
-        description="Run a bash command, call an MCP tool, or finish with the final answer.")
-    command: str = Field(default="", max_length=MAX_COMMAND_CHARS,
-                         description="shell: bash command; each call starts in the workspace.")
-    server: str = Field(default="", max_length=128, description="tool: the MCP server name.")
-    name: str = Field(default="", max_length=128, description="tool: the tool name.")
-    arguments: dict[str, Any] = Field(default_factory=dict, description="tool: JSON arguments.")
-    answer: str = Field(default="", max_length=MAX_ANSWER_CHARS,
-                        description="finish: the final answer (written to answer.md).")
+    FIELDS = {
+        "operation": Spec(str, None, choices=("shell", "tool", "finish"), description=(
+            "Run a bash command, call an MCP tool, or finish with the final answer.")),
+        "command": Spec(str, "", max_length=MAX_COMMAND_CHARS,
+                        description="shell: bash command; each call starts in the workspace."),
+        "server": Spec(str, "", max_length=128, description="tool: the MCP server name."),
+        "name": Spec(str, "", max_length=128, description="tool: the tool name."),
+        "arguments": Spec(dict, None, description="tool: JSON arguments."),
+        "answer": Spec(str, "", max_length=MAX_ANSWER_CHARS,
+                       description="finish: the final answer (written to answer.md)."),
+    }
 
 
 class GeneralObservation(Observation):
-    task_id: str
-    output: str = Field(max_length=16000)
-    exit_code: int | None = None
-    tools: list[dict] | None = None
-    #: terminal only: "complete" (reward final) or "pending_judge" (LLM items
-    #: await the judge; openenv does not serialize metadata, so it is a field)
-    verifier: str | None = None
-    #: terminal only: what the transport saw of attempts on the grade
-    integrity_evidence: list[dict] | None = None
-    processes_killed: int | None = None
+    FIELDS = {
+        "task_id": "", "output": "", "exit_code": None, "tools": None,
+        #: terminal only: "complete" (reward final) or "pending_judge" (LLM items
+        #: await the judge; openenv does not serialize metadata, so it is a field)
+        "verifier": None,
+        #: terminal only: what the transport saw of attempts on the grade
+        "integrity_evidence": None,
+        "processes_killed": None,
+    }
 
 
 def _tail(text: str) -> str:

@@ -16,29 +16,26 @@ import shutil
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Literal
-
-from openenv.core.env_server import Action, Environment, Observation, State
-from pydantic import Field
 
 from mimoagent.environments.datasets.opensource_code import OpenSourceCodeEnvironment
 from mimoagent.transport import verifier_guard
 from mimoagent.transport.checkpoint import Checkpoint
+from mimoagent.transport.protocol import Action, Environment, Observation, Spec, State
 from mimoagent.transport.common import (AGENT_UID, prewarmer, COMMAND_TIMEOUT, MAX_COMMAND_CHARS, MAX_STEPS,
                                         InfraError, VerifierExecution, chown_tree, run_command)
 
 
 class ShellAction(Action):
-    operation: Literal["shell", "finish"] = Field(
-        description="Run a bash command or finish and grade the repository.")
-    command: str = Field(default="", max_length=MAX_COMMAND_CHARS,
-                         description="Bash command; each call starts in the task repository.")
+    FIELDS = {
+        "operation": Spec(str, None, choices=("shell", "finish"),
+                          description="Run a bash command or finish and grade the repository."),
+        "command": Spec(str, "", max_length=MAX_COMMAND_CHARS,
+                        description="Bash command; each call starts in the task repository."),
+    }
 
 
 class ShellObservation(Observation):
-    task_id: str
-    output: str = Field(max_length=16000)
-    exit_code: int | None = None
+    FIELDS = {"task_id": "", "output": "", "exit_code": None}
 
 
 WORKSPACES = (Path("/testbed"), Path("/workspace/repo"))
