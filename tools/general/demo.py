@@ -22,6 +22,7 @@ import json
 import shutil
 from pathlib import Path
 
+from tools import oci_demo
 from tools.general import agent_tasks, code_tasks, images
 
 IMAGE_NAME = "camg/mimo-general"
@@ -31,6 +32,16 @@ def build(cache_root: Path, coding_demo: Path, registry: str, out: Path, *,
           code_count: int = 3) -> dict:
     cache_root, out = Path(cache_root), Path(out)
     work = cache_root / "general" / "tasks"
+    # One builder at a time: CI's lanes (and a second checkout) share the
+    # cache, and the task folders are rebuilt in place (build_all, a code
+    # task's scratch source): a concurrent builder removed files from under
+    # another's copy (a cold-cache rehearsal failed 23 General tests so).
+    with oci_demo.locked(work.with_name("tasks.lock")):
+        return _build(cache_root, coding_demo, registry, out, work, code_count)
+
+
+def _build(cache_root: Path, coding_demo: Path, registry: str, out: Path, work: Path,
+           code_count: int) -> dict:
     rows = [json.loads(line) for line in (coding_demo / "tasks.jsonl").read_text().splitlines()]
     mirror_root = coding_demo / "mirrors"
     code_dirs = []
