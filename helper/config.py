@@ -42,6 +42,10 @@ class Ceilings:
     lowers: int = 16
     # Frozen layers a fork chain may stack (ForkSandbox, helper/forks.py).
     fork_depth: int = 8
+    # Disk uppers kept formatted and attached ahead of forks
+    # (helper/upper_pool.py): each one loop device and an unnamed sparse
+    # image; 0 keeps none (forks then make their own).
+    warm_uppers: int = 4
     # Connections served at once; each holds one thread and at most one
     # request in flight, so this also bounds concurrent requests.
     connections: int = 1024
@@ -108,7 +112,7 @@ class HelperConfig:
             raise ConfigError("agent_uid/agent_gid: must be an unprivileged id")
         c = self.ceilings
         if min(c.memory_bytes, c.pids_max, c.output_bytes, c.archive_bytes, c.sandboxes_per_peer,
-               c.sandboxes_total, c.command_bytes, c.upper_bytes, c.lowers, c.connections) <= 0 or c.fork_depth < 0 or c.cpu_quota <= 0 or c.timeout <= 0:
+               c.sandboxes_total, c.command_bytes, c.upper_bytes, c.lowers, c.connections) <= 0 or c.fork_depth < 0 or c.warm_uppers < 0 or c.cpu_quota <= 0 or c.timeout <= 0:
             raise ConfigError("ceilings: every ceiling must be positive")
         if self.create_timeout <= 0:
             raise ConfigError("create_timeout: must be positive")

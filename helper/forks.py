@@ -34,6 +34,7 @@ free space that is). Depth (layers stacked) is at most ceilings.fork_depth.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -45,6 +46,7 @@ from helper import cgroups, uppers
 from helper.ledger import Record
 from helper.sandbox import Sandbox, _kill_and_reap
 
+log = logging.getLogger("camg.helper")
 #: the smallest upper a fork makes (a full parent's child still has a work dir)
 MIN_UPPER = 1 << 20
 # Overlay options fit one page with the upper and work paths (sandbox_table).
@@ -152,7 +154,7 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
             def make_child() -> None:
                 try:
                     if disk:
-                        uppers.create_disk(child_upper, size)
+                        _child_disk(registry, child_upper, size)
                     made["child"] = Sandbox.spawn(
                         record, init_binary=registry.init_binary, hostname=spec.hostname,
                         scratch=registry.scratch, lowers=lowers, tmpfs_bytes=size,
@@ -162,9 +164,12 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
             # Both inits come up at once (the two cores each take one).
             worker = threading.Thread(target=make_child, name=f"fork-{child_id}", daemon=True)
             try:
+                if disk:
+                    # Before the child's init looks for the layer by name.
+                    _freeze_disk_upper(parent, layer.sub)
                 worker.start()
                 try:
-                    _replace_init(registry, parent, layers, lowers, fds, size, disk, layer.sub)
+                    _replace_init(registry, parent, layers, lowers, fds, size, disk)
                 finally:
                     worker.join()
             finally:
@@ -193,6 +198,19 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
     return child, {"sandbox_id": child_id, "depth": depth, "upper_bytes": size}
 
 
+def _child_disk(registry, upper_dir: str, size: int) -> None:
+    """The child's ext4 at ``upper_dir`` with ``size`` bytes free: a warm one
+    when the pool has one (helper/upper_pool.py), else made now."""
+    warm = registry.warm_uppers.take(size)
+    if warm is not None:
+        try:
+            uppers.place(warm[1], upper_dir, size)
+            return
+        except OSError as exc:
+            log.warning("warm upper not placed at %s, making one: %s", upper_dir, exc)
+    uppers.create_disk(upper_dir, size)
+
+
 def _kill_unreaped(pid: int) -> None:
     if pid <= 1:
         raise ValueError(f"refusing to kill pid {pid}")
@@ -210,17 +228,24 @@ def _reap(pid: int) -> None:
         pass  # reaped already by a concurrent destroy
 
 
-def _replace_init(registry, parent: Sandbox, layers, lowers, fds, size: int, disk: bool,
-                  sub: str) -> None:
-    """The parent continues over the frozen upper with a fresh one (ops held,
+def _freeze_disk_upper(parent: Sandbox, sub: str) -> None:
+    """A disk parent's ext4 keeps the frozen upper (as ``sub``, the layer's
+    name) beside a fresh upper/, so its free space is what it had (ops held,
     its old init killed)."""
+    top = parent.record.upper_dir
     try:
-        if disk:
-            # Its own ext4 keeps the frozen upper beside the new one, so its
-            # free space is what it had.
-            top = parent.record.upper_dir
-            os.rename(os.path.join(top, "upper"), os.path.join(top, sub))
-            os.mkdir(os.path.join(top, "upper"), 0o755)
+        os.rename(os.path.join(top, "upper"), os.path.join(top, sub))
+        os.mkdir(os.path.join(top, "upper"), 0o755)
+    except BaseException:
+        # The old pid is reaped next and may then be reused: never signal it.
+        parent.init_pid, parent.died = 0, True
+        raise
+
+
+def _replace_init(registry, parent: Sandbox, layers, lowers, fds, size: int, disk: bool) -> None:
+    """The parent continues over the frozen upper with a fresh one (ops held,
+    its old init killed, a disk upper frozen already)."""
+    try:
         fresh = Sandbox.spawn(parent.record, init_binary=registry.init_binary,
                               hostname=parent.spec.hostname, scratch=registry.scratch,
                               lowers=lowers, tmpfs_bytes=size,

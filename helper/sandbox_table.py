@@ -18,6 +18,7 @@ import time
 
 from camg.helper_wire import CreateSandboxParams, WireError
 from helper import cgroups, forks, paths, uppers
+from helper.upper_pool import UpperPool
 from helper.config import HelperConfig
 from helper.ledger import Ledger, Record, remove_upper
 from helper.sandbox import Sandbox
@@ -55,6 +56,8 @@ class Registry:
         # done; a create in that window waits for their verdict instead of
         # failing a daemon's first episode.
         self.first_probes_done = threading.Event()
+        # Disk uppers made ahead for forks (helper/upper_pool.py).
+        self.warm_uppers = UpperPool(config.upper_root, config.ceilings.warm_uppers)
 
     # -- admission --------------------------------------------------------
 
@@ -122,6 +125,8 @@ class Registry:
             if upper_dir:
                 # Its own filesystem of `size` bytes (helper/uppers.py).
                 uppers.create_disk(upper_dir, size)
+                if not probe:
+                    self.warm_uppers.want(size)
             sandbox = Sandbox.spawn(record, init_binary=self.init_binary, hostname=spec.hostname,
                                     scratch=self.scratch, lowers=lowers, tmpfs_bytes=size,
                                     timeout=self.config.create_timeout)
@@ -174,6 +179,8 @@ class Registry:
             return [s for i, s in self.sandboxes.items() if self.owners.get(i) == (peer.uid, peer.owner)]
 
     def destroy_all(self) -> int:
+        """Every sandbox, and every warm upper (the helper's stop)."""
+        self.warm_uppers.drain()
         with self.lock:
             everything = list(self.sandboxes.values())
         n = 0

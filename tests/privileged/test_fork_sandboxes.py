@@ -22,6 +22,7 @@ import pytest
 
 import conftest as pc
 from camg import errors
+from helper import cgroups
 
 SPEC = dict(memory_bytes=256 << 20, cpu_quota=1.0, pids_max=128)
 # The minimal rootfs has no procps: processes named sleep, from /proc.
@@ -37,6 +38,51 @@ def out(client, sid, command, user="root"):
 
 def _uppers(helper) -> list[str]:
     return sorted(os.listdir(helper.config["upper_root"]))
+
+
+def _warm(helper) -> int:
+    """Loop devices backed by an unnamed image under the helper's upper_root:
+    its warm uppers (helper/upper_pool.py) and the placed ones."""
+    prefix = helper.config["upper_root"].rstrip("/") + "/#"
+    n = 0
+    for dev in Path("/sys/block").glob("loop*"):
+        try:
+            n += (dev / "loop" / "backing_file").read_text().startswith(prefix)
+        except FileNotFoundError:
+            pass  # not attached
+    return n
+
+
+def _wait_warm(helper, n: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _warm(helper) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _warm(helper) >= n, f"{_warm(helper)} warm uppers, wanted {n}"
+
+
+def _no_warm_left(helper, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _warm(helper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _warm(helper) == 0, "warm uppers left behind"
+
+
+@pytest.fixture
+def unpooled(lower_root, rootfs):
+    """A helper keeping no warm uppers: every fork makes its child's ext4."""
+    base = Path(tempfile.mkdtemp(prefix="camg-fork-unpooled-"))
+    base.chmod(0o711)
+    cfg = pc.helper_config(base, lower_root, rootfs, probe_on_start=False,
+                           ceilings={"warm_uppers": 0})
+    helper = pc.start_helper(base, cfg)
+    client = helper.client(owner="unpooled")
+    try:
+        yield helper, client
+    finally:
+        client.release_all()
+        client.close()
+        pc.stop_helper(helper)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # -- the verb ----------------------------------------------------------------------
@@ -65,8 +111,11 @@ def test_fork_carries_files_and_isolates_both_ways(client, rootfs, helper, upper
         # the agent keeps its rights on both sides; the rootfs lower is untouched
         assert out(client, child, "echo a > /tmp/agent-file && cat /tmp/agent-file", user="agent") == "a"
         assert (rootfs / "etc" / "issue").exists() and not (rootfs / "tmp" / "shared").exists()
-        if upper == "disk":  # each side's own filesystem: two mounts, two images
-            assert len(_uppers(helper)) == 4
+        if upper == "disk":  # each side's own filesystem, mounted on its upper
+            tops = [os.path.join(helper.config["upper_root"], n) for n in _uppers(helper)
+                    if not n.endswith(".img")]
+            assert len(tops) == 2 and all(os.path.ismount(t) for t in tops)
+            assert len({os.stat(t).st_dev for t in tops}) == 2
         assert client.destroy(child) and client.destroy(parent)
         assert client.destroy(child) is False  # idempotent: already gone
     finally:
@@ -130,22 +179,45 @@ def test_a_running_process_is_refused_not_killed(client, sandbox):
     client.destroy(child)
 
 
-@pytest.mark.parametrize("upper", ["tmpfs", "disk"])
-def test_disk_bound_holds_on_both_sides(client, rootfs, upper):
+@pytest.mark.parametrize("upper", ["tmpfs", "disk", "disk-warm", "disk-unpooled"])
+def test_disk_bound_holds_on_both_sides(request, client, helper, rootfs, upper):
     """A fork gives neither side more room than the parent had left: after
-    20 of 48 MiB, each side meets ENOSPC within the rest."""
-    parent = client.create_sandbox([str(rootfs)], **SPEC, upper=upper, upper_bytes=48 << 20)
+    20 of 48 MiB, each side meets ENOSPC within the rest. A disk child's
+    ext4 is a warm one (disk-warm: the pool is waited for), one made at the
+    fork (disk-unpooled: a helper with warm_uppers 0), or either (disk);
+    its inodes are at most the parent filesystem's (an ext4 of the parent's
+    configured size), and filling them meets ENOSPC too."""
+    if upper == "disk-unpooled":
+        helper, client = request.getfixturevalue("unpooled")
+    kind = "tmpfs" if upper == "tmpfs" else "disk"
+    parent = client.create_sandbox([str(rootfs)], **SPEC, upper=kind, upper_bytes=48 << 20)
     try:
         out(client, parent, "head -c 20M /dev/zero > /tmp/first && sync")
+        if upper == "disk-warm":
+            _wait_warm(helper, 2)  # the parent's own and at least one warm
         reply = client.fork_sandbox(parent)
+        child = reply["sandbox_id"]
         assert reply["upper_bytes"] <= 29 << 20, reply
-        for sid in (parent, reply["sandbox_id"]):
+        if upper != "tmpfs":
+            made = os.path.exists(os.path.join(helper.config["upper_root"],
+                                               f"{cgroups.cgroup_name(child)}.img"))
+            assert made == (upper == "disk-unpooled") or upper == "disk", made
+        for sid in (parent, child):
             r = client.exec(sid, "dd if=/dev/zero of=/tmp/fill bs=1M count=48 2>&1; "
                                  "stat -c %s /tmp/fill; rm -f /tmp/fill; stat -c %s /tmp/first")
             lines = r.output.splitlines()
             assert "No space left on device" in r.output, r.output
             assert int(lines[-2]) <= 29 << 20, r.output
             assert int(lines[-1]) == 20 << 20  # the frozen layer is intact
+        if kind == "disk":
+            inodes = {sid: int(out(client, sid, "df --output=itotal /tmp | tail -1"))
+                      for sid in (parent, child)}
+            assert 0 < inodes[child] <= inodes[parent], inodes
+            r = client.exec(child, "mkdir /tmp/many && cd /tmp/many && i=0; "
+                                   "while { : > f$i; } 2>/dev/null; do i=$((i+1)); done; echo $i; "
+                                   ": > g 2>&1; cd / && rm -rf /tmp/many", timeout=300)
+            assert "No space left on device" in r.output, r.output
+            assert int(r.output.split()[0]) <= inodes[child], r.output
     finally:
         client.release_all()
 
@@ -179,7 +251,10 @@ def test_sweep_after_a_killed_helper_leaves_no_layer(lower_root, rootfs):
     alive) takes them with it; --sweep reclaims the cgroups, disk uppers and
     records the ledger names, and nothing else is left (the leak check)."""
     base = Path(tempfile.mkdtemp(prefix="camg-fork-sweep-"))
-    cfg = pc.helper_config(base, lower_root, rootfs, probe_on_start=False)
+    # No warm uppers: their mkfs would count among the helper's children
+    # (a killed helper's pool: test_warm_uppers_are_bounded_and_go_with_the_helper).
+    cfg = pc.helper_config(base, lower_root, rootfs, probe_on_start=False,
+                           ceilings={"warm_uppers": 0})
     helper = pc.start_helper(base, cfg)
     try:
         client = helper.client(owner="sweep")
@@ -208,6 +283,55 @@ def test_sweep_after_a_killed_helper_leaves_no_layer(lower_root, rootfs):
     finally:
         pc.stop_helper(helper)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_warm_uppers_are_bounded_and_go_with_the_helper(lower_root, rootfs):
+    """The pool holds at most ceilings.warm_uppers entries (loop devices over
+    unnamed images, mounted nowhere), refills what forks take, and leaves
+    nothing behind: not at a stop (SIGTERM), not when the helper is killed
+    (the kernel frees them with its descriptors; the sweep has nothing to
+    find)."""
+    for ending in ("stop", "kill"):
+        base = Path(tempfile.mkdtemp(prefix="camg-fork-warm-"))
+        cfg = pc.helper_config(base, lower_root, rootfs, probe_on_start=False,
+                               ceilings={"warm_uppers": 2})
+        helper = pc.start_helper(base, cfg)
+        try:
+            client = helper.client(owner="warm")
+            assert _warm(helper) == 0  # nothing before a disk create names a size
+            parent = client.create_sandbox([str(rootfs)], **SPEC, upper="disk",
+                                           upper_bytes=32 << 20)
+            _wait_warm(helper, 2)
+            time.sleep(0.3)
+            assert _warm(helper) == 2  # the ceiling (the parent's ext4 has a named image)
+            child = client.fork_sandbox(parent)["sandbox_id"]
+            assert not os.path.exists(os.path.join(cfg["upper_root"], f"{cgroups.cgroup_name(child)}.img"))
+            _wait_warm(helper, 3)  # refilled: two warm, one placed
+            time.sleep(0.3)
+            assert _warm(helper) == 3
+            assert out(client, child, "echo x > /tmp/x && cat /tmp/x") == "x"
+            client.close()
+            if ending == "stop":
+                pc.stop_helper(helper)
+            else:
+                inits = helper.sandbox_inits()
+                helper.proc.send_signal(signal.SIGKILL)
+                helper.proc.wait()
+                deadline = time.monotonic() + 10
+                while any(os.path.exists(f"/proc/{p}") for p in inits) and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.05)
+                env = dict(os.environ, PYTHONPATH=str(pc.ROOT))
+                swept = subprocess.run([sys.executable, "-m", "helper", "--config",
+                                        str(base / "helper.json"), "--sweep"], cwd=pc.ROOT,
+                                       env=env, capture_output=True, text=True, timeout=120)
+                assert swept.returncode == 0, swept.stderr
+                assert swept.stderr.count("swept sandbox") == 2, swept.stderr
+            _no_warm_left(helper)
+            assert os.listdir(cfg["upper_root"]) == []
+        finally:
+            pc.stop_helper(helper)
+            shutil.rmtree(base, ignore_errors=True)
 
 
 # -- Coding ------------------------------------------------------------------------
