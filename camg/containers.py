@@ -106,7 +106,7 @@ class ContainerClient:
 
     def fork_reply(self, container_id: str, *, episode_id: str = "",
                    allow_agent_processes: bool = wire.ContainerForkParams.allow_agent_processes) -> dict:
-        """ContainerFork's whole reply (snapshot, depth, commit_s, create_s: the benchmarks)."""
+        """ContainerFork's whole reply (depth, standby, snapshot and the timings: the benchmarks)."""
         p = wire.ContainerForkParams(container_id, episode_id, allow_agent_processes)
         return self.helper.call("ContainerFork", p)[0]
 

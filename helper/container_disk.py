@@ -10,8 +10,16 @@ each container itself: between create and start, the layer directory
 onto a fresh ext4 filesystem in a sparse file of ``upper_bytes`` with
 ``upper_inodes`` inodes, loop-mounted over it. dockerd then mounts the
 container's overlay with its upper there: the agent meets ENOSPC (bytes or
-inodes), never the host's disk. Snapshots (docker commit) read the same
-diff/.
+inodes), never the host's disk.
+
+A fork (helper/container_fork.py) copies the parent's diff/ -- the overlay
+upper as it stands, whiteouts (0:0 character devices) and opaque or
+redirected directories (trusted.overlay.* xattrs) included -- into the
+diff/ of a child created but not started, on the child's own bounded
+filesystem of the same size (``copy_upper``): both share the image's lower
+layers, so the child's overlay shows the parent's tree. A parent's upper
+never holds more than that size, so the copy fits unless cp fills holes a
+sparse file had (ENOSPC: limit_exceeded).
 
 Before dockerd removes the container its layer is lazily unmounted: the
 whole subtree (the overlay on merged/) leaves the host's view, the running
@@ -32,6 +40,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+
+from camg.helper_wire import WireError
 
 log = logging.getLogger("camg.helper")
 _MOUNT_OPTS = "loop,nosuid,nodev,noatime"
@@ -86,6 +96,21 @@ def bound(layer: str, upper_root: str, cid: str, size: int, inodes: int) -> bool
             os.rmdir(stage)
         except OSError:
             pass  # still mounted after a failed lazy unmount: the next sweep
+
+
+def copy_upper(parent_layer: str, child_layer: str) -> None:
+    """The parent's upper (diff/) into the child's empty one. The parent is
+    frozen meanwhile (the caller's), the child not yet started: no overlay
+    reads either upper while it changes. xattrs are required, not just
+    attempted (--preserve=xattr after -a): an opaque directory or a
+    whiteout's sense lives in them."""
+    out = subprocess.run(["cp", "-a", "--preserve=xattr", "--", os.path.join(parent_layer, "diff") + "/.",
+                          os.path.join(child_layer, "diff") + "/"], capture_output=True, timeout=600)
+    if out.returncode != 0:
+        detail = out.stderr.decode(errors="replace").strip()[:300]
+        if "No space left" in detail or "Disk quota" in detail:
+            raise WireError("limit_exceeded", f"the parent's writable layer does not fit the child's: {detail}")
+        raise WireError("internal", f"copying the parent's writable layer failed: {detail}")
 
 
 def release(layer: str | None, upper_root: str, cid: str) -> None:

@@ -1,21 +1,30 @@
 """Forking a container (ContainerFork): a new container of the caller's with
 the parent's filesystem as it stands.
 
-The parent is committed (Docker pauses it meanwhile, so the snapshot is
-consistent) into a local image labelled camg.helper=<scope>, camg.fork=1 and
-the parent's owner, reached only by its content-addressed id (sha256:HEX:
-digest-pinned like every image a container runs). The child is created from
-it with the parent's checked ContainerCreate parameters -- resources, user,
-command, environment, the one read-only mount, no network, no privilege --
-and the project's labels with their true values for the new episode; only
-the image it runs differs. A snapshot image goes when its last container
-does (``release``, after every removal of a fork's child; ``collect`` after a
-release of a peer's containers), and the helper's sweep removes any that a
-crash left (container_ops.sweep_scope).
+On overlay2 (this host's storage driver) the child is a container of the
+parent's manifest image, created with the parent's checked ContainerCreate
+parameters -- resources, user, command, environment, the one read-only
+mount, no network, no privilege -- and its writable layer bounded like any
+container's, but not started: a standby made in the background after an
+earlier fork of the same spec (helper/container_standby.py), else one made
+now. The parent is paused (freezer cgroup, as docker commit pauses) while
+its upper is copied into the child's (container_disk.copy_upper), then
+resumed while the child starts. No image is made: a child of a child
+copies that child's upper, which holds everything since the manifest
+image, so nothing stacks however deep the chain (the depth is still
+bounded, by name: each level is one more full copy).
 
-What a snapshot cannot carry is processes: the child starts its command
-afresh. An agent-uid process still running in the parent (a background job)
-is refused by name before anything is committed, unless the caller allows it.
+On another storage driver (no upper directory to copy) the parent is
+committed (Docker pauses it meanwhile) into a local image labelled
+camg.helper=<scope>, camg.fork=1 and the parent's owner, reached only by its
+content-addressed id, and the child runs that. A snapshot image goes when
+its last container does (``release``, after every removal of a fork's
+child; ``collect`` after a release of a peer's containers), and the
+helper's sweep removes any that a crash left (container_ops.sweep_scope).
+
+What neither carries is processes: the child starts its command afresh. An
+agent-uid process still running in the parent (a background job) is refused
+by name before anything is copied, unless the caller allows it.
 """
 
 from __future__ import annotations
@@ -23,14 +32,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 
 from camg.helper_wire import ContainerForkParams, WireError
-from helper import container_ops as ops
+from helper import container_disk, container_ops as ops
 
 log = logging.getLogger("camg.helper")
-# A snapshot of a snapshot stacks one more image layer; overlay2 mounts at
-# most ~125 lowers, and a deep chain slows every commit: a bound, by name.
+# A committed snapshot of a snapshot stacks one more image layer (overlay2
+# mounts at most ~125 lowers), and a copied fork copies all its parent
+# wrote: a bound on chains, by name.
 MAX_FORK_DEPTH = 32
 
 
@@ -42,9 +53,11 @@ def fork(m, peer, p: ContainerForkParams):
     if parent.depth + 1 > MAX_FORK_DEPTH:
         raise WireError("limit_exceeded", f"fork depth: at most {MAX_FORK_DEPTH} forks of forks")
     child_params = dataclasses.replace(parent.params, episode_id=p.episode_id, pool=False, labels={})
+    # The manifest as it is now: an image dropped from it is not run again, forked or not.
+    m.check_image(child_params.image)
     labels = m.check_create(peer, child_params)
     with m.lock:
-        m.admit(peer)  # at_capacity before the commit, not after
+        m.admit(peer)  # at_capacity before any work, not after
     if ops.pid_exited(parent.pidfd):
         raise WireError("sandbox_died", f"container {parent.id[:12]} is not running")
     if not p.allow_agent_processes:
@@ -52,6 +65,67 @@ def fork(m, peer, p: ContainerForkParams):
         if found:
             raise WireError("not_allowed", f"{len(found)} agent process(es) still run in container "
                             f"{parent.id[:12]} (processes cannot be forked)")
+    parent_layer = m.docker.layer(parent.id)
+    if parent_layer is None:
+        return _fork_by_commit(m, peer, parent, child_params, labels)
+    try:
+        return _fork_by_copy(m, peer, parent, parent_layer, child_params, labels)
+    finally:
+        m.standby.refill(peer, child_params)
+
+
+def _fork_by_copy(m, peer, parent, parent_layer: str, child_params, labels: dict):
+    timings: dict[str, float | bool] = {}
+
+    def launch(name: str) -> tuple[str, int]:
+        t0 = time.monotonic()
+        made = m.standby.take(peer, child_params)
+        timings["standby"] = made is not None
+        if made is None:
+            made = m.docker.create(name=name, image=child_params.image,
+                                   labels={**labels, "camg.fork": "1"}, **m.run_spec(child_params))
+        cid, layer = made
+        try:
+            if layer is None:
+                raise WireError("internal", f"container {cid[:12]} has no overlay2 layer to copy into")
+            t1 = time.monotonic()
+            m.docker.pause(parent.id)
+            try:
+                container_disk.copy_upper(parent_layer, layer)
+            except BaseException:
+                m.docker.unpause(parent.id)
+                raise
+            t2 = time.monotonic()
+            # The parent resumes while the child starts.
+            resumed: dict = {}
+            thread = threading.Thread(target=_unpause, args=(m, parent.id, resumed), name="fork-unpause")
+            thread.start()
+        except BaseException:
+            m.docker.remove(cid)
+            raise
+        try:
+            pid = m.docker.start(cid)  # (removes the child if it does not run)
+        finally:
+            thread.join()
+            if "error" in resumed:
+                log.error("container %s stays paused after a fork: %s", parent.id[:12], resumed["error"])
+        t3 = time.monotonic()
+        timings.update(create_s=round(t1 - t0, 4), copy_s=round(t2 - t1, 4),
+                       start_s=round(t3 - t2, 4))
+        return cid, pid
+
+    child = m.start(peer, child_params, labels, depth=parent.depth + 1, launch=launch)
+    return child, timings
+
+
+def _unpause(m, cid: str, out: dict) -> None:
+    try:
+        m.docker.unpause(cid)
+    except BaseException as exc:  # handed to the forking thread
+        out["error"] = exc
+
+
+def _fork_by_commit(m, peer, parent, child_params, labels: dict):
     started = time.monotonic()
     image_labels = {"camg.helper": m.cfg.scope, "camg.boot": m.boot, "camg.fork": "1",
                     "camg.service": peer.owner, "camg.uid": str(peer.uid),

@@ -87,10 +87,16 @@ class Docker:
             finally:
                 api.close()
 
-    def run(self, *, name: str, image: str, command: list[str], env: dict[str, str], workdir: str,
-            user: str, labels: dict[str, str], cpu: float, memory: int, pids: int,
-            binds: dict) -> tuple[str, int]:
-        """Create and start; (container id, host pid of its init)."""
+    def run(self, **spec) -> tuple[str, int]:
+        """Create (bounded) and start; (container id, host pid of its init)."""
+        cid, _ = self.create(**spec)
+        return cid, self.start(cid)
+
+    def create(self, *, name: str, image: str, command: list[str], env: dict[str, str], workdir: str,
+               user: str, labels: dict[str, str], cpu: float, memory: int, pids: int,
+               binds: dict) -> tuple[str, str | None]:
+        """Create, its writable layer bounded (container_disk), not started;
+        (container id, its overlay2 layer directory or None)."""
         from docker.types import LogConfig
         api = self.api
         with mapped(f"creating a container of {image}"):
@@ -109,6 +115,15 @@ class Docker:
                 if layer:
                     container_disk.bound(layer, self.cfg.upper_root, cid,
                                          self.cfg.upper_bytes, self.cfg.upper_inodes)
+        except BaseException:
+            self.remove(cid)
+            raise
+        return cid, layer
+
+    def start(self, cid: str) -> int:
+        """Start a created container; the host pid of its init (removed if it does not run)."""
+        api = self.api
+        try:
             with mapped(f"starting container {cid[:12]}"):
                 api.start(cid)
                 state = api.inspect_container(cid)["State"]
@@ -118,7 +133,21 @@ class Docker:
         except BaseException:
             self.remove(cid)
             raise
-        return cid, int(state["Pid"])
+        return int(state["Pid"])
+
+    def layer(self, cid: str) -> str | None:
+        """The container's overlay2 layer directory (None for another storage driver)."""
+        with mapped(f"inspecting container {cid[:12]}"):
+            return container_disk.layer_dir(self.api.inspect_container(cid))
+
+    def pause(self, cid: str) -> None:
+        """Freeze every process of the container (freezer cgroup), as a commit does."""
+        with mapped(f"pausing container {cid[:12]}"):
+            self.api.pause(cid)
+
+    def unpause(self, cid: str) -> None:
+        with mapped(f"unpausing container {cid[:12]}"):
+            self.api.unpause(cid)
 
     def remove(self, cid: str) -> bool:
         """Kill and remove with its anonymous volumes; False if already gone."""

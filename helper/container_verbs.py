@@ -120,6 +120,7 @@ def container_list(ctx, peer, p: wire.NoParams, blob: bytes):
     m = _m(ctx)
     found = m.docker.list_labelled({"camg.helper": m.cfg.scope, "camg.service": peer.owner,
                                     "camg.uid": str(peer.uid)})
+    found = [c for c in found if not m.standby.unclaimed(c)]  # not the peer's until a fork takes one
     out = [{"container_id": c["Id"], "image": c["Image"],
             "episode_id": c["Labels"].get("camg.episode", ""), "pool": c["Labels"].get("camg.pool") == "1",
             "state": c["State"], "created_at": c["Created"]} for c in found]

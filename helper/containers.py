@@ -36,6 +36,7 @@ from camg.helper_wire import ContainerCreateParams, WireError
 from helper import commands, container_ops as ops
 from helper.config import Ceilings
 from helper.container_config import ContainerConfig
+from helper.container_standby import Standby
 
 log = logging.getLogger("camg.helper")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]{0,254}@sha256:[0-9a-f]{64}$")
@@ -82,6 +83,8 @@ class Mediator:
         # snapshot image -> the snapshot its parent ran ("" for a manifest image)
         self.lineage: dict[str, str] = {}
         self._manifest: tuple[float, frozenset[str]] = (-1.0, frozenset())
+        # Created, bounded, not started children for forks (helper/container_standby.py).
+        self.standby = Standby(self)
 
     # -- admission --------------------------------------------------------
 
@@ -162,23 +165,34 @@ class Mediator:
         image = self.check_image(p.image)
         return self.start(peer, p, self.check_create(peer, p), run_image=image)
 
-    def start(self, peer, p: ContainerCreateParams, labels: dict[str, str], *, run_image: str,
-              snapshot: str = "", depth: int = 0) -> Held:
+    def run_spec(self, p: ContainerCreateParams) -> dict:
+        """Docker.create's arguments for checked ``p`` (but name, image, labels)."""
+        user = {"": "", "agent": self.agent, "root": "0:0"}[p.user]
+        mounts = {}
+        if p.mount_agent_env:
+            mounts[self.cfg.agent_env_source] = {"bind": self.cfg.agent_env_target, "mode": "ro"}
+        return dict(command=list(p.command), env=dict(p.env), workdir=p.workdir, user=user,
+                    cpu=p.cpu, memory=p.memory_bytes, pids=p.pids_max, binds=mounts)
+
+    def container_name(self, peer) -> str:
+        return f"camg-{self.cfg.scope}-{peer.owner}-{secrets.token_hex(6)}"[:120]
+
+    def start(self, peer, p: ContainerCreateParams, labels: dict[str, str], *, run_image: str = "",
+              snapshot: str = "", depth: int = 0,
+              launch: Callable[[str], tuple[str, int]] | None = None) -> Held:
         """Admit, then run ``run_image`` with checked ``p`` and ``labels``
-        (p.image, the manifest image, is what the container is recorded as)."""
+        (p.image, the manifest image, is what the container is recorded as);
+        or ``launch(name)`` -> (id, pid): a fork's own way to a running child."""
         token = secrets.token_hex(6)
         with self.lock:
             self.admit(peer)
             self.held[token] = Held(token, peer.uid, peer.owner, p.image, p.episode_id, p.pool, 0.0, -1)
         try:
-            user = {"": "", "agent": self.agent, "root": "0:0"}[p.user]
-            mounts = {}
-            if p.mount_agent_env:
-                mounts[self.cfg.agent_env_source] = {"bind": self.cfg.agent_env_target, "mode": "ro"}
-            name = f"camg-{self.cfg.scope}-{peer.owner}-{token}"[:120]
-            cid, pid = self.docker.run(name=name, image=run_image, command=list(p.command), env=dict(p.env),
-                                       workdir=p.workdir, user=user, labels=labels, cpu=p.cpu,
-                                       memory=p.memory_bytes, pids=p.pids_max, binds=mounts)
+            if launch is None:
+                cid, pid = self.docker.run(name=self.container_name(peer), image=run_image, labels=labels,
+                                           **self.run_spec(p))
+            else:
+                cid, pid = launch(self.container_name(peer))
             try:
                 pidfd = os.pidfd_open(pid)
             except ProcessLookupError:
@@ -211,6 +225,7 @@ class Mediator:
         if held.snapshot:
             from helper import container_fork
             container_fork.release(self, held.snapshot)
+        self.standby.drop_unused()
         return gone
 
     def mine(self, peer) -> list[Held]:
@@ -220,6 +235,7 @@ class Mediator:
 
     def release_all(self, peer) -> int:
         """Every container of this peer: those held, and any the labels name."""
+        self.standby.drop_peer(peer)  # (not counted: the peer never had them)
         n = sum(self.remove(h) for h in self.mine(peer))
         n += self.docker.remove_labelled({"camg.helper": self.cfg.scope, "camg.service": peer.owner,
                                           "camg.uid": str(peer.uid)})
@@ -318,6 +334,7 @@ def sweep(config, say: Callable[[str], None]) -> int:
                         os.close(held.pidfd)
                 _mediator.held.clear()
                 _mediator.lineage.clear()
+            _mediator.standby.forget()  # (swept with the scope's other containers)
     if n:
         say(f"container sweep removed {n} container(s)/network(s) of scope {cfg.scope}")
     return n

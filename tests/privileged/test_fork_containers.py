@@ -4,10 +4,12 @@ environments' Episode.fork, as the episode manager calls it) with their
 real containers, transports, renderer and local judges.
 
 Asserted: the child has the parent's files and the parent's parameters,
-labels and limits; writes are isolated both ways; another peer cannot fork
-a container; capacity is checked before the commit; agent processes are
-refused by name; parents closed before children and children before
-parents; every snapshot image is gone afterwards; on each environment the
+labels and limits, whiteouts and opaque directories included; writes are
+isolated both ways; each on its own bounded ext4; the next fork takes a
+standby child (helper/container_standby.py) and no image is made; another
+peer cannot fork a container; capacity is checked before any work; agent
+processes are refused by name; parents closed before children and children
+before parents; no container, standby or image is left afterwards; on each environment the
 oracle on one branch earns the maximum and a no-op on the other 0; an
 attempt on the grade made before a General fork still zeroes the child.
 Timings are bench/bench_fork_containers.py's, not asserted here.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +66,7 @@ def fc(container_helper):  # noqa: F811
     c.close()
     assert left == [], f"the test left containers behind: {left}"
     assert fork_images(OWNER) == set(), "snapshot images left behind"
+    assert labelled(OWNER) == set(), "standby children left behind"
 
 
 def sh(c: ContainerClient, cid: str, command: str, user: str = "root") -> str:
@@ -73,19 +77,56 @@ def sh(c: ContainerClient, cid: str, command: str, user: str = "root") -> str:
 
 # -- the helper's verb -------------------------------------------------------------------
 
+def labelled(owner: str) -> set[str]:
+    """Every container of this owner in dockerd, standbys included."""
+    api = ci.docker_api()
+    try:
+        return {c["Id"] for c in api.containers(all=True, filters={"label": [f"camg.service={owner}"]})}
+    finally:
+        api.close()
+
+
+def layer_mount(cid: str) -> tuple[str, str, str]:
+    """(mount point, fstype, source) of the container's overlay2 layer directory."""
+    layer = os.path.dirname(inspect(cid)["GraphDriver"]["Data"]["UpperDir"])
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == layer:
+                rest = fields[fields.index("-") + 1:]
+                return layer, rest[0], rest[1]
+    return layer, "", ""
+
+
+def wait_standbys(c: ContainerClient, owner: str, want: int, timeout: float = 120.0) -> set[str]:
+    """The refill is in the background: until dockerd holds ``want`` more than the peer lists."""
+    deadline = time.monotonic() + timeout
+    while True:
+        extra = labelled(owner) - {x["container_id"] for x in c.list()}
+        if len(extra) >= want or time.monotonic() > deadline:
+            return extra
+        time.sleep(0.2)
+
+
 def test_fork_carries_files_and_config_isolated_both_ways(fc, image_ref):  # noqa: F811
     parent = fc.create(spec(image_ref, command=("sleep", "infinity"), user="agent"), episode_id="p-1")
     sh(fc, parent.id, "echo before > /tmp/f")
+    # a whiteout and an opaque directory over the image's files: carried as such
+    sh(fc, parent.id, "rm /etc/debian_version && rm -rf /etc/apt && mkdir /etc/apt && touch /etc/apt/new")
     r = fc.fork_reply(parent.id, episode_id="c-1")
     child = r["container_id"]
-    assert r["image"] == image_ref and r["depth"] == 1 and r["snapshot"].startswith("sha256:")
+    assert r["image"] == image_ref and r["depth"] == 1 and r["snapshot"] == ""
+    assert r["standby"] is False  # the first fork of its spec
+    assert fork_images(OWNER) == set()  # no image is made
     assert sh(fc, child, "cat /tmp/f") == "before\n"
+    assert sh(fc, child, "test -e /etc/debian_version || echo absent; ls -A /etc/apt") == "absent\nnew\n"
     sh(fc, child, "echo child > /tmp/c")
     sh(fc, parent.id, "echo parent > /tmp/p")
     assert sh(fc, parent.id, "test -e /tmp/c || echo absent") == "absent\n"
     assert sh(fc, child, "test -e /tmp/p || echo absent") == "absent\n"
     p, c = inspect(parent.id), inspect(child)
-    assert c["Image"] == r["snapshot"] and fork_images(OWNER) == {r["snapshot"]}
+    assert c["Image"] == p["Image"]  # the manifest image, by its id
+    assert not p["State"]["Paused"] and p["State"]["Running"]
     for key in ("NanoCpus", "Memory", "MemorySwap", "PidsLimit", "NetworkMode", "CapDrop", "CapAdd",
                 "SecurityOpt", "Init", "Privileged", "Binds", "Devices", "IpcMode", "LogConfig"):
         assert c["HostConfig"][key] == p["HostConfig"][key], key
@@ -94,15 +135,31 @@ def test_fork_carries_files_and_config_isolated_both_ways(fc, image_ref):  # noq
     assert c["HostConfig"]["NetworkMode"] == "none" and c["Config"]["User"] == p["Config"]["User"]
     labels = {k: v for k, v in c["Config"]["Labels"].items() if k.startswith("camg.")}
     want = {k: v for k, v in p["Config"]["Labels"].items() if k.startswith("camg.")}
-    # (camg.fork and camg.parent come from the snapshot image's labels)
-    assert labels == {**want, "camg.episode": "c-1", "camg.pool": "0", "camg.fork": "1",
-                      "camg.parent": parent.id[:12]}
+    assert labels == {**want, "camg.episode": "c-1", "camg.pool": "0", "camg.fork": "1"}
     assert sh(fc, child, "id -u", user="agent").strip() == "2000"
-    # the parent goes first; the child keeps its files, then takes its image with it
+    # each on a bounded ext4 of its own
+    (pl, pfs, psrc), (cl, cfs, csrc) = layer_mount(parent.id), layer_mount(child)
+    assert pfs == cfs == "ext4" and psrc.startswith("/dev/loop") and csrc.startswith("/dev/loop")
+    assert psrc != csrc
+    # the next fork of the spec takes a standby made meanwhile: its labels were fixed without an episode
+    standbys = wait_standbys(fc, OWNER, 2)
+    assert len(standbys) == 2 and all(not inspect(s)["State"]["Running"] for s in standbys)
+    r2 = fc.fork_reply(parent.id, episode_id="c-2")
+    assert r2["standby"] is True and r2["container_id"] in standbys
+    assert sh(fc, r2["container_id"], "cat /tmp/f /tmp/p; test -e /tmp/c || echo absent") == \
+        "before\nparent\nabsent\n"
+    c2 = inspect(r2["container_id"])
+    assert {k: v for k, v in c2["Config"]["Labels"].items() if k.startswith("camg.")} == \
+        {**want, "camg.episode": "", "camg.pool": "0", "camg.fork": "1"}
+    assert {x["container_id"] for x in fc.list()} == {parent.id, child, r2["container_id"]}
+    assert fc.remove(r2["container_id"]) is True
+    # the parent goes first; the child keeps its files
     assert fc.remove(parent.id) is True
     assert sh(fc, child, "cat /tmp/f /tmp/c") == "before\nchild\n"
+    assert labelled(OWNER) - {child} != set()  # standbys stay while a container of the spec does
     assert fc.remove(child) is True and fc.remove(child) is False  # idempotent
-    assert fork_images(OWNER) == set()
+    assert labelled(OWNER) == set() and fork_images(OWNER) == set()
+    assert not os.path.ismount(cl) and not os.path.ismount(pl)
 
 
 def test_a_peer_cannot_fork_another_peers_container(fc, container_helper, image_ref):  # noqa: F811
@@ -115,29 +172,30 @@ def test_a_peer_cannot_fork_another_peers_container(fc, container_helper, image_
             fc.fork("0" * 64)
         with pytest.raises(errors.BadRequest):
             fc.fork("not-an-id")
-        assert other.list() == []
+        assert other.list() == [] and labelled(OWNER + "-other") == set()
+        assert not inspect(parent.id)["State"]["Paused"]
     finally:
         other.close()
         fc.remove(parent.id)
     assert fork_images(OWNER) == set() and fork_images(OWNER + "-other") == set()
 
 
-def test_fork_chain_child_closed_before_parent_reclaims_images(fc, image_ref):  # noqa: F811
+def test_fork_chain_child_closed_before_parent(fc, image_ref):  # noqa: F811
     parent = fc.create(spec(image_ref, command=("sleep", "infinity")))
     sh(fc, parent.id, "echo 0 > /tmp/gen")
     first = fc.fork_reply(parent.id, episode_id="g1")
-    sh(fc, first["container_id"], "echo 1 >> /tmp/gen")
+    sh(fc, first["container_id"], "echo 1 >> /tmp/gen && rm /etc/debian_version")
     second = fc.fork_reply(first["container_id"], episode_id="g2")  # a fork of a fork
     assert second["depth"] == 2
-    assert sh(fc, second["container_id"], "cat /tmp/gen") == "0\n1\n"
-    # the middle one first: its image stays while the newer snapshot depends on it
+    assert sh(fc, second["container_id"], "cat /tmp/gen; test -e /etc/debian_version || echo absent") == \
+        "0\n1\nabsent\n"
+    # the middle one first: the grandchild holds no reference to it
     fc.remove(first["container_id"])
-    assert fork_images(OWNER) == {first["snapshot"], second["snapshot"]}
     assert sh(fc, second["container_id"], "cat /tmp/gen") == "0\n1\n"
     fc.remove(second["container_id"])
-    assert fork_images(OWNER) == set()
-    assert sh(fc, parent.id, "cat /tmp/gen") == "0\n"
+    assert sh(fc, parent.id, "cat /tmp/gen; cat /etc/debian_version >/dev/null && echo kept") == "0\nkept\n"
     fc.remove(parent.id)
+    assert fork_images(OWNER) == set() and labelled(OWNER) == set()
 
 
 def test_agent_processes_are_refused_and_capacity_checked_first(fc, image_ref):  # noqa: F811
@@ -146,16 +204,16 @@ def test_agent_processes_are_refused_and_capacity_checked_first(fc, image_ref): 
     with pytest.raises(errors.NotForkable) as info:
         fc.fork(parent.id)
     assert info.value.details["what"] == "agent_processes"
-    assert fork_images(OWNER) == set()
+    assert labelled(OWNER) == {parent.id} and not inspect(parent.id)["State"]["Paused"]
     sh(fc, parent.id, "kill -9 $(cat /tmp/bg)")
-    # the helper's per-peer ceiling (8 in container_fixtures): refused before the commit
+    # the helper's per-peer ceiling (8 in container_fixtures), standbys not counted: refused before any work
     children = [fc.fork(parent.id) for _ in range(7)]
-    assert len(fork_images(OWNER)) == 7
+    assert len(fc.list()) == 8
     with pytest.raises(errors.AtCapacity):
         fc.fork(parent.id)
-    assert len(fork_images(OWNER)) == 7
-    assert fc.release_all() == 8  # a release takes the snapshots with the containers
-    assert fork_images(OWNER) == set() and children
+    assert len(fc.list()) == 8 and not inspect(parent.id)["State"]["Paused"]
+    assert fc.release_all() == 8  # the standbys go too, uncounted: the peer never had them
+    assert labelled(OWNER) == set() and fork_images(OWNER) == set() and children
 
 
 # -- Visual ------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 
 from camg import helper_wire as wire
 from helper import config as helper_config
-from helper import container_fork, containers as mc
+from helper import container_fork, container_standby, containers as mc
 from helper.sandbox_table import Peer
 
 IMAGE = "127.0.0.1:5000/camg/x@sha256:" + "a" * 64
@@ -21,12 +21,36 @@ PEER = Peer(uid=990, gid=990, pid=1, owner="general")
 
 
 class FakeDocker:
-    """Records calls; images in use answer 409 (None) as Docker does."""
+    """Records calls; images in use answer 409 (None) as Docker does. With
+    ``overlay`` every container has a layer directory (the copy path), else
+    none (another storage driver: the commit path)."""
 
-    def __init__(self) -> None:
+    def __init__(self, overlay: bool = False) -> None:
         self.calls: list[tuple] = []
         self.images: dict[str, set[str]] = {}  # image -> its users (containers, newer images)
         self.n = 0
+        self.overlay = overlay
+        self.containers: set[str] = set()
+
+    def layer(self, cid):
+        return f"/layers/{cid}" if self.overlay else None
+
+    def create(self, **kw):
+        self.n += 1
+        cid = f"{self.n:064x}"
+        self.containers.add(cid)
+        self.calls.append(("create", cid, kw))
+        return cid, self.layer(cid)
+
+    def start(self, cid):
+        self.calls.append(("start", cid))
+        return os.getpid()
+
+    def pause(self, cid):
+        self.calls.append(("pause", cid))
+
+    def unpause(self, cid):
+        self.calls.append(("unpause", cid))
 
     def commit(self, cid, labels):
         self.n += 1
@@ -39,13 +63,16 @@ class FakeDocker:
         return image
 
     def run(self, **kw):
-        cid = f"{len(self.calls) + 1:064x}"
+        self.n += 1
+        cid = f"{self.n:064x}"
+        self.containers.add(cid)
         if kw["image"] in self.images:
             self.images[kw["image"]].add(cid)
         self.calls.append(("run", cid, kw))
         return cid, os.getpid()  # a live pid for the pidfd
 
     def remove(self, cid):
+        self.containers.discard(cid)
         for users in self.images.values():
             users.discard(cid)
         self.calls.append(("remove", cid))
@@ -70,15 +97,20 @@ class FakeDocker:
 
 
 @pytest.fixture
-def m(tmp_path, monkeypatch):
+def m(request, tmp_path, monkeypatch):
     manifest = tmp_path / "images.json"
     manifest.write_text(json.dumps({"images": [IMAGE]}))
     cfg = mc.ContainerConfig(images_manifest=str(manifest), scope="unit", containers_per_peer=3)
     mediator = mc.Mediator(cfg, agent_uid=2000, agent_gid=2000, ceilings=helper_config.Ceilings())
-    mediator.docker = FakeDocker()
+    mediator.docker = FakeDocker(overlay=getattr(request, "param", False))
+    copies: list[tuple[str, str]] = []
+    monkeypatch.setattr(container_fork.container_disk, "copy_upper", lambda a, b: copies.append((a, b)))
+    mediator.copies = copies
+    mediator.cfg_manifest = manifest
     # (this host's own agent-uid processes are not the container's)
     monkeypatch.setattr(container_fork, "agent_processes", lambda pidfd, uid: [])
     yield mediator
+    mediator.standby.drop_peer(PEER)
     for held in list(mediator.held.values()):
         if held.pidfd >= 0:
             os.close(held.pidfd)
@@ -168,3 +200,94 @@ def test_a_failed_child_start_releases_its_snapshot(m, monkeypatch):
     monkeypatch.setattr(m.docker, "run", broken)
     refused(lambda: fork(m, parent), "sandbox_died")
     assert m.docker.images == {} and len(m.held) == 1
+
+
+# -- the copy path (overlay2): standby children, no image ---------------------------------
+
+copying = pytest.mark.parametrize("m", [True], indirect=True)
+
+
+def settle(m):
+    for spec in list(m.standby.specs.values()):
+        if spec.filling is not None:
+            spec.filling.join()
+
+
+@copying
+def test_a_copied_fork_pauses_the_parent_copies_its_upper_and_makes_no_image(m):
+    parent = create(m)
+    child, timings = container_fork.fork(m, PEER, wire.ContainerForkParams(parent.id, "child-1"))
+    assert timings["standby"] is False and not child.snapshot and child.depth == 1
+    kinds = [c[0] for c in m.docker.calls]
+    assert "commit" not in kinds and m.docker.images == {}
+    i = kinds.index("pause")
+    assert m.docker.calls[i][1] == parent.id and ("unpause", parent.id) in m.docker.calls[i:]
+    assert m.copies == [(f"/layers/{parent.id}", f"/layers/{child.id}")]
+    made = next(c for c in m.docker.calls if c[0] == "create" and c[1] == child.id)[2]
+    first_run = next(c for c in m.docker.calls if c[0] == "run")[2]
+    assert made["image"] == IMAGE and child.image == IMAGE
+    for key in ("command", "env", "workdir", "user", "cpu", "memory", "pids", "binds"):
+        assert made[key] == first_run[key], key
+    assert made["labels"] == {**first_run["labels"], "camg.episode": "child-1", "camg.pool": "0",
+                              "camg.fork": "1"}
+
+
+@copying
+def test_the_next_fork_takes_a_standby_of_the_same_spec(m):
+    parent = create(m)
+    fork(m, parent, "c1")
+    settle(m)
+    ready = m.standby.ids()
+    assert len(ready) == container_standby.PER_SPEC and not ready & set(m.held)
+    standby_labels = next(c[2]["labels"] for c in m.docker.calls if c[0] == "create" and c[1] in ready)
+    assert standby_labels["camg.episode"] == "" and standby_labels["camg.fork"] == "1"
+    assert standby_labels["camg.service"] == "general" and standby_labels["camg.pool"] == "0"
+    child, timings = container_fork.fork(m, PEER, wire.ContainerForkParams(parent.id, "c2"))
+    assert timings["standby"] is True and child.id in ready and child.episode_id == "c2"
+    # the standbys never counted against the peer: 3 of 3 held, then at capacity
+    refused(lambda: fork(m, parent), "at_capacity")
+
+
+@copying
+def test_standbys_go_with_the_last_container_of_their_spec(m):
+    parent = create(m)
+    other = create(m, memory_bytes=128 << 20)  # another spec: no standby of its own
+    child = fork(m, parent)
+    settle(m)
+    assert len(m.standby.ids()) == container_standby.PER_SPEC
+    m.remove(parent)
+    assert len(m.standby.ids()) == container_standby.PER_SPEC  # the child is of the same spec
+    m.remove(child)
+    assert m.standby.ids() == set()
+    assert m.docker.containers == {other.id}
+    m.remove(other)
+
+
+@copying
+def test_ceilings_and_peers_are_checked_before_any_pause(m, monkeypatch):
+    parent = create(m)
+    refused(lambda: fork(m, parent, peer=Peer(990, 990, 1, "visual")), "not_found")
+    monkeypatch.setattr(container_fork, "agent_processes", lambda pidfd, uid: [7])
+    refused(lambda: fork(m, parent), "not_allowed")
+    assert not [c for c in m.docker.calls if c[0] in ("pause", "create")]
+    monkeypatch.setattr(container_fork, "agent_processes", lambda pidfd, uid: [])
+    # an image dropped from the manifest is not forked either
+    (m.cfg_manifest).write_text(json.dumps({"images": []}))
+    os.utime(m.cfg_manifest, (1, 1))
+    refused(lambda: fork(m, parent), "not_allowed")
+    assert not [c for c in m.docker.calls if c[0] in ("pause", "create")]
+
+
+@copying
+def test_a_failed_copy_resumes_the_parent_and_removes_the_child(m, monkeypatch):
+    parent = create(m)
+
+    def full(a, b):
+        raise wire.WireError("limit_exceeded", "no space")
+    monkeypatch.setattr(container_fork.container_disk, "copy_upper", full)
+    refused(lambda: fork(m, parent), "limit_exceeded")
+    assert m.docker.calls[-2][0] == "unpause" and m.docker.calls[-1][0] == "remove"
+    settle(m)
+    assert set(m.held) == {parent.id}
+    m.remove(parent)
+    assert m.docker.containers == set()
