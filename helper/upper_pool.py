@@ -92,6 +92,13 @@ class UpperPool:
         with self.cond:
             return len(self.warm)
 
+    def status(self) -> dict[str, int]:
+        """Entries held and being made, read together: each held one is a
+        detached mount's descriptor of this helper that no sandbox owns
+        (a census telling them from fork layers needs ``making`` at 0)."""
+        with self.cond:
+            return {"held": len(self.warm), "making": self.making}
+
     def drain(self) -> int:
         """Close every entry and forget every size (idempotent); returns how
         many were closed. One being made is closed when done."""

@@ -62,7 +62,8 @@ def _identity(ctx: Context, user: str) -> tuple[int, int, dict[str, str]]:
 def ping(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
     failure = ctx.registry.probe_failure
     return {"uid": peer.uid, "owner": peer.owner, "probes_ok": failure is None,
-            "probe_failure": failure, "instance": cv.INSTANCE}, b""
+            "probe_failure": failure, "instance": cv.INSTANCE,
+            "warm_uppers": ctx.registry.warm_uppers.status()}, b""
 
 
 def probe(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
@@ -156,7 +157,7 @@ def _verb(name: str, params: type, handler: Callable[..., Result], doc: str, *,
 
 
 VERBS: dict[str, Verb] = {v.name: v for v in (
-    _verb("Ping", wire.NoParams, ping, "Liveness, the caller's identity, probe state."),
+    _verb("Ping", wire.NoParams, ping, "Liveness, the caller's identity, probe state, the warm-upper pool."),
     _verb("Probe", wire.NoParams, probe, "Run the isolation probes now; creation is refused while any fails."),
     _verb("CreateSandbox", wire.CreateSandboxParams, create_sandbox,
           "New sandbox over lowers (bottom-first) -> sandbox_id."),

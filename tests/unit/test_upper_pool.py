@@ -5,6 +5,8 @@ ext4s) are tests/privileged/test_fork_sandboxes.py's."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from helper.config import ConfigError, HelperConfig, Ceilings
@@ -49,3 +51,16 @@ def test_warm_uppers_is_a_validated_ceiling():
     assert HelperConfig(ceilings=Ceilings(warm_uppers=0)).ceilings.warm_uppers == 0
     with pytest.raises(ConfigError, match="ceilings"):
         HelperConfig(ceilings=Ceilings(warm_uppers=-1))
+
+def test_status_reports_held_and_making_together(tmp_path):
+    # what Ping carries, and tools/reliability/rig.py subtracts from the
+    # helper's detached mounts: a warm entry is not a leaked fork layer
+    pool = UpperPool(str(tmp_path), 4)
+    assert pool.status() == {"held": 0, "making": 0}
+    r, w = os.pipe()
+    with pool.cond:
+        pool.warm.append((1 << 20, r))
+        pool.making = 1
+    assert pool.status() == {"held": 1, "making": 1}
+    assert pool.drain() == 1 and pool.status() == {"held": 0, "making": 1}
+    os.close(w)

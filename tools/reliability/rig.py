@@ -15,6 +15,7 @@ still holds (helper/forks.py) and the snapshot images of forked containers
 from __future__ import annotations
 
 import os
+import time
 
 from camg import census as host
 from tools.harness import census
@@ -43,9 +44,28 @@ class Helper(HelperProcess):
 
     def census(self) -> dict[str, int]:
         counted = super().census()
-        counted["layers"] = layers(self.proc.pid) if self.alive() else 0
+        counted["layers"] = self.layers() if self.alive() else 0
         counted["fork images"] = fork_images(self.scope) if self.scope else 0
         return counted
+
+
+    def layers(self, settle_s: float = 10.0) -> int:
+        """Fork layers held: the detached mounts of ``layers`` less the warm
+        uppers the helper's pool holds (helper/upper_pool.py: also detached
+        mounts, owned by no sandbox, not a leak). Counted between two equal
+        pool readings with nothing being made, so an entry the pool is
+        making is neither missed nor taken for a layer."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            before = self._pool()
+            held = layers(self.proc.pid)
+            if (before == self._pool() and not before["making"]) or time.monotonic() > deadline:
+                return max(0, held - before["held"])
+            time.sleep(0.1)
+
+    def _pool(self) -> dict[str, int]:
+        with self.client() as c:
+            return c.ping().get("warm_uppers") or {"held": 0, "making": 0}
 
 
 # O_PATH in /proc/<pid>/fdinfo's octal flags
