@@ -45,6 +45,17 @@ def test_normalise_both_directions_clipped(value, baseline, reference, expected)
     assert metrics.normalise(value, baseline, reference) == pytest.approx(expected)
 
 
+
+def test_normalise_takes_floating_point_noise_at_either_end_as_that_end():
+    # the reference's score from the host's numpy, the oracle's from the
+    # image's: an MAE 4 ulps off the reference is the reference (exactly 1.0)
+    reference, baseline = 43.91000000000001, 62.3
+    assert metrics.normalise(reference * (1 + 4e-16), baseline, reference) == 1.0
+    assert metrics.normalise(baseline * (1 - 4e-16), baseline, reference) == 0.0
+    # a real step is still a fraction, however close to the end
+    assert metrics.normalise(reference + 1e-6 * (baseline - reference), baseline, reference) < 1.0
+    assert 0.0 < metrics.normalise(baseline - 1e-6 * (baseline - reference), baseline, reference)
+
 @pytest.mark.parametrize("data,problem,rule", [
     (b"", "header", "header"), (b"\xff\xfe", "UTF-8", "encoding"),
     (b"id,pred\na,1\n", "header", "header"),

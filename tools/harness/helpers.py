@@ -130,7 +130,11 @@ class HelperProcess:
         return census.rss_kib(self.proc.pid)
 
     def sandbox_inits(self) -> set[int]:
-        return host.children_of({self.proc.pid})
+        """The helper's children that are sandbox inits (helper/initbin.py's
+        camg-sbxinit-<digest>): not the warm-upper pool's mkfs.ext4, which
+        a disk create starts in the background (helper/upper_pool.py)."""
+        return {pid for pid in host.children_of({self.proc.pid})
+                if _comm(pid).startswith("camg-sbxinit")}
 
     def census(self) -> dict[str, int]:
         """What the helper holds now (all zero when nothing leaked)."""
@@ -158,6 +162,14 @@ class HelperProcess:
         remove_parents(self.config)
         if self.owns_base:
             shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""  # exited since it was listed
 
 
 def remove_parents(config: dict) -> None:
