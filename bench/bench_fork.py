@@ -91,9 +91,11 @@ class Served:
     environment: Callable[[], Environment] | None = None
 
 
-def environment_of(service: ServiceProcess, pre_serve: Callable[[Path], None] | None) -> Environment:
+def environment_of(service: ServiceProcess, pre_serve: Callable[[Path], None] | None,
+                   env: dict[str, str] | None = None) -> Environment:
     """``service``'s environment as camg.serve builds it, here, once the
-    service has stopped (its state directory is then free again)."""
+    service has stopped (its state directory is then free again); ``env``:
+    what the service's own environment carried (General's judge endpoint)."""
     import os
 
     from camg import service_config as cfg
@@ -104,6 +106,7 @@ def environment_of(service: ServiceProcess, pre_serve: Callable[[Path], None] | 
     config = cfg.load_service_config(service.config_path)
     # AutoResearch's run ledger records the config it serves
     os.environ["CAMG_SERVE_CONFIG"] = str(service.config_path)
+    os.environ.update(env or {})
     return build_service(config, cfg.verify(config, service.config_path)).env
 
 
@@ -146,7 +149,8 @@ def reliability_served(name: str, tmp: Path, settings: dict) -> Iterator:
         manifest_path, recipe, factory = prepared.result
         prepared.result = (manifest_path, {**recipe, **settings}, factory)
         with prepared.serve(capacity=4, limits={}) as service:
-            yield Served(service, lambda: environment_of(service, rig and rig.pre_serve))
+            yield Served(service, lambda: environment_of(service, rig and rig.pre_serve,
+                                                          rig.env if rig else None))
 
 
 def _written(n: int) -> list[dict]:
