@@ -49,6 +49,18 @@ class Ceilings:
     # Connections served at once; each holds one thread and at most one
     # request in flight, so this also bounds concurrent requests.
     connections: int = 1024
+    # A sandbox's /dev/shm (a tmpfs of its own, sbxinit.c): at most this
+    # many bytes, and never more than half its memory_bytes, so that a fill
+    # meets ENOSPC before the memory cgroup (which its pages are charged
+    # to) meets the OOM killer; at most shm_inodes files. Docker's is
+    # 64 MiB as well.
+    shm_bytes: int = 64 << 20
+    shm_inodes: int = 4096
+
+    def shm(self, memory_bytes: int) -> tuple[int, int]:
+        """/dev/shm's (size, nr_inodes) for a sandbox of ``memory_bytes``;
+        both positive (0 would mean unlimited to tmpfs)."""
+        return max(4096, min(self.shm_bytes, memory_bytes // 2)), self.shm_inodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +124,8 @@ class HelperConfig:
             raise ConfigError("agent_uid/agent_gid: must be an unprivileged id")
         c = self.ceilings
         if min(c.memory_bytes, c.pids_max, c.output_bytes, c.archive_bytes, c.sandboxes_per_peer,
-               c.sandboxes_total, c.command_bytes, c.upper_bytes, c.lowers, c.connections) <= 0 or c.fork_depth < 0 or c.warm_uppers < 0 or c.cpu_quota <= 0 or c.timeout <= 0:
+               c.sandboxes_total, c.command_bytes, c.upper_bytes, c.lowers, c.connections,
+               c.shm_bytes, c.shm_inodes) <= 0 or c.fork_depth < 0 or c.warm_uppers < 0 or c.cpu_quota <= 0 or c.timeout <= 0:
             raise ConfigError("ceilings: every ceiling must be positive")
         if self.create_timeout <= 0:
             raise ConfigError("create_timeout: must be positive")

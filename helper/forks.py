@@ -158,6 +158,7 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
                     made["child"] = Sandbox.spawn(
                         record, init_binary=registry.init_binary, hostname=spec.hostname,
                         scratch=registry.scratch, lowers=lowers, tmpfs_bytes=size,
+                        shm=registry.config.ceilings.shm(spec.memory_bytes),
                         timeout=registry.config.create_timeout, layer_fds=fds)
                 except BaseException as exc:  # re-raised by the fork below
                     made["error"] = exc
@@ -249,6 +250,7 @@ def _replace_init(registry, parent: Sandbox, layers, lowers, fds, size: int, dis
         fresh = Sandbox.spawn(parent.record, init_binary=registry.init_binary,
                               hostname=parent.spec.hostname, scratch=registry.scratch,
                               lowers=lowers, tmpfs_bytes=size,
+                              shm=registry.config.ceilings.shm(parent.spec.memory_bytes),
                               timeout=registry.config.create_timeout, layer_fds=fds)
     except BaseException:
         # The old pid is reaped next and may then be reused: never signal it.

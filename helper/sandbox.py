@@ -66,9 +66,11 @@ class Sandbox:
 
     @classmethod
     def spawn(cls, record: Record, *, init_binary: str, hostname: str, scratch: str,
-              lowers: list[str], tmpfs_bytes: int, timeout: float,
+              lowers: list[str], tmpfs_bytes: int, shm: tuple[int, int], timeout: float,
               layer_fds: tuple[int, ...] = ()) -> "Sandbox":
         """Start init for ``record`` (cgroups and upper exist already).
+
+        ``shm`` is /dev/shm's (size, nr_inodes): Ceilings.shm of the spec.
 
         ``layer_fds`` become init's descriptors 5.. (a fork's frozen layers,
         named in ``lowers`` as /proc/self/fd/N/...)."""
@@ -77,7 +79,8 @@ class Sandbox:
         upper = record.upper_dir or "tmpfs"
         procs = [os.path.join(record.cgroups[c], "cgroup.procs") for c in sorted(record.cgroups)]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [init_binary, hostname, scratch, lowerdir, upper, str(tmpfs_bytes), *procs]
+        argv = [init_binary, hostname, scratch, lowerdir, upper, str(tmpfs_bytes),
+                *(str(n) for n in shm), *procs]
         # Above every target (3, 5..), so no dup2 of the spawn overwrites a
         # source it has yet to copy.
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in layer_fds]

@@ -129,6 +129,7 @@ class Registry:
                     self.warm_uppers.want(size)
             sandbox = Sandbox.spawn(record, init_binary=self.init_binary, hostname=spec.hostname,
                                     scratch=self.scratch, lowers=lowers, tmpfs_bytes=size,
+                                    shm=self.config.ceilings.shm(spec.memory_bytes),
                                     timeout=self.config.create_timeout)
         except BaseException:
             self._forget(record)

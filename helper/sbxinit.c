@@ -6,11 +6,14 @@
  * sandbox and a Python fork costs milliseconds here; this process stays at
  * a few hundred KiB and starts in well under a millisecond.
  *
- * argv: hostname scratch lowerdir upper tmpfs_bytes procs_path...
+ * argv: hostname scratch lowerdir upper tmpfs_bytes shm_bytes shm_inodes
+ *       procs_path...
  *   lowerdir  overlay "lowerdir=" value, already top-first and validated;
  *             a fork's frozen layers are /proc/self/fd/N/... paths of
  *             the descriptors 5.. the helper passed (closed once mounted)
  *   upper     "tmpfs" or a host directory holding upper/ and work/
+ *   shm_bytes, shm_inodes  /dev/shm's size= and nr_inodes= (positive; the
+ *             helper derives them, helper/config.py Ceilings.shm)
  *   procs     cgroup.procs files to join before unsharing
  * fd 3: SOCK_SEQPACKET control socket to the helper.
  * fd 4 (made here): a detached, read-only clone of the mount that holds
@@ -116,14 +119,28 @@ static void proc_mask(const char *path) {
         fail("mask %s", path);
 }
 
-static void make_dev(void) {
+/* A tmpfs size or nr_inodes of 0 means unlimited: refuse it. */
+static unsigned long long positive(const char *what, const char *text) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end == text || *end || v == 0) {
+        errno = EINVAL;
+        fail("%s %s", what, text);
+    }
+    return v;
+}
+
+static void make_dev(unsigned long long shm_bytes, unsigned long long shm_inodes) {
     static const struct { const char *name; int major, minor; } nodes[] = {
         {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7},
         {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
     };
-    char path[64];
+    char path[64], opts[128];
     xmkdir("/dev", 0755);
-    xmount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536");
+    /* The sandbox's root may write /dev (CAP_DAC_OVERRIDE): its inodes are
+     * bounded like its bytes (it holds about 15 entries). */
+    xmount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536,nr_inodes=256");
     for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
         snprintf(path, sizeof path, "/dev/%s", nodes[i].name);
         if (mknod(path, S_IFCHR | 0666, makedev(nodes[i].major, nodes[i].minor)) < 0)
@@ -133,7 +150,11 @@ static void make_dev(void) {
     xmount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
     if (symlink("pts/ptmx", "/dev/ptmx") < 0) fail("symlink ptmx");
     xmkdir("/dev/shm", 01777);
-    xmount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+    /* Bounded in bytes below the memory cgroup (a fill meets ENOSPC, not
+     * the OOM killer) and in inodes: without nr_inodes a tmpfs allows half
+     * of the host's RAM pages in inodes. */
+    snprintf(opts, sizeof opts, "mode=1777,size=%llu,nr_inodes=%llu", shm_bytes, shm_inodes);
+    xmount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts);
     if (symlink("/proc/self/fd", "/dev/fd") < 0 || symlink("/proc/self/fd/0", "/dev/stdin") < 0 ||
         symlink("/proc/self/fd/1", "/dev/stdout") < 0 || symlink("/proc/self/fd/2", "/dev/stderr") < 0)
         fail("symlink fd");
@@ -156,7 +177,8 @@ static void upper_handle(const char *dir) {
 }
 
 static void setup_root(const char *scratch, const char *lowerdir, const char *upper,
-                       const char *tmpfs_bytes) {
+                       const char *tmpfs_bytes, unsigned long long shm_bytes,
+                       unsigned long long shm_inodes) {
     char path[4096], opts[8192], upperdir[4096], workdir[4096];
     /* Modes below are meant literally (0666 devices, 1777 /dev/shm); the
      * helper's umask must not narrow them. Commands set their own. */
@@ -196,7 +218,7 @@ static void setup_root(const char *scratch, const char *lowerdir, const char *up
 
     xmkdir("/proc", 0555);
     xmount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-    make_dev();
+    make_dev(shm_bytes, shm_inodes);
     static const char *ro[] = {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"};
     for (size_t i = 0; i < sizeof ro / sizeof ro[0]; i++) proc_readonly(ro[i]);
     static const char *masked[] = {"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug"};
@@ -448,7 +470,7 @@ static void serve(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 6) {
+    if (argc < 8) {
         fprintf(stderr, "camg-sbxinit is started by camg-helper only\n");
         return 2;
     }
@@ -457,7 +479,10 @@ int main(int argc, char **argv) {
      * (`yes | head` must end yes quietly). Init itself sends with
      * MSG_NOSIGNAL. */
     for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
-    for (int i = 6; i < argc; i++) {
+    /* Checked before anything is joined or made. */
+    unsigned long long shm_bytes = positive("shm_bytes", argv[6]);
+    unsigned long long shm_inodes = positive("shm_inodes", argv[7]);
+    for (int i = 8; i < argc; i++) {
         int fd = open(argv[i], O_WRONLY | O_CLOEXEC);
         if (fd < 0 || write(fd, "0", 1) != 1) fail("join %s", argv[i]);
         close(fd);
@@ -477,7 +502,7 @@ int main(int argc, char **argv) {
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, &mask, NULL);
-    setup_root(argv[2], argv[3], argv[4], argv[5]);
+    setup_root(argv[2], argv[3], argv[4], argv[5], shm_bytes, shm_inodes);
     if (sethostname(argv[1], strlen(argv[1])) < 0) fail("sethostname");
     loopback_up();
     drop_privileges();

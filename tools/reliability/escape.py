@@ -3,9 +3,10 @@
 Each probe runs inside a real sandbox of the rig's helper, over Debian
 minbase plus an "image" layer holding setuid-root binaries, and prints
 BLOCKED when the attempt failed the way it must. Resource probes (fork
-bomb, memory hog, disk and inode exhaustion, output flood) and copy-out
-races are checked from the host side as well. Every probe is one row of
-the printed detail; the suite's table row counts them.
+bomb, memory hog, disk and inode exhaustion of the upper and of /dev/shm,
+output flood) and copy-out races are checked from the host side as well.
+Every probe is one row of the printed detail; the suite's table row counts
+them.
 """
 
 from __future__ import annotations
@@ -252,6 +253,21 @@ def _resources(client, helper: Helper, new) -> list[tuple[str, bool, str]]:
                     "[ $i -ge 100000 ] && break; done; echo $i; rm -rf /tmp/i*", timeout=120)
     made = int(r.output.split()[0]) if r.output.split() and r.output.split()[0].isdigit() else -1
     out.append(("inode exhaustion of the upper", 0 <= made < 100000, f"{made} files"))
+    # /dev/shm is a tmpfs of its own (sbxinit.c; helper/config.py Ceilings.shm:
+    # 64 MiB here, half the 256 MiB memory at most, 4096 inodes): ENOSPC
+    # inside the bound, never the memory cgroup's OOM killer.
+    kills = _oom_kills(helper, sid)
+    r = client.exec(sid, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=200 2>&1; "
+                    "echo kib=$(du -k /dev/shm/fill | cut -f1); rm -f /dev/shm/fill", timeout=60)
+    kib = r.output.rsplit("kib=", 1)[-1].strip()
+    oom = _oom_kills(helper, sid) - kills
+    out.append(("disk exhaustion of /dev/shm (64 MiB tmpfs)",
+                "No space left" in r.output and kib.isdigit() and int(kib) <= 64 << 10 and oom == 0,
+                f"ENOSPC at {kib} KiB; OOM kills +{oom}"))
+    r = client.exec(sid, "cd /dev/shm && i=0; while : 2>/dev/null > i$i; do i=$((i+1)); "
+                    "[ $i -ge 100000 ] && break; done; echo $i; rm -f i*", timeout=120)
+    made = int(r.output.split()[0]) if r.output.split() and r.output.split()[0].isdigit() else -1
+    out.append(("inode exhaustion of /dev/shm (4096 inodes)", 0 <= made < 4096, f"{made} files"))
     bomb = new()
     # The caller stays (sleep): the bomb must meet pids.max, not the
     # process-group kill that follows a command's exit.
@@ -276,6 +292,16 @@ def _resources(client, helper: Helper, new) -> list[tuple[str, bool, str]]:
     out.append(("memory hog (256 MiB cgroup)", r.exit_code != 0 and alive.endswith("alive"),
                 f"exit {r.exit_code}"))
     return out
+
+
+def _oom_kills(helper: Helper, sandbox: str) -> int:
+    parent = Path(helper.config["cgroup_parents"]["memory"])
+    for name in os.listdir(parent):
+        if sandbox in name:
+            for line in (parent / name / "memory.oom_control").read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    return 0
 
 
 def _pids_max_events(helper: Helper, sandbox: str) -> int:
