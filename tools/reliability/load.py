@@ -79,12 +79,13 @@ async def _load(url: str, action: dict, n: int, seconds: float, on_live) -> dict
 
 
 def run(prepared: Prepared, n: int, seconds: float, asked: int | None = None) -> Row:
-    """At the environment's default capacity (the deployment names none).
+    """At the environment's default capacity (the deployment names none),
+    or the target's load_capacity where it sets one.
     ``asked``: the suite's size, when the target supports fewer at once
     (Target.load_max; the row says why)."""
     target, helper = prepared.target, prepared.helper
     limits = {"max_steps": 1_000_000, "idle_ttl_s": 600}
-    with prepared.serve(capacity=None, limits=limits) as service:
+    with prepared.serve(capacity=target.load_capacity, limits=limits) as service:
         capacity = Client(service.url).metadata()["capacity"]
         helper_before = helper.rss_kib()
         memory: list[tuple[int, int]] = []
@@ -98,7 +99,8 @@ def run(prepared: Prepared, n: int, seconds: float, asked: int | None = None) ->
         helper_kib = helper.rss_kib()
     leaks = {k: v for k, v in helper.census().items() if v}
     ok = not r["errors"] and r["created"] == n and capacity >= n and not leaks
-    counted = (f"default capacity {capacity}; {r['created']}/{n} live, {r['steps']} steps "
+    which = "set" if target.load_capacity else "default"
+    counted = (f"{which} capacity {capacity}; {r['created']}/{n} live, {r['steps']} steps "
                f"({r['renewed']} episodes ended by their step budget and replaced), "
                f"errors {len(r['errors'])}, "
                f"step p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms, "

@@ -176,7 +176,10 @@ def general(work: Path, socket: str) -> Rig:
                                             agent_env_source=str(agent_env.cached(CACHE)),
                                             # below the escape battery's FILL_MIB and
                                             # INODE_CAP (tools/reliability/escape_container.py)
-                                            upper_bytes=256 << 20, upper_inodes=16384)}
+                                            upper_bytes=256 << 20, upper_inodes=16384,
+                                            # the load suite starts 256 at once: dockerd then
+                                            # takes over the default 60 s for some starts
+                                            api_timeout=600.0)}
         env = {"GA_JUDGE_URL": judge.url, "GA_JUDGE_MODEL": "reliability-judge",
                "GA_JUDGE_KEY": "sk-reliability", "GA_JUDGE_API": "chat"}
         # daemons/general/README.md: action_timeout_s >= 1900 (the verifier)
