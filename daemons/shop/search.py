@@ -20,10 +20,12 @@ agreement checks it. pyserini is installed ``--no-deps`` for the same reason
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,6 +35,8 @@ from daemons.shop import javahome
 
 #: WebShop: SEARCH_RETURN_N
 SEARCH_RETURN_N = 50
+#: results kept per Searcher (keywords, k) -> ids: about 3.5 KB each
+SEARCH_CACHE_ENTRIES = 2048
 
 _jvm_lock = threading.Lock()
 _jvm_options: tuple[str, str] | None = None
@@ -95,7 +99,7 @@ class _TopIds:
     against upstream's top 50, and against SimpleSearcher here.
     """
 
-    def __init__(self, simple, index_dir: str) -> None:
+    def __init__(self, simple, index_dir: str, threads: int = 1) -> None:
         from jnius import autoclass, cast
         self._cast = cast
         self._lock = threading.Lock()
@@ -105,8 +109,28 @@ class _TopIds:
             autoclass("org.apache.lucene.store.FSDirectory").open(
                 autoclass("java.io.File")(str(index_dir)).toPath()))
         self._reader = reader
-        searcher = autoclass("org.apache.lucene.search.IndexSearcher")(
-            cast("org.apache.lucene.index.IndexReader", reader))
+        self.segments = int(reader.leaves().size())
+        index_searcher = autoclass("org.apache.lucene.search.IndexSearcher")
+        self._pool = None
+        searcher = None
+        if threads > 1 and self.segments > 1:
+            # Lucene searches its slices (segments of > 250k documents, or
+            # up to 5 smaller ones) on the pool, the last on the calling
+            # thread, then merges the slices' top k by the same sort: the
+            # same hits (BM25's statistics are the whole index's, and the
+            # sort is total: score, then the unique id). A ForkJoinPool's
+            # workers are daemon threads: none keeps the process alive.
+            self._pool = autoclass("java.util.concurrent.ForkJoinPool")(int(threads))
+            searcher = index_searcher(cast("org.apache.lucene.index.IndexReader", reader),
+                                      cast("java.util.concurrent.Executor", self._pool))
+            if len(searcher.getSlices()) < 2:
+                # one slice (the 1k and 100k indexes): the executor's path
+                # only cost more (bench_shop_scale: 100k 6.5 against 5.2 ms)
+                self._pool.shutdown()
+                self._pool = searcher = None
+        if searcher is None:
+            searcher = index_searcher(cast("org.apache.lucene.index.IndexReader", reader))
+        self.threads = int(threads) if self._pool is not None else 1
         searcher.setSimilarity(simple.get_similarity())
         self._searcher = searcher
         self._analyzer = simple.get_analyzer()
@@ -118,11 +142,25 @@ class _TopIds:
             self._sort = autoclass("org.apache.lucene.search.Sort")(
                 sort_field.FIELD_SCORE,
                 sort_field("id", autoclass("org.apache.lucene.search.SortField$Type").STRING_VAL))
+        # The hits' sort values in one call: Jackson (in the Anserini jar)
+        # writes the TopFieldDocs' public fields as JSON, the id a BytesRef
+        # (base64 bytes, offset, length). Reading them field by field through
+        # pyjnius was 4 crossings and 2 casts per hit (1.4-1.9 ms for 50).
+        mapper = autoclass("com.fasterxml.jackson.databind.ObjectMapper")()
+        accessor = autoclass("com.fasterxml.jackson.annotation.PropertyAccessor")
+        visibility = autoclass("com.fasterxml.jackson.annotation.JsonAutoDetect$Visibility")
+        mapper.setVisibility(accessor.ALL, visibility.NONE)
+        mapper.setVisibility(accessor.FIELD, visibility.PUBLIC_ONLY)
+        mapper.disable(autoclass("com.fasterxml.jackson.databind.SerializationFeature")
+                       .FAIL_ON_EMPTY_BEANS)    # SortField has no public instance field
+        self._json = mapper
 
         # Every call search makes, once at start: a setup that cannot sort or
         # read ids fails here, not in an episode.
-        self._ids(self._searcher.search(autoclass("org.apache.lucene.search.MatchAllDocsQuery")(),
-                                        1, *((self._sort, True) if self._sort else ())))
+        match_all = autoclass("org.apache.lucene.search.MatchAllDocsQuery")()
+        top = self._searcher.search(match_all, 1, *((self._sort, True) if self._sort else ()))
+        if self._sort is not None and self._ids(top) != self._ids_per_hit(top):
+            raise ConfigError("the JSON form of Lucene's sort values does not give the ids")
         self.search("warm", 1)
 
     def search(self, keywords: str, k: int) -> list[str]:
@@ -145,12 +183,56 @@ class _TopIds:
     def _ids(self, top_docs) -> list[str]:
         if self._sort is None:
             return [self._searcher.doc(hit.doc).get("id") for hit in top_docs.scoreDocs]
+        ids = []
+        for hit in json.loads(self._json.writeValueAsString(top_docs))["scoreDocs"]:
+            ref = hit["fields"][1]
+            start = ref["offset"]
+            ids.append(base64.b64decode(ref["bytes"])[start:start + ref["length"]].decode())
+        return ids
+
+    def _ids_per_hit(self, top_docs) -> list[str]:
         cast, field_doc, bytes_ref = self._cast, self._field_doc, self._bytes_ref
         return [cast(bytes_ref, cast(field_doc, hit).fields[1]).utf8ToString()
                 for hit in top_docs.scoreDocs]
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
         self._reader.close()
+
+
+class _Results:
+    """An LRU of finished searches, (keywords, k) -> ids. Exact: the index
+    cannot change under a running Searcher (its hash is checked at start),
+    and a search is a function of its keywords and k. The same goal
+    instruction recurs across a GRPO group's episodes."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self.hits = self.misses = 0
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, int], tuple[str, ...]] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> tuple[str, ...] | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: tuple[str, int], ids: tuple[str, ...]) -> None:
+        with self._lock:
+            self._items[key] = ids
+            self._items.move_to_end(key)
+            while len(self._items) > self.entries:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
 
 
 def jvm_heap_max_bytes() -> int:
@@ -163,19 +245,28 @@ class Searcher:
     """BM25 top-50 over the index, as WebShop's ``get_top_n_product_from_keywords``.
 
     Thread-safe: Anserini's SimpleSearcher serves concurrent searches, and
-    pyjnius attaches each calling thread to the JVM.
+    pyjnius attaches each calling thread to the JVM. ``threads``: a search
+    over an index of several segments runs on that many threads (default:
+    this process's cores; 1: on the calling thread alone). ``cache_entries``:
+    finished searches kept (0: none).
     """
 
-    def __init__(self, index_dir: str, known_asins: frozenset[str] | None = None) -> None:
+    def __init__(self, index_dir: str, known_asins: frozenset[str] | None = None, *,
+                 threads: int | None = None,
+                 cache_entries: int = SEARCH_CACHE_ENTRIES) -> None:
         if _jvm_options is None:
             raise ConfigError("boot_jvm must run before a Searcher is built")
         if not any(Path(index_dir).glob("segments_*")):
             raise PreparationMissing(f"no Lucene index at {index_dir}",
                                      step="python -m camg.prepare_shop --output DIR")
         self._searcher = _simple_searcher()(str(index_dir))
-        self._top = _TopIds(self._searcher, index_dir)
+        if threads is None:
+            threads = len(os.sched_getaffinity(0))
+        self._top = _TopIds(self._searcher, index_dir, max(1, int(threads)))
         self.num_docs = int(self._searcher.get_total_num_docs())
+        self.segments, self.threads = self._top.segments, self._top.threads
         self._known = known_asins
+        self.cache = _Results(cache_entries) if cache_entries > 0 else None
 
     def search(self, keywords: str, k: int = SEARCH_RETURN_N) -> list[str]:
         """ASINs of the top ``k`` hits that are in the product pool, in rank order.
@@ -184,10 +275,18 @@ class Searcher:
         for a JsonCollection index the Lucene docid *is* that ``id``, so we
         use it directly (``verify_index`` checks this for every document),
         read from the sort values without loading a document (``_TopIds``).
+        A search asked before is answered from ``cache``.
         """
+        key = (keywords, int(k))
+        if self.cache is not None:
+            found = self.cache.get(key)
+            if found is not None:
+                return list(found)
         asins = self._top.search(keywords, int(k))
         if self._known is not None:
             asins = [a for a in asins if a in self._known]
+        if self.cache is not None:
+            self.cache.put(key, tuple(asins))
         return asins
 
     def raw(self, docid: str) -> str | None:

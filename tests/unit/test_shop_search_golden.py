@@ -26,7 +26,7 @@ GOLDEN = Path(__file__).resolve().parents[1] / "support" / "shop_data" / "search
 def searcher():
     out, settings = testing.prepared()
     search.boot_jvm(settings["java_home"], testing.TEST_HEAP_MB)
-    s = search.Searcher(settings["index_dir"])
+    s = search.Searcher(settings["index_dir"], cache_entries=0)   # Lucene's answer every time
     yield s
     s.close()
 

@@ -57,7 +57,8 @@ def _hash(*parts: str | bytes) -> str:
 def index_key(seed: int) -> str:
     """What the index is a function of: the generator and the documents."""
     return _hash(Path(synth_catalog.__file__).read_bytes(), inspect.getsource(catalog.document),
-                 inspect.getsource(_build_index), inspect.getsource(prepare_shop.build_index),
+                 inspect.getsource(_build_index), inspect.getsource(_split),
+                 inspect.getsource(prepare_shop.build_index),
                  metadata.version("pyserini"), str(seed))
 
 
@@ -82,7 +83,7 @@ def _build_index(out: Path, size: int, seed: int, threads: int) -> tuple[Path, d
         shutil.rmtree(out)
     out.mkdir(parents=True)
     # Plain JSON lines (gzip -9 was half the synthesis time at 1.18 M), and
-    # the catalog is itself the index's JsonCollection: the collection
+    # the catalog's lines are the index's JsonCollection: the collection
     # prepare_shop would write differs only in the stored raw "product" of
     # the 1,000 real products (its instruction fields), never in an id or
     # the contents searched (catalog.document reads neither), which is all
@@ -91,13 +92,37 @@ def _build_index(out: Path, size: int, seed: int, threads: int) -> tuple[Path, d
     synth_s, count = timed(synth_catalog.write_catalog,
                            synth_catalog.synthesize(synth_catalog.real_products(), size, seed),
                            catalog_path)
-    build_s, _ = timed(prepare_shop.build_index, catalog_path.parent, out / "index",
+    # Anserini's IndexCollection gives each file of the collection to one of
+    # its threads, and each thread writes its own segment: the catalog in
+    # ``threads`` contiguous parts is indexed on all of them, into as many
+    # segments, which Searcher then searches in parallel (its slices). BM25
+    # reads the whole index's statistics, so the scores are those of one
+    # segment; the parts are deleted after.
+    collection = out / "collection"
+    split_s, _ = timed(_split, catalog_path, collection, count, threads)
+    build_s, _ = timed(prepare_shop.build_index, collection, out / "index",
                        testing.java_home(), threads)
-    facts = {"products": count, "synthesise_s": round(synth_s, 1),
+    shutil.rmtree(collection)
+    facts = {"products": count, "synthesise_s": round(synth_s + split_s, 1),
              "index_build_s": round(build_s, 1), "index_mb": tree_mb(out / "index"),
-             "catalog_mb": round(catalog_path.stat().st_size / 2**20, 1), "threads": threads}
+             "catalog_mb": round(catalog_path.stat().st_size / 2**20, 1), "threads": threads,
+             "segments": len(list((out / "index").glob("*.si")))}
     facts_path.write_text(json.dumps(facts))
     return out, facts
+
+
+def _split(catalog_path: Path, collection: Path, count: int, parts: int) -> None:
+    """The catalog's lines in ``parts`` contiguous files of the collection."""
+    collection.mkdir(parents=True)
+    parts = max(1, min(parts, count))
+    outs = [open(collection / f"part-{i}.jsonl", "wb") for i in range(parts)]
+    try:
+        with open(catalog_path, "rb") as lines:
+            for i, line in enumerate(lines):
+                outs[i * parts // count].write(line)
+    finally:
+        for handle in outs:
+            handle.close()
 
 
 def prepare(index_dir: Path, heap_mb: int) -> tuple[Path, dict]:
