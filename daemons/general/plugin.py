@@ -11,8 +11,11 @@ PLUGIN = EnvironmentPlugin(
     prepare="daemons.general.prepare:main",
     prepare_hint="python -m camg.prepare --environment general",
     substrate="container",
-    # a live container's cgroup memory, 133-140 MiB measured (docker stats,
-    # issue 25; the in-container transport's): bounds the default capacity
+    # an episode's peak container memory, bounding the default capacity:
+    # the stdlib transport idles at 13.9 MiB and a code task's pytest
+    # verifier peaked at 49.4 MiB (bench/bench_general.py, 2026-12-03); 140
+    # MiB (what the openenv transport held idle) stays as the bound until
+    # the other verifiers (jest, a webdev build) are measured too
     episode_peak_bytes=140 << 20,
     demo={"manifest": "/srv/camg/data/general/manifest.json", "capacity": 4, "references": True,
           "limits": {"reset_timeout_s": 300, "action_timeout_s": 1950, "grade_timeout_s": 700},
