@@ -42,6 +42,12 @@ class ContainerConfig:
     upper_root: str = "/var/lib/camg/container-uppers"
     upper_bytes: int = 4 << 30
     upper_inodes: int = 1 << 18
+    # Every container's /dev/shm: a tmpfs of this many bytes and inodes
+    # in place of Docker's (which has size= only, so a tmpfs's default
+    # nr_inodes, half the host's RAM pages); its pages are charged to the
+    # container's memory cgroup.
+    shm_bytes: int = 64 << 20
+    shm_inodes: int = 4096
     # Seconds any one Docker API call may take (pull excepted).
     api_timeout: float = 60.0
     pull_timeout: float = 900.0
@@ -55,7 +61,8 @@ class ContainerConfig:
         if not SCOPE.match(self.scope):
             raise ContainerConfigError("containers.scope: 1-40 of [A-Za-z0-9_.-], not starting with . _ -")
         if min(self.max_cpu, self.max_memory_bytes, self.max_pids, self.containers_per_peer,
-               self.containers_total, self.api_timeout, self.pull_timeout) <= 0:
+               self.containers_total, self.api_timeout, self.pull_timeout,
+               self.shm_bytes, self.shm_inodes) <= 0:
             raise ContainerConfigError("containers: every ceiling and timeout must be positive")
         # ext4 needs a few MiB of metadata and a few inodes of its own.
         if self.upper_bytes < 16 << 20 or self.upper_inodes < 1024:

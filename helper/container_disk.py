@@ -27,9 +27,11 @@ container keeps its own until it dies, and dockerd removes the original,
 still-empty directory beneath. The loop device is autoclear: it goes with
 the filesystem's last reference.
 
-/dev/shm (ipc private: Docker's 64 MiB tmpfs), /dev (Docker's 64 MiB tmpfs)
-and the json-file log (max-size) are bounded by Docker already; tmpfs pages
-are charged to the container's memory cgroup as well.
+/dev/shm is a tmpfs of the helper's (container_ops: shm_bytes 64 MiB and
+shm_inodes 4096, in place of Docker's, which bounds bytes only); /dev
+(Docker's 64 MiB tmpfs, root-only) and the json-file log (max-size) are
+bounded by Docker; tmpfs pages are charged to the container's memory
+cgroup as well.
 """
 
 from __future__ import annotations

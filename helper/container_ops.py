@@ -104,6 +104,9 @@ class Docker:
                 init=True, network_mode="none", privileged=False, cap_drop=CAP_DROP,
                 security_opt=["no-new-privileges"], nano_cpus=int(cpu * 1e9), mem_limit=memory,
                 memswap_limit=memory, pids_limit=pids, binds=binds or None, ipc_mode="private",
+                # replaces Docker's own /dev/shm (bounded in bytes only)
+                tmpfs={"/dev/shm": f"rw,nosuid,nodev,noexec,size={self.cfg.shm_bytes},"
+                                   f"nr_inodes={self.cfg.shm_inodes}"},
                 log_config=LogConfig(type="json-file", config={"max-size": _LOG_MAX, "max-file": "1"}))
             created = api.create_container(
                 image=image, command=command or None, environment=env or None, working_dir=workdir or None,

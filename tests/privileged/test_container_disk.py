@@ -78,9 +78,17 @@ def test_every_writable_path_is_bounded(cc, image_ref):  # noqa: F811
         stopped = int(r.output.split("stopped at ")[1].split()[0])
         assert stopped < INODES, r.output
         cc.exec(c.id, "rm -rf /tmp/many", user="agent", timeout=120)
-        # /dev/shm is Docker's 64 MiB tmpfs (ipc private).
+        # /dev/shm is the helper's tmpfs (shm_bytes 64 MiB, shm_inodes 4096),
+        # not Docker's, which has no inode bound.
         out = _fill(cc, c.id, "/dev/shm/fill", "agent", 100)
-        assert FULL in out, out
+        assert FULL in out and " 65536 " in out, out
+        cc.exec(c.id, "rm -f /dev/shm/fill", user="agent")
+        r = cc.exec(c.id, "cd /dev/shm && i=0; while [ $i -lt 20000 ]; do "
+                    "true > f$i 2>/dev/null || { echo stopped at $i; break; }; i=$((i+1)); done",
+                    user="agent", timeout=120)
+        assert "stopped at 4095" in r.output, r.output
+        mounts = cc.exec(c.id, "grep ' /dev/shm ' /proc/mounts", user="agent").output
+        assert "nr_inodes=4096" in mounts and "nosuid" in mounts and "nodev" in mounts, mounts
     finally:
         cc.remove(c.id)
 

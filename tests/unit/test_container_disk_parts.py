@@ -13,7 +13,9 @@ from helper.container_config import ContainerConfig, ContainerConfigError
 def test_the_default_bound_and_its_refusals():
     cfg = ContainerConfig()
     assert cfg.upper_bytes == 4 << 30 and cfg.upper_inodes == 1 << 18
-    for bad in ({"upper_bytes": 1 << 20}, {"upper_inodes": 10}, {"upper_root": "relative"}):
+    assert cfg.shm_bytes == 64 << 20 and cfg.shm_inodes == 4096
+    for bad in ({"upper_bytes": 1 << 20}, {"upper_inodes": 10}, {"upper_root": "relative"},
+                {"shm_bytes": 0}, {"shm_inodes": 0}):
         with pytest.raises(ContainerConfigError):
             ContainerConfig(**bad)
 

@@ -202,7 +202,8 @@ def _resources(cc, helper: Helper, new) -> list[tuple[str, bool | None, str]]:
                 f"exit {r.exit_code}; then {alive[-10:]}"))
     # Every writable path: / and /tmp are the overlay's upper, its own
     # bounded ext4 (helper/container_disk.py: the rig sizes it below
-    # FILL_MIB); /dev/shm is Docker's 64 MiB tmpfs.
+    # FILL_MIB); /dev/shm is a 64 MiB tmpfs of 4096 inodes
+    # (helper/container_config.py shm_bytes/shm_inodes).
     for name, user, path in (("disk exhaustion through /tmp (agent)", "agent", "/tmp/fill"),
                              ("disk exhaustion through / (root)", "root", "/fill"),
                              ("disk exhaustion through /dev/shm (agent)", "agent", "/dev/shm/fill")):
@@ -216,4 +217,10 @@ def _resources(cc, helper: Helper, new) -> list[tuple[str, bool | None, str]]:
                 "cd / && rm -rf /tmp/many", user="agent", timeout=300)
     out.append(("inode exhaustion through /tmp (agent)", "stopped at" in r.output,
                 r.output.strip()[-120:] or f"{INODE_CAP} files made"))
+    r = cc.exec(sid, f"cd /dev/shm && i=0; while [ $i -lt {INODE_CAP} ]; do "
+                "true > f$i 2>/dev/null || { echo stopped at $i; break; }; i=$((i+1)); done; "
+                "rm -f /dev/shm/f*", user="agent", timeout=300)
+    made = r.output.split("stopped at")[-1].split()[0] if "stopped at" in r.output else ""
+    out.append(("inode exhaustion through /dev/shm (agent)",
+                made.isdigit() and int(made) < 4096, r.output.strip()[-120:] or f"{INODE_CAP} files made"))
     return out
