@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from camg_client import AsyncClient, Client, ServiceError  # noqa: E402
+from tools.harness import census  # noqa: E402
 from tools.harness import container_image as ci  # noqa: E402
 from tools.harness.helpers import HelperProcess, helper_config, private_base  # noqa: E402
 from tools.harness.services import ServiceProcess, clean_git_tree, free_port  # noqa: E402
@@ -138,13 +139,11 @@ def bench_service(service, task_id: str, n: int, interval: float, steps: int) ->
 # -- memory per live episode ------------------------------------------------------
 
 MIB = 1 << 20
-#: dockerd's cgroupfs parents: cgroup v1's memory hierarchy, cgroup v2
-CGROUP_PARENTS = (Path("/sys/fs/cgroup/memory/docker"), Path("/sys/fs/cgroup/docker"))
 
 
 def cgroup_of(container_id: str) -> Path | None:
     """The memory cgroup of a container (a full id or a unique prefix)."""
-    for parent in CGROUP_PARENTS:
+    for parent in census.MEMORY_CGROUP_PARENTS:
         found = sorted(parent.glob(f"{container_id}*")) if parent.is_dir() else []
         if len(found) == 1:
             return found[0]
@@ -215,12 +214,6 @@ def processes(cg: Path) -> list[dict]:
         cmd = " ".join(a.decode(errors="replace") for a in argv if a)[:100]
         out.append({"pid": pid, "cmd": cmd, **_proc_kib(pid)})
     return out
-
-
-def scope_containers(scope: str) -> list[str]:
-    from tools.harness import census
-    return [c["Id"] for c in census.labelled_containers()
-            if census.scope_of(c) == scope and c.get("State") == "running"]
 
 
 def _mib(v: int | None) -> float | None:
@@ -339,7 +332,7 @@ def bench_live(service, scope: str, task_id: str, n: int) -> dict:
             wall = time.perf_counter() - started
             ids = [eid for eid, _ in made if eid]
             await asyncio.sleep(2.0)  # settled
-            ours = scope_containers(scope)
+            ours = census.running_containers(scope)
             held = [m for m in (cgroup_memory(cg) for cg in map(cgroup_of, ours) if cg) if m]
             available_live = host_available()
 

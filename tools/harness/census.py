@@ -38,14 +38,25 @@ def containers(scope: str) -> int:
     return sum(1 for c in labelled_containers() if scope_of(c) == scope)
 
 
+#: dockerd's cgroupfs parents of its containers' memory cgroups: cgroup v1's
+#: memory hierarchy, cgroup v2's unified one
+MEMORY_CGROUP_PARENTS = (Path("/sys/fs/cgroup/memory/docker"), Path("/sys/fs/cgroup/docker"))
+
+
+def running_containers(scope: str) -> list[str]:
+    """Ids of the running containers of the helper scope ``scope``."""
+    return [c["Id"] for c in labelled_containers()
+            if scope_of(c) == scope and c.get("State") == "running"]
+
+
 def container_memory(scope: str) -> tuple[int, int]:
     """(running containers of ``scope``, their memory cgroups' usage in
     bytes, page cache included), read on the host (dockerd's cgroupfs driver)."""
-    ids = [c["Id"] for c in labelled_containers() if scope_of(c) == scope and c.get("State") == "running"]
+    ids = running_containers(scope)
     total = 0
     for cid in ids:
-        for path in (Path("/sys/fs/cgroup/memory/docker") / cid / "memory.usage_in_bytes",
-                     Path("/sys/fs/cgroup/docker") / cid / "memory.current"):
+        for path in (MEMORY_CGROUP_PARENTS[0] / cid / "memory.usage_in_bytes",
+                     MEMORY_CGROUP_PARENTS[1] / cid / "memory.current"):
             try:
                 total += int(path.read_text())
                 break
