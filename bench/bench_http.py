@@ -9,6 +9,10 @@ gunicorn worker class (camg/http_worker.py), in the same run: the rounds
 alternate the workers so a busy host slows each alike. Goal (issue 25):
 the default worker's overhead p50 <= 0.25 ms.
 
+``http_client_ms``: the default worker's step through the standard
+library's http.client (what camg_client.Client used before its own
+transport, camg_client/transport.py), so the client's share shows too.
+
 Also the same step through the service in-process (``in_service``: the
 episode manager on uvloop, its thread hop to the step's worker thread,
 validation, the trajectory line; no HTTP), to split the overhead into the
@@ -18,6 +22,7 @@ service's part and the HTTP server's.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import statistics
@@ -85,15 +90,35 @@ def in_service(steps: int, tmp: Path) -> list[float]:
     return uvloop.run(run())
 
 
+class StdlibStepper:
+    """A step as camg_client.Client sent it through http.client: the head
+    and the body in two writes, the reply's head through email.feedparser."""
+
+    def __init__(self, url: str) -> None:
+        self.client = Client(url)
+        self.conn = http.client.HTTPConnection(self.client.host, self.client.port, timeout=60)
+
+    def step(self, eid: str, action: dict) -> dict:
+        self.conn.request("POST", f"/episodes/{eid}/step", body=json.dumps({"action": action}).encode(),
+                          headers={"Content-Type": "application/json"})
+        response = self.conn.getresponse()
+        data = json.loads(response.read())
+        assert response.status == 200, data
+        return data
+
+    def __getattr__(self, name: str):
+        return getattr(self.client, name)
+
+
 def over_http(steps: int, tmp: Path, metrics: str = "on",
-              worker: str = http_worker.DEFAULT) -> list[float]:
+              worker: str = http_worker.DEFAULT, stdlib: bool = False) -> list[float]:
     env = {"CAMG_METRICS": metrics, http_worker.ENV: worker}
     if os.environ.get("CAMG_BENCH_PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["CAMG_BENCH_PYTHONPATH"]
     service = ServiceProcess(configure_counter(tmp, limits={"max_steps": steps + 10}),
                              env=env).wait_ready()
     try:
-        client = Client(service.url)
+        client = StdlibStepper(service.url) if stdlib else Client(service.url)
         eid = client.create()["episode_id"]
         for _ in range(200):  # warm up connection, caches, thread pool
             client.step(eid, ACTION)
@@ -128,6 +153,7 @@ def main() -> int:
     http: dict[str, list[float]] = {w: [] for w in workers}
     base: list[float] = []
     service: list[float] = []
+    stdlib: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             base += direct(args.steps)
@@ -135,10 +161,14 @@ def main() -> int:
             for worker in workers:
                 http[worker] += over_http(args.steps, Path(tmp) / f"{worker}-{round_}",
                                           args.metrics, worker)
+            stdlib += over_http(args.steps, Path(tmp) / f"stdlib-{round_}", args.metrics,
+                                http_worker.DEFAULT, stdlib=True)
     result = {
         "steps": args.steps, "rounds": args.rounds, "metrics": args.metrics,
         "direct_ms": {"p50": ms(percentile(base, .5)), "p99": ms(percentile(base, .99))},
         "in_service_ms": {"p50": ms(percentile(service, .5)), "p99": ms(percentile(service, .99))},
+        "http_client_ms": {"p50": ms(percentile(stdlib, .5)), "p99": ms(percentile(stdlib, .99)),
+                           "overhead_p50": ms(percentile(stdlib, .5) - percentile(base, .5))},
         "workers": {},
         "goal_p50_ms": GOAL_P50_MS,
     }

@@ -17,13 +17,14 @@ services.
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+
+from camg_client.transport import Connection
 
 
 # Below the service's keep-alive (5 s, camg.serve): reconnect before reusing
@@ -187,12 +188,11 @@ class Client:
             raise ValueError(f"expected http://host:port, got {base_url!r}")
         self.host, self.port = url.hostname, url.port or 80
         self.timeout = timeout
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: Connection | None = None
         self._last_used = 0.0
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         payload = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if payload is not None else {}
         # A request is resent after a dropped connection only when running it
         # twice is harmless: reads, closes, and steps carrying a request_id.
         retry_safe = method in ("GET", "DELETE") or (isinstance(body, dict) and "request_id" in body)
@@ -202,13 +202,12 @@ class Client:
             self.close_connection()
         for attempt in (1, 2):
             if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+                self._conn = Connection(self.host, self.port, self.timeout)
             try:
-                self._conn.request(method, path, body=payload, headers=headers)
-                response = self._conn.getresponse()
-                raw = response.read()
+                response = self._conn.request(method, path, payload)
+                raw = response.body
                 break
-            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
+            except ConnectionError:
                 self.close_connection()
                 if attempt == 2 or not retry_safe:
                     raise
