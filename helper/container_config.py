@@ -51,6 +51,20 @@ class ContainerConfig:
     # Seconds any one Docker API call may take (pull excepted).
     api_timeout: float = 60.0
     pull_timeout: float = 900.0
+    # Containers being created or started at once (helper/container_gate.py);
+    # more wait in arrival order. dockerd slows down for every create/start
+    # in flight: 256 at once took some single calls past api_timeout (53 of
+    # 256 failed at 60 s). A fixed 8, not one per core: most of a start is
+    # waiting on dockerd, containerd, runc and the layer's mkfs.ext4, and
+    # dockerd serialises much of it whatever the host's size.
+    concurrent_starts: int = 8
+    # Seconds a create may wait for one of those slots, then at_capacity
+    # (not counted against api_timeout: no Docker call is made meanwhile).
+    # ContainerCreate and ContainerFork carry no deadline of the caller's:
+    # this is a backstop for a queue that stopped moving, twice the
+    # services' default reset_timeout_s (camg/service_config.py) so a burst
+    # their own deadlines allow is never refused by it.
+    start_wait_timeout: float = 600.0
 
     def __post_init__(self) -> None:
         for name in ("docker_socket", "images_manifest", "agent_env_target", "upper_root"):
@@ -62,8 +76,11 @@ class ContainerConfig:
             raise ContainerConfigError("containers.scope: 1-40 of [A-Za-z0-9_.-], not starting with . _ -")
         if min(self.max_cpu, self.max_memory_bytes, self.max_pids, self.containers_per_peer,
                self.containers_total, self.api_timeout, self.pull_timeout,
-               self.shm_bytes, self.shm_inodes) <= 0:
+               self.shm_bytes, self.shm_inodes, self.start_wait_timeout) <= 0:
             raise ContainerConfigError("containers: every ceiling and timeout must be positive")
+        if isinstance(self.concurrent_starts, bool) or not isinstance(self.concurrent_starts, int) \
+                or self.concurrent_starts < 1:
+            raise ContainerConfigError("containers.concurrent_starts: a positive integer")
         # ext4 needs a few MiB of metadata and a few inodes of its own.
         if self.upper_bytes < 16 << 20 or self.upper_inodes < 1024:
             raise ContainerConfigError("containers: upper_bytes must be at least 16 MiB and "

@@ -27,6 +27,7 @@ import logging
 import threading
 
 from camg.helper_wire import ContainerCreateParams, WireError
+from helper.container_gate import Cancelled
 
 log = logging.getLogger("camg.helper")
 # Forks of one spec come in bursts (a rollout's branches); two ready
@@ -93,9 +94,14 @@ class Standby:
                 try:
                     # The image is checked against the manifest as it is now.
                     image = m.check_image(spec.params.image)
-                    made = m.docker.create(name=m.container_name(spec.peer), image=image,
-                                           labels=self.labels(spec.peer, spec.params),
-                                           **m.run_spec(spec.params))
+                    # A create like any (a slot of m.starts, in turn with the
+                    # foreground's); a drop calls the wait off.
+                    with m.starts.slot(m.start_deadline(), cancelled=lambda: spec.dropped):
+                        made = m.docker.create(name=m.container_name(spec.peer), image=image,
+                                               labels=self.labels(spec.peer, spec.params),
+                                               **m.run_spec(spec.params))
+                except Cancelled:
+                    return
                 except WireError as exc:  # the next fork of the spec tries again
                     log.warning("creating a standby fork child failed: %s", exc.message)
                     return
@@ -145,7 +151,7 @@ class Standby:
             if spec is None:
                 continue
             if filling is not None:
-                filling.join()  # one create at most: it stops at its next check
+                filling.join()  # one create at most: it stops at its next check (or leaves the queue)
             with self.m.lock:
                 ready, spec.ready = spec.ready, []
             for cid, _ in ready:

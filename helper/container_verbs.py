@@ -34,6 +34,12 @@ def _path(path: str, what: str) -> str:
     return os.path.normpath(path)
 
 
+def start_status(ctx) -> dict[str, int]:
+    """For Ping: container creates/starts in flight and waiting for a slot
+    (helper/container_gate.py), without making the mediator."""
+    return mc.start_status(ctx.registry.config)
+
+
 def container_pull(ctx, peer, p: wire.ContainerPullParams, blob: bytes):
     m = _m(ctx)
     image = m.check_image(p.image)

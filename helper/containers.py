@@ -36,6 +36,7 @@ from camg.helper_wire import ContainerCreateParams, WireError
 from helper import commands, container_ops as ops
 from helper.config import Ceilings
 from helper.container_config import ContainerConfig
+from helper.container_gate import Gate
 from helper.container_standby import Standby
 
 log = logging.getLogger("camg.helper")
@@ -83,6 +84,9 @@ class Mediator:
         # snapshot image -> the snapshot its parent ran ("" for a manifest image)
         self.lineage: dict[str, str] = {}
         self._manifest: tuple[float, frozenset[str]] = (-1.0, frozenset())
+        # Containers being created or started at once, this create (run or
+        # fork) and the standby refills alike; Ping reports it.
+        self.starts = Gate(cfg.concurrent_starts)
         # Created, bounded, not started children for forks (helper/container_standby.py).
         self.standby = Standby(self)
 
@@ -174,6 +178,10 @@ class Mediator:
         return dict(command=list(p.command), env=dict(p.env), workdir=p.workdir, user=user,
                     cpu=p.cpu, memory=p.memory_bytes, pids=p.pids_max, binds=mounts)
 
+    def start_deadline(self) -> float:
+        """Until when a create may wait for a start slot (time.monotonic())."""
+        return time.monotonic() + self.cfg.start_wait_timeout
+
     def container_name(self, peer) -> str:
         return f"camg-{self.cfg.scope}-{peer.owner}-{secrets.token_hex(6)}"[:120]
 
@@ -185,14 +193,17 @@ class Mediator:
         or ``launch(name)`` -> (id, pid): a fork's own way to a running child."""
         token = secrets.token_hex(6)
         with self.lock:
+            # (a waiter is admitted and counted: the ceilings hold for the queue too)
             self.admit(peer)
             self.held[token] = Held(token, peer.uid, peer.owner, p.image, p.episode_id, p.pool, 0.0, -1)
         try:
-            if launch is None:
-                cid, pid = self.docker.run(name=self.container_name(peer), image=run_image, labels=labels,
-                                           **self.run_spec(p))
-            else:
-                cid, pid = launch(self.container_name(peer))
+            # One slot from nothing to running: create, the layer's ext4, start.
+            with self.starts.slot(self.start_deadline()):
+                if launch is None:
+                    cid, pid = self.docker.run(name=self.container_name(peer), image=run_image,
+                                               labels=labels, **self.run_spec(p))
+                else:
+                    cid, pid = launch(self.container_name(peer))
             try:
                 pidfd = os.pidfd_open(pid)
             except ProcessLookupError:
@@ -308,6 +319,19 @@ def mediator(config) -> Mediator:
             _mediator = Mediator(config.containers, agent_uid=config.agent_uid, agent_gid=config.agent_gid,
                                  ceilings=config.ceilings)
         return _mediator
+
+
+def start_status(config) -> dict[str, int]:
+    """Ping's container_starts: creates/starts in flight and waiting, the
+    limit (0: no containers section), the most in flight at once."""
+    if config.containers is None:
+        return {"limit": 0, "in_flight": 0, "waiting": 0, "peak": 0, "served": 0}
+    with _mediator_lock:
+        m = _mediator
+    if m is None:  # no container verb yet: nothing started
+        return {"limit": config.containers.concurrent_starts, "in_flight": 0, "waiting": 0,
+                "peak": 0, "served": 0}
+    return m.starts.status()
 
 
 def sweep(config, say: Callable[[str], None]) -> int:

@@ -63,7 +63,8 @@ def ping(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
     failure = ctx.registry.probe_failure
     return {"uid": peer.uid, "owner": peer.owner, "probes_ok": failure is None,
             "probe_failure": failure, "instance": cv.INSTANCE,
-            "warm_uppers": ctx.registry.warm_uppers.status()}, b""
+            "warm_uppers": ctx.registry.warm_uppers.status(),
+            "container_starts": cv.start_status(ctx)}, b""
 
 
 def probe(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
@@ -157,7 +158,8 @@ def _verb(name: str, params: type, handler: Callable[..., Result], doc: str, *,
 
 
 VERBS: dict[str, Verb] = {v.name: v for v in (
-    _verb("Ping", wire.NoParams, ping, "Liveness, the caller's identity, probe state, the warm-upper pool."),
+    _verb("Ping", wire.NoParams, ping, "Liveness, the caller's identity, probe state, the warm-upper pool, "
+          "container creates/starts in flight and waiting."),
     _verb("Probe", wire.NoParams, probe, "Run the isolation probes now; creation is refused while any fails."),
     _verb("CreateSandbox", wire.CreateSandboxParams, create_sandbox,
           "New sandbox over lowers (bottom-first) -> sandbox_id."),

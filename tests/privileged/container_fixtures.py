@@ -42,14 +42,16 @@ def image_ref(rootfs):
         shutil.rmtree(base)
 
 
-def start_container_helper(base: Path, image_ref: str, lower_root: Path, rootfs: Path, scope: str):
+def start_container_helper(base: Path, image_ref: str, lower_root: Path, rootfs: Path, scope: str,
+                           **containers):
+    """``containers``: more of the helper's containers section."""
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o711)
     manifest = ci.write_manifest(base / "images.json", [image_ref])
+    section = dict(max_cpu=2.0, max_memory_bytes=1 << 30, max_pids=1024, containers_per_peer=8)
+    section.update(containers)
     cfg = helper_config(base, lower_root, rootfs, probe_on_start=False,
-                        containers=ci.containers_config(manifest, ci.scope_for(scope),
-                                                        max_cpu=2.0, max_memory_bytes=1 << 30,
-                                                        max_pids=1024, containers_per_peer=8))
+                        containers=ci.containers_config(manifest, ci.scope_for(scope), **section))
     return start_helper(base, cfg, wait_probes=False)
 
 

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import socket
 import tarfile
+import tempfile
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from camg import errors
 from camg.containers import ContainerClient
 from camg.helper_client import HelperClient
+from tests.privileged.conftest import stop_helper
 from tests.privileged.container_fixtures import (  # noqa: F401  (fixtures)
-    PORT, cc, container_helper, image_ref, needs_docker, server_spec, spec, tar_of)
+    PORT, cc, container_helper, image_ref, needs_docker, server_spec, spec, start_container_helper,
+    tar_of)
 from tests.support import container_image as ci
 
 pytestmark = needs_docker
@@ -175,3 +181,56 @@ def test_capacity_per_peer(cc, image_ref):
         cc.create(spec(image_ref))
     for c in made:
         cc.remove(c.id)
+
+
+def starts(helper) -> dict:
+    with HelperClient(helper.socket) as h:
+        return h.ping()["container_starts"]
+
+
+def test_more_creates_at_once_than_concurrent_starts_all_succeed(image_ref, lower_root, rootfs):
+    """8 creates at once through a helper that starts 2 at a time: all 8
+    run; Ping saw the rest waiting and never more than 2 in flight."""
+    base = Path(tempfile.mkdtemp(prefix="camg-containers-gate-"))
+    helper = start_container_helper(base, image_ref, lower_root, rootfs, "gate", concurrent_starts=2)
+    owner = f"t{os.getpid()}"
+    c = ContainerClient(helper.socket, owner=owner)
+    try:
+        c.pull(image_ref)
+        assert starts(helper) == {"limit": 2, "in_flight": 0, "waiting": 0, "peak": 0, "served": 0}
+        made, failed, seen = [], [], []
+        done = threading.Event()
+
+        def watch():
+            with HelperClient(helper.socket) as pinger:
+                while not done.is_set():
+                    seen.append(pinger.ping()["container_starts"])
+                    time.sleep(0.01)
+
+        def create(i):
+            try:
+                made.append(c.create(spec(image_ref), episode_id=f"g{i}"))
+            except Exception as exc:  # noqa: BLE001  reported below
+                failed.append(exc)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        done.set()
+        watcher.join(10)
+        assert failed == [] and len(made) == 8
+        assert max(s["in_flight"] for s in seen) == 2 and max(s["waiting"] for s in seen) >= 1, seen
+        assert starts(helper) == {"limit": 2, "in_flight": 0, "waiting": 0, "peak": 2, "served": 8}
+        assert sorted(x["container_id"] for x in c.list()) == sorted(x.id for x in made)
+        for x in made:
+            assert c.exec(x.id, "echo up").output == "up\n"
+        assert c.release_all() == 8 and c.list() == []
+    finally:
+        c.release_all()
+        c.close()
+        stop_helper(helper)
+        shutil.rmtree(base)

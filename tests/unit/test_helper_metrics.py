@@ -42,7 +42,7 @@ def exposed(metrics: HelperMetrics) -> dict:
 def serve(metrics: HelperMetrics, frames: list[bytes]) -> list[dict]:
     """Each raw frame through Server._one, as a connection would send it."""
     srv = object.__new__(server_mod.Server)
-    registry = types.SimpleNamespace(probe_failure=None,
+    registry = types.SimpleNamespace(probe_failure=None, config=HelperConfig(),
                                      warm_uppers=types.SimpleNamespace(status=dict))
     srv.ctx = verbs.Context(registry, lambda: {"ok": True})
     srv.max_blob, srv.metrics = 1 << 20, metrics
