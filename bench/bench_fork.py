@@ -16,7 +16,15 @@ levels, each a ratio against its own baseline:
   waits for (the manager, the outcome log's trajectory, HTTP, the helper).
 
 Samples alternate fork and fresh, so a busy host slows both alike; each
-child and each fresh episode is closed after its sample (not timed). The
+child and each fresh episode is closed after its sample (not timed). Each
+``http`` row also splits every sample by the service's own account of it
+(the outcome record's ``timings.reset_s``: the environment's call on the
+manager's worker thread, ``Episode.fork`` or create + reset, hops included)
+into ``environment`` and ``outside`` (HTTP both ways, parsing, admission,
+the trajectory head, the reply): the same run's answer to whether an HTTP
+fork costs more than its in-process one in the service or in the
+environment, since the two levels run one after the other (load may change
+between them: each level's load average at its start and end is kept). The
 parent first plays the subject's ``prefix`` actions, then, for each
 ``--written`` size a subject can write (``write``: the sandbox environments,
 Coding and AutoResearch), a shell command that makes the agent write that
@@ -46,6 +54,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -96,8 +105,6 @@ def environment_of(service: ServiceProcess, pre_serve: Callable[[Path], None] | 
     """``service``'s environment as camg.serve builds it, here, once the
     service has stopped (its state directory is then free again); ``env``:
     what the service's own environment carried (General's judge endpoint)."""
-    import os
-
     from camg import service_config as cfg
     from camg.serve import build_service
     service.stop()
@@ -261,26 +268,49 @@ def sizes_of(subject: Subject, written: list[int]) -> list[int]:
 
 def measure(subject: Subject, n: int, written: list[int], new_parent: Callable[[int], Any],
             fork: Callable[[Any], Any], fresh: Callable[[], Any], close: Callable[[Any], None],
-            between: Callable[[Any], None] = lambda parent: None) -> dict:
+            between: Callable[[Any], None] = lambda parent: None,
+            samples: dict | None = None) -> dict:
     """Per written size: ``n`` forks of parents that wrote it, each followed
-    by a fresh episode; a parent is made afresh every ``forks_per_parent``."""
+    by a fresh episode; a parent is made afresh every ``forks_per_parent``.
+    ``samples`` (when given) gets each row's (episode, seconds) of both kinds."""
     per_parent = subject.forks_per_parent or n
     results = {}
     for size in sizes_of(subject, written):
         forks, creates = [], []
+        kept: dict[str, list] = {"fork": [], "fresh": []}
         while len(forks) < n:
             parent = new_parent(size)
             for _ in range(min(per_parent, n - len(forks))):
                 elapsed, child = timed(fork, parent)
                 forks.append(elapsed)
+                kept["fork"].append((child, elapsed))
                 close(child)
                 elapsed, episode = timed(fresh)
                 creates.append(elapsed)
+                kept["fresh"].append((episode, elapsed))
                 close(episode)
                 between(parent)
             close(parent)
         results[f"written_{size}"] = compare(forks, creates)
+        if samples is not None:
+            samples[f"written_{size}"] = kept
     return results
+
+
+def split_by_records(results: dict, samples: dict, records: list[dict]) -> None:
+    """Each http row's fork and fresh samples split into the service's
+    ``timings.reset_s`` of that episode (``environment``) and the rest of
+    what the trainer waited (``outside``), from the outcome records."""
+    reset = {r["episode_id"]: r["timings"]["reset_s"] for r in records
+             if "regrade_of" not in r and isinstance(r.get("timings"), dict)
+             and isinstance(r["timings"].get("reset_s"), (int, float))}
+    for key, kinds in samples.items():
+        for kind, pairs in kinds.items():
+            known = [(reset[episode], elapsed) for episode, elapsed in pairs if episode in reset]
+            if not known:
+                continue
+            results[key][kind]["environment"] = percentiles([env for env, _ in known])
+            results[key][kind]["outside"] = percentiles([elapsed - env for env, elapsed in known])
 
 
 def bench_episode(subject: Subject, env: Environment, task: Task, n: int,
@@ -311,9 +341,10 @@ def bench_episode(subject: Subject, env: Environment, task: Task, n: int,
 
 
 def bench_served(subject: Subject, tmp: Path, n: int, written: list[int],
-                 levels: set[str]) -> dict:
+                 levels: set[str], loads: dict) -> dict:
     """The ``http`` level on the served environment, then the ``episode``
-    level on the same prepared config where the subject has no in_process."""
+    level on the same prepared config where the subject has no in_process;
+    ``loads`` gets each level's load average at its start and end."""
     results = {}
     with subject.serve(tmp) as served:
         client = Client(served.service.url)
@@ -328,14 +359,22 @@ def bench_served(subject: Subject, tmp: Path, n: int, written: list[int],
             return parent
 
         if "http" in levels:
+            samples: dict = {}
+            started = os.getloadavg()
             results["http"] = measure(
                 subject, n, written, new_parent, lambda parent: client.fork(parent)["episode_id"],
                 lambda: client.create(task_id)["episode_id"], client.close,
-                between=client.get)  # keeps the parent's lease (not timed)
+                between=client.get,  # keeps the parent's lease (not timed)
+                samples=samples)
+            loads["http"] = [started, os.getloadavg()]
+            # every sample was closed: its record is written (fsync'd at the close)
+            split_by_records(results["http"], samples, served.service.outcomes())
         if "episode" in levels and subject.in_process is None and served.environment:
             env = served.environment()
             task = next(t for t in env.tasks if t.task_id == task_id)
+            started = os.getloadavg()
             results["episode"] = bench_episode(subject, env, task, n, written)
+            loads["episode"] = [started, os.getloadavg()]
     return results
 
 
@@ -364,6 +403,15 @@ def table(results: dict) -> str:
             lines.append(f"{name:13} {level:7} {size:>10} {row['fork']['p50_ms']:9.3f} "
                          f"{row['fork']['p99_ms']:9.3f} {row['fresh']['p50_ms']:9.3f} "
                          f"{row['fresh']['p99_ms']:9.3f} {row['ratio_p50']:7.3f}  {verdict}")
+            split = [f"{kind} {row[kind]['environment']['p50_ms']:.3f} + "
+                     f"{row[kind]['outside']['p50_ms']:.3f}"
+                     for kind in ("fork", "fresh") if "environment" in row[kind]]
+            if split:  # p50 of each part (the parts' p50s need not add up to the whole's)
+                lines.append(f"{'':13} {'':7} {'':>10} in environment + outside, p50 ms: "
+                             + ", ".join(split))
+        for level, (start, end) in measured.get("load_average", {}).items():
+            lines.append(f"{name:13} {level:7} load average {start[0]:.2f} at the start, "
+                         f"{end[0]:.2f} at the end")
     return "\n".join(lines)
 
 
@@ -391,12 +439,17 @@ def main(argv: list[str] | None = None) -> int:
             here.mkdir()
             print(f"[bench {time.strftime('%H:%M:%S')}] {name}", file=sys.stderr, flush=True)
             results[name] = {}
+            loads: dict[str, list] = {}
             if subject.in_process is not None and "episode" in levels:
                 (here / "in-process").mkdir()
                 env, task = subject.in_process(here / "in-process")
+                started = os.getloadavg()
                 results[name]["episode"] = bench_episode(subject, env, task, n, written)
+                loads["episode"] = [started, os.getloadavg()]
             if "http" in levels or subject.in_process is None:
-                results[name].update(bench_served(subject, here / "served", n, written, levels))
+                results[name].update(bench_served(subject, here / "served", n, written, levels,
+                                                  loads))
+            results[name]["load_average"] = loads
             results[name]["goal"] = goals(subject, results[name])
     text = json.dumps(results, indent=1)
     print(text)
