@@ -2,7 +2,7 @@
 """Benchmark of the General service against plain Docker, in one run.
 
     sudo .venv/bin/python bench/bench_general.py [--n 30] [--interval 3] [--memory-episodes 3]
-        [--live 256] [--json OUT]
+        [--live 256] [--concurrent-starts N] [--json OUT]
 
 Needs the Coding demo set cached under $CAMG_CACHE/coding (the Coding tests
 or bench build it) and the system dockerd. Builds General's demo images
@@ -79,9 +79,12 @@ def coding_demo() -> Path:
     return found[-1].parent
 
 
-def start_helper(refs: list[str], agent_env: Path, containers: int = 64) -> HelperProcess:
+def start_helper(refs: list[str], agent_env: Path, containers: int = 64,
+                 concurrent_starts: int = 0) -> HelperProcess:
     """A private helper with the container mediator, its own scope and cgroup
-    parents, holding up to ``containers`` of ours."""
+    parents, holding up to ``containers`` of ours; ``concurrent_starts``
+    creates/starts at once (0: the helper's default)."""
+    extra = {"concurrent_starts": concurrent_starts} if concurrent_starts else {}
     base = private_base("bench-general")
     manifest = ci.write_manifest(base / "images.json", refs)
     cfg = helper_config(base, [str(CACHE / "helper")], [], name="bench-general",
@@ -89,10 +92,7 @@ def start_helper(refs: list[str], agent_env: Path, containers: int = 64) -> Help
                         containers=ci.containers_config(
                             manifest, scope=f"bench-{os.getpid()}", agent_env_source=str(agent_env),
                             containers_per_peer=containers, containers_total=max(512, containers),
-                            max_memory_bytes=2 << 30,
-                            # --live starts hundreds at once: dockerd answers a start in
-                            # over 60 s then (53 of 256 timed out at the default)
-                            api_timeout=600.0))
+                            max_memory_bytes=2 << 30, **extra))
     return HelperProcess.start(base, cfg, wait_probes=False, owner="bench", owns_base=True)
 
 
@@ -396,6 +396,9 @@ def main() -> int:
                     help="episodes whose container memory is read idle, stepping and finishing")
     ap.add_argument("--live", type=int, default=256, help="episodes live at once (0: skip)")
     ap.add_argument("--live-pool", type=int, default=2, help="the --live service's pool_size")
+    ap.add_argument("--concurrent-starts", type=int, default=0,
+                    help="the helper's containers.concurrent_starts (0: its default, 8); the "
+                         "Docker API timeout is the helper's default (60 s)")
     ap.add_argument("--json")
     args = ap.parse_args()
     from daemons.general.prepare import prepare_general
@@ -413,7 +416,8 @@ def main() -> int:
         prepare_general(code_rows=str(built["code_rows"]), general_rows=None, envs=None,
                         images=str(built["images"]), output_dir=prepared)
         task = json.loads((prepared / "manifest.json").read_text())["tasks"][0]
-        helper = start_helper(built["refs"], env_dir, containers=max(64, args.live + 16))
+        helper = start_helper(built["refs"], env_dir, containers=max(64, args.live + 16),
+                              concurrent_starts=args.concurrent_starts)
         judge = FakeJudge().start()
         results = {}
         for pool, label in ((2, "with_pool"), (0, "without_pool")):
@@ -435,6 +439,8 @@ def main() -> int:
             services.append(service)
             time.sleep(10 if args.live_pool else 0)
             results["live"] = bench_live(service, helper.scope, task["task_id"], args.live)
+            with helper.client() as h:  # the gate's peak and slots taken over the whole run
+                results["live"]["helper_container_starts"] = h.ping().get("container_starts")
             note(f"live: {results['live']['live']}/{args.live}, errors {results['live']['errors']}, "
                  f"resets {results['live']['resets_wall_s']} s, "
                  f"{results['live']['usage_mib_each']} MiB each")
