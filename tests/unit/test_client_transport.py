@@ -158,6 +158,18 @@ def test_a_response_head_past_the_limit_is_refused(raw):
         Connection("127.0.0.1", server.port, 5).request("GET", "/x")
 
 
+@pytest.mark.parametrize("path", ["/episodes/a b/step", "/episodes/x\r\nX-Injected: 1/step",
+                                  "/episodes/\x00", "/episodes/é", "/episodes/\U0001f600"])
+def test_a_target_that_would_break_the_request_line_is_refused_before_sending(raw, path):
+    server = raw(OK)
+    conn = Connection("127.0.0.1", server.port, 5)
+    with pytest.raises(ValueError, match="request target"):
+        conn.request("GET", path)
+    assert conn._sock is None and server.recvs == []   # nothing was sent, nothing opened
+    with pytest.raises(ValueError):
+        Client(f"http://127.0.0.1:{server.port}").step("x\r\nX-Injected: 1", {})
+
+
 def test_the_real_service_through_the_client(counter_service):
     client = Client(counter_service().url)
     eid = client.create()["episode_id"]

@@ -22,6 +22,7 @@ and closes the connection: nothing is read into the next response.
 
 from __future__ import annotations
 
+import re
 import socket
 
 #: a response head larger than this is refused (http.client's line limit is
@@ -29,6 +30,10 @@ import socket
 MAX_HEAD = 1 << 16
 _RECV = 1 << 16
 _NO_BODY = (204, 304)
+# What may not appear in a request target: a space or a control character
+# would end the request line early or start a header of the caller's making
+# (http.client refuses them too, as InvalidURL).
+_BAD_TARGET = re.compile(r"[^\x21-\x7e]")
 
 
 class ProtocolError(Exception):
@@ -64,6 +69,8 @@ class Connection:
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 content_type: str = "application/json") -> Response:
+        if _BAD_TARGET.search(path) or _BAD_TARGET.search(method):
+            raise ValueError(f"not a request target an HTTP/1.1 request line can carry: {path!r}")
         head = [f"{method} {path} HTTP/1.1".encode("ascii"), b"Host: " + self._host_header]
         if body is not None:
             head.append(b"Content-Type: " + content_type.encode("ascii"))
