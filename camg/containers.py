@@ -250,15 +250,23 @@ class ContainerPool:
                 self._remove(container)
 
     def claim(self, episode_id: str = "") -> Container:
+        return self.take(episode_id) or self.create(episode_id)
+
+    def take(self, episode_id: str = "") -> Container | None:
+        """A ready container (a hit), or None when the pool is empty."""
         self._drop_swept()
         with self.cond:
             container = self.ready.popleft() if self.ready else None
             self.cond.notify_all()
         if container is None:
-            self.misses += 1
-            return self.client.create(self.spec, episode_id=episode_id)
+            return None
         self.hits += 1
         return dataclasses.replace(container, episode_id=episode_id)
+
+    def create(self, episode_id: str = "") -> Container:
+        """A new container for ``episode_id`` (a miss)."""
+        self.misses += 1
+        return self.client.create(self.spec, episode_id=episode_id)
 
     def _drop_swept(self) -> None:
         """Forget the ready containers a restarted helper has swept (the

@@ -1,103 +1,19 @@
-"""A counting gate, first come first served, for the container mediator's
-creates and starts.
-
-dockerd serialises much of a container's creation and start (its own
-locks, containerd's, runc, the overlay mounts) and slows down for every
-one in flight: 256 at once made some single API calls take over the
-helper's 60 s api_timeout (53 of 256 failed). With at most ``limit`` in
-flight each call stays quick and the rest wait here, where the wait is
-the helper's, not Docker's: nothing times out a Docker call that has not
-been made. A waiter gives up at its own deadline (``at_capacity``, the
-client's errors.AtCapacity) and leaves the queue; a slot it was handed
-meanwhile is passed on, never lost.
-
-A slot goes directly from the releaser to the head of the queue (each
-waiter has its own Event), so a release wakes one thread, not all, and no
-thread arriving later can take a slot ahead of one already waiting.
-"""
+"""The container mediator's start gate: camg/fifo_gate.py's FIFO gate, whose
+late waiters are answered ``at_capacity`` (the client's errors.AtCapacity).
+helper/containers.py holds it from create to running; why: camg/fifo_gate.py."""
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import threading
-import time
-from collections.abc import Callable, Iterator
-
+from camg import fifo_gate
+from camg.fifo_gate import Cancelled
 from camg.helper_wire import WireError
 
-# How often a waiter that can be called off (a standby refill) looks.
-_CANCEL_POLL = 0.2
+__all__ = ["Cancelled", "Gate"]
 
 
-class Cancelled(Exception):
-    """Raised by acquire when ``cancelled()`` became true while waiting."""
-
-
-class Gate:
+class Gate(fifo_gate.Gate):
     def __init__(self, limit: int, what: str = "container start") -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError("limit: a positive integer")
-        self.limit = limit
-        self.what = what
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._queue: collections.deque[threading.Event] = collections.deque()
-        # The most in flight at once since this gate was made (Ping; tests).
-        self._peak = 0
-        self._served = 0
+        super().__init__(limit, what)
 
-    def status(self) -> dict[str, int]:
-        """Read together under the lock: in flight, waiting, the limit, the peak."""
-        with self._lock:
-            return {"limit": self.limit, "in_flight": self._in_flight, "waiting": len(self._queue),
-                    "peak": self._peak, "served": self._served}
-
-    def _take(self) -> None:
-        """Called with the lock held."""
-        self._in_flight += 1
-        self._served += 1
-        self._peak = max(self._peak, self._in_flight)
-
-    def acquire(self, deadline: float, cancelled: Callable[[], bool] | None = None) -> None:
-        """A slot, waiting in arrival order until ``deadline`` (time.monotonic())."""
-        with self._lock:
-            if not self._queue and self._in_flight < self.limit:
-                self._take()
-                return
-            granted = threading.Event()
-            self._queue.append(granted)
-            waiting = len(self._queue)
-        while True:
-            remaining = deadline - time.monotonic()
-            step = remaining if cancelled is None else min(remaining, _CANCEL_POLL)
-            if step > 0 and granted.wait(step):
-                return  # handed over by release(): counted there
-            with self._lock:
-                if granted.is_set():
-                    return
-                late = time.monotonic() >= deadline
-                if late or (cancelled is not None and cancelled()):
-                    self._queue.remove(granted)
-                    if late:
-                        raise WireError("at_capacity", f"no {self.what} slot within the deadline: "
-                                        f"{self._in_flight} of {self.limit} in flight, "
-                                        f"{len(self._queue)} more waiting (was {waiting - 1} ahead)")
-                    raise Cancelled()
-
-    def release(self) -> None:
-        with self._lock:
-            if self._queue:
-                # The slot passes to the head of the queue: in_flight stays.
-                self._served += 1
-                self._queue.popleft().set()
-            else:
-                self._in_flight -= 1
-
-    @contextlib.contextmanager
-    def slot(self, deadline: float, cancelled: Callable[[], bool] | None = None) -> Iterator[None]:
-        self.acquire(deadline, cancelled)
-        try:
-            yield
-        finally:
-            self.release()
+    def late(self, message: str) -> Exception:
+        return WireError("at_capacity", message)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +26,7 @@ from camg import errors, typed
 from camg.containers import read_usage
 from camg.cost import judge_tokens
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
+from camg.fifo_gate import Gate
 
 from daemons.general import rubric
 from daemons.general.channel import TransportChannel, observation_of
@@ -44,6 +47,22 @@ def transport_command(port: int) -> tuple[str, ...]:
 
 
 JUDGE_ENV_FILE = "/etc/camg/credentials/general-judge.env"
+
+
+class BootGate(Gate):
+    """Container boots in flight (Settings.concurrent_boots); a reset that
+    waited its boot_wait_s in vain is refused like a full service."""
+
+    def late(self, message: str) -> Exception:
+        return errors.AtCapacity(message, retry_after=30)
+
+
+def boot_limit(settings: Settings, cores: int | None = None) -> int:
+    """Settings.concurrent_boots, or 4 per core: a boot is mostly CPU (the
+    container's start, the transport's interpreter, one start of each MCP
+    server), so more at once only makes each slower; a few per core keep
+    the cores busy while some wait on dockerd."""
+    return settings.concurrent_boots or 4 * (cores or os.cpu_count() or 1)
 
 
 def judge_config(settings: Settings, environ: Mapping[str, str] | None = None):
@@ -78,6 +97,7 @@ class GeneralEnvironment(Environment):
         self.client = None
         self.pools: dict[str, Any] = {}
         self.judge = None
+        self.boots = BootGate(boot_limit(self.settings), "container boot")
         self._lock = threading.Lock()
 
     @classmethod
@@ -145,6 +165,8 @@ class GeneralEnvironment(Environment):
                 "pool": {"size_per_image": self.settings.pool_size,
                          "hits": sum(p.hits for p in self.pools.values()),
                          "misses": sum(p.misses for p in self.pools.values())},
+                # pool misses booting a container now and waiting to
+                "boots": self.boots.status(),
                 "container": {"cpu": self.settings.cpu, "memory_bytes": self.settings.memory_bytes,
                               "pids_max": self.settings.pids_max, "network": "none"}}
 
@@ -220,7 +242,17 @@ class GeneralEpisode(Episode):
     def reset(self) -> Mapping[str, Any]:
         env = self.env
         pool = env.pools[self.task.data["image"]]
-        container = pool.claim(self.episode_id)
+        container = pool.take(self.episode_id)
+        if container is not None:  # warm: its transport has set up already
+            return self._begin(container)
+        # A boot holds its slot until the transport's reset has answered,
+        # i.e. through the setup that starts the MCP servers.
+        with env.boots.slot(time.monotonic() + env.settings.boot_wait_s):
+            if self._closed:
+                raise errors.InfraFailure("episode closed during reset")
+            return self._begin(pool.create(self.episode_id))
+
+    def _begin(self, container) -> Mapping[str, Any]:
         with self._lock:
             self.container = container
             if self._closed:  # closed while claiming

@@ -25,6 +25,17 @@ class Settings:
     transport_port: int = 8000
     #: how long reset waits for the transport to listen (pool misses boot a container)
     connect_timeout_s: float = 60.0
+    #: container boots in flight at once: a reset the pool cannot serve
+    #: creates a container and waits for the transport's setup, which starts
+    #: every MCP server of the task once (seconds of CPU each). Unbounded,
+    #: 256 at once on 2 cores starved the servers past the bridge's 150 s
+    #: (issue 25); bounded, the rest wait their turn. 0: 4 per core
+    #: (environment.boot_limit)
+    concurrent_boots: int = 0
+    #: how long a reset waits for a boot slot; then it fails at_capacity
+    #: (errors.AtCapacity). Below the service's reset deadline
+    #: (limits.reset_timeout_s, 300 s by default), which bounds the wait too.
+    boot_wait_s: float = 240.0
     #: a shell/tool step is bounded by the transport (60 s); this bounds the
     #: service's wait for any message, finish (the verifier) included
     step_timeout_s: float = 1900.0
@@ -46,7 +57,10 @@ class Settings:
             raise ValueError("cpu, memory_bytes (>= 64 MiB) and pids_max (>= 16) must be sane")
         if not 1 <= self.transport_port <= 65535:
             raise ValueError("transport_port out of range")
-        for name in ("connect_timeout_s", "step_timeout_s", "judge_timeout_s", "judge_deadline_s"):
+        if isinstance(self.concurrent_boots, bool) or not 0 <= self.concurrent_boots <= 1024:
+            raise ValueError("concurrent_boots must be in [0, 1024] (0: 4 per core)")
+        for name in ("connect_timeout_s", "step_timeout_s", "judge_timeout_s", "judge_deadline_s",
+                     "boot_wait_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if not 1 <= self.judge_attempts <= 10 or self.judge_backoff_s < 0:

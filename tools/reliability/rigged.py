@@ -168,18 +168,18 @@ def general(work: Path, socket: str) -> Rig:
         images = work / "container-images.json"
         images.write_text(json.dumps({"images": built["refs"]}))
         judge = rig_stack.enter_context(FakeJudge(default=Reply(text='{"score": 1}')))
+        # boot_wait_s: the load suite's 256 resets at once boot 8 at a time
+        # (concurrent_boots' default here) for about 210 s; the last may wait
+        # nearly that long, within the reset deadline below
         settings = {"pool_size": 1, "cpu": 0.5, "memory_bytes": 512 << 20, "pids_max": 256,
-                    "connect_timeout_s": 300.0, "judge_timeout_s": 10.0, "judge_attempts": 2,
+                    "boot_wait_s": 380.0, "judge_timeout_s": 10.0, "judge_attempts": 2,
                     "judge_backoff_s": 0.05}
         helper = {"lower_roots": [str(CACHE / "helper")],
                   "containers": _containers("general", images,
                                             agent_env_source=str(agent_env.cached(CACHE)),
                                             # below the escape battery's FILL_MIB and
                                             # INODE_CAP (tools/reliability/escape_container.py)
-                                            upper_bytes=256 << 20, upper_inodes=16384,
-                                            # the load suite starts 256 at once: dockerd then
-                                            # takes over the default 60 s for some starts
-                                            api_timeout=600.0)}
+                                            upper_bytes=256 << 20, upper_inodes=16384)}
         env = {"GA_JUDGE_URL": judge.url, "GA_JUDGE_MODEL": "reliability-judge",
                "GA_JUDGE_KEY": "sk-reliability", "GA_JUDGE_API": "chat"}
         # daemons/general/README.md: action_timeout_s >= 1900 (the verifier)
