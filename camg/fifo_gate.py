@@ -6,16 +6,16 @@ The helper's container mediator gates creates and starts with it
 (daemons/general/environment.py). Standard library only: the helper may
 import it (pyproject's layering contracts).
 
-Why the mediator needs one: dockerd serialises much of a container's creation and start (its own
-locks, containerd's, runc, the overlay mounts) and slows down for every
-one in flight: 256 at once made some single API calls take over the
-helper's 60 s api_timeout (53 of 256 failed). With at most ``limit`` in
-flight each call stays quick and the rest wait here, where the wait is
-the helper's, not Docker's: nothing times out a Docker call that has not
-been made. A waiter gives up at its own deadline (the exception ``late``
-makes: ``at_capacity`` in the helper, errors.AtCapacity in a service) and
-leaves the queue; a slot it was handed
-meanwhile is passed on, never lost.
+Why the mediator needs one: dockerd serialises much of a container's
+creation and start (its own locks, containerd's, runc, the overlay mounts)
+and slows down for every one in flight: 256 at once made some single API
+calls take over the helper's 60 s api_timeout (53 of 256 failed). With at
+most ``limit`` in flight each call stays quick and the rest wait here,
+where the wait is the helper's, not Docker's: nothing times out a Docker
+call that has not been made. A waiter gives up at its own deadline (the
+exception ``late`` makes: ``at_capacity`` in the helper, errors.AtCapacity
+in a service) and leaves the queue; a slot it was handed meanwhile is
+passed on, never lost.
 
 A slot goes directly from the releaser to the head of the queue (each
 waiter has its own Event), so a release wakes one thread, not all, and no

@@ -165,7 +165,7 @@ class GeneralEnvironment(Environment):
                 "pool": {"size_per_image": self.settings.pool_size,
                          "hits": sum(p.hits for p in self.pools.values()),
                          "misses": sum(p.misses for p in self.pools.values())},
-                # pool misses booting a container now and waiting to
+                # pool misses booting a container now, and those waiting to
                 "boots": self.boots.status(),
                 "container": {"cpu": self.settings.cpu, "memory_bytes": self.settings.memory_bytes,
                               "pids_max": self.settings.pids_max, "network": "none"}}
