@@ -117,7 +117,6 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
     record = Record(child_id, peer.uid, peer.owner, time.time(),
                     cgroups.paths(registry.parents, child_id), child_upper, list(parent.record.lowers))
     layer: Layer | None = None
-    created = False
     layers: tuple[Layer, ...] = ()
     made: dict = {}
     try:
@@ -133,28 +132,28 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
             fd = parent.upper_handle()
             layer = Layer(fd, "u" if not disk else "layer-" + secrets.token_hex(4))
             size = max(MIN_UPPER, _free_bytes(fd))
-            registry.ledger.write(record)
-            created = True
-            cgroups.create(record.cgroups, memory_bytes=spec.memory_bytes, cpu_quota=spec.cpu_quota,
-                           pids_max=spec.pids_max)
             # The child's references, taken while the parent still holds its
             # own (a destroy of the parent cannot close them under the spawn).
             for each in parent.layers + (layer,):
                 each.acquire()
                 layers += (each,)
             lowers, fds = _stack(parent.record, layers)
-            # The frozen upper's only writer goes first: an overlay may not
-            # stack an upper another mounted overlay still writes. Dead is
-            # enough (its mounts are gone before it is a zombie); it is reaped
-            # once replaced, so its pid is never free while parent names it.
-            old_pid = parent.init_pid
-            _kill_unreaped(old_pid)
-            parent.ctl.close()
+            frozen = threading.Event()
 
             def make_child() -> None:
                 try:
+                    # The child's record (fsync'd) and cgroups, and its ext4,
+                    # while the parent's init is killed and its upper frozen:
+                    # none of them touches the parent's stack.
+                    registry.ledger.write(record)
+                    made["recorded"] = True
+                    cgroups.create(record.cgroups, memory_bytes=spec.memory_bytes,
+                                   cpu_quota=spec.cpu_quota, pids_max=spec.pids_max)
                     if disk:
                         _child_disk(registry, child_upper, size)
+                    frozen.wait()
+                    if "abort" in made:
+                        return
                     made["child"] = Sandbox.spawn(
                         record, init_binary=registry.init_binary, hostname=spec.hostname,
                         scratch=registry.scratch, lowers=lowers, tmpfs_bytes=size,
@@ -164,17 +163,32 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
                     made["error"] = exc
             # Both inits come up at once (the two cores each take one).
             worker = threading.Thread(target=make_child, name=f"fork-{child_id}", daemon=True)
+            worker.start()
+            old_pid = parent.init_pid
+            killed = False
             try:
-                if disk:
-                    # Before the child's init looks for the layer by name.
-                    _freeze_disk_upper(parent, layer.sub)
-                worker.start()
                 try:
-                    _replace_init(registry, parent, layers, lowers, fds, size, disk)
+                    # The frozen upper's only writer goes first: an overlay may
+                    # not stack an upper another mounted overlay still writes.
+                    # Dead is enough (its mounts are gone before it is a
+                    # zombie); it is reaped once replaced, so its pid is never
+                    # free while parent names it.
+                    _kill_unreaped(old_pid)
+                    killed = True
+                    parent.ctl.close()
+                    if disk:
+                        # Before the child's init looks for the layer by name.
+                        _freeze_disk_upper(parent, layer.sub)
+                except BaseException:
+                    made["abort"] = True
+                    raise
                 finally:
-                    worker.join()
+                    frozen.set()
+                _replace_init(registry, parent, layers, lowers, fds, size, disk)
             finally:
-                _reap(old_pid)
+                worker.join()
+                if killed:
+                    _reap(old_pid)
             if "error" in made:
                 raise made["error"]
         child = made["child"]
@@ -185,7 +199,7 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
             made["child"].ctl.close()
         for each in layers:
             each.release()
-        if created:
+        if made.get("recorded"):
             registry._forget(record)
         else:
             with registry.lock:
