@@ -25,12 +25,8 @@ class Settings:
     transport_port: int = 8000
     #: how long reset waits for the transport to listen (pool misses boot a container)
     connect_timeout_s: float = 60.0
-    #: container boots in flight at once: a reset the pool cannot serve
-    #: creates a container and waits for the transport's setup, which starts
-    #: every MCP server of the task once (seconds of CPU each). Unbounded,
-    #: 256 at once on 2 cores starved the servers past the bridge's 150 s
-    #: (issue 25); bounded, the rest wait their turn. 0: 4 per core
-    #: (environment.boot_limit)
+    #: pool misses booting a container at once, through the transport's
+    #: setup (why: daemons/general/README.md); 0: environment.boot_limit
     concurrent_boots: int = 0
     #: how long a reset waits for a boot slot; then it fails at_capacity
     #: (errors.AtCapacity). Below the service's reset deadline
