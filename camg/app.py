@@ -13,9 +13,9 @@ import falcon
 import falcon.asgi
 
 from camg import (action_tools, admission, mcp_server, metrics, openenv_compat, openenv_tasks,
-                  task_listing, http_wire as wire)
-from camg.errors import AtCapacity, CamgError, PermissionDenied
-from camg.http import dumps, read_body, reply
+                  step_route, task_listing, http_wire as wire)
+from camg.errors import CamgError, PermissionDenied
+from camg.http import INTERNAL_ERROR, dumps, error_headers, read_body, reply
 from camg.service import Service
 
 log = logging.getLogger("camg.http")
@@ -106,6 +106,9 @@ class EpisodeReference:
 
 
 class EpisodeStep:
+    """The step route's every form but the plain one, which camg/step_route.py
+    answers ahead of falcon with the same parsing, call and errors."""
+
     def __init__(self, service: Service) -> None:
         self.manager = service.manager
         self.limit = service.config.limits.max_body_bytes
@@ -145,8 +148,8 @@ async def _handle_camg_error(req, resp, exc: CamgError, params, ws=None):
     if ws is not None:  # errors inside a WebSocket are answered by the protocol
         return
     resp.status = falcon.code_to_http_status(exc.http_status)
-    if isinstance(exc, AtCapacity):
-        resp.set_header("Retry-After", str(exc.retry_after))
+    for name, value in error_headers(exc).items():
+        resp.set_header(name, value)
     resp.content_type = falcon.MEDIA_JSON
     resp.text = dumps(exc.to_dict())
 
@@ -167,7 +170,7 @@ async def _handle_unexpected(req, resp, exc: Exception, params, ws=None):
         return
     resp.status = falcon.HTTP_500
     resp.content_type = falcon.MEDIA_JSON
-    resp.text = dumps({"error": "internal", "message": "internal error; see the service log"})
+    resp.text = dumps(INTERNAL_ERROR)
 
 
 def _slug(title: str) -> str:
@@ -208,5 +211,6 @@ def create_app(service: Service) -> falcon.asgi.App:
     app.add_error_handler(Exception, _handle_unexpected)
     app.add_error_handler(falcon.HTTPError, _handle_http_error)
     app.add_error_handler(CamgError, _handle_camg_error)
-    return mcp_server.mount(app, service)  # /mcp, dispatched before falcon
+    # /mcp and the plain step route, dispatched before falcon
+    return step_route.StepRoute(mcp_server.mount(app, service), service)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import logging
 import time
 import uuid
@@ -25,7 +24,7 @@ from camg import http_wire as wire
 from camg.admission import Admission, default_queue_bound
 from camg.service_config import Limits
 from camg.environment import Environment, Step, Task
-from camg.errors import (DeadlineExceeded, EpisodeBusy, EpisodeDone,
+from camg.errors import (EpisodeBusy, EpisodeDone,
                          EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
                          TaskNotFound, Unavailable)
 from camg.cost import episode_cost
@@ -35,6 +34,7 @@ from camg.metrics import Metrics, NoMetrics, task_kind
 from camg.outcomes import OutcomeLog
 from camg.regrading import REGRADE_FIELDS, Regrader
 from camg.submissions import SubmissionStore
+from camg.worker_threads import WorkerThreads
 
 log = logging.getLogger("camg.episodes")
 
@@ -117,8 +117,7 @@ class EpisodeManager:
         # Compiled to Python once: validation is on every step's hot path.
         self._validate = fastjsonschema.compile(dict(environment.action_schema))
         # Enough threads for a running step and an abort per episode.
-        self.pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2 * capacity + 4, thread_name_prefix=f"camg-{environment.name}")
+        self.threads = WorkerThreads(2 * capacity + 4, f"camg-{environment.name}")
         self._grader_hash: str | None = None
         self.regrader = Regrader(self)
         self.forker = Forker(self)
@@ -128,16 +127,10 @@ class EpisodeManager:
 
     # -- helpers ---------------------------------------------------------
     async def call(self, fn: Callable, *args: Any, timeout: float | None = None,
-                   pool: concurrent.futures.Executor | None = None) -> Any:
-        """``fn(*args)`` on a worker thread (``pool``, else the manager's),
-        DeadlineExceeded past ``timeout`` seconds."""
-        future = asyncio.get_running_loop().run_in_executor(pool or self.pool, fn, *args)
-        if timeout is None:
-            return await future
-        try:
-            return await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
-            raise DeadlineExceeded(f"{getattr(fn, '__name__', 'call')} exceeded {timeout:g} s") from None
+                   threads: WorkerThreads | None = None) -> Any:
+        """``fn(*args)`` on a worker thread (of ``threads``, else the
+        manager's), DeadlineExceeded past ``timeout`` seconds."""
+        return await (threads or self.threads).run(fn, *args, timeout=timeout)
 
     def _lookup(self, episode_id: str) -> Record:
         rec = self.records.get(episode_id) or self.finished.get(episode_id)
@@ -493,5 +486,5 @@ class EpisodeManager:
                 await self.close(episode_id, "service stopping", FailureClass.INFRA)
             except Exception:
                 log.exception("closing episode %s at shutdown failed", episode_id)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.threads.shutdown()
         self.regrader.shutdown()

@@ -183,8 +183,7 @@ class Forker:
         deadline; a child that arrives after the deadline is closed, not
         leaked (its sandbox or container would outlive every record)."""
         m = self.manager
-        future = asyncio.get_running_loop().run_in_executor(
-            m.pool, parent.episode.fork, child.episode_id)
+        future = m.threads.submit(parent.episode.fork, child.episode_id)
         try:
             episode = await asyncio.wait_for(asyncio.shield(future), m.limits.reset_timeout_s)
         except asyncio.TimeoutError:
@@ -206,7 +205,7 @@ class Forker:
             return
         late = future.result()
         if callable(getattr(late, "close", None)):
-            self.manager.pool.submit(_close_quietly, late)
+            self.manager.threads.submit(_close_quietly, late)
 
 
 def _close_quietly(episode: Any) -> None:

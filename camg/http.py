@@ -7,7 +7,7 @@ import json
 import falcon
 import falcon.asgi
 
-from camg.errors import PayloadTooLarge
+from camg.errors import AtCapacity, CamgError, PayloadTooLarge
 
 
 def dumps(body: object) -> str:
@@ -43,6 +43,17 @@ async def _drain(req: falcon.asgi.Request) -> None:
         if not chunk:
             return
         left -= len(chunk)
+
+
+#: the body of a 500: nothing of the internals (the service log has the traceback)
+INTERNAL_ERROR = {"error": "internal", "message": "internal error; see the service log"}
+
+
+def error_headers(exc: CamgError) -> dict[str, str]:
+    """The headers a deliberate error's answer carries besides its JSON body
+    (``exc.http_status``, ``exc.to_dict()``): the one mapping, for falcon's
+    error handler and the step route (camg/step_route.py) alike."""
+    return {"Retry-After": str(exc.retry_after)} if isinstance(exc, AtCapacity) else {}
 
 
 def reply(resp: falcon.asgi.Response, body: object, status: int = 200) -> None:

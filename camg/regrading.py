@@ -18,7 +18,6 @@ null`` and the failure class, never a fake 0.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ from camg.environment import Environment, Task
 from camg.errors import (EpisodeBusy, EpisodeNotFound, EpisodeRunning, FailureClass, InfraFailure,
                          NoSubmission, RegradeUnsupported, TaskNotFound)
 from camg.logs import episode_fields
+from camg.worker_threads import WorkerThreads
 from camg.outcomes import OutcomeLog
 from camg.service_config import Limits
 from camg.submissions import SubmissionStore
@@ -57,7 +57,7 @@ class Episodes(Protocol):
     def grader_hash(self) -> str | None: ...
 
     async def call(self, fn: Callable, *args: Any, timeout: float | None = None,
-                   pool: concurrent.futures.Executor | None = None) -> Any: ...
+                   threads: WorkerThreads | None = None) -> Any: ...
 
 
 class Regrader:
@@ -66,8 +66,7 @@ class Regrader:
         # Threads of their own: a regrade never takes a running episode's
         # step or abort thread. Twice the slots: a regrade past its deadline
         # keeps its thread until the environment returns.
-        self.pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2 * REGRADES, thread_name_prefix=f"camg-{manager.env.name}-regrade")
+        self.threads = WorkerThreads(2 * REGRADES, f"camg-{manager.env.name}-regrade")
         self._slots: asyncio.Semaphore | None = None
         self._running: set[str] = set()
 
@@ -93,7 +92,7 @@ class Regrader:
         done = m.finished.get(episode_id)
         original = done.outcome if done is not None else None
         if original is None:
-            original = await m.call(m.outcomes.find, episode_id, pool=self.pool)
+            original = await m.call(m.outcomes.find, episode_id, threads=self.threads)
         if original is None:
             raise EpisodeNotFound(f"no episode {episode_id!r} in this service's outcome log")
         return original
@@ -110,7 +109,7 @@ class Regrader:
             if task is None:
                 raise TaskNotFound(f"task {original.get('task_id')!r} is not in this service's "
                                    "selection any more")
-            submission = await m.call(m.submissions.get, ref, pool=self.pool)
+            submission = await m.call(m.submissions.get, ref, threads=self.threads)
             if self._slots is None:
                 self._slots = asyncio.Semaphore(REGRADES)
             async with self._slots:
@@ -131,7 +130,7 @@ class Regrader:
                 "submission": ref,
             }
             record.update({k: v for k, v in extra.items() if k not in record})
-            await m.call(m.outcomes.append, record, pool=self.pool)
+            await m.call(m.outcomes.append, record, threads=self.threads)
             log.info("regraded: reward %s failure %s (was %s)", reward, record["failure_class"],
                      original.get("reward"), extra=episode_fields(episode_id, task.task_id))
             return record
@@ -144,7 +143,7 @@ class Regrader:
         fields = {"extra": episode_fields(episode_id, task.task_id)}
         try:
             grade = await m.call(m.env.regrade, task, submission,
-                                 timeout=m.limits.grade_timeout_s, pool=self.pool)
+                                 timeout=m.limits.grade_timeout_s, threads=self.threads)
             return float(grade.reward), None, "regraded", dict(grade.outcome)
         except (RegradeUnsupported, NoSubmission):
             raise  # answered as errors: nothing was graded
@@ -156,4 +155,4 @@ class Regrader:
             return None, FailureClass.INFRA, f"{type(exc).__name__}: {exc}", {}
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.threads.shutdown()

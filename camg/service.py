@@ -66,7 +66,7 @@ class Service:
         raise_fd_limit()
         self.env.start_in_only_thread()
         # Environment start-up (JVMs, indexes, helper connection) blocks.
-        await asyncio.get_running_loop().run_in_executor(self.manager.pool, self.env.start)
+        await self.manager.threads.run(self.env.start)
         metrics.observe_judge(self.env, self.metrics)
         self._tasks.append(asyncio.create_task(self._reaper()))
         if self.notifier.watchdog_interval:

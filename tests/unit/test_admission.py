@@ -65,7 +65,7 @@ def test_a_group_of_8_waits_for_2_slots_and_is_served_in_arrival_order(tmp_path)
     assert order == [f"e{i}" for i in range(8)]  # FIFO: every slot went to the oldest
     assert m.counts() == {"active": 0, "capacity": 2, "finished": 8, "queued": 0,
                           "queue_bound": 8}
-    m.pool.shutdown()
+    m.threads.shutdown()
 
 
 def test_a_newcomer_does_not_jump_the_line(tmp_path):
@@ -85,7 +85,7 @@ def test_a_newcomer_does_not_jump_the_line(tmp_path):
             await create(m, "d")
 
     asyncio.run(scenario())
-    m.pool.shutdown()
+    m.threads.shutdown()
 
 
 def test_a_full_line_answers_429_at_once(tmp_path):
@@ -108,7 +108,7 @@ def test_a_full_line_answers_429_at_once(tmp_path):
         assert m.counts()["queued"] == 0
 
     asyncio.run(scenario())
-    m.pool.shutdown()
+    m.threads.shutdown()
 
 
 def test_an_expired_wait_is_429_and_leaves_no_entry(tmp_path):
@@ -125,7 +125,7 @@ def test_an_expired_wait_is_429_and_leaves_no_entry(tmp_path):
         assert m.counts()["queued"] == 0 and "b" not in m.records
 
     asyncio.run(scenario())
-    m.pool.shutdown()
+    m.threads.shutdown()
 
 
 @pytest.mark.parametrize("how", ["cancelled", "hung_up"])
@@ -155,7 +155,7 @@ def test_a_waiter_that_leaves_holds_no_slot_and_no_entry(tmp_path, how):
         assert m.admission._granted == 0
 
     asyncio.run(scenario())
-    m.pool.shutdown()
+    m.threads.shutdown()
 
 
 def test_a_waiter_cancelled_as_it_is_granted_passes_the_slot_on(tmp_path):
@@ -173,7 +173,7 @@ def test_a_waiter_cancelled_as_it_is_granted_passes_the_slot_on(tmp_path):
         assert m.active() == 1 and m.admission._granted == 0
 
     asyncio.run(scenario())
-    m.pool.shutdown()
+    m.threads.shutdown()
 
 
 def test_shutdown_refuses_the_waiters(tmp_path):

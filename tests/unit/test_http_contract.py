@@ -337,7 +337,7 @@ def test_close_during_creation_is_not_lost(tmp_path, gate):
     assert env.log == ([] if gate == "create" else ["reset"])
     records = [json.loads(line) for line in (tmp_path / "outcomes.jsonl").read_text().splitlines()]
     assert [(r["episode_id"], r["status"], r["reward"]) for r in records] == [("e1", "closed", None)]
-    manager.pool.shutdown(wait=True)
+    manager.threads.shutdown()
 
 
 def test_listing_episodes_does_not_renew_their_leases(counter_service):

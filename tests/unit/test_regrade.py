@@ -151,7 +151,7 @@ def test_an_environment_without_regrade_answers_501(tmp_path):
     with pytest.raises(RegradeUnsupported) as info:
         asyncio.run(manager.regrade("anything"))
     assert info.value.http_status == 501 and info.value.name == "regrade_unsupported"
-    manager.pool.shutdown()
+    manager.threads.shutdown()
     # over HTTP the same name arrives as the client's typed error
     assert client_mod.ERROR_CLASSES["regrade_unsupported"] is client_mod.RegradeUnsupported
 
