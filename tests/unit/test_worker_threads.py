@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from camg.errors import DeadlineExceeded
+from camg.errors import DeadlineExceeded, InfraFailure
 from camg.worker_threads import WorkerThreads
 
 
@@ -84,7 +84,7 @@ def test_at_most_max_workers_threads_run_calls_at_once():
     threads.shutdown()
 
 
-def test_shutdown_cancels_queued_calls_lets_running_ones_finish_and_refuses_new_ones():
+def test_shutdown_ends_queued_calls_lets_running_ones_finish_and_refuses_new_ones():
     threads = WorkerThreads(1, "t")
     release = threading.Event()
     ran = []
@@ -102,7 +102,7 @@ def test_shutdown_cancels_queued_calls_lets_running_ones_finish_and_refuses_new_
         threads.shutdown()  # idempotent
         release.set()
         assert await running == "first"
-        with pytest.raises(asyncio.CancelledError):
+        with pytest.raises(InfraFailure, match="stopped before the call ran"):
             await queued
         with pytest.raises(RuntimeError, match="after shutdown"):
             await threads.run(ran.append, "new")
@@ -128,4 +128,31 @@ def test_a_result_after_the_loop_closed_is_dropped_quietly():
     time.sleep(0.1)
     # the thread survived its answer to a closed loop and serves the next
     assert run(threads.run(lambda: "next")) == "next"
+    threads.shutdown()
+
+
+def test_a_calls_outcome_outlives_a_cancelled_wait():
+    """What the episode manager hands over when its caller is cancelled
+    mid-step: the call runs on and its outcome is there for the next wait."""
+    threads = WorkerThreads(1, "t")
+    release = threading.Event()
+
+    async def main():
+        call = threads.call(lambda: release.wait(5) and "answer", timeout=5)
+        waiter = asyncio.ensure_future(call.wait())
+        await asyncio.sleep(0.02)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert not call.done
+        release.set()
+        await call.wait()
+        assert call.result() == "answer" and call.seconds > 0.01
+        late = threads.call(time.sleep, 0.3, timeout=0.05)
+        await late.wait()
+        with pytest.raises(DeadlineExceeded, match="sleep exceeded 0.05 s"):
+            late.result()
+        await asyncio.sleep(0.4)  # the late return changes nothing
+        assert isinstance(late.error, DeadlineExceeded)
+    run(main())
     threads.shutdown()
