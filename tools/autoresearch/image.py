@@ -95,18 +95,25 @@ def _wheels(root: Path) -> Path:
     return final
 
 
-def _venv(root: Path, rootfs: Path, base: layout.Layer, wheels: Path) -> layout.Layer:
+def _venv(root: Path, rootfs: Path, demo_lock: Path, base: layout.Layer,
+          wheels: Path) -> layout.Layer:
     key = _key({"base": base.digest, "requirements": REQUIREMENTS, "venv": VENV,
                 "workspace": WORKSPACE, "stripped": STRIPPED, "v": VENV_LAYER_VERSION})
     final = root / f"venv-{key}"
     cached = base_demo._cached_layer(final)
     if cached is not None:
         return cached
-    # The base rootfs is shared with the Coding demo: work on a copy of it.
+    # The base rootfs is shared with the Coding demo, which builds its own
+    # layers inside it (tools/oci_demo.py: wheels in /tmp/camg-wheels, its
+    # venvs) under the demo's lock: copy it under that lock too, then work
+    # on the copy. (Copied without it, a fresh machine's first build saw the
+    # Coding build's /tmp/camg-wheels in the copy: FileExistsError below.)
     with tempfile.TemporaryDirectory(prefix="rootfs.", dir=root / "tmp") as scratch:
         tree = Path(scratch) / "rootfs"
-        base_demo._run(["cp", "-a", str(rootfs), str(tree)], "copying the base rootfs")
+        with base_demo.locked(demo_lock):
+            base_demo._run(["cp", "-a", str(rootfs), str(tree)], "copying the base rootfs")
         inside = tree / "tmp" / "camg-wheels"
+        shutil.rmtree(inside, ignore_errors=True)  # a build interrupted before the lock
         shutil.copytree(wheels, inside)
         with base_demo._building(final) as work:
             chroot = ["unshare", "--mount", "--net", "--propagation", "private", "chroot", str(tree)]
@@ -152,7 +159,7 @@ def build(cache_root: Path) -> base_demo.DemoBuild:
     with base_demo.locked(root / "lock"):
         shutil.rmtree(root / "tmp", ignore_errors=True)
         (root / "tmp").mkdir(parents=True)
-        venv = _venv(root, rootfs, base, _wheels(root))
+        venv = _venv(root, rootfs, demo / "lock", base, _wheels(root))
         layers = (base, venv)
         config = layout.image_config(
             layers, env=ENV, working_dir=WORKSPACE,
