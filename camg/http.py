@@ -10,8 +10,12 @@ import falcon.asgi
 from camg.errors import AtCapacity, CamgError, PayloadTooLarge
 
 
+# json.dumps with options builds an encoder per call; replies are a hot path.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def dumps(body: object) -> str:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODE(body)
 
 
 # At most this much of a refused body is read and dropped (see _drain).

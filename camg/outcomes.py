@@ -32,9 +32,13 @@ from typing import Any
 from camg import atomic, signing
 
 
+# One encoder for every line: json.dumps with options builds a new one per
+# call, and a trajectory line is written on every step's hot path.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+
+
 def _line(record: Any) -> bytes:
-    return (json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str)
-            + "\n").encode("utf-8")
+    return (_ENCODE(record) + "\n").encode("utf-8")
 
 
 class OutcomeLog:

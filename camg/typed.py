@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 def parse(cls: type[T], data: Any, where: str, error: type[Exception]) -> T:
     """Build dataclass ``cls`` from ``data`` or raise ``error`` naming the field."""
-    if not isinstance(data, Mapping):
+    if type(data) is not dict and not isinstance(data, Mapping):  # the ABC check is the slow one
         raise error(f"{where or cls.__name__}: expected an object, got {type(data).__name__}")
     hints, fields = _shape(cls)
     unknown = sorted(set(data) - set(fields))
@@ -49,11 +49,22 @@ def _shape(cls: type) -> tuple[dict, dict]:
     return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls) if f.init}
 
 
+@functools.lru_cache(maxsize=None)
+def _origin_args(tp: Any) -> tuple[Any, tuple]:
+    # get_origin/get_args walk the typing object on every call; a request's
+    # fields (an action's every key and value included) ask them again each
+    # time, on the hot path of every step (issue 25).
+    return typing.get_origin(tp), typing.get_args(tp)
+
+
 def _coerce(tp: Any, value: Any, path: str, error: type[Exception]) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
     if tp is Any:
         return value
+    if tp is str or tp is bool:
+        if not isinstance(value, tp):
+            raise error(f"{path}: expected {'a string' if tp is str else 'true or false'}")
+        return value
+    origin, args = _origin_args(tp)
     if origin in (typing.Union, types.UnionType):
         for arg in args:
             if arg is type(None) and value is None:
@@ -78,7 +89,7 @@ def _coerce(tp: Any, value: Any, path: str, error: type[Exception]) -> Any:
             raise error(f"{path}: expected a list")
         return tuple(_coerce(args[0], v, f"{path}[{i}]", error) for i, v in enumerate(value))
     if origin in (Mapping, dict, typing.Mapping) or tp is dict:
-        if not isinstance(value, Mapping):
+        if type(value) is not dict and not isinstance(value, Mapping):
             raise error(f"{path}: expected an object")
         if args:
             value = {_coerce(args[0], k, path, error): _coerce(args[1], v, f"{path}.{k}", error)
@@ -93,10 +104,6 @@ def _coerce(tp: Any, value: Any, path: str, error: type[Exception]) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise error(f"{path}: expected an integer")
-        return value
-    if tp in (str, bool):
-        if not isinstance(value, tp):
-            raise error(f"{path}: expected {'a string' if tp is str else 'true or false'}")
         return value
     raise TypeError(f"camg.typed cannot parse {tp!r} at {path}")
 

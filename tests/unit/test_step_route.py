@@ -9,6 +9,7 @@ over raw sockets: status, headers (but Date) and body must be the same.
 import json
 import socket
 import threading
+import time
 
 import pytest
 
@@ -110,10 +111,13 @@ def test_a_busy_episode_is_refused_the_same_way(svc):
                                args=(eid, {"operation": "sleep", "seconds": 1.5}))
     sleeper.start()
     try:
-        body = json.dumps({"action": ACTION}).encode()
-        for _ in range(100):  # until the sleep is running (a guess before it is harmless)
-            if exchange(svc.url, f"/episodes/{eid}/step", body)[0] == 409:
-                break
+        # An action off the schema changes nothing: 422 while the episode is
+        # idle, 409 once the sleep runs (the busy check comes first).
+        body = json.dumps({"action": {"operation": "fly"}}).encode()
+        deadline = time.monotonic() + 10
+        while exchange(svc.url, f"/episodes/{eid}/step", body)[0] != 409:
+            assert time.monotonic() < deadline, "the sleep step never started"
+            time.sleep(0.01)
         fast, slow = both(svc.url, eid, body)
         assert fast == slow and fast[0] == 409
         assert json.loads(fast[2])["error"] == "episode_busy"
