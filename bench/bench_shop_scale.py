@@ -83,7 +83,7 @@ def serve(prepared: Path, heap_mb: int, queries: list[str]) -> dict:
     settings = json.loads((prepared / "settings.json").read_text())
     with tempfile.TemporaryDirectory(prefix="bench-shop-scale-") as tmp:
         tmp = Path(tmp)
-        (tmp / "requirements.lock").write_text("pyserini==0.22.1\n")
+        (tmp / "requirements.lock").write_text("pyserini==0.24.0\n")
         deployment = {
             "runtime_lock": str(tmp / "requirements.lock"), "state_root": str(tmp / "state"),
             "helper_socket": str(tmp / "helper.sock"), "executables": {},

@@ -35,7 +35,10 @@ for name in base coding general visual shop autoresearch helper test; do
 done
 constraints=()
 if [ -z "$upgrade" ]; then
-    grep -v '^#' "$here/requirements.lock" > "$work/constraints.txt"
+    # What nodeps.in pins itself is not held at its old pin.
+    grep -v '^#' "$here/requirements.lock" \
+        | grep -viE "^($(sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/\1/p' "$here/requirements/nodeps.in" | paste -sd'|'))==" \
+        > "$work/constraints.txt"
     constraints=(-c "$work/constraints.txt")
 fi
 

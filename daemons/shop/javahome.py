@@ -18,7 +18,7 @@ from camg.errors import ConfigError, PreparationMissing
 
 LIBJVM = Path("lib/jvm/lib/server/libjvm.so")
 JAVA = Path("bin/java")
-#: Anserini 0.22 (pyserini 0.22.1) is Java 11 bytecode; Lucene 9 needs 11+.
+#: Anserini 0.24 (pyserini 0.24.0) is Java 11 bytecode; Lucene 9 needs 11+.
 MIN_FEATURE_VERSION = 11
 PREPARE_STEP = "python scripts/prepare_java.py --jdk /usr/lib/jvm/java-17-openjdk-amd64 --output JAVA_HOME"
 
@@ -67,7 +67,7 @@ def check(java_home: str | os.PathLike) -> Path:
     libjvm = check_layout(java_home)
     version = feature_version(java_home)
     if version < MIN_FEATURE_VERSION:
-        raise ConfigError(f"{java_home}: Java {version} is too old for pyserini 0.22.1 "
+        raise ConfigError(f"{java_home}: Java {version} is too old for pyserini 0.24.0 "
                           f"(needs {MIN_FEATURE_VERSION} or newer)")
     return libjvm
 

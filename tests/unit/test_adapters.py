@@ -73,7 +73,7 @@ def configure_shop(tmp: Path) -> Path:
     in 4 (a purchase is graded before the limit)."""
     prepared_dir, settings = shop_testing.prepared()
     tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "requirements.lock").write_text("pyserini==0.22.1\n")
+    (tmp / "requirements.lock").write_text("pyserini==0.24.0\n")
     deployment = {
         "runtime_lock": str(tmp / "requirements.lock"), "state_root": str(tmp / "state"),
         "helper_socket": str(tmp / "helper.sock"), "executables": {},

@@ -279,14 +279,14 @@ def _fake_pip_check(tmp_path, lines: str, status: int) -> subprocess.CompletedPr
 
 
 def test_pip_check_allows_only_pyserinis_dense_stack_missing(tmp_path):
-    dense = ("pyserini 0.22.1 requires transformers, which is not installed.\\n"
-             "pyserini 0.22.1 requires onnxruntime, which is not installed.\\n")
+    dense = ("pyserini 0.24.0 requires transformers, which is not installed.\\n"
+             "pyserini 0.24.0 requires onnxruntime, which is not installed.\\n")
     assert _fake_pip_check(tmp_path, dense, 1).returncode == 0
     assert _fake_pip_check(tmp_path, "No broken requirements found.\\n", 0).returncode == 0
     other = dense + "swebench 4.1.0 requires modal, which is not installed.\\n"
     result = _fake_pip_check(tmp_path, other, 1)
     assert result.returncode != 0 and "swebench 4.1.0 requires modal" in result.stderr
-    conflict = "pyserini 0.22.1 has requirement numpy>=1.18.1, but you have numpy 1.0.\\n"
+    conflict = "pyserini 0.24.0 has requirement numpy>=1.18.1, but you have numpy 1.0.\\n"
     assert _fake_pip_check(tmp_path, conflict, 1).returncode != 0
 
 

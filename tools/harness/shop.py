@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from camg import task_manifest as manifest
@@ -56,10 +57,12 @@ def pool() -> list[dict]:
 def prepared() -> tuple[Path, dict]:
     """(prepared directory, settings) of the default 1k preparation."""
     from daemons.shop import prepare as prepare_shop
-    # keyed by the pool hash and the code that turns a pool into goals and
-    # documents, so a changed generator never reuses stale tasks
+    # keyed by the pool hash, the code that turns a pool into goals and
+    # documents, and the pyserini that indexes them, so a changed generator
+    # or indexer never reuses stale tasks or a stale index
     code = b"".join(Path(m.__file__).read_bytes()
                      for m in (prepare_shop, goals, catalog, store))
+    code += metadata.version("pyserini").encode()
     pool_hash = sha256_bytes(prepare_shop.pool_bytes(pool())).removeprefix("sha256:")[:16]
     key = f"{pool_hash}-{sha256_bytes(code).removeprefix('sha256:')[:8]}"
     out = cache_root() / f"pool-{key}"
@@ -115,7 +118,7 @@ def configure_service(tmp: Path, *, jvm_heap_mb: int = 512, capacity: int = 4,
         prepared_dir = preparation
         settings = json.loads((preparation / "settings.json").read_text())
     tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "requirements.lock").write_text("pyserini==0.22.1\n")
+    (tmp / "requirements.lock").write_text("pyserini==0.24.0\n")
     deployment = {
         "runtime_lock": str(tmp / "requirements.lock"),
         "state_root": str(tmp / "state"),
