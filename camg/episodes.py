@@ -24,7 +24,7 @@ from camg import http_wire as wire
 from camg.admission import Admission, default_queue_bound
 from camg.service_config import Limits
 from camg.environment import Environment, Step, Task
-from camg.errors import (CamgError, EpisodeBusy, EpisodeDone,
+from camg.errors import (AtCapacity, CamgError, EpisodeBusy, EpisodeDone,
                          EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
                          TaskNotFound, Unavailable)
 from camg.cost import episode_cost
@@ -185,6 +185,15 @@ class EpisodeManager:
         except Exception as exc:  # every failure must free the slot and be recorded
             if rec.terminal is not None:  # closed meanwhile; the close aborted the reset
                 await self._closed_while_created(rec)
+            if isinstance(exc, AtCapacity):
+                # A gate below this service ran out first (the helper's
+                # container starts, General's boots): nothing started, and a
+                # trainer may retry it as any 429, not mask an infra failure.
+                log.warning("reset refused at capacity: %s", exc, **rec.fields)
+                await self._finish(rec, reward=None, failure=FailureClass.INFRA, observation={},
+                                   reason=f"reset refused at capacity: {exc}")
+                raise AtCapacity(f"reset refused at capacity: {exc}", retry_after=exc.retry_after,
+                                 episode_id=episode_id, task_id=task.task_id) from None
             failure = self._failure_of(exc, rec, "reset")
             await self._finish(rec, reward=None, failure=failure, observation={},
                                reason=f"reset failed: {exc}")

@@ -37,8 +37,8 @@ from typing import Any, Protocol
 
 from camg import http_wire as wire
 from camg.environment import Episode, Environment
-from camg.errors import (DeadlineExceeded, EpisodeBusy, EpisodeDone, EpisodeExists, FailureClass,
-                         InfraFailure, NotForkable, Unavailable)
+from camg.errors import (AtCapacity, DeadlineExceeded, EpisodeBusy, EpisodeDone, EpisodeExists,
+                         FailureClass, InfraFailure, NotForkable, Unavailable)
 from camg.metrics import task_kind
 from camg.outcomes import OutcomeLog
 
@@ -134,9 +134,11 @@ class Forker:
         started = time.monotonic()
         try:
             child.episode = await self._call_fork(parent, child)
-        except NotForkable:
+        except (NotForkable, AtCapacity):
             # nothing was created: the child never existed (unless a DELETE
-            # of its id recorded it meanwhile: then count it, as it ended)
+            # of its id recorded it meanwhile: then count it, as it ended).
+            # AtCapacity: a gate below (the helper's container starts) ran
+            # out first; the trainer's 429, as for a create.
             if child.terminal is not None:
                 m.metrics.episode_started(task_kind(m.env, child.task))
             m.records.pop(child.episode_id, None)

@@ -26,6 +26,7 @@ TASKS = counter_tasks() + [
     {"task_id": "refuses", "data": {"target": 5, "fork_refused": True}},
     {"task_id": "fails", "data": {"target": 5, "fork_fails": True}},
     {"task_id": "slow", "data": {"target": 5, "fork_sleep": 1.5}},
+    {"task_id": "full", "data": {"target": 5, "fork_at_capacity": True}},
 ]
 
 
@@ -225,6 +226,17 @@ def test_not_forkable_names_what_and_leaves_nothing(svc):
     assert not records_of(svc, "never-made")
     trajectories = Path(svc.config["state_dir"]) / "trajectories"
     assert not list(trajectories.glob("never-made.*"))  # no file, no open marker
+    assert client.step(parent, {"operation": "finish"})["done"]  # the parent is unharmed
+
+
+def test_a_gate_below_at_capacity_is_a_429_and_leaves_nothing(svc):
+    client = Client(svc.url)
+    parent = client.create(task_id="full")["episode_id"]
+    active = client.list()["active"]
+    with pytest.raises(client_mod.AtCapacity) as info:
+        client.fork(parent, child_id="no-slot-child")
+    assert info.value.status == 429 and info.value.retry_after == 7.0
+    assert client.list()["active"] == active and not records_of(svc, "no-slot-child")
     assert client.step(parent, {"operation": "finish"})["done"]  # the parent is unharmed
 
 

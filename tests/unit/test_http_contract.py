@@ -191,6 +191,24 @@ def test_grader_and_reset_failures(counter_service):
     assert client.health()["episodes"]["active"] == 0
 
 
+def test_a_reset_refused_at_capacity_below_is_a_429_not_an_infra_failure(counter_service):
+    """A gate below the service (the helper's container starts, General's
+    boots) that runs out during a reset: the trainer gets 429 with the gate's
+    Retry-After and may retry; the slot is free and the record says why."""
+    svc = counter_service(tasks=[{"task_id": "full", "data": {"target": 1, "reset_at_capacity": True}},
+                                 {"task_id": "ok", "data": {"target": 1}}], capacity=1)
+    client = Client(svc.url)
+    with pytest.raises(ServiceError) as info:
+        client.create(task_id="full")
+    assert info.value.status == 429 and info.value.retry_after == 7.0
+    assert info.value.name == "at_capacity" and info.value.body["details"]["task_id"] == "full"
+    [record] = svc.outcomes()
+    assert record["reward"] is None and record["failure_class"] == "infra"
+    assert record["reason"].startswith("reset refused at capacity")
+    assert client.create(task_id="ok")["task_id"] == "ok"  # the one slot is free again
+    assert "Traceback" not in svc.output()
+
+
 def test_idle_lease_is_reaped(counter_service):
     svc = counter_service(limits={"idle_ttl_s": 0.5})
     client = Client(svc.url)

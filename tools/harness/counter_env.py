@@ -4,8 +4,9 @@ The agent guesses a hidden number. Actions also exercise every path the
 framework must handle: slow steps (deadlines), infrastructure failures in
 step and grade, unexpected exceptions, and aborts through close(). Its
 fork (POST /episodes/{id}/fork) copies the guesses; a task's data may make
-it refuse (``fork_refused``), fail (``fork_fails``) or take a while
-(``fork_sleep`` seconds), for the manager's paths.
+it refuse (``fork_refused``), fail (``fork_fails``), find a gate below at
+capacity (``fork_at_capacity``, as ``reset_at_capacity`` for a reset) or
+take a while (``fork_sleep`` seconds), for the manager's paths.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from camg.environment import Environment, Episode, Grade, Step, Submission, Task
-from camg.errors import GraderError, InvalidAction, NotForkable, SandboxDied
+from camg.errors import AtCapacity, GraderError, InvalidAction, NotForkable, SandboxDied
 
 ACTION_SCHEMA = {
     "type": "object",
@@ -48,6 +49,8 @@ class CounterEpisode(Episode):
     def reset(self) -> Mapping[str, Any]:
         if self.task.data.get("reset_fails"):
             raise SandboxDied("the sandbox did not start")
+        if self.task.data.get("reset_at_capacity"):
+            raise AtCapacity("no container start slot within 600 s", retry_after=7)
         return {"text": "Guess the number between 0 and 100.", "task_id": self.task.task_id}
 
     def step(self, action: Mapping[str, Any]) -> Step:
@@ -98,6 +101,8 @@ class CounterEpisode(Episode):
             raise SandboxDied("closed while forking")
         if data.get("fork_fails"):
             raise SandboxDied("the copy of the sandbox failed")
+        if data.get("fork_at_capacity"):
+            raise AtCapacity("no container start slot within 600 s", retry_after=7)
         child = CounterEpisode(self.task, None)
         child.guesses = list(self.guesses)
         return child
