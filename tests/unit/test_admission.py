@@ -16,6 +16,7 @@ from camg.errors import AtCapacity, BadRequest, Unavailable
 from camg.outcomes import OutcomeLog
 from camg.service_config import Limits
 from camg_client import AtCapacity as ClientAtCapacity, Client, ServiceError
+from tests.support.polling import until
 from tools.harness.counter_env import CounterEnvironment
 
 
@@ -28,14 +29,6 @@ def manager(tmp_path, capacity=2, queue_bound=None) -> EpisodeManager:
 
 def create(m, episode_id, wait_s=0.0, hangup=None):
     return m.create(wire.CreateEpisode(episode_id=episode_id, wait_s=wait_s), hangup)
-
-
-async def until(predicate, timeout=5.0):
-    for _ in range(int(timeout / 0.005)):
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not reached")
 
 
 def test_a_group_of_8_waits_for_2_slots_and_is_served_in_arrival_order(tmp_path):

@@ -19,6 +19,7 @@ from camg.episodes import EpisodeManager
 from camg.errors import EpisodeBusy
 from camg.outcomes import OutcomeLog
 from camg.service_config import Limits
+from tests.support.polling import until
 
 
 class GatedEnv:
@@ -72,14 +73,6 @@ def world(tmp_path):
 
 def step(manager, eid, **action):
     return manager.step(eid, wire.StepRequest(action=action))
-
-
-async def until(predicate, timeout=5.0):
-    for _ in range(int(timeout / 0.005)):
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not reached")
 
 
 def trajectory(tmp_path, eid) -> list[dict]:
