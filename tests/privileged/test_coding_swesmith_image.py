@@ -165,7 +165,11 @@ def test_gold_through_shell_actions_earns_one(swesmith_env):
 
 @pytest.mark.parametrize("technique", ["hook_registered_on_import", "os_exit_0_early",
                                        "forged_log_lines", "patch_pytest_on_import",
-                                       "dist_info_entry_point_plugin"])
+                                       "dist_info_entry_point_plugin",
+                                       # round 3: tests rewritten under the runner,
+                                       # a payload laundered through another file name
+                                       "tests_rewritten_at_run_time",
+                                       "code_compiled_under_false_name"])
 def test_canary_with_gold_earns_zero(swesmith_env, technique):
     task = swesmith_env.tasks[0]
     row = swesmith_env.prepared[task.task_id].row

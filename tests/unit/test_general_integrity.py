@@ -812,3 +812,71 @@ def test_a_process_of_the_test_uid_finds_no_session_key(world):
     reward, verdict = integrity.verdict(record(config), guard)
     assert (reward, verdict["integrity"]) == (0.0, "ok"), verdict
     assert verdict["test_guard"]["failed"] == 1
+
+
+def test_honest_code_made_at_run_time_is_no_finding(tmp_path):
+    """What the guard's run-time checks must leave alone (its fixes for
+    code_compiled_under_false_name, module_written_at_run_time,
+    tests_rewritten_at_run_time, test_bytecode_planted): a test wrapped by a
+    module a library writes and imports during the run (hypothesis' test
+    wrappers), a skip raised through that wrapper, a module the test writes
+    and imports, a module re-imported after the process wrote its pyc, a new
+    file in tests/, code a test compiles; the package's unchanged code."""
+    repo = tmp_path / "repo"
+    (repo / "src" / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "src" / "pkg" / "helper.py").write_text("def g():\n    return 2\n")
+    (repo / "tests" / "test_a.py").write_text(
+        "import importlib, os, sys, tempfile\n"
+        "import pytest\n"
+        "import pkg\n\n"
+        "_d = tempfile.mkdtemp()\n"
+        "with open(os.path.join(_d, 'made_wrap.py'), 'w') as f:\n"
+        "    f.write('import functools\\n'\n"
+        "            'def wrap(fn):\\n'\n"
+        "            '    def inner(*a, **k):\\n'\n"
+        "            '        return fn(*a, **k)\\n'\n"
+        "            '    inner.__signature__ = __import__(\"inspect\").signature(fn)\\n'\n"
+        "            '    return inner\\n')\n"
+        "sys.path.insert(0, _d)\n"
+        "wrap = importlib.import_module('made_wrap').wrap\n\n"
+        "@wrap\n"
+        "def test_wrapped():\n"
+        "    assert pkg.f() == 1\n\n"
+        "@wrap\n"
+        "def test_wrapped_skip():\n"
+        "    pytest.skip('not here')\n\n"
+        "def test_reimport():\n"
+        "    import pkg.helper\n"
+        "    del sys.modules['pkg.helper']\n"
+        "    assert importlib.import_module('pkg.helper').g() == 2\n\n"
+        "def test_writes_in_tests(tmp_path):\n"
+        "    here = os.path.dirname(__file__)\n"
+        "    with open(os.path.join(here, 'scratch_out.txt'), 'w') as f:\n"
+        "        f.write('x')\n"
+        "    ns = {}\n"
+        "    exec(compile('def h():\\n    return 3\\n', str(tmp_path / 'gen.py'), 'exec'), ns)\n"
+        "    assert ns['h']() == 3\n")
+    run = _guarded_run(repo, "", args=("-v",))
+    assert run["exit_code"] == 0, run["log"]
+    assert integrity.guard_findings(run)[0] == [], (run["channel"], run["log"])
+
+
+def test_guard_test_files_are_the_paths_both_graders_reset():
+    """The guard's list of test files (checked unchanged during the run)
+    holds every path Coding reverts and General restores, startup hooks
+    aside (those act before the guard and are screened)."""
+    import ast
+
+    from daemons.coding import diff_paths
+    source = ast.parse(Path(GUARD_DIR, "camg_guard.py").read_text())
+    values = {t.id: ast.literal_eval(n.value) for n in source.body if isinstance(n, ast.Assign)
+              for t in n.targets if isinstance(t, ast.Name)
+              and t.id in ("_TEST_DIRS", "_TEST_NAMES", "_TEST_GLOBS")}
+    startup = {"sitecustomize.py", "usercustomize.py", "*.pth"}
+    assert set(values["_TEST_DIRS"]) == set(diff_paths.PROTECTED_DIRS) \
+        == set(verifier_guard.TEST_SUPPORT_DIRS)
+    assert set(values["_TEST_NAMES"]) == set(diff_paths.PROTECTED_NAMES) - startup \
+        == set(verifier_guard.TEST_SUPPORT_NAMES)
+    assert set(values["_TEST_GLOBS"]) == set(diff_paths.PROTECTED_GLOBS) - startup \
+        == set(verifier_guard.TEST_SUPPORT_GLOBS)
