@@ -15,6 +15,7 @@ import dataclasses
 import io
 import logging
 import os
+import shlex
 import tarfile
 import threading
 import time
@@ -75,23 +76,71 @@ class Prepared:
     image: Any                # camg.oci.images.MaterializedImage
 
 
-# At finish, as the agent: the submission's state, every process holding it
-# open for writing, then every agent process killed (kill -1 spares only the
-# caller), and the state again. A job still writing shows as a writer or as
-# a changed state; none can write after the kill. Lines the agent's names
-# could forge (link targets, command lines) lose their newlines; at most
-# three writers are listed, so the output stays within its bound.
-_COLLECT = (
-    "S={path}; n=0; state() {{ if [ -L $S ]; then "
+# At finish, as the sandbox's root (which the agent can neither signal,
+# trace nor lock out with a chmod): the submission's state, every process
+# holding it open for writing, then every agent process killed (kill -1
+# spares only the caller) and the state again. A job still writing shows as
+# a writer or as a changed state; none can write after the kill.
+#
+# Only the writer scan runs as the agent (the owner of /workspace): the
+# sandbox's root lacks CAP_SYS_PTRACE, which reading another uid's
+# /proc/PID/fd takes. The agent can kill or trace that scan, which only
+# hides a writer the changed state would show or names one falsely; root
+# keeps at most three of its ``writer=`` lines (their names lose newlines)
+# from its first 4000 bytes, and nothing else it printed.
+#
+# The agent owns the sandbox's CPU quota, process table and descriptors, so
+# nothing before the kill may take unbounded time or need a fork to reach
+# it: the scan is bounded by WRITER_SCAN_S (procfs lists descriptors slowly
+# and dup() makes millions cheaply), and the kill and the final state run
+# from the EXIT trap, also when a fork before them failed. Run as the agent,
+# the whole probe was killed by a job, starved past its timeout or kept out
+# of /workspace by chmod 000: reward null, an episode the trainer masks.
+WRITER_SCAN_S = 20
+PROBE_TIMEOUT_S = 60
+_STATE = (
+    "S={path}; state() {{ if [ -L $S ]; then "
     "echo \"link $(readlink $S | tr -d '\\n' | head -c 160)\"; "
-    "elif [ -e $S ]; then stat -c '%F|%s|%i|%y' $S; else echo missing; fi; }}; "
-    "echo \"before=$(state)\"; "
-    "for f in /proc/[0-9]*/fd/*; do [ \"$(readlink $f 2>/dev/null)\" = $S ] || continue; "
-    "p=${{f#/proc/}}; pid=${{p%%/*}}; fl=$(sed -n 's/^flags:[[:space:]]*//p' "
-    "/proc/$pid/fdinfo/${{f##*/}} 2>/dev/null); "
-    "[ -n \"$fl\" ] && [ $((8#$fl & 3)) -ne 0 ] && n=$((n+1)) && [ $n -le 3 ] && "
+    "elif [ -e $S ]; then stat -c '%F|%s|%i|%y' $S; else echo missing; fi; }}; ")
+_WRITERS = (
+    "for f in $(find /proc/[0-9]*/fd -maxdepth 1 -lname $0 2>/dev/null); do "
+    "p=${f#/proc/}; pid=${p%%/*}; fl=; "
+    "while read -r k v; do [ \"$k\" = flags: ] && fl=$v; done 2>/dev/null "
+    "< /proc/$pid/fdinfo/${f##*/}; "
+    "[ -n \"$fl\" ] && [ $((8#$fl & 3)) -ne 0 ] && "
     "echo \"writer=$pid $(tr '\\0\\n' '  ' < /proc/$pid/cmdline 2>/dev/null | head -c 80)\"; "
-    "done; kill -KILL -1 2>/dev/null; sleep 0.2; echo \"after=$(state)\"")
+    "done")
+_COLLECT = _STATE + (
+    "finish() {{ kill -KILL -1 2>/dev/null; sleep 0.2; echo \"after=$(state)\"; }}; "
+    "trap finish EXIT; "
+    "echo \"before=$(state)\"; "
+    "w=$(timeout -s KILL {scan} setpriv --reuid=$(stat -c %u /workspace) "
+    "--regid=$(stat -c %g /workspace) --clear-groups bash -c {writers} $S 2>/dev/null "
+    "| head -c 4000); "
+    "n=0; while IFS= read -r l; do case \"$l\" in writer=[0-9]*) n=$((n+1)); "
+    "[ $n -le 3 ] && echo \"${{l:0:120}}\";; esac; done <<< \"$w\"")
+# After a probe that did not finish (the helper's timeout then killed every
+# process of the sandbox but its init): the state alone.
+_AFTER = _STATE + "echo \"after=$(state)\""
+
+#: What the helper says when the sandbox's init cannot fork a command
+#: (helper/sandbox.py): the sandbox's own process table (pids_max) or memory
+#: is full, which only the agent's processes can do. A finished episode then
+#: has no submission to take; a step shows it as the command's output.
+_NOT_STARTED = "could not start the command"
+
+
+def _not_started(exc: errors.InfraFailure) -> bool:
+    return not isinstance(exc, errors.SandboxDied) and _NOT_STARTED in str(exc)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unstarted:
+    """An agent command the sandbox could not start, as the helper's result."""
+    output: str
+    exit_code: int = 126
+    timed_out: bool = False
+    truncated: bool = False
 
 
 @dataclasses.dataclass
@@ -104,6 +153,20 @@ class Report:
     rule: str = ""                  # why an invalid submission is (metrics.SubmissionInvalid)
     integrity: str = "ok"           # "ok" | "tampered"
     evidence: list[str] = dataclasses.field(default_factory=list)
+
+
+def _probe_lines(output: str) -> tuple[dict[str, str], list[str]]:
+    """The probe's before/after states and its writers (the last line of each
+    kind wins: the kill's own lines come last)."""
+    seen: dict[str, str] = {}
+    writers = []
+    for line in output.splitlines():
+        key, _, value = line.partition("=")
+        if key == "writer":
+            writers.append(value.strip())
+        elif key in ("before", "after"):
+            seen[key] = value.strip()
+    return seen, writers
 
 
 def graded(grade: Callable[[str, bytes], dict], task_id: str, submitted: bytes | None,
@@ -226,8 +289,7 @@ class ResearchEpisode(HeldSandbox, Episode):
 
     def _shell(self, command: str) -> Step:
         budget = min(self.settings.command_minutes * 60, max(1.0, self._remaining()))
-        r = self._call(self.helper.exec, self._sandbox(), command, user="agent", cwd=WORKDIR,
-                       env=self.exec_env, timeout=budget, output_limit=self.settings.output_bytes)
+        r = self._agent_exec(command, timeout=budget, output_limit=self.settings.output_bytes)
         output = r.output
         if r.timed_out:
             output += f"\n[command timed out after {budget:g} seconds]"
@@ -241,9 +303,8 @@ class ResearchEpisode(HeldSandbox, Episode):
         minutes = self.settings.background_minutes or self.settings.episode_minutes
         seconds = int(max(1.0, min(minutes * 60, self._remaining())))
         script = _JOB_LAUNCH.format(jobs=JOBS, work=WORKDIR, n=self.jobs, seconds=seconds)
-        r = self._call(self.helper.exec, self._sandbox(), script, user="agent", cwd=WORKDIR,
-                       env={**self.exec_env, "CAMG_JOB_COMMAND": command}, timeout=60,
-                       output_limit=4000)
+        r = self._agent_exec(script, env={**self.exec_env, "CAMG_JOB_COMMAND": command},
+                             timeout=60, output_limit=4000)
         if r.exit_code != 0:
             return Step(self._observation(f"the job did not start: {r.output}", r.exit_code))
         return Step(self._observation(f"job {self.jobs} started; its output goes to "
@@ -251,9 +312,25 @@ class ResearchEpisode(HeldSandbox, Episode):
                                       job=self.jobs))
 
     def _run_quiet(self, script: str) -> Step:
-        r = self._call(self.helper.exec, self._sandbox(), script, user="agent", cwd=WORKDIR,
-                       env=self.exec_env, timeout=60, output_limit=self.settings.output_bytes)
+        r = self._agent_exec(script, timeout=60, output_limit=self.settings.output_bytes)
         return Step(self._observation(r.output, r.exit_code, truncated=r.truncated))
+
+    def _agent_exec(self, command: str, *, timeout: float, output_limit: int,
+                    env: Mapping[str, str] | None = None):
+        """``command`` as the agent in /workspace. A command the sandbox cannot
+        start because the agent's own processes fill it is the agent's
+        result, not an infrastructure failure (that would end the episode with
+        reward null: a way to have any episode masked)."""
+        try:
+            return self._call(self.helper.exec, self._sandbox(), command, user="agent",
+                              cwd=WORKDIR, env=self.exec_env if env is None else env,
+                              timeout=timeout, output_limit=output_limit)
+        except errors.InfraFailure as exc:
+            if not _not_started(exc):
+                raise
+            return _Unstarted(f"[the command could not start ({str(exc)[:120]}): the sandbox's "
+                              f"processes (at most {self.settings.pids_max}) or memory are "
+                              "used up]\n")
 
     def _finish(self, text: str) -> Step:
         sandbox = self._sandbox()
@@ -270,22 +347,37 @@ class ResearchEpisode(HeldSandbox, Episode):
     def _collect(self, sandbox: str) -> tuple[bytes | None, str, list[str]]:
         """The submission's bytes, copied out as the agent's own file once no
         agent process is left; the evidence of tampering seen on the way."""
-        probe = self._call(self.helper.exec, sandbox, _COLLECT.format(path=SUBMISSION),
-                           user="agent", cwd=WORKDIR, env=self.exec_env, timeout=60,
-                           output_limit=4000)
-        seen: dict[str, str] = {}
-        writers = []
-        for line in probe.output.splitlines():
-            key, _, value = line.partition("=")
-            if key == "writer":
-                writers.append(value.strip())
-            elif key in ("before", "after"):
-                seen[key] = value.strip()
-        if "before" not in seen or "after" not in seen:
-            raise errors.InfraFailure(f"the submission probe failed: {probe.output[-300:]!r}")
-        evidence = [f"submission_written_at_finish: open for writing by pid {w}"[:200]
-                    for w in writers[:3]]
-        if seen["before"] != seen["after"]:
+        evidence: list[str] = []
+        try:
+            probe = self._call(self.helper.exec, sandbox, _COLLECT.format(
+                path=SUBMISSION, scan=WRITER_SCAN_S, writers=shlex.quote(_WRITERS)),
+                user="root", cwd="/", env={}, timeout=PROBE_TIMEOUT_S, output_limit=4000)
+        except errors.InfraFailure as exc:
+            if not _not_started(exc):
+                raise
+            # Nothing can run in the sandbox, so nothing can read the file.
+            return None, "the sandbox could start no command at finish", [
+                f"collection_obstructed: no command could start in the sandbox ({exc})"[:200]]
+        seen, writers = _probe_lines(probe.output)
+        if "after" not in seen:
+            # Out of time (the helper then killed its tree and every agent
+            # process) or aborted: the state now, and no comparison.
+            evidence.append(f"collection_obstructed: the probe did not finish "
+                            f"(timed out: {probe.timed_out})")
+            again = self._call(self.helper.exec, sandbox, _AFTER.format(path=SUBMISSION),
+                               user="root", cwd="/", env={}, timeout=PROBE_TIMEOUT_S,
+                               output_limit=4000)
+            seen = {"after": v for k, v in _probe_lines(again.output)[0].items() if k == "after"}
+            if "after" not in seen:
+                raise errors.InfraFailure(f"the submission probe failed: "
+                                          f"{probe.output[-300:]!r}")
+        elif "before" not in seen:
+            # A fork before the kill failed: the agent's processes filled
+            # the sandbox's process table (the EXIT trap still killed them).
+            evidence.append("collection_obstructed: no state before the kill (a fork failed)")
+        evidence += [f"submission_written_at_finish: open for writing by pid {w}"[:200]
+                     for w in writers[:3]]
+        if "before" in seen and seen["before"] != seen["after"]:
             evidence.append(f"submission_written_at_finish: {seen['before'][:80]} became "
                             f"{seen['after'][:80]}")
         state = seen["after"]

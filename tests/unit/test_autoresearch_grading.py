@@ -67,11 +67,20 @@ def test_normalise_takes_floating_point_noise_at_either_end_as_that_end():
     (b"id,prediction\na,x\nb,1\n", "not a number", "not_number"),
     (b"id,prediction\na,1,2\nb,1\n", "2 fields", "fields"),
     (b"id,prediction\n" + b"a,1\n" * (5 << 20), "larger", "size"),
+    # text the csv module raises on: a malformed submission, never a grader error
+    (b"id,prediction\na," + b"1" * 200_000 + b"\nb,1\n", "not CSV", "csv"),
+    (b"id,prediction\na,1\rx\nb,1\n", "2 fields", "fields"),
 ])
 def test_malformed_submissions_are_invalid(data, problem, rule):
     with pytest.raises(metrics.SubmissionInvalid, match=problem) as caught:
         metrics.parse_submission(data, ["a", "b"])
     assert caught.value.rule == rule
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
+def test_any_line_ending_parses(newline):
+    data = newline.join([b"id,prediction", b"a,1", b"b,2", b""])
+    assert metrics.parse_submission(data, ["a", "b"]).tolist() == [1.0, 2.0]
 
 
 def test_verdict_tampered_on_evidence_or_unknown_ids_and_reward_zero():
@@ -102,6 +111,33 @@ def test_integer_metric_refuses_fractions_and_order_is_by_id():
         metrics.parse_submission(b"id,prediction\na,1.5\nb,1\n", ["a", "b"], integer=True)
     got = metrics.parse_submission(b"id,prediction\nb,2\na,1\n", ["a", "b"], integer=True)
     assert got.tolist() == [1.0, 2.0]
+
+
+def test_probe_lines_take_the_last_state_of_each_kind_and_every_writer():
+    from daemons.autoresearch.episode import _probe_lines
+    seen, writers = _probe_lines("before=regular file|3|7|t0\nbash: fork: retry\n"
+                                 "writer=12 sleep 1\nafter=regular file|3|7|t0\n"
+                                 "after=missing\n")
+    assert seen == {"before": "regular file|3|7|t0", "after": "missing"}
+    assert writers == ["12 sleep 1"]
+
+
+def test_a_command_the_sandbox_cannot_start_is_told_apart_from_infrastructure():
+    from daemons.autoresearch.episode import _not_started
+    full = errors.InfraFailure("helper: init could not start the command: Resource "
+                               "temporarily unavailable", helper_error="internal")
+    assert _not_started(full)
+    assert not _not_started(errors.InfraFailure("helper: connection refused"))
+    assert not _not_started(errors.SandboxDied("sandbox x died: init could not start the command"))
+
+
+def test_canaries_fail_on_a_null_reward_unless_not_set_up():
+    from tools.autoresearch.canaries import null_rewards
+    from tools.canary_table import CanaryResult
+    rows = [CanaryResult("masked", None, None, 0.0, "infrastructure: the probe failed"),
+            CanaryResult("unset", None, None, 0.0, "canary not set up: the writer never wrote"),
+            CanaryResult("zero", 0.0, "ok", 0.0, "")]
+    assert [line.split(":")[0] for line in null_rewards(rows)] == ["masked"]
 
 
 # -- the grader's loop over its authenticated wire -------------------------------
@@ -146,7 +182,10 @@ def test_grader_scores_normalises_and_reports_answers_hash(grader_loop, private)
     assert random["reward"] == 0.0 and random["score"] == 0.5
     bad = _ask(sock, credential, 3, "t1", b"garbage")
     assert bad["ok"] and not bad["valid"] and bad["reward"] == 0.0
-    unknown = _ask(sock, credential, 4, "nope", b"")
+    # csv.Error once escaped as ok: false, i.e. grader_error and reward null
+    huge = _ask(sock, credential, 4, "t1", b"id,prediction\na," + b"1" * 200_000 + b"\n")
+    assert huge["ok"] and not huge["valid"] and huge["reward"] == 0.0 and huge["rule"] == "csv"
+    unknown = _ask(sock, credential, 5, "nope", b"")
     assert not unknown["ok"]
 
 
