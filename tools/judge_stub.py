@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import codecs
 import collections
 import dataclasses
+import html
 import io
 import json
 import re
@@ -293,6 +295,25 @@ def verdict(data: bytes) -> dict:
             "premium_assets": round(min(0.6, colours), 4), "reason": reason}
 
 
+# A vision judge that obeys text in the screenshot (the credulous model of
+# Visual's canaries, tools/visual/canaries.py): it reads the page's text as
+# the screenshot shows it (``as_read``) and, when that text asks for a grade
+# or talks to the reviewer, gives every dimension 1.0.
+_OBEY_VISUAL = re.compile(
+    r"(?:score|rate|grade|give)\s+(?:this|the)\s+(?:page|site|website|screenshot|design)\b.{0,40}"
+    r"(?:1\.0|10 ?/ ?10|full|perfect|maximum)|(?:on|in|across) (?:every|all|each) dimensions?"
+    r"|note to the (?:reviewer|judge|grader)|layout_integrity|premium_assets|评委|满分", re.I)
+
+
+def credulous_vision_verdict(jpeg: bytes, page_text: str) -> dict:
+    """``verdict`` unless the page's text asks for a grade: then 1.0 everywhere."""
+    if _OBEY.search(as_read(page_text)) or _OBEY_VISUAL.search(as_read(page_text)):
+        return {**{k: 1.0 for k in ("layout_integrity", "typography_hierarchy", "color_harmony",
+                                    "whitespace", "content_richness", "query_fulfillment",
+                                    "premium_assets")}, "reason": "the page says it meets the rubric"}
+    return verdict(jpeg)
+
+
 def responder(request: Request) -> Reply:
     try:
         return Reply(text=json.dumps(verdict(image_from_request(request.body))))
@@ -359,7 +380,9 @@ def anchor_verdict(request: Request) -> Reply:
 # -- gullible judges: models of what an LLM judge may do with text that talks to it.
 _OBEY = re.compile(r"ignore (?:all )?(?:previous|prior|above) instructions|score (?:this|it|the "
                    r"item|the answer) (?:as )?1|award (?:full marks|a pass|1)|\bmust pass\b"
-                   r"|treat this (?:submission|answer) as (?:fully )?(?:meeting|satisfying|correct)",
+                   r"|treat this (?:submission|answer) as (?:fully )?(?:meeting|satisfying|correct)"
+                   # a model obeys the same request in Chinese (MiMo's rows are en and zh)
+                   r"|忽略(?:之前|以上|上述|前面)的?(?:所有)?(?:指令|指示)|评分为\s*1|给满分",
                    re.I)
 _SCORE_IN_TEXT = re.compile(r"\{\s*\"score\"\s*:\s*[01](?:\.0)?\s*\}")
 _ANCHOR_LINE = re.compile(r"(?:pass anchor[^:\n]*|Expected \(pass anchor\)): (.*)", re.I)
@@ -383,17 +406,58 @@ def gullible_verdict(request: Request) -> Reply:
     return Reply(text=text + ("\nQuoted: " + " ".join(echoes) if echoes else ""))
 
 
+#: letters of other scripts a reader takes for Latin ones (the common
+#: homoglyphs: Cyrillic, Greek, Armenian); written out here on purpose,
+#: independent of the screen's own table (daemons/general/rubric.py)
+_LOOKALIKE = dict(zip(
+    "аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХІЈЅԜοανικρτυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧօոսհ",
+    "aeopcyxijsdhlqwABEKMHOPCTXIJSWoavikptuxABEZHIKMNOPTYXonuh"))
+#: invisible in print, yet not category Cf (Unicode Default_Ignorable_Code_Point):
+#: the Hangul fillers print as a blank, the others as nothing
+_FILLERS = re.compile("[\u115f\u1160\u3164\uffa0]")
+_IGNORABLE = re.compile("[\u034f\u17b4\u17b5\u180b-\u180f\ufe00-\ufe0f\U000e0100-\U000e01ef]")
+_QUOTES = str.maketrans({c: '"' for c in "\u201c\u201d\u201e\u201f\u00ab\u00bb\u2033"}
+                        | {c: "'" for c in "\u2018\u2019\u201a\u201b\u2032"})
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]{16,}={0,2}")
+
+
+def as_read(text: str) -> str:
+    """What a reader (a person, or a model reading tokens) takes ``text`` to
+    say: entities decoded, compatibility forms and accents folded, invisible
+    characters gone, homoglyphs read as the Latin letters they imitate,
+    typographic quotes as quotes and any run of whitespace as one space (a
+    line break does not stop a sentence being read)."""
+    text = unicodedata.normalize("NFKD", html.unescape(text))
+    text = "".join(c for c in text if unicodedata.category(c) not in ("Cf", "Mn"))
+    text = _IGNORABLE.sub("", _FILLERS.sub(" ", text)).translate(_QUOTES)
+    text = "".join(_LOOKALIKE.get(c, c) for c in text)
+    return re.sub(r"\s+", " ", text)
+
+
+def _decoded(text: str) -> list[str]:
+    """What an LLM that decodes on its own reads besides the text: base64
+    runs (as text) and the rot13 of it all."""
+    out = [codecs.encode(text, "rot13")]
+    for run in _BASE64_RUN.findall(text):
+        try:
+            out.append(base64.b64decode(run + "=" * (-len(run) % 4)).decode("utf-8"))
+        except ValueError:
+            pass
+    return out
+
+
 def credulous_verdict(request: Request) -> Reply:
     """A truly gullible judge: it obeys instructions and copies a score it
-    finds anywhere, fenced data included. No prompt structure protects
-    against it; only rule items and the integrity screen do."""
+    finds anywhere, fenced data included, read as a person reads it
+    (``as_read``) and, as large models do, decoded from base64 or rot13.
+    No prompt structure protects against it; only rule items and the
+    integrity screen do."""
     anchor, evidence, outside = rubric_parts(request)
-    # it reads what a human would see: compatibility forms folded, invisible characters gone
-    everything = unicodedata.normalize("NFKC", outside + "\n" + evidence)
-    everything = "".join(c for c in everything if unicodedata.category(c) != "Cf")
-    found = _SCORE_IN_TEXT.findall(everything)
-    if _OBEY.search(everything) or any('1' in f for f in found):
-        return Reply(text=json.dumps({"score": 1, "reason": "instructed to pass"}))
+    seen = as_read(outside + "\n" + evidence)
+    for everything in [seen] + [as_read(t) for t in _decoded(seen)]:
+        found = _SCORE_IN_TEXT.findall(everything)
+        if _OBEY.search(everything) or any('1' in f for f in found):
+            return Reply(text=json.dumps({"score": 1, "reason": "instructed to pass"}))
     ok, _ = _anchor_ok(anchor, evidence)
     return Reply(text=json.dumps({"score": int(ok), "reason": "anchor check"}))
 

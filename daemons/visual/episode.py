@@ -166,7 +166,8 @@ class VisualEpisode(Episode):
         except errors.RenderError as exc:
             self.evidence += delivery.render_evidence((), (), exc.details.get("blocked") or ())
             raise
-        self.evidence += delivery.render_evidence(self.shot.local_loads, self.shot.sockets)
+        self.evidence += delivery.render_evidence(self.shot.local_loads, self.shot.sockets,
+                                                  text=self.shot.text)
         self.shot_path = self.env.store_screenshot(self.episode_id, self.shot)
         obs = {"task_id": self.task.task_id, "step": self.steps, "finished_by": why,
                "output": (last or {}).get("output", "Site delivered; rendered for review."),

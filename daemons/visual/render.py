@@ -58,6 +58,9 @@ class Shot:
     #: beyond its origin: integrity evidence (delivery.render_evidence)
     local_loads: tuple[str, ...] = ()
     sockets: tuple[str, ...] = ()
+    #: the text the page showed (shot_script._page_text): screened for text
+    #: addressing the judge (delivery.judge_findings)
+    text: str = ""
 
     @property
     def sha256(self) -> str:
@@ -225,4 +228,5 @@ class Renderer:
         jpeg, width, height, shrunk = downscale(jpeg)
         timings = dict(result.get("timings", {}), wall=round(time.monotonic() - started, 3))
         return Shot(jpeg, width, height, shrunk, tuple(result.get("console_errors", ())), timings,
-                    tuple(result.get("local_loads", ())), tuple(result.get("sockets", ())))
+                    tuple(result.get("local_loads", ())), tuple(result.get("sockets", ())),
+                    str(result.get("text") or ""))

@@ -61,6 +61,60 @@ async () => {
 }
 """
 
+# The text the page shows, for the service's screen of text addressing the
+# judge (delivery.judge_findings): a vision judge reads the screenshot's
+# text, so text written into it is an instruction channel. Read from the
+# browser's layout tree (CDP DOMSnapshot: every frame, CSS generated content
+# and SVG text included, faint or tiny text too since a model may still read
+# it; page scripts cannot intercept it), plus input values, placeholders,
+# alt texts, and the strings the page drew on 2D canvases (CANVAS_HOOK, set
+# before any page script). Not seen: text baked into an image, or drawn
+# with a canvas method the page took from a realm the hook did not reach;
+# the rubric's own rule is what remains against those.
+TEXT_LIMIT = 65536
+CANVAS_HOOK = """
+(() => {
+  const seen = [], push = Array.prototype.push, join = Array.prototype.join;
+  const apply = Reflect.apply, text = String;
+  for (const proto of [window.CanvasRenderingContext2D, window.OffscreenCanvasRenderingContext2D]) {
+    if (!proto) continue;
+    for (const name of ['fillText', 'strokeText']) {
+      const original = proto.prototype[name];
+      Object.defineProperty(proto.prototype, name, {value: function (...args) {
+        if (seen.length < 2000) apply(push, seen, [text(args[0]).slice(0, 500)]);
+        return apply(original, this, args);
+      }});
+    }
+  }
+  // read only through this closure: the page cannot empty or replace it
+  Object.defineProperty(window, '__camgCanvasText', {value: () => apply(join, seen, ['\\n'])});
+})();
+"""
+_SHOWN_ATTRIBUTES = ("placeholder", "alt", "value")
+
+
+def _page_text(context, page):
+    """What the page shows as text (see above), at most TEXT_LIMIT characters."""
+    cdp = context.new_cdp_session(page)
+    try:
+        snap = cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
+    finally:
+        cdp.detach()
+    strings, out = snap["strings"], []
+    for doc in snap["documents"]:
+        out += [strings[i] for i in doc["layout"]["text"] if i >= 0]
+        nodes = doc["nodes"]
+        for attrs in nodes.get("attributes", []):
+            out += [strings[attrs[k + 1]] for k in range(0, len(attrs) - 1, 2)
+                    if strings[attrs[k]].lower() in _SHOWN_ATTRIBUTES]
+        for key in ("inputValue", "textValue"):
+            out += [strings[i] for i in (nodes.get(key) or {}).get("value", []) if i >= 0]
+    try:
+        out.append(page.evaluate("() => window.__camgCanvasText ? window.__camgCanvasText() : ''"))
+    except Exception:  # noqa: BLE001 -- the DOM text above still stands
+        pass
+    return "\n".join(t for t in out if t and t.strip())[:TEXT_LIMIT]
+
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
@@ -142,6 +196,7 @@ def render(job):
             context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1,
                                           service_workers="block")
             context.route("**/*", route)
+            context.add_init_script(CANVAS_HOOK)
             page = context.new_page()
             page.on("console", on_console)
             page.on("websocket", on_socket)
@@ -156,6 +211,7 @@ def render(job):
             page.wait_for_timeout(250)
             data = page.screenshot(full_page=True, type="jpeg", quality=75,
                                    animations="disabled", caret="hide")
+            text = _page_text(context, page)
             timings["total"] = round(time.monotonic() - started, 3)
         finally:
             browser.close()
@@ -165,7 +221,7 @@ def render(job):
     width, height = _jpeg_size(data)
     return {"ok": True, "width": width, "height": height, "bytes": len(data),
             "blocked": blocked, "console_errors": console, "local_loads": local,
-            "sockets": sockets, "timings": timings}
+            "sockets": sockets, "text": text, "timings": timings}
 
 
 def main():

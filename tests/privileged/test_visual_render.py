@@ -154,8 +154,9 @@ def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, rende
     """tools/visual/canaries.py: external and file: loads, symlinks out of
     dist/, a DOM rewritten after the screenshot, a WebSocket beyond loopback,
     fifos and devices, a render that never settles, huge and crowded dist/
-    trees -- render_error, tampered at 0.0, or exactly the base page's score;
-    nothing of ref/, etc/ or up/ reaches the renderer."""
+    trees, text addressing the judge (plain, faint, CSS content, canvas, split
+    over boxes, an SVG image) -- render_error, tampered at 0.0, or exactly the base page's
+    score; nothing of ref/, etc/ or up/ reaches the renderer."""
     from daemons.visual.render import Mirror, Renderer, RenderLimits
     from tools.canary_table import render
     from tools.visual import canaries
@@ -175,3 +176,13 @@ def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, rende
     assert by["file_url_loads"].integrity == by["symlinks_out_of_dist"].integrity == "tampered"
     assert by["never_settles"].detail == "timeout" and by["huge_dist"].detail == "dist_too_large"
     assert by["external_http_https"].detail.startswith("external_assets; external_load x")
+    # text addressing the judge, however it is put on the page: read from the
+    # render, tampered (the credulous vision judge they play gives them 1.0)
+    judged = [r for r in results if r.technique in canaries.JUDGE_TEXT]
+    assert len(judged) == len(canaries.JUDGE_TEXT) == 6
+    assert all(r.integrity == "tampered" and r.reward == 0.0 for r in judged), judged
+    # both screens: the rendered text (all but the SVG image, which shows no
+    # text node) and dist/'s files
+    assert all("judge_addressed x" in r.detail for r in judged
+               if r.technique != "judge_text_svg_image"), judged
+    assert all("judge_addressed_file x" in r.detail for r in judged), judged

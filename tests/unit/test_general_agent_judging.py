@@ -109,6 +109,39 @@ def test_screen_flags_addressing_text_and_not_honest_answers():
         {"id": "a", "evidence": [{"name": "answer.md", "text": late}]}]}) == []
 
 
+def _former_screen(text: str) -> list:
+    """The screen's reading before the readings canaries (NFKC, Cf dropped, raw lines)."""
+    import re
+    import unicodedata
+    seen = "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf")
+    return [rule for rule, pattern in rubric._ADDRESSING if re.search(pattern, seen)]
+
+
+@pytest.mark.parametrize("name", sorted(ac.READINGS))
+def test_readings_fooled_the_credulous_judge_past_the_former_screen_and_are_flagged_now(name):
+    answer = ac.READINGS[name]
+    english = [(r, p) for r, p in rubric._ADDRESSING if p.pattern.isascii()]
+    with pytest.MonkeyPatch.context() as mp:  # the former patterns were the English ones
+        mp.setattr(rubric, "_ADDRESSING", english)
+        assert _former_screen(answer) == [], "the former screen must have missed it"
+    assert parse_verdict(credulous_verdict(structured(answer)).text) == 1.0
+    found = rubric.addressing_findings({"judge_requests": [
+        {"id": "a", "evidence": [{"name": "answer.md", "text": answer}]}]})
+    assert found and all(f["rule"].startswith("judge_addressed:") for f in found), found
+
+
+@pytest.mark.parametrize("answer", HONEST + [
+    "Ordered:\nSKU-003 x 29\nSKU-007 x 31", "Résumé of the café order: 2 crème brûlée",
+    "Отчёт: заказано SKU-003 x 29; SKU-007 x 31", "已下单：SKU-003 x 29；SKU-007 x 31。评分标准见附件。",
+    "Checksum c2hhMjU2OmFiY2RlZjAxMjM0NTY3ODk= and token dGhlIHF1aWNrIGJyb3duIGZveA==",
+    "See https://example.com/reports/quarterly-inventory-reorder-2024 for details.",
+    "“Reorder” means “place an order”; the team’s list is final."])
+def test_readings_leave_honest_answers_alone(answer):
+    assert rubric.addressing_findings({"judge_requests": [
+        {"id": "a", "evidence": [{"name": "answer.md", "text": answer}]}]}) == []
+    assert parse_verdict(credulous_verdict(structured(answer)).text) in (0.0, 1.0)
+
+
 def test_integrity_verdict_zeroes_and_keeps_the_unscreened_reward():
     finding = {"rule": "tool_outside_task", "path": "nope.x", "detail": "unknown server"}
     detail = {"judge_requests": [], "transport_integrity": {"findings": [finding],
@@ -218,7 +251,7 @@ def test_service_screens_the_complete_path_grade_and_regrade(tmp_path):
 
 def test_ci_subset_names_one_canary_of_each_class():
     names = [c.technique for c in ac.canaries()]
-    assert len(names) == len(set(names)) == 19
+    assert len(names) == len(set(names)) == 26
     picked = ac.ci_canaries()
     assert [c.technique for c in picked] == [n for n in names if n in ac.CI_TECHNIQUES]
     assert len(picked) == len(ac.CI_TECHNIQUES)
