@@ -18,6 +18,7 @@ from __future__ import annotations
 import secrets
 import socket
 import subprocess
+import threading
 from pathlib import Path
 
 from tools.reliability.escape import _absent, _fails, _sys, listener_unreached
@@ -130,6 +131,32 @@ def _pids_events(cid: str) -> tuple[int, str]:
     return 0, "not found"
 
 
+class _PidsWatch:
+    """The most fork refusals a container's pids cgroup has counted, read on
+    the host every 50 ms until ``stop`` (and once more then)."""
+
+    def __init__(self, cid: str) -> None:
+        self.cid, self.hits, self.limit = cid, 0, "not found"
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        hits, limit = _pids_events(self.cid)
+        if limit != "not found":
+            self.hits, self.limit = max(self.hits, hits), limit
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.05):
+            self._read()
+
+    def stop(self) -> tuple[int, str]:
+        self._done.set()
+        self._thread.join()
+        self._read()
+        return self.hits, self.limit
+
+
 def _running(cid: str) -> bool:
     out = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", cid],
                          capture_output=True, text=True, timeout=60)
@@ -187,9 +214,14 @@ def _resources(cc, helper: Helper, new) -> list[tuple[str, bool | None, str]]:
     out.append(("output flood", r.truncated and r.timed_out and grown < 32 << 10,
                 f"helper RSS +{grown} KiB"))
     bomb = new(pids=64)
-    # The caller stays (sleep): the bomb meets pids.max while it runs.
+    # The caller stays (sleep): the bomb meets pids.max while it runs. Its
+    # cgroup is read while it runs too, not only after: the container may
+    # exit (its transport could not start a thread) and dockerd remove the
+    # cgroup before a read after the exec (the rehearsal at 9af988d, under
+    # three lanes' load, found no cgroup and counted the probe not blocked).
+    seen = _PidsWatch(bomb)
     cc.exec(bomb, "bash -c 'b(){ b|b& }; b'; sleep 4", timeout=8)
-    hits, limit = _pids_events(bomb)
+    hits, limit = seen.stop()
     # Bounded: the limit refused forks and the helper serves; the container
     # itself may be gone (its transport could not start a thread either).
     out.append(("fork bomb (pids limit)", hits > 0 and helper.alive(),
