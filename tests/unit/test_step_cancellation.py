@@ -119,7 +119,10 @@ def test_a_step_that_ends_the_episode_grades_and_records_without_its_caller(worl
         with pytest.raises(EpisodeBusy):  # still grading
             await step(manager, eid, n=2)
         env.grade_gate.set()
-        await until(lambda: manager.state(eid)["status"] == "done")
+        # done once its detached end has run whole: the record written, the
+        # episode among the finished and released (the status says "done"
+        # before the record is written)
+        await until(lambda: eid in manager.finished and not manager.finished[eid].busy)
         return eid, manager.state(eid)
 
     eid, state = asyncio.run(scenario())
@@ -141,7 +144,7 @@ def test_a_step_cancelled_before_its_call_ends_past_its_deadline_is_a_timeout(tm
         caller.cancel()
         with pytest.raises(asyncio.CancelledError):
             await caller
-        await until(lambda: manager.state(eid)["status"] == "done")
+        await until(lambda: eid in manager.finished and not manager.finished[eid].busy)
         env.step_gate.set()
         return manager.state(eid)
 
