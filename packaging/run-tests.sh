@@ -22,7 +22,8 @@
 # makes is tagged with its pytest's pid, and the leak check ignores what
 # another live run tagged (tests/privileged/conftest.py). Each tier's output
 # is printed whole when it ends; the end is the ten slowest tests of all of
-# them and one count line (packaging/ci_report.py). Logs and JUnit files:
+# them, every failed or errored test named, and one count line
+# (packaging/ci_report.py). Logs and JUnit files:
 # $CAMG_TEST_OUT (default .test-results/ in the checkout).
 #
 # With arguments, one pytest over tests/ gets them (e.g. a module or -k),
