@@ -63,3 +63,26 @@ def test_foreign_means_tagged_with_another_live_pid():
     assert foreign("camg-test-1-x")            # pid 1 lives and is not us
     assert not foreign(f"camg-test-{__import__('os').getpid()}-x")
     assert not foreign("camg-test-x")          # untagged: ours to check
+
+
+def test_a_reused_pid_does_not_own_what_an_earlier_holder_left(tmp_path):
+    """A killed run's leftovers carry its dead pid; a later process given
+    that pid did not make them. Judged by liveness alone, they dropped out
+    of the snapshots while that process ran and came back as "new" leaks
+    when it ended (a rehearsal after a killed one failed a test that way)."""
+    import subprocess
+    import time
+    left = tmp_path / "left-by-an-earlier-run"
+    left.mkdir()
+    time.sleep(1.0)  # past the half second of slack
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        name = f"camg-test-{child.pid}-x"
+        made_later = time.time()
+        assert foreign(name, made_later)                    # the live run's own
+        assert foreign(name)                                # when unknown: liveness
+        assert not foreign(name, left.stat().st_ctime)      # changed before it started
+    finally:
+        child.kill()
+        child.wait()
+    assert not foreign(name, made_later)                    # its run ended: ours to check

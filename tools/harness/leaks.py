@@ -6,7 +6,13 @@ is new afterwards is a leak.
 
 Things tagged with another live process's pid (``camg-test-PID-…``,
 ``camg-bench-…-PID``, scope ``test-PID-…``) are that run's business:
-engineers share a machine; CI runs alone.
+engineers share a machine, and CI's lanes run side by side. "Live" means a
+process that was already running when the thing last changed: a killed
+run's leftovers carry a dead pid that the kernel hands to later processes,
+and judged by liveness alone they left and re-entered the snapshots as
+those processes came and went (a warm rehearsal after a killed one failed
+a helper test's teardown on a cgroup tree a killed run had left two hours
+before).
 """
 
 from __future__ import annotations
@@ -26,24 +32,63 @@ _TAGGED = re.compile(r"-(\d+)(?=-|$)")
 DOCKER_MOUNTS = ("/var/lib/docker/", "/run/docker/")
 
 
-def foreign(name: str) -> bool:
-    """Tagged with another live process's pid."""
+def foreign(name: str, changed: float | None = None) -> bool:
+    """Tagged with another live process's pid, of a process that started
+    before ``changed`` (when the thing last changed, wall-clock seconds;
+    None: not known, liveness alone decides)."""
     tag = _TAGGED.search(name)
-    return bool(tag) and int(tag.group(1)) != os.getpid() and os.path.exists(f"/proc/{tag.group(1)}")
+    if not tag or int(tag.group(1)) == os.getpid():
+        return False
+    started = _started(int(tag.group(1)))
+    if started is None:
+        return False
+    # half a second of slack: clock ticks, and the two clocks' reading
+    return changed is None or started <= changed + 0.5
+
+
+def _started(pid: int) -> float | None:
+    """When ``pid``'s process started (wall-clock seconds), None if none runs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    # the start is in ticks since boot; the boot's wall-clock time read now
+    # (not /proc/stat's btime, which is whole seconds)
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _changed(path: Path | str) -> float | None:
+    # ctime: no copy or utime sets it back (cp -a keeps a source's mtime)
+    try:
+        return os.stat(path).st_ctime
+    except OSError:
+        return None
 
 
 def camg_cgroups() -> set[str]:
     found = set()
     for ctrl in host.CONTROLLERS:
         for top in host.entries(CGROUP_ROOT / ctrl):
-            if top.startswith("camg") and not foreign(top) and (CGROUP_ROOT / ctrl / top).is_dir():
-                found.update(host.cgroup_tree(CGROUP_ROOT / ctrl / top))
+            path = CGROUP_ROOT / ctrl / top
+            if top.startswith("camg") and not foreign(top, _changed(path)) and path.is_dir():
+                found.update(host.cgroup_tree(path))
     return found
 
 
 def containers() -> set[str]:
     return {f"{c['Id'][:12]} ({census.scope_of(c)}, {c['Names'][0] if c['Names'] else ''})"
-            for c in census.labelled_containers() if not foreign(census.scope_of(c))}
+            for c in census.labelled_containers()
+            if not foreign(census.scope_of(c), c.get("Created"))}
+
+
+def _foreign_mount(point: str) -> bool:
+    """A mount below a directory tagged as another live run's."""
+    parts = point.split("/")
+    return any(foreign(part, _changed("/".join(parts[:i + 1])))
+               for i, part in enumerate(parts) if part.startswith("camg"))
 
 
 class LeakWatch:
@@ -85,7 +130,7 @@ class LeakWatch:
             if mid in before["mounts"] or any((point + "/").startswith(p)
                                               for p in (*self.mount_prefixes, *DOCKER_MOUNTS)):
                 continue
-            if any(foreign(part) for part in point.split("/") if part.startswith("camg")):
+            if _foreign_mount(point):
                 continue
             leaks.append(f"mount {point}")
         leaks += [f"cgroup {c}" for c in sorted(now["cgroups"] - before["cgroups"])]
