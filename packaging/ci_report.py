@@ -38,7 +38,8 @@ def read(path: str) -> tuple[Counter, list[tuple[float, str]], list[str]]:
             if child.tag in ("failure", "error"):
                 outcome = "failed" if child.tag == "failure" else "error"
                 message = (child.get("message") or child.text or "").strip()
-                broken.append(f"{outcome.upper()} {name}: {message.splitlines()[0][:300] if message else ''}")
+                first = message.splitlines()[0][:300] if message else ""
+                broken.append(f"{outcome.upper()} {name}: {first}")
                 break
             if child.tag == "skipped":
                 outcome = "skipped"

@@ -142,7 +142,10 @@ class _PidsWatch:
         self._thread.start()
 
     def _read(self) -> None:
-        hits, limit = _pids_events(self.cid)
+        try:
+            hits, limit = _pids_events(self.cid)
+        except OSError:  # dockerd removed the cgroup between finding and reading it
+            return
         if limit != "not found":
             self.hits, self.limit = max(self.hits, hits), limit
 
