@@ -71,10 +71,44 @@ def check_episode_id(value: str | None) -> None:
         raise ValueError("episode_id must match [A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+#: the deepest a request's JSON may nest (objects and arrays, the outermost
+#: counting 1); deeper is a 400 before any parser recurses into it. A step
+#: body is 2 deep before its action; tool-call arguments nest a few more.
+MAX_JSON_DEPTH = 64
+# A JSON string (escapes included), whose brackets are text, not nesting;
+# possessive, so a long string is one pass with no backtracking.
+_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_too_deep(raw: bytes | str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``raw`` (JSON text, parsed or not) nests deeper than ``limit``.
+
+    Python's json recurses once per level, and so does everything that walks
+    what it returns; a 2 KB body of brackets reaches the recursion limit.
+    Counting brackets is C-speed and settles nearly every body; only a body
+    with more brackets than ``limit`` is scanned, strings left out."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    depth = 0
+    for byte in _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS):
+        if byte in b"[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
 def parse_json(raw: bytes) -> Any:
     """A request body as JSON; an empty body is an empty object."""
     if not raw.strip():
         return {}
+    if json_too_deep(raw):
+        raise BadRequest(f"request body nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -346,6 +346,10 @@ class Endpoint:
         except PayloadTooLarge as exc:
             return await send_json(send, 413, rpc_error(None, INVALID_REQUEST, exc.message,
                                                         exc.to_dict()))
+        if wire.json_too_deep(body):
+            # refused before json (or the SDK after it) can recurse that deep
+            return await send_json(send, 400, rpc_error(
+                None, INVALID_REQUEST, f"request nests deeper than {wire.MAX_JSON_DEPTH} levels"))
         try:
             message = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:

@@ -196,6 +196,9 @@ class WebSocket:
     async def _answer(self, session: Session, raw: str) -> dict | None:
         if len(raw) > _WS_MESSAGE_MAX:
             return _ws_error("message too large", "VALIDATION_ERROR")
+        if wire.json_too_deep(raw):
+            return _ws_error(f"message nests deeper than {wire.MAX_JSON_DEPTH} levels",
+                             "VALIDATION_ERROR")
         try:
             message = json.loads(raw)
         except ValueError as exc:

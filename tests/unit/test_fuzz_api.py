@@ -1,11 +1,14 @@
 """Fuzz the HTTP API from its schema: no input may produce a 500, lose an
 episode's state or crash the service."""
 
+import asyncio
 import http.client
 import json
 
+import websockets
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from camg import http_wire as wire
 from camg_client import Client, ServiceError
 
 json_values = st.recursive(
@@ -90,3 +93,104 @@ def test_fuzz_raw_bodies(shared_counter_service, raw):
                    else response.getheader("X-Camg-Episode-Id"))
             client.close(eid)
     assert client.health()["status"] == "healthy"
+
+
+# -- bounds: nesting ----------------------------------------------------------
+# 2 KB of brackets: what answered 500 (a RecursionError) on every service
+# before the depth bound (camg.http_wire.MAX_JSON_DEPTH).
+DEEP = 990
+
+
+def _nested(depth: int, leaf: object = 1) -> object:
+    value = leaf
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def _raw_post(url: str, path: str, raw: bytes, headers: dict | None = None):
+    client = Client(url)
+    conn = http.client.HTTPConnection(client.host, client.port, timeout=30)
+    try:
+        conn.request("POST", path, body=raw,
+                     headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.integers(wire.MAX_JSON_DEPTH + 1, 4000), opener=st.sampled_from("[{"),
+       where=st.sampled_from(["action", "top", "junk"]))
+def test_fuzz_deep_nesting_is_a_400_on_every_json_route(shared_counter_service, depth, opener,
+                                                        where):
+    url = shared_counter_service.url
+    client = Client(url)
+    eid = client.create()["episode_id"]
+    deep = (b"[" * depth + b"]" * depth) if opener == "[" else \
+        (b'{"a":' * depth + b"1" + b"}" * depth)
+    body = {"action": b'{"action":%s}' % deep, "top": deep,
+            "junk": b'{"action":{"operation":"guess","value":1},"junk":%s}' % deep}[where]
+    # the plain step route (ahead of falcon), falcon's form of it (a trailing
+    # slash), every other route that parses a JSON body, OpenEnv's HTTP routes
+    # and its Task API
+    for path in (f"/episodes/{eid}/step", f"/episodes/{eid}/step/", "/episodes",
+                 f"/episodes/{eid}/fork", f"/episodes/{eid}/regrade", "/reset", "/step",
+                 "/counter/tasks"):
+        status, data = _raw_post(url, path, body)
+        reply = json.loads(data)
+        if path == "/counter/tasks" and len(body) > 4096:  # the Task API's own body bound
+            assert status == 413 and reply["error"] == "payload_too_large", reply
+            continue
+        assert status == 400, (path, depth, data[:200])
+        assert reply["error"] == "bad_request" and "nests deeper" in reply["message"], reply
+    assert client.get(eid)["step_count"] == 0  # a refused step changes nothing
+    client.close(eid)
+    assert client.health()["status"] == "healthy"
+
+
+def test_nesting_within_the_bound_and_brackets_in_strings_are_parsed(shared_counter_service):
+    client = Client(shared_counter_service.url)
+    eid = client.create()["episode_id"]
+    # the action itself nests to the bound (the body's own level is the first)
+    deep_ok = {"action": {"operation": "guess", "value": 3,
+                          "extra": _nested(wire.MAX_JSON_DEPTH - 3)}}
+    brackets = {"action": {"operation": "guess", "value": 3}, "request_id": "[{" * 100}
+    for body in (deep_ok, brackets):
+        status, data = _raw_post(shared_counter_service.url, f"/episodes/{eid}/step",
+                                 json.dumps(body).encode())
+        assert "nests deeper" not in data.decode(), (status, data[:200])
+    client.close(eid)
+
+
+def test_deep_nesting_on_mcp_and_websocket(shared_counter_service):
+    url = shared_counter_service.url
+    # written out: json.dumps itself recurses once per level
+    nested = "[" * DEEP + "]" * DEEP
+    deep = ('{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"guess",'
+            '"arguments":{"x":%s}}}' % nested).encode()
+    for headers in ({}, {"Mcp-Session-Id": "nope"}):
+        status, data = _raw_post(url, "/mcp", deep,
+                                 {"Accept": "application/json, text/event-stream", **headers})
+        assert status == 400, data[:200]
+        reply = json.loads(data)
+        assert reply["error"]["code"] == -32600 and "nests deeper" in reply["error"]["message"]
+
+    async def over_ws():
+        async with websockets.connect(url.replace("http", "ws") + "/ws",
+                                      max_size=None) as ws:
+            for message in ('{"type":"step","data":{"x":%s}}' % nested,
+                            '{"type":"mcp","data":{"jsonrpc":"2.0","id":1,'
+                            '"method":"tools/list","params":{"x":%s}}}' % nested):
+                await ws.send(message)
+                reply = json.loads(await ws.recv())
+                assert reply["type"] == "error", reply
+                assert reply["data"]["code"] == "VALIDATION_ERROR", reply
+                assert "nests deeper" in reply["data"]["message"]
+            # the connection still serves
+            await ws.send(json.dumps({"type": "reset", "data": {}}))
+            assert json.loads(await ws.recv())["type"] == "observation"
+    asyncio.run(over_ws())
+    assert Client(url).health()["status"] == "healthy"
