@@ -222,7 +222,7 @@ PARAMS: Mapping[str, type] = MappingProxyType({PREFIX + name: cls for name, cls 
     ("ContainerGetArchive", ContainerGetArchiveParams), ("ContainerLogs", ContainerLogsParams),
     ("ContainerRemove", ContainerParams), ("ContainerList", NoParams),
     ("ContainerReleaseAll", NoParams), ("ContainerUsage", ContainerParams),
-    ("ContainerFork", ContainerForkParams),
+    ("ContainerFork", ContainerForkParams), ("ContainerReap", ContainerParams),
 )})
 VERBS = tuple(PARAMS)
 

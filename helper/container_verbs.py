@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import signal
+import time
 
 from camg import helper_wire as wire
 from camg.helper_wire import FdBlob, WireError
 from helper import commands, containers as mc, usage
-from helper.container_ops import mapped
+from helper.container_ops import mapped, pid_exited
 
 log = logging.getLogger("camg.helper")
 # This helper process's id, in Ping's and ContainerCreate's replies. A
@@ -100,6 +102,54 @@ def container_usage(ctx, peer, p: wire.ContainerParams, blob: bytes):
     held = m.get(peer, p.container_id)
     with mapped(f"usage of {held.id[:12]}"):
         return usage.container_usage(m.docker.api, held.id), b""
+
+
+#: pause-kill-thaw rounds before a container whose agent processes survive
+#: is given up on, and how long one round waits for the killed to be gone
+REAP_ROUNDS = 5
+_REAP_WAIT_S = 2.0
+
+
+def container_reap(ctx, peer, p: wire.ContainerParams, blob: bytes):
+    """Kill every process of the agent uid in the container, from outside.
+
+    Before a grade collects anything, nothing the agent started may still
+    run: a detached process that fills the container's pids limit made the
+    transport's own kill (a fork inside the container) fail with EAGAIN and
+    the episode end null. The helper forks nothing there: it freezes the
+    container (docker pause: the freezer cgroup, so nothing forks between
+    the listing and the kill), sends SIGKILL to each agent process from the
+    host, and thaws it (a killed process never returns to user space, so
+    none forks again). The transport (root) is left running."""
+    from helper.container_fork import agent_processes
+
+    m = _m(ctx)
+    held = m.get(peer, p.container_id)
+    uid = int(m.agent.split(":")[0])
+    started = time.monotonic()
+    killed = 0
+    for _ in range(REAP_ROUNDS):
+        if pid_exited(held.pidfd):
+            raise WireError("sandbox_died", f"container {held.id[:12]} is not running")
+        m.docker.pause(held.id)
+        try:
+            found = agent_processes(held.pidfd, uid)
+            for pid in found:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        finally:
+            m.docker.unpause(held.id)
+        killed += len(found)
+        end = time.monotonic() + _REAP_WAIT_S
+        while found and time.monotonic() < end:
+            time.sleep(0.01)
+            found = agent_processes(held.pidfd, uid)
+        if not found:
+            return {"killed": killed, "duration": round(time.monotonic() - started, 4)}, b""
+    raise WireError("internal", f"{len(found)} agent process(es) of container {held.id[:12]} "
+                    f"survive SIGKILL after {REAP_ROUNDS} rounds")
 
 
 def container_fork(ctx, peer, p: wire.ContainerForkParams, blob: bytes):

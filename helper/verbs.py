@@ -202,6 +202,9 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
     _verb("ContainerFork", wire.ContainerForkParams, cv.container_fork,
           "A new container from a snapshot of one of the caller's (paused meanwhile), created with "
           "its parameters -> container_id, snapshot, depth."),
+    _verb("ContainerReap", wire.ContainerParams, cv.container_reap,
+          "Kill every agent-uid process of the container from outside (frozen meanwhile; "
+          "the main process stays) -> killed, duration."),
 )}
 assert {n: v.params for n, v in VERBS.items()} == dict(wire.PARAMS), "one row per wire verb, its own params"
 

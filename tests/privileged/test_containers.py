@@ -234,3 +234,35 @@ def test_more_creates_at_once_than_concurrent_starts_all_succeed(image_ref, lowe
         c.close()
         stop_helper(helper)
         shutil.rmtree(base)
+
+
+def test_reap_kills_the_agents_processes_from_outside_with_the_pids_limit_full(cc, image_ref):
+    """ContainerReap: a detached agent process that forks until the pids
+    limit refuses (every fork in the container fails with EAGAIN then, a
+    root process's too) is killed from the host, with everything it
+    started; the main process (the server) stays and answers."""
+    c = cc.create(server_spec(image_ref), episode_id="ep-reap")
+    try:
+        # (a shell gives up at its first failed fork; this retries for ever)
+        bomb = ("while (1) { my $p = fork; if (defined $p && !$p) { sleep 1000; exit } "
+                "select(undef, undef, undef, 0.01) unless defined $p }")
+        r = cc.exec(c.id, f"setsid nohup perl -e '{bomb}' >/dev/null 2>&1 < /dev/null & sleep 2",
+                    user="agent", timeout=30)
+        assert r.exit_code == 0, r.output
+        # (a process moved into the cgroup is not counted against its
+        # limit, so the exec itself starts: a fork inside it fails)
+        full = cc.exec(c.id, "/bin/true && echo forked", user="root")
+        assert "forked" not in full.output and full.exit_code != 0, full
+        reaped = cc.reap(c.id)
+        assert reaped["killed"] >= 40, reaped
+        assert cc.reap(c.id)["killed"] == 0  # idempotent: none left
+        r = cc.exec(c.id, "grep -l '^Uid:.*2000' /proc/[0-9]*/status | wc -l; echo forked",
+                    user="root")
+        assert r.output.split() == ["0", "forked"], r.output
+        with cc.connect(c.id, PORT, timeout=15) as sock:
+            sock.sendall(b"after\n")
+            assert sock.makefile("rb").readline() == b"echo:after\n"
+    finally:
+        cc.remove(c.id)
+    with pytest.raises(errors.NotFound):
+        cc.reap(c.id)
