@@ -99,6 +99,14 @@ def _uvicorn_worker_class():
             from gunicorn.arbiter import Arbiter
             from uvicorn.server import Server
             self.config.app = self.wsgi
+            # The service's own bounds on slow peers (camg.step_route
+            # carries its config's limits); uvicorn itself has no header or
+            # body read timeout and no connection bound by default.
+            limits = getattr(self.wsgi, "http_limits", None)
+            if limits is not None:
+                self.config.http = bounded_protocol(limits.header_timeout_s,
+                                                    limits.body_timeout_s)
+                self.config.limit_concurrency = limits.max_connections
             server = Server(config=self.config)
             asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, _quick_stop, server)
             watch = asyncio.create_task(self._watch_parent(server))
@@ -119,6 +127,75 @@ def _uvicorn_worker_class():
 
     Worker.__name__ = Worker.__qualname__ = "UvicornWorker"
     return Worker
+
+
+def bounded_protocol(header_timeout_s: float, body_timeout_s: float):
+    """uvicorn's httptools protocol with read deadlines: a request's head
+    within ``header_timeout_s`` of the connection's start (or of the
+    request's first byte on a kept-alive connection), else 408 and close; its
+    body within ``body_timeout_s`` of the head, else close. Any local user
+    can open connections to a loopback port, and one that trickles a byte a
+    minute otherwise holds its socket, buffers and a connection slot for
+    ever. A request being answered (a step may take minutes) has no
+    deadline here: the service's own limits bound it."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class BoundedHttpToolsProtocol(HttpToolsProtocol):
+        _deadline = None
+
+        def _arm(self, seconds: float, expired) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _head_expired(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.write(_TIMED_OUT)
+                self.transport.close()
+
+        def _body_expired(self) -> None:
+            # the app sees a disconnect, as if the client had hung up
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm(header_timeout_s, self._head_expired)
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._deadline is None:
+                self._arm(header_timeout_s, self._head_expired)
+
+        def on_headers_complete(self) -> None:
+            self._arm(body_timeout_s, self._body_expired)
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
+
+        def handle_websocket_upgrade(self) -> None:
+            self._disarm()  # the WebSocket protocol's own pings take over
+            super().handle_websocket_upgrade()
+
+    return BoundedHttpToolsProtocol
+
+
+_TIMED_OUT_BODY = b'{"error":"request_timeout","message":"request head not received in time"}'
+_TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+              b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+              % (len(_TIMED_OUT_BODY), _TIMED_OUT_BODY))
 
 
 def _quick_stop(server) -> None:

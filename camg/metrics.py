@@ -228,16 +228,112 @@ class HelperMetrics:
 
     def serve(self, port: int) -> Callable[[], None]:
         """Answer scrapes on 127.0.0.1:``port`` in a daemon thread; returns
-        the function that stops it."""
-        from prometheus_client import start_http_server
+        the function that stops it. Raises OSError when it cannot listen."""
+        return ScrapeServer(self.registry, port).start()
 
-        server, thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+
+class ScrapeServer:
+    """The helper's metrics listener: one thread running one event loop,
+    whatever its peers do. Any local user can connect to a loopback port,
+    and prometheus-client's own server starts a thread per connection with
+    no read timeout: slow connections grew the root helper's threads
+    without bound. Here a request's head must arrive within
+    ``READ_TIMEOUT_S`` and fit in ``HEAD_MAX`` bytes, at most ``READING_MAX``
+    connections may be reading at once (a new one drops the oldest: a
+    scraper sends its request at once, so the oldest reader is the stalled
+    one), and the kernel queues at most ``BACKLOG`` not yet accepted."""
+
+    READ_TIMEOUT_S = 5.0
+    WRITE_TIMEOUT_S = 10.0
+    HEAD_MAX = 8192
+    READING_MAX = 128
+    BACKLOG = 128
+
+    def __init__(self, registry: CollectorRegistry, port: int) -> None:
+        self.registry = registry
+        self.port = port
+        self._reading: dict = {}  # insertion-ordered: the oldest reader first
+        self._open: set = set()
+
+    def start(self) -> Callable[[], None]:
+        import asyncio
+        import socket
+        import threading
+
+        # Bound here, not by asyncio: its name resolution would start an
+        # executor thread, and a port in use must fail the caller.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", self.port))
+            sock.listen(self.BACKLOG)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="camg-helper-metrics",
+                                  daemon=True)
+        thread.start()
+        server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._connection, sock=sock, limit=self.HEAD_MAX,
+                                 backlog=self.BACKLOG), loop).result(10)
+
+        async def close() -> None:
+            server.close()
+            for writer in list(self._open):
+                writer.transport.abort()
+            await server.wait_closed()
 
         def stop() -> None:
-            server.shutdown()
-            server.server_close()
-            thread.join(5)
+            if loop.is_closed():
+                return
+            try:
+                asyncio.run_coroutine_threadsafe(close(), loop).result(5)
+            finally:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join(5)
+                loop.close()
         return stop
+
+    async def _connection(self, reader, writer) -> None:
+        import asyncio
+        self._open.add(writer)
+        self._reading[writer] = None
+        if len(self._reading) > self.READING_MAX:
+            next(iter(self._reading)).transport.abort()
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
+                                              self.READ_TIMEOUT_S)
+            finally:
+                self._reading.pop(writer, None)
+            writer.write(self._answer(head))
+            # closed once all of it is sent, which a peer that reads
+            # nothing must not delay beyond the timeout
+            writer.close()
+            await asyncio.wait_for(writer.wait_closed(), self.WRITE_TIMEOUT_S)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError):
+            writer.transport.abort()  # stalled, oversized or gone: no answer
+        finally:
+            self._open.discard(writer)
+
+    def _answer(self, head: bytes) -> bytes:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        accept = next((line.split(":", 1)[1].strip() for line in lines[1:]
+                       if line.lower().startswith("accept:")), "")
+        if len(parts) != 3 or parts[0] not in ("GET", "HEAD"):
+            status, content_type, body = "405 Method Not Allowed", "text/plain", b""
+        elif parts[1].split("?", 1)[0] not in ("/metrics", "/"):
+            status, content_type, body = "404 Not Found", "text/plain", b""
+        else:
+            encoder, content_type = choose_encoder(accept)
+            status, body = "200 OK", encoder(self.registry)
+        data = body if parts[0] == "GET" else b""
+        return (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + data
 
 
 def for_environment(environment: str, environ=os.environ) -> Metrics | NoMetrics:

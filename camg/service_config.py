@@ -43,11 +43,25 @@ class Limits:
     idle_ttl_s: float = 900.0
     max_steps: int = 1000
     max_body_bytes: int = 1 << 20
+    #: a request's head (request line and headers) must arrive within this
+    #: many seconds of the connection's start, or of its first byte on a
+    #: kept-alive connection; else 408 and the connection is closed
+    header_timeout_s: float = 10.0
+    #: a request's body must arrive whole within this many seconds of its head
+    #: (max_body_bytes takes milliseconds on loopback); else the connection is closed
+    body_timeout_s: float = 30.0
+    #: connections open at once; a request beyond it is answered 503
+    max_connections: int = 1024
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             if getattr(self, field.name) <= 0:
                 raise ValueError(f"limits.{field.name} must be positive")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            if not 0 < getattr(self, name) <= 3600:  # written so NaN fails too
+                raise ValueError(f"limits.{name} must be between 0 and 3600 seconds")
+        if not 1 <= self.max_connections <= 65536:
+            raise ValueError("limits.max_connections must be between 1 and 65536")
 
 
 @dataclasses.dataclass(frozen=True)

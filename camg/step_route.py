@@ -35,6 +35,9 @@ class StepRoute:
         self.app = app
         self.manager = service.manager
         self.limit = service.config.limits.max_body_bytes
+        #: the service's bounds on slow peers, which the HTTP worker applies
+        #: (camg.http_worker.bounded_protocol)
+        self.http_limits = service.config.limits
 
     def __getattr__(self, name: str):
         return getattr(self.app, name)
