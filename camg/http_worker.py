@@ -105,8 +105,8 @@ def _uvicorn_worker_class():
             limits = getattr(self.wsgi, "http_limits", None)
             if limits is not None:
                 self.config.http = bounded_protocol(limits.header_timeout_s,
-                                                    limits.body_timeout_s)
-                self.config.limit_concurrency = limits.max_connections
+                                                    limits.body_timeout_s,
+                                                    limits.max_connections)
             server = Server(config=self.config)
             asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, _quick_stop, server)
             watch = asyncio.create_task(self._watch_parent(server))
@@ -129,68 +129,114 @@ def _uvicorn_worker_class():
     return Worker
 
 
-def bounded_protocol(header_timeout_s: float, body_timeout_s: float):
+def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connections: int):
     """uvicorn's httptools protocol with read deadlines: a request's head
     within ``header_timeout_s`` of the connection's start (or of the
     request's first byte on a kept-alive connection), else 408 and close; its
-    body within ``body_timeout_s`` of the head, else close. Any local user
+    body within ``body_timeout_s`` of the head, else close. A request while
+    ``max_connections`` are open (or as many requests are running) is a 503
+    in the contract's JSON form (uvicorn's own limit_concurrency answers
+    text, which a trainer's client cannot parse). Any local user
     can open connections to a loopback port, and one that trickles a byte a
     minute otherwise holds its socket, buffers and a connection slot for
     ever. A request being answered (a step may take minutes) has no
-    deadline here: the service's own limits bound it."""
+    deadline here: the service's own limits bound it.
+
+    A deadline is a number on the connection, checked by one sweep every
+    ``SWEEP_S`` over the open connections: a timer armed and cancelled per
+    request cost more than the rest of the bound together."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    live: set = set()
+    sweeping = []
+
+    def sweep(loop) -> None:
+        now = loop.time()
+        for protocol in [p for p in live if p._expires is not None and p._expires <= now]:
+            protocol._expired()
+        if live:
+            loop.call_later(SWEEP_S, sweep, loop)
+        else:
+            sweeping.clear()
+
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
-        _deadline = None
+        _expires: float | None = None
 
-        def _arm(self, seconds: float, expired) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(seconds, expired)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+        def _head_deadline(self) -> None:
+            self._expires = self.loop.time() + header_timeout_s
+            self._expired = self._head_expired
 
         def _head_expired(self) -> None:
-            self._deadline = None
+            self._expires = None
             if not self.transport.is_closing():
                 self.transport.write(_TIMED_OUT)
                 self.transport.close()
 
         def _body_expired(self) -> None:
             # the app sees a disconnect, as if the client had hung up
-            self._deadline = None
+            self._expires = None
             if not self.transport.is_closing():
                 self.transport.close()
 
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.limit_concurrency = None  # ours, in on_headers_complete
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self._arm(header_timeout_s, self._head_expired)
+            live.add(self)
+            self._head_deadline()
+            if not sweeping:
+                sweeping.append(self.loop.call_later(SWEEP_S, sweep, self.loop))
 
         def connection_lost(self, exc) -> None:
-            self._disarm()
+            live.discard(self)
+            self._expires = None
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            if self._deadline is None:
-                self._arm(header_timeout_s, self._head_expired)
+            if self._expires is None:
+                self._head_deadline()
 
         def on_headers_complete(self) -> None:
-            self._arm(body_timeout_s, self._body_expired)
-            super().on_headers_complete()
+            self._expires = self.loop.time() + body_timeout_s
+            self._expired = self._body_expired
+            if len(self.connections) < max_connections and len(self.tasks) < max_connections:
+                return super().on_headers_complete()
+            app, self.app = self.app, _overloaded
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
 
         def on_message_complete(self) -> None:
-            self._disarm()
+            self._expires = None
             super().on_message_complete()
 
         def handle_websocket_upgrade(self) -> None:
-            self._disarm()  # the WebSocket protocol's own pings take over
+            # the WebSocket protocol (and its pings) takes the connection over
+            live.discard(self)
+            self._expires = None
             super().handle_websocket_upgrade()
 
     return BoundedHttpToolsProtocol
 
+
+async def _overloaded(scope, receive, send) -> None:
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", b"%d" % len(_OVERLOADED)),
+                            (b"retry-after", b"1"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": _OVERLOADED})
+
+
+_OVERLOADED = (b'{"error":"overloaded","message":"the service has as many connections '
+               b'open as limits.max_connections allows; retry"}')
+
+#: how often the open connections' read deadlines are checked: a slow peer
+#: is closed within its timeout plus this
+SWEEP_S = 0.5
 
 _TIMED_OUT_BODY = b'{"error":"request_timeout","message":"request head not received in time"}'
 _TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"

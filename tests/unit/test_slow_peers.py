@@ -144,6 +144,8 @@ def test_connections_beyond_the_bound_are_503_until_the_idle_ones_are_dropped(sv
         got, _ = _until_closed(sock)
         sock.close()
         assert got.startswith(b"HTTP/1.1 503 "), got[:100]
+        assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"] == "overloaded"
+        assert b"retry-after: 1" in got.lower()
         for s in idle:
             assert _until_closed(s)[0].startswith(b"HTTP/1.1 408 ")
     finally:
