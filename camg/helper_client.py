@@ -244,6 +244,12 @@ class HelperClient:
         sandbox_id, depth, upper_bytes (helper/forks.py)."""
         return self.call("ForkSandbox", wire.ForkSandboxParams(sandbox_id))[0]
 
+    def kill_commands(self, sandbox_id: str) -> int:
+        """Kill every process of the sandbox but its init, from outside (the
+        freezer cgroup), and wait until they are gone -> how many were
+        killed. Needs no free pid in the sandbox."""
+        return self.call("KillCommands", wire.SandboxParams(sandbox_id))[0]["killed"]
+
     def release_all(self) -> int:
         return self.call("ReleaseAll", wire.NoParams())[0]["released"]
 

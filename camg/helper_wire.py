@@ -215,6 +215,7 @@ PARAMS: Mapping[str, type] = MappingProxyType({PREFIX + name: cls for name, cls 
     ("Exec", ExecParams), ("PutArchive", PutArchiveParams), ("GetArchive", GetArchiveParams),
     ("DestroySandbox", SandboxParams), ("ReleaseAll", NoParams), ("ListSandboxes", NoParams),
     ("SandboxUsage", SandboxParams), ("ForkSandbox", ForkSandboxParams),
+    ("KillCommands", SandboxParams),
     # The container mediator (helper/containers.py): Docker through the helper.
     ("ContainerPull", ContainerPullParams), ("ContainerCreate", ContainerCreateParams),
     ("ContainerConnect", ContainerConnectParams), ("ContainerExec", ContainerExecParams),

@@ -259,6 +259,29 @@ class Sandbox:
         """Every process of the sandbox but init: frozen, killed, thawed."""
         return cgroups.kill_all(self.record.cgroups["freezer"], spare=self.init_pid)
 
+    def kill_all_but_init(self, limit: float = _KILL_GRACE) -> int:
+        """KillCommands: every process but init killed from outside (the
+        freezer), and gone from the cgroup before this returns, so the pids
+        they held are free for the next command. Done from here, never by a
+        command in the sandbox: a sandbox whose pids limit the agent filled
+        cannot start one. Returns how many were killed; idempotent."""
+        freezer = self.record.cgroups["freezer"]
+        killed = 0
+        deadline = time.monotonic() + limit
+        while True:
+            # Again while any is left: a process mid-fork when the first
+            # freeze landed can leave a child the first member list lacked.
+            killed += self.kill_commands()
+            wait_until = min(deadline, time.monotonic() + 0.5)
+            while time.monotonic() < wait_until:
+                if all(p == self.init_pid for p in cgroups.procs(freezer)):
+                    return killed
+                time.sleep(0.002)
+            if time.monotonic() >= deadline:
+                left = [p for p in cgroups.procs(freezer) if p != self.init_pid]
+                raise WireError("internal", f"sandbox {self.id}: {len(left)} process(es) "
+                                f"survived the kill")
+
     def _mark_died(self) -> None:
         self.died = True
 

@@ -152,6 +152,13 @@ def fork_sandbox(ctx: Context, peer: Peer, p: wire.ForkSandboxParams, blob: byte
     return reply, b""
 
 
+def kill_commands(ctx: Context, peer: Peer, p: wire.SandboxParams, blob: bytes) -> Result:
+    sandbox = ctx.registry.get(peer, p.sandbox_id)
+    if not sandbox.alive():
+        raise WireError("sandbox_died", f"sandbox {sandbox.id} is dead")
+    return {"killed": sandbox.kill_all_but_init()}, b""
+
+
 def _verb(name: str, params: type, handler: Callable[..., Result], doc: str, *,
           blob_in: str = "", blob_out: str = "") -> Verb:
     return Verb(wire.PREFIX + name, params, handler, doc, blob_in, blob_out)
@@ -177,6 +184,9 @@ VERBS: dict[str, Verb] = {v.name: v for v in (
           "A new sandbox over this one's filesystem as it stands (its upper frozen as a shared "
           "read-only layer, a fresh upper each side; processes are not carried) -> sandbox_id, "
           "depth, upper_bytes."),
+    _verb("KillCommands", wire.SandboxParams, kill_commands,
+          "Kill every process of the sandbox but its init, from outside (freezer cgroup), and "
+          "wait until they are gone -> killed (idempotent: 0 when none was left)."),
     # The container mediator (helper/container_verbs.py, helper/containers.py).
     _verb("ContainerPull", wire.ContainerPullParams, cv.container_pull,
           "Pull a manifest image by digest -> image_id."),

@@ -182,3 +182,33 @@ def test_a_daemon_writing_forever_does_not_hold_the_reply(client, sandbox):
                     timeout=10)
     assert r.exit_code == 0 and not r.timed_out and r.duration < 5
     # The spammer dies with the sandbox (the fixture destroys it).
+
+
+def test_kill_commands_frees_a_filled_pids_limit_from_outside(helper, client, rootfs):
+    """A detached fork loop fills the sandbox's pids limit: a command that
+    forks cannot get a pid (it would hang until its timeout). KillCommands
+    kills every process but init through the freezer, from outside, and
+    waits until they are gone: the next command runs at once, and a second
+    KillCommands finds nothing (idempotent)."""
+    sid = client.create_sandbox([str(rootfs)], memory_bytes=256 << 20, cpu_quota=1.0,
+                                pids_max=64)
+    try:
+        r = client.exec(sid, "nohup setsid bash -c 'while :; do sleep 1000 & done' "
+                        ">/dev/null 2>&1 & sleep 2; echo started", timeout=30)
+        assert r.exit_code == 0 and "started" in r.output, r
+        # Every pid but a few (the loop's own, init's) is held.
+        assert client.kill_commands(sid) >= 56
+        r = client.exec(sid, "ls /proc | grep -c '^[0-9]'", timeout=10)
+        # init, bash and grep (ls has exited or not: 3 or 4)
+        assert r.exit_code == 0 and not r.timed_out and int(r.output) <= 4, r
+        assert client.kill_commands(sid) == 0
+        other = helper.client(owner="someone-else")
+        try:
+            with pytest.raises(errors.NotFound):
+                other.kill_commands(sid)
+        finally:
+            other.close()
+    finally:
+        client.destroy(sid)
+    with pytest.raises(errors.NotFound):
+        client.kill_commands(sid)
