@@ -19,6 +19,8 @@ Errors an environment raises:
 * ``camg.errors.InfraFailure`` and subclasses — the episode cannot go on
   honestly; the manager ends it with ``reward: null`` and the failure class.
 Anything else is treated as ``InfraFailure`` (class ``infra``) and logged.
+Before a step's or a grade's failure becomes a null, the manager asks
+``Episode.control`` to prove it (camg.null_proof).
 """
 
 from __future__ import annotations
@@ -135,6 +137,23 @@ class Episode(abc.ABC):
         was closed before it finished); called once, after grading or its
         failure. Environments that implement ``Environment.regrade`` return
         enough here to grade it again without the episode."""
+        return None
+
+    def control(self, failure: Exception, phase: str) -> Sequence[str] | None:
+        """Prove a null: ``phase`` ("step" or "grade") of this episode failed
+        with ``failure``; run the same path again on fresh resources with a
+        control (the pristine tree with the gold fix, a control page, the
+        reference submission), never where the agent's processes or files
+        are.
+
+        Return evidence lines when the control succeeds: the infrastructure
+        works, so the submission caused the failure and the manager records
+        reward 0.0 with integrity ``obstructed``. Raise (any exception) when
+        the control fails too: the null stands. Return None where the
+        environment has no control for this phase (the null stands,
+        unproven). A trainer masks nulls, so an agent that can cause one
+        hides every episode it expects to lose: an environment whose agent
+        can reach its grading path must implement this."""
         return None
 
     def fork(self, episode_id: str) -> Episode:

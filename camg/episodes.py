@@ -31,6 +31,7 @@ from camg.cost import episode_cost
 from camg.forking import Forker
 from camg.logs import episode_fields
 from camg.metrics import Metrics, NoMetrics, task_kind
+from camg.null_proof import NullProof
 from camg.outcomes import OutcomeLog
 from camg.regrading import REGRADE_FIELDS, Regrader
 from camg.submissions import SubmissionStore
@@ -75,6 +76,8 @@ class Record:
         self.observation: Any = None
         self.forked_from: str | None = None  # a fork's parent and its step count then
         self.fork_step: int | None = None
+        #: evidence of a failure its control proved the submission's (camg.null_proof)
+        self.obstructed: list[str] | None = None
 
     @property
     def fields(self) -> dict:
@@ -122,6 +125,7 @@ class EpisodeManager:
         self._grader_hash: str | None = None
         self.regrader = Regrader(self)
         self.forker = Forker(self)
+        self.null_proof = NullProof(self)
         self.admission = Admission(lambda: self.capacity - self.active(),
                                    default_queue_bound(capacity) if queue_bound is None
                                    else queue_bound)
@@ -335,7 +339,8 @@ class EpisodeManager:
         outcome record, reply."""
         if call.error is not None:
             failure = self._failure_of(call.error, rec, "step")
-            return await self._finish(rec, reward=None, failure=failure, observation={},
+            reward, failure = await self.null_proof.prove(rec, call.error, failure, "step")
+            return await self._finish(rec, reward=reward, failure=failure, observation={},
                                       reason=str(call.error), request_id=request.request_id,
                                       action=request.action)
         result: Step = call.value
@@ -346,7 +351,8 @@ class EpisodeManager:
                 reward = float(await self.call(rec.episode.grade,
                                                timeout=self.limits.grade_timeout_s))
             except Exception as exc:
-                reward, failure, reason = None, self._failure_of(exc, rec, "grade"), str(exc)
+                failure, reason = self._failure_of(exc, rec, "grade"), str(exc)
+                reward, failure = await self.null_proof.prove(rec, exc, failure, "grade")
             rec.timings["grade_s"] = time.monotonic() - graded_at
             self.metrics.grade(rec.timings["grade_s"])
         return await self._finish(rec, reward=reward, failure=failure,
@@ -422,6 +428,11 @@ class EpisodeManager:
         }
         if rec.forked_from is not None:  # signed where present (camg.signing)
             record.update(forked_from=rec.forked_from, fork_step=rec.fork_step)
+        if rec.obstructed is not None:
+            # The control proved the failure the submission's: this verdict
+            # stands over whatever the episode's own outcome says.
+            record.update(integrity="obstructed", integrity_evidence=list(rec.obstructed),
+                          grade_reason="obstructed")
         if rec.episode is not None:
             try:
                 record.update({k: v for k, v in rec.episode.outcome().items() if k not in record})

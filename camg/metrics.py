@@ -79,6 +79,11 @@ class Metrics:
         self.ended_total = Counter(
             "camg_episodes_ended", "Episodes that ended, by how and with what verdict.",
             env + ("task_kind", "outcome", "failure_class", "integrity"), registry=r)
+        self.null_controls_total = Counter(
+            "camg_null_controls", "Failed steps and grades by what their control proved "
+            "(obstructed: the submission's, reward 0.0; confirmed: the control failed too, "
+            "null; unproven: no control, null).",
+            env + ("result",), registry=r)
         self.live = Gauge("camg_episodes_live", "Episodes starting or running now.",
                           env, registry=r)
         self.capacity = Gauge("camg_capacity", "Concurrent episodes this service admits.",
@@ -138,6 +143,9 @@ class Metrics:
         self.ended_total.labels(self.environment, _label(task_kind), outcome,
                                 _label(failure_class), _label(integrity)).inc()
 
+    def null_control(self, result: str) -> None:
+        self.null_controls_total.labels(self.environment, result).inc()
+
     def reset(self, seconds: float) -> None:
         self._reset.observe(seconds)
 
@@ -169,6 +177,9 @@ class NoMetrics:
         pass
 
     def episode_ended(self, *_: object) -> None:
+        pass
+
+    def null_control(self, result: str) -> None:
         pass
 
     def reset(self, seconds: float) -> None:

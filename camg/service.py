@@ -119,6 +119,7 @@ class Service:
             reasons += list(self.env.health())
         except Exception as exc:
             reasons.append(f"health check failed: {exc}")
+        reasons += self.manager.null_proof.health()
         return not reasons, reasons
 
     def metadata(self) -> Mapping[str, Any]:

@@ -86,6 +86,16 @@ class CounterEpisode(Episode):
     def close(self) -> None:
         self.closed.set()
 
+    def control(self, failure: Exception, phase: str) -> list[str] | None:
+        # task "control": "passes" (the failure was the submission's) or
+        # "fails" (the infrastructure is broken); absent: no control
+        how = self.task.data.get("control")
+        if how == "fails":
+            raise GraderError("the control grade crashed too")
+        if how == "passes":
+            return [f"control: a fresh {phase} of the reference guess succeeded"]
+        return None
+
     def state(self) -> Mapping[str, Any]:
         return {"guesses": len(self.guesses)}
 
