@@ -1,4 +1,4 @@
-"""The layering DESIGN.md promises, as import-linter contracts (pyproject.toml).
+"""The layering docs/architecture.md draws, as import-linter contracts (pyproject.toml).
 
 The contracts hold on the tree; and each one fails, naming the offending
 import, when a forbidden import is planted in a temporary copy (tests/ and
