@@ -130,17 +130,22 @@ def _uvicorn_worker_class():
 
 
 def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connections: int):
-    """uvicorn's httptools protocol with read deadlines: a request's head
-    within ``header_timeout_s`` of the connection's start (or of the
-    request's first byte on a kept-alive connection), else 408 and close; its
-    body within ``body_timeout_s`` of the head, else close. A request while
-    ``max_connections`` are open (or as many requests are running) is a 503
-    in the contract's JSON form (uvicorn's own limit_concurrency answers
-    text, which a trainer's client cannot parse). Any local user
-    can open connections to a loopback port, and one that trickles a byte a
-    minute otherwise holds its socket, buffers and a connection slot for
-    ever. A request being answered (a step may take minutes) has no
-    deadline here: the service's own limits bound it.
+    """uvicorn's httptools protocol with read deadlines and a connection
+    bound. Any local user can open connections to a loopback port, and one
+    that trickles a byte a minute otherwise holds its socket, buffers and a
+    place among the connections for ever.
+
+    * A request's head must arrive within ``header_timeout_s`` of the
+      connection's start (or of the request's first byte on a kept-alive
+      connection), else 408 and close; its body within ``body_timeout_s`` of
+      the head, else close. A request being answered (a step may take
+      minutes) has no deadline here: the service's own limits bound it.
+    * Beyond ``max_connections`` open, a new connection drops the oldest one
+      still reading its request, head or body (a client sends a request at
+      once, so the oldest reader is the stalled one, and slow peers can
+      never fill the table); with none reading, a request is a 503 in the
+      contract's JSON form (uvicorn's own limit_concurrency answers text,
+      which a trainer's client cannot parse).
 
     A deadline is a number on the connection, checked by one sweep every
     ``SWEEP_S`` over the open connections: a timer armed and cancelled per
@@ -148,6 +153,7 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     live: set = set()
+    readers: dict = {}  # reading a request (head or body), the oldest first
     sweeping = []
 
     def sweep(loop) -> None:
@@ -162,36 +168,47 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         _expires: float | None = None
 
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.limit_concurrency = None  # ours, in on_headers_complete
+
         def _head_deadline(self) -> None:
             self._expires = self.loop.time() + header_timeout_s
             self._expired = self._head_expired
+            readers[self] = None
+
+        def _not_reading(self) -> None:
+            readers.pop(self, None)
+            self._expires = None
 
         def _head_expired(self) -> None:
-            self._expires = None
+            self._not_reading()
+            live.discard(self)  # closing: no longer one of the open
             if not self.transport.is_closing():
                 self.transport.write(_TIMED_OUT)
                 self.transport.close()
 
         def _body_expired(self) -> None:
             # the app sees a disconnect, as if the client had hung up
-            self._expires = None
+            self._not_reading()
+            live.discard(self)
             if not self.transport.is_closing():
                 self.transport.close()
-
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            self.limit_concurrency = None  # ours, in on_headers_complete
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             live.add(self)
             self._head_deadline()
+            # ``live``, not uvicorn's ``connections``: a connection closed
+            # here stays in those until the loop reports it lost
+            if len(live) > max_connections and len(readers) > 1:
+                next(iter(readers))._expired()
             if not sweeping:
                 sweeping.append(self.loop.call_later(SWEEP_S, sweep, self.loop))
 
         def connection_lost(self, exc) -> None:
             live.discard(self)
-            self._expires = None
+            self._not_reading()
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
@@ -202,7 +219,9 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
         def on_headers_complete(self) -> None:
             self._expires = self.loop.time() + body_timeout_s
             self._expired = self._body_expired
-            if len(self.connections) < max_connections and len(self.tasks) < max_connections:
+            # not uvicorn's count of running requests too: a dropped
+            # reader's request runs until it sees the disconnect
+            if len(live) <= max_connections:
                 return super().on_headers_complete()
             app, self.app = self.app, _overloaded
             try:
@@ -211,13 +230,13 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
                 self.app = app
 
         def on_message_complete(self) -> None:
-            self._expires = None
+            self._not_reading()
             super().on_message_complete()
 
         def handle_websocket_upgrade(self) -> None:
             # the WebSocket protocol (and its pings) takes the connection over
             live.discard(self)
-            self._expires = None
+            self._not_reading()
             super().handle_websocket_upgrade()
 
     return BoundedHttpToolsProtocol

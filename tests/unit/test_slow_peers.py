@@ -135,22 +135,58 @@ def test_answering_and_websockets_have_no_read_deadline(svc):
     asyncio.run(idle_websocket())
 
 
-def test_connections_beyond_the_bound_are_503_until_the_idle_ones_are_dropped(svc):
-    idle = [_connect(svc.url) for _ in range(64)]
-    time.sleep(0.2)
+def _health_on_new_connection(url: str) -> bytes:
+    sock = _connect(url)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    got, _ = _until_closed(sock)
+    sock.close()
+    return got
+
+
+@pytest.mark.parametrize("stalls", ["head", "body"])
+def test_slow_peers_never_fill_the_connection_table(svc, stalls):
+    # three times the bound, each stalled in its head (no byte at all) or
+    # its body: each new one beyond the bound drops the oldest still reading
+    idle = []
+    for _ in range(192):
+        idle.append(_connect(svc.url))
+        if stalls == "body":
+            idle[-1].sendall(b"POST /episodes HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                             b"\r\n{")
     try:
-        sock = _connect(svc.url)
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        got, _ = _until_closed(sock)
-        sock.close()
-        assert got.startswith(b"HTTP/1.1 503 "), got[:100]
-        assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"] == "overloaded"
-        assert b"retry-after: 1" in got.lower()
-        for s in idle:
-            assert _until_closed(s)[0].startswith(b"HTTP/1.1 408 ")
+        time.sleep(0.2)
+        got = _health_on_new_connection(svc.url)
+        assert got.startswith(b"HTTP/1.1 200 "), got[:100]
+        for s in idle[:100]:
+            # long before the read deadlines
+            got = _until_closed(s, HEADER_S * 0.9)[0]
+            assert got.startswith(b"HTTP/1.1 408 ") if stalls == "head" else \
+                b"201 Created" not in got
     finally:
         for s in idle:
             s.close()
+    assert Client(svc.url).health()["status"] == "healthy"
+
+
+def test_beyond_the_bound_of_busy_connections_a_request_is_a_json_503(svc):
+    # connections between requests (kept alive) are nobody's slow head: they
+    # are not dropped, and a request beyond the bound is refused instead
+    kept = []
+    client = Client(svc.url)
+    try:
+        for _ in range(64):
+            conn = http.client.HTTPConnection(client.host, client.port, timeout=30)
+            conn.request("GET", "/health")
+            assert conn.getresponse().read()
+            kept.append(conn)
+        got = _health_on_new_connection(svc.url)
+        assert got.startswith(b"HTTP/1.1 503 "), got[:100]
+        assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"] == "overloaded"
+        assert b"retry-after: 1" in got.lower()
+    finally:
+        for conn in kept:
+            conn.close()
+    time.sleep(0.5)
     assert Client(svc.url).health()["status"] == "healthy"
 
 
