@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 import websockets
+from hypothesis import HealthCheck, given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from camg.metrics import HelperMetrics, ScrapeServer
@@ -188,6 +189,39 @@ def test_beyond_the_bound_of_busy_connections_a_request_is_a_json_503(svc):
             conn.close()
     time.sleep(0.5)
     assert Client(svc.url).health()["status"] == "healthy"
+
+
+@settings(max_examples=10, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(route=st.sampled_from(["/episodes", "/episodes/{eid}/step", "/reset", "/mcp",
+                              "/episodes/{eid}/fork"]),
+       cut=st.floats(0, 0.999), junk=st.binary(max_size=20))
+def test_fuzz_requests_cut_anywhere_are_dropped_and_change_nothing(svc, route, cut, junk):
+    """A whole request cut at any byte (plus a few stray ones) and left
+    there: 408 while in its head, closed while in its body, never run."""
+    client = Client(svc.url)
+    eid = client.create()["episode_id"]
+    before = len(client.list()["episodes"])
+    body = json.dumps({"action": {"operation": "guess", "value": 1}}).encode()
+    request = (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (route.format(eid=eid).encode(),
+                                                    len(body) + len(junk), body + junk))
+    head = request.index(b"\r\n\r\n") + 4
+    sent = request[:int(cut * len(request))]
+    sock = _connect(svc.url)
+    sock.sendall(sent)
+    got, took = _until_closed(sock)
+    sock.close()
+    if len(sent) < head and not got.startswith(b"HTTP/1.1 400 "):  # httptools may refuse junk
+        assert got.startswith(b"HTTP/1.1 408 "), (sent, got[:100])
+        assert took <= HEADER_S + 10
+    elif len(sent) >= head:
+        assert got == b"", (sent, got[:100])
+        assert took <= BODY_S + 10
+    assert client.get(eid)["step_count"] == 0
+    assert len(client.list()["episodes"]) == before
+    client.close(eid)
+    assert client.health()["status"] == "healthy"
 
 
 @pytest.mark.parametrize("field,value", [("header_timeout_s", 0), ("header_timeout_s", math.nan),
