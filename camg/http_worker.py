@@ -140,6 +140,9 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
       connection), else 408 and close; its body within ``body_timeout_s`` of
       the head, else close. A request being answered (a step may take
       minutes) has no deadline here: the service's own limits bound it.
+    * A request's head is at most ``HEAD_MAX`` bytes, else 431 and close:
+      httptools buffers a header of any length, which a peer could grow
+      for as long as the head deadline lets it.
     * Beyond ``max_connections`` open, a new connection drops the oldest one
       still reading its request, head or body (a client sends a request at
       once, so the oldest reader is the stalled one, and slow peers can
@@ -167,6 +170,8 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         _expires: float | None = None
+        #: bytes received while reading a head (None: not reading one)
+        _head_bytes: int | None = None
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
@@ -175,11 +180,24 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
         def _head_deadline(self) -> None:
             self._expires = self.loop.time() + header_timeout_s
             self._expired = self._head_expired
+            self._head_bytes = 0
             readers[self] = None
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            # counted after parsing: a chunk that completes the head may
+            # carry a body of any allowed size
+            if self._head_bytes is not None:
+                self._head_bytes += len(data)
+                if self._head_bytes > HEAD_MAX and not self.transport.is_closing():
+                    self._not_reading()
+                    live.discard(self)
+                    self.transport.write(_TOO_LARGE)
+                    self.transport.close()
 
         def _not_reading(self) -> None:
             readers.pop(self, None)
-            self._expires = None
+            self._expires = self._head_bytes = None
 
         def _head_expired(self) -> None:
             self._not_reading()
@@ -219,6 +237,7 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
         def on_headers_complete(self) -> None:
             self._expires = self.loop.time() + body_timeout_s
             self._expired = self._body_expired
+            self._head_bytes = None
             # not uvicorn's count of running requests too: a dropped
             # reader's request runs until it sees the disconnect
             if len(live) <= max_connections:
@@ -252,6 +271,13 @@ async def _overloaded(scope, receive, send) -> None:
 
 _OVERLOADED = (b'{"error":"overloaded","message":"the service has as many connections '
                b'open as limits.max_connections allows; retry"}')
+
+#: the longest request head (request line and headers) a service reads
+HEAD_MAX = 64 << 10
+_TOO_LARGE_BODY = b'{"error":"headers_too_large","message":"request head exceeds 65536 bytes"}'
+_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+              b"content-type: application/json\r\nconnection: close\r\n"
+              b"content-length: %d\r\n\r\n%s" % (len(_TOO_LARGE_BODY), _TOO_LARGE_BODY))
 
 #: how often the open connections' read deadlines are checked: a slow peer
 #: is closed within its timeout plus this

@@ -144,6 +144,40 @@ def _health_on_new_connection(url: str) -> bytes:
     return got
 
 
+def test_a_head_beyond_64_kib_is_a_431_and_a_large_body_is_not(svc):
+    sock = _connect(svc.url)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    try:
+        for _ in range(1024):  # 8 MiB of one header, sent faster than the deadline
+            sock.sendall(b"a" * 8192)
+    except OSError:
+        pass  # closed on us mid-send: the refusal
+    got, took = _until_closed(sock)
+    sock.close()
+    assert got.startswith(b"HTTP/1.1 431 "), got[:100]
+    assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"] == "headers_too_large"
+    assert took < HEADER_S  # refused at the size, not at the deadline
+    # a body near max_body_bytes in one write is no head
+    client = Client(svc.url)
+    eid = client.create()["episode_id"]
+    status, data = _raw_post(svc.url, f"/episodes/{eid}/step", json.dumps(
+        {"action": {"operation": "guess", "value": 1}, "request_id": "r" * 255,
+         "pad": "x" * 900_000}).encode())
+    assert status == 400 and b"pad" in data, data[:200]  # parsed: refused for its field
+    client.close(eid)
+
+
+def _raw_post(url: str, path: str, raw: bytes):
+    client = Client(url)
+    conn = http.client.HTTPConnection(client.host, client.port, timeout=30)
+    try:
+        conn.request("POST", path, body=raw, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("stalls", ["head", "body"])
 def test_slow_peers_never_fill_the_connection_table(svc, stalls):
     # three times the bound, each stalled in its head (no byte at all) or
