@@ -12,6 +12,12 @@ the agent wrote:
    lowers + layers + the frozen upper, with a fresh upper; then the child's,
    the same stack, in cgroups of its own.
 
+A parent whose upper is empty (nothing written since it was made or last
+forked) is not frozen again: the child gets a fresh upper over the parent's
+exact stack and the parent is left as it runs (_fork_over_stack), so a
+group of forks of one prefix, or a chain of forks that write nothing, adds
+no depth.
+
 Processes are not carried: a fork copies the filesystem, and a parent that
 still runs anything besides init (a daemon the agent left) is refused
 (not_allowed) rather than have it killed. Both sides continue with a fresh
@@ -29,7 +35,8 @@ Bounds: a fork may not give either side more room than the parent had: the
 new uppers are sized to the parent's free space at the fork (at least
 MIN_UPPER), a tmpfs one charged to its sandbox's memory cgroup as before, a
 disk one its own ext4 of that size (the parent keeps its own ext4, whose
-free space that is). Depth (layers stacked) is at most ceilings.fork_depth.
+free space that is). Depth (layers stacked) is at most ceilings.fork_depth;
+only a fork with something to freeze adds one.
 """
 
 from __future__ import annotations
@@ -95,11 +102,40 @@ def _free_bytes(fd: int) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def _check_idle(parent: Sandbox) -> None:
+    """Refusals of a parent that cannot be forked now (its ops held)."""
+    if parent.destroyed or parent.died:
+        raise WireError("sandbox_died" if parent.died else "not_found",
+                        f"sandbox {parent.id} is {'dead' if parent.died else 'destroyed'}")
+    others = [p for p in cgroups.procs(parent.record.cgroups["freezer"]) if p != parent.init_pid]
+    if others:
+        raise WireError("not_allowed", f"processes: {len(others)} process(es) besides init "
+                        "still run in the sandbox; a fork carries the filesystem, not "
+                        "processes")
+
+
+def _untouched(fd: int, sub: str) -> bool:
+    """True when the upper ``sub`` of the mount ``fd`` has no entry and is
+    not opaque: the merged view is then exactly lowers + layers (read here,
+    as root, never by anything in the sandbox). Other overlay xattrs on it
+    (trusted.overlay.uuid, written at every mount) change no file."""
+    top = f"/proc/self/fd/{fd}/{sub}"
+    with os.scandir(top) as entries:
+        if next(entries, None) is not None:
+            return False
+    # An opaque root would hide the lowers; overlayfs never marks its own
+    # root so, but a reuse must not depend on that.
+    return "trusted.overlay.opaque" not in os.listxattr(top)
+
+
 def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
     c = registry.config.ceilings
     spec = parent.spec
     if spec is None:
         raise WireError("not_allowed", "sandbox: the helper's own probe sandboxes cannot be forked")
+    reused = _fork_over_stack(registry, peer, parent)
+    if reused is not None:
+        return reused
     depth = len(parent.layers) + 1
     if depth > c.fork_depth:
         raise WireError("limit_exceeded", f"fork_depth: at most {c.fork_depth} forks stacked "
@@ -121,14 +157,7 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
     made: dict = {}
     try:
         with parent.ops:
-            if parent.destroyed or parent.died:
-                raise WireError("sandbox_died" if parent.died else "not_found",
-                                f"sandbox {parent.id} is {'dead' if parent.died else 'destroyed'}")
-            others = [p for p in cgroups.procs(parent.record.cgroups["freezer"]) if p != parent.init_pid]
-            if others:
-                raise WireError("not_allowed", f"processes: {len(others)} process(es) besides init "
-                                "still run in the sandbox; a fork carries the filesystem, not "
-                                "processes")
+            _check_idle(parent)
             fd = parent.upper_handle()
             layer = Layer(fd, "u" if not disk else "layer-" + secrets.token_hex(4))
             size = max(MIN_UPPER, _free_bytes(fd))
@@ -210,7 +239,75 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
             layer.discard_if_unused()
     with registry.lock:
         registry.sandboxes[child_id] = child
-    return child, {"sandbox_id": child_id, "depth": depth, "upper_bytes": size}
+    return child, {"sandbox_id": child_id, "depth": depth, "upper_bytes": size, "reused": False}
+
+
+def _fork_over_stack(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict] | None:
+    """The child of a parent that wrote nothing since it was made or last
+    forked (its upper empty): a fresh upper over the parent's exact stack,
+    the parent left running as it is, no new layer, no new depth. None when
+    the upper holds anything (the caller freezes it instead)."""
+    spec = parent.spec
+    disk = bool(parent.record.upper_dir)
+    layers: tuple[Layer, ...] = ()
+    with parent.ops:
+        _check_idle(parent)
+        fd = parent.upper_handle()
+        try:
+            if not _untouched(fd, "upper" if disk else "u"):
+                return None
+            size = max(MIN_UPPER, _free_bytes(fd))
+        finally:
+            os.close(fd)
+        # Taken under ops: a destroy of the parent releases its layers only
+        # after it has held ops, so none is closed before the child has it.
+        try:
+            for each in parent.layers:
+                each.acquire()
+                layers += (each,)
+        except BaseException:
+            for each in layers:
+                each.release()
+            raise
+    # From here the parent may run and write again: the child stacks none of
+    # its upper, so it keeps the view the parent had at the check.
+    child_id = secrets.token_hex(8)
+    child_upper = os.path.join(registry.config.upper_root, cgroups.cgroup_name(child_id)) \
+        if disk else ""
+    record = Record(child_id, peer.uid, peer.owner, time.time(),
+                    cgroups.paths(registry.parents, child_id), child_upper,
+                    list(parent.record.lowers))
+    admitted = recorded = False
+    child: Sandbox | None = None
+    try:
+        with registry.lock:
+            registry._admit(peer, child_id)
+        admitted = True
+        registry.ledger.write(record)
+        recorded = True
+        cgroups.create(record.cgroups, memory_bytes=spec.memory_bytes,
+                       cpu_quota=spec.cpu_quota, pids_max=spec.pids_max)
+        if disk:
+            _child_disk(registry, child_upper, size)
+        lowers, fds = _stack(parent.record, layers)
+        child = Sandbox.spawn(record, init_binary=registry.init_binary, hostname=spec.hostname,
+                              scratch=registry.scratch, lowers=lowers, tmpfs_bytes=size,
+                              shm=registry.config.ceilings.shm(spec.memory_bytes),
+                              timeout=registry.config.create_timeout, layer_fds=fds)
+        child.spec, child.size, child.layers = spec, size, layers
+    except BaseException:
+        for each in layers:
+            each.release()
+        if recorded:
+            registry._forget(record)
+        elif admitted:
+            with registry.lock:
+                registry.owners.pop(child_id, None)
+        raise
+    with registry.lock:
+        registry.sandboxes[child_id] = child
+    return child, {"sandbox_id": child_id, "depth": len(layers), "upper_bytes": size,
+                   "reused": True}
 
 
 def _child_disk(registry, upper_dir: str, size: int) -> None:

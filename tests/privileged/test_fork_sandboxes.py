@@ -139,7 +139,8 @@ def test_another_peers_sandbox_cannot_be_forked(client, helper, sandbox):
 def test_fork_depth_is_bounded_by_name(client, rootfs):
     """A chain of forks of forks, each level writing a file the deeper ones
     see; past ceilings.fork_depth (8) the helper refuses by name, before
-    making anything."""
+    making anything. Only a write makes depth: the untouched deepest one
+    still forks over its own stack."""
     chain = [client.create_sandbox([str(rootfs)], **SPEC)]
     try:
         for level in range(1, 9):
@@ -151,6 +152,10 @@ def test_fork_depth_is_bounded_by_name(client, rootfs):
         # each ancestor has only what was written before its own fork
         assert out(client, chain[0], "ls /tmp | grep -c level") == "1"
         assert out(client, chain[4], "ls /tmp | grep -c level") == "5"
+        reply = client.fork_sandbox(chain[-1])
+        assert (reply["depth"], reply["reused"]) == (8, True)
+        assert client.destroy(reply["sandbox_id"])
+        out(client, chain[-1], "echo 9 > /tmp/level-9")
         before = len(client.list_sandboxes())
         with pytest.raises(errors.BadRequest) as refused:
             client.fork_sandbox(chain[-1])
@@ -159,6 +164,84 @@ def test_fork_depth_is_bounded_by_name(client, rootfs):
         assert len(client.list_sandboxes()) == before
     finally:
         client.release_all()
+
+
+@pytest.mark.parametrize("upper", ["tmpfs", "disk"])
+def test_an_untouched_parent_forks_64_times_at_one_depth(client, rootfs, helper, upper):
+    """What a trainer's group does: one prefix, many completions. The first
+    fork freezes what the parent wrote (depth 1); the parent, untouched
+    since, is forked 63 more times over that same layer: no new depth, and
+    no new init (its /dev/shm, which no fork carries, survives them). Every
+    child sees the parent's files and none of its siblings' writes."""
+    parent = client.create_sandbox([str(rootfs)], **SPEC, upper=upper, upper_bytes=32 << 20)
+    try:
+        out(client, parent, "echo prefix > /tmp/prefix && rm -f /etc/issue")
+        first = client.fork_sandbox(parent)
+        assert (first["depth"], first["reused"]) == (1, False)
+        out(client, parent, "echo alive > /dev/shm/init-mark")
+        children = [first["sandbox_id"]]
+        for _ in range(63):
+            reply = client.fork_sandbox(parent)
+            assert (reply["depth"], reply["reused"]) == (1, True), reply
+            children.append(reply["sandbox_id"])
+        assert len(set(children)) == 64
+        for i, sid in enumerate(children):
+            out(client, sid, f"echo {i} > /tmp/own-{i}")
+        out(client, parent, "echo parent > /tmp/own-parent")
+        for i, sid in enumerate(children):
+            assert out(client, sid, "ls /tmp /dev/shm; cat /tmp/prefix; ls /etc/issue 2>&1 | wc -l"
+                       ) == f"/dev/shm:\n\n/tmp:\nown-{i}\nprefix\nprefix\n1", sid
+        assert out(client, parent, "ls /tmp; cat /dev/shm/init-mark") == \
+            "own-parent\nprefix\nalive"
+        # a write makes the next fork freeze again: one layer more
+        reply = client.fork_sandbox(parent)
+        assert (reply["depth"], reply["reused"]) == (2, False)
+        assert out(client, reply["sandbox_id"], "ls /tmp") == "own-parent\nprefix"
+    finally:
+        client.release_all()
+    assert _uppers(helper) == []
+
+
+def test_a_fresh_sandbox_forks_over_its_lowers(client, rootfs):
+    """Nothing written yet: the child stands on the parent's lowers alone
+    (depth 0), and a write on either side stays there."""
+    parent = client.create_sandbox([str(rootfs)], **SPEC)
+    try:
+        reply = client.fork_sandbox(parent)
+        assert (reply["depth"], reply["reused"]) == (0, True), reply
+        child = reply["sandbox_id"]
+        out(client, child, "echo c > /tmp/c")
+        out(client, parent, "echo p > /tmp/p")
+        assert out(client, child, "ls /tmp") == "c"
+        assert out(client, parent, "ls /tmp") == "p"
+        assert not (rootfs / "tmp" / "c").exists()
+    finally:
+        client.release_all()
+
+
+@pytest.mark.parametrize("upper", ["tmpfs", "disk"])
+def test_a_chain_of_untouched_forks_goes_64_deep(client, rootfs, helper, upper):
+    """Tree search forks the node it just made: a chain of forks of forks
+    that write nothing stays at the depth of the last write, far past
+    ceilings.fork_depth (8); every level sees what was written above it."""
+    chain = [client.create_sandbox([str(rootfs)], **SPEC, upper=upper, upper_bytes=32 << 20)]
+    try:
+        out(client, chain[0], "echo top > /tmp/top")
+        for level in range(1, 65):
+            reply = client.fork_sandbox(chain[-1])
+            assert reply["depth"] == 1 and reply["reused"] == (level > 1), (level, reply)
+            chain.append(reply["sandbox_id"])
+            if level % 16 == 0:  # drop ancestors: the layer outlives them
+                for sid in chain[-16:-2]:
+                    assert client.destroy(sid)
+        assert out(client, chain[-1], "cat /tmp/top && echo deep > /tmp/deep") == "top"
+        reply = client.fork_sandbox(chain[-1])
+        assert (reply["depth"], reply["reused"]) == (2, False)
+        assert out(client, reply["sandbox_id"], "cat /tmp/top /tmp/deep") == "top\ndeep"
+        assert out(client, chain[-2], "ls /tmp") == "top"
+    finally:
+        client.release_all()
+    assert _uppers(helper) == []
 
 
 def test_a_running_process_is_refused_not_killed(client, sandbox):
