@@ -19,7 +19,7 @@ import shlex
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from camg import errors
@@ -36,6 +36,9 @@ TASK_DIR = "/task"
 SUBMISSION = "/workspace/submission.csv"
 JOBS = "/workspace/.jobs"
 MAX_SUBMISSION = 8 << 20
+#: the least a control (the reference solution in a fresh sandbox) must earn
+#: to prove that the grading path works (validation's REFERENCE_MIN)
+CONTROL_MIN = 0.9
 
 INSTRUCTIONS = (
     "\n\nThe task's files are in /task (read-only); work in /workspace. "
@@ -464,6 +467,56 @@ class ResearchEpisode(HeldSandbox, Episode):
         child.sandbox = sandbox
         log.info("forked into %s at step %d", episode_id, self.steps, extra=self.fields)
         return child
+
+    def control(self, failure: Exception, phase: str) -> Sequence[str] | None:
+        """Prove a null (camg.null_proof): a fresh sandbox over the same
+        [image, public workspace] runs the task's reference solution as the
+        agent, the same collection (``_collect``) takes its submission and
+        the same grader scores it. A control that collects a valid,
+        untampered submission earning at least CONTROL_MIN proves the path
+        works, so this episode's failure was its own doing (the manager then
+        records 0.0, ``obstructed``); anything less raises and the null
+        stands. Nothing of the failed episode (its sandbox, /workspace,
+        processes) is used. No reference solution: None (unproven)."""
+        path = os.path.join(self.settings.packages_root, self.task.task_id, "reference",
+                            "solve.py")
+        try:
+            with open(path, "rb") as handle:
+                script = handle.read()
+        except FileNotFoundError:
+            return None
+        s = self.settings
+        started = time.monotonic()
+        sandbox = self._call(self.helper.create_sandbox,
+                             [self.task.image.rootfs, self.task.workspace],
+                             memory_bytes=s.memory_bytes, cpu_quota=s.cpu_quota,
+                             pids_max=s.pids_max, hostname="research", upper="disk",
+                             upper_bytes=s.disk_bytes)
+        if self.ledger is not None:
+            self.ledger.add_sandbox(sandbox)
+        try:
+            store = f"{WORKDIR}/.camg-control.py"
+            r = self._call(self.helper.exec, sandbox,
+                           f"cat > {store} && python {store} {TASK_DIR} {SUBMISSION}",
+                           user="agent", cwd=WORKDIR, env=self.exec_env, stdin=script,
+                           timeout=s.grade_timeout, output_limit=2000)
+            if r.exit_code != 0 or r.timed_out:
+                raise errors.GraderError(f"control: the reference solution failed in a fresh "
+                                         f"sandbox (exit {r.exit_code}): {r.output[-200:]}")
+            submitted, problem, evidence = self._collect(sandbox)
+        finally:
+            self._destroy(sandbox)
+        reward, report = graded(self.grade_submission, self.task.task_id, submitted, evidence)
+        if not report.valid or report.integrity != "ok" or reward < CONTROL_MIN:
+            raise errors.GraderError(f"control: the reference submission earned {reward:.4f} "
+                                     f"(valid {report.valid}, integrity {report.integrity}, "
+                                     f"{problem or report.detail or 'collected'})"[:300])
+        log.info("control after a failed %s: the reference earned %.4f in a fresh sandbox",
+                 phase, reward, extra=self.fields)
+        return [f"control: the task's reference solution, run in a fresh sandbox over the same "
+                f"image and workspace, collected and graded by the same path, earned "
+                f"{reward:.4f} (valid, integrity ok, {len(submitted or b'')} bytes, "
+                f"{time.monotonic() - started:.1f} s)"]
 
     def reference_action(self) -> Mapping[str, Any] | None:
         """The task's reference solution from step 0: its solve.py written to

@@ -24,7 +24,12 @@ from daemons.autoresearch import gradewire, metrics
 
 
 def _load(private_root: str, task_id: str) -> dict:
-    directory = os.path.join(private_root, task_id)
+    return load_dir(os.path.join(private_root, task_id))
+
+
+def load_dir(directory: str) -> dict:
+    """One task's answers and scoring as ``grade`` takes them (also the
+    no-learning battery's, daemons.autoresearch.battery, at validation)."""
     with open(os.path.join(directory, "answers.csv"), "rb") as f:
         answers = f.read()
     with open(os.path.join(directory, "scoring.json"), "rb") as f:
@@ -32,7 +37,7 @@ def _load(private_root: str, task_id: str) -> dict:
     scoring = json.loads(scoring_bytes)
     ids, truth = metrics.read_answers(answers)
     if scoring["metric"] not in metrics.METRICS:
-        raise ValueError(f"{task_id}: unknown metric {scoring['metric']!r}")
+        raise ValueError(f"{directory}: unknown metric {scoring['metric']!r}")
     return {"ids": ids, "truth": truth, "metric": scoring["metric"],
             "baseline": float(scoring["baseline_score"]),
             "reference": float(scoring["reference_score"]),

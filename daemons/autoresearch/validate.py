@@ -12,6 +12,13 @@ names itself and what was seen, and preparation refuses:
    [image rootfs, the task's public workspace] as the agent, and their
    submissions graded with the private answers normalise to ≤ 0.05 and
    ≥ 0.9 (the same parse, metric and normalisation as the grader).
+3. **It pays only for learning** (daemons.autoresearch.battery): no
+   no-learning baseline (constants, the majority class, the mean target,
+   the inputs themselves, nearest neighbour on ids and row order; for image
+   tasks also smoothing and threshold filters and repeated values), made
+   from the installed public workspace and scored by the grader's own
+   ``grade``, earns more than ``battery.LIMIT`` of the reward scale. Each
+   baseline's score and reward goes into the record.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from pathlib import Path
 
 from camg.errors import CamgError, DatasetError
 
-from daemons.autoresearch import leakscan, metrics
+from daemons.autoresearch import battery, grader, leakscan, metrics
 
 REFERENCE_MIN, BASELINE_MAX = 0.9, 0.05
 WORKSPACE_PREFIX = "/task/"
@@ -39,18 +46,35 @@ class Result:
     reference: float | None = None
     baseline: float | None = None
     problem: str = ""
+    battery: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def paid_without_learning(self) -> list[str]:
+        """The baselines over the limit, the best paid first."""
+        over = sorted(((row["reward"], name, row["score"]) for name, row in self.battery.items()
+                       if row["reward"] > battery.LIMIT), reverse=True)
+        return [f"no-learning baseline {name} scores {score:.6g}, reward {reward:.4f} > "
+                f"{battery.LIMIT}" for reward, name, score in over]
 
     @property
     def ok(self) -> bool:
         scored_ok = self.reference is None or (self.reference >= REFERENCE_MIN and
                                                self.baseline is not None and
                                                self.baseline <= BASELINE_MAX)
-        return not self.leaks and not self.problem and scored_ok
+        return not self.leaks and not self.problem and scored_ok and \
+            not self.paid_without_learning
 
     def to_data(self) -> dict:
         body: dict = {"leaks": list(self.leaks[:5])}
         if self.reference is not None:
             body.update(reference=self.reference, baseline=self.baseline)
+        if self.battery:
+            body["battery"] = {name: {k: round(v, 6) if isinstance(v, float) else v
+                                      for k, v in row.items()}
+                               for name, row in self.battery.items()}
+        refused = self.paid_without_learning
+        if refused:
+            body["paid_without_learning"] = refused[:5]
         if self.problem:
             body["problem"] = self.problem[:300]
         return body
@@ -113,9 +137,17 @@ def scores(helper, image, workspace: Path, bundle: Path) -> tuple[float, float]:
     return rewards[0], rewards[1]
 
 
+def no_learning(public: Path, private: Path) -> dict[str, dict]:
+    """Each no-learning baseline's {score, reward}, graded by the grader's
+    own code on the task's private answers."""
+    return battery.run(public, grader.load_dir(str(private)), grader.grade)
+
+
 def validate(chosen: Sequence[str], source: Path, workspaces_root: Path, image,
-             helper_socket: str | None) -> dict:
-    """The manifest's ``validation`` record; DatasetError naming every bad task."""
+             helper_socket: str | None, *, battery_check: bool = True) -> dict:
+    """The manifest's ``validation`` record; DatasetError naming every bad task.
+    ``battery_check=False`` (the leak scan's own tests) skips the no-learning
+    battery; preparation always runs it."""
     publics = {t: workspaces_root / t / "task" for t in chosen}
     leaks, scanned = scan(Path(image.rootfs), publics)
     results = []
@@ -127,20 +159,28 @@ def validate(chosen: Sequence[str], source: Path, workspaces_root: Path, image,
         for task_id in chosen:
             reference = baseline = None
             problem = ""
-            if helper is not None:
+            found: dict = {}
+            try:
+                if battery_check:
+                    found = no_learning(publics[task_id], source / task_id / "private")
+            except (OSError, ValueError, KeyError) as exc:
+                problem = f"no-learning battery: {type(exc).__name__}: {exc}"
+            if helper is not None and not problem:
                 try:
                     reference, baseline = scores(helper, image, workspaces_root / task_id,
                                                  source / task_id)
                 except (CamgError, OSError, ValueError) as exc:
                     problem = f"{type(exc).__name__}: {exc}"
-            results.append(Result(task_id, tuple(leaks[task_id]), reference, baseline, problem))
+            results.append(Result(task_id, tuple(leaks[task_id]), reference, baseline, problem,
+                                  found))
     finally:
         if helper is not None:
             helper.close()
     bad = [r for r in results if not r.ok]
     if bad:
         raise DatasetError("validation refused " + "; ".join(
-            f"{r.task_id}: " + json.dumps(r.to_data()) for r in bad))
+            f"{r.task_id}: " + json.dumps({k: v for k, v in r.to_data().items()
+                                           if k != "battery"}) for r in bad))
     return {"scanned": {**scanned, "image": str(image.rootfs)},
             "scored": helper_socket is not None,
             "tasks": {r.task_id: r.to_data() for r in results}}

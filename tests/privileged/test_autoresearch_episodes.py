@@ -362,7 +362,11 @@ def test_image_carries_no_sklearn_data_and_validate_accepts_the_demo_tasks(env, 
     ids = [t.task_id for t in env.tasks]
     record = validate.validate(ids, roots["base"] / "bundles", roots["workspaces"],
                                roots["image"].image, None)
-    assert record["tasks"] == {t: {"leaks": []} for t in ids}
+    assert {t: r["leaks"] for t, r in record["tasks"].items()} == {t: [] for t in ids}
+    # No no-learning baseline earns reward on any demo task (battery.py)
+    for task_id in ids:
+        found = record["tasks"][task_id]["battery"]
+        assert max(row["reward"] for row in found.values()) <= 0.1, (task_id, found)
     assert record["scanned"]["image_files"] > 300, record
     # The scored half in real sandboxes, on the quickest task.
     record = validate.validate(["diabetes"], roots["base"] / "bundles", roots["workspaces"],
@@ -482,3 +486,50 @@ def test_a_collection_out_of_time_reads_the_state_after_the_helpers_kill(env, mo
     assert grade["integrity"] == "tampered", grade
     assert grade["evidence"] == ["collection_obstructed: the probe did not finish "
                                  "(timed out: True)"], grade
+
+
+# -- null proof: a failed step or grade is re-run on fresh resources ------------
+
+def test_control_grades_the_reference_in_a_fresh_sandbox_never_the_agents(env, ar_helper):
+    """Episode.control (camg.null_proof): after a failure the agent could
+    have caused, the reference solution in a fresh sandbox, collected and
+    graded by the same path, earns 1.0: the evidence that makes the episode
+    0.0 ``obstructed`` rather than a null the trainer masks. The agent's
+    sandbox and files are not used; nothing is left behind."""
+    from camg import errors
+    task = next(t for t in env.tasks if t.task_id == "diabetes")
+    before = ar_helper.sandbox_inits()
+    episode = env.create_episode(task, seed=None, episode_id="control")
+    try:
+        episode.reset()
+        episode.step(shell("echo id,prediction > /workspace/submission.csv; "
+                           "chmod 000 /workspace/submission.csv"))
+        lines = episode.control(errors.InfraFailure("the submission probe failed"), "step")
+        assert len(lines) == 1 and "earned 1.0000 (valid, integrity ok" in lines[0], lines
+        assert len(ar_helper.sandbox_inits() - before) == 1   # the agent's alone, still there
+        after = episode.step(shell("stat -c %a /workspace/submission.csv; "
+                                   "ls -a /workspace | grep -c camg-control"))
+        assert after.observation["output"].split() == ["0", "0"], after.observation
+    finally:
+        episode.close()
+    assert ar_helper.sandbox_inits() - before == set()
+
+
+def test_control_fails_when_the_grading_path_is_broken_so_the_null_stands(env, ar_helper):
+    from camg import errors
+    task = next(t for t in env.tasks if t.task_id == "diabetes")
+    episode = env.create_episode(task, seed=None, episode_id="control-broken")
+
+    def broken(task_id: str, data: bytes) -> dict:
+        raise errors.GraderError("the grader process is gone")
+    episode.grade_submission = broken
+    before = ar_helper.sandbox_inits()
+    try:
+        episode.reset()
+        with pytest.raises(errors.GraderError, match="grader process is gone"):
+            episode.control(errors.GraderError("the grader process is gone"), "grade")
+    finally:
+        episode.close()
+    assert ar_helper.sandbox_inits() - before == set()
+    with ar_helper.client(owner="autoresearch") as client:
+        assert client.list_sandboxes() == []

@@ -14,14 +14,13 @@ never shown to the agent):
 * ``diabetes`` — simulated diabetes progression (442 patients, ten baseline
   variables); mean absolute error (lower is better). Baseline: the training
   mean; reference: ridge regression.
-* ``segmentation`` — MONAI's synthetic 2-D images
-  (``monai.data.create_test_image_2d``: 64x64, five discs, uniform noise
-  0.6; 32 public with masks, 16 private), each image from its own 256-bit
-  seed; Dice of the predicted foreground. Baseline: threshold the raw
-  intensity at 0.5; reference: Gaussian smoothing (sigma 1) then the same
-  threshold. MONAI (with CPU torch) is in the image for agents who train a
-  network; generating the data needs only MONAI's generator, installed here
-  with ``pip --target`` into the cache.
+* ``segmentation`` — simulated textured objects (synthetic.textured_objects:
+  64x64, targets among bright and textured distractors; 32 public with
+  masks, 16 private), each image from its own random stream; Dice of the
+  predicted foreground. Baseline: threshold the raw intensity at 0.5;
+  reference: a per-pixel gradient-boosting classifier on brightness and
+  texture features, trained on the labelled images. MONAI (with CPU torch)
+  is in the image for agents who train a network.
 
 Every build draws 128 bits of entropy (``secrets``) per task and keeps them
 in the bundle's ``private/generator.json`` (installed under the private
@@ -32,7 +31,12 @@ answered by lookup; issue 29). ``camg.prepare --validate`` checks it.
 
 The baseline and reference scores are computed here by running the very
 scripts the bundle ships, with the scikit-learn/numpy releases the image
-pins (requirements.lock's), so the reference earns 1.0 in the sandbox.
+pins (requirements.lock's), so the reference earns 1.0 in the sandbox. The
+reward's floor (scoring.json ``baseline_score``) is the better of the public
+baseline's score and the best no-learning baseline's
+(daemons.autoresearch.battery, scored by the grader's code): whatever needs
+no learning earns 0. A draw on which that floor reaches the reference is
+drawn again.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from daemons.autoresearch import metrics
+from daemons.autoresearch import battery, grader, metrics
 from tools.autoresearch import synthetic
 
 PRIVATE_FRACTION = 0.3
@@ -139,60 +143,34 @@ SCRIPTS["segmentation"] = {
     "baseline": _SEG_IO + '''
 write(X > 0.5)
 ''',
+    # A learned per-pixel classifier: brightness and texture at three scales,
+    # relative to each image's own level, fitted on a sample of the labelled
+    # pixels by gradient boosting; its probabilities smoothed, cut at 0.5.
     "reference": _SEG_IO + '''
 from scipy import ndimage
-write(np.array([ndimage.gaussian_filter(x, 1.0) for x in X]) > 0.5)
+from sklearn.ensemble import HistGradientBoostingClassifier
+
+
+def features(x):
+    centre = np.median(x)
+    x = (x - centre) / (1.4826 * np.median(np.abs(x - centre)) + 1e-6)
+    out = [x, ndimage.gaussian_gradient_magnitude(x, 1.5)]
+    for sigma in (1.0, 2.0, 4.0):
+        mean = ndimage.gaussian_filter(x, sigma)
+        out += [mean, np.sqrt(np.maximum(ndimage.gaussian_filter(x * x, sigma) - mean ** 2, 0))]
+    return np.stack([f.ravel() for f in out], axis=1)
+
+
+images = np.load(f"{TASK}/train_images.npy")
+labels = np.load(f"{TASK}/train_masks.npy").reshape(-1)
+F = np.concatenate([features(x) for x in images])
+pick = np.random.RandomState(0).choice(len(labels), min(40000, len(labels)), replace=False)
+model = HistGradientBoostingClassifier(max_iter=80, random_state=0).fit(F[pick], labels[pick])
+probabilities = [model.predict_proba(features(x))[:, 1].reshape(x.shape) for x in X]
+write(np.array([ndimage.gaussian_filter(p, 1.0) > 0.5 for p in probabilities]))
 '''}
 
-SEG_SHAPE, SEG_PUBLIC, SEG_PRIVATE = (64, 64), 32, 16
-_SEG_GENERATE = '''
-import sys
-import numpy as np
-from monai.data import create_test_image_2d
-out = sys.argv[1]
-seeds = np.load(f"{out}/seeds.npy")
-pairs = [create_test_image_2d(64, 64, num_objs=5, rad_max=10, noise_max=0.6, num_seg_classes=1,
-                              random_state=np.random.RandomState(seed)) for seed in seeds]
-np.save(f"{out}/images.npy", np.array([p[0] for p in pairs], dtype=np.float32))
-np.save(f"{out}/masks.npy", (np.array([p[1] for p in pairs]) > 0).astype(np.uint8))
-'''
-MONAI = "monai==1.6.1"
-
-
-#: MONAI imports torch, which the services' venv does not hold (its CPU build
-#: is not on PyPI; requirements/nodeps.in): the research image's own pins of
-#: MONAI, CPU torch and torch's pure-Python requirements, installed --target
-#: for this interpreter from the image's torch source.
-_MONAI_STACK = ("monai", "torch", "filelock", "fsspec", "jinja2", "markupsafe", "mpmath",
-                "networkx", "sympy", "typing_extensions")
-
-
-def _monai_path() -> Path:
-    import os
-    from tools.autoresearch import image
-    cache = Path(os.environ.get("CAMG_CACHE") or "/var/cache/camg-test") / "autoresearch"
-    pins = [p for p in image.REQUIREMENTS if p.split("==")[0].lower() in _MONAI_STACK]
-    target = cache / f"{MONAI.replace('==', '-')}-torch-py{sys.version_info[0]}{sys.version_info[1]}"
-    if not (target / "monai" / "__init__.py").is_file():
-        tmp = Path(tempfile.mkdtemp(prefix="monai.", dir=cache if cache.is_dir() else None))
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                        "--disable-pip-version-check", "--target", str(tmp),
-                        "--find-links", image.LOCAL_WHEELS, *pins],
-                       check=True, capture_output=True, timeout=600)
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-    return target
-
-
-def _segmentation_data(work: Path, entropy: int) -> tuple[np.ndarray, np.ndarray]:
-    import os
-    script = work / "generate.py"
-    script.write_text(_SEG_GENERATE)
-    np.save(work / "seeds.npy", synthetic.image_seeds(entropy, SEG_PUBLIC + SEG_PRIVATE))
-    env = {**os.environ, "PYTHONPATH": str(_monai_path()), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(script), str(work)], check=True, env=env,
-                   capture_output=True, timeout=900)
-    return np.load(work / "images.npy"), np.load(work / "masks.npy")
+SEG_PUBLIC, SEG_PRIVATE = 32, 16
 
 
 STATEMENTS = {
@@ -216,11 +194,12 @@ STATEMENTS = {
                  "patient of /task/test.csv from ten baseline variables (age, sex, BMI, blood "
                  "pressure, six serum measurements; /task/train.csv has the target as its last "
                  "column). Scored by mean absolute error on hidden targets (lower is better)."),
-    "segmentation": ("Synthetic image segmentation (MONAI)", "dice",
-                     "Segment the bright discs in 16 noisy 64x64 images (/task/test_images.npy, "
-                     "float32 [16, 64, 64]); /task/train_images.npy and /task/train_masks.npy "
-                     "hold 32 labelled examples made by MONAI's create_test_image_2d (each image "
-                     "from its own random seed). Submit one "
+    "segmentation": ("Textured object segmentation (simulated)", "dice",
+                     "Segment the target objects in 16 noisy 64x64 images "
+                     "(/task/test_images.npy, float32 [16, 64, 64]); /task/train_images.npy and "
+                     "/task/train_masks.npy hold 32 labelled examples (mask 1 on targets). Each "
+                     "image holds a few ellipses over an uneven background, under noise and its "
+                     "own brightness and contrast; not every object is a target. Submit one "
                      "line per pixel: id sgNN_PPPP (image NN, row-major pixel PPPP), prediction "
                      "1 for foreground, 0 for background. Scored by Dice over all pixels. "
                      "MONAI and CPU torch are installed."),
@@ -257,8 +236,7 @@ def _write_tabular(name: str, public: Path, private: Path, entropy: int) -> None
 
 
 def _write_segmentation(public: Path, private: Path, entropy: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        images, masks = _segmentation_data(Path(tmp), entropy)
+    images, masks = synthetic.textured_objects(entropy, SEG_PUBLIC + SEG_PRIVATE)
     np.save(public / "train_images.npy", images[:SEG_PUBLIC])
     np.save(public / "train_masks.npy", masks[:SEG_PUBLIC])
     np.save(public / "test_images.npy", images[SEG_PUBLIC:])
@@ -278,9 +256,10 @@ def _cache_key(name: str, python: str) -> str:
                        "('numpy', 'scipy', 'scikit-learn')])"],
         capture_output=True, text=True, check=True, timeout=120).stdout
     h = hashlib.sha256()
-    for path in (__file__, synthetic.__file__, metrics.__file__):
+    for path in (__file__, synthetic.__file__, metrics.__file__, battery.__file__,
+                 grader.__file__):
         h.update(Path(path).read_bytes())
-    h.update(f"{name}\0{python}\0{MONAI}\0{versions}".encode())
+    h.update(f"{name}\0{python}\0{versions}".encode())
     return h.hexdigest()[:16]
 
 
@@ -311,7 +290,25 @@ def _scores(bundle: Path) -> dict:
     return {"baseline": meta["baseline_score"], "reference": meta["reference_score"]}
 
 
+class NoRoom(RuntimeError):
+    """This draw leaves the reference nothing to earn over what needs no learning."""
+
+
+#: draws tried before a task is given up (a draw without room is rare)
+DRAWS = 3
+
+
 def _build_task(name: str, dest: Path, python: str = sys.executable) -> dict:
+    for attempt in range(DRAWS):
+        try:
+            return _draw_task(name, dest, python)
+        except NoRoom:
+            if attempt == DRAWS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _draw_task(name: str, dest: Path, python: str = sys.executable) -> dict:
     bundle = dest / name
     shutil.rmtree(bundle, ignore_errors=True)
     public, private, reference = bundle / "public", bundle / "private", bundle / "reference"
@@ -323,8 +320,7 @@ def _build_task(name: str, dest: Path, python: str = sys.executable) -> dict:
     else:
         _write_tabular(name, public, private, entropy)
     (private / "generator.json").write_text(json.dumps(
-        {"entropy": f"{entropy:#034x}", "generator": "tools.autoresearch.synthetic"
-         if name != "segmentation" else "monai.data.create_test_image_2d"}) + "\n")
+        {"entropy": f"{entropy:#034x}", "generator": "tools.autoresearch.synthetic"}) + "\n")
     (public / "baseline.py").write_text(SCRIPTS[name]["baseline"].lstrip())
     (reference / "solve.py").write_text(SCRIPTS[name]["reference"].lstrip())
     title, metric, statement = STATEMENTS[name]
@@ -341,11 +337,25 @@ def _build_task(name: str, dest: Path, python: str = sys.executable) -> dict:
             predicted = metrics.parse_submission(data, answer_ids, integer=metric == "accuracy")
             scores[kind] = metrics.score(metric, truth, predicted)
     if not (scores["reference"] > scores["baseline"]) == metrics.HIGHER_IS_BETTER[metric]:
-        raise RuntimeError(f"{name}: reference {scores['reference']} does not beat baseline "
-                           f"{scores['baseline']}")
-    (private / "scoring.json").write_text(json.dumps(
-        {"metric": metric, "baseline_score": scores["baseline"],
-         "reference_score": scores["reference"]}, indent=1) + "\n")
+        raise NoRoom(f"{name}: reference {scores['reference']} does not beat baseline "
+                     f"{scores['baseline']}")
+    scoring = {"metric": metric, "baseline_score": scores["baseline"],
+               "reference_score": scores["reference"], "public_baseline_score": scores["baseline"]}
+    (private / "scoring.json").write_text(json.dumps(scoring, indent=1) + "\n")
+    # The reward's floor: the better of the public baseline and the best
+    # no-learning baseline, each scored by the grader's own code, so that
+    # nothing that skips learning earns reward (daemons.autoresearch.battery).
+    task = grader.load_dir(str(private))
+    found = battery.run(public, task, grader.grade)
+    floor_name, floor = battery.best(task, found)
+    if floor == scores["reference"] or \
+            (floor > scores["reference"]) == metrics.HIGHER_IS_BETTER[metric]:
+        raise NoRoom(f"{name}: no-learning baseline {floor_name} scores {floor}, the reference "
+                     f"{scores['reference']}")
+    if (floor > scores["baseline"]) == metrics.HIGHER_IS_BETTER[metric]:
+        scores["baseline"] = floor
+        scoring.update(baseline_score=floor, floor_from=f"battery:{floor_name}")
+    (private / "scoring.json").write_text(json.dumps(scoring, indent=1) + "\n")
     (bundle / "task.json").write_text(json.dumps(
         {"task_id": name, "title": title, "metric": metric, "statement": statement,
          "baseline_score": scores["baseline"], "reference_score": scores["reference"]},
