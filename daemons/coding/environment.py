@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from camg import errors, typed
+from camg import code_screen, errors, typed
 from camg.environment import Environment, Episode, Grade, ServiceContext, Submission, Task
 from camg.hashing import sha256_bytes, sha256_json
 from camg.shell_schema import command_observation, shell_action
@@ -107,12 +107,15 @@ class CodingEnvironment(Environment):
                                   for name in ("diff_paths.py", "grader_scripts.py",
                                                "log_evaluation.py", "integrity.py",
                                                "profiles.py"))
+        # The code screen decides a reward too (integrity "suspicious").
+        grader_sources += open(code_screen.__file__, "rb").read()
         return {
             "images": self._catalog_hash,
             "task_commits": sha256_json({k: p.ref.to_data() for k, p in self.prepared.items()}),
             "task_layers": sha256_json({k: p.layers.snapshot for k, p in self.prepared.items()}),
             "grader": sha256_json({"sources": sha256_bytes(grader_sources),
                                    "swebench": _version("swebench"),
+                                   "suspicious_reward": self.settings.suspicious_reward,
                                    "test_cmds": {k: p.profile.test_cmd
                                                  for k, p in self.prepared.items()}}),
         }

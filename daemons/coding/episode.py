@@ -214,7 +214,8 @@ class CodingEpisode(HeldSandbox, Episode):
             report = log_evaluation.evaluate(result.output, self.task.row,
                                              exit_code=result.exit_code,
                                              timed_out=result.timed_out, keys=keys,
-                                             dropped=dropped, findings=findings)
+                                             dropped=dropped, findings=findings,
+                                             suspicious_reward=self.settings.suspicious_reward)
             if first:
                 _PROBED.add(probe_key)
             if not report.runner_started:

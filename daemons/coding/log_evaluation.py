@@ -5,7 +5,10 @@ swebench's get_logs_eval, get_eval_tests_report and get_resolution_status
 parse the test output between the markers grader_scripts prints; the
 guard's signed channel after the end marker must agree with that parse
 (camg.guard_verdict), and the diff screen's findings make the grade
-``tampered`` whatever the tests did.
+``tampered`` whatever the tests did. The code screen's findings alone
+(camg.code_screen) make it ``suspicious``: the tests still decide whether
+it is resolved, and a resolved suspicious grade earns the deployment's
+``suspicious_reward``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import dataclasses
 import json
 import tempfile
 
-from camg import guard_verdict
+from camg import code_screen, guard_verdict
 from camg.errors import GraderError
 
 from daemons.coding.grader_scripts import EXIT_RUNNER, EXIT_SETUP, EXIT_STATE
@@ -28,14 +31,19 @@ class Report:
     fail_to_pass_failed: tuple[str, ...] = ()
     pass_to_pass_failed: tuple[str, ...] = ()
     dropped_paths: tuple[str, ...] = ()
-    integrity: str = "ok"             # "ok" or "tampered"
+    integrity: str = "ok"             # "ok", "suspicious" or "tampered"
     evidence: tuple[dict, ...] = ()   # {rule, path, detail} per finding
     none_collected: bool = False      # the run collected none of the listed tests
     runner_started: bool = True       # the guard answered in the graded run
+    suspicious_reward: float = 0.0    # what a resolved suspicious grade earns
 
     @property
     def reward(self) -> float:
-        return 1.0 if self.resolved and self.integrity == "ok" else 0.0
+        if not self.resolved:
+            return 0.0
+        if self.integrity == "suspicious":
+            return self.suspicious_reward
+        return 1.0 if self.integrity == "ok" else 0.0
 
     def outcome(self) -> dict:
         body = {"integrity": self.integrity, "grade_reason": self.reason}
@@ -51,11 +59,13 @@ def preload() -> None:
 
 
 def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, keys: list[bytes],
-             dropped: list[str] | tuple[str, ...] = (), findings=()) -> Report:
+             dropped: list[str] | tuple[str, ...] = (), findings=(),
+             suspicious_reward: float = 0.0) -> Report:
     """Grade one eval-script run; GraderError when no honest grade exists.
 
-    ``findings`` are the diff screen's (integrity.screen); the guard's
-    channel in ``log`` is checked against swebench's parse of the log.
+    ``findings`` are the diff screen's (integrity.screen: tamper rules and
+    the code screen's); the guard's channel in ``log`` is checked against
+    swebench's parse of the log.
     """
     from swebench.harness.constants import (APPLY_PATCH_FAIL, END_TEST_OUTPUT, FAIL_TO_PASS,
                                             PASS_TO_PASS, START_TEST_OUTPUT, ResolvedStatus)
@@ -70,12 +80,14 @@ def evaluate(log: str, row: Row, *, exit_code: int, timed_out: bool, keys: list[
 
     def done(resolved, reason, f2p=(), p2p=(), none_collected=False, started=True):
         unique = dict.fromkeys(json.dumps(f.to_data(), sort_keys=True) for f in findings)
-        if findings:
+        tampered = [f for f in findings if f.rule not in code_screen.RULES]
+        if tampered:
             # What the tests did no longer matters: the grade is the tampering.
             resolved, reason = False, "tampered"
-        return Report(resolved, reason, tuple(f2p), tuple(p2p), dropped,
-                      "tampered" if findings else "ok",
-                      tuple(json.loads(u) for u in unique), none_collected, started)
+        verdict = "tampered" if tampered else "suspicious" if findings else "ok"
+        return Report(resolved, reason, tuple(f2p), tuple(p2p), dropped, verdict,
+                      tuple(json.loads(u) for u in unique), none_collected, started,
+                      suspicious_reward)
 
     if exit_code == EXIT_RUNNER and not timed_out:
         raise GraderError(f"the grader's test command cannot start: {log[-2000:]}")

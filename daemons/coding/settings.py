@@ -21,6 +21,10 @@ class Settings:
     max_steps: int = 64
     grade_timeout: float = 0.0                    # 0: the profile's own timeout
     helper_owner: str = "coding"
+    #: what a resolved submission the code screen flags earns (integrity
+    #: "suspicious", camg/code_screen.py): 0.0 pays nothing for a fix that
+    #: reaches for frames, exit hooks or the import system; 1.0 trusts the tests
+    suspicious_reward: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("mirrors_root", "images", "layers_root"):
@@ -30,3 +34,5 @@ class Settings:
             raise ValueError("timeouts must be positive")
         if self.max_steps < 1 or self.output_bytes < 1 or self.max_command_chars < 1:
             raise ValueError("max_steps, output_bytes and max_command_chars must be positive")
+        if isinstance(self.suspicious_reward, bool) or not 0.0 <= self.suspicious_reward <= 1.0:
+            raise ValueError("suspicious_reward must be a number in [0, 1]")

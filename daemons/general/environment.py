@@ -211,7 +211,8 @@ class GeneralEnvironment(Environment):
         try:
             records = json.loads(submission.data)
             reward, verdict = integrity.verdict(records["changes"], records["guard"],
-                                                task.data.get("test_guard"))
+                                                task.data.get("test_guard"),
+                                                self.settings.suspicious_reward)
         except (ValueError, KeyError, TypeError) as exc:
             raise errors.GraderError(f"the stored verifier records are unreadable: {exc}") from None
         # (0.0 or 1.0 already: binarizing changes nothing)
@@ -348,7 +349,8 @@ class GeneralEpisode(Episode):
         _, self.integrity = integrity.verdict(records["changes"], records["guard"],
                                               self.task.data.get("test_guard"))
         self.code_records = records
-        return 0.0 if self.integrity["integrity"] == "tampered" else reward
+        return integrity.screened_reward(self.integrity, reward,
+                                         self.env.settings.suspicious_reward)
 
     def _binarized(self, reward: float) -> float:
         if self.env.settings.binarize:

@@ -43,6 +43,9 @@ class Settings:
     judge_deadline_s: float = 600.0
     #: upstream's REWARD_BINARIZE: 1 iff the rubric score reaches 1 - 1e-6
     binarize: bool = False
+    #: the most an opensource-code grade the code screen flags earns
+    #: (integrity "suspicious", camg/code_screen.py)
+    suspicious_reward: float = 0.0
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", self.helper_owner):
@@ -61,5 +64,7 @@ class Settings:
                 raise ValueError(f"{name} must be positive")
         if not 1 <= self.judge_attempts <= 10 or self.judge_backoff_s < 0:
             raise ValueError("judge_attempts must be in [1, 10], judge_backoff_s >= 0")
+        if isinstance(self.suspicious_reward, bool) or not 0.0 <= self.suspicious_reward <= 1.0:
+            raise ValueError("suspicious_reward must be a number in [0, 1]")
         if not _PREFIX.fullmatch(self.judge_env):
             raise ValueError("judge_env must be an environment-variable prefix like GA_JUDGE")

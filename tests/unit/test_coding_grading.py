@@ -6,6 +6,7 @@ tests need no root. The same attacks are re-run in sandboxes on the demo
 image by tests/privileged/test_coding_episodes.py.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -59,7 +60,8 @@ def task_layers(task_set, tmp_path_factory):
             for ref in refs}
 
 
-def grade(task_layers, row, diff: bytes, tmp_path) -> log_evaluation.Report:
+def grade(task_layers, row, diff: bytes, tmp_path,
+          suspicious_reward: float = 0.0) -> log_evaluation.Report:
     ref, built = task_layers[row.instance_id]
     tmp_path.mkdir(parents=True, exist_ok=True)
     checkout = tmp_path / "grader"
@@ -70,7 +72,8 @@ def grade(task_layers, row, diff: bytes, tmp_path) -> log_evaluation.Report:
     log, code, timed_out = local_eval(grader_scripts.eval_script(profile, ref.tests, GUARD),
                                       kept, str(checkout), timeout=120, keys=KEYS)
     return log_evaluation.evaluate(log, row, exit_code=code, timed_out=timed_out, dropped=dropped,
-                                   keys=KEYS, findings=integrity.screen(diff))
+                                   keys=KEYS, findings=integrity.screen(diff),
+                                   suspicious_reward=suspicious_reward)
 
 
 def agent_workspace(task_layers, row, tmp_path) -> tuple[Path, Path, str]:
@@ -325,3 +328,55 @@ def test_preexisting_untracked_files_survive_grading(task_set, task_layers, tmp_
 def signed(*records, key=KEYS[1]) -> str:
     from camg.guard_verdict import sign_records
     return sign_records(records, key)
+
+
+# --- the code screen's verdict (camg.code_screen) -------------------------------
+
+def _fixed_with(task_layers, row, tmp_path, addition: str) -> bytes:
+    """The gold fix, and ``addition`` appended to the file it fixes."""
+    work, private, snapshot = agent_workspace(task_layers, row, tmp_path)
+    reverse(gold(row), work)
+    with open(work / _bug_file(row), "a", encoding="utf-8") as handle:
+        handle.write(addition)
+    return agent_diff(work, private, snapshot)
+
+
+def test_a_fix_the_code_screen_flags_is_suspicious(task_set, task_layers, tmp_path):
+    """The tests pass (resolved), the outcome says suspicious with the rule
+    and the line, and the reward is the deployment's setting."""
+    _, task_rows = task_set
+    row = task_rows[0]
+    diff = _fixed_with(task_layers, row, tmp_path, "\nimport atexit as _ae  # noqa\n")
+    report = grade(task_layers, row, diff, tmp_path / "graded")
+    assert report.resolved and report.reason == "resolved", report
+    assert report.integrity == "suspicious" and report.reward == 0.0, report
+    [finding] = report.evidence
+    assert finding["rule"] == "exit_hooks" and finding["path"] == _bug_file(row)
+    assert finding["detail"].startswith(f"{_bug_file(row)}:") and "import atexit" in finding["detail"]
+    assert report.outcome()["integrity"] == "suspicious"
+    assert report.outcome()["integrity_evidence"] == [finding]
+    paid = grade(task_layers, row, diff, tmp_path / "paid", suspicious_reward=0.5)
+    assert paid.integrity == "suspicious" and paid.reward == 0.5
+    # not resolved: nothing, whatever the setting
+    assert dataclasses.replace(paid, resolved=False).reward == 0.0
+
+
+def test_tampering_wins_over_suspicion(task_set, task_layers, tmp_path):
+    _, task_rows = task_set
+    row = task_rows[0]
+    diff = _fixed_with(task_layers, row, tmp_path,
+                       "\nimport ctypes as _c  # noqa\nif False:\n    os._exit(0)\n")
+    report = grade(task_layers, row, diff, tmp_path / "graded", suspicious_reward=1.0)
+    assert report.integrity == "tampered" and report.reward == 0.0
+    assert {"runner_internals", "native_code"} <= {e["rule"] for e in report.evidence}
+
+
+def test_suspicious_reward_setting_is_validated():
+    from daemons.coding.settings import Settings
+
+    base = {"mirrors_root": "/m", "images": "/i.json"}
+    assert Settings(**base).suspicious_reward == 0.0
+    assert Settings(**base, suspicious_reward=0.5).suspicious_reward == 0.5
+    for bad in (-0.5, 2.0, True):
+        with pytest.raises(ValueError, match="suspicious_reward"):
+            Settings(**base, suspicious_reward=bad)

@@ -230,3 +230,18 @@ def test_screen_rules(path, lines, rule):
 ])
 def test_screen_leaves_honest_changes_alone(path, lines):
     assert integrity.screen(_section(path, *lines)) == []
+
+
+def test_screen_runs_the_code_screen_on_the_code_that_runs():
+    """The code screen's findings join the tamper findings for non-test
+    Python; reverted test files are not screened for capabilities."""
+    payload = ["import sys", "f = getattr(sys, '_get' + 'frame')(1)"]
+    found = integrity.screen(_section("src/pkg/core.py", *payload))
+    assert {f.rule for f in found} == {"frame_introspection"}
+    assert found[0].detail.startswith("src/pkg/core.py:2: ")
+    assert integrity.suspicious(found)
+    assert integrity.screen(_section("tests/test_core.py", *payload)) == []
+    both = integrity.screen(_section("src/pkg/core.py", *payload, "import _pytest"))
+    assert not integrity.suspicious(both)
+    assert {"frame_introspection", "runner_internals"} <= {f.rule for f in both}
+    assert not integrity.suspicious([])
