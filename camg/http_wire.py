@@ -77,7 +77,7 @@ def check_episode_id(value: str | None) -> None:
 MAX_JSON_DEPTH = 64
 # A JSON string (escapes included), whose brackets are text, not nesting;
 # possessive, so a long string is one pass with no backtracking.
-_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
+_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 

@@ -194,3 +194,24 @@ def test_deep_nesting_on_mcp_and_websocket(shared_counter_service):
             assert json.loads(await ws.recv())["type"] == "observation"
     asyncio.run(over_ws())
     assert Client(url).health()["status"] == "healthy"
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(value=st.recursive(
+    st.none() | st.integers() | st.text(alphabet='[]{}"\\\n ab', max_size=12),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.text(alphabet='[{"\\', max_size=4), children, max_size=3),
+    max_leaves=20), limit=st.integers(0, 6), ascii_only=st.booleans())
+def test_fuzz_the_depth_bound_is_exactly_the_nesting(value, limit, ascii_only):
+    # brackets, quotes and backslashes inside strings (escaped or not) are text
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    assert wire.json_too_deep(text.encode(), limit) == (_depth(value) > limit), text
+    assert wire.json_too_deep(text, limit) == (_depth(value) > limit), text
