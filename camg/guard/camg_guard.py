@@ -448,8 +448,11 @@ _SCRIPT_CALLER = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_refere
                             "marshal.load", "marshal.loads"})
 _FUNCTION_STATE = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 # Code made at run time: the file name it claims is the agent's from then on
-# (a payload compiled as "site-packages/x.py" passed every file check).
-_COMPILING = frozenset({"compile", "code.__new__", "exec"})
+# (a payload compiled as "site-packages/x.py" passed every file check). An
+# AST's compile event carries no file name: the code it makes is judged when
+# it runs (exec) or becomes a function (types.FunctionType, a __code__
+# assignment), wherever that happens.
+_COMPILING = frozenset({"compile", "code.__new__", "exec", "function.__new__"})
 _WRITING = frozenset({"open", "os.rename", "os.link", "os.symlink"})
 _AUDITED = _FIRST_CALLER | _SCRIPT_CALLER | _COMPILING | _WRITING | frozenset(
     {"object.__setattr__", "object.__delattr__", "os.truncate", "import"})
@@ -538,6 +541,84 @@ def _audit_finding(event, args, caller, _stdlib_file=_stdlib_file, _runner_code=
 
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+_CODE_TYPE = type(_claim.__code__)
+
+
+# --- code true to its file ----------------------------------------------------
+# Every file check of the guard trusts the file name a code object carries.
+# Code compiled from a string or an AST under a real file's name (another
+# installed package's) and run through types.FunctionType passed them all
+# (canary plugin_compiled_from_ast). Code is true to its file when compiling
+# that file -- as the import system does, or as pytest's assertion rewriter
+# does for test modules -- yields code of the same name, first line, names
+# and bytecode. Code that is not is the agent's, whoever runs it: a callback
+# queued on a standard-library object leaves no agent frame on the stack.
+
+def _code_digest(code, _sha=hashlib.sha256, _code_type=_CODE_TYPE):
+    parts = [code.co_name, str(code.co_firstlineno), repr(code.co_names),
+             repr(code.co_varnames), repr(code.co_freevars)]
+    for const in code.co_consts:
+        parts.append("<code %s>" % const.co_name if isinstance(const, _code_type)
+                     else repr(const))
+    digest = _sha("\0".join(parts).encode("utf-8", "replace"))
+    digest.update(code.co_code)
+    return digest.hexdigest()
+
+
+def _file_truth(limit=256, _digest=_code_digest, _code_type=_CODE_TYPE, _compile=compile,
+                _open=open):
+    """``true_to_file(code)``. Each file is compiled at most twice (plain,
+    then assertion-rewritten) and its digests kept in this closure."""
+    cache = {}
+
+    def digests(path, rewrite):
+        with _open(path, "rb") as handle:
+            source = handle.read()
+        if rewrite:
+            import ast
+            from _pytest.assertion.rewrite import rewrite_asserts
+            top = ast.parse(source, filename=path)
+            try:
+                rewrite_asserts(top, source, path, None)
+            except TypeError:  # pytest < 5: no source argument
+                rewrite_asserts(top, path, None)
+            top = _compile(top, path, "exec", dont_inherit=True)
+        else:
+            top = _compile(source, path, "exec", dont_inherit=True)
+        found, todo = set(), [top]
+        while todo:
+            code = todo.pop()
+            found.add(_digest(code))
+            todo.extend(c for c in code.co_consts if isinstance(c, _code_type))
+        return found
+
+    def true_to_file(code):
+        path = getattr(code, "co_filename", "") or ""
+        if not path or path.startswith("<"):
+            return True  # no file claimed: judged by who made it
+        entry = cache.get(path)
+        if entry is None:
+            try:
+                entry = [digests(path, False), None]
+            except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+                # No source to hold it against (a zip, a sourceless module,
+                # a file gone): the file checks judge the name itself.
+                return True
+            if len(cache) < limit:
+                cache[path] = entry
+        mine = _digest(code)
+        if mine in entry[0]:
+            return True
+        if entry[1] is None:
+            try:
+                entry[1] = digests(path, True)
+            except Exception:  # noqa: BLE001 - no rewriter here: nothing more matches
+                entry[1] = set()
+        return mine in entry[1]
+    return true_to_file
+
+
+_true_to_file = _file_truth()
 
 
 def _compiled_by_agent(event, args, caller, _stdlib_file=_stdlib_file, _agent_file=_agent_file,
@@ -548,7 +629,7 @@ def _compiled_by_agent(event, args, caller, _stdlib_file=_stdlib_file, _agent_fi
     whoever imports."""
     if caller is None or caller.f_code.co_filename.startswith(_IMPORTER):
         return
-    if event == "exec":
+    if event in ("exec", "function.__new__"):
         name = getattr(args[0], "co_filename", None) if args else None
     elif event == "open":
         mode, flags = (args + (None, None))[1:3]
@@ -573,12 +654,54 @@ def _compiled_by_agent(event, args, caller, _stdlib_file=_stdlib_file, _agent_fi
         except TypeError:
             return
         _taint(name)
-        if event != "exec" and isinstance(name, str) and name.endswith((".pyc", ".pyo")):
+        if event not in ("exec", "function.__new__") and isinstance(name, str) \
+                and name.endswith((".pyc", ".pyo")):
             # Bytecode is trusted by its header alone (pytest's rewriter: a
             # hash of the source): a test module's, compiled from an emptied
             # copy, ran instead of the test (canary test_bytecode_planted).
             _flag("bytecode_from_changed_code", event + " " + name + " from "
                   + frame.f_code.co_filename + ":" + str(frame.f_lineno))
+
+
+def _run_under_false_name(event, args, caller, _true_to_file=_true_to_file, _taint=_taint,
+                          _code_type=_CODE_TYPE, _importer=_IMPORTER, _rewriter=_REWRITER,
+                          _agent_file=_agent_file, _tainted=_tainted, _flag=_flag,
+                          _stdlib_file=_stdlib_file, _runner_path=_runner_path):
+    """Code about to run (exec) or to become a function (types.FunctionType,
+    a __code__ assignment) that is not true to the file it names, when what
+    asks for it is the agent's code, the runner (which never makes code
+    under another file's name) or nothing but the standard library (a
+    callback queued on one of its objects): that file name is the agent's
+    from then on. The import system and pytest's rewriter run code they
+    compiled from the file themselves; an installed library may name its
+    generated code after its own files (hypothesis does). The agent's code
+    put into a function that is not the agent's is a finding whoever
+    assigns it (functools.update_wrapper assigns from a frame of its own)."""
+    if event == "object.__setattr__":
+        code = args[2] if len(args) > 2 and args[1] == "__code__" else None
+        was = getattr(args[0], "__code__", None) if code is not None else None
+        # "<...>" code is the agent's only when the agent's code made it.
+        mine = [(c.co_filename.startswith("<") and _tainted(c.co_filename)) or (
+            not c.co_filename.startswith("<") and _agent_file(c.co_filename))
+            for c in (code, was) if isinstance(c, _code_type)]
+        if mine == [True, False]:
+            _flag("code_replaced_by_changed_code", was.co_name + " in " + was.co_filename
+                  + " now runs " + code.co_name + " of " + code.co_filename)
+    else:
+        code = args[0] if args else None
+    if not isinstance(code, _code_type) or caller is None:
+        return
+    where = caller.f_code.co_filename
+    if where.startswith(_importer) or where.endswith(_rewriter):
+        return
+    frame = caller
+    while frame is not None and _stdlib_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is not None and not _runner_path(frame.f_code.co_filename) \
+            and not _agent_file(frame.f_code.co_filename):
+        return
+    if not _true_to_file(code):
+        _taint(code.co_filename)
 
 
 def _bytecode_made_in_run(args, caller, _start=_RUN_START_NS, _stat=os.stat,
@@ -607,6 +730,7 @@ def _install_audit_hook():
     getframe, ident, busy, audited = sys._getframe, _thread.get_ident, set(), _AUDITED
     frame_attrs, finding, flag = _FRAME_ATTRS, _audit_finding, _flag
     compiling, compiled, planted = _COMPILING, _compiled_by_agent, _bytecode_made_in_run
+    running, false_name = ("exec", "function.__new__", "object.__setattr__"), _run_under_false_name
     writing, renaming = _WRITING, _WRITING - {"open"}
 
     def hook(event, args):
@@ -622,6 +746,8 @@ def _install_audit_hook():
             caller = getframe(1)
             if event in compiling or event in writing:
                 compiled(event, args, caller)
+            if event in running:
+                false_name(event, args, caller)
             if event == "open":
                 refused = planted(args, caller)
             if event not in compiling and event not in renaming:
@@ -796,6 +922,199 @@ def _check_collected(items, _flag=_flag, _agent_file=_agent_file, _tainted=_tain
             _flag("test_from_changed_code", item.nodeid + " in " + where)
 
 
+# --- identity at call time ---------------------------------------------------
+# What is checked when collection ends is not what pytest calls: the
+# package's code, still running, replaced the collected tests' __code__
+# after collection (through functools.update_wrapper queued on os.environ:
+# no frame of the agent's file performs the assignment), or walked up the
+# stack to the session and replaced each item's callable with a
+# functools.wraps no-op (its __wrapped__ still the collected test). So the
+# guard records, when collection ends, each test's callable, its
+# __wrapped__ chain and each one's code (identity and digest), and the
+# implementations of the hooks that call it; and checks them when the test
+# is called: first in the call (a tryfirst wrapper of pytest_runtest_call)
+# and last before it (a trylast wrapper of pytest_pyfunc_call, which every
+# python test's runtest must reach).
+
+_CALL_HOOKS = ("pytest_runtest_call", "pytest_pyfunc_call")
+# Where a plugin that wraps a test's callable at call time (pytest-asyncio's
+# wrap_in_sync) lives: an installed distribution, never the standard library.
+_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def _chain(fn, limit=64, _partial=functools.partial, _digest=_code_digest):
+    """(object, code, digest) of a test's callable and each one its
+    __wrapped__ chain (methods and partials unwrapped) leads to."""
+    found = []
+    for _ in range(limit):
+        base = getattr(fn, "__func__", None) or fn
+        code = getattr(base, "__code__", None)
+        found.append((base, code, _digest(code) if code is not None else None))
+        nxt = getattr(base, "__wrapped__", None)
+        if nxt is None and isinstance(base, _partial):
+            nxt = base.func
+        if nxt is None or nxt is base:
+            break
+        fn = nxt
+    return tuple(found)
+
+
+def _impls(manager, names=_CALL_HOOKS):
+    """{hook name: ((impl, function, code), ...)} of the hook calls a test."""
+    found = {}
+    hooks = getattr(manager, "hook", None)
+    for name in names:
+        getter = getattr(getattr(hooks, name, None), "get_hookimpls", None)
+        entries = []
+        for impl in (getter() if getter is not None else ()):
+            function = getattr(impl, "function", None)
+            base = getattr(function, "__func__", None) or function
+            entries.append((impl, base, getattr(base, "__code__", None)))
+        found[name] = tuple(entries)
+    return found
+
+
+def _module_functions(module, _function_type=type(_claim)):
+    """(owner, name, function, code) of every function the test module
+    defines at its top level or in its classes (helpers a test calls)."""
+    found = []
+    home = getattr(module, "__name__", None)
+    for name, obj in list(vars(module).items()):
+        owners = [(module, name, obj)]
+        if isinstance(obj, type) and getattr(obj, "__module__", None) == home:
+            owners += [(obj, n, v) for n, v in list(vars(obj).items())]
+        for owner, attr, value in owners:
+            value = getattr(value, "__func__", None) or value
+            if type(value) is _function_type and getattr(value, "__module__", None) == home:
+                found.append((owner, attr, value, value.__code__))
+    return tuple(found)
+
+
+def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_to_file,
+                      _chain=_chain, _impls=_impls, _module_functions=_module_functions,
+                      _installed=_INSTALLED, _stdlib_file=_stdlib_file):
+    """``record(session)`` when collection ends; ``begin(item)`` first in a
+    test's call, ``check(item, "pyfunc")`` last before pytest calls it, and
+    ``finish(item, ok)`` when the call returned. The records are held here
+    (strong references: an id is never reused for another object)."""
+    items, nodeids, hooks, modules, judged, reached_now = {}, {}, {}, {}, {}, set()
+
+    def record(session):
+        manager = getattr(getattr(session, "config", None), "pluginmanager", None)
+        hooks[id(manager)] = (manager, _impls(manager))
+        try:
+            from _pytest.python import Function
+            runtest = Function.runtest
+        except (ImportError, AttributeError):
+            runtest = None
+        for item in list(getattr(session, "items", ()) or ()):
+            try:
+                fn = getattr(item, "obj", None)
+            except Exception:  # noqa: BLE001 - an item of another kind
+                continue
+            if fn is None:
+                continue
+            module = getattr(item, "module", None)
+            name = getattr(item, "originalname", None) or ""
+            base = getattr(fn, "__func__", None) or fn
+            attribute = (module, name) if (module is not None and name and getattr(
+                module, name, None) is base) else None
+            # A python test whose class keeps pytest's runtest must reach
+            # pytest_pyfunc_call (unittest's and plugins' items run otherwise).
+            calls = runtest is not None and getattr(type(item), "runtest", None) is runtest
+            items[id(item)] = (item, type(item), _chain(fn), attribute, calls, manager, module)
+            nodeids[item.nodeid] = id(item)
+            if module is not None and id(module) not in modules:
+                modules[id(module)] = (module, _module_functions(module))
+
+    def judge_hooks(manager, nodeid):
+        kept = hooks.get(id(manager))
+        if kept is None:
+            return
+        now = _impls(manager)
+        for name, entries in kept[1].items():
+            got = now.get(name, ())
+            if len(got) != len(entries) or any(
+                    a[0] is not b[0] or a[1] is not b[1] or a[2] is not b[2]
+                    for a, b in zip(got, entries)):
+                _flag("hook_changed_after_collection", name + " before " + nodeid)
+            for _, function, code in got:
+                if code is None or id(code) in judged:
+                    continue
+                where = code.co_filename
+                if _agent_file(where) or not _true_to_file(code):
+                    _flag("hook_from_changed_code", name + " in " + where + " ("
+                          + code.co_name + ": the agent's, or not compiled from that file)")
+                else:
+                    judged[id(code)] = code
+
+    def judge_chain(nodeid, then, now):
+        # A plugin may wrap the test in a function of its own (functools.wraps:
+        # the collected chain follows); nothing else may differ.
+        extra = len(now) - len(then)
+        if extra < 0 or any(a[0] is not b[0] or a[1] is not b[1] or a[2] != b[2]
+                            for a, b in zip(now[extra:], then)):
+            _flag("test_changed_after_collection", nodeid + ": not the callable, or not the "
+                  "code, collection saw")
+            return
+        for index, (obj, code, _) in enumerate(now[:extra]):
+            where = getattr(code, "co_filename", "") or ""
+            # ... and a wrapper closes over what it wraps (an installed
+            # package's function given a __wrapped__ does not).
+            inner, held = now[index + 1][0], []
+            for cell in getattr(obj, "__closure__", None) or ():
+                try:
+                    held.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    continue
+            if code is None or _agent_file(where) or _stdlib_file(where) \
+                    or not any(part in where for part in _installed) or not _true_to_file(code) \
+                    or not any(h is inner or getattr(h, "__func__", None) is inner for h in held):
+                _flag("test_changed_after_collection", nodeid + ": wrapped after collection by "
+                      + (where or repr(type(obj))))
+                return
+
+    def check(item, where):
+        kept = items.get(id(item))
+        nodeid = str(getattr(item, "nodeid", "?"))
+        if kept is None or kept[0] is not item:
+            if nodeid in nodeids:
+                _flag("test_changed_after_collection", nodeid + ": not the item collected")
+            return
+        _, kind, chain, attribute, _, manager, module = kept
+        if type(item) is not kind:
+            _flag("test_changed_after_collection", nodeid + ": its class changed")
+        try:
+            judge_chain(nodeid, chain, _chain(item.obj))
+        except Exception as exc:  # noqa: BLE001 - an obj that raises is not the collected one
+            _flag("test_changed_after_collection", nodeid + ": " + repr(exc)[:100])
+        if attribute is not None and getattr(attribute[0], attribute[1], None) is not chain[0][0]:
+            _flag("test_changed_after_collection", nodeid + ": its module's " + attribute[1])
+        for owner, name, function, code in modules.get(id(module), (None, ()))[1]:
+            if function.__code__ is not code:
+                _flag("test_changed_after_collection", "the code of "
+                      + getattr(owner, "__name__", "?") + "." + name + " after collection")
+        judge_hooks(manager, nodeid)
+        if where == "pyfunc":
+            reached_now.add(id(item))
+
+    def begin(item):
+        reached_now.discard(id(item))
+        check(item, "runtest")
+
+    def finish(item, ok):
+        kept = items.get(id(item))
+        if ok and kept is not None and kept[0] is item and kept[4] \
+                and id(item) not in reached_now:
+            _flag("test_changed_after_collection", str(item.nodeid) + ": the call returned "
+                  "without reaching pytest_pyfunc_call")
+        reached_now.discard(id(item))
+    return record, begin, check, finish
+
+
+_record_items, _begin_call, _check_call, _finish_call = _identity_checker()
+
+
 # --- plugins and outcomes -------------------------------------------------
 
 def _pytest11():
@@ -963,10 +1282,24 @@ def pytest_runtest_logfinish(nodeid, location, _emit=_emit, _phases=_phases, _pr
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session, _emit=_emit, _tests=_check_test_files,
-                             _collected=_check_collected):
+                             _collected=_check_collected, _record=_record_items):
     _tests()
     _collected(session.items)
+    _record(session)
     _emit({"t": "collected", "ids": [item.nodeid for item in session.items]})
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_call(item, _begin=_begin_call, _finish=_finish_call):
+    _begin(item)
+    outcome = yield
+    _finish(item, getattr(outcome, "excinfo", None) is None)
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_pyfunc_call(pyfuncitem, _check=_check_call):
+    _check(pyfuncitem, "pyfunc")
+    yield
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -214,7 +214,8 @@ KNOWN_GAPS: dict[str, str] = {}
 #: path in process, where a real fix hides the most. ~40% fewer episodes
 #: (tests/support/budget.py; CAMG_FULL=1 plays every +gold variant).
 CI_WITH_GOLD = (*OBFUSCATED, "coding:forged_log_lines", "coding:guard_key_from_proc",
-                "coding:patch_pytest_on_import")
+                "coding:patch_pytest_on_import", "coding:code_swapped_after_collection",
+                "coding:frame_walk_replaces_tests", "coding:plugin_compiled_from_ast")
 
 
 def play(client, task: dict, gold: str, outcome_of: Callable[[str], dict | None] = lambda _: None,
