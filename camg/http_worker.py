@@ -144,11 +144,14 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
       httptools buffers a header of any length, which a peer could grow
       for as long as the head deadline lets it.
     * Beyond ``max_connections`` open, a new connection drops the oldest one
-      still reading its request, head or body (a client sends a request at
-      once, so the oldest reader is the stalled one, and slow peers can
-      never fill the table); with none reading, a request is a 503 in the
-      contract's JSON form (uvicorn's own limit_concurrency answers text,
-      which a trainer's client cannot parse).
+      still reading its request, head or body, or kept alive waiting for
+      one (a client sends a request at once, so the oldest reader is the
+      stalled one; an idle kept-alive connection is one a client must be
+      ready to find closed, as it does after the keep-alive timeout): slow
+      or idle peers never fill the table. Only with every connection
+      answering a request is one more a 503 in the contract's JSON form
+      (uvicorn's own limit_concurrency answers text, which a trainer's
+      client cannot parse).
 
     A deadline is a number on the connection, checked by one sweep every
     ``SWEEP_S`` over the open connections: a timer armed and cancelled per
@@ -156,7 +159,9 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     live: set = set()
-    readers: dict = {}  # reading a request (head or body), the oldest first
+    # reading a request (head or body) or kept alive waiting for one, the
+    # oldest first: the connections a new one may displace
+    readers: dict = {}
     sweeping = []
 
     def sweep(loop) -> None:
@@ -181,6 +186,7 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
             self._expires = self.loop.time() + header_timeout_s
             self._expired = self._head_expired
             self._head_bytes = 0
+            readers.pop(self, None)  # now the newest
             readers[self] = None
 
         def data_received(self, data: bytes) -> None:
@@ -205,6 +211,20 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
             if not self.transport.is_closing():
                 self.transport.write(_TIMED_OUT)
                 self.transport.close()
+
+        def _idle_dropped(self) -> None:
+            self._not_reading()
+            live.discard(self)
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            # kept alive with nothing more to read yet: displaceable
+            if (self._expires is None and not self.pipeline
+                    and not self.transport.is_closing() and self in live):
+                readers[self] = None
+                self._expired = self._idle_dropped
 
         def _body_expired(self) -> None:
             # the app sees a disconnect, as if the client had hung up

@@ -178,51 +178,55 @@ def _raw_post(url: str, path: str, raw: bytes):
         conn.close()
 
 
-@pytest.mark.parametrize("stalls", ["head", "body"])
-def test_slow_peers_never_fill_the_connection_table(svc, stalls):
-    # three times the bound, each stalled in its head (no byte at all) or
-    # its body: each new one beyond the bound drops the oldest still reading
+@pytest.mark.parametrize("stalls", ["head", "body", "kept-alive"])
+def test_slow_or_idle_peers_never_fill_the_connection_table(svc, stalls):
+    # three times the bound, each stalled in its head (no byte at all), its
+    # body, or kept alive after a whole request: each new one beyond the
+    # bound drops the oldest of those
     idle = []
     for _ in range(192):
         idle.append(_connect(svc.url))
         if stalls == "body":
             idle[-1].sendall(b"POST /episodes HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
                              b"\r\n{")
+        elif stalls == "kept-alive":
+            idle[-1].sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert idle[-1].recv(65536).startswith(b"HTTP/1.1 200 ")
     try:
         time.sleep(0.2)
         got = _health_on_new_connection(svc.url)
         assert got.startswith(b"HTTP/1.1 200 "), got[:100]
         for s in idle[:100]:
-            # long before the read deadlines
+            # long before the read deadlines (and the keep-alive timeout)
             got = _until_closed(s, HEADER_S * 0.9)[0]
-            assert got.startswith(b"HTTP/1.1 408 ") if stalls == "head" else \
-                b"201 Created" not in got
+            if stalls == "head":
+                assert got.startswith(b"HTTP/1.1 408 "), got[:100]
+            else:
+                assert b"HTTP/1.1 20" not in got, got[:100]
     finally:
         for s in idle:
             s.close()
     assert Client(svc.url).health()["status"] == "healthy"
 
 
-def test_beyond_the_bound_of_busy_connections_a_request_is_a_json_503(svc):
-    # connections between requests (kept alive) are nobody's slow head: they
-    # are not dropped, and a request beyond the bound is refused instead
-    kept = []
+def test_with_every_connection_answering_one_more_request_is_a_json_503(counter_service):
+    svc = counter_service(limits={"max_connections": 4, "action_timeout_s": 30}, capacity=4)
     client = Client(svc.url)
-    try:
-        for _ in range(64):
-            conn = http.client.HTTPConnection(client.host, client.port, timeout=30)
-            conn.request("GET", "/health")
-            assert conn.getresponse().read()
-            kept.append(conn)
-        got = _health_on_new_connection(svc.url)
-        assert got.startswith(b"HTTP/1.1 503 "), got[:100]
-        assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"] == "overloaded"
-        assert b"retry-after: 1" in got.lower()
-    finally:
-        for conn in kept:
-            conn.close()
-    time.sleep(0.5)
-    assert Client(svc.url).health()["status"] == "healthy"
+    episodes = [client.create()["episode_id"] for _ in range(4)]
+    client.close_connection()
+    steps = [threading.Thread(target=lambda eid=eid: Client(svc.url).step(
+        eid, {"operation": "sleep", "seconds": 2})) for eid in episodes]
+    for thread in steps:
+        thread.start()
+    time.sleep(1)  # four requests being answered: nothing to displace
+    got = _health_on_new_connection(svc.url)
+    assert got.startswith(b"HTTP/1.1 503 "), got[:100]
+    assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"] == "overloaded"
+    assert b"retry-after: 1" in got.lower()
+    for thread in steps:
+        thread.join(30)
+    assert client.health()["status"] == "healthy"
+    assert all(client.get(eid)["step_count"] == 1 for eid in episodes)
 
 
 @settings(max_examples=10, deadline=None, derandomize=True,
