@@ -36,6 +36,7 @@ camg/code_screen_names.py.
 from __future__ import annotations
 
 import ast
+import codecs
 import collections
 import dataclasses
 import re
@@ -146,7 +147,7 @@ def _diff_files(diff: bytes):
         if path is None:
             continue
         if raw.startswith(b"+++ ") and hunk is None:
-            target = raw[4:].decode("utf-8", "replace").split("\t")[0]
+            target = _unquoted(raw[4:].split(b"\t")[0])
             path = "" if target == "/dev/null" else target[2:] if target.startswith("b/") \
                 else target
             continue
@@ -175,9 +176,25 @@ def _diff_files(diff: bytes):
 
 
 def _git_path(header: bytes) -> str:
-    text = header[len(b"diff --git "):].decode("utf-8", "replace")
-    marker = text.rfind(" b/")
-    return text[marker + 3:] if marker >= 0 else text.split(" ")[-1]
+    text = header[len(b"diff --git "):]
+    if text.endswith(b'"'):
+        start = text.rfind(b' "')
+        path = _unquoted(text[start + 1:]) if start >= 0 else ""
+        return path[2:] if path.startswith("b/") else path
+    marker = text.rfind(b" b/")
+    return (text[marker + 3:] if marker >= 0 else text.split(b" ")[-1]).decode("utf-8", "replace")
+
+
+def _unquoted(name: bytes) -> str:
+    """A path as git writes it: C-quoted (``"b/caf\\303\\251.py"``) when it
+    holds a space, a quote or a byte outside ASCII -- a name an agent may
+    choose so that a screen reading it raw passes the file by."""
+    if len(name) >= 2 and name.startswith(b'"') and name.endswith(b'"'):
+        try:
+            name = codecs.escape_decode(name[1:-1])[0]
+        except ValueError:
+            pass
+    return name.decode("utf-8", "replace")
 
 
 def _defined(lines: list[str]) -> set[str]:

@@ -305,6 +305,21 @@ def test_nesting_beyond_the_parser_is_screened_by_tokens_not_an_error(nesting):
     assert rules(found) == {"native_code"}, found
 
 
+def test_quoted_paths_are_screened():
+    """git C-quotes a path with a quote or a byte outside ASCII and ends one
+    with a space with a tab: each is still Python the grade runs (the
+    headers as git 2 writes them)."""
+    for header, target, plain in (
+            (b'"a/src/caf\\303\\251.py" "b/src/caf\\303\\251.py"', b'"b/src/caf\\303\\251.py"',
+             "src/caf\u00e9.py"),
+            (b'"a/src/q\\"t.py" "b/src/q\\"t.py"', b'"b/src/q\\"t.py"', 'src/q"t.py'),
+            (b"a/src/x y.py b/src/x y.py", b"b/src/x y.py\t", "src/x y.py")):
+        diff = (b"diff --git " + header + b"\nnew file mode 100644\n--- /dev/null\n+++ "
+                + target + b"\n@@ -0,0 +1 @@\n+import ctypes\n")
+        found = code_screen.screen_diff(diff)
+        assert [(f.rule, f.path) for f in found] == [("native_code", plain)], found
+
+
 def test_tests_and_other_files_are_left_to_the_caller():
     source, _ = ATTACKS["os_exit"]
     diff = new_file("tests/test_x.py", source) + new_file("docs/x.md", source)
