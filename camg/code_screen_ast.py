@@ -12,10 +12,11 @@ import ast
 import bisect
 
 from camg.code_screen_names import (ATTR_CALLS, BUILTINS, CODE_DUNDERS, DECODERS, DYNAMIC_ATTRS,
-                                    DYNAMIC_BUILTINS, EXIT_ATTRS, EXIT_QUALIFIED, FRAME_ATTRS,
-                                    FRAME_QUALIFIED, GC_ATTRS, IMPORT_ATTRS, IMPORT_RULE,
-                                    MODULES_WRITES, MODULE_RULE, NATIVE_NAMES, OWNER_NAMES,
-                                    PATCHED_MODULES, RUNNER_NAME, SENSITIVE_STRINGS)
+                                    DYNAMIC_BUILTINS, EXIT_ATTRS, EXIT_QUALIFIED, FILE_WRITERS,
+                                    FRAME_ATTRS, FRAME_QUALIFIED, GC_ATTRS, IMPORT_ATTRS,
+                                    IMPORT_RULE, MODULE_RULE, MODULES_WRITES, NATIVE_NAMES,
+                                    OWNER_NAMES, PATCHED_MODULES, PYTHON_SUFFIXES, RUNNER_NAME,
+                                    SENSITIVE_STRINGS)
 from camg.tamper_rules import Finding
 
 
@@ -152,6 +153,7 @@ class Visitor(ast.NodeVisitor):
         self.sorted_added = sorted(unit.added)
 
     def run(self, tree) -> list[Finding]:
+        self.writes = _writes_files(tree)
         self.visit(_unaliased(tree))
         return self.found
 
@@ -224,6 +226,11 @@ class Visitor(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and node.value in SENSITIVE_STRINGS:
             self.flag(SENSITIVE_STRINGS[node.value], node, f"names {node.value!r}")
+        elif self.writes and isinstance(node.value, str) \
+                and node.value.endswith(PYTHON_SUFFIXES):
+            # Code that writes files and names Python files: source written
+            # (or tests rewritten) at run time is code the diff does not show.
+            self.flag("dynamic_code", node, f"writes files and names {node.value!r}")
 
     def _folded(self, node) -> None:
         value = _fold(node)
@@ -404,6 +411,23 @@ class Visitor(ast.NodeVisitor):
                 and not _owned(target, self.owned):
             self.flag("foreign_attribute_write", node,
                       f"sets {attr or 'a computed attribute'} on something the file does not own")
+
+
+def _writes_files(tree) -> bool:
+    """Whether the code opens a file for writing or writes one whole."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = _dotted(node.func) or ""
+        name = callee.rsplit(".", 1)[-1]
+        if name in FILE_WRITERS:
+            return True
+        if name == "open":
+            modes = node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]
+            if any(isinstance(m, ast.Constant) and isinstance(m.value, str)
+                   and set(m.value) & set("wax+") for m in modes):
+                return True
+    return False
 
 
 def _owned(target, owned: set[str]) -> bool:

@@ -37,6 +37,9 @@ EXIT_QUALIFIED = {"weakref": {"finalize"}, "os": {"kill", "killpg", "abort"},
                   "signal": {"signal", "alarm", "setitimer", "raise_signal", "pthread_kill",
                              "set_wakeup_fd", "siginterrupt"}}
 BUILTINS = frozenset({"builtins", "__builtins__", "__builtin__"})
+# Names of Python files, and the calls that write a file whole.
+PYTHON_SUFFIXES = (".py", ".pyc", ".pyo", ".pyw", ".pth")
+FILE_WRITERS = frozenset({"write_text", "write_bytes", "copyfile", "copy2", "copytree"})
 
 # Strings naming one of these are the capability, however the name is used.
 SENSITIVE_STRINGS = {
