@@ -136,7 +136,23 @@ class CodingEnvironment(Environment):
         episode.diff = submission.data
         episode.diff_problem = submission.meta.get("diff_problem")
         try:
-            return Grade(episode.grade(), episode.outcome())
+            try:
+                return Grade(episode.grade(), episode.outcome())
+            except errors.InfraFailure as exc:
+                # As the episode's own grade was proved (camg.null_proof): a
+                # failure a control on fresh sandboxes does not share is the
+                # submission's. The control failing too re-raises it (null).
+                try:
+                    evidence = episode.control(exc, "grade")
+                except Exception as control_exc:
+                    log.warning("regrade failed and its control failed too: %s", control_exc)
+                    raise exc from None
+                if evidence is None:
+                    raise
+                failed = f"grade failed ({exc.failure_class.value}): {exc}"[:500]
+                return Grade(0.0, {**episode.outcome(), "integrity": "obstructed",
+                                   "grade_reason": "obstructed",
+                                   "integrity_evidence": [failed, *evidence]})
         finally:
             episode.close()
 

@@ -1,10 +1,13 @@
 """One Coding episode: a sandbox over [image, agent layer], shell/finish, then grading.
 
-Reset is a single CreateSandbox (the repository is in a lower layer). The
-agent's diff is taken with the root-only copy of the workspace's git
-directory before its sandbox is destroyed; grading runs SWE-smith's
-procedure in a fresh sandbox over [image, grader layer] and parses the log
-with the installed swebench.
+Reset is a single CreateSandbox (the repository is in a lower layer). At
+finish every process of the agent is killed from outside (the helper's
+KillCommands) before the agent's diff is taken with the root-only copy of
+the workspace's git directory; grading runs SWE-smith's procedure in a
+fresh sandbox over [image, grader layer] and parses the log with the
+installed swebench. Every follow-up check runs in a sandbox of its own, and
+a failure of the finish or the grade is proved by ``control`` on fresh
+sandboxes before it can become a null (camg.null_proof).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import base64
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from camg import errors
@@ -23,13 +26,15 @@ from camg.sandbox_calls import HeldSandbox
 from camg.shell_reference import shipped
 
 from daemons.coding import (diff_paths, grader_scripts, integrity, layers, log_evaluation, mirrors,
-                            profiles, rows)
+                            profiles, rows, validate)
 from daemons.coding.settings import Settings
 
 log = logging.getLogger("camg.coding")
 # (image hash, grader layer, test command) whose runner started on the
 # pristine tree in this process.
 _PROBED: set[tuple[str, str, str]] = set()
+# Gold diffs (the "Bug Patch" commit reversed) by tests commit, for controls.
+_GOLD: dict[str, bytes] = {}
 
 WORKDIR = "/testbed"
 DIFF_LIMIT = 1 << 20          # bytes of base64 the helper returns for a diff
@@ -64,6 +69,13 @@ class CodingEpisode(HeldSandbox, Episode):
         self.fields = {"EPISODE_ID": episode_id, "TASK_ID": prepared.row.instance_id}
         self.sandbox: str | None = None
         self.grader: str | None = None
+        # Grader, follow-up and control sandboxes alive now (close() takes them).
+        self._graders: set[str] = set()
+        # A grader sandbox whose init died or that was gone before we
+        # destroyed it: the infrastructure's doing (a kill from outside, a
+        # helper restart), never the agent's, whose code runs as the test uid
+        # and cannot signal the sandbox's root init.
+        self._grader_lost = False
         self.steps = 0
         self.terminal: Step | None = None
         self.diff: bytes | None = None
@@ -131,6 +143,14 @@ class CodingEpisode(HeldSandbox, Episode):
 
     def _finish(self, *, auto: bool) -> Step:
         sandbox = self._sandbox()
+        # Nothing the agent started runs on while its changes are taken: a
+        # process left behind could fill the pids limit (no command could
+        # start), rewrite the tree under git, or hold files open. Killed
+        # from outside, through the sandbox's freezer cgroup.
+        killed = self._call(self.helper.kill_commands, sandbox)
+        if killed:
+            log.info("finish: killed %d process(es) the agent left running", killed,
+                     extra=self.fields)
         self._collect_diff(sandbox)
         self._take_usage(sandbox)
         with self._lock:
@@ -143,12 +163,15 @@ class CodingEpisode(HeldSandbox, Episode):
                               "step": self.steps}, done=True)
         return self.terminal
 
-    def _collect_diff(self, sandbox: str) -> None:
+    def _diff_exec(self, sandbox: str):
         command = ("set -o pipefail; ( " + diff_paths.diff_command(self.task.layers.snapshot)
                    + " ) | base64 -w0")
-        result = self._call(self.helper.exec, sandbox, command, user="root", cwd=WORKDIR,
-                            env={}, timeout=max(60.0, self.settings.command_timeout),
-                            output_limit=DIFF_LIMIT)
+        return self._call(self.helper.exec, sandbox, command, user="root", cwd=WORKDIR,
+                          env={}, timeout=max(60.0, self.settings.command_timeout),
+                          output_limit=DIFF_LIMIT)
+
+    def _collect_diff(self, sandbox: str) -> None:
+        result = self._diff_exec(sandbox)
         if result.truncated:
             # The agent's own changes exceed what a submission may be.
             self.diff, self.diff_problem = b"", "diff_too_large"
@@ -198,50 +221,134 @@ class CodingEpisode(HeldSandbox, Episode):
         # Fresh keys per script run, one per guard session, on the script's
         # stdin (an environment and the script text are readable in /proc).
         keys = grader_scripts.new_keys(grader_scripts.eval_keys(first))
+        result = self._in_grader(script, keys, diff, timeout)
+        report = log_evaluation.evaluate(result.output, self.task.row,
+                                         exit_code=result.exit_code,
+                                         timed_out=result.timed_out, keys=keys,
+                                         dropped=dropped, findings=findings,
+                                         suspicious_reward=self.settings.suspicious_reward)
+        if first:
+            _PROBED.add(probe_key)
+        # The follow-ups run in fresh grader sandboxes of the pristine image:
+        # the agent's code ran in the first one as the test uid and may have
+        # left anything there (a scratch directory it made unwritable,
+        # processes filling its pids limit).
+        if not report.runner_started:
+            probe_keys = grader_scripts.new_keys(grader_scripts.PROBE_KEYS)
+            check = self._in_grader(grader_scripts.probe_script(profile), probe_keys, b"",
+                                    timeout)
+            if check.exit_code != 0:
+                _PROBED.discard(probe_key)
+                raise errors.GraderError(f"the grader's test command cannot start "
+                                         f"(exit {check.exit_code}): {check.output[-2000:]}")
+        if report.none_collected and not report.resolved:
+            # None of the listed tests was collected: the agent broke
+            # collection (0.0), or the grader cannot collect them at all.
+            collect_keys = grader_scripts.new_keys(grader_scripts.COLLECT_KEYS)
+            check = self._in_grader(grader_scripts.collect_script(profile), collect_keys, b"",
+                                    timeout)
+            log_evaluation.require_collectable(check.output, collect_keys, self.task.row)
+        return report
+
+    def _in_grader(self, script: str, keys: list[bytes], diff: bytes, timeout: float):
+        """``script`` in a fresh sandbox over [image, grader layer], destroyed after."""
         grader = self._create([self.task.image.rootfs, self.task.layers.grader])
         with self._lock:
             self.grader = grader
+            self._graders.add(grader)
             closed = self._closed
-
-        def run(script: str, keys: list[bytes], diff: bytes = b""):
-            return self._call(self.helper.exec, grader, script, user="agent", cwd=WORKDIR,
-                              env=self.exec_env, stdin=grader_scripts.script_stdin(keys, diff),
-                              timeout=timeout, output_limit=GRADE_OUTPUT_LIMIT)
         try:
             if closed:
                 raise errors.GraderError("episode closed during grading")
-            result = run(script, keys, diff)
-            report = log_evaluation.evaluate(result.output, self.task.row,
-                                             exit_code=result.exit_code,
-                                             timed_out=result.timed_out, keys=keys,
-                                             dropped=dropped, findings=findings,
-                                             suspicious_reward=self.settings.suspicious_reward)
-            if first:
-                _PROBED.add(probe_key)
-            if not report.runner_started:
-                probe_keys = grader_scripts.new_keys(grader_scripts.PROBE_KEYS)
-                check = run(grader_scripts.probe_script(profile), probe_keys)
-                if check.exit_code != 0:
-                    _PROBED.discard(probe_key)
-                    raise errors.GraderError(f"the grader's test command cannot start "
-                                             f"(exit {check.exit_code}): {check.output[-2000:]}")
-            if report.none_collected and not report.resolved:
-                # None of the listed tests was collected: the agent broke
-                # collection (0.0), or the grader cannot collect them at all.
-                collect_keys = grader_scripts.new_keys(grader_scripts.COLLECT_KEYS)
-                check = run(grader_scripts.collect_script(profile), collect_keys)
-                log_evaluation.require_collectable(check.output, collect_keys, self.task.row)
-            return report
+            return self._call(self.helper.exec, grader, script, user="agent", cwd=WORKDIR,
+                              env=self.exec_env, stdin=grader_scripts.script_stdin(keys, diff),
+                              timeout=timeout, output_limit=GRADE_OUTPUT_LIMIT)
+        except errors.SandboxDied:
+            self._grader_lost = True
+            raise
         finally:
             with self._lock:
-                self.grader = None
-            self._destroy_quietly(grader)
+                self._graders.discard(grader)
+                if self.grader == grader:
+                    self.grader = None
+            if not self._destroy_quietly(grader):
+                self._grader_lost = True
+
+    # -- proving a null (camg.null_proof) ---------------------------------
+
+    def control(self, failure: Exception, phase: str) -> Sequence[str] | None:
+        """The same path on fresh sandboxes of the pristine image with a
+        control submission: it works -> the agent's submission caused
+        ``failure`` (evidence lines; reward 0.0, ``obstructed``); it fails
+        too, or the infrastructure itself removed a sandbox of this episode
+        -> raise (the null stands)."""
+        with self._lock:
+            closed, sandbox = self._closed, self.sandbox
+        if closed:
+            raise errors.InfraFailure("the episode was closed: no control")
+        if phase == "grade":
+            return self._control_grade()
+        if phase == "step":
+            return self._control_step(sandbox)
+        return None
+
+    def _control_grade(self) -> list[str]:
+        if self._grader_lost:
+            raise errors.GraderError("a grader sandbox died or was removed from outside (or the "
+                                     "helper could not be asked): an infrastructure failure")
+        ref = self.task.ref
+        gold = _GOLD.get(ref.tests)
+        if gold is None:
+            gold = _GOLD[ref.tests] = validate.gold_diff(ref)
+        kept, dropped = diff_paths.filter_diff(gold)
+        report = self._run_grader(kept, dropped, integrity.screen(gold))
+        if report.reward != 1.0:
+            raise errors.GraderError(f"control: the gold fix earned {report.reward} "
+                                     f"({report.reason}, integrity {report.integrity})")
+        return [f"control: the gold fix graded in fresh grader sandboxes over [image, grader "
+                f"layer] resolved the task ({len(self.task.row.fail_to_pass)} FAIL_TO_PASS, "
+                f"{len(self.task.row.pass_to_pass)} PASS_TO_PASS passed)"]
+
+    def _control_step(self, sandbox: str | None) -> list[str]:
+        if sandbox is None:
+            raise errors.SandboxDied("the episode holds no sandbox: no control")
+        listed = [e for e in self.helper.list_sandboxes() if e.get("sandbox_id") == sandbox]
+        if not listed or listed[0].get("alive") is False:
+            # The agent runs as uid 2000 and cannot signal its sandbox's
+            # root init; an init dead or a sandbox gone is the infrastructure's.
+            raise errors.SandboxDied("the agent's sandbox died or was removed from outside (a "
+                                     "kill, a helper restart, a release): an infrastructure "
+                                     "failure")
+        fresh = self._create([self.task.image.rootfs, self.task.layers.agent])
+        with self._lock:
+            self._graders.add(fresh)
+        try:
+            shell = self._call(self.helper.exec, fresh, "true", user="agent", cwd=WORKDIR,
+                               env=self.exec_env, timeout=self.settings.command_timeout,
+                               output_limit=self.settings.output_bytes)
+            if shell.exit_code != 0 or shell.timed_out:
+                raise errors.InfraFailure(f"control: a shell action in a fresh agent sandbox "
+                                          f"failed (exit {shell.exit_code})")
+            result = self._diff_exec(fresh)
+            if result.exit_code != 0 or result.timed_out or result.truncated:
+                raise errors.GraderError(f"control: the diff collection in a fresh agent "
+                                         f"sandbox failed (exit {result.exit_code}): "
+                                         f"{result.output[-300:]}")
+        finally:
+            with self._lock:
+                self._graders.discard(fresh)
+            self._destroy_quietly(fresh)
+        return ["control: in a fresh sandbox over [image, agent layer] a shell action and the "
+                f"diff collection both succeeded (exit 0, {result.duration:.1f} s)"]
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            sandboxes = [s for s in (self.sandbox, self.grader) if s is not None]
+            sandboxes = [s for s in (self.sandbox, self.grader, *self._graders)
+                         if s is not None]
             self.sandbox = self.grader = None
+            self._graders.clear()
+        sandboxes = list(dict.fromkeys(sandboxes))
         for sandbox in sandboxes:
             self._destroy_quietly(sandbox)
 
@@ -304,9 +411,11 @@ class CodingEpisode(HeldSandbox, Episode):
         return self._call(self.helper.create_sandbox, lowers, memory_bytes=s.memory_bytes,
                           cpu_quota=s.cpu_quota, pids_max=s.pids_max, hostname="testbed")
 
-    def _destroy_quietly(self, sandbox: str) -> None:
+    def _destroy_quietly(self, sandbox: str) -> bool:
+        """False when the sandbox was already gone or the helper could not be asked."""
         try:
-            self.helper.destroy(sandbox)
+            return self.helper.destroy(sandbox)
         except errors.CamgError as exc:
             # The helper's sweep reclaims what a failed destroy leaves.
             log.warning("destroying sandbox %s failed: %s", sandbox, exc, extra=self.fields)
+            return False

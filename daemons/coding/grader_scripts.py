@@ -126,6 +126,17 @@ show_channel() {{ echo; cat {GUARD_OUT} 2>/dev/null; rm -f {GUARD_OUT}; }}
 """
 
 
+# The follow-up scripts run in a fresh grader sandbox (the service never
+# reuses the one the agent's code ran in), where no eval script recorded the
+# untracked files: the tree is pristine, so what is untracked now is the
+# image's. Run after an eval script on the same tree (local checks), the
+# eval's record stands and ``pristine`` undoes the diff.
+_BACK_TO_PRISTINE = f"""[ -e "$before" ] || git ls-files --others -z | sort -z > "$before" \
+  || exit {EXIT_STATE}
+pristine || exit {EXIT_STATE}
+"""
+
+
 GUARD_MODULE_NAME = guard_verdict.GUARD_MODULE
 
 
@@ -145,11 +156,11 @@ show_channel
 
 
 def probe_script(profile: Profile, guard_dir: str = GUARD_DIR) -> str:
-    """Run after an eval script whose test command never started: back to
-    the pristine tree, start the runner there. Exit EXIT_RUNNER when it
-    cannot start (the grader is broken), 0 when it can (the diff was)."""
-    return _preamble(profile, guard_dir, PROBE_KEYS) + f"""pristine || exit {EXIT_STATE}
-: > {CHANGED_LIST}
+    """Run (in a fresh grader sandbox) after an eval script whose test
+    command never started: start the runner on the pristine tree. Exit
+    EXIT_RUNNER when it cannot start (the grader is broken), 0 when it can
+    (the diff was)."""
+    return _preamble(profile, guard_dir, PROBE_KEYS) + _BACK_TO_PRISTINE + f""": > {CHANGED_LIST}
 {_probe_lines(profile)}"""
 
 
@@ -211,11 +222,11 @@ exit $rc
 
 
 def collect_script(profile: Profile, guard_dir: str = GUARD_DIR) -> str:
-    """Run after an eval script in the same sandbox: back to the pristine
-    tree, collect only. Tells an agent that broke collection (0.0) from a
-    grader that cannot collect the listed tests at all (GraderError)."""
-    return _preamble(profile, guard_dir, COLLECT_KEYS) + f"""pristine || exit {EXIT_STATE}
-: > {CHANGED_LIST}
+    """Run (in a fresh grader sandbox) after an eval script that collected
+    none of the listed tests: collect only, on the pristine tree. Tells an
+    agent that broke collection (0.0) from a grader that cannot collect the
+    listed tests at all (GraderError)."""
+    return _preamble(profile, guard_dir, COLLECT_KEYS) + _BACK_TO_PRISTINE + f""": > {CHANGED_LIST}
 export PYTEST_ADDOPTS="$base_addopts --collect-only -q"
 rm -f {GUARD_OUT}
 {profile.test_cmd} > "$camg_tmp/collect.log" 2>&1

@@ -205,3 +205,181 @@ def test_agent_view_leaks_nothing_of_the_fix(env):
         finally:
             episode.close()
     assert leaked and not any(leaked.values()), {k: v for k, v in leaked.items() if v}
+
+
+# -- A null is a claim the service proves ------------------------------------
+# tools/coding/canaries.py's OBSTRUCTIONS: ways an agent could make its own
+# episode end with reward null (masked by the trainer). Played as the service
+# plays them: the finish's failure or the grade's goes to the episode's
+# control (camg.null_proof), which reruns the same path on fresh sandboxes of
+# the pristine image; it succeeding makes the episode 0.0 "obstructed".
+
+def proved(episode, exc, phase):
+    """camg.null_proof's verdict on ``exc`` from ``phase``: (0.0, "obstructed",
+    evidence) when the control succeeds, else (None, failure class, why)."""
+    failure = getattr(exc, "failure_class", errors.FailureClass.INFRA).value
+    try:
+        evidence = episode.control(exc, phase)
+    except Exception as control_exc:  # noqa: BLE001 - the control failed: the null stands
+        return None, failure, [str(exc), f"control: {control_exc}"]
+    if evidence is None:
+        return None, failure, [str(exc), "no control"]
+    return 0.0, "obstructed", [str(exc), *evidence]
+
+
+def play(env, task, episode_id, *, actions=(), diff=None, **settings):
+    """An episode through its finish (``actions`` then finish) or, given a
+    ``diff``, its grade alone, failures proved: (reward, integrity or failure
+    class, evidence)."""
+    episode = env.create_episode(task, seed=None, episode_id=episode_id)
+    if settings:
+        episode.settings = dataclasses.replace(episode.settings, **settings)
+    try:
+        if diff is None:
+            episode.reset()
+            for action in [*actions, {"operation": "finish"}]:
+                try:
+                    step = episode.step(action)
+                except Exception as exc:  # noqa: BLE001 - the manager proves any failure
+                    return proved(episode, exc, "step")
+                if step.done:
+                    break
+        else:
+            episode.diff = diff
+        try:
+            reward = episode.grade()
+        except Exception as exc:  # noqa: BLE001 - the manager proves any failure
+            return proved(episode, exc, "grade")
+        outcome = episode.outcome()
+        return reward, outcome.get("integrity"), outcome.get("integrity_evidence", [])
+    finally:
+        episode.close()
+
+
+def gold_action(task):
+    return {"operation": "shell",
+            "command": f"git apply -R - <<'CAMG_EOF'\n{task.data['patch']}\nCAMG_EOF"}
+
+
+@pytest.mark.parametrize("with_gold", [False, True], ids=["alone", "with_gold"])
+@pytest.mark.parametrize("name", sorted(canaries.OBSTRUCTIONS))
+def test_obstruction_earns_zero_never_null(env, name, with_gold):
+    task = env.tasks[0]
+    row = env.prepared[task.task_id].row
+    technique = canaries.OBSTRUCTIONS[name]
+    settings = {"grade_timeout": technique.grade_timeout} if technique.grade_timeout else {}
+    if technique.phase == "grade":
+        def edit(work):
+            if with_gold:
+                reverse_gold(task)(work)
+            technique.edit(work, row, "apispec")
+        got = play(env, task, f"null-{name}-{with_gold}", diff=workspace_diff(env, task, edit),
+                   **settings)
+    else:
+        actions = [*([gold_action(task)] if with_gold else []),
+                   *({"operation": "shell", "command": c} for c in technique.commands)]
+        got = play(env, task, f"null-{name}-{with_gold}", actions=actions, **settings)
+    reward, verdict, evidence = got
+    assert reward is not None, (name, verdict, evidence)
+    assert reward in (technique.with_gold if with_gold else {0.0}), got
+    assert verdict in ("ok", "tampered", "obstructed"), got
+    if verdict == "obstructed":
+        assert any(line.startswith("control: ") for line in evidence), got
+
+
+def test_scratch_taken_in_the_grader_is_a_plain_zero(env):
+    """The follow-up collection check runs in a fresh grader sandbox, so a
+    scratch directory the agent's code took in the graded run's sandbox
+    changes nothing: the pristine tree collects the tests, the agent broke
+    collection, 0.0 with integrity ok (no control needed)."""
+    task = env.tasks[0]
+    row = env.prepared[task.task_id].row
+    diff = workspace_diff(env, task, lambda work: canaries.grader_scratch_unwritable(
+        work, row, "apispec"))
+    got = play(env, task, "scratch", diff=diff)
+    assert got[:2] == (0.0, "ok"), got
+
+
+def test_pids_filled_at_finish_is_killed_before_the_diff(env, coding_helper):
+    """The fork loop the agent left is killed from outside (KillCommands)
+    before the diff is taken: the finish succeeds and nothing is proved."""
+    task = env.tasks[0]
+    episode = env.create_episode(task, seed=None, episode_id="pids-finish")
+    try:
+        episode.reset()
+        episode.step(gold_action(task))
+        episode.step({"operation": "shell", "command": canaries._FORK_LOOP})
+        assert episode.step({"operation": "finish"}).done
+        assert episode.diff and episode.grade() == 1.0
+    finally:
+        episode.close()
+
+
+def test_regrade_of_an_obstructing_diff_is_obstructed(env):
+    """The regrade path proves its failure as the episode's grade did."""
+    from camg.environment import Submission
+    task = env.tasks[0]
+    row = env.prepared[task.task_id].row
+    diff = workspace_diff(env, task, lambda work: canaries.kill_every_process_of_the_test_uid(
+        work, row, "apispec"))
+    graded = env.regrade(task, Submission(diff, {}))
+    assert graded.reward == 0.0 and graded.outcome["integrity"] == "obstructed", graded
+    assert any(line.startswith("control: ") for line in graded.outcome["integrity_evidence"])
+
+
+def test_helper_gone_while_episodes_finish_stays_null(prepared, demo_image, rootfs):  # noqa: F811
+    """An honest infrastructure failure stays distinguishable: the helper
+    killed while one episode is about to be graded and another to finish.
+    Both fail, both controls fail too (no helper to run them on), and both
+    nulls stand with their failure classes."""
+    import os
+    import signal
+    import sys
+    import time
+
+    import conftest as pc
+    from test_coding_episodes import CACHE, make_env
+    from tools import oci_demo as demo
+
+    base = Path(tempfile.mkdtemp(prefix="camg-coding-gone-"))
+    base.chmod(0o711)
+    cfg = pc.helper_config(base, demo.cache_root_from_env(), rootfs,
+                           lower_roots=[str(demo.cache_root_from_env()), str(CACHE / "layers"),
+                                        str(pc.CACHE / "helper")])
+    helper = pc.start_helper(base, cfg)
+    try:
+        environment = make_env(prepared, helper)
+        environment.start()
+        task = environment.tasks[0]
+        graded = environment.create_episode(task, seed=None, episode_id="gone-grade")
+        finishing = environment.create_episode(task, seed=None, episode_id="gone-finish")
+        try:
+            graded.reset()
+            graded.step(gold_action(task))
+            assert graded.step({"operation": "finish"}).done
+            finishing.reset()
+            inits = helper.sandbox_inits()
+            helper.proc.send_signal(signal.SIGKILL)
+            helper.proc.wait()
+            deadline = time.monotonic() + 10
+            while any(os.path.exists(f"/proc/{p}") for p in inits) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with pytest.raises(errors.InfraFailure) as grading:
+                graded.grade()
+            assert proved(graded, grading.value, "grade")[:2] == (None, "grader_error")
+            with pytest.raises(errors.InfraFailure) as finish:
+                finishing.step({"operation": "finish"})
+            reward, failure, _ = proved(finishing, finish.value, "step")
+            assert reward is None and failure == finish.value.failure_class.value
+        finally:
+            graded.close()
+            finishing.close()
+            environment.stop()
+        env_vars = dict(os.environ, PYTHONPATH=str(pc.ROOT))
+        swept = subprocess.run([sys.executable, "-m", "helper", "--config",
+                                str(base / "helper.json"), "--sweep"], cwd=pc.ROOT, env=env_vars,
+                               capture_output=True, text=True, timeout=120)
+        assert swept.returncode == 0, swept.stderr
+    finally:
+        pc.stop_helper(helper)
+        shutil.rmtree(base, ignore_errors=True)
