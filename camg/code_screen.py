@@ -66,6 +66,10 @@ RULES = {
 
 _HUNK = re.compile(rb"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@ ?(.*)$")
 _PARSE_BUDGET = 6
+# PEP 263's declaration, and the encodings in which the text is what it shows.
+_CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+_PLAIN_ENCODINGS = frozenset({"utf-8", "ascii", "latin-1", "iso8859-1", "iso8859-15", "cp1252",
+                              "utf-8-sig"})
 _DEFINES = re.compile(r"^\s*(?:async\s+def|def|class)\s+([A-Za-z_]\w*)")
 
 
@@ -111,6 +115,9 @@ def screen_diff(diff: bytes, new_texts: Mapping[str, str] | None = None,
                     added_numbers.add(number)
         if not added_numbers:
             continue
+        findings += _encoding_rule(path, [(text, number) for hunk in hunks
+                                          for sign, text, number in hunk
+                                          if sign == "+" and number in added_numbers])
         text = new_texts.get(path)
         if text is not None:
             units = [_whole(path, text, added_numbers)]
@@ -128,7 +135,27 @@ def screen_added(path: str, added: Iterable[str]) -> list[Finding]:
         return []
     source = _Source(path, lines, [i + 1 for i in range(len(lines))], set(range(len(lines))),
                      _defined(lines))
-    return _unique(_screen_units([source]))
+    return _unique(_encoding_rule(path, list(zip(lines[:2], (1, 2))))
+                   + _screen_units([source]))
+
+
+def _encoding_rule(path: str, added: list[tuple[str, int]]) -> list[Finding]:
+    """A source encoding declared on an added first or second line that is
+    not a plain one: the interpreter then runs other text than the diff
+    shows (``# coding: utf-7`` makes ``sys.+AF8-getframe`` ``sys._getframe``)."""
+    found = []
+    for text, number in added:
+        match = _CODING.match(text) if number <= 2 else None
+        if not match:
+            continue
+        try:
+            name = codecs.lookup(match.group(1)).name
+        except LookupError:
+            name = match.group(1)
+        if name not in _PLAIN_ENCODINGS:
+            found.append(Finding("dynamic_code", path, f"{path}:{number}: {text.strip()[:160]} "
+                                                       f"(declares the source encoding {name})"))
+    return found
 
 
 # --- diffs --------------------------------------------------------------------

@@ -12,11 +12,11 @@ import ast
 import bisect
 
 from camg.code_screen_names import (ATTR_CALLS, BUILTINS, CODE_DUNDERS, DECODERS, DYNAMIC_ATTRS,
-                                    DYNAMIC_BUILTINS, EXIT_ATTRS, EXIT_QUALIFIED, FILE_WRITERS,
-                                    FRAME_ATTRS, FRAME_QUALIFIED, GC_ATTRS, IMPORT_ATTRS,
-                                    IMPORT_RULE, MODULE_RULE, MODULES_WRITES, NATIVE_NAMES,
-                                    OWNER_NAMES, PATCHED_MODULES, PYTHON_SUFFIXES, RUNNER_NAME,
-                                    SENSITIVE_STRINGS)
+                                    DYNAMIC_BUILTINS, DYNAMIC_QUALIFIED, EXIT_ATTRS,
+                                    EXIT_QUALIFIED, FILE_WRITERS, FRAME_ATTRS, FRAME_QUALIFIED,
+                                    GC_ATTRS, IMPORT_ATTRS, IMPORT_RULE, MODULE_RULE,
+                                    MODULES_WRITES, NATIVE_NAMES, OWNER_NAMES, PATCHED_MODULES,
+                                    PYTHON_SUFFIXES, RUNNER_NAME, SENSITIVE_STRINGS)
 from camg.tamper_rules import Finding
 
 
@@ -204,8 +204,8 @@ class Visitor(ast.NodeVisitor):
         qualified = owner.split(".")[-1] if owner else None
         if name in FRAME_ATTRS or name in FRAME_QUALIFIED.get(qualified or "", ()):
             self.flag("frame_introspection", node, name)
-        elif name in DYNAMIC_ATTRS:
-            self.flag("dynamic_code", node, name)
+        elif name in DYNAMIC_ATTRS or name in DYNAMIC_QUALIFIED.get(qualified or "", ()):
+            self.flag("dynamic_code", node, f"{owner + '.' if owner else ''}{name}")
         elif name in GC_ATTRS or (qualified == "gc" and name == "callbacks"):
             self.flag("gc_walk", node, name)
         elif name in IMPORT_ATTRS:

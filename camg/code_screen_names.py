@@ -25,6 +25,10 @@ FRAME_QUALIFIED = {"inspect": {"stack", "trace"}, "sys": {"monitoring"}}
 DYNAMIC_ATTRS = frozenset({"__code__", "co_code", "FunctionType", "CodeType", "LambdaType",
                            "run_path", "run_module"})
 DYNAMIC_BUILTINS = frozenset({"exec", "eval", "compile"})
+# Deserializers that call whatever callable their input names: code the
+# source does not show.
+DYNAMIC_QUALIFIED = {m: {"loads", "load", "Unpickler"}
+                     for m in ("pickle", "_pickle", "cPickle", "dill", "cloudpickle")}
 GC_ATTRS = frozenset({"get_objects", "get_referrers", "get_referents"})
 IMPORT_ATTRS = frozenset({"meta_path", "path_hooks", "path_importer_cache", "__import__",
                           "spec_from_file_location", "spec_from_loader", "module_from_spec",
@@ -85,7 +89,9 @@ ATTR_CALLS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
 RUNNER_NAME = re.compile(r"pytest|pluggy|camg")
 
 
-TOKEN_QUALIFIED = {("inspect", "stack"): "frame_introspection",
+TOKEN_QUALIFIED = {**{(module, name): "dynamic_code" for module, names in DYNAMIC_QUALIFIED.items()
+                      for name in names},
+                   ("inspect", "stack"): "frame_introspection",
                    ("inspect", "trace"): "frame_introspection",
                    ("weakref", "finalize"): "exit_hooks", ("os", "kill"): "exit_hooks",
                    ("os", "killpg"): "exit_hooks", ("os", "abort"): "exit_hooks",
