@@ -383,3 +383,49 @@ def test_helper_gone_while_episodes_finish_stays_null(prepared, demo_image, root
     finally:
         pc.stop_helper(helper)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_service_records_an_obstructing_episode_as_zero_obstructed(env, tmp_path):
+    """Through the episode manager, as a trainer drives it with shell actions:
+    the package kills every process of the test uid at import, the grade
+    fails, the manager's null proof runs the control (the gold fix in fresh
+    grader sandboxes), and the signed outcome record says 0.0, "obstructed",
+    with the evidence. An agent that fills its pids limit and finishes gets
+    its honest 0.0 (the loop is killed before the diff)."""
+    import asyncio
+
+    from camg import http_wire as wire
+    from camg.episodes import EpisodeManager
+    from camg.outcomes import OutcomeLog
+    from camg.service_config import Limits
+
+    task = env.tasks[0]
+    outcomes = OutcomeLog(tmp_path)
+    manager = EpisodeManager(env, capacity=1, limits=Limits(), config_hash="h", outcomes=outcomes)
+    kill_all = ("printf 'import os, signal\\nos.kill(-1, signal.SIGKILL)\\n' "
+                ">> src/apispec/__init__.py")
+
+    async def play(*commands):
+        created = await manager.create(wire.CreateEpisode(task_id=task.task_id))
+        for command in commands:
+            await manager.step(created["episode_id"], wire.StepRequest(
+                {"operation": "shell", "command": command}))
+        return await manager.step(created["episode_id"],
+                                  wire.StepRequest({"operation": "finish"}))
+
+    async def scenario():
+        return await play(kill_all), await play(canaries._FORK_LOOP)
+
+    try:
+        obstructing, filling = asyncio.run(scenario())
+        assert obstructing["done"] and obstructing["reward"] == 0.0, obstructing
+        assert obstructing.get("failure_class") is None, obstructing
+        assert filling["reward"] == 0.0 and filling.get("failure_class") is None, filling
+        first, second = outcomes.read()
+        assert first["integrity"] == "obstructed", first
+        assert first["integrity_evidence"][0].startswith("grade failed (grader_error)")
+        assert any(e.startswith("control: the gold fix") for e in first["integrity_evidence"])
+        assert second["reward"] == 0.0 and second["integrity"] == "ok", second
+    finally:
+        asyncio.run(manager.shutdown())
+        outcomes.close()
