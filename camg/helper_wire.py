@@ -126,8 +126,10 @@ class ForkSandboxParams:
     parent's upper becomes a read-only layer under a fresh upper on each
     side (helper/forks.py). The filesystem is carried, processes are not: a
     parent still running anything besides its init is refused (not_allowed,
-    message "processes: ..."); past ceilings.fork_depth stacked layers,
-    limit_exceeded ("fork_depth: ...")."""
+    message "processes: ..."). A parent untouched since its last fork adds
+    no layer (reply ``reused``); past ceilings.fork_depth stacked layers
+    they are squashed into one, and a squash past the parent's upper size
+    is limit_exceeded ("fork_depth: ...")."""
 
     sandbox_id: str
 

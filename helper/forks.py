@@ -4,7 +4,7 @@ The parent's upper becomes a read-only layer shared by parent and child, and
 each gets a fresh, empty upper over it, so a fork costs the same whatever
 the agent wrote:
 
-1. refusals first (peer, depth, capacity, lowerdir length): nothing exists yet;
+1. refusals first (peer, capacity): nothing exists yet;
 2. the parent's init hands over a read-only clone of the mount holding its
    upper (sbxinit's fd 4: the scratch tmpfs, or the disk upper's ext4);
 3. the parent's init is killed (its overlay, the only writer of that upper,
@@ -36,7 +36,8 @@ new uppers are sized to the parent's free space at the fork (at least
 MIN_UPPER), a tmpfs one charged to its sandbox's memory cgroup as before, a
 disk one its own ext4 of that size (the parent keeps its own ext4, whose
 free space that is). Depth (layers stacked) is at most ceilings.fork_depth;
-only a fork with something to freeze adds one.
+only a fork with something to freeze adds one, and a fork past the bound
+squashes the stack into one layer first (_squash, helper/squash.py).
 """
 
 from __future__ import annotations
@@ -44,12 +45,16 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 from camg.helper_wire import WireError
 from helper import cgroups, uppers
+from helper import squash as squash_tool
 from helper.ledger import Record
 from helper.sandbox import Sandbox, _kill_and_reap
 
@@ -58,6 +63,9 @@ log = logging.getLogger("camg.helper")
 MIN_UPPER = 1 << 20
 # Overlay options fit one page with the upper and work paths (sandbox_table).
 _LOWERDIR_BYTES = 3584
+# A squash copies at most the parent's upper size; this only ends a copy
+# that hangs.
+_SQUASH_TIMEOUT = 600.0
 
 
 class Layer:
@@ -137,13 +145,13 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
     if reused is not None:
         return reused
     depth = len(parent.layers) + 1
-    if depth > c.fork_depth:
-        raise WireError("limit_exceeded", f"fork_depth: at most {c.fork_depth} forks stacked "
-                        f"(this sandbox is {depth - 1} deep)")
     lowers, _ = _stack(parent.record, parent.layers + (Layer(-1, "layer-" + "0" * 8),))
-    if len(":".join(lowers)) > _LOWERDIR_BYTES:
-        raise WireError("limit_exceeded", f"fork_depth: the layer stack would exceed "
-                        f"{_LOWERDIR_BYTES} bytes of overlay options")
+    # Past the bound the stack is squashed into one layer (helper/squash.py)
+    # instead of refused: a tree search may go as deep as it likes.
+    squash = depth > c.fork_depth or len(":".join(lowers)) > _LOWERDIR_BYTES
+    if squash and c.fork_depth < 1:
+        raise WireError("limit_exceeded", "fork_depth: this helper allows no layer "
+                        "(ceilings.fork_depth 0)")
     child_id = secrets.token_hex(8)
     with registry.lock:
         registry._admit(peer, child_id)
@@ -159,11 +167,20 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
         with parent.ops:
             _check_idle(parent)
             fd = parent.upper_handle()
-            layer = Layer(fd, "u" if not disk else "layer-" + secrets.token_hex(4))
-            size = max(MIN_UPPER, _free_bytes(fd))
+            size = _free_bytes(fd)
+            if squash:
+                layer = _squash(registry, parent, fd, disk)
+                stack: tuple[Layer, ...] = (layer,)
+                depth = 1
+                if disk:  # the copy is in the parent's ext4: less left
+                    size = _free_bytes(fd)
+            else:
+                layer = Layer(fd, "u" if not disk else "layer-" + secrets.token_hex(4))
+                stack = parent.layers + (layer,)
+            size = max(MIN_UPPER, size)
             # The child's references, taken while the parent still holds its
             # own (a destroy of the parent cannot close them under the spawn).
-            for each in parent.layers + (layer,):
+            for each in stack:
                 each.acquire()
                 layers += (each,)
             lowers, fds = _stack(parent.record, layers)
@@ -205,7 +222,9 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
                     _kill_unreaped(old_pid)
                     killed = True
                     parent.ctl.close()
-                    if disk:
+                    if disk and squash:
+                        _clear_disk_upper(parent)  # copied into the squashed layer
+                    elif disk:
                         # Before the child's init looks for the layer by name.
                         _freeze_disk_upper(parent, layer.sub)
                 except BaseException:
@@ -352,6 +371,67 @@ def _freeze_disk_upper(parent: Sandbox, sub: str) -> None:
         # The old pid is reaped next and may then be reused: never signal it.
         parent.init_pid, parent.died = 0, True
         raise
+
+
+def _squash(registry, parent: Sandbox, fd: int, disk: bool) -> Layer:
+    """One layer holding what the parent's layers and its upper (the handle
+    ``fd``, consumed) show over its lowers, made by helper/squash.py in the
+    parent's memory cgroup (ops held, only init running: nothing writes
+    any of them). A tmpfs parent's goes in a tmpfs of its own, held by its
+    descriptor; a disk parent's beside its upper, in its ext4. Bounded by
+    the parent's upper size; past it, or on anything the copied tree makes
+    fail, the fork is refused limit_exceeded and nothing is kept."""
+    budget = parent.spec.upper_bytes or registry.config.tmpfs_upper_bytes
+    sources = [f"/proc/self/fd/{each.fd}/{each.sub}" for each in parent.layers]
+    sources.append(f"/proc/self/fd/{fd}/{'upper' if disk else 'u'}")
+    name = "layer-" + secrets.token_hex(4)
+    mnt = -1
+    target = os.path.join(parent.record.upper_dir, name)
+    try:
+        if disk:
+            os.mkdir(target, 0o755)
+        else:
+            mnt = uppers.detached_tmpfs(budget)
+            target = f"/proc/self/fd/{mnt}/{name}"
+            os.mkdir(target, 0o755)
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", squash_tool.__file__,
+             os.path.join(parent.record.cgroups["memory"], "cgroup.procs"), target,
+             str(len(parent.record.lowers)), *parent.record.lowers, *sources], pass_fds=[each.fd for each in parent.layers] + [fd]
+            + ([mnt] if mnt >= 0 else []), capture_output=True, timeout=_SQUASH_TIMEOUT)
+        if done.returncode != 0:
+            why = (done.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+            # The tree the agent wrote (or its memory limit) made it fail.
+            code = "limit_exceeded" if done.returncode in (squash_tool.REFUSED, -9) else "internal"
+            raise WireError(code, f"fork_depth: {len(sources)} stacked layers could not be "
+                            f"squashed into one: {why[:300]}")
+        if disk:
+            return Layer(fd, name)
+        uppers.make_read_only(mnt)
+        os.close(fd)
+        return Layer(mnt, name)
+    except BaseException:
+        if mnt >= 0:
+            os.close(mnt)  # the tmpfs and all of the copy go with it
+        elif disk:
+            shutil.rmtree(target, ignore_errors=True)
+        os.close(fd)
+        raise
+
+
+def _clear_disk_upper(parent: Sandbox) -> None:
+    """A disk parent whose upper was squashed gets a fresh upper/; the old
+    one is deleted (no layer names it), so its space is free again."""
+    top = parent.record.upper_dir
+    stale = os.path.join(top, ".squashed-" + secrets.token_hex(4))
+    try:
+        os.rename(os.path.join(top, "upper"), stale)
+        os.mkdir(os.path.join(top, "upper"), 0o755)
+    except BaseException:
+        # The old pid is reaped next and may then be reused: never signal it.
+        parent.init_pid, parent.died = 0, True
+        raise
+    shutil.rmtree(stale, ignore_errors=True)
 
 
 def _replace_init(registry, parent: Sandbox, layers, lowers, fds, size: int, disk: bool) -> None:

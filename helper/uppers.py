@@ -36,10 +36,11 @@ _MKFS = ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
 
 
 # The new mount API's syscalls (one number on every architecture since 5.1).
-_MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT = 429, 430, 431, 432
+_MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT, _MOUNT_SETATTR = 429, 430, 431, 432, 442
 _FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
 _FSOPEN_CLOEXEC = _FSMOUNT_CLOEXEC = 1
-_MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_NOATIME = 0x2, 0x4, 0x10
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_NOATIME = 0x1, 0x2, 0x4, 0x10
+_AT_EMPTY_PATH = 0x1000
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _AT_FDCWD = -100
 _LOOP_CTL_GET_FREE, _LOOP_CONFIGURE, _LO_FLAGS_AUTOCLEAR = 0x4C82, 0x4C0A, 4
@@ -149,6 +150,32 @@ def make_warm(upper_root: str, size: int) -> int:
         os.close(mnt)
         raise
     return mnt
+
+
+def detached_tmpfs(size: int) -> int:
+    """A tmpfs of ``size`` bytes (and one inode a 4 KiB of it) mounted
+    nowhere: its descriptor, the only thing holding it (a squashed layer,
+    helper/squash.py). Writable until ``make_read_only``."""
+    fs = _syscall(_FSOPEN, b"tmpfs", ctypes.c_long(_FSOPEN_CLOEXEC))
+    try:
+        for key, value in (("size", str(size)), ("nr_inodes", str(max(4096, size // 4096))),
+                           ("mode", "0755")):
+            _syscall(_FSCONFIG, ctypes.c_long(fs), ctypes.c_long(_FSCONFIG_SET_STRING),
+                     key.encode(), value.encode(), ctypes.c_long(0))
+        _syscall(_FSCONFIG, ctypes.c_long(fs), ctypes.c_long(_FSCONFIG_CMD_CREATE),
+                 None, None, ctypes.c_long(0))
+        return _syscall(_FSMOUNT, ctypes.c_long(fs), ctypes.c_long(_FSMOUNT_CLOEXEC),
+                        ctypes.c_long(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+                                      | _MOUNT_ATTR_NOATIME))
+    finally:
+        os.close(fs)
+
+
+def make_read_only(mnt: int) -> None:
+    """The detached mount ``mnt`` read-only from now on (mount_setattr)."""
+    attr = struct.pack("=QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0)
+    _syscall(_MOUNT_SETATTR, ctypes.c_long(mnt), b"", ctypes.c_long(_AT_EMPTY_PATH),
+             attr, ctypes.c_long(len(attr)))
 
 
 def _attach(img: int) -> tuple[int, int]:

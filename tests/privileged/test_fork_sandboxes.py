@@ -136,32 +136,159 @@ def test_another_peers_sandbox_cannot_be_forked(client, helper, sandbox):
     assert [s["sandbox_id"] for s in client.list_sandboxes()] == [sandbox]
 
 
-def test_fork_depth_is_bounded_by_name(client, rootfs):
-    """A chain of forks of forks, each level writing a file the deeper ones
-    see; past ceilings.fork_depth (8) the helper refuses by name, before
-    making anything. Only a write makes depth: the untouched deepest one
-    still forks over its own stack."""
-    chain = [client.create_sandbox([str(rootfs)], **SPEC)]
+# What the chain below does at some levels, beyond writing /tmp/level-N: a
+# delete of an older layer's file (a whiteout), a lower's directory replaced
+# (an opaque directory), a layer's directory replaced, a hard link, a
+# symlink, modes and owners; each must come through every squash as it was.
+EDITS = {
+    3: "mkdir /tmp/d && echo a > /tmp/d/a && echo keep > /tmp/d/keep",
+    5: "rm -rf /etc/apt && mkdir /etc/apt && echo mine > /etc/apt/mine",
+    7: "rm /etc/issue && echo x > /tmp/gone-later",
+    11: "rm -rf /tmp/d && mkdir /tmp/d && echo b > /tmp/d/b && rm /tmp/gone-later",
+    13: "ln /tmp/level-13 /tmp/hard-13 && ln -s level-13 /tmp/sym-13",
+    17: "chmod 0600 /tmp/level-17 && chown 2000:2000 /tmp/level-17 && mkdir -m 0700 /tmp/priv",
+    30: "rm -rf /etc/apt/mine /usr/share/doc",
+    40: "mkdir /usr/share/doc && echo back > /usr/share/doc/back",
+}
+CHAIN_VIEW = ("ls /tmp | grep -vc '^level-'; ls /tmp | grep -c '^level-'; ls /tmp/d /etc/apt; "
+              "ls /etc/issue /tmp/gone-later 2>&1 | wc -l; stat -c '%h %u %a' /tmp/level-13 "
+              "/tmp/level-17 /tmp/priv; readlink /tmp/sym-13; ls /usr/share/doc")
+
+
+def _chain_view(levels: int) -> str:
+    """What CHAIN_VIEW prints in a sandbox that saw EDITS up to ``levels``
+    (at least 40)."""
+    return "\n".join(["4", str(levels), "/etc/apt:", "", "/tmp/d:", "b", "2",
+                      "2 0 644", "1 2000 600", "2 0 700", "level-13", "back"])
+
+
+@pytest.mark.parametrize("upper", ["tmpfs", "disk"])
+def test_a_chain_writing_at_every_level_is_squashed_past_the_bound(client, rootfs, helper,
+                                                                    upper):
+    """A chain of forks of forks 64 deep, each level writing: past
+    ceilings.fork_depth (8) stacked layers the helper squashes them (and the
+    upper) into one, and the next fork is at depth 1 again. Every level sees
+    exactly what was written, deleted and replaced above it; an ancestor
+    only what it had itself."""
+    chain = [client.create_sandbox([str(rootfs)], **SPEC, upper=upper, upper_bytes=64 << 20)]
     try:
-        for level in range(1, 9):
-            out(client, chain[-1], f"echo {level} > /tmp/level-{level}")
+        for level in range(1, 65):
+            out(client, chain[-1], f"echo {level} > /tmp/level-{level}"
+                                   + (f" && {EDITS[level]}" if level in EDITS else ""))
             reply = client.fork_sandbox(chain[-1])
-            assert reply["depth"] == level
+            assert reply["depth"] == (level - 1) % 8 + 1, (level, reply)
             chain.append(reply["sandbox_id"])
-        assert out(client, chain[-1], "cat /tmp/level-*") == "\n".join(str(i) for i in range(1, 9))
-        # each ancestor has only what was written before its own fork
-        assert out(client, chain[0], "ls /tmp | grep -c level") == "1"
-        assert out(client, chain[4], "ls /tmp | grep -c level") == "5"
-        reply = client.fork_sandbox(chain[-1])
-        assert (reply["depth"], reply["reused"]) == (8, True)
-        assert client.destroy(reply["sandbox_id"])
-        out(client, chain[-1], "echo 9 > /tmp/level-9")
+            if level % 16 == 0:  # ancestors go: the layers outlive them
+                for sid in chain[-16:-8]:
+                    assert client.destroy(sid)
+        assert out(client, chain[-1], CHAIN_VIEW) == _chain_view(64)
+        assert out(client, chain[-2], CHAIN_VIEW) == _chain_view(64)  # the last parent
+        assert out(client, chain[-8], "ls /tmp | grep -c '^level-'") == "58"  # wrote 58, forked
+        assert out(client, chain[-1], "cat /tmp/level-1 /tmp/level-64 /tmp/d/b") == "1\n64\nb"
+        assert not (rootfs / "tmp" / "level-1").exists() and (rootfs / "etc" / "issue").exists()
+    finally:
+        client.release_all()
+    assert _uppers(helper) == []
+
+
+def _tree(root: Path) -> dict:
+    """Everything a reader of ``root`` sees: type, mode, owner, size,
+    content or target, link count, by path."""
+    seen = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            what = p.read_bytes() if p.is_file() and not p.is_symlink() else \
+                os.readlink(p) if p.is_symlink() else None
+            seen[str(p.relative_to(root))] = (st.st_mode, st.st_uid, st.st_gid, st.st_nlink
+                                              if not p.is_dir() else 0, what)
+    return seen
+
+
+def test_squash_shows_what_the_stacked_layers_showed(tmp_path):
+    """helper/squash.py against the kernel: layers made by real overlay
+    mounts (deletes of base files and of a layer's, a base directory
+    replaced, a layer's directory replaced, renames, hard links, symlinks,
+    modes, owners) and their squash, each stacked over the same base, read
+    the same."""
+    from helper import squash
+    base, layers = tmp_path / "base", []
+    for d in ("etc/apt/sources", "usr/doc", "var/empty"):
+        (base / d).mkdir(parents=True)
+    for f in ("etc/issue", "etc/apt/sources/main", "usr/doc/a", "usr/doc/b"):
+        (base / f).write_text(f)
+    (base / "link").symlink_to("etc")
+    steps = [
+        "mkdir /m/new && echo 1 > /m/new/one && echo 2 > /m/new/two && rm /m/etc/issue && "
+        "echo x > /m/usr/doc/a && ln /m/new/one /m/new/one-link && chmod 700 /m/var/empty",
+        "rm /m/new/two && rm -rf /m/etc/apt && mkdir -p /m/etc/apt/sources && echo mine > "
+        "/m/etc/apt/sources/mine && mv /m/usr/doc/b /m/usr/doc/c && ln -s /m/new /m/sym && "
+        "chown 2000:2000 /m/new/one",
+        "rm -rf /m/new && mkdir /m/new && echo again > /m/new/again && rm /m/etc/apt/sources/mine"
+        " && echo 3 > /m/var/empty/f && rm -rf /m/usr/doc && mkdir /m/usr/doc",
+    ]
+    mounts: list[Path] = []
+    made = iter(range(100))
+
+    def overlay(lowers: list[Path], upper: Path | None = None) -> Path:
+        n = next(made)
+        m = tmp_path / f"m{n}"
+        m.mkdir()
+        opts = "lowerdir=" + ":".join(str(p) for p in reversed(lowers))
+        if upper is not None:
+            work = tmp_path / f"w{n}"
+            work.mkdir()
+            opts += f",upperdir={upper},workdir={work}"
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(m)], check=True)
+        mounts.append(m)
+        return m
+
+    try:
+        for i, step in enumerate(steps):
+            layer = tmp_path / f"l{i}"
+            layer.mkdir()
+            m = overlay([base, *layers], layer)
+            subprocess.run(["sh", "-ec", step.replace("/m/", f"{m}/")], check=True)
+            subprocess.run(["umount", str(m)], check=True)
+            mounts.remove(m)
+            layers.append(layer)
+        squashed = tmp_path / "s"
+        squashed.mkdir()
+        squash.merge([str(p) for p in layers], str(squashed), [str(base)])
+        want, got = _tree(overlay([base, *layers])), _tree(overlay([base, squashed]))
+        assert got == want
+        assert "etc/issue" not in got and "usr/doc/a" not in got and got["new/again"][-1] == b"again\n"
+    finally:
+        for m in reversed(mounts):
+            subprocess.run(["umount", str(m)], check=False)
+
+
+def test_a_squash_past_the_upper_size_is_refused(client, rootfs):
+    """The squashed layer is bounded by the parent's upper size, counting
+    what the merged view holds: a chain rewriting one file at every level
+    squashes, one whose layers hold more than the size (each fork gives at
+    least 1 MiB more) is refused limit_exceeded by name, and nothing is left
+    of the attempt."""
+    chain = [client.create_sandbox([str(rootfs)], **SPEC, upper_bytes=2 << 20)]
+    try:
+        for level in range(1, 10):
+            out(client, chain[-1], f"head -c 900K /dev/zero > /tmp/log && echo {level} > /tmp/n")
+            chain.append(client.fork_sandbox(chain[-1])["sandbox_id"])
+        assert out(client, chain[-1], "cat /tmp/n; stat -c %s /tmp/log") == "9\n921600"
+        client.release_all()
+        chain = [client.create_sandbox([str(rootfs)], **SPEC, upper_bytes=2 << 20)]
+        for level in range(1, 9):
+            out(client, chain[-1], f"head -c 900K /dev/zero > /tmp/level-{level}")
+            chain.append(client.fork_sandbox(chain[-1])["sandbox_id"])
+        out(client, chain[-1], "head -c 900K /dev/zero > /tmp/last")
         before = len(client.list_sandboxes())
         with pytest.raises(errors.BadRequest) as refused:
             client.fork_sandbox(chain[-1])
         assert refused.value.details["helper_error"] == "limit_exceeded"
-        assert "fork_depth" in str(refused.value)
+        assert "squashed" in str(refused.value) and "upper size" in str(refused.value)
         assert len(client.list_sandboxes()) == before
+        assert out(client, chain[-1], "ls /tmp | wc -l") == "9"  # the parent goes on
     finally:
         client.release_all()
 
