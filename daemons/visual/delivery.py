@@ -23,12 +23,16 @@ The verdict (``integrity`` in the outcome record):
   site copy -- ratings, scores, reviews -- is not caught). Screened: the text
   the rendered page shows, and the text files of dist/
   (``judge_addressed_file``: an SVG image's text or a string a script draws
-  shows no text node, but is written in one of them).
+  shows no text node, but is written in one of them). These rules are the
+  first pass; the judge is then asked, in a call of its own, whether the
+  page's text addresses its evaluator in any words (addressing.py,
+  ``judge_addressed_model``).
 * ``ok``, with evidence: links dropped inside dist/ (``link_dropped``),
   fifos and devices (``special_file``), WebSocket attempts beyond the page's
-  origin (``websocket``), external assets (``external_load``; the episode is
-  ``render_error`` anyway). They cannot put anything in the screenshot and
-  can be honest slips.
+  origin (``websocket``), external assets the renderer refused
+  (``external_load``; the page is shot without them), a page taller than
+  the shot (``page_clipped``). They cannot put anything in the screenshot
+  and can be honest slips.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ import unicodedata
 
 from camg import errors
 
-TAMPERING = ("symlink_out_of_dist", "file_url_load", "judge_addressed", "judge_addressed_file")
+TAMPERING = ("symlink_out_of_dist", "file_url_load", "judge_addressed", "judge_addressed_file",
+             "judge_addressed_model")
 MAX_LINK_HOPS = 8
 MAX_EVIDENCE = 20
 #: dist/ files whose text is screened too (``judge_addressed_file``): what the
@@ -222,13 +227,24 @@ def judge_findings(text: str) -> list[str]:
     return lines
 
 
-def render_evidence(local_loads, sockets, blocked=(), text: str = "") -> list[str]:
+def render_evidence(local_loads, sockets, blocked=(), text: str = "",
+                    clipped_from: int = 0) -> list[str]:
     """Evidence lines from what the page tried while it was rendered, and
     from the text it showed."""
     lines = [f"file_url_load: {url[:200]}" for url in local_loads[:MAX_EVIDENCE]]
     lines += [f"websocket: {url[:200]}" for url in sockets[:MAX_EVIDENCE]]
-    lines += [f"external_load: {url[:200]}" for url in list(blocked)[:MAX_EVIDENCE]]
+    lines += [f"external_load: {url[:200]} (refused; shot without it)"
+              for url in list(blocked)[:MAX_EVIDENCE]]
+    if clipped_from:
+        lines.append(f"page_clipped: the page is {clipped_from} px tall; the shot ends at the "
+                     "renderer's limit")
     return lines + judge_findings(text)
+
+
+def shot_evidence(shot) -> list[str]:
+    """``render_evidence`` of a render.Shot."""
+    return render_evidence(shot.local_loads, shot.sockets, shot.blocked, shot.text,
+                           shot.clipped_from)
 
 
 def verdict(evidence: list[str]) -> dict:

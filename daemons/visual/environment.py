@@ -32,7 +32,7 @@ from camg.environment import Environment, Grade, ServiceContext, Submission, Tas
 from camg.containers import read_usage
 from camg.shell_schema import command_observation, shell_action
 
-from daemons.visual import rubric
+from daemons.visual import judging, rubric
 from daemons.visual.episode import VisualEpisode
 from daemons.visual.render import Mirror, Renderer, RenderLimits, Shot
 from daemons.visual.settings import Settings
@@ -217,19 +217,23 @@ class VisualEnvironment(Environment):
         return str(path)
 
     def judge_shot(self, task: Task, shot: Shot):
-        from camg.judge import Image
-
         if self.judge is None:
             raise errors.JudgeError(f"judge unconfigured: {self.judge_problem}",
                                     reason="unconfigured")
-        verdict = self.judge.ask(rubric.prompt(task.data["problem_statement"]),
-                                 images=[Image(shot.jpeg, "image/jpeg")], parse=rubric.score)
-        return verdict, rubric.parse(verdict.raw)
+        return judging.vision(self.judge, task.data["problem_statement"], shot.jpeg)
+
+    def judge_page(self, task: Task, jpeg: bytes, text: str) -> tuple[float, dict, list[str]]:
+        """judging.judge_page with this service's judge."""
+        if self.judge is None:
+            raise errors.JudgeError(f"judge unconfigured: {self.judge_problem}",
+                                    reason="unconfigured")
+        return judging.judge_page(self.judge, task.data["problem_statement"], jpeg, text)
 
     def regrade(self, task: Task, submission: Submission) -> Grade:
-        """The stored screenshot before the judge again (a new judge call:
-        the verdict of a sampled judge may differ; the rubric and judge
-        hashes say what was asked of whom)."""
+        """The stored screenshot and page text before the judge again (new
+        judge calls, the address question first: the verdict of a sampled
+        judge may differ; the rubric and judge hashes say what was asked of
+        whom)."""
         import hashlib
 
         meta = submission.meta
@@ -245,12 +249,16 @@ class VisualEnvironment(Environment):
             return Grade(0.0, {"integrity": "tampered",
                                "integrity_evidence": list(meta.get("integrity_evidence") or ()),
                                "rubric_id": self.rubric_id, "rubric_hash": self.rubric_hash})
-        shot = Shot(jpeg, int(meta.get("width") or 0), int(meta.get("height") or 0),
-                    bool(meta.get("downscaled")), (), {})
-        verdict, parsed = self.judge_shot(task, shot)
-        return Grade(parsed["score"], {"judge": {**verdict.record(), "rubric": parsed},
-                                       "rubric_id": self.rubric_id,
-                                       "rubric_hash": self.rubric_hash})
+        score, records, found = self.judge_page(task, jpeg,
+                                                submission.data.decode("utf-8", "replace"))
+        out: dict[str, Any] = {"rubric_id": self.rubric_id, "rubric_hash": self.rubric_hash}
+        if "judge" in records:
+            out["judge"] = records["judge"]
+        if "address" in records:
+            out["judge_address"] = records["address"]
+        if found:
+            out.update(integrity="tampered", integrity_evidence=found)
+        return Grade(score, out)
 
     # -- service surface ------------------------------------------------------------
     def health(self) -> list[str]:

@@ -10,8 +10,12 @@ At the end, dist/ is copied out of the container as a tar stream and the
 container is removed: the agent is gone before anything is rendered. The
 copy is rendered in a renderer sandbox (render.py); the terminal
 observation carries the screenshot (PNG, base64, sha256, width, height).
-``grade`` then asks the vision judge (judging.py). A render failure is
-``render_error`` and a judge failure ``judge_error``: reward null, never 0.
+``grade`` then asks the judge whether the page's text addresses its
+evaluator (addressing.py) and, when it does not, the vision judge for the
+rubric's score. A render failure is ``render_error`` and a judge failure
+``judge_error``, reward null, unless the episode's control (control.py)
+renders and judges a fixed page on fresh resources: then the page caused
+the failure and scores 0.0 (integrity ``obstructed``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from camg import errors
 from camg.cost import judge_tokens
 from camg.environment import Episode, Step, Submission
 
-from daemons.visual import delivery
+from daemons.visual import addressing, control, delivery
 from daemons.visual.render import Shot
 
 log = logging.getLogger("camg.visual")
@@ -93,9 +97,15 @@ class VisualEpisode(Episode):
         self.shot: Shot | None = None
         self.shot_path: str | None = None
         self.verdict: dict | None = None
+        #: the address question's verdict record (addressing.py), when asked
+        self.address: dict | None = None
+        #: the page text the address question is asked about (addressing.excerpt)
+        self.screen_text = ""
         self.failure: dict | None = None
         self.evidence: list[str] = []       # delivery.py's integrity evidence
         self.usage: dict | None = None      # the container's, read at finish (camg.cost)
+        #: dist/ is copied out and goes to the renderer: a failure now is the render's
+        self.finishing = False
         self._lock = threading.Lock()
         self._closed = False
 
@@ -160,14 +170,11 @@ class VisualEpisode(Episode):
         finally:
             self.usage = box.usage()
             self._drop_box()
+        self.finishing = True
         tar, self.evidence = delivery.strip_top(tar, self.settings.dist_bytes)
-        try:
-            self.shot = self.env.renderer.render(tar)
-        except errors.RenderError as exc:
-            self.evidence += delivery.render_evidence((), (), exc.details.get("blocked") or ())
-            raise
-        self.evidence += delivery.render_evidence(self.shot.local_loads, self.shot.sockets,
-                                                  text=self.shot.text)
+        self.shot = self.env.renderer.render(tar)
+        self.evidence += delivery.shot_evidence(self.shot)
+        self.screen_text = addressing.excerpt(self.shot.text)
         self.shot_path = self.env.store_screenshot(self.episode_id, self.shot)
         obs = {"task_id": self.task.task_id, "step": self.steps, "finished_by": why,
                "output": (last or {}).get("output", "Site delivered; rendered for review."),
@@ -181,22 +188,40 @@ class VisualEpisode(Episode):
         if delivery.verdict(self.evidence)["integrity"] == "tampered":
             return 0.0  # reaching outside dist/: 0 by rule, the judge is not asked
         try:
-            verdict, parsed = self.env.judge_shot(self.task, self.shot)
-        except errors.JudgeError as exc:  # the record says what was asked of whom
-            self.failure = {"judge_failure": exc.message, **exc.details}
-            raise
-        self.verdict = {**verdict.record(), "rubric": parsed}
-        return parsed["score"]
+            score, records, found = self.env.judge_page(self.task, self.shot.jpeg,
+                                                         self.screen_text)
+        except errors.JudgeError as first:
+            # Once more before the failure goes to the control (control.py),
+            # which gives the page 0.0 when the judge answers a fixed page:
+            # an outage that ends between the two must not become this
+            # page's 0.
+            log.warning("the judge failed on the page (%s); asking once more", first.message)
+            try:
+                score, records, found = self.env.judge_page(self.task, self.shot.jpeg,
+                                                             self.screen_text)
+            except errors.JudgeError as exc:  # the record says what was asked of whom
+                self.failure = {"judge_failure": exc.message, **exc.details}
+                raise
+        self.address, self.verdict = records.get("address"), records.get("judge")
+        self.evidence += found
+        return score
+
+    def control(self, failure: Exception, phase: str):
+        """control.py: the same render or judging path with a fixed page on
+        fresh resources."""
+        return control.prove(self, failure, phase)
 
     def submission(self) -> Submission | None:
         """The screenshot the judge saw, by reference: it is already kept
         in the service's screenshots directory (no second copy)."""
         if self.shot is None or self.shot_path is None:
             return None
-        return Submission(meta={"screenshot": os.path.basename(self.shot_path),
-                                "sha256": self.shot.sha256, "width": self.shot.width,
-                                "height": self.shot.height, "downscaled": self.shot.downscaled,
-                                **delivery.verdict(self.evidence)})
+        # data: the page text the address question was asked about, so a
+        # regrade asks the same question
+        return Submission(data=self.screen_text.encode(), meta={
+            "screenshot": os.path.basename(self.shot_path), "sha256": self.shot.sha256,
+            "width": self.shot.width, "height": self.shot.height,
+            "downscaled": self.shot.downscaled, **delivery.verdict(self.evidence)})
 
     def outcome(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {"rubric_id": self.env.rubric_id, "rubric_hash": self.env.rubric_hash,
@@ -208,10 +233,12 @@ class VisualEpisode(Episode):
                                  "render_timings": dict(self.shot.timings)}
         if self.verdict is not None:
             out["judge"] = self.verdict
+        if self.address is not None:
+            out["judge_address"] = self.address
         if self.failure is not None:
             out["judge_failure"] = self.failure
         out.update(delivery.verdict(self.evidence))
-        tokens = judge_tokens([self.verdict.get("judge_tokens")] if self.verdict else [])
+        tokens = judge_tokens([r.get("judge_tokens") for r in (self.address, self.verdict) if r])
         out["cost"] = {**(self.usage or {}), **tokens}
         return out
 

@@ -9,10 +9,13 @@ script; it has loopback only, uid 2000, no capabilities, cgroup limits, and
 a wall-clock limit that kills the whole tree. The screenshot comes back as
 bytes; the sandbox is destroyed whatever happened.
 
-Failures are ``RenderError`` (failure class ``render_error``, reward null):
-the browser did not start or crashed, the render overran its limit, no
-image came back, or the page asked for an external asset outside the
-mirror (upstream drops a page whose external assets cannot load).
+Failures are ``RenderError`` (failure class ``render_error``): the browser
+did not start or crashed, the render overran its limit, or no image came
+back. Whether that is a null or the page's own 0 is decided by the
+episode's control (control.py): the same renderer image on a fresh sandbox
+with a fixed page. External assets outside the mirror are not a failure:
+the page is rendered without them and the URLs are evidence
+(``Shot.blocked``).
 """
 
 from __future__ import annotations
@@ -61,6 +64,10 @@ class Shot:
     #: the text the page showed (shot_script._page_text): screened for text
     #: addressing the judge (delivery.judge_findings)
     text: str = ""
+    #: external URLs the renderer refused (the page was shot without them)
+    blocked: tuple[str, ...] = ()
+    #: the page's full height when it was taller than the shot (shot_script.MAX_HEIGHT)
+    clipped_from: int = 0
 
     @property
     def sha256(self) -> str:
@@ -219,9 +226,6 @@ class Renderer:
         if not result.get("ok"):
             raise errors.RenderError(f"the browser failed: {result.get('error')}: "
                                      f"{result.get('message', '')[:500]}", reason="browser")
-        if result.get("blocked"):
-            raise errors.RenderError("the page loads external assets outside the CDN mirror",
-                                     reason="external_assets", blocked=result["blocked"][:20])
         jpeg = _member(out, "shot.jpg")
         if not jpeg:
             raise errors.RenderError("no screenshot was produced", reason="no_image")
@@ -229,4 +233,5 @@ class Renderer:
         timings = dict(result.get("timings", {}), wall=round(time.monotonic() - started, 3))
         return Shot(jpeg, width, height, shrunk, tuple(result.get("console_errors", ())), timings,
                     tuple(result.get("local_loads", ())), tuple(result.get("sockets", ())),
-                    str(result.get("text") or ""))
+                    str(result.get("text") or ""), tuple(result.get("blocked", ())),
+                    int(result.get("clipped_from") or 0))

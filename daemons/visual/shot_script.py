@@ -12,9 +12,11 @@ transitions, back to the top, one full-page JPEG at quality 75.
 
 What differs: the sandbox has no network but loopback. Requests to the
 allowlisted CDN URLs are answered from the local mirror (``mirror`` in the
-job: URL -> file); every other non-loopback request is aborted and listed
-in ``blocked``, which the service turns into a dropped episode (upstream
-drops a page whose external assets fail to load on every route). Chromium
+job: URL -> file); every other non-loopback request is aborted before any
+name is resolved and listed in ``blocked``: the page is shot without it
+(the delivery contract says other external URLs will not load). A page
+taller than MAX_HEIGHT is shot down to that height (``clipped_from`` its
+full height): a 65 000 px page is not a screenshot any judge reads. Chromium
 refuses ``file:`` loads from the page's http origin itself (they never reach
 a route); its console line naming each is kept in ``local_loads``, and
 WebSockets (not routed) opened beyond the origin in ``sockets``: the
@@ -34,6 +36,9 @@ import time
 import urllib.parse
 
 VIEWPORT = {"width": 1440, "height": 900}
+#: the tallest shot taken (CSS px); 1440 x 16384 is already above the 20 MP
+#: the service downscales to
+MAX_HEIGHT = 16384
 FREEZE_CSS = """
 *, *::before, *::after {
   animation-duration: 0.001s !important; animation-delay: 0s !important;
@@ -68,7 +73,10 @@ async () => {
 # and SVG text included, faint or tiny text too since a model may still read
 # it; page scripts cannot intercept it), plus input values, placeholders,
 # alt texts, and the strings the page drew on 2D canvases (CANVAS_HOOK, set
-# before any page script). Not seen: text baked into an image, or drawn
+# before any page script). Also what is written for a reader but not drawn
+# (the <title>, aria-label and title attributes, <noscript>): not in the
+# screenshot, but a page that writes there to its evaluator is talking to
+# it all the same, and the service's screen reads it. Not seen: text baked into an image, or drawn
 # with a canvas method the page took from a realm the hook did not reach;
 # the rubric's own rule is what remains against those.
 TEXT_LIMIT = 65536
@@ -90,7 +98,9 @@ CANVAS_HOOK = """
   Object.defineProperty(window, '__camgCanvasText', {value: () => apply(join, seen, ['\\n'])});
 })();
 """
-_SHOWN_ATTRIBUTES = ("placeholder", "alt", "value")
+_SHOWN_ATTRIBUTES = ("placeholder", "alt", "value", "aria-label", "aria-description", "title")
+#: elements whose text is written for a reader but never laid out
+_UNDRAWN = ("TITLE", "NOSCRIPT")
 
 
 def _page_text(context, page):
@@ -109,6 +119,11 @@ def _page_text(context, page):
                     if strings[attrs[k]].lower() in _SHOWN_ATTRIBUTES]
         for key in ("inputValue", "textValue"):
             out += [strings[i] for i in (nodes.get(key) or {}).get("value", []) if i >= 0]
+        names, values = nodes.get("nodeName", []), nodes.get("nodeValue", [])
+        for i, parent in enumerate(nodes.get("parentIndex", [])):
+            if (parent >= 0 and i < len(values) and values[i] >= 0
+                    and strings[names[parent]].upper() in _UNDRAWN):
+                out.append(strings[values[i]])
     try:
         out.append(page.evaluate("() => window.__camgCanvasText ? window.__camgCanvasText() : ''"))
     except Exception:  # noqa: BLE001 -- the DOM text above still stands
@@ -209,8 +224,16 @@ def render(job):
             page.wait_for_timeout(300)
             page.evaluate("() => window.scrollTo(0, 0)")
             page.wait_for_timeout(250)
+            cdp = context.new_cdp_session(page)
+            try:
+                page_height = cdp.send("Page.getLayoutMetrics")["cssContentSize"]["height"]
+            finally:
+                cdp.detach()
             data = page.screenshot(full_page=True, type="jpeg", quality=75,
-                                   animations="disabled", caret="hide")
+                                   animations="disabled", caret="hide",
+                                   # trimmed to the page: only the height is bounded
+                                   clip={"x": 0, "y": 0, "width": MAX_HEIGHT,
+                                         "height": MAX_HEIGHT})
             text = _page_text(context, page)
             timings["total"] = round(time.monotonic() - started, 3)
         finally:
@@ -221,7 +244,8 @@ def render(job):
     width, height = _jpeg_size(data)
     return {"ok": True, "width": width, "height": height, "bytes": len(data),
             "blocked": blocked, "console_errors": console, "local_loads": local,
-            "sockets": sockets, "text": text, "timings": timings}
+            "sockets": sockets, "text": text, "timings": timings,
+            "clipped_from": int(page_height) if page_height > MAX_HEIGHT else 0}
 
 
 def main():

@@ -9,6 +9,7 @@ explicitly, including after ``kill -9`` of the service.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -179,15 +180,27 @@ def test_oracle_site_outscores_blank_through_the_service(service, prepared):
     assert "sk-visual-test" not in json.dumps(Client(service.url).metadata())
 
 
-def test_external_asset_is_render_error_and_judge_failure_is_judge_error(service, prepared, judge):
+def test_external_asset_crash_judge_failure_and_their_controls(service, prepared, judge):
+    """An external asset is refused and the page judged without it; a page
+    that crashes the renderer scores 0.0 obstructed once the control page
+    renders; a judge that fails on the page but answers the control gives
+    0.0 obstructed, one that fails the control too leaves judge_error null,
+    one that fails once and then answers gives the page its score."""
     from tests.support.fake_judge import Reply
 
     task_id = sorted(prepared[1])[1]
-    page = ('<!DOCTYPE html><script src="https://cdn.example.invalid/x.js"></script><p>x</p>')
+    page = ('<!DOCTYPE html><script src="https://cdn.example.invalid/x.js"></script>'
+            '<h1 style="background:#1d3557;color:#fff;height:300px">x</h1>')
     ext = play(service.url, task_id, [
         {"operation": "shell", "command": f"echo '{page}' > /workspace/dist/index.html"},
         {"operation": "finish"}])
-    assert ext["final"]["reward"] is None and ext["final"]["failure_class"] == "render_error"
+    assert ext["final"]["reward"] > 0 and ext["final"]["failure_class"] is None
+    from tools.visual.canaries import CRASH
+    crash = base64.b64encode(f"<!DOCTYPE html><p>x</p><script>{CRASH}</script>".encode()).decode()
+    crashed = play(service.url, task_id, [
+        {"operation": "shell", "command": f"echo {crash} | base64 -d > /workspace/dist/index.html"},
+        {"operation": "finish"}])
+    assert crashed["final"]["reward"] == 0.0 and crashed["final"]["failure_class"] is None
     # a delivery with symlinks out of dist/: tampered, 0.0, the judge not asked
     asked = len(judge.requests)
     linked = play(service.url, task_id, [
@@ -204,10 +217,25 @@ def test_external_asset_is_render_error_and_judge_failure_is_judge_error(service
     assert got["image"].count("@sha256:") == 1
     got = records[ext["reset"]["episode_id"]]
     assert got["integrity"] == "ok" and got["integrity_evidence"] == [
-        "external_load: https://cdn.example.invalid/x.js"]
-    judge.script(Reply(status=500), Reply(status=500))
+        "external_load: https://cdn.example.invalid/x.js (refused; shot without it)"]
+    got = records[crashed["reset"]["episode_id"]]
+    assert got["integrity"] == "obstructed" and got["grade_reason"] == "obstructed"
+    assert got["integrity_evidence"][0].startswith("step failed (render_error)")
+    assert any(e.startswith("control: a fixed control page rendered")
+               for e in got["integrity_evidence"]), got["integrity_evidence"]
+    # judge_attempts 2: the page's calls fail twice over, then the control's
+    judge.script(*[Reply(status=500)] * 4)
+    obstructed = play(service.url, task_id, prepared[1][task_id])
+    assert obstructed["final"]["reward"] == 0.0 and obstructed["final"]["failure_class"] is None
+    judge.script(*[Reply(status=500)] * 6)
     failed = play(service.url, task_id, prepared[1][task_id])
     assert failed["final"]["reward"] is None and failed["final"]["failure_class"] == "judge_error"
+    judge.script(*[Reply(status=500)] * 2)
+    passing = play(service.url, task_id, prepared[1][task_id])
+    assert passing["final"]["reward"] > 0.8 and passing["final"]["failure_class"] is None
+    records = {r["episode_id"]: r for r in service.outcomes()}
+    assert records[obstructed["reset"]["episode_id"]]["integrity"] == "obstructed"
+    assert records[failed["reset"]["episode_id"]].get("integrity") != "obstructed"
 
 
 def test_stock_openenv_client_runs_an_episode(service, prepared):

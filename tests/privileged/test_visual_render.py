@@ -111,14 +111,49 @@ def test_tailwind_from_local_mirror_is_styled(renderer):
     assert b > 200 and r < 100, "bg-blue-500"
 
 
-def test_external_asset_outside_mirror_is_render_error(renderer):
+def test_external_asset_outside_mirror_is_refused_and_the_page_shot_without_it(renderer):
+    # A name no resolver answers: the route refuses the request before any
+    # lookup, and the sandbox has loopback only, so nothing leaves the machine.
     page = ('<!DOCTYPE html><html><head><script src="https://cdn.example.invalid/lib.js">'
-            '</script></head><body>x</body></html>')
-    with pytest.raises(errors.RenderError) as info:
-        renderer.render(dist_tar({"index.html": page}))
-    assert info.value.failure_class == errors.FailureClass.RENDER_ERROR
-    assert info.value.details["reason"] == "external_assets"
-    assert "https://cdn.example.invalid/lib.js" in info.value.details["blocked"]
+            '</script></head><body><h1 style="background:#1d3557;color:#fff">x</h1></body></html>')
+    shot = renderer.render(dist_tar({"index.html": page}))
+    assert shot.blocked == ("https://cdn.example.invalid/lib.js",)
+    assert shot.width == 1440 and shot.height == 900 and "x" in shot.text
+
+
+def test_a_page_taller_than_the_limit_is_shot_to_the_limit(renderer):
+    from daemons.visual.shot_script import MAX_HEIGHT
+    page = ('<!DOCTYPE html><html><head><title>Tall</title></head><body style="margin:0">'
+            '<div style="height:65000px;background:linear-gradient(#1d3557,#e63946)"></div>'
+            '<nav aria-label="site menu"></nav><noscript>no script here</noscript></body></html>')
+    shot = renderer.render(dist_tar({"index.html": page}))
+    assert shot.clipped_from >= 65000 and shot.downscaled
+    # downscaled from 1440 x MAX_HEIGHT to 20 MP, proportionally
+    assert abs(shot.height / shot.width - MAX_HEIGHT / 1440) < 0.01
+    # what is written for a reader but not drawn is read too
+    assert all(t in shot.text for t in ("Tall", "site menu", "no script here"))
+
+
+def test_missing_renderer_image_leaves_the_null_standing(client, renderer_dir, mirror_manifest,
+                                                         tmp_path):
+    """The renderer cannot start for a reason no page causes (its image is
+    missing): the render fails, the control fails the same way, so the
+    episode keeps reward null with failure class render_error."""
+    import types
+
+    from daemons.visual import control
+    from daemons.visual.render import Mirror, Renderer, RenderLimits
+    info = json.loads((renderer_dir / "renderer.json").read_text())
+    gone = Renderer(client, str(renderer_dir.parent / "visual-renderer-missing" / "rootfs"), info,
+                    Mirror.load(mirror_manifest), RenderLimits(timeout=60))
+    with pytest.raises(errors.RenderError) as err:
+        gone.render(dist_tar({"index.html": STATIC_PAGE}))
+    assert err.value.failure_class == errors.FailureClass.RENDER_ERROR
+    episode = types.SimpleNamespace(env=types.SimpleNamespace(renderer=gone), task=None,
+                                    episode_id="e")
+    with pytest.raises(errors.RenderError) as again:
+        control.prove(episode, err.value, "step")
+    assert again.value.failure_class == errors.FailureClass.RENDER_ERROR
 
 
 def test_missing_index_renders_the_404_page(renderer):
@@ -153,29 +188,44 @@ def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, rende
                                                         mirror_manifest):
     """tools/visual/canaries.py: external and file: loads, symlinks out of
     dist/, a DOM rewritten after the screenshot, a WebSocket beyond loopback,
-    fifos and devices, a render that never settles, huge and crowded dist/
-    trees, text addressing the judge (plain, faint, CSS content, canvas, split
-    over boxes, an SVG image) -- render_error, tampered at 0.0, or exactly the base page's
-    score; nothing of ref/, etc/ or up/ reaches the renderer."""
+    fifos and devices, huge and crowded dist/ trees, text addressing the
+    judge (plain, faint, CSS content, canvas, split over boxes, an SVG image)
+    and the same in paraphrase (a paragraph, CSS attr(), <title>,
+    aria-label, <noscript>), a renderer crash, a 65 000 px page, a render
+    that never settles -- tampered or obstructed at 0.0, or exactly what the
+    page earns without its trick; none ends null; nothing of ref/, etc/ or
+    up/ reaches the renderer."""
     from daemons.visual.render import Mirror, Renderer, RenderLimits
     from tools.canary_table import render
     from tools.visual import canaries
 
     info = json.loads((renderer_dir / "renderer.json").read_text())
     slow = Renderer(client, str(renderer_dir / "rootfs"), info, Mirror.load(mirror_manifest),
-                    RenderLimits(timeout=12))
+                    RenderLimits(timeout=20))
     results, checks = canaries.run(renderer.render, slow.render)
     text, failed = render("visual", results)
     print(text)
     assert not failed and not checks, text + "\n" + "\n".join(checks)
     by = {r.technique: r for r in results}
+    assert all(r.reward is not None for r in results), "no canary may end null"
     assert by["base_page"].reward > 0.2
     assert by["after_screenshot_socket_fifo"].reward == by["base_page"].reward
     assert "websocket" in by["after_screenshot_socket_fifo"].detail
     assert "special_file" in by["after_screenshot_socket_fifo"].detail
     assert by["file_url_loads"].integrity == by["symlinks_out_of_dist"].integrity == "tampered"
-    assert by["never_settles"].detail == "timeout" and by["huge_dist"].detail == "dist_too_large"
-    assert by["external_http_https"].detail.startswith("external_assets; external_load x")
+    # external loads: refused, the page shot without them (its own score)
+    for name in ("external_http_https", "external_load"):
+        assert by[name].reward == by["base_page"].reward and "external_load x" in by[name].detail
+    # what makes a render fail is the page's: the control page renders, 0.0 obstructed
+    for name in ("renderer_crash", "never_settles"):
+        for row in (by[name], by[name + "_alone"]):
+            assert row.integrity == "obstructed" and row.reward == 0.0, row
+    assert by["endless_animation"].reward <= by["base_page"].reward
+    assert by["never_settles"].detail.startswith("timeout")
+    assert by["huge_dist"].detail.startswith("dist_too_large")
+    assert by["huge_dist"].integrity == by["many_entries"].integrity == "obstructed"
+    assert "page_clipped x1" in by["huge_page"].detail
+    assert by["huge_page"].reward <= by["base_page"].reward
     # text addressing the judge, however it is put on the page: read from the
     # render, tampered (the credulous vision judge they play gives them 1.0)
     judged = [r for r in results if r.technique in canaries.JUDGE_TEXT]
@@ -186,3 +236,13 @@ def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, rende
     assert all("judge_addressed x" in r.detail for r in judged
                if r.technique != "judge_text_svg_image"), judged
     assert all("judge_addressed_file x" in r.detail for r in judged), judged
+    # paraphrases pass the rules; the judge's own address question finds
+    # them. Those drawn in the screenshot win 1.0 before the credulous
+    # vision judge without it.
+    para = [r for r in results if r.technique.removesuffix("_alone") in canaries.PARAPHRASED]
+    assert len(para) == 10
+    for row in para:
+        assert row.integrity == "tampered" and row.reward == 0.0, row
+        assert "judge_addressed_model x1" in row.detail and "judge_addressed x" not in row.detail
+    for name in ("paraphrase_paragraph", "paraphrase_css_attr"):
+        assert "undefended 1.0000" in by[name].detail, by[name]
