@@ -46,7 +46,7 @@ _OVERLAY = "trusted.overlay."
 # metacopy): a layer carrying one is not a plain tree, so it is refused.
 _UNSUPPORTED = ("trusted.overlay.redirect", "trusted.overlay.metacopy",
                 "trusted.overlay.whiteout")
-# Exit status of a refusal the tree caused (too big, unreadable, too deep).
+# Exit status of a refusal the tree caused (too big, too deep, unsupported).
 REFUSED = 3
 
 
@@ -209,7 +209,11 @@ def main(argv: list[str]) -> int:
         f.write(str(os.getpid()))
     try:
         merge(sources, target, base)
-    except (Refused, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001
+        # Whatever the copied tree does to this copy (too big, too deep for
+        # the recursion or PATH_MAX) is a refused fork, never a failed one:
+        # a failed fork is a child episode with a null reward, and a tree
+        # the agent wrote must not be able to make one.
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             exc = Refused("the merged layers exceed the sandbox's upper size")
         print(f"squash: {exc}", file=sys.stderr)

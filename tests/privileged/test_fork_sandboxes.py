@@ -289,6 +289,18 @@ def test_a_squash_past_the_upper_size_is_refused(client, rootfs):
         assert "squashed" in str(refused.value) and "upper size" in str(refused.value)
         assert len(client.list_sandboxes()) == before
         assert out(client, chain[-1], "ls /tmp | wc -l") == "9"  # the parent goes on
+        # a tree deeper than the copy goes is refused too, never a failed fork
+        client.release_all()
+        chain = [client.create_sandbox([str(rootfs)], **SPEC)]
+        for level in range(1, 9):
+            out(client, chain[-1], f"echo {level} > /tmp/level-{level}")
+            chain.append(client.fork_sandbox(chain[-1])["sandbox_id"])
+        # 3000 levels, 6000 bytes of path: past PATH_MAX for the copy
+        deep = "$(printf 'd/%.0s' $(seq 1500))"
+        out(client, chain[-1], f"cd /tmp && mkdir -p {deep} && cd {deep} && mkdir -p {deep}")
+        with pytest.raises(errors.BadRequest) as refused:
+            client.fork_sandbox(chain[-1])
+        assert refused.value.details["helper_error"] == "limit_exceeded", refused.value
     finally:
         client.release_all()
 
