@@ -154,7 +154,10 @@ class Visitor(ast.NodeVisitor):
 
     def run(self, tree) -> list[Finding]:
         self.writes = _writes_files(tree)
-        self.visit(_unaliased(tree))
+        tree = _unaliased(tree)
+        self.parents = {child: node for node in ast.walk(tree)
+                        for child in ast.iter_child_nodes(node)}
+        self.visit(tree)
         return self.found
 
     def visit(self, node):
@@ -221,6 +224,12 @@ class Visitor(ast.NodeVisitor):
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self._name(node, node.attr, _module(node.value))
+        if node.attr == "modules" and _dotted(node) == "sys.modules" \
+                and not _plain_module_read(node, self.parents):
+            # Every module of the process (the runner's among them) by a
+            # name the source does not spell, or all of them in turn.
+            self.flag("import_machinery", node, "walks sys.modules or reads it by a computed "
+                                                "name")
         self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
@@ -411,6 +420,24 @@ class Visitor(ast.NodeVisitor):
                 and not _owned(target, self.owned):
             self.flag("foreign_attribute_write", node,
                       f"sets {attr or 'a computed attribute'} on something the file does not own")
+
+
+def _plain_module_read(node, parents) -> bool:
+    """``sys.modules[__name__]``, ``sys.modules["json"]``, ``.get("json")``,
+    ``"json" in sys.modules``: one module the source names."""
+    parent = parents.get(node)
+
+    def named(key) -> bool:
+        return _literal(key) or (isinstance(key, ast.Name) and key.id == "__name__")
+    if isinstance(parent, ast.Subscript) and parent.value is node:
+        return named(parent.slice)
+    if isinstance(parent, ast.Attribute) and parent.attr == "get":
+        call = parents.get(parent)
+        return isinstance(call, ast.Call) and call.func is parent and bool(call.args) \
+            and named(call.args[0])
+    if isinstance(parent, ast.Compare) and node in parent.comparators:
+        return all(isinstance(op, (ast.In, ast.NotIn)) for op in parent.ops)
+    return False
 
 
 def _writes_files(tree) -> bool:

@@ -29,7 +29,9 @@ DYNAMIC_BUILTINS = frozenset({"exec", "eval", "compile"})
 # source does not show.
 DYNAMIC_QUALIFIED = {m: {"loads", "load", "Unpickler"}
                      for m in ("pickle", "_pickle", "cPickle", "dill", "cloudpickle")}
-GC_ATTRS = frozenset({"get_objects", "get_referrers", "get_referents"})
+# (``__subclasses__`` walks the class graph as gc walks the heap: to the
+# runner's item classes from ``object``)
+GC_ATTRS = frozenset({"get_objects", "get_referrers", "get_referents", "__subclasses__"})
 IMPORT_ATTRS = frozenset({"meta_path", "path_hooks", "path_importer_cache", "__import__",
                           "spec_from_file_location", "spec_from_loader", "module_from_spec",
                           "exec_module", "load_module", "SourceFileLoader", "SourcelessFileLoader",

@@ -185,6 +185,12 @@ ATTACKS = {
     "utf7_source": ("# -*- coding: utf-7 -*-\nimport sys\nf = sys.+AF8-getframe(0)\n",
                     {"dynamic_code"}),
     "pickle_loads": ("import pickle\nobj = pickle.loads(BLOB)\n", {"dynamic_code"}),
+    "sys_modules_walk": ("import sys\nfor m in list(sys.modules.values()):\n"
+                         "    if hasattr(m, 'Function'):\n"
+                         "        m.Function.runtest = lambda self: None\n",
+                         {"import_machinery"}),
+    "sys_modules_computed_read": ("import sys\nm = sys.modules[NAME]\n", {"import_machinery"}),
+    "subclasses_walk": ("def items():\n    return object.__subclasses__()\n", {"gc_walk"}),
     "aliased_import_module": ("from importlib import import_module as im\nm = im(name)\n",
                               {"import_machinery"}),
 }
@@ -194,7 +200,7 @@ HONEST = {
     "method_named_eval": "def run(df):\n    return df.eval('a + b') + df.compile()\n",
     "literal_import": "import importlib\nm = importlib.import_module('json.decoder')\n",
     "sys_modules_read": ("import sys\nmod = sys.modules[__name__]\n"
-                         "loaded = 'yaml' in sys.modules\nother = sys.modules.get(name)\n"),
+                         "loaded = 'yaml' in sys.modules\nother = sys.modules.get('yaml')\n"),
     "setattr_on_self": ("class A:\n    def load(self, data):\n"
                         "        for key, value in data.items():\n"
                         "            setattr(self, key, value)\n"),
