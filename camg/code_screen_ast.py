@@ -16,7 +16,8 @@ from camg.code_screen_names import (ATTR_CALLS, BUILTINS, CODE_DUNDERS, DECODERS
                                     EXIT_QUALIFIED, FILE_WRITERS, FRAME_ATTRS, FRAME_QUALIFIED,
                                     GC_ATTRS, IMPORT_ATTRS, IMPORT_RULE, MODULE_RULE,
                                     MODULES_WRITES, NATIVE_NAMES, OWNER_NAMES, PATCHED_MODULES,
-                                    PYTHON_SUFFIXES, RUNNER_NAME, SENSITIVE_STRINGS)
+                                    PYTHON_SUFFIXES, RUNNER_NAME, SENSITIVE_STRINGS,
+                                    WATCHED_MODULES)
 from camg.tamper_rules import Finding
 
 
@@ -123,23 +124,34 @@ def _decoded(node) -> bool:
 
 
 def _unaliased(tree):
-    """``tree`` with each name an import binds under another name (``import
-    sys as _s``, ``from importlib import import_module as im``) spelled as
-    what it imports, so ``_s.modules`` is ``sys.modules`` to the rules."""
-    aliases = {}
+    """``tree`` with each name an import binds spelled as what it imports:
+    an alias (``import sys as _s``: ``_s.modules`` is ``sys.modules``), and
+    a name imported from a module the rules watch (``from unittest import
+    TestCase``: ``TestCase.run = ...`` patches ``unittest.TestCase``)."""
+    names: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            aliases.update({a.asname: a.name for a in node.names if a.asname})
+            names.update({a.asname: a.name for a in node.names if a.asname})
         elif isinstance(node, ast.ImportFrom):
-            aliases.update({a.asname: a.name for a in node.names if a.asname})
-    if not aliases:
+            watched = not node.level and (node.module or "").split(".")[0] in WATCHED_MODULES
+            for alias in node.names:
+                if watched:
+                    names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                elif alias.asname:
+                    names[alias.asname] = alias.name
+    if not names:
         return tree
 
     class Rename(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name):
-            if node.id in aliases and isinstance(node.ctx, ast.Load):
-                return ast.copy_location(ast.Name(id=aliases[node.id], ctx=node.ctx), node)
-            return node
+            if node.id not in names or not isinstance(node.ctx, ast.Load):
+                return node
+            first, *rest = names[node.id].split(".")
+            expr = ast.copy_location(ast.Name(id=first, ctx=ast.Load()), node)
+            for attr in rest:
+                expr = ast.copy_location(ast.Attribute(value=expr, attr=attr, ctx=ast.Load()),
+                                         node)
+            return expr
 
     return Rename().visit(tree)
 

@@ -70,6 +70,8 @@ MODULE_RULE = {"sys": "import_machinery", "builtins": "builtins_patching",
                "marshal": "dynamic_code", "runpy": "dynamic_code"}
 PATCHED_MODULES = frozenset(MODULE_RULE) | {"functools", "threading", "unittest", "pytest",
                                              "_pytest", "pluggy", "operator", "copyreg"}
+# Modules whose names, imported bare, are read as the module's own.
+WATCHED_MODULES = PATCHED_MODULES | BUILTINS | {"_pickle", "pickle", "dill", "cloudpickle"}
 # Import statements that bring a capability in under a bare name.
 IMPORT_RULE = {"ctypes": "native_code", "_ctypes": "native_code", "cffi": "native_code",
                "atexit": "exit_hooks", "marshal": "dynamic_code", "runpy": "dynamic_code",

@@ -191,6 +191,12 @@ ATTACKS = {
                          {"import_machinery"}),
     "sys_modules_computed_read": ("import sys\nm = sys.modules[NAME]\n", {"import_machinery"}),
     "subclasses_walk": ("def items():\n    return object.__subclasses__()\n", {"gc_walk"}),
+    "imported_class_patched": ("from unittest import TestCase\n"
+                               "TestCase.run = lambda self, result=None: None\n",
+                               {"foreign_attribute_write"}),
+    "imported_function_used": ("from os import _exit\nfrom pickle import loads\n"
+                               "def done(blob):\n    loads(blob)\n    _exit(0)\n",
+                               {"exit_hooks", "dynamic_code"}),
     "aliased_import_module": ("from importlib import import_module as im\nm = im(name)\n",
                               {"import_machinery"}),
 }
