@@ -323,6 +323,22 @@ def test_the_owner_shown_in_the_hunk_header_is_the_files_own():
     assert rules(code_screen.screen_diff(foreign)) == {"foreign_attribute_write"}
 
 
+def test_the_whole_new_text_where_the_caller_has_it():
+    """With the file's new text the screen parses all of it: a class the
+    file defines far from the hunk is the file's own."""
+    diff = (b"diff --git a/src/c.py b/src/c.py\n--- a/src/c.py\n+++ b/src/c.py\n"
+            b"@@ -40,2 +40,2 @@\n \n-Code.__new__.__defaults__ = (1,)\n"
+            b"+Code.__new__.__defaults__ = (None,)\n")
+    text = "class Code:\n    pass\n" + "\n" * 38 + "Code.__new__.__defaults__ = (None,)\n"
+    assert rules(code_screen.screen_diff(diff)) == {"foreign_attribute_write"}
+    assert code_screen.screen_diff(diff, new_texts={"src/c.py": text}) == []
+    payload = text.replace("(None,)", "(None,); import ctypes")
+    found = code_screen.screen_diff(diff.replace(b"(None,)\n", b"(None,); import ctypes\n"),
+                                    new_texts={"src/c.py": payload})
+    assert [f.detail.rsplit(" (", 1)[0] for f in found] == [
+        "src/c.py:41: Code.__new__.__defaults__ = (None,); import ctypes"]
+
+
 def test_fragments_that_do_not_parse_fall_back_to_tokens():
     """A hunk cut in the middle of a call and of a string still has its
     added lines screened."""
