@@ -344,8 +344,9 @@ _ADDRESSES = [
     # a claim of meeting the brief "in full", aimed at whoever checks it
     re.compile(rf"\b(?:fully|completely|entirely|already)\s+(?:meet\w*|satisf\w*|fulfil\w*)"
                rf"\b[^.!?]{{0,40}}\b{_BRIEF}", re.I),
-    # the evaluator named, and asked about the result
-    re.compile(rf"\b{_EVALUATOR}\b[^.!?]{{0,80}}\b(?:{_OUTCOME}|{_BRIEF})s?\b", re.I),
+    # the evaluator named, and asked about the result or handed a top grade
+    re.compile(rf"\b{_EVALUATOR}\b[^.!?]{{0,80}}(?:\b(?:{_OUTCOME}|{_BRIEF})s?\b"
+               rf"|\b10\s*/\s*10\b|\b100\s*%|\b1\.0\b|\bfull marks\b|\bfive stars\b)", re.I),
     re.compile(rf"\b(?:kindly|please)\b[^.!?]{{0,60}}\b{_BEST}\s+(?:possible\s+)?"
                rf"{_OUTCOME}", re.I),
     re.compile(r"(?:评委|评审|评分|裁判|审核)[^。]{0,20}(?:满分|最高|通过|满足|符合)"
