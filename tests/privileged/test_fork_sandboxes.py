@@ -655,6 +655,43 @@ def test_coding_child_is_graded_on_what_its_whole_path_did(coding_env):
             child.close()
 
 
+def test_coding_group_and_deep_chain_keep_their_rewards(coding_env):
+    """A trainer's group (12 forks of one untouched parent: past the 8 a
+    parent once allowed) and a tree search's chain (a fork of the last
+    fork 12 times, each level stepping: squashed past the bound), from a
+    parent that applied the gold fix. The deepest node finishing earns 1.0,
+    integrity ok; a group member that reverts the fix earns 0.0: squash and
+    reuse carry the files, not a reward."""
+    env = coding_env
+    task = env.tasks[0]
+    patch = task.data["patch"]
+    parent = env.create_episode(task, seed=None, episode_id="fork-group-parent")
+    made = []
+    try:
+        parent.reset()
+        fixed = parent.step(_shell(f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF"))
+        assert fixed.observation["exit_code"] == 0, fixed.observation
+        for i in range(12):
+            made.append(parent.fork(f"fork-group-{i}"))
+        node = made[0]
+        for level in range(12):
+            shown = node.step(_shell(f"echo {level} > /tmp/level-{level} && ls /tmp | "
+                                     "grep -c level-")).observation["output"].split()
+            assert shown == [str(level + 1)], shown
+            node = node.fork(f"fork-chain-{level}")
+            made.append(node)
+        assert node.step(FINISH).done and node.grade() == 1.0, node.state()
+        assert node.outcome()["integrity"] == "ok", node.outcome()
+        assert made[5].step(_shell("git checkout -- . && git status --porcelain | wc -l")) \
+            .observation["output"].strip() == "0"
+        assert made[5].step(FINISH).done and made[5].grade() == 0.0, made[5].state()
+    finally:
+        parent.close()
+        for each in made:
+            each.close()
+    assert env.helper.list_sandboxes() == []
+
+
 # -- AutoResearch ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
