@@ -224,10 +224,24 @@ def suspicions(record: dict, test_paths: Iterable[str] = ()) -> list[Finding]:
             continue
         path = str(item.get("path", ""))
         parts = [p for p in path.split("/") if p]
-        if not parts or path in wanted or parts[-1] == "conftest.py" or _is_test_file(parts):
+        if not parts or path in wanted or _restored(parts):
             continue
         found += code_screen.screen_added(path, str(item.get("added") or "").splitlines())
     return found
+
+
+# What the transport puts back to the base (or removes) before the run
+# (mimoagent.transport.verifier_guard.is_test_support): code that cannot
+# run in the grade. Anything else the agent changed can, ``tests.py``
+# beside a package's modules included.
+_RESTORED_DIRS = ("test", "tests", "testing")
+_RESTORED_NAMES = ("conftest.py", "noxfile.py")
+_RESTORED_GLOBS = ("test_*.py", "*_test.py")
+
+
+def _restored(parts: list[str]) -> bool:
+    return any(p in _RESTORED_DIRS for p in parts[:-1]) or parts[-1] in _RESTORED_NAMES \
+        or any(fnmatch.fnmatchcase(parts[-1], g) for g in _RESTORED_GLOBS)
 
 
 def screened_reward(summary_part: dict, reward: float, suspicious_reward: float) -> float:

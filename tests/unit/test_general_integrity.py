@@ -931,6 +931,20 @@ def test_the_code_screen_reads_only_the_code_the_verifier_runs():
     assert integrity.suspicions(change("src/pkg/x.py", payload, kind="link")) == []
     assert integrity.suspicions(change("src/pkg/x.py", payload))
     assert integrity.suspicions(change("reproduce.py", payload))
+    # a module the transport leaves in place runs, whatever its name says
+    assert integrity.suspicions(change("src/pkg/tests.py", payload))
+    # (what it skips is exactly what the transport restores)
+    for path in ("tests/helpers.py", "src/test_x.py", "src/x_test.py", "noxfile.py",
+                 "src/conftest.py"):
+        assert verifier_guard.is_test_support(path) and not \
+            integrity.suspicions(change(path, payload)), path
+    for path in ("src/pkg/tests.py", "src/testing_utils.py", "src/pkg/attest.py"):
+        assert not verifier_guard.is_test_support(path) and \
+            integrity.suspicions(change(path, payload)), path
+    assert set(integrity._RESTORED_DIRS) == set(verifier_guard.TEST_SUPPORT_DIRS)
+    assert set(integrity._RESTORED_GLOBS) == set(verifier_guard.TEST_SUPPORT_GLOBS)
+    assert set(integrity._RESTORED_NAMES) == {n for n in verifier_guard.TEST_SUPPORT_NAMES
+                                              if n.endswith(".py")}
 
 
 def test_an_honest_change_is_not_suspicious():
