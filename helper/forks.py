@@ -144,12 +144,7 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
     reused = _fork_over_stack(registry, peer, parent)
     if reused is not None:
         return reused
-    depth = len(parent.layers) + 1
-    lowers, _ = _stack(parent.record, parent.layers + (Layer(-1, "layer-" + "0" * 8),))
-    # Past the bound the stack is squashed into one layer (helper/squash.py)
-    # instead of refused: a tree search may go as deep as it likes.
-    squash = depth > c.fork_depth or len(":".join(lowers)) > _LOWERDIR_BYTES
-    if squash and c.fork_depth < 1:
+    if c.fork_depth < 1:
         raise WireError("limit_exceeded", "fork_depth: this helper allows no layer "
                         "(ceilings.fork_depth 0)")
     child_id = secrets.token_hex(8)
@@ -166,6 +161,13 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
     try:
         with parent.ops:
             _check_idle(parent)
+            # Read under ops: a concurrent fork may have added a layer.
+            depth = len(parent.layers) + 1
+            lowers, _ = _stack(parent.record, parent.layers + (Layer(-1, "layer-" + "0" * 8),))
+            # Past the bound the stack is squashed into one layer
+            # (helper/squash.py) instead of refused: a tree search may go
+            # as deep as it likes.
+            squash = depth > c.fork_depth or len(":".join(lowers)) > _LOWERDIR_BYTES
             fd = parent.upper_handle()
             size = _free_bytes(fd)
             if squash:
