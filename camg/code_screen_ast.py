@@ -220,7 +220,9 @@ class Visitor(ast.NodeVisitor):
         if name in FRAME_ATTRS or name in FRAME_QUALIFIED.get(qualified or "", ()):
             self.flag("frame_introspection", node, name)
         elif name in DYNAMIC_ATTRS or name in DYNAMIC_QUALIFIED.get(qualified or "", ()):
-            self.flag("dynamic_code", node, f"{owner + '.' if owner else ''}{name}")
+            if not (qualified == "doctest" and self._under_main(node)):
+                # (a module's doctests run as a script are no grade's business)
+                self.flag("dynamic_code", node, f"{owner + '.' if owner else ''}{name}")
         elif name in GC_ATTRS or (qualified == "gc" and name == "callbacks"):
             self.flag("gc_walk", node, name)
         elif name in IMPORT_ATTRS:
@@ -233,6 +235,17 @@ class Visitor(ast.NodeVisitor):
             self.flag("builtins_patching", node, name)
         elif qualified in BUILTINS and name in DYNAMIC_BUILTINS:
             self.flag("dynamic_code", node, f"{owner}.{name}")
+
+    def _under_main(self, node) -> bool:
+        """Inside ``if __name__ == "__main__":`` (runs as a script only)."""
+        while node in self.parents:
+            node = self.parents[node]
+            test = getattr(node, "test", None)
+            if isinstance(node, ast.If) and isinstance(test, ast.Compare) \
+                    and _dotted(test.left) == "__name__" \
+                    and any(_fold(c) == "__main__" for c in test.comparators):
+                return True
+        return False
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self._name(node, node.attr, _module(node.value))

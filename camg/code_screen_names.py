@@ -27,8 +27,19 @@ DYNAMIC_ATTRS = frozenset({"__code__", "co_code", "FunctionType", "CodeType", "L
 DYNAMIC_BUILTINS = frozenset({"exec", "eval", "compile"})
 # Deserializers that call whatever callable their input names: code the
 # source does not show.
-DYNAMIC_QUALIFIED = {m: {"loads", "load", "Unpickler"}
-                     for m in ("pickle", "_pickle", "cPickle", "dill", "cloudpickle")}
+DYNAMIC_QUALIFIED = {**{m: {"loads", "load", "Unpickler"}
+                        for m in ("pickle", "_pickle", "cPickle", "dill", "cloudpickle")},
+                     # runners of source text under other names than exec
+                     "code": {"InteractiveInterpreter", "InteractiveConsole", "interact",
+                              "compile_command"},
+                     "codeop": {"compile_command", "Compile", "CommandCompiler"},
+                     "timeit": {"timeit", "repeat", "Timer"},
+                     "cProfile": {"run", "runctx", "Profile"},
+                     "profile": {"run", "runctx", "Profile"},
+                     "pdb": {"run", "runeval", "runctx", "runcall", "Pdb"},
+                     "trace": {"Trace"},
+                     "doctest": {"testmod", "testfile", "run_docstring_examples",
+                                 "DocTestRunner", "DebugRunner"}}
 # (``__subclasses__`` walks the class graph as gc walks the heap: to the
 # runner's item classes from ``object``)
 GC_ATTRS = frozenset({"get_objects", "get_referrers", "get_referents", "__subclasses__"})
@@ -71,7 +82,7 @@ MODULE_RULE = {"sys": "import_machinery", "builtins": "builtins_patching",
 PATCHED_MODULES = frozenset(MODULE_RULE) | {"functools", "threading", "unittest", "pytest",
                                              "_pytest", "pluggy", "operator", "copyreg"}
 # Modules whose names, imported bare, are read as the module's own.
-WATCHED_MODULES = PATCHED_MODULES | BUILTINS | {"_pickle", "pickle", "dill", "cloudpickle"}
+WATCHED_MODULES = PATCHED_MODULES | BUILTINS | set(DYNAMIC_QUALIFIED)
 # Import statements that bring a capability in under a bare name.
 IMPORT_RULE = {"ctypes": "native_code", "_ctypes": "native_code", "cffi": "native_code",
                "atexit": "exit_hooks", "marshal": "dynamic_code", "runpy": "dynamic_code",

@@ -197,6 +197,11 @@ ATTACKS = {
     "imported_function_used": ("from os import _exit\nfrom pickle import loads\n"
                                "def done(blob):\n    loads(blob)\n    _exit(0)\n",
                                {"exit_hooks", "dynamic_code"}),
+    "timeit_runs_source": ("import timeit\ntimeit.timeit('import gc', number=1)\n",
+                           {"dynamic_code"}),
+    "interpreter_runs_source": ("import code\ncode.InteractiveInterpreter().runsource(SRC)\n",
+                                {"dynamic_code"}),
+    "doctest_at_import": ("import doctest\ndoctest.testmod()\n", {"dynamic_code"}),
     "aliased_import_module": ("from importlib import import_module as im\nm = im(name)\n",
                               {"import_machinery"}),
 }
@@ -225,6 +230,8 @@ HONEST = {
                          "# os._exit(0) would be wrong here\n"),
     "gc_collect": "import gc\ngc.collect()\n",
     "signal_constant": "import signal\nCODES = {signal.SIGINT: 130}\n",
+    "doctest_as_script": ("import doctest\nif __name__ == '__main__':\n"
+                          "    doctest.testmod()\n"),
     "utf8_declared": "# -*- coding: utf-8 -*-\nimport os\n",
     "writes_data": ("import json\ndef save(path, data):\n    with open(path, 'w') as f:\n"
                     "        json.dump(data, f)\n"),
