@@ -942,14 +942,16 @@ _CALL_HOOKS = ("pytest_runtest_call", "pytest_pyfunc_call")
 _INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
-def _chain(fn, limit=64, _partial=functools.partial, _digest=_code_digest):
+def _chain(fn, digests=True, limit=64, _partial=functools.partial, _digest=_code_digest):
     """(object, code, digest) of a test's callable and each one its
-    __wrapped__ chain (methods and partials unwrapped) leads to."""
+    __wrapped__ chain (methods and partials unwrapped) leads to. At call
+    time the digests are left out: code objects are immutable, the same
+    code object is the same code."""
     found = []
     for _ in range(limit):
         base = getattr(fn, "__func__", None) or fn
         code = getattr(base, "__code__", None)
-        found.append((base, code, _digest(code) if code is not None else None))
+        found.append((base, code, _digest(code) if digests and code is not None else None))
         nxt = getattr(base, "__wrapped__", None)
         if nxt is None and isinstance(base, _partial):
             nxt = base.func
@@ -1052,7 +1054,7 @@ def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_
         # A plugin may wrap the test in a function of its own (functools.wraps:
         # the collected chain follows); nothing else may differ.
         extra = len(now) - len(then)
-        if extra < 0 or any(a[0] is not b[0] or a[1] is not b[1] or a[2] != b[2]
+        if extra < 0 or any(a[0] is not b[0] or a[1] is not b[1]
                             for a, b in zip(now[extra:], then)):
             _flag("test_changed_after_collection", nodeid + ": not the callable, or not the "
                   "code, collection saw")
@@ -1085,12 +1087,14 @@ def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_
         if type(item) is not kind:
             _flag("test_changed_after_collection", nodeid + ": its class changed")
         try:
-            judge_chain(nodeid, chain, _chain(item.obj))
+            judge_chain(nodeid, chain, _chain(item.obj, False))
         except Exception as exc:  # noqa: BLE001 - an obj that raises is not the collected one
             _flag("test_changed_after_collection", nodeid + ": " + repr(exc)[:100])
         if attribute is not None and getattr(attribute[0], attribute[1], None) is not chain[0][0]:
             _flag("test_changed_after_collection", nodeid + ": its module's " + attribute[1])
-        for owner, name, function, code in modules.get(id(module), (None, ()))[1]:
+        # The module's helpers once a test, first in its call.
+        for owner, name, function, code in modules.get(id(module), (None, ()))[1] \
+                if where == "runtest" else ():
             if function.__code__ is not code:
                 _flag("test_changed_after_collection", "the code of "
                       + getattr(owner, "__name__", "?") + "." + name + " after collection")
