@@ -388,7 +388,9 @@ def test_a_running_process_is_refused_not_killed(client, sandbox):
     # the exec's process group when it ends, and a child still in it then
     # died before setsid (the fork was allowed: a rehearsal at d0acf08 failed so).
     out(client, sandbox, "rm -f /tmp/.sleeping; setsid -f sh -c 'touch /tmp/.sleeping; exec sleep 300' "
-                         "</dev/null >/dev/null 2>&1; while [ ! -e /tmp/.sleeping ]; do sleep 0.01; done")
+                         "</dev/null >/dev/null 2>&1; while [ ! -e /tmp/.sleeping ]; do sleep 0.01; done; "
+                         # and for its exec: the marker comes from sh, before it is sleep
+                         f"until [ $({SLEEPS}) = 1 ]; do sleep 0.01; done")
     with pytest.raises(errors.PermissionDenied) as refused:
         client.fork_sandbox(sandbox)
     assert refused.value.details["helper_error"] == "not_allowed"
