@@ -255,6 +255,31 @@ def test_exec_from_a_string():
     space = {}
     exec(compile("x = pkg.f()", "<test>", "exec"), {"pkg": pkg}, space)
     assert space["x"] == 2
+
+
+import unittest
+
+
+class CaseTest(unittest.TestCase):
+    def setUp(self):
+        self.value = pkg.f()
+
+    def test_case(self):
+        self.assertEqual(self.value, 2)
+
+
+@pytest.fixture
+def resource():
+    yield pkg.f()
+
+
+def test_with_fixture(resource):
+    assert resource == 2
+
+
+@pytest.mark.xfail(strict=True)
+def test_expected_failure():
+    assert pkg.f() == 3
 '''
 
 # A plugin of the image's that wraps a test at call time, as pytest-asyncio
@@ -284,7 +309,10 @@ def test_honest_code_made_at_run_time_and_call_time_wrappers_stay_clean(tmp_path
     run = _guarded(repo, plugins=str(site))
     assert run["exit_code"] == 0 and run["rules"] == set(), (run["channel"].evidence(),
                                                              run["log"][-3000:])
-    assert run["channel"].outcomes and set(run["channel"].outcomes.values()) == {"passed"}
+    outcomes = run["channel"].outcomes
+    assert outcomes.pop("tests/test_a.py::test_expected_failure") == "xfailed"
+    assert outcomes["tests/test_a.py::CaseTest::test_case"] == "passed"
+    assert set(outcomes.values()) == {"passed"}, outcomes
 
 
 def test_an_installed_function_posing_as_a_wrapper_is_a_finding(tmp_path):
