@@ -95,6 +95,15 @@ def excerpt(text: str) -> str:
     return "\n".join(lines[i] for i in sorted(keep))
 
 
+def asked_text(shot_text: str, dist_tar: bytes) -> str:
+    """The text a rendered page is asked about: what the renderer read of it
+    (render.Shot.text) and the text of its SVG images (delivery.svg_text),
+    as ``excerpt``."""
+    from daemons.visual.delivery import svg_text
+
+    return excerpt(shot_text + "\n" + svg_text(dist_tar))
+
+
 def messages(text: str) -> tuple[str, str]:
     """(system, user) of the question for an ``excerpt``."""
     fence = sha256_json({"page_text": text}).split(":", 1)[-1][:24]

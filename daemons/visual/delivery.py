@@ -153,6 +153,24 @@ def _screen(rel: str, data: bytes, note) -> None:
             note(line.replace("judge_addressed: ", f"judge_addressed_file: dist/{rel}: ", 1))
 
 
+_SVG_TEXT = re.compile(r"<(text|tspan|textPath|title|desc)\b[^>]*>(.*?)</\1\s*>", re.S | re.I)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def svg_text(tar: bytes) -> str:
+    """The text of the SVG images in the renderer's tar of dist/ (``strip_top``'s):
+    an <img> of an SVG draws its text into the screenshot without a text node
+    the renderer reads, so it is asked about (addressing.py) as page text."""
+    out: list[str] = []
+    with tarfile.open(fileobj=io.BytesIO(tar), mode="r:*") as src:
+        for member in src.getmembers():
+            if member.isfile() and member.name.lower().endswith(".svg"):
+                handle = src.extractfile(member)
+                data = handle.read(SCREEN_BYTES).decode("utf-8", "replace") if handle else ""
+                out += [_TAG.sub(" ", m.group(2)) for m in _SVG_TEXT.finditer(data)]
+    return "\n".join(t for t in out if t.strip())
+
+
 def _kind(member: tarfile.TarInfo) -> str:
     return {tarfile.FIFOTYPE: "fifo", tarfile.CHRTYPE: "character device",
             tarfile.BLKTYPE: "block device"}.get(member.type, f"type {member.type!r}")

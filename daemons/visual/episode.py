@@ -174,7 +174,7 @@ class VisualEpisode(Episode):
         tar, self.evidence = delivery.strip_top(tar, self.settings.dist_bytes)
         self.shot = self.env.renderer.render(tar)
         self.evidence += delivery.shot_evidence(self.shot)
-        self.screen_text = addressing.excerpt(self.shot.text)
+        self.screen_text = addressing.asked_text(self.shot.text, tar)
         self.shot_path = self.env.store_screenshot(self.episode_id, self.shot)
         obs = {"task_id": self.task.task_id, "step": self.steps, "finished_by": why,
                "output": (last or {}).get("output", "Site delivered; rendered for review."),

@@ -191,7 +191,7 @@ def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, rende
     fifos and devices, huge and crowded dist/ trees, text addressing the
     judge (plain, faint, CSS content, canvas, split over boxes, an SVG image)
     and the same in paraphrase (a paragraph, CSS attr(), <title>,
-    aria-label, <noscript>), a renderer crash, a 65 000 px page, a render
+    aria-label, <noscript>, an SVG image), a renderer crash, a 65 000 px page, a render
     that never settles -- tampered or obstructed at 0.0, or exactly what the
     page earns without its trick; none ends null; nothing of ref/, etc/ or
     up/ reaches the renderer."""
@@ -240,9 +240,9 @@ def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, rende
     # them. Those drawn in the screenshot win 1.0 before the credulous
     # vision judge without it.
     para = [r for r in results if r.technique.removesuffix("_alone") in canaries.PARAPHRASED]
-    assert len(para) == 10
+    assert len(para) == 12
     for row in para:
         assert row.integrity == "tampered" and row.reward == 0.0, row
         assert "judge_addressed_model x1" in row.detail and "judge_addressed x" not in row.detail
-    for name in ("paraphrase_paragraph", "paraphrase_css_attr"):
+    for name in ("paraphrase_paragraph", "paraphrase_css_attr", "paraphrase_svg_image"):
         assert "undefended 1.0000" in by[name].detail, by[name]
