@@ -813,6 +813,33 @@ def test_autoresearch_fork_reference_on_one_branch_nothing_on_the_other(ar_roots
     assert env.helper.list_sandboxes() == []
 
 
+def test_autoresearch_group_of_ten_forks_of_one_prefix(ar_roots):
+    """Ten forks of one untouched parent (past the 8 a parent once
+    allowed): the tenth runs the reference and earns it, the fourth submits
+    nothing and earns 0.0; each grade is of its own workspace."""
+    import test_autoresearch_episodes as ta
+    roots, helper, env = ar_roots
+    task = env.tasks[1]
+    parent = env.create_episode(task, seed=None, episode_id="ar-group-parent")
+    children = []
+    try:
+        parent.reset()
+        wrote = parent.step(ta.write_file("/workspace/solve.py", ta.reference(roots, task.task_id)))
+        assert wrote.observation["exit_code"] == 0
+        for i in range(10):
+            children.append(parent.fork(f"ar-group-{i}"))
+        last, idle = children[9], children[3]
+        ran = last.step(_shell("python /workspace/solve.py && wc -l /workspace/submission.csv"))
+        assert ran.observation["exit_code"] == 0, ran.observation
+        assert last.step(SUBMIT).done and last.grade() >= 0.9, last.state()
+        assert idle.step(SUBMIT).done and idle.grade() == 0.0, idle.state()
+    finally:
+        parent.close()
+        for each in children:
+            each.close()
+    assert env.helper.list_sandboxes() == []
+
+
 def test_autoresearch_running_background_job_is_not_forkable(ar_roots):
     roots, helper, env = ar_roots
     episode = env.create_episode(env.tasks[0], seed=None, episode_id="ar-fork-bg")
