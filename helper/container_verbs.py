@@ -104,8 +104,8 @@ def container_usage(ctx, peer, p: wire.ContainerParams, blob: bytes):
         return usage.container_usage(m.docker.api, held.id), b""
 
 
-#: pause-kill-thaw rounds before a container whose agent processes survive
-#: is given up on, and how long one round waits for the killed to be gone
+#: rounds before a container whose agent processes survive is given up on,
+#: and how long one round waits for the killed to be gone
 REAP_ROUNDS = 5
 _REAP_WAIT_S = 2.0
 
@@ -120,36 +120,73 @@ def container_reap(ctx, peer, p: wire.ContainerParams, blob: bytes):
     container (docker pause: the freezer cgroup, so nothing forks between
     the listing and the kill), sends SIGKILL to each agent process from the
     host, and thaws it (a killed process never returns to user space, so
-    none forks again). The transport (root) is left running."""
-    from helper.container_fork import agent_processes
-
+    none forks again). The transport (root) is left running. A freeze can
+    fail on a loaded host (runc's "unable to freeze" while a task sleeps
+    uninterruptibly); then each round stops every agent process it sees
+    with SIGSTOP until a listing finds none running (a stopped process
+    cannot fork) and kills them all."""
     m = _m(ctx)
     held = m.get(peer, p.container_id)
     uid = int(m.agent.split(":")[0])
     started = time.monotonic()
-    killed = 0
+    killed, frozen = 0, True
     for _ in range(REAP_ROUNDS):
         if pid_exited(held.pidfd):
             raise WireError("sandbox_died", f"container {held.id[:12]} is not running")
-        m.docker.pause(held.id)
+        if frozen:
+            try:
+                m.docker.pause(held.id)
+            except WireError as exc:
+                log.warning("reap of %s: freezing failed, stopping its processes instead: %s",
+                            held.id[:12], exc.message)
+                frozen = False
         try:
-            found = agent_processes(held.pidfd, uid)
-            for pid in found:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            found = _kill_agent(held.pidfd, uid, stop_first=not frozen)
         finally:
-            m.docker.unpause(held.id)
+            if frozen:
+                m.docker.unpause(held.id)
         killed += len(found)
         end = time.monotonic() + _REAP_WAIT_S
         while found and time.monotonic() < end:
             time.sleep(0.01)
-            found = agent_processes(held.pidfd, uid)
+            found = _agent_processes(held.pidfd, uid)
         if not found:
-            return {"killed": killed, "duration": round(time.monotonic() - started, 4)}, b""
+            return {"killed": killed, "frozen": frozen,
+                    "duration": round(time.monotonic() - started, 4)}, b""
     raise WireError("internal", f"{len(found)} agent process(es) of container {held.id[:12]} "
                     f"survive SIGKILL after {REAP_ROUNDS} rounds")
+
+
+def _agent_processes(pidfd: int, uid: int) -> list[int]:
+    from helper.container_fork import agent_processes
+    return agent_processes(pidfd, uid)
+
+
+def _signal(pids, sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_agent(pidfd: int, uid: int, *, stop_first: bool) -> list[int]:
+    """SIGKILL every agent process; unfrozen, SIGSTOP them first, listing
+    again until no new one appears (bounded: what a later round finds, it
+    kills)."""
+    found = _agent_processes(pidfd, uid)
+    if stop_first:
+        seen: set[int] = set()
+        for _ in range(50):
+            new = [pid for pid in found if pid not in seen]
+            if not new:
+                break
+            _signal(new, signal.SIGSTOP)
+            seen.update(new)
+            found = _agent_processes(pidfd, uid)
+        found = sorted(seen.union(found))
+    _signal(found, signal.SIGKILL)
+    return found
 
 
 def container_fork(ctx, peer, p: wire.ContainerForkParams, blob: bytes):

@@ -36,6 +36,8 @@ from daemons.general.settings import Settings
 log = logging.getLogger("camg.general")
 
 KINDS = ("opensource-code", "general_agent")
+#: the transport's step budget (mimoagent.transport.common): step 64 finishes
+MAX_STEPS = 64
 TASK_ROOT = "/opt/mimo-task"
 AGENT_ENV = "/opt/camg/agent-env"
 VERIFIER_OUT = "/logs/verifier"
@@ -237,6 +239,7 @@ class GeneralEpisode(Episode):
         self.code_records: dict | None = None  # opensource-code: changes + guard (regrade)
         self.steps = 0  # actions the transport took (the reference's position)
         self.usage: dict | None = None  # the container's, at the terminal step (camg.cost)
+        self.reaped: dict | None = None  # ContainerReap's reply before the terminal step
         self._closed = False
         self._lock = threading.Lock()
 
@@ -300,6 +303,8 @@ class GeneralEpisode(Episode):
             raise errors.InvalidAction(problem)
         if self.channel is None:
             raise errors.InfraFailure("step before a successful reset")
+        if action.get("operation") == "finish" or self.steps + 1 >= MAX_STEPS:
+            self._reap()
         payload = self.channel.request("step", dict(action), timeout=self.env.settings.step_timeout_s)
         self.steps += 1
         observation, reward, done = observation_of(payload)
@@ -322,6 +327,68 @@ class GeneralEpisode(Episode):
         else:
             reward = rubric.screened(self.integrity, reward)
         return Step(observation=observation, reward=self._binarized(reward), done=True, graded=True)
+
+    def _reap(self) -> None:
+        """Before the terminal step: every process the agent left is killed
+        from outside (the helper's ContainerReap: frozen, killed, thawed),
+        so none can hold the pids limit, the disk or the test run while the
+        verifier grades. The transport's own kill at finish forks inside
+        the container, and a detached process filling its pids limit made
+        that fork fail (EAGAIN, a null the agent chose). A reap that fails
+        raises: the null is then proved or disproved by ``control``."""
+        if self.container is None:
+            return
+        self.reaped = self.env.client.reap(self.container.id)
+
+    def control(self, failure: Exception, phase: str) -> list[str]:
+        """Prove a null (camg.null_proof): the same path, from reset through
+        the terminal step and the judge, in a fresh container of the task's
+        pristine image (a never-used one from the pool, or a new one),
+        never the agent's, playing the task's reference (the gold patch;
+        the reference actions and answer) or, without one, a bare finish.
+        It grades: the infrastructure works and the agent's submission
+        made its own grade fail (evidence lines). It fails too, or the gold
+        patch does not earn 1.0: the grading path is broken (raises)."""
+        from daemons.general import reference
+
+        try:
+            plan, played = reference.plan(self.task.task_id, self.task.data), "reference"
+        except errors.NotFound:
+            plan, played = [{"operation": "finish"}], "no-op finish"
+        if self.kind == "opensource-code" and played == "reference":
+            played = "gold patch"
+        started = time.monotonic()
+        probe = GeneralEpisode(self.env, self.task, f"{self.episode_id[:110]}.control")
+        try:
+            probe.reset()
+            step = None
+            for action in plan:
+                step = probe.step(action)
+                if step.done:
+                    break
+            if step is None or not step.done:
+                raise errors.GraderError(f"control: the {played} did not finish the episode")
+            reward = step.reward if step.graded else probe.grade()
+        except errors.CamgError as exc:
+            raise errors.GraderError(f"control ({played} in a fresh container) failed too: "
+                                     f"{exc.name}: {exc.message}") from exc
+        finally:
+            probe.close()
+        verdict = (probe.integrity or {}).get("integrity", "ok")
+        # (a gold patch the code screen calls suspicious still went the whole path)
+        if verdict == "tampered" or (played == "gold patch" and verdict == "ok"
+                                     and reward != 1.0):
+            raise errors.GraderError(f"control: the {played} earned {reward} with integrity "
+                                     f"{verdict} in a fresh container: the grading path is broken")
+        how = ("the verifier" if self.kind == "opensource-code"
+               else "the transport's verifier and the judge")
+        took = time.monotonic() - started
+        lines = [f"control: the {played} in a fresh container of the task's image, through "
+                 f"{how}, earned {reward} (integrity {verdict}) in {took:.1f} s"]
+        if self.reaped is not None:
+            lines.append(f"the agent's container: {self.reaped.get('killed')} agent process(es) "
+                         "killed from outside before the terminal step")
+        return lines
 
     def grade(self) -> float:
         if not self.pending_judge:
@@ -407,6 +474,9 @@ class GeneralEpisode(Episode):
             record["judge"] = self.judge_records
         if self.judge_failure:
             record["judge_failure"] = self.judge_failure
+        if self.reaped is not None:
+            # agent processes the helper killed from outside before finish
+            record["reaped"] = self.reaped
         if self.integrity:
             record.update(self.integrity)
         record["cost"] = {**(self.usage or {}),

@@ -84,12 +84,58 @@ def test_history_stripped_and_agent_uid(general_service, general_prepared):
         client.close(episode["episode_id"])
 
 
-def test_verifier_crash_is_null_with_class(general_service, general_prepared):
+def test_a_verifier_crash_the_agent_caused_is_obstructed_not_null(general_service,
+                                                                   general_prepared):
+    """The repository made unreadable crashes the verifier (grader_error);
+    the control (the gold patch in a fresh container, through the same
+    verifier) grades, so the crash was the submission's: 0.0, obstructed,
+    with both named in the record. It used to end null: a mask the agent
+    could choose for every episode it expected to lose."""
     client = Client(general_service.url)
     task = tasks_of(general_prepared, "opensource-code")[0]
     # (rm -rf .git no longer breaks it: the grade guard restores the pristine .git)
     _, reply, _ = run(client, task["task_id"], [shell("chmod 000 ."), {"operation": "finish"}])
-    assert reply["done"] and reply["reward"] is None and reply["failure_class"] == "grader_error"
+    assert reply["done"] and reply["reward"] == 0.0 and reply["failure_class"] is None, reply
+    record = outcome(general_service, reply["episode_id"])
+    assert record["integrity"] == "obstructed" and record["grade_reason"] == "obstructed", record
+    evidence = record["integrity_evidence"]
+    assert evidence[0].startswith("step failed (grader_error)"), evidence
+    # (this service's manifest has no references: the control is the pristine tree's no-op
+    # finish, which the verifier grades 0.0; with one, the gold patch, which must earn 1.0)
+    assert "the no-op finish in a fresh container" in evidence[1], evidence
+    assert "through the verifier, earned 0.0 (integrity ok)" in evidence[1], evidence
+    assert record["timings"]["control_s"] > 0
+
+
+def test_a_broken_grading_path_stays_null_with_its_class(general_demo, general_prepared,
+                                                        fake_judge, lower_root, rootfs, tmp_path):
+    """When the infrastructure itself is gone (the helper stopped before
+    finish: its stop sweep removed the episode's container, no reap, no
+    fresh container for the control), the control fails too and the null
+    stands with its failure class; health says so."""
+    import conftest as pc
+    from general_fixtures import configure_general, helper_for, judge_env
+    from tests.support.services import ServiceProcess
+
+    with helper_for(general_demo, lower_root, rootfs) as helper:
+        service = ServiceProcess(configure_general(tmp_path, general_prepared, helper),
+                                 env=judge_env(fake_judge))
+        try:
+            service.wait_ready(timeout=300)
+            client = Client(service.url)
+            task = tasks_of(general_prepared, "opensource-code")[0]
+            eid = client.create(task_id=task["task_id"], wait=300)["episode_id"]
+            pc.stop_helper(helper)
+            reply = client.step(eid, {"operation": "finish"})
+            assert reply["done"] and reply["reward"] is None, reply
+            assert reply["failure_class"] in ("infra", "sandbox_died"), reply
+            record = outcome(service, eid)
+            assert record["reward"] is None and record.get("integrity") != "obstructed", record
+            health = client.health()
+            assert health["status"] != "healthy" and any(
+                "no control disproved it" in r for r in health["reasons"]), health
+        finally:
+            service.stop()
 
 
 def test_software_tasks_refuse_tool_actions(general_service, general_prepared):

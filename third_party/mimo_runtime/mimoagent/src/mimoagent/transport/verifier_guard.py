@@ -130,8 +130,16 @@ def agent_processes(uid: int, proc: str = "/proc") -> list[int]:
 
 def _kill_all_as(uid: int) -> None:
     """kill(-1, SIGKILL) as ``uid``: one atomic sweep of everything the uid
-    may signal (a fork in flight is refused under the same lock)."""
-    pid = os.fork()
+    may signal (a fork in flight is refused under the same lock). No fork
+    to be had (the agent filled the container's pids limit: EAGAIN): the
+    caller's kill of each pid from root does the work, round after round,
+    while the full table refuses the agent's forks too. The service has
+    the helper kill them from outside before finish (ContainerReap), so
+    this is the second line."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return
     if pid == 0:  # child: only system calls until _exit
         try:
             os.setgroups([])
