@@ -396,15 +396,17 @@ def _squash(registry, parent: Sandbox, fd: int, disk: bool) -> Layer:
             mnt = uppers.detached_tmpfs(budget)
             target = f"/proc/self/fd/{mnt}/{name}"
             os.mkdir(target, 0o755)
-        done = subprocess.run(
-            [sys.executable, "-I", "-S", squash_tool.__file__,
-             os.path.join(parent.record.cgroups["memory"], "cgroup.procs"), target,
-             str(len(parent.record.lowers)), *parent.record.lowers, *sources], pass_fds=[each.fd for each in parent.layers] + [fd]
-            + ([mnt] if mnt >= 0 else []), capture_output=True, timeout=_SQUASH_TIMEOUT)
+        argv = [sys.executable, "-I", "-S", squash_tool.__file__,
+                os.path.join(parent.record.cgroups["memory"], "cgroup.procs"), target,
+                str(len(parent.record.lowers)), *parent.record.lowers, *sources]
+        fds = [each.fd for each in parent.layers] + [fd] + ([mnt] if mnt >= 0 else [])
+        done = subprocess.run(argv, pass_fds=fds, capture_output=True, timeout=_SQUASH_TIMEOUT)
         if done.returncode != 0:
-            why = (done.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+            lines = done.stderr.decode(errors="replace").strip().splitlines()
+            why = lines[-1] if lines else "no output"
             # The tree the agent wrote (or its memory limit) made it fail.
-            code = "limit_exceeded" if done.returncode in (squash_tool.REFUSED, -9) else "internal"
+            refused = done.returncode in (squash_tool.REFUSED, -signal.SIGKILL)
+            code = "limit_exceeded" if refused else "internal"
             raise WireError(code, f"fork_depth: {len(sources)} stacked layers could not be "
                             f"squashed into one: {why[:300]}")
         if disk:
