@@ -63,9 +63,10 @@ log = logging.getLogger("camg.helper")
 MIN_UPPER = 1 << 20
 # Overlay options fit one page with the upper and work paths (sandbox_table).
 _LOWERDIR_BYTES = 3584
-# A squash copies at most the parent's upper size; this only ends a copy
-# that hangs.
-_SQUASH_TIMEOUT = 600.0
+# A squash past this is refused (helper/squash.py): well within the
+# services' reset deadline (camg.service_config reset_timeout_s, 300 s by
+# default), past which a fork is a failed reset with a null reward.
+_SQUASH_SECONDS = 60.0
 
 
 class Layer:
@@ -397,10 +398,16 @@ def _squash(registry, parent: Sandbox, fd: int, disk: bool) -> Layer:
             target = f"/proc/self/fd/{mnt}/{name}"
             os.mkdir(target, 0o755)
         argv = [sys.executable, "-I", "-S", squash_tool.__file__,
-                os.path.join(parent.record.cgroups["memory"], "cgroup.procs"), target,
+                os.path.join(parent.record.cgroups["memory"], "cgroup.procs"),
+                str(_SQUASH_SECONDS), target,
                 str(len(parent.record.lowers)), *parent.record.lowers, *sources]
         fds = [each.fd for each in parent.layers] + [fd] + ([mnt] if mnt >= 0 else [])
-        done = subprocess.run(argv, pass_fds=fds, capture_output=True, timeout=_SQUASH_TIMEOUT)
+        try:
+            done = subprocess.run(argv, pass_fds=fds, capture_output=True,
+                                  timeout=_SQUASH_SECONDS + 30)
+        except subprocess.TimeoutExpired:  # one entry (a huge file) outlasted its own check
+            raise WireError("limit_exceeded", f"fork_depth: the stacked layers take longer "
+                            f"than {_SQUASH_SECONDS:g} s to squash") from None
         if done.returncode != 0:
             lines = done.stderr.decode(errors="replace").strip().splitlines()
             why = lines[-1] if lines else "no output"

@@ -29,7 +29,11 @@ it (ENOSPC), or on anything else the copied tree makes fail, it exits 3:
 the fork is then refused, nothing kept. Stdlib only: it is started by
 path, not as part of the package.
 
-    squash.py MEMORY_PROCS TARGET NLOWERS BASE_LOWER... SOURCE...
+It also stops (exit 3) past SECONDS: a tree of many small files must not
+make a fork outlast the service's reset deadline, which would record the
+child as a failed reset (reward null) rather than a refused fork.
+
+    squash.py MEMORY_PROCS SECONDS TARGET NLOWERS BASE_LOWER... SOURCE...
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import os
 import shutil
 import stat
 import sys
+import time
 
 OPAQUE = "trusted.overlay.opaque"
 _OVERLAY = "trusted.overlay."
@@ -106,8 +111,10 @@ def _meta(src: str, dst: str, st: os.stat_result) -> None:
 
 
 class Merge:
-    def __init__(self, base: list[str]) -> None:
+    def __init__(self, base: list[str], seconds: float) -> None:
         self.base = base
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
         self.links: dict[tuple[int, int], str] = {}
 
     def layer(self, src: str, dst: str) -> None:
@@ -137,6 +144,8 @@ class Merge:
         with os.scandir(src) as it:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
+            if time.monotonic() > self.deadline:
+                raise Refused(f"the layers take longer than {self.seconds:g} s to squash")
             s, d = entry.path, os.path.join(dst, entry.name)
             r = os.path.join(rel, entry.name)
             st = os.lstat(s)
@@ -194,21 +203,21 @@ class Merge:
             self.links[key] = d
 
 
-def merge(sources: list[str], target: str, base: list[str]) -> None:
+def merge(sources: list[str], target: str, base: list[str], seconds: float = 3600.0) -> None:
     """``sources`` bottom-first into the empty directory ``target``, to be
-    stacked over the lowers ``base``."""
-    m = Merge(base)
+    stacked over the lowers ``base``, within ``seconds``."""
+    m = Merge(base, seconds)
     for src in sources:
         m.layer(src, target)
 
 
 def main(argv: list[str]) -> int:
-    procs, target, n, *rest = argv
+    procs, seconds, target, n, *rest = argv
     base, sources = rest[:int(n)], rest[int(n):]
     with open(procs, "w") as f:
         f.write(str(os.getpid()))
     try:
-        merge(sources, target, base)
+        merge(sources, target, base, float(seconds))
     except Exception as exc:  # noqa: BLE001
         # Whatever the copied tree does to this copy (too big, too deep for
         # the recursion or PATH_MAX) is a refused fork, never a failed one:

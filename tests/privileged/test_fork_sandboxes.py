@@ -260,6 +260,12 @@ def test_squash_shows_what_the_stacked_layers_showed(tmp_path):
         assert got == want
         assert "etc/issue" not in got and "usr/doc/a" not in got
         assert got["new/again"][-1] == b"again\n"
+        # past its time the copy stops, refused (a fork outlasting the
+        # service's reset deadline would be a null child)
+        late = tmp_path / "late"
+        late.mkdir()
+        with pytest.raises(squash.Refused, match="longer than"):
+            squash.merge([str(p) for p in layers], str(late), [str(base)], seconds=0)
     finally:
         for m in reversed(mounts):
             subprocess.run(["umount", str(m)], check=False)
