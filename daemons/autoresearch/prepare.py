@@ -19,8 +19,11 @@ the answers' hashes (the grader re-checks them at start) and the image.
 
 ``--validate`` (daemons.autoresearch.validate) refuses a task whose test
 rows or ids appear in the image or in its workspace outside its test
-inputs, and, with ``--helper-socket``, one whose baseline does not earn
-≤ 0.05 or whose reference does not earn ≥ 0.9 in a real sandbox.
+inputs, one on which a no-learning baseline (daemons.autoresearch.battery:
+constants, copied inputs, neighbours by id or row, stock filters and
+thresholds) earns more than 0.1 of the reward scale, and, with
+``--helper-socket``, one whose baseline does not earn ≤ 0.05 or whose
+reference does not earn ≥ 0.9 in a real sandbox.
 """
 
 from __future__ import annotations
@@ -156,8 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--output", required=True)
     ap.add_argument("--select", help="file of task ids, one a line, in serving order")
     ap.add_argument("--validate", action="store_true",
-                    help="refuse tasks whose test rows are readable in the image or workspace "
-                         "(and, with --helper-socket, whose baseline/reference misbehave)")
+                    help="refuse tasks whose test rows are readable in the image or workspace, "
+                         "on which a no-learning baseline earns reward (and, with "
+                         "--helper-socket, whose baseline/reference misbehave)")
     ap.add_argument("--helper-socket", help="the helper to run baseline and reference in")
     args = ap.parse_args(argv)
     try:
@@ -174,6 +178,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2
     print(f"camg.prepare: wrote {args.output} with {len(body['tasks'])} autoresearch task(s)")
+    validation = body.get("sampling", {}).get("validation", {})
+    for task_id, record in validation.get("tasks", {}).items():
+        found = record.get("battery") or {}
+        if found:
+            name = max(found, key=lambda n: found[n]["reward"])
+            print(f"camg.prepare: {task_id}: {len(found)} no-learning baselines, the best paid "
+                  f"{name} (score {found[name]['score']:.6g}) reward {found[name]['reward']:.4f}"
+                  " (full table in the manifest's sampling.validation)")
     return 0
 
 

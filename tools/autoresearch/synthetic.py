@@ -23,14 +23,15 @@ compute a test row's answer: knowing the model is the task itself.
   them with one interaction, plus noise.
 
 * ``textured_objects`` — segmentation: 64x64 images over a smooth uneven
-  background, each with a few ellipses of three kinds: targets (a little
-  brighter, coarse texture), bright smooth distractors (brighter than the
-  targets) and dim textured distractors (the targets' texture, darker), all
-  under pixel noise and a per-image gain and offset. Brightness alone picks
-  targets and bright distractors, texture alone targets and dim distractors,
-  so no threshold of the raw or smoothed image, and no copied value,
-  separates them: only a rule learned from the labelled images (the two
-  together, relative to each image's own level) does. It replaced MONAI's
+  background, each with a few ellipses of four kinds: targets (mid-bright
+  and textured), smooth distractors (as bright, no texture), hot and dim
+  distractors (the targets' texture, much brighter or darker), all under
+  pixel noise and a per-image gain and offset. Texture alone picks every
+  textured kind, and the targets' brightness is a band between the hot and
+  dim ones shared with the smooth ones, so no single threshold of the raw,
+  smoothed or texture image, and no copied value, separates them: only a
+  rule learned from the labelled images (the two together, relative to each
+  image's own level) does. It replaced MONAI's
   generator, whose discs each have one constant intensity: a blur and a
   threshold earned 0.985 of the reward, the pixels whose exact value repeats
   0.99 (daemons.autoresearch.battery).
@@ -206,24 +207,26 @@ def _objects_image(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     field = ndimage.gaussian_filter(rng.normal(size=(IMAGE_SIZE, IMAGE_SIZE)), 6.0)
     image = 0.4 + 0.08 * field / max(float(field.std()), 1e-9)
     mask = np.zeros((IMAGE_SIZE, IMAGE_SIZE), np.uint8)
-    # at least one target per image; later objects paint over earlier ones
-    kinds = ["target"] + [str(rng.choice(["target", "bright", "textured"], p=[0.4, 0.3, 0.3]))
-                          for _ in range(int(rng.integers(3, 7)))]
-    for kind in kinds:
+    # (brightness offset range, texture amplitude, radius range) per kind: a
+    # target is mid-bright AND textured; each distractor shares one of the two
+    kinds = {"target": ((0.15, 0.25), 0.2, (5.0, 10.0)),
+             "smooth": ((0.15, 0.25), 0.03, (4.0, 8.5)),
+             "hot": ((0.4, 0.55), 0.2, (4.0, 8.5)),
+             "dim": ((-0.15, -0.05), 0.2, (4.0, 8.5))}
+    # distractors first, then one or two targets, so no target is covered
+    order = [k for k in ("smooth", "hot", "dim") for _ in range(int(rng.integers(1, 3)))]
+    order += ["target"] * int(rng.integers(1, 3))
+    for kind in order:
+        (low, high), amplitude, radii = kinds[kind]
         cy, cx = rng.uniform(6, IMAGE_SIZE - 6, 2)
-        ry, rx = rng.uniform(4.5, 10.0, 2)
+        ry, rx = rng.uniform(*radii, 2)
         angle = rng.uniform(0, math.pi)
         dy, dx = yy - cy, xx - cx
         u = dx * math.cos(angle) + dy * math.sin(angle)
         v = -dx * math.sin(angle) + dy * math.cos(angle)
         inside = (u / rx) ** 2 + (v / ry) ** 2 <= 1.0
         texture = rng.normal(size=(IMAGE_SIZE, IMAGE_SIZE))[inside]
-        if kind == "target":
-            image[inside] += rng.uniform(0.15, 0.25) + 0.2 * texture
-        elif kind == "bright":
-            image[inside] += rng.uniform(0.2, 0.35) + 0.03 * texture
-        else:
-            image[inside] += rng.uniform(-0.1, 0.0) + 0.2 * texture
+        image[inside] += rng.uniform(low, high) + amplitude * texture
         mask[inside] = kind == "target"
     image += rng.normal(0.0, 0.05, (IMAGE_SIZE, IMAGE_SIZE))
     image = rng.uniform(0.7, 1.3) * image + rng.uniform(-0.2, 0.2)
