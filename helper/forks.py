@@ -442,7 +442,11 @@ def _clear_disk_upper(parent: Sandbox) -> None:
         # The old pid is reaped next and may then be reused: never signal it.
         parent.init_pid, parent.died = 0, True
         raise
-    shutil.rmtree(stale, ignore_errors=True)
+    # Off the fork's path (its time is bounded by the bytes only through
+    # the squash's own clock): a helper that dies first leaves it in the
+    # parent's ext4, which goes with the parent.
+    threading.Thread(target=shutil.rmtree, args=(stale,), kwargs={"ignore_errors": True},
+                     name="squashed-upper", daemon=True).start()
 
 
 def _replace_init(registry, parent: Sandbox, layers, lowers, fds, size: int, disk: bool) -> None:
