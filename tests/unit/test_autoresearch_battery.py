@@ -144,3 +144,41 @@ def test_demo_segmentation_data_is_beyond_every_no_learning_baseline(tmp_path):
     name, best = battery.best(task, found)
     assert best < 0.55, (name, best)
     assert found["value_repeats"]["score"] < 0.05
+
+
+def test_demo_builder_puts_the_reward_floor_at_the_best_no_learning_baseline(tmp_path,
+                                                                             monkeypatch):
+    # breast-cancer's best single input column out-ranks its public baseline
+    # (logistic regression on two columns): the floor moves up to it, so the
+    # copy earns 0 while the reference still earns the top of the scale.
+    from tools.autoresearch import demo_tasks
+    monkeypatch.setenv("CAMG_CACHE", str(tmp_path / "cache"))
+    demo_tasks.build_task("breast-cancer", tmp_path / "bundles")
+    bundle = tmp_path / "bundles" / "breast-cancer"
+    scoring = json.loads((bundle / "private" / "scoring.json").read_text())
+    task = grader.load_dir(str(bundle / "private"))
+    found = battery.run(bundle / "public", task, grader.grade)
+    name, best = battery.best(task, found)
+    assert scoring["baseline_score"] == max(best, scoring["public_baseline_score"])
+    assert json.loads((bundle / "task.json").read_text())["baseline_score"] == \
+        scoring["baseline_score"]
+    if best > scoring["public_baseline_score"]:
+        assert scoring["floor_from"] == f"battery:{name}"
+    assert max(row["reward"] for row in found.values()) == 0.0
+    assert scoring["reference_score"] > scoring["baseline_score"]
+
+
+def test_a_draw_whose_floor_reaches_the_reference_is_drawn_again_then_refused(tmp_path,
+                                                                              monkeypatch):
+    from tools.autoresearch import demo_tasks
+    monkeypatch.setenv("CAMG_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def perfect(task, results):
+        calls.append(1)
+        return "oracle_column", 1.0       # a no-learning baseline with AUC 1.0
+    monkeypatch.setattr(demo_tasks.battery, "best", perfect)
+    with pytest.raises(demo_tasks.NoRoom, match="oracle_column scores 1.0"):
+        demo_tasks.build_task("breast-cancer", tmp_path / "bundles")
+    assert len(calls) == demo_tasks.DRAWS
+    assert not list((tmp_path / "cache").rglob("task.json"))   # nothing cached
