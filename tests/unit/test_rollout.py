@@ -126,3 +126,31 @@ def test_openai_policy_plays_through_a_scripted_model(counter_service, tmp_path)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     body = summary_of(proc.stdout)
     assert body["reward_min"] == "1" and body["errors"] == "0"
+
+
+def test_an_invalid_action_scores_the_minimum_never_a_masked_null(counter_service):
+    """A policy's action the service refuses (off the schema, a tool call
+    that names no action) is the policy's failure: 0.0, not reward None,
+    which a trainer would mask."""
+    from camg_client import rollout
+    from camg_client.tool_calls import ToolCallError
+
+    svc = counter_service()
+
+    class OffSchema:
+        async def act(self, client, episode_id, observation):
+            return {"operation": "guess", "value": "not a number"}
+
+    class Garbled:
+        async def act(self, client, episode_id, observation):
+            raise ToolCallError("unknown tool 'hack'")
+
+    async def play(policy):
+        async with AsyncClient(svc.url) as client:
+            return await rollout.run_episode(client, policy, task_id=None, seed=0, wait=0)
+
+    for policy in (OffSchema(), Garbled()):
+        result = asyncio.run(play(policy))
+        assert result.reward == 0.0 and result.error is None, result
+        assert result.invalid_action and result.line()["invalid_action"] == result.invalid_action
+    assert Client(svc.url).list()["active"] == 0

@@ -83,14 +83,18 @@ def test_a_refusal_that_is_not_about_tools_stays_an_error(counter_service):
     assert all("tools" in r.body for r in server.requests)
 
 
-def test_a_call_to_a_tool_that_does_not_exist_ends_the_episode_unrewarded(counter_service):
+def test_a_call_to_a_tool_that_does_not_exist_scores_the_minimum(counter_service):
+    """The model's call stands for no action: the policy failed, 0.0. Left
+    unrewarded, the episode would be masked, and a policy could hide every
+    episode it expects to lose behind one garbled call."""
     from tests.support.tool_model import tool_call_reply
     svc = counter_service(capacity=2)
     with FakeJudge(default=tool_call_reply("scripted", "teleport", {})) as server:
         proc = rollout(svc, server, episodes=1)
-    assert proc.returncode == 1
+    assert proc.returncode == 0, proc.stderr + proc.stdout
     body = summary_of(proc.stdout)
-    assert body["errors"] == "1" and body["rewarded"] == "0" and len(server.requests) == 1
+    assert body["errors"] == "0" and body["rewarded"] == "1" and body["reward_max"] == "0"
+    assert body["invalid_actions"] == "1" and len(server.requests) == 1
 
 
 @pytest.mark.parametrize("name,schema,call,action", [

@@ -24,7 +24,7 @@ import sys
 import uuid
 from typing import Any
 
-from camg_client.tool_calls import ToolCalls
+from camg_client.tool_calls import ToolCallError, ToolCalls
 
 _TEXT_SYSTEM = ("You act in an environment. Reply with exactly one JSON object, the "
                 "next action, matching this JSON Schema:\n")
@@ -44,8 +44,11 @@ def refuses_tools(exc: Exception) -> bool:
 def first_json_object(text: str) -> dict:
     match = re.search(r"\{.*\}", text, re.S)
     if not match:
-        raise ValueError(f"policy reply holds no JSON action: {text[:200]!r}")
-    return json.loads(match.group(0))
+        raise ToolCallError(f"policy reply holds no JSON action: {text[:200]!r}")
+    try:
+        return json.loads(match.group(0))
+    except ValueError as exc:
+        raise ToolCallError(f"policy reply holds no JSON action: {exc}") from None
 
 
 class OpenAIPolicy:

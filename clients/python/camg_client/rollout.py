@@ -29,8 +29,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from camg_client.client import AsyncClient, ServiceError
+from camg_client.client import AsyncClient, BadRequest, ServiceError
 from camg_client.openai_policy import OpenAIPolicy
+from camg_client.tool_calls import ToolCallError
 
 MAX_ACTIONS = 1000     # a policy that never ends its episode is cut here
 
@@ -55,6 +56,9 @@ class Result:
     fork_step: int | None = None
     #: the episode answered a terminal step
     ended: bool = False
+    #: why the policy's last action was refused (the schema, a tool call that
+    #: names no action): the episode scores 0.0, the policy's own failure
+    invalid_action: str | None = None
 
     def line(self) -> dict:
         line = {"episode_id": self.episode_id, "task_id": self.task_id, "reward": self.reward,
@@ -63,6 +67,8 @@ class Result:
                 "error": self.error, "outcome_seq": self.outcome_seq, "cost": self.cost}
         if self.forked_from is not None:
             line.update(forked_from=self.forked_from, fork_step=self.fork_step)
+        if self.invalid_action is not None:
+            line["invalid_action"] = self.invalid_action
         return line
 
 
@@ -139,6 +145,13 @@ async def play(client: AsyncClient, policy, result: Result, observation: Any,
             result.error = f"no terminal step after {MAX_ACTIONS} actions"
         if result.reward is None and result.failure_class is None and result.error is None:
             result.error = "the policy stopped before the episode ended"
+    except (BadRequest, ToolCallError) as exc:
+        # The policy emitted an action the environment refuses (off-schema,
+        # too deep, a tool call that stands for no action): that is the
+        # policy's failure and scores the minimum. Reported as no reward,
+        # it would be masked, and a policy could hide every episode it
+        # expects to lose behind one malformed action.
+        result.reward, result.invalid_action = 0.0, str(exc)
     except ServiceError as exc:
         result.error = str(exc)
         result.failure_class = exc.failure_class
@@ -174,6 +187,8 @@ def summary(results: list[Result], wall: float) -> dict:
         "reward_histogram": {f"{b / 5:.1f}-{(b + 1) / 5:.1f}": buckets.get(b, 0) for b in range(5)},
         "failure_classes": dict(Counter(r.failure_class for r in results if r.failure_class)),
         "errors": sum(1 for r in results if r.error),
+        # scored 0.0: the policy's action was refused (Result.invalid_action)
+        "invalid_actions": sum(1 for r in results if r.invalid_action is not None),
         # verify the service's outcome log with --through this
         "outcome_seq_max": max((r.outcome_seq for r in results if r.outcome_seq is not None),
                                default=None),
