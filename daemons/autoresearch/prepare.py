@@ -178,14 +178,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2
     print(f"camg.prepare: wrote {args.output} with {len(body['tasks'])} autoresearch task(s)")
+    from daemons.autoresearch.metrics import HIGHER_IS_BETTER
+    metric = {t["task_id"]: t["data"]["metric"] for t in body["tasks"]}
     validation = body.get("sampling", {}).get("validation", {})
     for task_id, record in validation.get("tasks", {}).items():
         found = record.get("battery") or {}
         if found:
-            name = max(found, key=lambda n: found[n]["reward"])
-            print(f"camg.prepare: {task_id}: {len(found)} no-learning baselines, the best paid "
-                  f"{name} (score {found[name]['score']:.6g}) reward {found[name]['reward']:.4f}"
-                  " (full table in the manifest's sampling.validation)")
+            sign = 1 if HIGHER_IS_BETTER[metric[task_id]] else -1
+            name = max(found, key=lambda n: (found[n]["reward"], sign * found[n]["score"]))
+            print(f"camg.prepare: {task_id}: {len(found)} no-learning baselines, the best "
+                  f"{name} (score {found[name]['score']:.6g}) earns {found[name]['reward']:.4f} "
+                  "(each in the manifest's sampling.validation)")
     return 0
 
 
