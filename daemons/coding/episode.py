@@ -26,7 +26,7 @@ from camg.sandbox_calls import HeldSandbox
 from camg.shell_reference import shipped
 
 from daemons.coding import (diff_paths, grader_scripts, integrity, layers, log_evaluation, mirrors,
-                            profiles, rows, validate)
+                            profiles, rows)
 from daemons.coding.settings import Settings
 
 log = logging.getLogger("camg.coding")
@@ -299,7 +299,7 @@ class CodingEpisode(HeldSandbox, Episode):
         ref = self.task.ref
         gold = _GOLD.get(ref.tests)
         if gold is None:
-            gold = _GOLD[ref.tests] = validate.gold_diff(ref)
+            gold = _GOLD[ref.tests] = mirrors.gold_diff(ref)
         kept, dropped = diff_paths.filter_diff(gold)
         report = self._run_grader(kept, dropped, integrity.screen(gold))
         if report.reward != 1.0:

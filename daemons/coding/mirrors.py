@@ -149,3 +149,12 @@ def verify(ref: TaskRef) -> None:
     if current != ref.tip:
         raise ConfigError(f"{ref.branch}: branch moved since preparation "
                           f"(recorded {ref.tip}, now {current})")
+
+
+def gold_diff(ref: TaskRef) -> bytes:
+    """The task's gold fix as a diff of the tree the agent starts from:
+    the "Bug Patch" commit reversed (what validation and the null proof's
+    control grade)."""
+    out = git(ref.mirror, "diff", "--binary", "--full-index", "--no-color",
+              "--no-ext-diff", "--no-textconv", ref.tests, f"{ref.tests}~1")
+    return out.encode("utf-8", "surrogateescape")

@@ -47,12 +47,6 @@ class Result:
         return body
 
 
-def gold_diff(ref: mirrors.TaskRef) -> bytes:
-    out = mirrors.git(ref.mirror, "diff", "--binary", "--full-index", "--no-color",
-                      "--no-ext-diff", "--no-textconv", ref.tests, f"{ref.tests}~1")
-    return out.encode("utf-8", "surrogateescape")
-
-
 def sample(ids: Sequence[str], size: int | None, seed: int | None) -> list[str]:
     if size is None or size >= len(ids):
         return list(ids)
@@ -76,7 +70,7 @@ def validate(prepared: Sequence, settings, helper_socket: str) -> list[Result]:
         for task in prepared:
             rewards = {}
             problem = ""
-            for kind, diff in (("gold", gold_diff(task.ref)), ("noop", b"")):
+            for kind, diff in (("gold", mirrors.gold_diff(task.ref)), ("noop", b"")):
                 episode = CodingEpisode(settings, helper, task,
                                         f"validate-{kind}-{task.row.instance_id[-8:]}")
                 episode.diff = diff
