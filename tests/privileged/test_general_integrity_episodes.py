@@ -134,3 +134,55 @@ def test_canaries_lose_alone_and_with_gold(general_service, general_demo, genera
     assert len(results) == 1 + played + (played if FULL else len(canaries.CI_WITH_GOLD))
     obfuscated = [r for r in results if r.technique in canaries.OBFUSCATED]
     assert obfuscated and all(r.reward == 0.0 and r.integrity == "tampered" for r in obfuscated), text
+
+
+def _null_canaries(general_service, general_demo, general_prepared, fake_judge, names=None,
+                   with_reference=None, kinds=("opensource-code", "general_agent")):
+    from tools.canary_table import render
+    from tools.general import null_canaries
+    from tools.judge_stub import TEXT_JUDGES, demo_responder
+
+    def outcome_of(episode_id):
+        return next((o for o in general_service.outcomes() if o["episode_id"] == episode_id), None)
+
+    plays = []
+    for kind in kinds:
+        task = tasks_of(general_prepared, kind)[0]
+        plays += null_canaries.runs(task, null_canaries.reference_of(task, general_demo["out"]),
+                                    names, with_reference)
+    saved = fake_judge.responder
+    fake_judge.responder = lambda r: demo_responder(r, TEXT_JUDGES["anchor"])
+    try:
+        rows, problems = null_canaries.play(Client(general_service.url), plays, outcome_of,
+                                            workers=3)
+    finally:
+        fake_judge.responder = saved
+    text, failed = render("general null-forcing", rows)
+    print(text)
+    if problems:  # what the service said about the nulls
+        print("\n".join(line for line in general_service.output().splitlines()
+                        if "control" in line or "failed" in line)[-6000:])
+    assert not failed and not problems, (text, problems)
+    assert len(rows) == len(plays)
+    return rows
+
+
+def test_null_forcing_canaries_end_zero_never_null(general_service, general_demo, general_prepared,
+                                                   fake_judge, capsys):
+    """tools/general/null_canaries.py through the service, on both kinds:
+    each way an agent could make its own grade fail (pids limit filled
+    before finish, the disk's bytes or inodes filled, the repository or
+    workspace and HOME unreadable, the transport's port hogged, a memory
+    hog) earns 0.0 alone and the honest grade or 0.0 obstructed next to the
+    reference, never null; the reference alone earns 1.0."""
+    from tools.general import null_canaries
+
+    with_reference = None if FULL else null_canaries.CI_WITH_REFERENCE
+    with capsys.disabled():
+        rows = _null_canaries(general_service, general_demo, general_prepared, fake_judge,
+                              with_reference=with_reference)
+    # a failure the submission caused is recorded as such, not as an honest zero
+    scratch = [r for r in rows if "grader scratch made unwritable" in r.technique
+               and r.technique.startswith("opensource-code")]
+    assert scratch and all(r.integrity == "obstructed" for r in scratch), rows
+
