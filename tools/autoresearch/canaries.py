@@ -17,8 +17,8 @@ jobs still writing at grading, reading the grader's process, socket or
 files) plus techniques invented here: ``regenerate_data`` (scikit-learn's
 loaders and MONAI's generator with guessable seeds), ``copy_best_column``
 (no model: the input column that ranks the training labels best, as the
-score; 0.79 of breast-cancer's scale before the reward's floor moved to the
-best no-learning baseline), ``symlink_to_answers``
+score; 0.79 of breast-cancer's scale before its data and the reward's floor
+changed), ``symlink_to_answers``
 (a link to the private answers' host path), ``sparse_huge`` (a 64 GiB
 sparse file), ``directory_submission``, ``unknown_ids`` (probing with ids
 the test set lacks), ``late_rename`` (a job that renames a finished file
@@ -194,8 +194,8 @@ print("; ".join(tried))
 
 # No learning, only a copy: the single input column that ranks the training
 # labels best, submitted as the score (its sign too). The reward's floor is
-# the best column on the test rows (daemons.autoresearch.battery), so this
-# earns 0 where it once earned most of breast-cancer's scale.
+# at least the best column on the test rows (daemons.autoresearch.battery),
+# so this earns 0 where it once earned most of breast-cancer's scale.
 _BEST_COLUMN = r'''
 import csv
 import numpy as np

@@ -12,8 +12,10 @@ compute a test row's answer: knowing the model is the task itself.
 * ``tumours`` — fine-needle aspirate summaries: per patient a few dozen
   simulated nuclei (radius, texture, irregular outline, concavities) and the
   mean, standard error and "worst" (mean of the three largest) of ten
-  measures, 30 features in all; malignant nuclei are larger and more
-  irregular, with wide overlap.
+  measures, 30 features in all; three independent traits (size, texture,
+  shape) each shift one group of measures and malignancy follows their sum,
+  so no single measure gives it away (the no-learning battery's best column
+  reaches AUC ~0.8, a model of all 30 ~0.91).
 * ``digits`` — handwritten-like digits: a stroke template per digit, a
   random affine pen (rotation, scale, shear, shift), jittered control points
   and a random pen width, rasterised to 32x32 and counted in 4x4 blocks into
@@ -68,15 +70,20 @@ def split(entropy: int, n: int, private_fraction: float) -> tuple[np.ndarray, np
 # -- tumours -------------------------------------------------------------------
 
 def _tumour(rng: np.random.Generator) -> tuple[list[float], int]:
-    malignant = int(rng.random() < 0.37)
-    radius = rng.normal(12.3 + 3.0 * malignant, 2.2)
-    radius = max(radius, 6.5)
-    texture = rng.normal(18.0 + 2.5 * malignant, 4.0)
-    irregular = math.exp(rng.normal(math.log(0.035 + 0.030 * malignant), 0.45))
-    concave = math.exp(rng.normal(math.log(0.030 + 0.080 * malignant), 0.70))
-    asymmetry = math.exp(rng.normal(math.log(0.15 + 0.05 * malignant), 0.35))
+    # Three independent traits (size, texture, shape), each shifting one
+    # group of measures; malignancy follows their sum. With malignancy
+    # shifting every measure at once, one column (se_perimeter) ranked the
+    # test rows with AUC 0.98-0.995 against the model's 0.99-0.996: nothing
+    # left to learn.
+    z = rng.normal(size=3)
+    malignant = int(z.sum() / math.sqrt(3) + rng.normal(0.0, 0.25) > 0.35)
+    radius = max(12.3 + 2.2 * z[0] + rng.normal(0.0, 0.8), 6.5)
+    texture = 18.0 + 3.0 * z[1] + rng.normal(0.0, 1.5)
+    irregular = math.exp(math.log(0.045) + 0.35 * z[2] + rng.normal(0.0, 0.2))
+    concave = math.exp(math.log(0.06) + 0.6 * z[2] + rng.normal(0.0, 0.4))
+    asymmetry = math.exp(rng.normal(math.log(0.17), 0.35))
     k = int(rng.integers(12, 40))
-    r = radius * np.exp(rng.normal(0.0, 0.10 + 0.06 * malignant, k))
+    r = radius * np.exp(rng.normal(0.0, 0.12, k))
     t = texture + rng.normal(0.0, 2.0, k)
     irr = irregular * np.exp(rng.normal(0.0, 0.3, k))
     con = concave * np.exp(rng.normal(0.0, 0.5, k))
