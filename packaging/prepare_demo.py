@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         base = json.loads(args.helper_config_in.read_text()) if args.helper_config_in else {}
         _write_json(args.helper_config_out, helper_config(base, args.data, cache, []))
         return 0
-    # The builders below read $CAMG_CACHE where they take no argument (MONAI's
-    # generator for AutoResearch's data): the demo's cache, not the tests'.
+    # The builders below read $CAMG_CACHE where they take no argument
+    # (AutoResearch's data generators): the demo's cache, not the tests'.
     os.environ["CAMG_CACHE"] = str(cache)
     try:
         for name in names:

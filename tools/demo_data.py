@@ -165,7 +165,7 @@ def prepare_autoresearch(data: Path, cache: Path, helper_socket: str) -> Path:
     research = image.ensure_image(cache / "oci")
     images_json = out / "materialized-images.json"
     write_materialized(images_json, (research.image,))
-    # The bundles (scikit-learn's data, MONAI's synthetic images, the baseline
+    # The bundles (scikit-learn's data, the synthetic segmentation images, the baseline
     # and reference scores measured here) are keyed by the code that makes them.
     bundles = cache / "autoresearch" / f"bundles-{_tree_key(Path(demo_tasks.__file__), Path(metrics.__file__))}"
     if not (bundles / "done").is_file():
