@@ -121,6 +121,9 @@ def test_honest_suite_is_clean_and_its_failure_is_seen(tmp_path):
     assert run["channel"].outcomes["tests/test_a.py::test_plain"] == "failed"
     assert run["exit_code"] == 1
     (repo / "src" / "pkg" / "__init__.py").write_text(_FIXED)
+    # Same size as the broken source and often the same second: the first
+    # run's bytecode would pass as fresh (pyc checks mtime and size only).
+    shutil.rmtree(repo / "src" / "pkg" / "__pycache__", ignore_errors=True)
     run = _guarded(repo)
     assert run["exit_code"] == 0 and run["rules"] == set(), run["log"][-2000:]
     assert set(run["channel"].outcomes.values()) == {"passed"}
