@@ -314,3 +314,32 @@ def test_code_task_view_leaks_nothing_of_the_fix(general_service, general_demo, 
     finally:
         containers.close()
     assert leaked and not any(leaked.values()), leaked
+
+
+def test_with_references_the_control_is_the_gold_patch(general_demo, general_helper, fake_judge,
+                                                       tmp_path):
+    """A service prepared with references proves a null with the task's
+    gold patch in a fresh container (it must earn 1.0 through the same
+    verifier), not with a no-op."""
+    from daemons.general.prepare import prepare_general
+    from general_fixtures import configure_general, judge_env
+    from tests.support.services import ServiceProcess
+
+    prepare_general(code_rows=str(general_demo["code_rows"]),
+                    general_rows=str(general_demo["general_rows"]),
+                    envs=str(general_demo["envs"]), images=str(general_demo["images"]),
+                    output_dir=tmp_path / "data", references=str(general_demo["out"]))
+    service = ServiceProcess(configure_general(tmp_path, tmp_path / "data", general_helper),
+                             env=judge_env(fake_judge))
+    try:
+        service.wait_ready(timeout=300)
+        client = Client(service.url)
+        task = tasks_of(tmp_path / "data", "opensource-code")[0]
+        _, reply, _ = run(client, task["task_id"], [shell("chmod 000 ."), {"operation": "finish"}])
+        assert reply["reward"] == 0.0 and reply["failure_class"] is None, reply
+        record = outcome(service, reply["episode_id"])
+        assert record["integrity"] == "obstructed", record
+        assert "the gold patch in a fresh container" in record["integrity_evidence"][1]
+        assert "through the verifier, earned 1.0 (integrity ok)" in record["integrity_evidence"][1]
+    finally:
+        assert service.stop() == 0, service.output()[-3000:]
