@@ -11,7 +11,9 @@ reach its output.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,9 +22,11 @@ from pathlib import Path
 import camg
 from camg import service_config as cfg
 from camg import task_manifest as manifest_mod
-from camg import admission, atomic, plugins, signing, typed
+from camg import admission, atomic, helper_roots, plugins, signing, typed
 from camg.errors import CamgError, ConfigError, PreparationMissing
 from camg.hashing import sha256_json
+
+log = logging.getLogger(__name__)
 
 
 def source_commit(tree: Path) -> str:
@@ -95,11 +99,53 @@ def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Dep
     return body, manifest
 
 
+def helper_owner(name: str, env: cfg.EnvironmentDeployment) -> str:
+    """The owner name the service will give the helper: its setting, else its
+    settings class's default, else (an empty default) the environment name,
+    which the unit's ExecStopPost= releases by."""
+    explicit = env.settings.get("helper_owner")
+    if explicit:
+        return str(explicit)
+    plugin = plugins.all_plugins().get(name)
+    if env.factory is not None and (plugin is None or plugin.factory != env.factory):
+        plugin = next((p for p in plugins.all_plugins().values() if p.factory == env.factory),
+                      None)
+    default = ""
+    if plugin is not None:
+        fields = {f.name: f for f in dataclasses.fields(plugins.resolve(plugin.settings))}
+        if "helper_owner" in fields and isinstance(fields["helper_owner"].default, str):
+            default = fields["helper_owner"].default
+    return default or name
+
+
+def check_helper_settings(deployment: cfg.Deployment,
+                          helper_config: str | os.PathLike | None = None) -> None:
+    """Refuse now what the helper would refuse at the first reset: a layer
+    root outside its lower roots, two services with one owner name."""
+    roots = helper_roots.load(helper_config)
+    owners = {}
+    for name, env in sorted(deployment.environments.items()):
+        if not env.enabled:
+            continue
+        owners[name] = helper_owner(name, env)
+        if owners[name] != name:
+            log.warning("environments.%s.settings.helper_owner %r: the unit's ExecStopPost= "
+                        "releases the sandboxes of owner %r only", name, owners[name], name)
+        layers_root = env.settings.get("layers_root")
+        if isinstance(layers_root, str):
+            helper_roots.check_lower(layers_root, f"environments.{name}.settings.layers_root",
+                                     roots)
+    helper_roots.check_owners(owners, deployment.helper_socket)
+
+
 def configure(deployment_path: Path, output: Path, source_tree: Path | None = None,
-              key_owner: str | None = None) -> dict:
+              key_owner: str | None = None,
+              helper_config: str | os.PathLike | None = None) -> dict:
     """``key_owner``: the user the outcome signing key is made for (install.sh:
-    camg); the key is made only if it is missing."""
+    camg); the key is made only if it is missing. ``helper_config``: the
+    helper's config file (default /etc/camg/helper.json)."""
     deployment = cfg.load_deployment(deployment_path)
+    check_helper_settings(deployment, helper_config)
     commit = source_commit(source_tree or _source_tree())
     base = deployment_path.resolve().parent
     key = signing.key_path(deployment.state_root)
@@ -144,12 +190,25 @@ def _write(path: Path, body: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m camg.configure", description=__doc__.split("\n")[0])
     parser.add_argument("--deployment", required=True, type=Path)
-    parser.add_argument("--output", required=True, type=Path)
+    parser.add_argument("--output", type=Path, help="required unless --check-config")
     parser.add_argument("--key-owner", metavar="USER",
                         help="owner of the outcome signing key if it is made now")
+    parser.add_argument("--helper-config", metavar="PATH",
+                        default=helper_roots.DEFAULT_HELPER_CONFIG,
+                        help="the helper's config file, whose lower_roots the prepared layers "
+                             "must be below (default %(default)s)")
+    parser.add_argument("--check-config", action="store_true",
+                        help="only check the deployment against the helper's config and exit")
     args = parser.parse_args(argv)
+    if args.output is None and not args.check_config:
+        parser.error("--output is required")
     try:
-        schedule = configure(args.deployment, args.output, key_owner=args.key_owner)
+        if args.check_config:
+            check_helper_settings(cfg.load_deployment(args.deployment), args.helper_config)
+            print(f"camg.configure: {args.deployment} agrees with {args.helper_config}")
+            return 0
+        schedule = configure(args.deployment, args.output, key_owner=args.key_owner,
+                             helper_config=args.helper_config)
     except CamgError as exc:
         print(f"camg.configure: {exc}", file=sys.stderr)
         return 2

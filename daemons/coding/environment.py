@@ -56,7 +56,7 @@ class CodingEnvironment(Environment):
             self.prepared[task.task_id] = self._prepare_task(task, catalog)
         log_evaluation.preload()
         self.helper = HelperClient(self.context.helper_socket or DEFAULT_SOCKET,
-                                   owner=s.helper_owner)
+                                   owner=s.helper_owner or self.context.environment)
         log.info("coding: %d task(s) verified", len(self.prepared))
 
     def _prepare_task(self, task: Task, catalog) -> Prepared:

@@ -5,14 +5,17 @@
         --images /srv/camg/data/coding/materialized-images.json \\
         --output /srv/camg/data/coding/manifest.json \\
         [--select ids.txt] [--limit N] [--seed S] [--layers-root DIR | --no-layers]
-        [--validate [--sample N] [--helper-socket SOCK]]
+        [--validate [--sample N] [--helper-socket SOCK]] [--helper-config PATH]
 
 Every row is validated (a bad row names its index, instance_id and field),
 the selection keeps the ids and the order given (the --select file's order,
 else the rows file's), every task's mirror branch is resolved and its
 commits recorded, every image_name must be materialized, and the task
 layers are built (as root) so that no episode ever builds one. The manifest
-records the rows file and the materialized-images file by hash.
+records the rows file and the materialized-images file by hash. The layers
+root and every image rootfs a task uses must be below the helper's
+``lower_roots`` (its config file, --helper-config): the helper would refuse
+them at the first reset, so preparation refuses them first.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from camg import task_manifest as manifest, progress
+from camg import helper_roots, task_manifest as manifest, progress
 from camg.errors import CamgError, DatasetError
 
 from daemons.coding import images as images_mod
@@ -56,8 +59,13 @@ def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_pa
                    output: str | Path, select: str | Path | None = None, limit: int | None = None,
                    seed: int | None = None, layers_root: str | Path | None = DEFAULT_LAYERS_ROOT,
                    validate: bool = False, sample: int | None = None,
-                   helper_socket: str | None = None) -> dict:
+                   helper_socket: str | None = None,
+                   helper_config: str | Path | None = None) -> dict:
     """Validate, select, resolve and write the manifest; return its body.
+
+    ``helper_config``: the helper's config file whose lower_roots must hold
+    the layers root and the tasks' image rootfs (None: not checked; the
+    command line checks /etc/camg/helper.json unless told otherwise).
 
     ``validate``: also grade gold and no-op of every task (or of a seeded
     ``sample``) in sandboxes and refuse, naming them, the tasks whose gold
@@ -93,6 +101,8 @@ def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_pa
     if validate and layers_root is None:
         raise DatasetError("--validate grades in sandboxes over the task layers: "
                            "it cannot be combined with --no-layers")
+    if helper_config is not None:
+        _check_lowers(helper_config, layers_root, catalog, chosen)
     tasks = []
     built_layers = {}
     bar = progress.Progress("coding: task layers", len(chosen), "task")
@@ -119,6 +129,18 @@ def prepare_coding(*, rows_path: str | Path, mirrors_root: str | Path, images_pa
                           created_by=CREATED_BY)
     manifest.write(output, body)
     return body
+
+
+def _check_lowers(helper_config, layers_root, catalog, chosen) -> None:
+    """Before building anything: every lower a task's sandbox will mount is
+    where the helper accepts lowers."""
+    roots = helper_roots.load(helper_config)
+    if layers_root is not None:
+        helper_roots.check_lower(layers_root, "--layers-root", roots)
+    for name in dict.fromkeys(row.image_name for row in chosen):
+        image = images_mod.lookup(catalog, name)
+        helper_roots.check_lower(image.rootfs, "--cache-root of scripts/prepare_images.py",
+                                 roots, what=f"image {image.name} rootfs")
 
 
 def _validate(chosen, refs, catalog, built_layers, mirrors_root, images_path, layers_root,
@@ -167,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="grade gold and no-op per task in sandboxes; refuse bad tasks")
     ap.add_argument("--sample", type=int, help="with --validate: validate N tasks (seeded)")
     ap.add_argument("--helper-socket", help="with --validate: the camg-helper socket")
+    ap.add_argument("--helper-config", default=helper_roots.DEFAULT_HELPER_CONFIG,
+                    help="the helper's config file, whose lower_roots must hold the layers "
+                         "root and the images (default %(default)s; unreadable: a warning)")
     args = ap.parse_args(argv)
     if args.sample is not None and not args.validate:
         ap.error("--sample needs --validate")
@@ -176,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               limit=args.limit, seed=args.seed,
                               layers_root=None if args.no_layers else args.layers_root,
                               validate=args.validate, sample=args.sample,
-                              helper_socket=args.helper_socket)
+                              helper_socket=args.helper_socket,
+                              helper_config=args.helper_config)
     except (CamgError, OSError) as exc:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2

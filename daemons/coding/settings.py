@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +21,10 @@ class Settings:
     max_command_chars: int = 16000
     max_steps: int = 64
     grade_timeout: float = 0.0                    # 0: the profile's own timeout
-    helper_owner: str = "coding"
+    #: the owner name of this service's sandboxes on the helper; "" (the
+    #: default): the service's environment name, as the unit's ExecStopPost=
+    #: release-all uses, so two services on one helper never share it
+    helper_owner: str = ""
     #: what a resolved submission the code screen flags earns (integrity
     #: "suspicious", camg/code_screen.py): 0.0 pays nothing for a fix that
     #: reaches for frames, exit hooks or the import system; 1.0 trusts the tests
@@ -34,5 +38,7 @@ class Settings:
             raise ValueError("timeouts must be positive")
         if self.max_steps < 1 or self.output_bytes < 1 or self.max_command_chars < 1:
             raise ValueError("max_steps, output_bytes and max_command_chars must be positive")
+        if self.helper_owner and not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", self.helper_owner):
+            raise ValueError("helper_owner must be a short lowercase name")
         if isinstance(self.suspicious_reward, bool) or not 0.0 <= self.suspicious_reward <= 1.0:
             raise ValueError("suspicious_reward must be a number in [0, 1]")
