@@ -76,7 +76,8 @@ class Episodes:
     async def on_post(self, req, resp):
         request = wire.parse_body(await read_body(req, self.limit), wire.CreateEpisode, "body")
         body = await self.manager.create(request, hangup=admission.hangup(req))
-        resp.location = f"/episodes/{body['episode_id']}"
+        # a group's Location is its first episode's, the one its others forked from
+        resp.location = f"/episodes/{(body['group'][0] if 'group' in body else body)['episode_id']}"
         reply(resp, body, 201)
 
 

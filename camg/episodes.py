@@ -165,6 +165,8 @@ class EpisodeManager:
     # -- the contract ----------------------------------------------------
     async def create(self, request: wire.CreateEpisode, hangup=None) -> dict:
         """``hangup``: completes when the trainer hangs up (camg.admission)."""
+        if request.group is not None:  # a GRPO group: one reset and its forks (camg.forking)
+            return await self.forker.group(request, hangup)
         self._refuse_create(request)
         if request.task_id is not None:
             self.pick_task(request.task_id, None)  # a 404 is not worth a wait
@@ -178,6 +180,11 @@ class EpisodeManager:
             self.records[episode_id] = rec
         finally:
             self.admission.wake()  # a slot not taken after all goes to the next waiter
+        return await self._start(rec, request)
+
+    async def _start(self, rec: Record, request: wire.CreateEpisode) -> dict:
+        """Create and reset the episode of a record that holds its slot."""
+        task, episode_id = rec.task, rec.episode_id
         self.metrics.episode_started(task_kind(self.env, task))
         self.on_change()
         started = time.monotonic()

@@ -24,6 +24,19 @@ and the step; the parent's file holds the steps before it
 slot freed. A fork that fails otherwise is a failed reset of the child:
 its outcome record says ``reward: null`` and the failure class, and the
 trainer gets a 503 with it.
+
+``POST /episodes`` with ``group: N`` (a GRPO group) is one reset and N-1
+forks of it at step 0, answered ``{"group": [first, fork, ...]}``. No
+episode starts before all N slots are held: without ``wait_s`` the group
+takes N free slots at once or is a 429, holding nothing; with it, the
+group waits in the admission line turn after turn, holding each slot it
+gets (as a record that has not started), and frees them all if the wait
+runs out. One group gathers at a time, so two groups never each hold half
+of what they need. If the reset or any fork fails, every episode of the group made so far is
+closed (outcome ``closed``, reward null: the trainer never got their ids)
+and the create answers that failure; a refusal (``NotForkable``) is the
+409 after the first was closed, since which episodes fork is the
+environment's to say only once one exists.
 """
 
 from __future__ import annotations
@@ -37,8 +50,9 @@ from typing import Any, Protocol
 
 from camg import http_wire as wire
 from camg.environment import Episode, Environment
-from camg.errors import (AtCapacity, DeadlineExceeded, EpisodeBusy, EpisodeDone, EpisodeExists,
-                         FailureClass, InfraFailure, NotForkable, Unavailable)
+from camg.admission import RETRY_AFTER_S
+from camg.errors import (AtCapacity, BadRequest, DeadlineExceeded, EpisodeBusy, EpisodeDone,
+                         EpisodeExists, FailureClass, InfraFailure, NotForkable, Unavailable)
 from camg.metrics import task_kind
 from camg.outcomes import OutcomeLog
 
@@ -76,6 +90,8 @@ class Forker:
         #: parents whose Episode.fork overran its deadline and still runs:
         #: their step lock is held until it returns
         self._overrun: set[str] = set()
+        #: held by the group that is gathering its slots (``_gather``)
+        self._gathering = asyncio.Lock()
 
     def _refuse(self, parent_id: str, child_id: str | None) -> Any:
         """The parent's record, or the refusal a fork of it gets now."""
@@ -110,6 +126,113 @@ class Forker:
         # Shielded like a step: a trainer that hangs up still gets a
         # recorded child (its lease reaps it), never a half-made one.
         return await asyncio.shield(asyncio.ensure_future(self._fork(parent, child)))
+
+    async def group(self, request: wire.CreateEpisode, hangup=None) -> dict:
+        """``POST /episodes`` with ``group``: see the module's docstring."""
+        m = self.manager
+        size = int(request.group or 1)
+        m._refuse_create(request)
+        if request.task_id is not None:
+            m.pick_task(request.task_id, None)  # a 404 is not worth a wait
+        if size > m.capacity:
+            raise BadRequest(f"group of {size} exceeds the service's capacity ({m.capacity})")
+        held: list = []  # the group's records so far, each holding its slot
+        try:
+            if request.wait_s <= 0:
+                await self._take(request, size, held, 0.0, hangup)
+            else:
+                await self._gather(request, size, held, hangup)
+        except BaseException:
+            self._drop(held)
+            raise
+        # Shielded like a fork: a trainer that hangs up leaves a whole group
+        # (their leases reap them) or none, never a part.
+        return await asyncio.shield(asyncio.ensure_future(
+            self._group(held[0], held[1:], request)))
+
+    async def _gather(self, request: wire.CreateEpisode, size: int, held: list,
+                      hangup=None) -> None:
+        """Wait in the admission line for the group's slots, holding each
+        one taken, until all are held or ``wait_s`` runs out. One group
+        gathers at a time: two that each held part of their slots could
+        wait on each other for ever."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + request.wait_s
+        try:
+            await asyncio.wait_for(self._gathering.acquire(), request.wait_s)
+        except asyncio.TimeoutError:
+            raise AtCapacity(f"another group held the line for {request.wait_s:g} s",
+                             retry_after=RETRY_AFTER_S) from None
+        try:
+            while len(held) < size:
+                await self._take(request, size, held, max(0.0, deadline - loop.time()), hangup)
+        finally:
+            self._gathering.release()
+
+    async def _take(self, request: wire.CreateEpisode, size: int, held: list, wait_s: float,
+                    hangup=None) -> None:
+        """One turn in the admission line: with no wait, all the group's
+        slots or none (429); with one, as many as are free, held."""
+        from camg.episodes import Record  # the manager's module imports this one
+
+        m = self.manager
+        await m.admission.enter(wait_s, hangup)
+        try:  # slots are taken (the records) before the next await
+            if not held:
+                m._refuse_create(request)
+            elif m._stopping:  # the first holds the episode_id asked for: not taken by another
+                raise Unavailable("service is shutting down")
+            free = m.admission._available()  # this caller's slot included
+            if request.wait_s <= 0 and free < size:
+                raise AtCapacity(f"a group of {size} needs {size} free slots, {free} are free",
+                                 retry_after=RETRY_AFTER_S, **m.admission.counts())
+            for _ in range(min(free, size - len(held))):
+                if held:
+                    rec = self._record(uuid.uuid4().hex, held[0])
+                else:
+                    rec = Record(request.episode_id or uuid.uuid4().hex,
+                                 m.pick_task(request.task_id, request.seed), request.seed,
+                                 m.limits.idle_ttl_s, m.limits.episode_timeout_s)
+                m.records[rec.episode_id] = rec
+                held.append(rec)
+        finally:
+            m.admission.wake()  # slots not taken after all go to the next waiter
+        m.on_change()
+
+    async def _group(self, first: Any, children: list, request: wire.CreateEpisode) -> dict:
+        m = self.manager
+        try:
+            answers = [await m._start(first, request)]
+        except BaseException:
+            self._drop(children)
+            raise
+        made = [first]
+        try:
+            for child in children:
+                # the trainer does not know these ids yet, but GET /episodes
+                # lists them: a step or DELETE of the first may come between forks
+                self._refuse(first.episode_id, None)
+                child.observation = first.observation
+                first.busy = True
+                answers.append(await self._fork(first, child))
+                made.append(child)
+        except BaseException as exc:
+            self._drop(children)
+            for rec in made:
+                if rec.status in ("starting", "running"):
+                    await m.close(rec.episode_id, f"closed with its group: {exc}"[:2000])
+            raise
+        return {"group": answers}
+
+    def _drop(self, children: list) -> None:
+        """Free the slots of a group's records that never got an episode."""
+        m = self.manager
+        for child in children:
+            if child.episode is None and child.terminal is None \
+                    and m.records.get(child.episode_id) is child:
+                del m.records[child.episode_id]
+        m.admission.wake()
+        m.on_change()
 
     def _record(self, episode_id: str, parent: Any) -> Any:
         m = self.manager

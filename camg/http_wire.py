@@ -20,6 +20,8 @@ EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 REQUEST_ID_MAX = 255
 #: the longest a POST /episodes may wait in the admission line (camg.admission)
 WAIT_MAX_S = 600.0
+#: the largest GRPO group one POST /episodes may ask for (camg.forking)
+GROUP_MAX = 64
 # Derived from the one taxonomy so a new class is never missing from /schema.
 FAILURE_CLASSES = [c.value for c in FailureClass]
 
@@ -32,6 +34,9 @@ class CreateEpisode:
     #: seconds to wait in line for a slot when the service is at capacity
     #: (0: answer 429 at once)
     wait_s: float = 0.0
+    #: N episodes on the same task and seed: one reset and N-1 forks of it,
+    #: admitted together or not at all (None: one episode, the plain answer)
+    group: int | None = None
 
     def __post_init__(self) -> None:
         if self.seed is not None and not 0 <= self.seed < 2**63:
@@ -40,6 +45,12 @@ class CreateEpisode:
         # written so NaN fails too
         if not 0 <= self.wait_s <= WAIT_MAX_S:
             raise ValueError(f"wait_s must be between 0 and {WAIT_MAX_S:g}")
+        if self.group is not None:
+            if isinstance(self.group, bool) or not 1 <= self.group <= GROUP_MAX:
+                raise ValueError(f"group must be between 1 and {GROUP_MAX}")
+            # one id cannot name N episodes; the trainer reads them from the answer
+            if self.episode_id is not None and self.group > 1:
+                raise ValueError("episode_id cannot be given with group > 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +145,10 @@ CREATE_SCHEMA = {
         "wait_s": {"type": "number", "minimum": 0, "maximum": WAIT_MAX_S, "default": 0,
                    "description": "at capacity, wait this long in a bounded FIFO line for "
                                   "a slot before answering 429"},
+        "group": {"type": ["integer", "null"], "minimum": 1, "maximum": GROUP_MAX,
+                  "description": "N episodes on one task and seed (one reset, N-1 forks), "
+                                 "answered as {\"group\": [...]}, all or none admitted; "
+                                 "episode_id only with N = 1"},
     },
 }
 

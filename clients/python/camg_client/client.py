@@ -163,9 +163,15 @@ def _next_offset(offset: int, page: dict) -> int | None:
     return following
 
 
-def _create_body(task_id: str | None, seed: int | None, episode_id: str | None) -> dict:
+def _create_body(task_id: str | None, seed: int | None, episode_id: str | None,
+                 group: int | None = None) -> dict:
     return {k: v for k, v in (("task_id", task_id), ("seed", seed),
-                              ("episode_id", episode_id)) if v is not None}
+                              ("episode_id", episode_id), ("group", group)) if v is not None}
+
+
+def _created(body: dict, group: int | None) -> dict | list[dict]:
+    """A create's answer: the episode, or with ``group`` its N episodes."""
+    return body if group is None else list(body["group"])
 
 
 # The most a service lets a create wait in its line (camg.http_wire.WAIT_MAX_S;
@@ -253,14 +259,18 @@ class Client:
             offset = _next_offset(offset, page)
 
     def create(self, task_id: str | None = None, seed: int | None = None,
-               episode_id: str | None = None, wait: float = 0.0) -> dict:
+               episode_id: str | None = None, wait: float = 0.0,
+               group: int | None = None) -> dict | list[dict]:
         """Start an episode; with ``wait`` > 0, wait in the service's line
-        (``wait_s``) and retry a 429 (a full line) for whatever time remains."""
-        body = _create_body(task_id, seed, episode_id)
+        (``wait_s``) and retry a 429 (a full line) for whatever time remains.
+        With ``group`` N: a list of N episodes on one task and seed, the
+        first reset and the others its forks at step 0, all or none."""
+        body = _create_body(task_id, seed, episode_id, group)
         deadline = time.monotonic() + wait
         while True:
             try:
-                return self.request("POST", "/episodes", _with_wait(body, deadline))[1]
+                return _created(
+                    self.request("POST", "/episodes", _with_wait(body, deadline))[1], group)
             except ServiceError as exc:
                 if exc.status != 429 or time.monotonic() >= deadline:
                     raise
@@ -375,16 +385,17 @@ class AsyncClient:
             offset = _next_offset(offset, page)
 
     async def create(self, task_id: str | None = None, seed: int | None = None,
-                     episode_id: str | None = None, wait: float = 0.0) -> dict:
-        """Start an episode; with ``wait`` > 0, wait in the service's line
-        (``wait_s``) and retry a 429 (a full line) for whatever time remains."""
+                     episode_id: str | None = None, wait: float = 0.0,
+                     group: int | None = None) -> dict | list[dict]:
+        """Start an episode (see Client.create; ``group`` too)."""
         import asyncio
 
-        body = _create_body(task_id, seed, episode_id)
+        body = _create_body(task_id, seed, episode_id, group)
         deadline = time.monotonic() + wait
         while True:
             try:
-                return await self.request("POST", "/episodes", _with_wait(body, deadline))
+                return _created(
+                    await self.request("POST", "/episodes", _with_wait(body, deadline)), group)
             except AtCapacity as exc:
                 if time.monotonic() >= deadline:
                     raise
