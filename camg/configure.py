@@ -99,23 +99,27 @@ def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Dep
     return body, manifest
 
 
-def helper_owner(name: str, env: cfg.EnvironmentDeployment) -> str:
-    """The owner name the service will give the helper: its setting, else its
-    settings class's default, else (an empty default) the environment name,
-    which the unit's ExecStopPost= releases by."""
-    explicit = env.settings.get("helper_owner")
-    if explicit:
-        return str(explicit)
+def _setting(name: str, env: cfg.EnvironmentDeployment, field: str) -> object:
+    """A setting as the service will see it: the deployment's value, else the
+    default of the environment's settings class (None when it has none)."""
+    if env.settings.get(field):
+        return env.settings[field]
     plugin = plugins.all_plugins().get(name)
     if env.factory is not None and (plugin is None or plugin.factory != env.factory):
         plugin = next((p for p in plugins.all_plugins().values() if p.factory == env.factory),
                       None)
-    default = ""
-    if plugin is not None:
-        fields = {f.name: f for f in dataclasses.fields(plugins.resolve(plugin.settings))}
-        if "helper_owner" in fields and isinstance(fields["helper_owner"].default, str):
-            default = fields["helper_owner"].default
-    return default or name
+    if plugin is None:
+        return None
+    fields = {f.name: f for f in dataclasses.fields(plugins.resolve(plugin.settings))}
+    default = fields[field].default if field in fields else None
+    return None if default is dataclasses.MISSING else default
+
+
+def helper_owner(name: str, env: cfg.EnvironmentDeployment) -> str:
+    """The owner name the service will give the helper: its setting, else its
+    settings class's default, else (an empty default) the environment name,
+    which the unit's ExecStopPost= releases by."""
+    return str(_setting(name, env, "helper_owner") or name)
 
 
 def check_helper_settings(deployment: cfg.Deployment,
@@ -131,7 +135,7 @@ def check_helper_settings(deployment: cfg.Deployment,
         if owners[name] != name:
             log.warning("environments.%s.settings.helper_owner %r: the unit's ExecStopPost= "
                         "releases the sandboxes of owner %r only", name, owners[name], name)
-        layers_root = env.settings.get("layers_root")
+        layers_root = _setting(name, env, "layers_root")
         if isinstance(layers_root, str):
             helper_roots.check_lower(layers_root, f"environments.{name}.settings.layers_root",
                                      roots)

@@ -142,7 +142,7 @@ def deployment(tmp_path: Path, environments: dict) -> Path:
 
 
 def test_check_config_refuses_two_services_with_one_owner(tmp_path, capsys):
-    config = helper_config(tmp_path, tmp_path / "layers")
+    config = helper_config(tmp_path, Path("/var/lib/camg/task-layers"))
     path = deployment(tmp_path, {
         "coding": {"manifest": "coding.json", "settings": {"helper_owner": "shared"}},
         "general": {"manifest": "general.json", "settings": {"helper_owner": "shared"}}})
@@ -178,6 +178,11 @@ def test_check_config_refuses_a_layers_root_outside(tmp_path, capsys):
         "layers_root": str(tmp_path / "layers" / "coding")}}})
     assert configure_main(["--deployment", str(ok), "--check-config",
                            "--helper-config", str(config)]) == 0
+    # Left out, the setting's default (/var/lib/camg/task-layers/coding) is checked.
+    default = deployment(tmp_path, {"coding": {"manifest": "coding.json"}})
+    assert configure_main(["--deployment", str(default), "--check-config",
+                           "--helper-config", str(config)]) == 2
+    assert "/var/lib/camg/task-layers/coding" in capsys.readouterr().err
 
 
 def test_default_owner_names_are_unique_per_service(tmp_path, capsys):
