@@ -5,7 +5,9 @@ dirty git checkout, records the source commit, hashes the runtime lock, the
 executables and the prepared manifests (and every file they name), and
 writes ``<env>.json`` per enabled service, ``routes.json`` and
 ``schedule.json``. It reads no environment variables, so no credential can
-reach its output.
+reach its output. First it refuses what the helper would refuse at the first
+reset (camg.helper_roots): a layers root outside the helper's lower_roots,
+two services with one helper owner name; ``--check-config`` checks only that.
 """
 
 from __future__ import annotations
