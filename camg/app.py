@@ -75,9 +75,12 @@ class Episodes:
 
     async def on_post(self, req, resp):
         request = wire.parse_body(await read_body(req, self.limit), wire.CreateEpisode, "body")
-        body = await self.manager.create(request, hangup=admission.hangup(req))
-        # a group's Location is its first episode's, the one its others forked from
-        resp.location = f"/episodes/{(body['group'][0] if 'group' in body else body)['episode_id']}"
+        if request.group is None:
+            body = await self.manager.create(request, hangup=admission.hangup(req))
+            resp.location = f"/episodes/{body['episode_id']}"
+        else:  # the Location of a group's first, which the others forked from
+            body = await self.manager.create_group(request, hangup=admission.hangup(req))
+            resp.location = f"/episodes/{body['group'][0]['episode_id']}"
         reply(resp, body, 201)
 
 

@@ -24,7 +24,7 @@ from camg import http_wire as wire
 from camg.admission import Admission, default_queue_bound
 from camg.service_config import Limits
 from camg.environment import Environment, Step, Task
-from camg.errors import (AtCapacity, CamgError, EpisodeBusy, EpisodeDone,
+from camg.errors import (AtCapacity, BadRequest, CamgError, EpisodeBusy, EpisodeDone,
                          EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
                          TaskNotFound, Unavailable)
 from camg.cost import episode_cost
@@ -165,8 +165,9 @@ class EpisodeManager:
     # -- the contract ----------------------------------------------------
     async def create(self, request: wire.CreateEpisode, hangup=None) -> dict:
         """``hangup``: completes when the trainer hangs up (camg.admission)."""
-        if request.group is not None:  # a GRPO group: one reset and its forks (camg.forking)
-            return await self.forker.group(request, hangup)
+        if request.group is not None:
+            # the other ways in (OpenEnv's reset, MCP sessions) drive one episode each
+            raise BadRequest("group is answered by POST /episodes only")
         self._refuse_create(request)
         if request.task_id is not None:
             self.pick_task(request.task_id, None)  # a 404 is not worth a wait
@@ -500,6 +501,10 @@ class EpisodeManager:
             except Exception:
                 log.exception("the environment's grader hash failed")
         return self._grader_hash
+
+    async def create_group(self, request: wire.CreateEpisode, hangup=None) -> dict:
+        """A GRPO group: one reset and its forks, all or none (camg.forking)."""
+        return await self.forker.group(request, hangup)
 
     async def fork(self, episode_id: str, request: wire.ForkEpisode, hangup=None) -> dict:
         """A running, idle episode's child (camg.forking)."""

@@ -145,6 +145,12 @@ class Forker:
         except BaseException:
             self._drop(held)
             raise
+        # the time spent gathering was the line's, not the episodes' budget
+        now, wall = time.monotonic(), time.time()
+        for rec in held:
+            rec.started, rec.started_wall = now, wall
+            rec.deadline = now + m.limits.episode_timeout_s
+            rec.touch()
         # Shielded like a fork: a trainer that hangs up leaves a whole group
         # (their leases reap them) or none, never a part.
         return await asyncio.shield(asyncio.ensure_future(

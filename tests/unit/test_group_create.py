@@ -164,6 +164,26 @@ def test_a_wait_that_runs_out_frees_every_slot_it_held(svc):
             client.close(state["episode_id"])
 
 
+def test_a_trainer_that_hangs_up_while_its_group_gathers_leaves_no_slot_held(svc):
+    client = Client(svc.url)
+    held = [client.create(task_id="task-03")["episode_id"] for _ in range(CAPACITY - 2)]
+    host, port = svc.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", "/episodes", body=json.dumps(
+            {"task_id": "task-03", "group": 4, "wait_s": 60}),
+            headers={"Content-Type": "application/json"})
+        wait_for(lambda: client.list()["active"] == CAPACITY)
+        conn.close()  # the trainer is gone
+        wait_for(lambda: client.list()["active"] == CAPACITY - 2)
+        assert {e["episode_id"] for e in client.list()["episodes"]} == set(held)
+        assert len(client.create(task_id="task-03", group=2)) == 2  # nobody holds them
+    finally:
+        conn.close()
+        for state in client.list()["episodes"]:
+            client.close(state["episode_id"])
+
+
 def wait_for(condition, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -224,6 +244,25 @@ def test_a_group_of_one_may_name_its_episode_and_without_group_nothing_changed(s
     assert isinstance(client.create(task_id="task-03"), dict)
     for state in client.list()["episodes"]:
         client.close(state["episode_id"])
+
+
+def test_the_one_episode_ways_in_refuse_a_group(svc):
+    active = Client(svc.url).list()["active"]
+    status, _, answer = post(svc.url, "/reset", json.dumps({"group": 2}).encode())
+    assert status == 400 and "POST /episodes only" in json.dumps(answer), answer
+    host, port = svc.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", "/mcp", body=json.dumps({
+            "jsonrpc": "2.0", "id": 1, "method": "openenv/session/create",
+            "params": {"task_id": "task-03", "group": 2}}),
+            headers={"content-type": "application/json",
+                     "accept": "application/json, text/event-stream"})
+        error = json.loads(conn.getresponse().read())["error"]
+    finally:
+        conn.close()
+    assert error["data"]["error"] == "bad_request" and "POST /episodes only" in str(error)
+    assert Client(svc.url).list()["active"] == active
 
 
 def test_the_async_client_creates_a_group(svc):
