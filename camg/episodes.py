@@ -137,6 +137,11 @@ class EpisodeManager:
         manager's), DeadlineExceeded past ``timeout`` seconds."""
         return await (threads or self.threads).run(fn, *args, timeout=timeout)
 
+    def new_record(self, episode_id: str, task: Task, seed: int | None) -> Record:
+        """A fresh episode's book-keeping under this service's limits."""
+        return Record(episode_id, task, seed, self.limits.idle_ttl_s,
+                      self.limits.episode_timeout_s)
+
     def _lookup(self, episode_id: str) -> Record:
         rec = self.records.get(episode_id) or self.finished.get(episode_id)
         if rec is None:
@@ -176,8 +181,7 @@ class EpisodeManager:
             self._refuse_create(request)  # again: the wait may have changed both
             task = self.pick_task(request.task_id, request.seed)
             episode_id = request.episode_id or uuid.uuid4().hex
-            rec = Record(episode_id, task, request.seed, self.limits.idle_ttl_s,
-                         self.limits.episode_timeout_s)
+            rec = self.new_record(episode_id, task, request.seed)
             self.records[episode_id] = rec
         finally:
             self.admission.wake()  # a slot not taken after all goes to the next waiter

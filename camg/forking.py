@@ -179,8 +179,6 @@ class Forker:
                     hangup=None) -> None:
         """One turn in the admission line: with no wait, all the group's
         slots or none (429); with one, as many as are free, held."""
-        from camg.episodes import Record  # the manager's module imports this one
-
         m = self.manager
         await m.admission.enter(wait_s, hangup)
         try:  # slots are taken (the records) before the next await
@@ -196,9 +194,8 @@ class Forker:
                 if held:
                     rec = self._record(uuid.uuid4().hex, held[0])
                 else:
-                    rec = Record(request.episode_id or uuid.uuid4().hex,
-                                 m.pick_task(request.task_id, request.seed), request.seed,
-                                 m.limits.idle_ttl_s, m.limits.episode_timeout_s)
+                    rec = m.new_record(request.episode_id or uuid.uuid4().hex,
+                                       m.pick_task(request.task_id, request.seed), request.seed)
                 m.records[rec.episode_id] = rec
                 held.append(rec)
         finally:
