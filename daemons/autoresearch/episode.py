@@ -468,6 +468,26 @@ class ResearchEpisode(HeldSandbox, Episode):
         log.info("forked into %s at step %d", episode_id, self.steps, extra=self.fields)
         return child
 
+    def _lost_from_outside(self, phase: str) -> str | None:
+        """Why a failed step is the infrastructure's, or None. The agent runs
+        as uid 2000 and cannot signal its sandbox's root init: a sandbox the
+        helper no longer lists (a helper restart's sweep, a release) or lists
+        dead was lost from outside, and a fresh sandbox's success would
+        wrongly blame the agent."""
+        with self._lock:
+            sandbox = self.sandbox
+        if phase != "step" or sandbox is None:
+            return None
+        try:
+            listed = [e for e in self.helper.list_sandboxes() if e.get("sandbox_id") == sandbox]
+        except errors.CamgError as exc:
+            return f"the helper could not list the episode's sandbox ({exc.name})"
+        if not listed:
+            return "the episode's sandbox was removed from outside (a helper restart, a release)"
+        if listed[0].get("alive") is False:
+            return "the episode's sandbox init died"
+        return None
+
     def control(self, failure: Exception, phase: str) -> Sequence[str] | None:
         """Prove a null (camg.null_proof): a fresh sandbox over the same
         [image, public workspace] runs the task's reference solution as the
@@ -478,6 +498,9 @@ class ResearchEpisode(HeldSandbox, Episode):
         records 0.0, ``obstructed``); anything less raises and the null
         stands. Nothing of the failed episode (its sandbox, /workspace,
         processes) is used. No reference solution: None (unproven)."""
+        lost = self._lost_from_outside(phase)
+        if lost is not None:
+            raise errors.SandboxDied(f"{lost}: an infrastructure failure, no control")
         path = os.path.join(self.settings.packages_root, self.task.task_id, "reference",
                             "solve.py")
         try:

@@ -340,6 +340,26 @@ class GeneralEpisode(Episode):
             return
         self.reaped = self.env.client.reap(self.container.id)
 
+    def _lost_from_outside(self) -> str | None:
+        """Why this episode's container is the infrastructure's loss, or
+        None. The agent runs as uid 2000 and can signal neither the
+        container's init nor the root transport: a container removed (a
+        helper restart's sweep, a kill) or no longer running died from
+        outside, and a fresh container's success would wrongly blame the
+        agent."""
+        container = self.container
+        if container is None:
+            return None
+        try:
+            listed = [c for c in self.env.client.list() if c.get("container_id") == container.id]
+        except errors.CamgError as exc:
+            return f"the helper could not list the episode's container ({exc.name})"
+        if not listed:
+            return "the episode's container was removed from outside (a helper restart, a kill)"
+        if listed[0].get("state") not in ("running", "paused"):
+            return f"the episode's container is {listed[0].get('state')}: its init died"
+        return None
+
     def control(self, failure: Exception, phase: str) -> list[str]:
         """Prove a null (camg.null_proof): the same path, from reset through
         the terminal step and the judge, in a fresh container of the task's
@@ -351,6 +371,9 @@ class GeneralEpisode(Episode):
         patch does not earn 1.0: the grading path is broken (raises)."""
         from daemons.general import reference
 
+        lost = self._lost_from_outside()
+        if lost is not None:
+            raise errors.SandboxDied(f"{lost}: an infrastructure failure, no control")
         try:
             plan, played = reference.plan(self.task.task_id, self.task.data), "reference"
         except errors.NotFound:

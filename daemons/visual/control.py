@@ -67,6 +67,14 @@ def prove(episode, failure: Exception, phase: str) -> list[str] | None:
     """Evidence lines when the control succeeds; raises when it fails too;
     None where there is no control."""
     env, started = episode.env, time.monotonic()
+    if isinstance(failure, errors.RenderError) \
+            and getattr(failure, "details", {}).get("reason") == "sandbox":
+        # The renderer sandbox failed at the helper (its init killed, the
+        # helper gone or restarted): the page runs as uid 2000 inside it and
+        # can reach neither, so a control page's success would wrongly
+        # blame the page.
+        raise errors.RenderError(f"the renderer sandbox failed at the helper, an infrastructure "
+                                 f"failure: {str(failure)[:300]}", reason="sandbox")
     if phase == "grade":
         shot = render_control(env.renderer)
         score, _, found = env.judge_page(episode.task, shot.jpeg, shot.text)
