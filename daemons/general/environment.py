@@ -222,6 +222,11 @@ class GeneralEnvironment(Environment):
                               "verifier_exit_code": records["guard"]["exit_code"], **verdict})
 
 
+#: how long a container that still shows as running is watched for an exit
+#: before a failed episode's control may run
+LOST_CHECK_S = 5.0
+
+
 class GeneralEpisode(Episode):
     def __init__(self, env: GeneralEnvironment, task: Task, episode_id: str) -> None:
         self.env = env
@@ -350,15 +355,24 @@ class GeneralEpisode(Episode):
         container = self.container
         if container is None:
             return None
-        try:
-            listed = [c for c in self.env.client.list() if c.get("container_id") == container.id]
-        except errors.CamgError as exc:
-            return f"the helper could not list the episode's container ({exc.name})"
-        if not listed:
-            return "the episode's container was removed from outside (a helper restart, a kill)"
-        if listed[0].get("state") not in ("running", "paused"):
-            return f"the episode's container is {listed[0].get('state')}: its init died"
-        return None
+        # A container whose init was just killed can still show as running
+        # for a moment (Docker learns of the exit from containerd after the
+        # transport's connection has already dropped): asked again a few
+        # times before the control may blame the agent.
+        deadline = time.monotonic() + LOST_CHECK_S
+        while True:
+            try:
+                listed = [c for c in self.env.client.list()
+                          if c.get("container_id") == container.id]
+            except errors.CamgError as exc:
+                return f"the helper could not list the episode's container ({exc.name})"
+            if not listed:
+                return "the episode's container was removed from outside (a helper restart, a kill)"
+            if listed[0].get("state") not in ("running", "paused"):
+                return f"the episode's container is {listed[0].get('state')}: its init died"
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.25)
 
     def control(self, failure: Exception, phase: str) -> list[str]:
         """Prove a null (camg.null_proof): the same path, from reset through
