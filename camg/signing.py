@@ -118,12 +118,16 @@ def ensure_key(path: Path, owner: str | None = None) -> Ed25519PublicKey:
     verifiable with the same public key.
     """
     if path.exists():
+        _close_key_dir(path.parent)
         return Signer.load(path).public
     try:
         account = pwd.getpwnam(owner) if owner else None
     except KeyError:
         raise ConfigError(f"key owner {owner!r} is not a user on this host") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.parent.mkdir(parents=True, exist_ok=True)
+    # Made closed: the key never sits in a directory others can list.
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    _close_key_dir(path.parent)
     key = Ed25519PrivateKey.generate()
     atomic.write_bytes(path, key.private_bytes(serialization.Encoding.PEM,
                                                serialization.PrivateFormat.PKCS8,
@@ -135,6 +139,14 @@ def ensure_key(path: Path, owner: str | None = None) -> Ed25519PublicKey:
         for made in (path.parent, path, public_path):
             os.chown(made, account.pw_uid, account.pw_gid)
     return key.public_key()
+
+
+def _close_key_dir(directory: Path) -> None:
+    """Its owner's only (0700), whatever the umask or an earlier install
+    made; the public half is published elsewhere (``/metadata``, each
+    state directory's outcomes.pub)."""
+    if stat.S_IMODE(os.lstat(directory).st_mode) & 0o077:
+        os.chmod(directory, 0o700)
 
 
 class Signer:

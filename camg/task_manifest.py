@@ -80,9 +80,15 @@ def build(environment: str, tasks: Sequence[Mapping[str, Any]], *, sampling: Map
 
 
 def write(path: str | os.PathLike, body: Mapping[str, Any]) -> None:
-    """Write atomically, so a crash never leaves a half manifest behind."""
+    """Write atomically, so a crash never leaves a half manifest behind.
+
+    A manifest carries task data (rows, references) and sits beside more of
+    it: its directory is made private (root's and the services' group).
+    """
+    from camg.host_private import private_dir
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     atomic.write_json(path, body)
 
 

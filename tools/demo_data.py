@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from camg.errors import CamgError
+from camg.host_private import private_dir
 
 STATE = Path("/var/lib/camg")
 AR_PACKAGES = STATE / "autoresearch-tasks"
@@ -39,8 +40,13 @@ def _same_tree(a: Path, b: Path) -> bool:
 
 
 def _readable(path: Path) -> None:
-    # The services (User=camg) read all of it; nothing here is secret.
-    subprocess.run(["chmod", "-R", "a+rX", str(path)], check=True)
+    """The services (User=camg) read all of it, and what goes into a sandbox
+    or a task container (General's agent environment, Visual's CDN mirror)
+    is read there through its files' "other" bits; but rows, mirrors, gold
+    patches, oracle files and references are grading material, so the tree
+    itself is root's and the services' only (private_dir)."""
+    subprocess.run(["chmod", "-R", "a+rX,go-w", str(path)], check=True)
+    private_dir(path)
 
 
 def coding_demo_set(data: Path, cache: Path, helper_socket: str) -> Path:
@@ -172,10 +178,11 @@ def prepare_autoresearch(data: Path, cache: Path, helper_socket: str) -> Path:
         shutil.rmtree(bundles, ignore_errors=True)
         demo_tasks.build(bundles)
         (bundles / "done").write_text("")
-    for root in (AR_PACKAGES, AR_WORKSPACES):
-        root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o755)
-    AR_PRIVATE.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    # The packages and workspaces roots are made private by the preparation
+    # itself. The answers' parent: the grader's uid passes through it to its
+    # own 0700 answers; nobody lists it.
+    AR_PRIVATE.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+    os.chmod(AR_PRIVATE.parent, 0o711)
     manifest = out / "manifest.json"
     prepare(source=bundles, packages_root=AR_PACKAGES, workspaces_root=AR_WORKSPACES,
             private_root=AR_PRIVATE, images=images_json, image_name=image.NAME,

@@ -41,6 +41,7 @@ from pathlib import Path
 from camg import task_manifest as manifest
 from camg.errors import CamgError, DatasetError
 from camg.hashing import sha256_tree
+from camg.host_private import private_dir
 from camg.oci.images import by_name, load_materialized
 
 CREATED_BY = "camg.prepare 0.1.0 (autoresearch)"
@@ -109,6 +110,12 @@ def prepare(*, source: str | Path, packages_root: str | Path, workspaces_root: s
     missing = [t for t in chosen if t not in bundles]
     if missing or not chosen:
         raise DatasetError(f"no task bundle for {missing or 'any task'} in {source}")
+    # The packages hold the reference solutions, the workspaces the tasks'
+    # lowers (the helper mounts them as root; inside, the agent reads /task
+    # through the files' own modes): on the host both are root's and the
+    # services' only.
+    for root in (packages_root, workspaces_root):
+        private_dir(root)
     tasks = []
     for task_id in chosen:
         bundle = source / task_id

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from camg.errors import ConfigError, PreparationMissing
+from camg.host_private import SERVICE_GROUP, group_id, private_dir
 
 from daemons.coding.layers import (AGENT_GID, AGENT_UID, FORMAT, GUARD_FILE, PREPARE_STEP,
                                    PRIVATE_GIT, STAMP, WORKDIR, TaskLayers, guard_source,
@@ -62,6 +63,11 @@ def build_layers_as_root(root: str | os.PathLike, ref: TaskRef, *, image_rootfs:
     such layers are never accepted where privileged ones are asked for.
     """
     base = layer_dir(root, ref, image_key)
+    if os.geteuid() == 0 or not (base / STAMP).is_file():
+        # The grader layer holds the tests that decide the reward: the
+        # layers root is root's and the services' only (the helper mounts
+        # the layers as root). Also over layers an earlier install left open.
+        private_dir(root)
     if not (base / STAMP).is_file():
         _build(base, ref, privileged, image_rootfs, image_key)
     return verified(root, ref, privileged=privileged, image_key=image_key)
@@ -92,7 +98,11 @@ def _build(base: Path, ref: TaskRef, privileged: bool, image_rootfs: str | None,
                                              "tree": tree, "snapshot": snapshot,
                                              "privileged": privileged, "image": image_key,
                                              "whiteouts": masked, "hidden": hidden}) + "\n")
-        os.chmod(tmp, 0o755)
+        # Private too, should the root be opened: the service (group camg)
+        # checks the stamp; inside, modes stay what the sandbox uid needs.
+        if os.geteuid() == 0:
+            os.lchown(tmp, 0, group_id(SERVICE_GROUP) or 0)
+        os.chmod(tmp, 0o750)
         try:
             os.rename(tmp, base)
         except OSError as exc:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from camg import task_manifest as manifest
 from camg.errors import CamgError, DatasetError
+from camg.host_private import private_dir
 
 from daemons.general import reference
 
@@ -207,7 +208,9 @@ def prepare_general(*, code_rows: str | None, general_rows: str | None, envs: st
         if limit < 1:
             raise DatasetError("--limit must be at least 1")
         chosen = chosen[:limit]
-    out.mkdir(parents=True, exist_ok=True)
+    # Task folders, tables and the references (gold patches, oracle lists)
+    # in the manifest: root's and the services' only.
+    private_dir(out)
     shutil.rmtree(out / "envs", ignore_errors=True)
     tasks, files, tables = [], {}, {"opensource-code": [], "general_agent": []}
     for instance in chosen:

@@ -56,6 +56,7 @@ from pathlib import Path
 
 from camg import task_manifest as manifest, progress
 from camg.errors import CamgError, ConfigError, DatasetError
+from camg.host_private import private_dir
 
 from daemons.shop import catalog, goals, javahome, memoryarena, search, store
 
@@ -187,7 +188,8 @@ def build_index(collection: Path, index: Path, java_home: str, threads: int = 1)
 
 def prepare(args: argparse.Namespace) -> dict:
     out = Path(args.output).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    # The goals (each task's target product) decide the reward.
+    private_dir(out)
     db = Path(args.memoryarena_db).resolve() if args.memoryarena_db else None
     categories: dict[str, str] = {}
     if db is not None:

@@ -22,6 +22,7 @@ import json
 import shutil
 from pathlib import Path
 
+from camg.host_private import private_dir
 from tools import oci_demo
 from tools.general import agent_tasks, code_tasks, images
 
@@ -52,8 +53,10 @@ def _build(cache_root: Path, coding_demo: Path, registry: str, out: Path, work: 
             code_tasks.from_coding_row(row, mirror, target)
         code_dirs.append(target)
     general_dirs = agent_tasks.build_all(work / "general")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gold").mkdir(exist_ok=True)
+    # Gold patches and oracle lists: grading material, root's and the
+    # services' only from the start.
+    private_dir(out)
+    private_dir(out / "gold")
     shutil.rmtree(out / "envs", ignore_errors=True)
     mapping, code_rows, general_rows = [], [], []
     for kind, dirs in (("opensource-code", code_dirs), ("general_agent", general_dirs)):
