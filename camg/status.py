@@ -248,13 +248,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """The ``camg`` console script: ``camg status …``."""
+    """The ``camg`` console script: ``camg status ...`` and ``camg audit ...``
+    (camg.host_audit: the host's modes of what is private)."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: camg status [--etc DIR] [--json] [--state FILE] [--sample-s S]")
+        print("usage: camg status [--etc DIR] [--json] [--state FILE] [--sample-s S]\n"
+              "       camg audit [--etc DIR] [--path PATH ...] [--quiet | --json]")
         return 0 if argv else 2
+    if argv[0] == "audit":
+        from camg import host_audit
+
+        return host_audit.main(argv[1:])
     if argv[0] != "status":
-        print(f"camg: unknown command {argv[0]!r} (known: status)", file=sys.stderr)
+        print(f"camg: unknown command {argv[0]!r} (known: status, audit)", file=sys.stderr)
         return 2
     return main(argv[1:])
 

@@ -44,8 +44,14 @@ if [ -d /run/systemd/system ]; then
     # READY=1, which it sends once the isolation probes passed (a loaded
     # machine's status otherwise caught it still probing).
     systemctl start camg.target camg-helper.service
-    # The verdict: one row per environment, the helper, leftovers.
-    exec /srv/camg/service-venv/bin/camg status
+    # The verdict: one row per environment, the helper, leftovers; then
+    # whether what is private stayed so, the services' state directories
+    # (made at their start) included.
+    verdict=0
+    /srv/camg/service-venv/bin/camg status || verdict=$?
+    /srv/camg/service-venv/bin/camg audit --quiet --path /srv/camg/data \
+        --path "${CAMG_DEMO_CACHE:-/var/cache/camg}" || verdict=1
+    exit "$verdict"
 else
     exec "$here/run-foreground.sh" "$@"
 fi

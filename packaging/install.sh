@@ -201,13 +201,15 @@ stop_prep_helper() {
 prepare_demo() {
     # The demo data of the demo deployment, made with the environments' own
     # preparation code (packaging/prepare_demo.py). Runs as root: the helper's
-    # lower roots are root-owned and read-only to everyone else.
+    # lower roots are root-owned and closed to everyone but group camg.
     local prep=("$VENV/bin/python" "$SRC/packaging/prepare_demo.py" --data "$DATA"
                 --cache "$DEMO_CACHE" --environments "$demo_environments"
                 --helper-config-in "$helper_config")
     local names
     names=$("${prep[@]}" --helper-socket "" --list)
-    install -d -m 0755 "$DATA" "$DEMO_CACHE"
+    # Rows, mirrors, references, gold patches, the AutoResearch bundles'
+    # answers: root's and the services' only (the helper reads lowers as root).
+    install -d -m 0750 -o root -g camg "$DATA" "$DEMO_CACHE"
     # What preparation's own sandboxes need: the cache's lower roots.
     "${prep[@]}" --helper-socket "" --helper-config-only --helper-config-out "$ETC/helper.json"
     if needs_docker "$names"; then
@@ -310,6 +312,15 @@ enable_units() {
     log "configured: ${wanted[*]:-none}"
 }
 
+# What is private in the sandbox must be private on the host: camg audit
+# (camg/host_audit.py) lists every private path the configuration names and
+# fails on one others can read or write.
+AUDIT_PATHS=()
+audit_private_paths() {
+    "$VENV/bin/camg" audit --quiet --etc "$ETC" "${AUDIT_PATHS[@]}" \
+        || die "private paths are open to others (above): close them, then run install.sh again"
+}
+
 uninstall() {
     # Whatever was installed, whether or not it is still registered.
     local units=(camg.target camg-helper.socket camg-helper.service) unit
@@ -364,10 +375,14 @@ if [ "$configure" -eq 1 ]; then
     if [ -z "$deployment" ]; then
         prepare_demo
         deployment=$DATA/deployment.json
+        AUDIT_PATHS+=(--path "$DATA" --path "$DEMO_CACHE")
     fi
     configure_services
 fi
 enable_units
+if [ "$configure" -eq 1 ]; then
+    audit_private_paths
+fi
 if systemd_running; then
     log "done: systemctl start camg-coding   (or camg.target for every configured service)"
 else

@@ -6,6 +6,10 @@ deployment is set up for them:
 * before the storm (``private_grader``): AutoResearch's grader runs as its
   own uid beside the service, in the unit's cgroup, and the worker that
   spawned it holds no CAP_SETUID/CAP_SETGID in any thread;
+* after the episodes (``host_private``): ``camg audit`` finds every private
+  path of the demo closed to others (state directories with records in
+  them, task layers, task packages, prepared data, the build cache, the
+  signing key), and a user outside group camg reads none of them;
 * after every kill (``KillChecks``, the storm's ``check``):
   - an environment with task containers: the guest dockerd's networks are
     those before the storm, and no volume is new (nothing outlived its
@@ -23,6 +27,7 @@ deployment is set up for them:
 
 from __future__ import annotations
 
+import json
 import time
 
 from systest_guest import show
@@ -63,6 +68,39 @@ def private_grader(machine: Machine) -> None:
             if line.split(":")[1] in ("CapInh", "CapPrm", "CapEff", "CapAmb")
             and int(line.split()[-1], 16) & SETID]
     assert caps.count("CapPrm") >= 2 and not held, caps
+
+
+# The demo's trees no configuration names (packaging/install.sh).
+DEMO_TREES = ("/srv/camg/data", "/var/cache/camg")
+
+
+def host_private(machine: Machine, names: list[str]) -> None:
+    """What is private in the sandbox is private on the host: the audit's
+    verdict, its paths, and a read by a user who is neither root nor camg."""
+    argv = ["/srv/camg/service-venv/bin/camg", "audit", "--json"]
+    for tree in DEMO_TREES:
+        argv += ["--path", tree]
+    result = machine.run(argv, check=False)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["findings"] == [], result.stdout[-6000:]
+    paths = {p["path"]: p for p in report["paths"]}
+    expected = ["/var/lib/camg", "/var/lib/camg/signing/outcomes.key", *DEMO_TREES,
+                *(f"/var/lib/camg/{env}" for env in names)]
+    if "coding" in names:
+        expected.append("/var/lib/camg/task-layers/coding")
+    if "autoresearch" in names:
+        expected += ["/var/lib/camg/autoresearch-tasks", "/var/lib/camg-grader/answers"]
+    for path in expected:
+        assert paths.get(path, {}).get("verdict") == "private", (path, paths.get(path))
+    # Belt and braces: nobody (no camg group) reads the key or lists a tree.
+    for read in (["head", "-c", "1", "/var/lib/camg/signing/outcomes.key"],
+                 ["ls", "/srv/camg/data/general/gold"], ["ls", "/var/lib/camg/task-layers/coding"],
+                 ["ls", "/var/cache/camg/autoresearch"]):
+        if machine.run(["test", "-e", read[-1]], check=False).returncode != 0:
+            continue
+        probe = machine.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                             *read], check=False)
+        assert probe.returncode != 0, f"nobody reads {read[-1]}: {probe.stdout[:500]}"
 
 
 class KillChecks:

@@ -85,10 +85,12 @@ def test_sysusers_and_tmpfiles_applied(machine):
     assert machine.run(["id", "-u", "camg-agent"]).stdout.strip() == "2000"
     assert machine.run(["getent", "group", "camg"]).returncode == 0
     listing = machine.run(["stat", "-c", "%n %U:%G %a", "/run/camg", "/run/camg-helper",
-                           "/var/lib/camg/uppers"]).stdout.split("\n")
+                           "/var/lib/camg/uppers", "/var/lib/camg"]).stdout.split("\n")
     assert listing[0] == "/run/camg root:root 755"
     assert listing[1] == "/run/camg-helper root:root 700"
     assert listing[2] == "/var/lib/camg/uppers root:root 700"
+    # Task layers, packages, records, the signing key: no one else's.
+    assert listing[3] == "/var/lib/camg root:camg 750"
 
 
 def test_helper_socket_is_root_camg_0660(machine):
