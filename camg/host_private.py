@@ -27,6 +27,14 @@ def group_id(name: str) -> int | None:
         return None
 
 
+def to_services(path: str | os.PathLike, group: str = SERVICE_GROUP) -> None:
+    """Hand root's file at ``path`` to the services' group (when run as root
+    and the group exists); its mode says what the group may do."""
+    gid = group_id(group)
+    if os.geteuid() == 0 and gid is not None:
+        os.lchown(path, 0, gid)
+
+
 def private_dir(path: str | os.PathLike, *, mode: int = PRIVATE_DIR_MODE,
                 group: str = SERVICE_GROUP) -> Path:
     """``path`` as a directory (made with its parents if missing) of ``mode``,

@@ -82,14 +82,16 @@ def build(environment: str, tasks: Sequence[Mapping[str, Any]], *, sampling: Map
 def write(path: str | os.PathLike, body: Mapping[str, Any]) -> None:
     """Write atomically, so a crash never leaves a half manifest behind.
 
-    A manifest carries task data (rows, references) and sits beside more of
-    it: its directory is made private (root's and the services' group).
+    A manifest carries task data, references among them: root's and the
+    services' group's only. Its directory is the caller's to close (it may
+    also be the way to, say, AutoResearch's answers for the grader's uid).
     """
-    from camg.host_private import private_dir
+    from camg.host_private import to_services
 
     path = Path(path)
-    private_dir(path.parent)
-    atomic.write_json(path, body)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_json(path, body, mode=0o640)
+    to_services(path)
 
 
 def load(path: str | os.PathLike) -> Manifest:
