@@ -9,13 +9,18 @@ project's labels and the configured ceilings. See /work/notes/containers-api.md.
                          cpu=1.0, memory_bytes=2 << 30, pids_max=512)
     pool = ContainerPool(cc, spec, size=4)
     c = pool.claim("episode-1")
+    sock = cc.connect(c.id, ENDPOINT)      # a socket connected to c's endpoint socket
     sock = cc.connect(c.id, 8000)          # a socket connected to 127.0.0.1:8000 inside c
     ...
     cc.remove(c.id)
 
 Containers have no network: ``connect`` is how a service reaches a server
-inside one (the helper connects inside the container's network namespace
-and passes the socket over). Errors are camg.errors classes, as for
+inside one (the helper connects inside the container and passes the socket
+over). ``ENDPOINT`` is the container's endpoint socket, a Unix socket in a
+directory only root may search (the General transport's), which the helper
+reaches as root: a server there is out of reach of the container's
+unprivileged users, where one on a TCP port of the container's loopback is
+open to every uid in it. Errors are camg.errors classes, as for
 HelperClient; SandboxDied means the container is gone or exited.
 """
 
@@ -36,6 +41,9 @@ from camg import helper_wire as wire
 from camg.helper_client import DEFAULT_SOCKET, ExecResult, HelperClient, error_from_reply
 
 log = logging.getLogger("camg.containers")
+
+#: ContainerConnect's port naming the container's endpoint socket (helper/containers.py)
+ENDPOINT = 0
 
 
 _CREATE = wire.ContainerCreateParams
@@ -121,7 +129,8 @@ class ContainerClient:
         return self.helper.call("ContainerCreate", params)[0]
 
     def connect(self, container_id: str, port: int, *, timeout: float = 10.0) -> socket.socket:
-        """A socket connected to 127.0.0.1:port inside the container.
+        """A socket connected to 127.0.0.1:port inside the container, or to
+        its endpoint socket for ``ENDPOINT``.
 
         Retries while nothing listens yet (the server inside is starting),
         until ``timeout``; then Unavailable. SandboxDied if the container is gone.

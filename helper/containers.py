@@ -10,11 +10,15 @@ name before Docker is called. A container belongs to the peer (uid + owner
 label) that created it; another peer's container is reported as missing.
 
 The service reaches a server inside a container (the transport) with
-ContainerConnect: the helper enters the container's network namespace in a
-throwaway thread (setns on a pidfd of the container's init), connects to
-127.0.0.1:PORT there and hands the connected socket over (SCM_RIGHTS). No
-bridge, no container IP: a container cannot reach the host or another
-container, and the service's unit stays loopback-only.
+ContainerConnect and hands the connected socket over (SCM_RIGHTS). Port 0
+(``ENDPOINT``) is the container's endpoint socket: a Unix socket at the
+fixed ``ENDPOINT_SOCKET``, in a directory only root may search, which the
+helper reaches as root in a throwaway thread that enters the container's
+mount namespace; the General transport listens there and nowhere else, so
+the agent's uid in the same container cannot reach it. Any other port is
+127.0.0.1:PORT, connected from a thread in the container's network
+namespace. No bridge, no container IP: a container cannot reach the host or
+another container, and the service's unit stays loopback-only.
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]{0,254}@sha256:[0-9a-f]{64}$")
 _ID = re.compile(r"^[0-9a-f]{64}$")
 _EPISODE = re.compile(r"^[A-Za-z0-9._:-]{0,128}$")
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_CLONE_FS = 0x00000200
+#: ContainerConnect's port that names the endpoint socket (no TCP port is 0)
+ENDPOINT = 0
+#: the endpoint socket's path inside a container (mimoagent.transport.listener.SOCKET_PATH)
+ENDPOINT_SOCKET = "/run/mimo-transport/transport.sock"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -255,33 +265,41 @@ class Mediator:
         return n
 
     def connect(self, held: Held, port: int, timeout: float) -> socket.socket:
-        if not 1 <= port <= 65535:
-            raise WireError("bad_request", "port: within [1, 65535]")
+        if isinstance(port, bool) or not 0 <= port <= 65535:
+            raise WireError("bad_request", "port: 0 (the endpoint socket) or within [1, 65535]")
         if not 0 < timeout <= 60:
             raise WireError("limit_exceeded", "timeout: within (0, 60]")
         if ops.pid_exited(held.pidfd):
             raise WireError("sandbox_died", f"container {held.id[:12]} is not running")
+        if port == ENDPOINT:
+            return connect_endpoint(held.pidfd, timeout)
         return connect_in_netns(held.pidfd, port, timeout)
 
 
-def connect_in_netns(pidfd: int, port: int, timeout: float) -> socket.socket:
-    """A TCP socket connected to 127.0.0.1:port in the network namespace of pidfd's process.
+def _call(result: int) -> None:
+    if result != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
 
-    setns(CLONE_NEWNET) changes only the calling thread, and this thread
-    ends right after: the helper's other threads never leave the host's
-    namespace. A socket keeps the namespace it was created in.
-    """
+
+def _in_thread(name: str, enter: Callable[[], None], family: int, address,
+               timeout: float) -> socket.socket:
+    """A socket of ``family`` connected to ``address`` from a throwaway
+    thread that first runs ``enter`` (joining a namespace of the container).
+
+    setns changes only the calling thread, and this thread ends right
+    after: the helper's other threads never leave the host's namespaces. A
+    socket keeps the namespace it was created in, and a Unix socket's peer
+    is found when it connects."""
     out: dict = {}
 
     def run() -> None:
         try:
-            if _libc.setns(pidfd, _CLONE_NEWNET) != 0:
-                e = ctypes.get_errno()
-                raise OSError(e, os.strerror(e))
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            enter()
+            sock = socket.socket(family, socket.SOCK_STREAM)
             try:
                 sock.settimeout(timeout)
-                sock.connect(("127.0.0.1", port))
+                sock.connect(address)
                 sock.settimeout(None)
             except BaseException:
                 sock.close()
@@ -290,17 +308,54 @@ def connect_in_netns(pidfd: int, port: int, timeout: float) -> socket.socket:
         except BaseException as exc:  # handed to the caller's thread
             out["error"] = exc
 
-    t = threading.Thread(target=run, name="netns-connect")
+    t = threading.Thread(target=run, name=name)
     t.start()
     t.join()
     err = out.get("error")
-    if isinstance(err, (ConnectionRefusedError, TimeoutError, socket.timeout)):
-        raise WireError("connection_refused", f"nothing accepts on 127.0.0.1:{port} in the container")
-    if isinstance(err, OSError) and err.errno in (errno.ESRCH, errno.EINVAL):
-        raise WireError("sandbox_died", "the container's init is gone")
     if err is not None:
         raise err
     return out["sock"]
+
+
+def _mapped(err: OSError, what: str) -> WireError | OSError:
+    # Nothing listens yet (the server inside is starting: no socket file,
+    # or one a forked container's filesystem carried from its parent), or
+    # its backlog is full (EAGAIN): the client retries until its deadline.
+    if isinstance(err, (ConnectionRefusedError, FileNotFoundError, BlockingIOError, TimeoutError,
+                        socket.timeout)):
+        return WireError("connection_refused", f"nothing accepts on {what} in the container")
+    if err.errno in (errno.ESRCH, errno.EINVAL):
+        return WireError("sandbox_died", "the container's init is gone")
+    return err
+
+
+def connect_in_netns(pidfd: int, port: int, timeout: float) -> socket.socket:
+    """A TCP socket connected to 127.0.0.1:port in the network namespace of pidfd's process."""
+    try:
+        return _in_thread("netns-connect", lambda: _call(_libc.setns(pidfd, _CLONE_NEWNET)),
+                          socket.AF_INET, ("127.0.0.1", port), timeout)
+    except OSError as exc:
+        raise _mapped(exc, f"127.0.0.1:{port}") from None
+
+
+def connect_endpoint(pidfd: int, timeout: float, path: str = ENDPOINT_SOCKET) -> socket.socket:
+    """A Unix socket connected, as root, to ``path`` in the mount namespace of pidfd's process.
+
+    The path resolves as the container's processes see it (its root, its
+    mounts, its symlinks), never against the host's. Joining a mount
+    namespace needs a thread that shares no filesystem context with the
+    others (unshare CLONE_FS first); the thread's root and cwd become the
+    namespace's. The peer's credentials are this thread's: uid 0, which
+    the transport requires (SO_PEERCRED)."""
+
+    def enter() -> None:
+        _call(_libc.unshare(_CLONE_FS))
+        _call(_libc.setns(pidfd, _CLONE_NEWNS))
+
+    try:
+        return _in_thread("mntns-connect", enter, socket.AF_UNIX, path, timeout)
+    except OSError as exc:
+        raise _mapped(exc, path) from None
 
 
 # -- process-wide instance and the sweep -----------------------------------------

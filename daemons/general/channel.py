@@ -1,8 +1,9 @@
 """One episode's channel to the transport inside its container.
 
-The container has no network; the helper connects to the transport's port
-inside the container's network namespace and hands the service the socket
-(camg.containers ``connect``). Over it we speak the OpenEnv WebSocket
+The container has no network; the helper connects, as root, to the
+transport's Unix socket inside the container (camg.containers ``connect``
+to ``ENDPOINT``: a root-only directory, and the transport serves only
+root's connections) and hands the service the socket. Over it we speak the OpenEnv WebSocket
 protocol of the transport's ``/ws`` endpoint, the only stateful one (its
 HTTP /reset and /step build a fresh environment per request): send
 ``{"type": "reset"|"step"|"close", "data": ...}``, receive

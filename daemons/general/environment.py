@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from camg import errors, typed
-from camg.containers import read_usage
+from camg.containers import ENDPOINT, read_usage
 from camg.cost import judge_tokens
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
 from camg.fifo_gate import Gate
@@ -43,9 +43,11 @@ AGENT_ENV = "/opt/camg/agent-env"
 VERIFIER_OUT = "/logs/verifier"
 
 
-def transport_command(port: int) -> tuple[str, ...]:
-    return (f"{AGENT_ENV}/bin/python", "-m", "mimoagent.transport", "--root", TASK_ROOT,
-            "--port", str(port))
+def transport_command() -> tuple[str, ...]:
+    # It listens only on the container's endpoint socket (root-only; the
+    # helper connects there as root): no port of the container's loopback,
+    # which the agent's uid could open too.
+    return (f"{AGENT_ENV}/bin/python", "-m", "mimoagent.transport", "--root", TASK_ROOT)
 
 
 JUDGE_ENV_FILE = "/etc/camg/credentials/general-judge.env"
@@ -136,7 +138,7 @@ class GeneralEnvironment(Environment):
         from camg.containers import ContainerSpec
 
         s = self.settings
-        return ContainerSpec(image=image, command=transport_command(s.transport_port), cpu=s.cpu,
+        return ContainerSpec(image=image, command=transport_command(), cpu=s.cpu,
                              memory_bytes=s.memory_bytes, pids_max=s.pids_max, mount_agent_env=True)
 
     def stop(self) -> None:
@@ -272,7 +274,7 @@ class GeneralEpisode(Episode):
 
     def _open_transport(self) -> dict:
         s = self.env.settings
-        sock = self.env.client.connect(self.container.id, s.transport_port, timeout=s.connect_timeout_s)
+        sock = self.env.client.connect(self.container.id, ENDPOINT, timeout=s.connect_timeout_s)
         self.channel = TransportChannel(sock, open_timeout=s.connect_timeout_s)
         return self.channel.request("reset", {"task_id": self.task.data["instance_id"],
                                               "episode_id": self.episode_id},

@@ -21,8 +21,6 @@ class Settings:
     cpu: float = 1.0
     memory_bytes: int = 2 << 30
     pids_max: int = 512
-    #: the transport's port inside the container (the image's command)
-    transport_port: int = 8000
     #: how long reset waits for the transport to listen (pool misses boot a container)
     connect_timeout_s: float = 60.0
     #: pool misses booting a container at once, through the transport's
@@ -54,8 +52,6 @@ class Settings:
             raise ValueError("pool_size must be in [0, 64]")
         if not (0 < self.cpu <= 64 and self.memory_bytes >= 64 << 20 and self.pids_max >= 16):
             raise ValueError("cpu, memory_bytes (>= 64 MiB) and pids_max (>= 16) must be sane")
-        if not 1 <= self.transport_port <= 65535:
-            raise ValueError("transport_port out of range")
         if isinstance(self.concurrent_boots, bool) or not 0 <= self.concurrent_boots <= 1024:
             raise ValueError("concurrent_boots must be in [0, 1024] (0: 4 per core)")
         for name in ("connect_timeout_s", "step_timeout_s", "judge_timeout_s", "judge_deadline_s",

@@ -188,3 +188,56 @@ def test_a_pool_never_hands_out_a_container_a_restarted_helper_swept():
         assert all(c.instance == "two" for c in pool.ready)
     finally:
         pool.close()
+
+
+def test_connect_ports_and_the_endpoint(mediator):
+    """Port 0 names the endpoint socket; no other out-of-range port passes."""
+    held = mc.Held("1" * 64, 990, "general", IMAGE, "", False, 0.0, -1)
+    for port in (-1, 65536, True):
+        refused(lambda port=port: mediator.connect(held, port, 1.0), "bad_request")
+    refused(lambda: mediator.connect(held, 0, 61.0), "limit_exceeded")
+    from camg.containers import ENDPOINT
+    from tests.support import mimo_tasks  # noqa: F401 -- puts the runtime on sys.path
+    from mimoagent.transport.listener import SOCKET_PATH
+    assert mc.ENDPOINT == ENDPOINT == 0 and mc.ENDPOINT_SOCKET == SOCKET_PATH
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="joins another process's mount namespace")
+def test_endpoint_resolves_in_the_process_mount_namespace(tmp_path):
+    """The path resolves where the container's processes see it: here a
+    process in a mount namespace of its own listens on a tmpfs mounted only
+    there; the host's directory stays empty. Its peer is root."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    where = tmp_path / "ns"
+    where.mkdir()
+    path = str(where / "d" / "t.sock")
+    server = ("import os, socket, struct, sys\n"
+              "os.mkdir(os.path.dirname(sys.argv[1]), 0o700)\n"
+              "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen()\n"
+              "print('ready', flush=True)\n"
+              "c, _ = s.accept()\n"
+              "raw = c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)\n"
+              "uid = struct.unpack('3i', raw)[1]\n"
+              "c.sendall(str(uid).encode()); c.close()\n")
+    run = f"mount -t tmpfs none {where} && exec {sys.executable} -c \"$0\" \"$1\""
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", run,
+                             server, path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert not os.listdir(where)  # the host's view: nothing there
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            refused(lambda: mc.connect_endpoint(pidfd, 2.0, path=path + "x"), "connection_refused")
+            with mc.connect_endpoint(pidfd, 5.0, path=path) as sock:
+                assert sock.family == socket.AF_UNIX and sock.recv(16) == b"0"
+        finally:
+            os.close(pidfd)
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
+        proc.wait()

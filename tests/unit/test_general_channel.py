@@ -1,12 +1,14 @@
 """The service's channel against the real in-container transport server
-(mimoagent.transport.wsserver) on a loopback port, no container: the
+(mimoagent.transport.wsserver) on a Unix socket, no container: the
 OpenEnv /ws protocol, sticky terminal, error mapping; and the server's
 answers message for message against openenv's own create_app (the protocol
-it replaces), one session at a time, /health. Root: the transport runs
+it replaces), one session at a time, /health; who may connect (a root-only
+directory, root's peer credentials only). Root: the transport runs
 commands as uid 2000."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -40,10 +42,10 @@ def served():
     from mimoagent.transport.wsserver import Server
 
     base, env = _code_env("mimo-channel.")
-    server = Server(env, software.ShellAction, "127.0.0.1", 0)
+    server = Server(env, software.ShellAction, str(base / "run" / "transport" / "t.sock"))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield server.port
+    yield server.path
     server.close()
     thread.join(10)
     shutil.rmtree(base, ignore_errors=True)
@@ -102,8 +104,18 @@ def openenv_served():
     shutil.rmtree(base, ignore_errors=True)
 
 
-def channel(port):
-    return TransportChannel(socket.create_connection(("127.0.0.1", port)))
+def _socket(where, timeout=None) -> socket.socket:
+    """A socket connected to the transport (a Unix socket path) or to openenv's (a port)."""
+    if isinstance(where, int):
+        return socket.create_connection(("127.0.0.1", where), timeout=timeout)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect(where)
+    return sock
+
+
+def channel(where):
+    return TransportChannel(_socket(where))
 
 
 def test_episode_over_the_channel(served):
@@ -155,11 +167,11 @@ def test_lost_transport_is_sandbox_died(served):
     ch.close()
 
 
-def _raw(port):
+def _raw(where):
     from websockets.sync.client import connect
 
-    return connect(f"ws://127.0.0.1:{port}/ws", open_timeout=30, max_size=1 << 24, proxy=None,
-                   compression=None, ping_interval=None)
+    return connect("ws://mimo-transport/ws", sock=_socket(where), open_timeout=30,
+                   max_size=1 << 24, proxy=None, compression=None, ping_interval=None)
 
 
 #: each message as text, and what of the answer both servers must agree on
@@ -210,8 +222,6 @@ def test_same_answers_as_openenv_create_app(served, openenv_served):
 
 
 def test_one_session_at_a_time_and_health(served):
-    import urllib.request
-
     with _raw(served) as first:
         first.send(json.dumps({"type": "state"}))
         assert json.loads(first.recv(timeout=30))["type"] == "state"
@@ -221,9 +231,12 @@ def test_one_session_at_a_time_and_health(served):
     with _raw(served) as later:  # the first session ended: a new one is served
         later.send(json.dumps({"type": "state"}))
         assert json.loads(later.recv(timeout=30))["data"]["step_count"] == 0
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(f"http://127.0.0.1:{served}/health", timeout=10) as reply:
-        assert json.loads(reply.read()) == {"status": "healthy"}
+    with _socket(served, timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"status":"healthy"}')
 
 
 def test_protocol_violations_close_the_connection(served):
@@ -231,7 +244,7 @@ def test_protocol_violations_close_the_connection(served):
     import base64
     import struct
 
-    with socket.create_connection(("127.0.0.1", served), timeout=10) as sock:
+    with _socket(served, timeout=10) as sock:
         key = base64.b64encode(os.urandom(16)).decode()
         sock.sendall((f"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                       f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
@@ -242,3 +255,67 @@ def test_protocol_violations_close_the_connection(served):
         sock.sendall(struct.pack("!BB", 0x81, 2) + b"{}")  # unmasked text frame
         closing = sock.recv(16)
         assert closing[0] == 0x88 and struct.unpack("!H", closing[2:4])[0] == 1002
+
+
+def test_listens_in_a_root_only_directory_and_serves_root_alone(served):
+    """The socket's directory is root's, 0700, so the agent's uid cannot
+    even reach the socket; a peer of another uid that did (here: a server
+    that serves only uid 4242, reached by root) is closed unread."""
+    import stat
+    import subprocess
+    import sys
+
+    directory = os.path.dirname(served)
+    info = os.lstat(directory)
+    assert stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and stat.S_IMODE(info.st_mode) == 0o700
+    sock_info = os.lstat(served)
+    assert stat.S_ISSOCK(sock_info.st_mode) and stat.S_IMODE(sock_info.st_mode) == 0o600
+    probe = ("import socket, sys\n"
+             "s = socket.socket(socket.AF_UNIX)\n"
+             "try:\n    s.connect(sys.argv[1])\nexcept OSError as e:\n    print(e.errno)\n"
+             "else:\n    print('CONNECTED')\n")
+    out = subprocess.run([sys.executable, "-c", probe, served], capture_output=True, text=True,
+                         user=2000, group=2000, extra_groups=[], timeout=30)
+    assert out.stdout.strip() == str(errno.EACCES), out
+
+
+def test_a_peer_of_another_uid_is_closed_unread(tmp_path):
+    from mimoagent.transport.wsserver import Server
+
+    server = Server(lambda: None, dict, str(tmp_path / "d" / "t.sock"), peer_uid=4242)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with _socket(server.path, timeout=10) as sock:
+            try:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = sock.recv(4096)
+            except (ConnectionResetError, BrokenPipeError):  # closed with our bytes unread
+                answer = b""
+            assert answer == b""  # closed without an answer
+        assert server.refused == 1
+    finally:
+        server.close()
+        thread.join(10)
+
+
+def test_a_fresh_directory_each_start(tmp_path):
+    """A forked container's filesystem carries its parent's socket: the
+    transport starts from a new directory; one holding anything else is
+    refused, not removed."""
+    from mimoagent.transport.listener import listen
+
+    directory = tmp_path / "run" / "t"
+    path = str(directory / "t.sock")
+    with listen(path) as first:
+        pass
+    os.chmod(directory, 0o777)
+    assert (directory / "t.sock").exists()  # the stale socket inode a fork would carry
+    with listen(path) as second:
+        assert os.listdir(directory) == ["t.sock"] and first.fileno() == -1
+        assert os.stat(directory).st_mode & 0o777 == 0o700
+        assert second.getsockname() == path
+    (directory / "planted").write_text("x")
+    with pytest.raises(FileExistsError):
+        listen(path)
+    assert sorted(os.listdir(directory)) == ["planted", "t.sock"]

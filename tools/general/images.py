@@ -32,10 +32,9 @@ from tools import oci_demo
 REPOSITORY = "camg/mimo-general"
 TASK_ROOT = "opt/mimo-task"
 AGENT_UID = 2000
-TRANSPORT_PORT = 8000
 AGENT_ENV = "/opt/camg/agent-env"
-COMMAND = (f"{AGENT_ENV}/bin/python", "-m", "mimoagent.transport", "--root", "/" + TASK_ROOT,
-           "--port", str(TRANSPORT_PORT))
+#: the General service's container command (daemons.general.environment.transport_command)
+COMMAND = (f"{AGENT_ENV}/bin/python", "-m", "mimoagent.transport", "--root", "/" + TASK_ROOT)
 
 
 def _stage(task_dir: Path, kind: str, stage: Path) -> None:

@@ -39,10 +39,14 @@ from tools.canary_table import CanaryResult, report
 # at its first failed fork): every fork in the container fails meanwhile.
 PIDS_FILL = ("while (1) { my $p = fork; if (defined $p && !$p) { sleep 100000; exit } "
              "select(undef, undef, undef, 0.01) unless defined $p }")
-# Holds as many connections to the transport's port as it is given.
-PORT_HOG = ("use IO::Socket::INET; my @s; while (1) { my $c = IO::Socket::INET->new("
-            "PeerAddr => '127.0.0.1', PeerPort => 8000, Timeout => 1); if ($c) { push @s, $c; "
-            "print $c \"GET /ws HTTP/1.1\\r\\nHost: x\\r\\n\" } else { sleep 1 } }")
+# Holds as many connections to the transport as it is given: its Unix
+# socket (root-only: refused) and the TCP port it listened on before it
+# moved there (nothing listens).
+PORT_HOG = ("use IO::Socket::INET; use IO::Socket::UNIX; my @s; while (1) { "
+            "my $c = IO::Socket::UNIX->new(Peer => '/run/mimo-transport/transport.sock') || "
+            "IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => 8000, Timeout => 1); "
+            "if ($c) { push @s, $c; print $c \"GET /ws HTTP/1.1\\r\\nHost: x\\r\\n\" } "
+            "else { sleep 1 } }")
 # Files until the writable layer has no inode left.
 INODE_FILL = ("mkdir \"$ENV{HOME}/.i\"; for (my $i = 0; ; $i++) { "
               "open(my $f, '>', \"$ENV{HOME}/.i/$i\") or last } print \"inodes gone\\n\"")

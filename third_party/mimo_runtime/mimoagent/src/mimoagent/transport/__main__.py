@@ -1,4 +1,7 @@
-"""``python -m mimoagent.transport --root /opt/mimo-task [--host H] [--port P]``."""
+"""``python -m mimoagent.transport --root /opt/mimo-task``.
+
+It listens on listener.SOCKET_PATH, a Unix socket only root can reach; it
+has no TCP listener (who may reach it: listener.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +11,10 @@ import sys
 from pathlib import Path
 
 
-def create(root: Path, prewarm: bool = True, host: str = "127.0.0.1", port: int = 8000):
+def create(root: Path, prewarm: bool = True, path: str | None = None):
     """The transport's server for the task under ``root`` (not yet serving)."""
     from mimoagent.transport.checkpoint import STATE_DIR, Checkpoint
+    from mimoagent.transport.listener import SOCKET_PATH
     from mimoagent.transport.wsserver import Server
 
     instance = json.loads((root / "instance.json").read_text())
@@ -31,17 +35,15 @@ def create(root: Path, prewarm: bool = True, host: str = "127.0.0.1", port: int 
     # this filesystem is a fork's (its reset continues the parent's episode).
     if prewarm and not Checkpoint(STATE_DIR).resuming():
         env.prewarm()
-    return Server(env, action, host, port, max_size=1 << 24)
+    return Server(env, action, path or SOCKET_PATH, max_size=1 << 24)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", default="/opt/mimo-task", type=Path)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", default=8000, type=int)
     ap.add_argument("--no-prewarm", action="store_true", help="prepare the task only at reset")
     args = ap.parse_args(argv)
-    create(args.root, prewarm=not args.no_prewarm, host=args.host, port=args.port).serve_forever()
+    create(args.root, prewarm=not args.no_prewarm).serve_forever()
     return 0
 
 

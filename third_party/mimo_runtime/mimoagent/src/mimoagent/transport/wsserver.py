@@ -18,6 +18,10 @@ Frames: client frames must be masked (RFC 6455 5.1); text messages are
 UTF-8, fragmented or not, at most ``max_size`` bytes (a larger one closes
 the connection with 1009); pings are answered; binary messages are refused
 (1003). Server frames are unmasked, unfragmented.
+
+It listens on a Unix socket only root can reach (listener.py) and serves
+only peers whose credentials name root: the agent's uid, in the same
+container, can neither connect nor be served.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import struct
 import threading
 from typing import Any, Callable
 
+from mimoagent.transport import listener as listening
 from mimoagent.transport.protocol import ActionInvalid
 
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -151,6 +156,19 @@ def _unmask(data: bytes, mask: bytes) -> bytes:
     return (int.from_bytes(data, "big") ^ key).to_bytes(n, "big")
 
 
+def _drain(sock: socket.socket, timeout: float = 2.0) -> None:
+    """Read what the peer still sends (its close frame) until it closes:
+    over a Unix socket, closing first makes the peer's close frame fail
+    with EPIPE, and the client may then lose the messages before it."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(timeout)
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+
+
 def _error(message: str, code: str, **extra: Any) -> dict:
     return {"type": "error", "data": {"message": message, "code": code, **extra}}
 
@@ -182,13 +200,19 @@ def _reply(env, action_cls, message: Any) -> dict | None:
 
 
 class Server:
-    """``Server(factory, action_cls, host, port).serve_forever()``; ``close()`` stops accepting."""
+    """``Server(factory, action_cls, path).serve_forever()``; ``close()`` stops accepting.
 
-    def __init__(self, factory: Callable[[], Any], action_cls: type, host: str = "127.0.0.1",
-                 port: int = 8000, *, max_size: int = 1 << 24) -> None:
+    ``peer_uid``: the only uid served (root: the camg helper, which hands
+    the connection to the General service)."""
+
+    def __init__(self, factory: Callable[[], Any], action_cls: type,
+                 path: str = listening.SOCKET_PATH, *, max_size: int = 1 << 24,
+                 peer_uid: int = 0) -> None:
         self.factory, self.action_cls, self.max_size = factory, action_cls, max_size
-        self.listener = socket.create_server((host, port), backlog=16)
-        self.port = self.listener.getsockname()[1]
+        self.peer_uid = peer_uid
+        self.listener = listening.listen(path)
+        self.path = path
+        self.refused = 0  # connections of another uid, closed unread
         self._session = threading.Lock()
 
     def serve_forever(self) -> None:
@@ -197,6 +221,10 @@ class Server:
                 sock, _ = self.listener.accept()
             except OSError:  # closed
                 return
+            if listening.peer_uid(sock) != self.peer_uid:
+                self.refused += 1
+                sock.close()
+                continue
             threading.Thread(target=self._serve, args=(sock,), name="mimo-ws", daemon=True).start()
 
     def close(self) -> None:
@@ -229,6 +257,7 @@ class Server:
                 conn.send_json(_error("the transport serves one session at a time", "CAPACITY_REACHED",
                                       active_sessions=1, max_sessions=1))
                 conn.close(1013)
+                _drain(sock)
                 return
             try:
                 self._session_loop(conn)
