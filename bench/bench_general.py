@@ -58,6 +58,7 @@ from tools.harness.helpers import HelperProcess, helper_config, private_base  # 
 from tools.harness.services import ServiceProcess, clean_git_tree, free_port  # noqa: E402
 from tools.judge_stub import FakeJudge  # noqa: E402
 from tools.loopback_registry import LocalRegistry  # noqa: E402
+from tools.harness.auth import deployment_auth  # noqa: E402
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 
@@ -104,6 +105,7 @@ def start_service(work: Path, prepared: Path, helper: HelperProcess, judge: Fake
     lock = work / "requirements.lock"
     lock.write_text("openai==3.57.0\n")
     (work / "deployment.json").write_text(json.dumps({
+        "auth": deployment_auth(),
         "runtime_lock": str(lock), "state_root": str(work / "state"), "helper_socket": helper.socket,
         "environments": {"general": {
             "manifest": str(prepared / "manifest.json"), "port": free_port(), "capacity": capacity,

@@ -100,7 +100,7 @@ class StdlibStepper:
 
     def step(self, eid: str, action: dict) -> dict:
         self.conn.request("POST", f"/episodes/{eid}/step", body=json.dumps({"action": action}).encode(),
-                          headers={"Content-Type": "application/json"})
+                          headers={"Content-Type": "application/json", **self.client.headers})
         response = self.conn.getresponse()
         data = json.loads(response.read())
         assert response.status == 200, data
@@ -111,12 +111,16 @@ class StdlibStepper:
 
 
 def over_http(steps: int, tmp: Path, metrics: str = "on",
-              worker: str = http_worker.DEFAULT, stdlib: bool = False) -> list[float]:
+              worker: str = http_worker.DEFAULT, stdlib: bool = False,
+              auth: bool = True) -> list[float]:
+    """``auth``: the service checks the trainer's token (the default of a
+    deployment); off, the deployment says ``"required": false``."""
     env = {"CAMG_METRICS": metrics, http_worker.ENV: worker}
     if os.environ.get("CAMG_BENCH_PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["CAMG_BENCH_PYTHONPATH"]
-    service = ServiceProcess(configure_counter(tmp, limits={"max_steps": steps + 10}),
-                             env=env).wait_ready()
+    config = configure_counter(tmp, limits={"max_steps": steps + 10},
+                               auth=None if auth else {"required": False})
+    service = ServiceProcess(config, env=env).wait_ready()
     try:
         client = StdlibStepper(service.url) if stdlib else Client(service.url)
         eid = client.create()["episode_id"]
@@ -154,6 +158,7 @@ def main() -> int:
     base: list[float] = []
     service: list[float] = []
     stdlib: list[float] = []
+    no_auth: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             base += direct(args.steps)
@@ -163,6 +168,8 @@ def main() -> int:
                                           args.metrics, worker)
             stdlib += over_http(args.steps, Path(tmp) / f"stdlib-{round_}", args.metrics,
                                 http_worker.DEFAULT, stdlib=True)
+            no_auth += over_http(args.steps, Path(tmp) / f"no-auth-{round_}", args.metrics,
+                                 http_worker.DEFAULT, auth=False)
     result = {
         "steps": args.steps, "rounds": args.rounds, "metrics": args.metrics,
         "direct_ms": {"p50": ms(percentile(base, .5)), "p99": ms(percentile(base, .99))},
@@ -188,6 +195,12 @@ def main() -> int:
     default = result["workers"].get(http_worker.DEFAULT)
     if default is not None:
         result["goal_met"] = default["overhead_ms"]["p50"] <= GOAL_P50_MS
+        # every worker above checks the token; the default worker once more
+        # without authentication, for what the check costs
+        result["auth_off"] = {
+            "overhead_ms": {"p50": ms(percentile(no_auth, .5) - percentile(base, .5))},
+            "auth_cost_p50_ms": ms(percentile(http[http_worker.DEFAULT], .5)
+                                   - percentile(no_auth, .5))}
     print(json.dumps(result, indent=1))
     return 0
 

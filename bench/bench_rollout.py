@@ -74,6 +74,7 @@ sys.path.insert(0, str(ROOT))
 
 from camg_client import AsyncClient, load_routes  # noqa: E402
 from camg_client.rollout import rollout  # noqa: E402
+from tools.harness.auth import deployment_auth  # noqa: E402
 
 
 def note(text: str) -> None:
@@ -159,7 +160,7 @@ def own_rig(stack: ExitStack, work: Path, envs: list[str]) -> dict[str, str]:
     (work / "requirements.lock").write_text("falcon==4.4.0\n")
     deployment = {"runtime_lock": str(work / "requirements.lock"), "state_root": str(work / "state"),
                   "helper_socket": helper.socket, "executables": {"python": sys.executable},
-                  "environments": environments}
+                  "auth": deployment_auth(), "environments": environments}
     (work / "deployment.json").write_text(json.dumps(deployment))
     configure(work / "deployment.json", work / "prepared", source_tree=clean_git_tree(work / "src"))
     for name in environments:
@@ -197,7 +198,7 @@ def rigged_service(stack: ExitStack, work: Path, name: str) -> str:
     capacity = 16 if name == "autoresearch" else 64
     deployment = {"runtime_lock": str(work / "requirements.lock"), "state_root": str(work / "state"),
                   "helper_socket": helper.socket, "executables": {"python": sys.executable},
-                  "environments": {name: {
+                  "auth": deployment_auth(), "environments": {name: {
                       "manifest": str(manifest), "port": free_port(), "capacity": capacity,
                       "references": True, "limits": {"reset_timeout_s": 600, **rig.limits},
                       "settings": settings}}}

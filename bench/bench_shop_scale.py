@@ -62,6 +62,7 @@ from daemons.shop import catalog, search, store  # noqa: E402
 from daemons.shop import prepare as prepare_shop  # noqa: E402
 from tools.harness import shop as testing  # noqa: E402
 from tools.shop.scale import build_index, index_key, prepare  # noqa: E402
+from tools.harness.auth import deployment_auth  # noqa: E402
 
 FULL = 1_181_436
 GIB = 2**30
@@ -85,6 +86,7 @@ def serve(prepared: Path, heap_mb: int, queries: list[str]) -> dict:
         tmp = Path(tmp)
         (tmp / "requirements.lock").write_text("pyserini==0.24.0\n")
         deployment = {
+            "auth": deployment_auth(),
             "runtime_lock": str(tmp / "requirements.lock"), "state_root": str(tmp / "state"),
             "helper_socket": str(tmp / "helper.sock"), "executables": {},
             "environments": {"shop": {

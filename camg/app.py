@@ -12,7 +12,7 @@ import logging
 import falcon
 import falcon.asgi
 
-from camg import (action_tools, admission, mcp_server, metrics, openenv_compat, openenv_tasks,
+from camg import (action_tools, admission, http_auth, mcp_server, metrics, openenv_compat, openenv_tasks,
                   step_route, task_listing, http_wire as wire)
 from camg.errors import CamgError, PermissionDenied
 from camg.http import INTERNAL_ERROR, dumps, error_headers, read_body, reply
@@ -29,6 +29,9 @@ class Health:
         healthy, reasons = self.service.health()
         reply(resp, {"status": "healthy" if healthy else "degraded", "reasons": reasons,
                      "environment": self.service.env.name,
+                     # what camg status compares with the config on disk
+                     "config_hash": self.service.config.config_hash,
+                     "auth": self.service.auth_summary(),
                      "episodes": self.service.manager.counts()},
               200 if healthy else 503)
 
@@ -215,6 +218,8 @@ def create_app(service: Service) -> falcon.asgi.App:
     app.add_error_handler(Exception, _handle_unexpected)
     app.add_error_handler(falcon.HTTPError, _handle_http_error)
     app.add_error_handler(CamgError, _handle_camg_error)
-    # /mcp and the plain step route, dispatched before falcon
-    return step_route.StepRoute(mcp_server.mount(app, service), service)
+    # /mcp and the plain step route, dispatched before falcon, all behind
+    # the token gate
+    routes = step_route.StepRoute(mcp_server.mount(app, service), service)
+    return routes if service.tokens is None else http_auth.AuthGate(routes, service.tokens)
 

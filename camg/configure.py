@@ -24,7 +24,7 @@ from pathlib import Path
 import camg
 from camg import service_config as cfg
 from camg import task_manifest as manifest_mod
-from camg import admission, atomic, helper_roots, plugins, signing, typed
+from camg import admission, atomic, auth, helper_roots, plugins, signing, typed
 from camg.errors import CamgError, ConfigError, PreparationMissing
 from camg.hashing import sha256_json
 
@@ -92,6 +92,7 @@ def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Dep
             for label, path in sorted(executables.items())},
         "settings": typed.to_json(env.settings),
         "references": env.references,
+        "auth": typed.to_json(deployment.auth),
         "outcome_key": outcome_key,
     }
     body["queue_bound"] = (env.queue_bound if env.queue_bound is not None
@@ -210,8 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--output is required")
     try:
         if args.check_config:
-            check_helper_settings(cfg.load_deployment(args.deployment), args.helper_config)
+            deployment = cfg.load_deployment(args.deployment)
+            check_helper_settings(deployment, args.helper_config)
             print(f"camg.configure: {args.deployment} agrees with {args.helper_config}")
+            print(f"camg.configure: authentication "
+                  f"{auth.describe(deployment.auth.required, deployment.auth.trainers)}")
             return 0
         schedule = configure(args.deployment, args.output, key_owner=args.key_owner,
                              helper_config=args.helper_config)

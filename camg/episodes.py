@@ -20,13 +20,13 @@ from typing import Any
 
 import fastjsonschema
 
-from camg import http_wire as wire
+from camg import auth, http_wire as wire
 from camg.admission import Admission, default_queue_bound
 from camg.service_config import Limits
 from camg.environment import Environment, Step, Task
 from camg.errors import (AtCapacity, BadRequest, CamgError, EpisodeBusy, EpisodeDone,
                          EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
-                         TaskNotFound, Unavailable)
+                         PermissionDenied, TaskNotFound, Unavailable)
 from camg.cost import episode_cost
 from camg.forking import Forker
 from camg.logs import episode_fields
@@ -50,6 +50,8 @@ class Record:
                  episode_timeout: float) -> None:
         now = time.monotonic()
         self.episode_id = episode_id
+        #: the principal whose request made it (camg.auth; None: authentication off)
+        self.owner = auth.caller_name()
         self.task = task
         self.seed = seed
         self.episode = None
@@ -144,9 +146,15 @@ class EpisodeManager:
 
     def _lookup(self, episode_id: str) -> Record:
         rec = self.records.get(episode_id) or self.finished.get(episode_id)
-        if rec is None:
+        # another principal's episode is absent, not forbidden: its id tells nothing
+        if rec is None or not auth.may_see(rec.owner):
             raise EpisodeNotFound(f"no episode {episode_id!r}")
         return rec
+
+    @staticmethod
+    def _operator_only(what: str) -> None:
+        if not auth.is_operator():
+            raise PermissionDenied(f"{what} is for principals with the operator role")
 
     def active(self) -> int:
         return sum(1 for r in self.records.values() if r.status in ("starting", "running"))
@@ -284,6 +292,7 @@ class EpisodeManager:
     async def reference(self, episode_id: str) -> dict:
         """The reference solution's next action for a running episode."""
         rec = self._lookup(episode_id)
+        self._operator_only("an episode's reference")
         if rec.status != "running":
             raise EpisodeDone(f"episode {episode_id!r} is {rec.status}",
                               terminal=rec.terminal or {"episode_id": episode_id, "done": True})
@@ -516,6 +525,9 @@ class EpisodeManager:
 
     async def regrade(self, episode_id: str) -> dict:
         """Grade a finished episode's stored submission again (camg.regrading)."""
+        # operators only, whoever owns it: the same 403 for any id, and the
+        # regrader finds an episode a restart left in the outcome log alone
+        self._operator_only("a regrade")
         return await self.regrader.regrade(episode_id)
 
     def state(self, episode_id: str, *, renew: bool = True) -> dict:
@@ -543,7 +555,8 @@ class EpisodeManager:
     def list(self) -> list[dict]:
         # Listing renews nothing: a monitor polling GET /episodes must not
         # keep abandoned episodes (and their sandboxes) alive forever.
-        return [self.state(eid, renew=False) for eid in list(self.records)]
+        return [self.state(eid, renew=False) for eid, rec in list(self.records.items())
+                if auth.may_see(rec.owner)]
 
     async def close(self, episode_id: str, reason: str = "closed by trainer",
                     failure: FailureClass | None = None, outcome: str | None = None) -> dict:

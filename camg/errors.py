@@ -88,6 +88,13 @@ class PayloadTooLarge(BadRequest):
     http_status = 413
 
 
+class Unauthorized(CamgError, PermissionError):
+    """The request carries no token, or one no trainer holds."""
+
+    name = "unauthorized"
+    http_status = 401
+
+
 class PermissionDenied(CamgError, PermissionError):
     """The caller may not do this (a foreign peer, a sandbox it does not own)."""
 

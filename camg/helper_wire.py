@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
 
+from camg import json_depth
 from camg.typed import parse, to_json  # noqa: F401  (parse: the helper's strict parser)
 
 
@@ -313,9 +314,7 @@ def read_frame_with_fd(sock: socket.socket, max_blob: int) -> tuple[dict, bytes,
             raise FrameError("payload_too_large", "reply frame too large")
         body = _recv_exact(sock, jlen)
         blob = _recv_exact(sock, blen) if blen else b""
-        obj = json.loads(body)
-        if not isinstance(obj, dict):
-            raise FrameError("bad_request", "frame must be a JSON object")
+        obj = _loads(body)
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -345,10 +344,22 @@ def read_frame(sock: socket.socket, max_blob: int) -> tuple[dict, bytes]:
         raise FrameError("payload_too_large", f"blob of {blen} bytes exceeds {max_blob}")
     body = _recv_exact(sock, jlen)
     blob = _recv_exact(sock, blen) if blen else b""
+    return _loads(body), blob
+
+
+#: the deepest a frame's JSON may nest; verbs' parameters are a few levels
+MAX_FRAME_DEPTH = 32
+
+
+def _loads(body: bytes) -> dict:
+    """A frame's JSON object; deeper than MAX_FRAME_DEPTH is refused before
+    json (or the verb's parser after it) can recurse that far."""
+    if json_depth.too_deep(body, MAX_FRAME_DEPTH):
+        raise FrameError("bad_request", f"frame nests deeper than {MAX_FRAME_DEPTH} levels")
     try:
         obj = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise FrameError("bad_request", f"frame is not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise FrameError("bad_request", "frame must be a JSON object")
-    return obj, blob
+    return obj

@@ -15,6 +15,7 @@ from typing import Any
 
 from camg import typed
 from camg.errors import BadRequest, FailureClass
+from camg import json_depth
 
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 REQUEST_ID_MAX = 255
@@ -86,32 +87,9 @@ def check_episode_id(value: str | None) -> None:
 #: counting 1); deeper is a 400 before any parser recurses into it. A step
 #: body is 2 deep before its action; tool-call arguments nest a few more.
 MAX_JSON_DEPTH = 64
-# A JSON string (escapes included), whose brackets are text, not nesting;
-# possessive, so a long string is one pass with no backtracking.
-_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
 def json_too_deep(raw: bytes | str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether ``raw`` (JSON text, parsed or not) nests deeper than ``limit``.
-
-    Python's json recurses once per level, and so does everything that walks
-    what it returns; a 2 KB body of brackets reaches the recursion limit.
-    Counting brackets is C-speed and settles nearly every body; only a body
-    with more brackets than ``limit`` is scanned, strings left out."""
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8", "surrogatepass")
-    if raw.count(b"[") + raw.count(b"{") <= limit:
-        return False
-    depth = 0
-    for byte in _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS):
-        if byte in b"[{":
-            depth += 1
-            if depth > limit:
-                return True
-        else:
-            depth -= 1
-    return False
+    """Whether a request's JSON nests deeper than the contract allows."""
+    return json_depth.too_deep(raw, limit)
 
 
 def parse_json(raw: bytes) -> Any:

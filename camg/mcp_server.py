@@ -62,7 +62,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-from camg import action_tools, http_wire as wire
+from camg import action_tools, auth, http_wire as wire
 from camg.errors import (BadRequest, CamgError, EpisodeDone, EpisodeNotFound,
                          InvalidAction, PayloadTooLarge)
 
@@ -188,22 +188,36 @@ class EpisodeTools:
 
 
 class Sessions:
-    """Session id → episode id, for sessions that ended kept a while (their
-    calls answer the sticky terminal, not 'unknown session')."""
+    """Session id → episode id and the principal that opened it (camg.auth),
+    for sessions that ended kept a while (their calls answer the sticky
+    terminal, not 'unknown session'). Another principal's session is
+    absent to ``get`` and ``pop``, as its episode is to the manager."""
 
     def __init__(self) -> None:
-        self.table: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self.table: collections.OrderedDict[str, tuple[str, Any]] = collections.OrderedDict()
 
     def add(self, session_id: str, episode_id: str) -> None:
-        self.table[session_id] = episode_id
+        self.table[session_id] = (episode_id, auth.caller())
         while len(self.table) > _SESSIONS_KEPT:
             self.table.popitem(last=False)
 
     def get(self, session_id: Any) -> str | None:
+        entry = self.entry(session_id)
+        return entry[0] if entry is not None and self.visible(entry) else None
+
+    def entry(self, session_id: Any) -> tuple[str, Any] | None:
+        """The session's episode and owner, whoever asks."""
         return self.table.get(session_id) if isinstance(session_id, str) else None
 
+    @staticmethod
+    def visible(entry: tuple[str, Any]) -> bool:
+        owner = entry[1]
+        return auth.may_see(None if owner is None else owner.name)
+
     def pop(self, session_id: str) -> str | None:
-        return self.table.pop(session_id, None)
+        if self.get(session_id) is None:
+            return None
+        return self.table.pop(session_id)[0]
 
 
 class OpenEnvRpc:

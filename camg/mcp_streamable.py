@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 import camg
+from camg import auth
 from camg.errors import AtCapacity, CamgError, EpisodeNotFound
 from camg.mcp_server import (INVALID_PARAMS, INVALID_REQUEST, SESSION_HEADER,
                              UNSUPPORTED_VERSION, EpisodeTools, Sessions, UnknownTool, answered,
@@ -67,18 +68,23 @@ class Streamable:
         self._lock = asyncio.Lock()
 
     # -- the SDK server's handlers ---------------------------------------
+    # The SDK runs these in its session's task, whose context is not the
+    # request's: ASGI dispatch (``_refused``) has checked the caller owns the
+    # session, and the step acts as the session's owner.
     async def _list_tools(self, ctx, params) -> types.ListToolsResult:
         session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
-        listing = self.tools.listing(self.sessions.get(session_id))
+        entry = self.sessions.entry(session_id)
+        listing = self.tools.listing(entry[0] if entry is not None else None)
         return types.ListToolsResult(tools=[types.Tool.model_validate(t) for t in listing])
 
     async def _call_tool(self, ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         session_id = ctx.request.headers.get(SESSION_HEADER) if ctx.request is not None else None
-        episode_id = self.sessions.get(session_id)
+        entry = self.sessions.entry(session_id)
         try:
-            if episode_id is None:
+            if entry is None:
                 raise EpisodeNotFound("this MCP session holds no episode")
-            body = await self.tools.call(episode_id, params.name, params.arguments or {})
+            with auth.acting_as(entry[1]):
+                body = await self.tools.call(entry[0], params.name, params.arguments or {})
         except UnknownTool as exc:  # the spec's protocol error for an unknown tool
             raise MCPError(code=INVALID_PARAMS, message=exc.message, data=exc.to_dict()) from None
         except CamgError as exc:    # a tool execution error: the model sees it
@@ -133,7 +139,17 @@ class Streamable:
         if SESSION_HEADER not in headers and isinstance(message, dict) \
                 and message.get("method") == "initialize":
             return await self._initialize(scope, receive, send, message, raw_receive)
+        if await self._refused(send, headers):
+            return
         await self.sdk.handle_request(scope, receive, send)
+
+    async def _refused(self, send, headers: dict) -> bool:
+        """Answer another principal's session as the SDK answers an unknown one."""
+        entry = self.sessions.entry(headers.get(SESSION_HEADER))
+        if entry is None or self.sessions.visible(entry):
+            return False
+        await send_json(send, 404, rpc_error(None, INVALID_REQUEST, "Session not found"))
+        return True
 
     async def other(self, scope, receive, send, headers: dict) -> None:
         """DELETE (the session's end). GET, the standalone event stream, is
@@ -145,6 +161,8 @@ class Streamable:
                                    {"allow": "POST, DELETE"})
         await self._running()
         session_id = headers.get(SESSION_HEADER)
+        if await self._refused(send, headers):
+            return
         if scope["method"] == "DELETE" and session_id is not None:
             status = await answered(self.sdk.handle_request, scope, receive, send)
             if status is not None and status < 400:

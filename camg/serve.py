@@ -17,7 +17,7 @@ import sys
 from gunicorn.app.base import BaseApplication
 
 from camg import service_config as cfg
-from camg import http_worker, logs, notify, plugins
+from camg import auth, http_worker, logs, notify, plugins
 from camg.environment import ServiceContext
 from camg.errors import CamgError
 
@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
         print(f"camg.serve: {args.config} verified ({config.environment}, "
               f"config hash {config.config_hash}, {len(manifest.tasks)} tasks)")
+        print(f"camg.serve: authentication "
+              f"{auth.describe(config.auth.required, config.auth.trainers)}")
         return 0
     if args.check_clean:
         return check_clean(config)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import camg
-from camg import metrics, signing
+from camg import auth, metrics, signing
 from camg.service_config import ServiceConfig
 from camg.environment import Environment
 from camg.episodes import EpisodeManager
@@ -59,6 +59,8 @@ class Service:
                 # only environments that talk to the helper have one to report
                 helper_up=metrics.helper_up(environment, self.health) if hasattr(environment, "helper") else None,
                 queued=lambda: admission.counts()["queued"], queue_bound=admission.bound)
+        #: the trainers whose tokens the HTTP gate accepts (None: authentication off)
+        self.tokens = auth.TokenStore(config.auth.trainers) if config.auth.required else None
         self._tasks: list[asyncio.Task] = []
         self.started = False
 
@@ -120,7 +122,17 @@ class Service:
         except Exception as exc:
             reasons.append(f"health check failed: {exc}")
         reasons += self.manager.null_proof.health()
+        if self.tokens is not None:
+            if self.tokens.error is not None:
+                reasons.append(self.tokens.error)
+            elif self.tokens.count() == 0:
+                reasons.append(f"authentication is on and no trainer holds a token in "
+                               f"{self.config.auth.trainers} (camg trainer add NAME)")
         return not reasons, reasons
+
+    def auth_summary(self) -> str:
+        """What /health and camg status show of the authentication setting."""
+        return "off" if self.tokens is None else "tokens"
 
     def metadata(self) -> Mapping[str, Any]:
         c = self.config
@@ -134,6 +146,7 @@ class Service:
             "capacity": c.capacity,
             "admission": self.manager.admission.counts(),  # queued, queue_bound
             "references": c.references,
+            "auth": self.auth_summary(),
             "outcome_signing": signing.describe(self.signer.public),
             "limits": {k: getattr(c.limits, k) for k in c.limits.__dataclass_fields__},
             "hashes": {

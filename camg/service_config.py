@@ -93,8 +93,23 @@ class EnvironmentDeployment:
 
 
 @dataclasses.dataclass(frozen=True)
+class Auth:
+    """Who may use the services (camg.auth). On unless a deployment says
+    ``"required": false``, which only a single-user machine should."""
+
+    required: bool = True
+    #: the trainers file: principals, roles and token hashes (never tokens)
+    trainers: str = "/etc/camg/trainers.json"
+
+    def __post_init__(self) -> None:
+        if not os.path.isabs(self.trainers):
+            raise ValueError("auth.trainers must be an absolute path")
+
+
+@dataclasses.dataclass(frozen=True)
 class Deployment:
     environments: Mapping[str, EnvironmentDeployment]
+    auth: Auth = Auth()
     runtime_lock: str = "requirements.lock"
     state_root: str = "/var/lib/camg"
     helper_socket: str = "/run/camg/helper.sock"
@@ -144,6 +159,7 @@ class ServiceConfig:
     references: bool = False
     #: None (a config written before the admission line): 4 per slot
     queue_bound: int | None = None
+    auth: Auth = Auth()
 
     def __post_init__(self) -> None:
         if self.format != SERVICE_FORMAT:

@@ -96,8 +96,8 @@ def environment_row(config_path: Path) -> dict:
     # creates waiting for a slot / the line's bound (camg.admission)
     row["queue"] = (f"{episodes['queued']}/{episodes['queue_bound']}" if "queued" in episodes
                     else "-")
-    _, meta = get_json(base + "/metadata")
-    served = meta.get("config_hash") if isinstance(meta, dict) else None
+    served = health.get("config_hash") if isinstance(health, dict) else None
+    row["auth"] = (health.get("auth") if isinstance(health, dict) else None) or "-"
     row["config_hash"] = config["config_hash"][:12]
     row["config"] = ("-" if served is None else
                      "matches disk" if served == config["config_hash"] else
@@ -200,7 +200,8 @@ def collect(etc: Path, state: Path | None = None, sample_s: float = activity.SAM
 
 
 def render(report: dict) -> str:
-    cols = ("environment", "port", "unit", "ready", "health", "episodes", "queue", "config")
+    cols = ("environment", "port", "unit", "ready", "health", "episodes", "queue", "auth",
+            "config")
     rows = [[str(r[c] if c != "ready" else ("yes" if r["ready"] else "no")) for c in cols]
             for r in report["environments"]]
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
@@ -248,19 +249,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """The ``camg`` console script: ``camg status ...`` and ``camg audit ...``
-    (camg.host_audit: the host's modes of what is private)."""
+    """The ``camg`` console script: ``camg status ...``, ``camg audit ...``
+    (camg.host_audit: the host's modes of what is private) and ``camg
+    trainer ...`` (camg.trainers_cli: who may use the services)."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: camg status [--etc DIR] [--json] [--state FILE] [--sample-s S]\n"
-              "       camg audit [--etc DIR] [--path PATH ...] [--quiet | --json]")
+              "       camg audit [--etc DIR] [--path PATH ...] [--quiet | --json]\n"
+              "       camg trainer add|list|revoke ...")
         return 0 if argv else 2
     if argv[0] == "audit":
         from camg import host_audit
 
         return host_audit.main(argv[1:])
+    if argv[0] == "trainer":
+        from camg import trainers_cli
+
+        return trainers_cli.main(argv[1:])
     if argv[0] != "status":
-        print(f"camg: unknown command {argv[0]!r} (known: status, audit)", file=sys.stderr)
+        print(f"camg: unknown command {argv[0]!r} (known: status, audit, trainer)",
+              file=sys.stderr)
         return 2
     return main(argv[1:])
 

@@ -295,6 +295,19 @@ configure_services() {
     chmod -R a+rX "$ETC/prepared"
 }
 
+# The services answer only trainers with a token (camg/auth.py). The user
+# who ran this gets one, with the operator role, where camg_client looks
+# by default (~/.config/camg/token); each run replaces it. More trainers:
+# camg trainer add NAME.
+local_token() {
+    local user=${SUDO_USER:-$(id -un)} home
+    home=$(getent passwd "$user" | cut -d: -f6)
+    [ -n "$home" ] || die "no home directory for $user (its trainer token goes there)"
+    "$VENV/bin/camg" trainer add "local-$user" --role operator --replace \
+        --token-file "$home/.config/camg/token" --file "$ETC/trainers.json"
+    chown "$user:" "$home/.config/camg" "$home/.config/camg/token"
+}
+
 enable_units() {
     local env wanted=()
     for env in "${ENVIRONMENTS[@]}"; do
@@ -378,6 +391,7 @@ if [ "$configure" -eq 1 ]; then
         AUDIT_PATHS+=(--path "$DATA" --path "$DEMO_CACHE")
     fi
     configure_services
+    local_token
 fi
 enable_units
 if [ "$configure" -eq 1 ]; then

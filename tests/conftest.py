@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.budget import FULL
+from tools.harness.auth import session_token, trainers_file
 from tests.support.services import ServiceProcess, configure_counter
 
 
@@ -35,11 +36,15 @@ def pytest_configure(config):
     root.chmod(0o1777)  # like /tmp: helpers and services of other uids write here too
     tempfile.tempdir = str(root)
     config.stash[_RUN_TMP] = str(root)
+    # The session's trainer token (tools/harness/auth.py): every service the
+    # suite starts runs with authentication on.
+    session_token()
 
 
 def pytest_unconfigure(config):
     root = tempfile.tempdir
     if root and root == config.stash.get(_RUN_TMP, None):
+        Path(trainers_file()).unlink(missing_ok=True)
         tempfile.tempdir = None
         try:
             os.rmdir(root)  # only when empty: never a tree walk over what may be mounted

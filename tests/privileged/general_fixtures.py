@@ -25,6 +25,7 @@ import conftest as pc
 from tests.support import container_image as ci
 from tests.support.fake_judge import FakeJudge, Reply
 from tools.loopback_registry import LocalRegistry
+from tools.harness.auth import deployment_auth
 
 KEY = "sk-general-test-key-0001"
 
@@ -112,6 +113,7 @@ def configure_general(tmp: Path, prepared: Path, helper, *, capacity: int = 40, 
     lock = tmp / "requirements.lock"
     lock.write_text("openai==3.57.0\n")
     deployment = {
+        "auth": deployment_auth(),
         "runtime_lock": str(lock), "state_root": str(tmp / "state"),
         "helper_socket": helper.socket, "executables": {"python": sys.executable},
         "environments": {"general": {

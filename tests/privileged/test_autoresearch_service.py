@@ -23,6 +23,7 @@ from camg.configure import configure
 from tests.support.services import REPO, ServiceProcess, clean_git_tree, free_port
 from test_autoresearch_episodes import (  # noqa: F401  (module fixtures)
     ar_helper, reference, research_image, roots, settings_for)
+from tools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -33,6 +34,7 @@ def config_path(roots, ar_helper, tmp_path_factory) -> Path:
     lock = tmp / "requirements.lock"
     lock.write_text("numpy==2.4.6\nscikit-learn==1.9.1\n")
     deployment = {
+        "auth": deployment_auth(),
         "runtime_lock": str(lock), "state_root": str(tmp / "state"),
         "helper_socket": ar_helper.socket, "executables": {"python": sys.executable},
         "environments": {"autoresearch": {
@@ -154,13 +156,14 @@ TOOLS = ["shell", "background", "jobs", "log", "submit"]
 async def mcp_noop(url: str, task_id: str) -> tuple[dict, object]:
     """Submitting nothing over MCP, by the mcp SDK's client at /mcp and by
     the stock openenv package's MCPToolClient (its MCP messages on /ws): 0."""
-    from mcp import Client as McpClient
+    from tests.support.token_clients import mcp_client as McpClient
     from openenv.core.env_server.mcp_types import CallToolAction
     from openenv.core.mcp_client import MCPToolClient
+    from tests.support.token_clients import with_token
     async with McpClient(f"{url}/mcp?task_id={task_id}", read_timeout_seconds=300) as client:
         assert [t.name for t in (await client.list_tools()).tools] == TOOLS
         sdk = (await client.call_tool("submit", {})).structured_content
-    async with MCPToolClient(base_url=url, message_timeout_s=300) as env:
+    async with with_token(MCPToolClient)(base_url=url, message_timeout_s=300) as env:
         await env.reset(task_id=task_id)
         assert [t.name for t in await env.list_tools()] == TOOLS
         stock = await env.step(CallToolAction(tool_name="submit", arguments={}))
@@ -171,10 +174,11 @@ def test_stock_openenv_client_runs_an_episode(config_path, roots):
     """The stock OpenEnv client's episode to the reference's reward, then a
     no-op (submit at once) to 0 over MCP."""
     from openenv.core import GenericEnvClient
+    from tests.support.token_clients import with_token
     assert check_clean(config_path).returncode == 0
     svc = ServiceProcess(config_path).wait_ready(120)
     try:
-        with GenericEnvClient(base_url=svc.url, message_timeout_s=300).sync() as env:
+        with with_token(GenericEnvClient)(base_url=svc.url, message_timeout_s=300).sync() as env:
             result = env.reset(task_id="breast-cancer")
             assert result.done is False and "/task" in result.observation["output"]
             solve = reference(roots, "breast-cancer")

@@ -23,6 +23,7 @@ import conftest as pc
 from camg import errors, task_manifest as manifest
 from camg.environment import ServiceContext
 from camg.errors import FailureClass
+from tools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -322,6 +323,7 @@ def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, t
     episode on the same service: reset, the gold fix, finish -> 1.0."""
     import sys
     from openenv.core import GenericEnvClient
+    from tests.support.token_clients import with_token
 
     from camg_client import Client, ServiceError
     from camg.configure import configure
@@ -330,6 +332,7 @@ def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, t
     lock = tmp_path / "requirements.lock"
     lock.write_text("swebench==4.1.0\n")
     deployment = {
+        "auth": deployment_auth(),
         "runtime_lock": str(lock), "state_root": str(tmp_path / "state"),
         "helper_socket": coding_helper.socket, "executables": {"python": sys.executable},
         "environments": {"coding": {
@@ -390,7 +393,8 @@ def test_http_end_to_end_gold_noop_and_killed_sandbox(prepared, coding_helper, t
         assert done["done"] is True and done["reward"] is None, done
         assert done["failure_class"] == "sandbox_died"
 
-        with GenericEnvClient(base_url=service.url, message_timeout_s=600).sync() as openenv:
+        stock = with_token(GenericEnvClient)(base_url=service.url, message_timeout_s=600)
+        with stock.sync() as openenv:
             result = openenv.reset(task_id=task.task_id)
             assert result.done is False
             assert task.data["problem_statement"] in result.observation["output"]

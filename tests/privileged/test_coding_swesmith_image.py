@@ -26,6 +26,7 @@ from daemons.coding import profiles
 from tools.coding import canaries
 from test_coding_episodes import CACHE, FINISH, run_episode, shell
 from test_coding_integrity_sandboxes import grade, reverse_gold, workspace_diff
+from tools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -192,6 +193,7 @@ def test_served_over_http_gold_one_noop_zero(swesmith_prepared, coding_helper, t
     lock = tmp_path / "requirements.lock"
     lock.write_text("swebench==4.1.0\n")
     deployment = {
+        "auth": deployment_auth(),
         "runtime_lock": str(lock), "state_root": str(tmp_path / "state"),
         "helper_socket": coding_helper.socket, "executables": {"python": sys.executable},
         "environments": {"coding": {

@@ -209,10 +209,12 @@ def test_metadata_and_schema(general_service):
 
 def test_stock_openenv_client_runs_an_episode(general_service, general_demo, general_prepared):
     from openenv.core import GenericEnvClient
+    from tests.support.token_clients import with_token
 
     task = tasks_of(general_prepared, "opensource-code")[1]
     gold = (general_demo["out"] / "gold" / f"{task['task_id']}.patch").read_text()
-    with GenericEnvClient(base_url=general_service.url, message_timeout_s=600).sync() as env:
+    stock = with_token(GenericEnvClient)(base_url=general_service.url, message_timeout_s=600)
+    with stock.sync() as env:
         result = env.reset(task_id=task["task_id"])
         assert result.done is False
         result = env.step(apply_gold(gold))

@@ -12,12 +12,14 @@ import json
 import sys
 
 import pytest
-from mcp import Client as McpClient
+from tests.support.token_clients import mcp_client as McpClient
 from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.mcp_client import MCPToolClient
+from tests.support.token_clients import with_token
 
 import conftest as pc
 from camg import task_manifest as manifest
+from tools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -38,6 +40,7 @@ def service(demo_set, demo_image, coding_helper, tmp_path_factory):
                    layers_root=CACHE / "layers")
     (work / "requirements.lock").write_text("swebench==4.1.0\n")
     (work / "deployment.json").write_text(json.dumps({
+        "auth": deployment_auth(),
         "runtime_lock": str(work / "requirements.lock"), "state_root": str(work / "state"),
         "helper_socket": coding_helper.socket, "executables": {"python": sys.executable},
         "environments": {"coding": {
@@ -74,7 +77,7 @@ def test_gold_fix_to_one_and_noop_to_zero_over_mcp(service):
         async with McpClient(url, read_timeout_seconds=600) as client:
             noop = (await client.call_tool("finish", {})).structured_content
         # the stock openenv package's MCP client (its MCP messages on /ws)
-        async with MCPToolClient(base_url=proc.url, message_timeout_s=600) as env:
+        async with with_token(MCPToolClient)(base_url=proc.url, message_timeout_s=600) as env:
             await env.reset(task_id=task.task_id)
             assert [t.name for t in await env.list_tools()] == ["shell", "finish"]
             fix = await env.call_tool("shell", command=f"git apply -R - <<'CAMG_EOF'\n"

@@ -12,7 +12,7 @@ import asyncio
 import json
 
 import pytest
-from mcp import Client as McpClient
+from tests.support.token_clients import mcp_client as McpClient
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -61,6 +61,7 @@ def test_noop_to_zero_over_mcp(general_service, general_prepared):
     from general_fixtures import tasks_of
     from openenv.core.env_server.mcp_types import CallToolAction
     from openenv.core.mcp_client import MCPToolClient
+    from tests.support.token_clients import with_token
     task = tasks_of(general_prepared, "opensource-code")[0]
 
     async def play():
@@ -69,7 +70,8 @@ def test_noop_to_zero_over_mcp(general_service, general_prepared):
             assert [t.name for t in (await client.list_tools()).tools] == [
                 "shell", "finish", "tool"]
             sdk = (await client.call_tool("finish", {})).structured_content
-        async with MCPToolClient(base_url=general_service.url, message_timeout_s=600) as env:
+        async with with_token(MCPToolClient)(base_url=general_service.url,
+                                             message_timeout_s=600) as env:
             await env.reset(task_id=task["task_id"])
             assert [t.name for t in await env.list_tools()] == ["shell", "finish", "tool"]
             stock = await env.step(CallToolAction(tool_name="finish", arguments={}))

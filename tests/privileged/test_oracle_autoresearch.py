@@ -25,6 +25,7 @@ from tests.support.services import ServiceProcess, clean_git_tree, free_port
 from test_autoresearch_episodes import (  # noqa: F401  (module fixtures)
     GRADER_USER, ensure_grader_user, research_image, settings_for)
 from test_autoresearch_service import check_clean
+from tools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -87,6 +88,7 @@ def configured(roots, helper, tmp: Path, references: bool = True) -> Path:
     lock = tmp / "requirements.lock"
     lock.write_text("numpy==2.4.6\nscikit-learn==1.9.1\n")
     deployment = {
+        "auth": deployment_auth(),
         "runtime_lock": str(lock), "state_root": str(tmp / "state"),
         "helper_socket": helper.socket, "executables": {"python": sys.executable},
         "environments": {"autoresearch": {

@@ -23,6 +23,7 @@ from general_fixtures import KEY, demo_for, helper_for
 from test_oracle_autoresearch import run_rollout
 from tests.support.fake_judge import FakeJudge
 from tools.judge_stub import anchor_verdict
+from tools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -53,6 +54,7 @@ def oracle_service(oracle_demo, oracle_helper, tmp_path_factory):
                     references=str(oracle_demo["out"]))
     (tmp / "requirements.lock").write_text("openai==3.57.0\n")
     deployment = {
+        "auth": deployment_auth(),
         "runtime_lock": str(tmp / "requirements.lock"), "state_root": str(tmp / "state"),
         "helper_socket": oracle_helper.socket, "executables": {"python": sys.executable},
         "environments": {"general": {

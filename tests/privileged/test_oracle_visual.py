@@ -31,6 +31,7 @@ from test_oracle_autoresearch import run_rollout
 from test_visual_episodes import (OWNER, assert_nothing_left, judge, judge_env,  # noqa: F401
                                   mirror_manifest, renderer_dir, visual_helper)
 from tools.judge_stub import MAX_SCORE
+from tools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow, pytest.mark.docker, needs_docker]
 
@@ -50,6 +51,7 @@ def oracle_config(tmp_path_factory, image_ref, renderer_dir, mirror_manifest,  #
                    references=tmp / "demo" / "reference")
     (tmp / "requirements.lock").write_text("falcon==4.4.0\n")
     deployment = {
+        "auth": deployment_auth(),
         "runtime_lock": str(tmp / "requirements.lock"), "state_root": str(tmp / "state"),
         "helper_socket": visual_helper.socket, "executables": {"python": sys.executable},
         "environments": {"visual": {
@@ -67,13 +69,14 @@ def oracle_config(tmp_path_factory, image_ref, renderer_dir, mirror_manifest,  #
 async def mcp_noop(url: str, task_id: str) -> tuple[dict, object]:
     """Finishing at once over MCP, by the mcp SDK's client at /mcp and by
     the stock openenv package's MCPToolClient (its MCP messages on /ws): 0."""
-    from mcp import Client as McpClient
+    from tests.support.token_clients import mcp_client as McpClient
     from openenv.core.env_server.mcp_types import CallToolAction
     from openenv.core.mcp_client import MCPToolClient
+    from tests.support.token_clients import with_token
     async with McpClient(f"{url}/mcp?task_id={task_id}", read_timeout_seconds=600) as client:
         assert [t.name for t in (await client.list_tools()).tools] == ["shell", "finish"]
         sdk = (await client.call_tool("finish", {})).structured_content
-    async with MCPToolClient(base_url=url, message_timeout_s=600) as env:
+    async with with_token(MCPToolClient)(base_url=url, message_timeout_s=600) as env:
         await env.reset(task_id=task_id)
         assert [t.name for t in await env.list_tools()] == ["shell", "finish"]
         stock = await env.step(CallToolAction(tool_name="finish", arguments={}))

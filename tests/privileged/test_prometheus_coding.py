@@ -24,6 +24,7 @@ from camg import task_manifest as manifest
 from camg_client import Client
 from tests.support.services import ServiceProcess, clean_git_tree, free_port
 from tools.harness.prometheus import PrometheusServer
+from tools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -47,6 +48,7 @@ def configure_coding(prepared: dict, helper_socket: str, tmp: Path) -> Path:
     lock = tmp / "requirements.lock"
     lock.write_text("swebench==4.1.0\n")
     deployment = {
+        "auth": deployment_auth(),
         "runtime_lock": str(lock), "state_root": str(tmp / "state"),
         "helper_socket": helper_socket, "executables": {"python": sys.executable},
         "environments": {"coding": {

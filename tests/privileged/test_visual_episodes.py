@@ -31,6 +31,7 @@ from tests.privileged.container_fixtures import image_ref, needs_docker  # noqa:
 from tests.support import container_image as ci
 from tests.support.services import ServiceProcess, clean_git_tree, free_port
 from tests.support.visual_judge import scripted_judge
+from tools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow, pytest.mark.docker, needs_docker]
 
@@ -84,6 +85,7 @@ def prepared(tmp_path_factory, image_ref, renderer_dir, mirror_manifest, visual_
     lock = tmp / "requirements.lock"
     lock.write_text("falcon==4.4.0\n")
     deployment = {
+        "auth": deployment_auth(),
         "runtime_lock": str(lock), "state_root": str(tmp / "state"),
         "helper_socket": visual_helper.socket, "executables": {"python": sys.executable},
         "environments": {"visual": {
@@ -240,9 +242,10 @@ def test_external_asset_crash_judge_failure_and_their_controls(service, prepared
 
 def test_stock_openenv_client_runs_an_episode(service, prepared):
     from openenv.core import GenericEnvClient
+    from tests.support.token_clients import with_token
 
     task_id = sorted(prepared[1])[2]
-    with GenericEnvClient(base_url=service.url, message_timeout_s=900).sync() as env:
+    with with_token(GenericEnvClient)(base_url=service.url, message_timeout_s=900).sync() as env:
         result = env.reset(task_id=task_id)
         assert result.done is False and "Request" in result.observation["output"]
         result = env.step(prepared[1][task_id][0])

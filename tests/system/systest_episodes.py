@@ -9,11 +9,14 @@ reset, a state and a close through both clients.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import time
 from pathlib import Path
 
 from openenv.core import GenericEnvClient
+from openenv.core import env_client as openenv_client
 
 from camg import plugins
 from camg_client import Client, ServiceError
@@ -82,10 +85,28 @@ GIVE_UP = {"coding": {"operation": "finish"}, "general": {"operation": "finish"}
            "visual": {"operation": "finish"}, "autoresearch": {"operation": "submit"}}
 
 
+def guest_token(root: Path) -> str:
+    """The token install.sh gave the guest's root (~/.config/camg/token)."""
+    return (root / "root/.config/camg/token").read_text().strip()
+
+
+@contextlib.contextmanager
+def openenv_headers(headers: dict):
+    """The pinned openenv-core client opens its WebSocket with no extra
+    headers; its connect call, given them (openenv 0.10 takes headers=)."""
+    stock = openenv_client.ws_connect
+    openenv_client.ws_connect = functools.partial(stock, additional_headers=headers)
+    try:
+        yield
+    finally:
+        openenv_client.ws_connect = stock
+
+
 def drive(env: str, root: Path) -> dict:
     """Both clients, one episode each; returns what happened, for the report."""
     report: dict = {}
-    client = Client(url(env), timeout=900)
+    token = guest_token(root)
+    client = Client(url(env), timeout=900, token=token)
     if env in ORACLES:
         eid, reward = ORACLES[env](client, root)
         assert reward == 1.0, f"{env}: the oracle earned {reward}"
@@ -94,7 +115,8 @@ def drive(env: str, root: Path) -> dict:
         created = client.create()
         report["camg_client_reset"] = created["episode_id"]
         client.close(created["episode_id"])
-    with GenericEnvClient(base_url=url(env), message_timeout_s=900).sync() as openenv:
+    with openenv_headers({"Authorization": f"Bearer {token}"}), \
+            GenericEnvClient(base_url=url(env), message_timeout_s=900).sync() as openenv:
         result = openenv.reset()
         assert result.done is False
         state = openenv.state()

@@ -12,12 +12,18 @@ from systest_machine import Machine
 
 # Runs inside the guest with Debian's python3: the trainer's side of the
 # loopback, standard library only.
+# The token is the one install.sh gave root, where camg_client looks too.
 _HTTP = r"""
-import json, sys, urllib.request, urllib.error
+import json, os, sys, urllib.request, urllib.error
 method, url, body = sys.argv[1], sys.argv[2], sys.argv[3]
 data = body.encode() if body else None
-req = urllib.request.Request(url, data=data, method=method,
-                             headers={"Content-Type": "application/json"})
+headers = {"Content-Type": "application/json"}
+try:
+    with open(os.path.expanduser("~/.config/camg/token")) as handle:
+        headers["Authorization"] = "Bearer " + handle.read().strip()
+except FileNotFoundError:
+    pass
+req = urllib.request.Request(url, data=data, method=method, headers=headers)
 try:
     with urllib.request.urlopen(req, timeout=float(sys.argv[4])) as resp:
         status, text = resp.status, resp.read().decode()

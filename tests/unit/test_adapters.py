@@ -28,6 +28,7 @@ from tests.support.chat_model import ScriptedModel, crash, noop, oracle, per_tas
 from tests.support.framework_venvs import framework_venv
 from tests.support.services import (REPO, ServiceProcess, clean_git_tree, configure_counter,
                                     free_port)
+from tools.harness.auth import deployment_auth
 
 LOOPS = REPO / "tests" / "support" / "adapter_loops"
 # the counter's tasks (tests/support/services.py counter_tasks), manifest order first
@@ -75,6 +76,7 @@ def configure_shop(tmp: Path) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "requirements.lock").write_text("pyserini==0.24.0\n")
     deployment = {
+        "auth": deployment_auth(),
         "runtime_lock": str(tmp / "requirements.lock"), "state_root": str(tmp / "state"),
         "helper_socket": str(tmp / "helper.sock"), "executables": {},
         "environments": {"shop": {

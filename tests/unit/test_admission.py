@@ -17,6 +17,7 @@ from camg.outcomes import OutcomeLog
 from camg.service_config import Limits
 from camg_client import AtCapacity as ClientAtCapacity, Client, ServiceError
 from tests.support.polling import until
+from tools.harness.auth import session_token
 from tools.harness.counter_env import CounterEnvironment
 
 
@@ -225,8 +226,10 @@ def test_a_queued_client_that_hangs_up_leaves_the_line_at_once(counter_service):
     host, port = svc.url.removeprefix("http://").split(":")
     body = b'{"wait_s": 60}'
     sock = socket.create_connection((host, int(port)), timeout=10)
+    token = session_token().encode()
     sock.sendall(b"POST /episodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                 b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s"
+                 % (token, len(body), body))
     deadline = time.monotonic() + 10
     while client.metadata()["admission"]["queued"] != 1:
         assert time.monotonic() < deadline

@@ -38,7 +38,11 @@ def test_outputs_preserve_ids_order_and_sampling(tmp_path):
     assert config["executables"]["python"]["path"] == str(Path(sys.executable).resolve())
     routes = json.loads((prepared / "routes.json").read_text())
     assert routes == {"counter": f"http://127.0.0.1:{config['port']}"}
-    assert check_config(config_path).returncode == 0
+    checked = check_config(config_path)
+    assert checked.returncode == 0
+    # authentication is on unless a deployment says otherwise, and the check says so
+    assert config["auth"]["required"] is True
+    assert "authentication on: 1 trainer(s)" in checked.stdout
 
 
 def test_product_ports(tmp_path):

@@ -20,6 +20,7 @@ from camg.outcomes import OutcomeLog
 from camg_client import AsyncClient, Client
 from camg_client import client as client_mod
 from tests.support.services import ServiceProcess, configure_counter, counter_tasks
+from tools.harness.auth import headers as auth_headers
 
 # counter_tasks(): task-04 is the first listed, target 7; task-03 target 14
 TASKS = counter_tasks() + [
@@ -47,7 +48,8 @@ def post(url: str, path: str, body: bytes) -> tuple[int, dict, dict]:
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", path, body=body,
+                     headers={"Content-Type": "application/json", **auth_headers()})
         response = conn.getresponse()
         return response.status, dict(response.getheaders()), json.loads(response.read() or b"null")
     finally:

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from camg import http_wire as wire
 from camg_client import Client, ServiceError
+from tools.harness.auth import headers as auth_headers
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
@@ -79,7 +80,8 @@ def test_fuzz_raw_bodies(shared_counter_service, raw):
         # Raw bytes the Client would never send, so through http.client.
         conn = http.client.HTTPConnection(client.host, client.port, timeout=30)
         try:
-            conn.request("POST", path, body=raw, headers={"Content-Type": "application/json"})
+            conn.request("POST", path, body=raw,
+                         headers={"Content-Type": "application/json", **auth_headers()})
             response = conn.getresponse()
             conn_status, data = response.status, response.read()
         finally:
@@ -113,7 +115,8 @@ def _raw_post(url: str, path: str, raw: bytes, headers: dict | None = None):
     conn = http.client.HTTPConnection(client.host, client.port, timeout=30)
     try:
         conn.request("POST", path, body=raw,
-                     headers={"Content-Type": "application/json", **(headers or {})})
+                     headers={"Content-Type": "application/json", **auth_headers(),
+                              **(headers or {})})
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -179,8 +182,8 @@ def test_deep_nesting_on_mcp_and_websocket(shared_counter_service):
         assert reply["error"]["code"] == -32600 and "nests deeper" in reply["error"]["message"]
 
     async def over_ws():
-        async with websockets.connect(url.replace("http", "ws") + "/ws",
-                                      max_size=None) as ws:
+        async with websockets.connect(url.replace("http", "ws") + "/ws", max_size=None,
+                                      additional_headers=auth_headers()) as ws:
             for message in ('{"type":"step","data":{"x":%s}}' % nested,
                             '{"type":"mcp","data":{"jsonrpc":"2.0","id":1,'
                             '"method":"tools/list","params":{"x":%s}}}' % nested):

@@ -20,6 +20,7 @@ from daemons.general.schemas import ACTION_SCHEMA, allowed_action
 from daemons.general.settings import Settings
 from tests.support.fake_judge import FakeJudge, Reply
 from tools.judge_stub import count_usage
+from tools.harness.auth import deployment_auth
 
 ROWS = str(Path(__file__).resolve().parents[1] / "support" / "mimo_rows" / "example_rows_nemo_gym.jsonl")
 
@@ -184,6 +185,7 @@ def test_check_config_cli_refuses_without_judge_variables(tmp_path, monkeypatch)
     lock = tmp_path / "requirements.lock"
     lock.write_text("openai==3.57.0\n")
     (tmp_path / "deployment.json").write_text(json.dumps({
+        "auth": deployment_auth(),
         "runtime_lock": str(lock), "state_root": str(tmp_path / "state"),
         "environments": {"general": {"manifest": str(tmp_path / "out" / "manifest.json")}}}))
     planted = {"GA_JUDGE_URL": "http://judge.example:8000/v1", "GA_JUDGE_MODEL": "planted-model",

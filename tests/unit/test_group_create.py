@@ -18,6 +18,7 @@ from camg import http_wire as wire
 from camg_client import AsyncClient, Client
 from camg_client import client as client_mod
 from tests.support.services import ServiceProcess, configure_counter, counter_tasks
+from tools.harness.auth import headers as auth_headers
 
 # counter_tasks(): task-03's target is 14
 TASKS = counter_tasks() + [
@@ -41,7 +42,8 @@ def post(url: str, path: str, body: bytes) -> tuple[int, dict, dict]:
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", path, body=body,
+                     headers={"Content-Type": "application/json", **auth_headers()})
         response = conn.getresponse()
         return response.status, dict(response.getheaders()), json.loads(response.read() or b"null")
     finally:
@@ -172,7 +174,7 @@ def test_a_trainer_that_hangs_up_while_its_group_gathers_leaves_no_slot_held(svc
     try:
         conn.request("POST", "/episodes", body=json.dumps(
             {"task_id": "task-03", "group": 4, "wait_s": 60}),
-            headers={"Content-Type": "application/json"})
+            headers={"Content-Type": "application/json", **auth_headers()})
         wait_for(lambda: client.list()["active"] == CAPACITY)
         conn.close()  # the trainer is gone
         wait_for(lambda: client.list()["active"] == CAPACITY - 2)
@@ -257,7 +259,7 @@ def test_the_one_episode_ways_in_refuse_a_group(svc):
             "jsonrpc": "2.0", "id": 1, "method": "openenv/session/create",
             "params": {"task_id": "task-03", "group": 2}}),
             headers={"content-type": "application/json",
-                     "accept": "application/json, text/event-stream"})
+                     "accept": "application/json, text/event-stream", **auth_headers()})
         error = json.loads(conn.getresponse().read())["error"]
     finally:
         conn.close()
@@ -288,7 +290,7 @@ def http_get(url: str, path: str) -> bytes:
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        conn.request("GET", path)
+        conn.request("GET", path, headers=auth_headers())
         return conn.getresponse().read()
     finally:
         conn.close()

@@ -43,6 +43,24 @@ def test_bad_frames(payload, name):
         assert info.value.name == name
 
 
+@pytest.mark.parametrize("depth", [wire.MAX_FRAME_DEPTH + 1, 990, 100_000])
+def test_a_frame_nested_too_deep_is_refused_before_json_recurses(depth):
+    body = b'{"verb":"x","params":' + b"[" * depth + b"]" * depth + b"}"
+    for read in (wire.read_frame, lambda sock, n: wire.read_frame_with_fd(sock, n)[:2]):
+        a, b = socket.socketpair()
+        with a, b:
+            a.sendall(struct.pack(">II", len(body), 0) + body)
+            with pytest.raises(wire.FrameError, match="deeper than") as info:
+                read(b, 100)
+            assert info.value.name == "bad_request"
+    # as deep as allowed still reads
+    ok = b"[" * (wire.MAX_FRAME_DEPTH - 2) + b"]" * (wire.MAX_FRAME_DEPTH - 2)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(wire.encode({"verb": "x", "params": json.loads(b'{"k":' + ok + b"}")}))
+        assert wire.read_frame(b, 100)[0]["verb"] == "x"
+
+
 def test_torn_frame_is_eof():
     a, b = socket.socketpair()
     with b:

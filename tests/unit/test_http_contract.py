@@ -7,6 +7,7 @@ import time
 import pytest
 
 from camg_client import Client, ServiceError
+from tools.harness.auth import headers as auth_headers
 
 
 @pytest.fixture
@@ -17,7 +18,7 @@ def svc(shared_counter_service):
 def raw_request(url: str, data: bytes, method="POST", path="/episodes", headers=None) -> tuple[int, dict]:
     host, port = url.removeprefix("http://").split(":")
     head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n"
-    for key, value in (headers or {}).items():
+    for key, value in {**auth_headers(), **(headers or {})}.items():
         head += f"{key}: {value}\r\n"
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(head.encode() + b"Connection: close\r\n\r\n" + data)
@@ -224,8 +225,9 @@ def test_disconnect_mid_step_loses_nothing(svc):
     body = json.dumps({"action": {"operation": "sleep", "seconds": 0.5}, "request_id": "slow"}).encode()
     host, port = svc.url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)))
+    token = auth_headers()["Authorization"]
     sock.sendall(f"POST /episodes/{eid}/step HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
-                 f"\r\n\r\n".encode() + body)
+                 f"\r\nAuthorization: {token}\r\n\r\n".encode() + body)
     sock.close()  # hang up before the answer
     time.sleep(1.0)
     replay = client.step(eid, {"operation": "sleep", "seconds": 0.5}, request_id="slow")

@@ -20,6 +20,7 @@ import websockets
 from camg import http_worker, serve
 from camg.errors import ConfigError
 from camg_client import Client, InvalidAction
+from tools.harness.auth import headers as auth_headers
 from tools.harness.services import REPO, ServiceProcess, configure_counter
 
 GUESS = {"operation": "guess", "value": -1}
@@ -60,7 +61,8 @@ def test_serve_refuses_an_unknown_worker_before_serving(tmp_path):
 
 async def _ws_episode(url: str) -> list[dict]:
     replies = []
-    async with websockets.connect(url.replace("http", "ws") + "/ws") as ws:
+    async with websockets.connect(url.replace("http", "ws") + "/ws",
+                                  additional_headers=auth_headers()) as ws:
         for message in ({"type": "reset", "data": {"episode_id": "w-1"}},
                         {"type": "step", "data": GUESS}, {"type": "state"}):
             await ws.send(json.dumps(message))

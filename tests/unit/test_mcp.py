@@ -15,15 +15,18 @@ import urllib.request
 
 import pytest
 import websockets
-from mcp import Client as McpClient
 from mcp.shared.exceptions import MCPError
 from openenv.core.env_server.mcp_types import CallToolAction
-from openenv.core.mcp_client import MCPToolClient
+from openenv.core.mcp_client import MCPToolClient as StockMCPToolClient
 
 from camg_client import Client
 from tests.support.services import counter_tasks
+from tests.support.token_clients import mcp_client as McpClient, with_token
+from tools.harness.auth import deployment_auth, headers as auth_headers
 
 # counter_tasks(): task-04's number is 7 (the oracle's guess)
+# the stock openenv-core client, with the session's token (it takes no headers)
+MCPToolClient = with_token(StockMCPToolClient)
 ORACLE_TASK, ORACLE_GUESS = "task-04", 7
 
 
@@ -65,7 +68,7 @@ def post(url: str, body, headers: dict | None = None) -> tuple[int, dict]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                      headers={"content-type": "application/json",
                                               "accept": "application/json, text/event-stream",
-                                              **(headers or {})})
+                                              **auth_headers(), **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -154,7 +157,8 @@ def test_openenv_mcp_messages_on_ws(counter_service):
     svc = counter_service()
 
     async def scenario():
-        async with websockets.connect(svc.url.replace("http", "ws") + "/ws") as ws:
+        async with websockets.connect(svc.url.replace("http", "ws") + "/ws",
+                                      additional_headers=auth_headers()) as ws:
             async def rpc(data):
                 await ws.send(json.dumps({"type": "mcp", "data": data}))
                 reply = json.loads(await ws.recv())
@@ -243,13 +247,11 @@ def test_session_end_closes_the_episode_and_frees_capacity(counter_service):
 def test_an_abandoned_session_ends_with_its_lease(counter_service):
     """A client gone without DELETE: the episode's lease (the SDK session's
     idle timeout too) ends it, masked as a timeout."""
-    from mcp.client.streamable_http import streamable_http_client
     svc = counter_service(limits={"idle_ttl_s": 1})
 
     async def scenario():
-        transport = streamable_http_client(f"{svc.url}/mcp?task_id={ORACLE_TASK}",
-                                           terminate_on_close=False)
-        async with McpClient(transport) as client:
+        async with McpClient(f"{svc.url}/mcp?task_id={ORACLE_TASK}",
+                             terminate_on_close=False) as client:
             await client.call_tool("guess", {"value": 1})
     asyncio.run(scenario())
     [record] = wait_for(svc.outcomes, 15)
@@ -329,7 +331,8 @@ def test_bad_tool_calls_and_bad_requests_are_typed_errors(counter_service):
                               "params": {"name": "finish"}}, {"mcp-protocol-version": "2026-07-28"})
     assert status == 400 and body["error"]["code"] == -32022
     request = urllib.request.Request(url, data=b"{nope", method="POST",
-                                     headers={"content-type": "application/json"})
+                                     headers={"content-type": "application/json",
+                                              **auth_headers()})
     with pytest.raises(urllib.error.HTTPError) as parse:
         urllib.request.urlopen(request, timeout=10)
     assert parse.value.code == 400 and json.loads(parse.value.read())["error"]["code"] == -32700
@@ -342,12 +345,12 @@ def test_bad_tool_calls_and_bad_requests_are_typed_errors(counter_service):
     # no standalone event stream (it would hold a graceful stop open)
     with pytest.raises(urllib.error.HTTPError) as stream:
         urllib.request.urlopen(urllib.request.Request(
-            url, headers={"accept": "text/event-stream"}), timeout=10)
+            url, headers={"accept": "text/event-stream", **auth_headers()}), timeout=10)
     assert stream.value.code == 405
     # a foreign Host (DNS rebinding) is refused before any session
     request = urllib.request.Request(url, data=b"{}", method="POST",
                                      headers={"content-type": "application/json",
-                                              "host": "evil.example:80"})
+                                              "host": "evil.example:80", **auth_headers()})
     with pytest.raises(urllib.error.HTTPError) as foreign:
         urllib.request.urlopen(request, timeout=10)
     assert foreign.value.code in (400, 403, 421)
@@ -444,6 +447,7 @@ def configure_tooly(tmp):
         "tooly", [{"task_id": "t-1", "data": {"ids": {"ada": 42, "bob": 7}}}],
         created_by="tests", sampling={"mode": "sequential", "seed": 0}, files={}))
     (tmp / "deployment.json").write_text(json.dumps({
+        "auth": deployment_auth(),
         "runtime_lock": str(tmp / "requirements.lock"), "state_root": str(tmp / "state"),
         "helper_socket": str(tmp / "helper.sock"), "executables": {"python": sys.executable},
         "environments": {"tooly": {"manifest": "manifest.json", "port": free_port(),

@@ -9,11 +9,13 @@ import websockets
 from openenv.core import GenericEnvClient
 
 from camg_client import Client
+from tests.support.token_clients import with_token
+from tools.harness.auth import headers as auth_headers
 
 
 def test_stock_openenv_client_runs_a_whole_episode(counter_service):
     svc = counter_service()
-    with GenericEnvClient(base_url=svc.url).sync() as env:
+    with with_token(GenericEnvClient)(base_url=svc.url).sync() as env:
         result = env.reset(task_id="task-04")
         assert result.done is False
         assert "Guess" in result.observation["text"]
@@ -34,7 +36,8 @@ def test_websocket_errors_and_disconnect_close_the_episode(counter_service):
     svc = counter_service()
 
     async def scenario():
-        async with websockets.connect(svc.url.replace("http", "ws") + "/ws") as ws:
+        async with websockets.connect(svc.url.replace("http", "ws") + "/ws",
+                                      additional_headers=auth_headers()) as ws:
             for message, code in [("{bad", "INVALID_JSON"), (json.dumps({"type": "fly"}), "UNKNOWN_TYPE"),
                                   (json.dumps({"type": "step", "data": {"operation": "guess"}}),
                                    "EXECUTION_ERROR"),
@@ -84,6 +87,7 @@ def test_http_reset_step_state_follow_openenv_messages(counter_service):
 
     svc = counter_service()
     http = requests.Session()
+    http.headers.update(auth_headers())
     reset = http.post(svc.url + "/reset", json={"task_id": "task-04", "seed": 3})
     # ResetResponse / StepResponse are extra="forbid" upstream: exactly three keys
     assert reset.status_code == 200 and reset.json().keys() == {"observation", "reward", "done"}
@@ -97,8 +101,10 @@ def test_http_reset_step_state_follow_openenv_messages(counter_service):
     assert state["status"] == "done" and state["episode_id"] == eid and state["step_count"] == 1
     assert http.get(svc.url + "/state").json()["episode_id"] == eid
     # a client without the cookie addresses the episode by id, or has none
-    assert requests.get(svc.url + "/state").json() == {"episode_id": None, "step_count": 0}
-    assert requests.get(svc.url + f"/state?episode_id={eid}").json()["episode_id"] == eid
+    assert requests.get(svc.url + "/state", headers=auth_headers()).json() == \
+        {"episode_id": None, "step_count": 0}
+    assert requests.get(svc.url + f"/state?episode_id={eid}",
+                        headers=auth_headers()).json()["episode_id"] == eid
     missing = http.post(svc.url + "/step", json={"action": {"operation": "guess", "value": 1},
                                                   "episode_id": "missing"})
     assert missing.status_code == 404 and missing.json()["error"] == "episode_not_found"
@@ -121,6 +127,8 @@ def test_two_http_clients_never_close_each_others_episodes(counter_service):
 
     svc = counter_service()
     first, second = requests.Session(), requests.Session()
+    first.headers.update(auth_headers())
+    second.headers.update(auth_headers())
     a = first.post(svc.url + "/reset", json={"task_id": "task-04"})
     assert a.status_code == 200, a.text
     b = second.post(svc.url + "/reset", json={"task_id": "task-03"})
@@ -135,7 +143,8 @@ def test_two_http_clients_never_close_each_others_episodes(counter_service):
     assert state_b["task_id"] == "task-03" and state_b["step_count"] == 0
     assert state_a["episode_id"] != state_b["episode_id"]
     # a third client that never reset has no episode to step
-    stranger = requests.post(svc.url + "/step", json={"action": {"operation": "guess", "value": 7}})
+    stranger = requests.post(svc.url + "/step", json={"action": {"operation": "guess", "value": 7}},
+                             headers=auth_headers())
     assert stranger.status_code in (400, 404, 409, 422)
     step_a = first.post(svc.url + "/step", json={"action": {"operation": "guess", "value": 7}})
     assert step_a.json()["done"] is True and step_a.json()["reward"] == 1.0

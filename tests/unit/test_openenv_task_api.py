@@ -19,6 +19,7 @@ from camg.errors import ConfigError
 from camg.openenv_tasks import TaskSplits
 from tests.support.framework_venvs import framework_venv
 from tests.support.services import REPO, ServiceProcess, configure_counter
+from tools.harness.auth import headers as auth_headers
 
 LOOP = REPO / "tests" / "support" / "adapter_loops" / "openenv_task_api.py"
 # Manifest order, not sorted; splits in the order they first appear, and a
@@ -40,7 +41,8 @@ def split_service(tmp_path_factory):
 def call(url: str, path: str, body: dict | None = None) -> tuple[int, object]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url + path, data=data,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              **auth_headers()})
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
             return resp.status, json.loads(resp.read())

@@ -23,6 +23,7 @@ import pytest
 from camg import plugins
 from camg.errors import ConfigError
 from tests.support.services import REPO, ServiceProcess, clean_git_tree, free_port
+from tools.harness.auth import deployment_auth
 
 TOY_PORT = 65000 + (os.getpid() % 400)
 
@@ -209,6 +210,7 @@ def test_a_toy_package_serves(toy_path, tmp_path):
     lock.write_text("falcon==4.4.0\n")
     port = free_port()
     deployment = {"runtime_lock": str(lock), "state_root": str(tmp_path / "state"),
+                  "auth": deployment_auth(),
                   "environments": {"toy": {"manifest": str(manifest_path), "port": port}}}
     (tmp_path / "deployment.json").write_text(json.dumps(deployment))
     src = clean_git_tree(tmp_path / "src")

@@ -103,13 +103,15 @@ def test_stock_openenv_client_runs_a_whole_shop_episode(services):
     action {"action": "search[...]"} (was taken for a wrapper and refused)."""
     from openenv.core import GenericEnvClient
 
+    from tests.support.token_clients import with_token
+
     service = services[0]
     manifest = json.loads((testing.prepared()[0] / "manifest.json").read_text())
     task = manifest["tasks"][7]
     goal = task["data"]["goal"]
     products = ProductStore(testing.prepared()[1]["product_pool"])
     title = products[goal["asin"]]["Title"].replace("[", " ").replace("]", " ")
-    with GenericEnvClient(base_url=service.url).sync() as env:
+    with with_token(GenericEnvClient)(base_url=service.url).sync() as env:
         result = env.reset(task_id=task["task_id"])
         assert result.done is False and result.observation["page"] == "search"
         result = env.step({"action": f"search[{title}]"})
@@ -134,7 +136,11 @@ def test_openenv_http_routes_drive_a_shop_episode_per_client(services):
     import requests
 
     url = services[0].url
+    from tools.harness.auth import headers
+
     first, second = requests.Session(), requests.Session()
+    first.headers.update(headers())
+    second.headers.update(headers())
     a = first.post(url + "/reset", json={"seed": 5})
     b = second.post(url + "/reset", json={"seed": 6})
     assert a.status_code == b.status_code == 200

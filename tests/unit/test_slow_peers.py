@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from camg.metrics import HelperMetrics, ScrapeServer
 from camg.service_config import Limits
 from camg_client import Client
+from tools.harness.auth import headers as auth_headers, session_token
 from tools.harness.services import free_port
 
 HEADER_S, BODY_S = 1.0, 1.5
@@ -36,6 +37,12 @@ def svc(tmp_path_factory):
         limits={"header_timeout_s": HEADER_S, "body_timeout_s": BODY_S,
                 "max_connections": 64, "action_timeout_s": 30}, capacity=8)
     _stop_all(started)
+
+
+def _auth() -> bytes:
+    """The token's header line: without it the gate answers 401 at the head,
+    before the body deadlines these requests are about."""
+    return b"Authorization: Bearer %s\r\n" % session_token().encode()
 
 
 def _connect(url: str) -> socket.socket:
@@ -92,8 +99,9 @@ def test_a_slow_body_is_closed_and_changes_nothing(svc, route):
     before = len(client.list()["episodes"])
     body = json.dumps({"action": {"operation": "guess", "value": 1}}).encode()
     sock = _connect(svc.url)
-    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body[:10]))
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s"
+                 b"Content-Length: %d\r\n\r\n%s" % (path.encode(), _auth(), len(body),
+                                                      body[:10]))
     got, took = _until_closed(sock)
     sock.close()
     assert b"200 OK" not in got and b"201 Created" not in got, got[:200]
@@ -129,7 +137,8 @@ def test_answering_and_websockets_have_no_read_deadline(svc):
     client.close(eid)
 
     async def idle_websocket():
-        async with websockets.connect(svc.url.replace("http", "ws") + "/ws") as ws:
+        async with websockets.connect(svc.url.replace("http", "ws") + "/ws",
+                                      additional_headers=auth_headers()) as ws:
             await asyncio.sleep(HEADER_S + BODY_S + 0.5)
             await ws.send(json.dumps({"type": "reset", "data": {}}))
             assert json.loads(await ws.recv())["type"] == "observation"
@@ -171,7 +180,8 @@ def _raw_post(url: str, path: str, raw: bytes):
     client = Client(url)
     conn = http.client.HTTPConnection(client.host, client.port, timeout=30)
     try:
-        conn.request("POST", path, body=raw, headers={"Content-Type": "application/json"})
+        conn.request("POST", path, body=raw,
+                     headers={"Content-Type": "application/json", **auth_headers()})
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -188,7 +198,7 @@ def test_slow_or_idle_peers_never_fill_the_connection_table(svc, stalls):
         idle.append(_connect(svc.url))
         if stalls == "body":
             idle[-1].sendall(b"POST /episodes HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
-                             b"\r\n{")
+                             + _auth() + b"\r\n{")
         elif stalls == "kept-alive":
             idle[-1].sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             assert idle[-1].recv(65536).startswith(b"HTTP/1.1 200 ")
@@ -242,8 +252,8 @@ def test_fuzz_requests_cut_anywhere_are_dropped_and_change_nothing(svc, route, c
     before = len(client.list()["episodes"])
     body = json.dumps({"action": {"operation": "guess", "value": 1}}).encode()
     request = (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n%s" % (route.format(eid=eid).encode(),
-                                                    len(body) + len(junk), body + junk))
+               b"%sContent-Length: %d\r\n\r\n%s" % (route.format(eid=eid).encode(), _auth(),
+                                                      len(body) + len(junk), body + junk))
     head = request.index(b"\r\n\r\n") + 4
     sent = request[:int(cut * len(request))]
     sock = _connect(svc.url)

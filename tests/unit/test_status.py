@@ -16,9 +16,10 @@ class _Fake(http.server.BaseHTTPRequestHandler):
     config_hash = "a" * 64
 
     def do_GET(self):  # noqa: N802 - http.server's name
+        # /health carries what camg status reads (/metadata needs a token)
         body = {"/health": {"status": "healthy", "reasons": [],
-                            "episodes": {"active": 1, "capacity": 4, "finished": 0}},
-                "/metadata": {"config_hash": self.config_hash}}.get(self.path)
+                            "episodes": {"active": 1, "capacity": 4, "finished": 0},
+                            "config_hash": self.config_hash, "auth": "tokens"}}.get(self.path)
         data = json.dumps(body).encode()
         self.send_response(200 if body else 404)
         self.send_header("Content-Length", str(len(data)))

@@ -14,8 +14,14 @@ import time
 import pytest
 
 from camg_client import Client
+from tools.harness.auth import session_token
 
 ACTION = {"operation": "guess", "value": 0}
+
+
+def auth_line() -> str:
+    """The session token's header line, for the raw requests."""
+    return f"Authorization: Bearer {session_token()}\r\n"
 
 
 @pytest.fixture
@@ -26,7 +32,7 @@ def svc(shared_counter_service):
 def exchange(url: str, path: str, body: bytes, extra: str = "") -> tuple[int, dict, bytes]:
     host, port = url.removeprefix("http://").split(":")
     head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"{extra}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+            f"{auth_line()}{extra}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(head.encode() + body)
         chunks = []
@@ -133,7 +139,8 @@ def test_other_forms_of_the_route_still_reach_falcon(svc):
     host, port = svc.url.removeprefix("http://").split(":")
     body = json.dumps({"action": ACTION}).encode()
     chunked = (f"POST /episodes/{eid}/step HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-               f"Connection: close\r\n\r\n{len(body):x}\r\n").encode() + body + b"\r\n0\r\n\r\n"
+               f"{auth_line()}Connection: close\r\n\r\n{len(body):x}\r\n").encode() + body \
+        + b"\r\n0\r\n\r\n"
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(chunked)
         reply = b""
@@ -143,7 +150,8 @@ def test_other_forms_of_the_route_still_reach_falcon(svc):
     status, headers, _ = exchange(svc.url, f"/episodes/{eid}/step", body, "Expect: 100-continue\r\n")
     assert status == 200
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(f"GET /episodes/{eid}/step HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(f"GET /episodes/{eid}/step HTTP/1.1\r\nHost: x\r\n{auth_line()}"
+                     f"Connection: close\r\n\r\n".encode())
         reply = b""
         while chunk := sock.recv(65536):
             reply += chunk

@@ -18,6 +18,7 @@ from camg.configure import configure
 from camg_client import Client
 from tests.support.services import (COUNTER_FACTORY, clean_git_tree, counter_tasks,
                                     free_port)
+from tools.harness.auth import deployment_auth, headers as auth_headers
 
 SHA = "sha256:" + "0" * 64
 
@@ -36,6 +37,7 @@ def in_process(tmp: Path, environment: str, tasks: list[dict], *, factory: str |
     if factory:
         entry["factory"] = factory
     (tmp / "deployment.json").write_text(json.dumps({
+        "auth": deployment_auth(),
         "runtime_lock": "requirements.lock", "state_root": str(tmp / "state"),
         "helper_socket": str(tmp / "helper.sock"), "executables": {},
         "environments": {environment: entry}}))
@@ -54,6 +56,8 @@ class InProcess:
         self.conductor = testing.ASGIConductor(app)
 
     def simulate_get(self, path: str, **kwargs):
+        # the app is behind the token gate, as served
+        kwargs["headers"] = {**auth_headers(), **(kwargs.get("headers") or {})}
         return asyncio.run(self.conductor.simulate_get(path, **kwargs))
 
 

@@ -31,6 +31,7 @@ from daemons.visual.settings import Settings
 from tests.support.fake_judge import Reply
 from tools.judge_stub import count_usage
 from tests.support.visual_judge import scripted_judge
+from tools.harness.auth import deployment_auth
 
 FULL = {k: 0.5 for k in rubric.KEYS}
 
@@ -306,6 +307,7 @@ def test_check_config_cli_refuses_without_judge_variables(tmp_path, monkeypatch,
                    image="r/x@sha256:" + "0" * 64)
     (tmp_path / "requirements.lock").write_text("openai==3.57.0\n")
     (tmp_path / "deployment.json").write_text(json.dumps({
+        "auth": deployment_auth(),
         "runtime_lock": str(tmp_path / "requirements.lock"), "state_root": str(tmp_path / "state"),
         "environments": {"visual": {"manifest": str(tmp_path / "manifest.json")}}}))
     planted = "sk-planted-visual-4242"

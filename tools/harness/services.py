@@ -15,6 +15,7 @@ from pathlib import Path
 from camg import task_manifest as manifest
 from camg.configure import configure
 from camg_client import Client
+from tools.harness.auth import deployment_auth
 
 REPO = Path(__file__).resolve().parents[2]
 COUNTER_FACTORY = "tools.harness.counter_env:CounterEnvironment"
@@ -45,8 +46,10 @@ def counter_tasks(n: int = 5) -> list[dict]:
 
 def configure_counter(tmp: Path, *, tasks: list[dict] | None = None, capacity: int = 4,
                       limits: dict | None = None, settings: dict | None = None,
-                      sampling: dict | None = None, references: bool = False) -> Path:
-    """Write manifest + deployment and run camg.configure; return the config path."""
+                      sampling: dict | None = None, references: bool = False,
+                      auth: dict | None = None) -> Path:
+    """Write manifest + deployment and run camg.configure; return the config
+    path. ``auth``: the deployment's auth entry (default: the test session's)."""
     tmp.mkdir(parents=True, exist_ok=True)
     lock = tmp / "requirements.lock"
     lock.write_text("falcon==4.4.0\n")
@@ -55,6 +58,7 @@ def configure_counter(tmp: Path, *, tasks: list[dict] | None = None, capacity: i
     manifest.write(tmp / "counter-manifest.json", body)
     deployment = {
         "runtime_lock": str(lock),
+        "auth": auth if auth is not None else deployment_auth(),
         "state_root": str(tmp / "state"),
         "helper_socket": str(tmp / "helper.sock"),
         "executables": {"python": sys.executable},

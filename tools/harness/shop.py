@@ -22,6 +22,7 @@ from camg.errors import ConfigError
 from camg.hashing import sha256_bytes
 
 from daemons.shop import catalog, goals, javahome, store
+from tools.harness.auth import deployment_auth
 
 DEBIAN_JDK = "/usr/lib/jvm/java-17-openjdk-amd64"
 REPO = Path(__file__).resolve().parents[2]
@@ -121,6 +122,7 @@ def configure_service(tmp: Path, *, jvm_heap_mb: int = 512, capacity: int = 4,
     (tmp / "requirements.lock").write_text("pyserini==0.24.0\n")
     deployment = {
         "runtime_lock": str(tmp / "requirements.lock"),
+        "auth": deployment_auth(),
         "state_root": str(tmp / "state"),
         "helper_socket": str(tmp / "helper.sock"),
         "executables": {},

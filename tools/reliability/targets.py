@@ -21,6 +21,7 @@ from camg import task_manifest as manifest, plugins
 from camg.errors import ConfigError
 from tools.reliability import rigged
 from tools.reliability.rig import CACHE, minbase
+from tools.harness.auth import deployment_auth
 
 SANDBOX_FACTORY = "tools.reliability.sandbox_env:SandboxEnvironment"
 #: General's load: every episode is a container running the MiMo transport
@@ -94,7 +95,7 @@ def configure(target: Target, work: Path, prepared: tuple[Path, dict, str | None
         env["factory"] = factory
     deployment = {"runtime_lock": str(work / "requirements.lock"),
                   "state_root": str(work / "state"), "helper_socket": socket,
-                  "executables": {"python": sys.executable},
+                  "executables": {"python": sys.executable}, "auth": deployment_auth(),
                   "environments": {target.name: env}}
     (work / "deployment.json").write_text(json.dumps(deployment))
     run_configure(work / "deployment.json", work / "prepared",

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from camg_client import token as tokens
 from camg_client.transport import Connection
 
 
@@ -58,6 +59,11 @@ class BadRequest(ServiceError):
 
 class InvalidAction(BadRequest):
     """invalid_action: the action does not fit /schema; nothing changed."""
+
+
+class Unauthorized(ServiceError):
+    """unauthorized (401): no token, or one the service does not know
+    (see camg_client.token for where a client finds its token)."""
 
 
 class PermissionDenied(ServiceError):
@@ -119,7 +125,7 @@ class ServerError(ServiceError):
 #: it raises here; tests/unit/test_client_errors.py fails on a name missing.
 ERROR_CLASSES: dict[str, type[ServiceError]] = {
     "bad_request": BadRequest, "payload_too_large": BadRequest, "invalid_action": InvalidAction,
-    "permission_denied": PermissionDenied,
+    "permission_denied": PermissionDenied, "unauthorized": Unauthorized,
     "not_found": NotFound, "episode_not_found": NotFound, "task_not_found": NotFound,
     "conflict": Conflict, "episode_exists": EpisodeExists, "episode_busy": EpisodeBusy,
     "episode_done": EpisodeDone, "episode_running": EpisodeRunning,
@@ -188,12 +194,15 @@ def _with_wait(body: dict, deadline: float) -> dict:
 
 
 class Client:
-    def __init__(self, base_url: str, timeout: float = 3600.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 3600.0,
+                 token: str | None = None) -> None:
+        """``token``: the trainer's (default: camg_client.token's search)."""
         url = urllib.parse.urlsplit(base_url)
         if url.scheme != "http" or not url.hostname:
             raise ValueError(f"expected http://host:port, got {base_url!r}")
         self.host, self.port = url.hostname, url.port or 80
         self.timeout = timeout
+        self.headers = tokens.header(tokens.resolve(token))
         self._conn: Connection | None = None
         self._last_used = 0.0
 
@@ -208,7 +217,7 @@ class Client:
             self.close_connection()
         for attempt in (1, 2):
             if self._conn is None:
-                self._conn = Connection(self.host, self.port, self.timeout)
+                self._conn = Connection(self.host, self.port, self.timeout, self.headers)
             try:
                 response = self._conn.request(method, path, payload)
                 raw = response.body
@@ -319,7 +328,8 @@ class Client:
 class AsyncClient:
     """The asyncio client: one pooled httpx connection set for many episodes."""
 
-    def __init__(self, base_url: str, timeout: float = 3600.0, max_connections: int = 256) -> None:
+    def __init__(self, base_url: str, timeout: float = 3600.0, max_connections: int = 256,
+                 token: str | None = None) -> None:
         import httpx
 
         url = urllib.parse.urlsplit(base_url)
@@ -327,7 +337,7 @@ class AsyncClient:
             raise ValueError(f"expected http://host:port, got {base_url!r}")
         self._httpx = httpx
         self._client = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout,
+            base_url=base_url, timeout=timeout, headers=tokens.header(tokens.resolve(token)),
             limits=httpx.Limits(max_connections=max_connections,
                                 max_keepalive_connections=max_connections,
                                 keepalive_expiry=_IDLE_RECONNECT))

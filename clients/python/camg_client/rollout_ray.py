@@ -30,6 +30,7 @@ import time
 import urllib.parse
 from collections import Counter
 
+from camg_client import token as tokens
 from camg_client.client import AsyncClient, load_routes
 from camg_client.rollout import Noop, OpenAIPolicy, Oracle, Result, print_summary, run_episode, summary
 
@@ -63,7 +64,7 @@ class NodeRunner:
     service with camg_client.rollout's own episode loop and policies."""
 
     def __init__(self, routes_path: str, env: str, policy_name: str, concurrency: int,
-                 policy_env: dict[str, str]) -> None:
+                 policy_env: dict[str, str], token: str | None = None) -> None:
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -71,6 +72,9 @@ class NodeRunner:
         self.env, self.policy_name, self.concurrency = env, policy_name, concurrency
         for name, value in policy_env.items():
             os.environ.setdefault(name, value)
+        # The node's own token first (its services' trainers file is its
+        # own), else the driver's.
+        self.token = tokens.resolve() or token
         self.client: AsyncClient | None = None
         self.policy = None
 
@@ -88,7 +92,8 @@ class NodeRunner:
             raise RayRolloutError(f"node {self.node_id[:8]}: {self.routes_path} routes "
                                   f"{self.env} to {url}; a node drives only its own services "
                                   "on 127.0.0.1")
-        self.client = AsyncClient(url, max_connections=max(4, self.concurrency * 2))
+        self.client = AsyncClient(url, max_connections=max(4, self.concurrency * 2),
+                                  token=self.token)
         body = await self.client.schema()
         schema = body["action"]
         metadata = await self.client.metadata()
@@ -191,7 +196,8 @@ def run(address: str, routes_path: str, env: str, policy_name: str, episodes: in
         actors = [actor_class.options(
             num_cpus=0, resources={RESOURCE: 0.001}, max_concurrency=concurrency + 2,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-        ).remote(routes_path, env, policy_name, concurrency, policy_env) for node in nodes]
+        ).remote(routes_path, env, policy_name, concurrency, policy_env, tokens.resolve())
+            for node in nodes]
         try:
             infos = ray.get([a.start.remote() for a in actors])
         except ray.exceptions.RayError as exc:

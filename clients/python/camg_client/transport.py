@@ -34,6 +34,7 @@ _NO_BODY = (204, 304)
 # would end the request line early or start a header of the caller's making
 # (http.client refuses them too, as InvalidURL).
 _BAD_TARGET = re.compile(r"[^\x21-\x7e]")
+_BAD_HEADER = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ProtocolError(Exception):
@@ -61,9 +62,16 @@ class Response:
 class Connection:
     """Requests one at a time over one socket, opened on first use."""
 
-    def __init__(self, host: str, port: int, timeout: float | None) -> None:
+    def __init__(self, host: str, port: int, timeout: float | None,
+                 headers: dict[str, str] | None = None) -> None:
         self.host, self.port, self.timeout = host, port, timeout
         self._host_header = f"{host}:{port}".encode("ascii")
+        #: sent with every request (the trainer's Authorization)
+        self._extra = []
+        for name, value in (headers or {}).items():
+            if _BAD_HEADER.search(name + value) or not name or ":" in name:
+                raise ValueError(f"not a header an HTTP/1.1 request can carry: {name!r}")
+            self._extra.append(f"{name}: {value}".encode("latin-1"))
         self._sock: socket.socket | None = None
         self._buf = bytearray()
 
@@ -71,7 +79,8 @@ class Connection:
                 content_type: str = "application/json") -> Response:
         if _BAD_TARGET.search(path) or _BAD_TARGET.search(method):
             raise ValueError(f"not a request target an HTTP/1.1 request line can carry: {path!r}")
-        head = [f"{method} {path} HTTP/1.1".encode("ascii"), b"Host: " + self._host_header]
+        head = [f"{method} {path} HTTP/1.1".encode("ascii"), b"Host: " + self._host_header,
+                *self._extra]
         if body is not None:
             head.append(b"Content-Type: " + content_type.encode("ascii"))
             head.append(b"Content-Length: " + str(len(body)).encode("ascii"))

@@ -1,11 +1,13 @@
 """OpenEnv 0.10.0's own Task API client (openenv.harbor.client.HarborEnv)
 over a camg service, run in the openenv-tasks scratch venv: the splits, each
 split's count and whole range, one task by index, a range past the end, and
-the status of a bad split, printed as one JSON object."""
+the status of a bad split, printed as one JSON object. The trainer's token
+is CAMG_TOKEN's (the test session's, inherited)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import httpx
@@ -13,7 +15,10 @@ from openenv.harbor.client import HarborEnv
 
 
 def main(url: str) -> None:
-    env = HarborEnv(base_url=url)
+    token = {"Authorization": f"Bearer {os.environ['CAMG_TOKEN']}"}
+    env = HarborEnv(base_url=url, headers=token)  # its /ws (run_rollout) sends them
+    # 0.10.0's Task API calls go through an httpx client made without them
+    env._http.headers.update(token)
     try:
         splits = env.splits()
         names = [split["name"] for split in splits]

@@ -25,7 +25,10 @@ raises ``Unrewarded`` from ``step`` instead, for a loop that cannot.
 
 A row names its service and task: ``extras`` ``camg_url`` and ``task_id``
 (or ``extra_info.task_id``), as ``dataset_rows(url)`` writes them from
-``GET /tasks``; ``env_config`` may give ``url``, ``max_turns``, ``wait_s``.
+``GET /tasks``; ``env_config`` may give ``url``, ``max_turns``, ``wait_s``,
+``token``. The trainer's token is never in a row (rows are written to
+datasets): ``env_config.token``, else camg_client.token's search
+(``CAMG_TOKEN``, ``CAMG_TOKEN_FILE``, ``~/.config/camg/token``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from camg_client.adapters.text_protocol import (
     SYSTEM_PROMPT, Unrewarded, ending_action, first_message, next_message, parse_action,
     refusal,
 )
+from camg_client import token as tokens
 from camg_client.client import Client, InvalidAction, NotFound
 
 ENV_ID = "camg"
@@ -54,12 +58,15 @@ def register(env_id: str = ENV_ID) -> str:
     return env_id
 
 
-def dataset_rows(url: str, *, env_class: str = ENV_ID, task_ids: list[str] | None = None) -> list[dict]:
-    """One SkyRL dataset row per served task (``GET /tasks``, manifest order)."""
+def dataset_rows(url: str, *, env_class: str = ENV_ID, task_ids: list[str] | None = None,
+                 token: str | None = None) -> list[dict]:
+    """One SkyRL dataset row per served task (``GET /tasks``, manifest order);
+    ``token``: the trainer's (default: camg_client.token's search)."""
     wanted = None if task_ids is None else set(task_ids)
     return [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}], "env_class": env_class,
              "camg_url": url, "task_id": row["task_id"]}
-            for row in Client(url).iter_tasks() if wanted is None or row["task_id"] in wanted]
+            for row in Client(url, token=tokens.resolve(token)).iter_tasks()
+            if wanted is None or row["task_id"] in wanted]
 
 
 def __getattr__(name: str):
@@ -90,7 +97,7 @@ def _env_class() -> type:
             self.max_turns = int(extras.get("max_turns") or _option(env_config, "max_turns", 100))
             self.wait_s = float(_option(env_config, "wait_s", 600.0))
             self.raise_unrewarded = _option(env_config, "on_unrewarded", "mask") == "raise"
-            self.client = Client(self.url)
+            self.client = Client(self.url, token=tokens.resolve(_option(env_config, "token")))
             self.episode_id: str | None = None
             self.end: dict | None = None
             self.closed = False

@@ -26,6 +26,10 @@ environments step an engine host-side. Here:
   ``episode.ok`` False, its failed outcome that training drops and
   ``--resume`` re-runs; no reward is recorded, so nothing reads as 0.
 
+The trainer's token is the taskset config's ``token`` (kept out of every
+dump of the config, and out of the tasks), else camg_client.token's search
+(``CAMG_TOKEN``, ``CAMG_TOKEN_FILE``, ``~/.config/camg/token``).
+
 verifiers finds a taskset by module name, so the id is ``camg_verifiers``
 (a top-level module of this distribution re-exporting the two classes).
 Classes are built on first use: importing this module imports no verifiers.
@@ -40,6 +44,7 @@ from camg_client.adapters.text_protocol import (
     SYSTEM_PROMPT, Unrewarded, ending_action, first_message, next_message, parse_action,
     refusal, terminal_reward,
 )
+from camg_client import token as tokens
 from camg_client.client import AsyncClient, Client, InvalidAction
 
 TASKSET_ID = "camg_verifiers"
@@ -47,11 +52,14 @@ __all__ = ["CamgEnv", "CamgTaskset"]
 _LAZY = ("CamgEnv", "CamgEnvConfig", "CamgTask", "CamgData", "CamgTaskset", "CamgTasksetConfig")
 
 
-def env_config(url: str, *, task_ids: list[str] | None = None, **player: Any):
-    """The ``vf.EnvConfig`` of a camg service at ``url``; ``player`` sets the
+def env_config(url: str, *, task_ids: list[str] | None = None, token: str | None = None,
+               **player: Any):
+    """The ``vf.EnvConfig`` of a camg service at ``url``; ``token``: the
+    trainer's (default: camg_client.token's search); ``player`` sets the
     playing agent's fields (``max_turns``, ``timeout`` …)."""
     classes = _classes()
-    taskset = classes["CamgTasksetConfig"](id=TASKSET_ID, url=url, task_ids=task_ids)
+    taskset = classes["CamgTasksetConfig"](id=TASKSET_ID, url=url, task_ids=task_ids,
+                                           token=tokens.resolve(token))
     agent = classes["CamgEnvConfig"].model_fields["player"].default
     return classes["CamgEnvConfig"](taskset=taskset, player=agent.model_copy(update=player))
 
@@ -70,6 +78,7 @@ def __getattr__(name: str):
 @functools.cache
 def _classes() -> dict[str, type]:
     import verifiers.v1 as vf
+    from pydantic import Field
 
     class CamgTasksetConfig(vf.TasksetConfig):
         url: str = ""
@@ -78,6 +87,10 @@ def _classes() -> dict[str, type]:
         """The tasks to play, in the service's order (None: every served task)."""
         wait_s: float = 600.0
         """How long a create may wait in the service's line for capacity."""
+        # a secret: never in a dump of the config (verifiers writes them
+        # beside results) nor in its repr
+        token: str | None = Field(default=None, exclude=True, repr=False)
+        """The trainer's token (None: camg_client.token's search)."""
 
     class CamgData(vf.TaskData):
         url: str
@@ -90,7 +103,7 @@ def _classes() -> dict[str, type]:
         def load(self):
             config = self.config
             wanted = None if config.task_ids is None else set(config.task_ids)
-            for row in Client(config.url).iter_tasks():
+            for row in Client(config.url, token=tokens.resolve(config.token)).iter_tasks():
                 if wanted is None or row["task_id"] in wanted:
                     yield CamgTask(CamgData(id=row["task_id"], name=row["task_id"], prompt=None,
                                             system_prompt=SYSTEM_PROMPT, url=config.url,
@@ -105,7 +118,8 @@ def _classes() -> dict[str, type]:
     class CamgEnv(vf.Env[CamgEnvConfig]):
         async def run(self, task, agents):
             data = task.data
-            async with AsyncClient(data.url) as client:
+            token = tokens.resolve(self.config.taskset.token)
+            async with AsyncClient(data.url, token=token) as client:
                 schema = (await client.schema())["action"]
                 created = await client.create(task_id=data.id, wait=data.wait_s)
                 episode_id = created["episode_id"]
