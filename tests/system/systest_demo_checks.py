@@ -6,6 +6,8 @@ deployment is set up for them:
 * before the storm (``private_grader``): AutoResearch's grader runs as its
   own uid beside the service, in the unit's cgroup, and the worker that
   spawned it holds no CAP_SETUID/CAP_SETGID in any thread;
+* after the episodes (``trainer_quickstart``): the README's trainer
+  quickstart as another local user, and its refusals;
 * after the episodes (``host_private``): ``camg audit`` finds every private
   path of the demo closed to others (state directories with records in
   them, task layers, task packages, prepared data, the build cache, the
@@ -30,7 +32,7 @@ from __future__ import annotations
 import json
 import time
 
-from systest_guest import show
+from systest_guest import http, show
 from systest_machine import Machine
 from tools.reliability.killstorm import Storm, restarts_unit
 from tools.reliability.killstorm_guest import Env
@@ -101,6 +103,44 @@ def host_private(machine: Machine, names: list[str]) -> None:
         probe = machine.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
                              *read], check=False)
         assert probe.returncode != 0, f"nobody reads {read[-1]}: {probe.stdout[:500]}"
+
+
+CAMG = "/srv/camg/service-venv/bin/camg"
+PYTHON = "/srv/camg/service-venv/bin/python"
+NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def trainer_quickstart(machine: Machine, names: list[str]) -> None:
+    """The README's trainer quickstart, as another local user: a token from
+    ``camg trainer add``, then an episode; without it, 401; with it,
+    another trainer's episode is absent; revoked, refused again."""
+    env = "shop" if "shop" in names else names[0]
+    token = machine.run([CAMG, "trainer", "add", "quickstart"]).stdout.strip()
+    assert token.startswith("camg_"), token
+    rollout = ["env", f"CAMG_TOKEN={token}", "HOME=/nonexistent", PYTHON, "-m", "camg_client", "--routes",
+               "/etc/camg/prepared/routes.json", "--env", env, "--policy", "noop",
+               "--episodes", "1", "--no-progress"]
+    ran = machine.run([*NOBODY, *rollout], check=False, timeout=900)
+    assert ran.returncode == 0, f"the quickstart failed:\n{ran.stdout}\n{ran.stderr[-3000:]}"
+    refused = machine.run([*NOBODY, *rollout[:1], "CAMG_TOKEN=", *rollout[2:]], check=False,
+                          timeout=300)
+    assert refused.returncode != 0 and "unauthorized" in refused.stdout + refused.stderr, \
+        refused.stderr[-3000:]
+    # root's own episode (install.sh's token) is absent to the quickstart trainer
+    url = json.loads(machine.run(["cat", "/etc/camg/prepared/routes.json"]).stdout)[env]
+    status, created = http(machine, "POST", "/episodes", {}, base=url)
+    assert status == 201, created
+    eid = created["episode_id"]
+    probe = (f"import urllib.request as u, urllib.error as e\n"
+             f"r = u.Request('{url}/episodes/{eid}', headers={{'Authorization': "
+             f"'Bearer {token}'}})\n"
+             "try:\n    print(u.urlopen(r).status)\nexcept e.HTTPError as x:\n    print(x.code)")
+    assert machine.run([*NOBODY, "python3", "-c", probe]).stdout.strip() == "404"
+    assert http(machine, "DELETE", f"/episodes/{eid}", base=url)[0] == 200
+    machine.run([CAMG, "trainer", "revoke", "quickstart"])
+    time.sleep(1.5)  # the services re-read the trainers file within a second
+    again = machine.run([*NOBODY, *rollout], check=False, timeout=300)
+    assert again.returncode != 0 and "unauthorized" in again.stdout + again.stderr
 
 
 class KillChecks:

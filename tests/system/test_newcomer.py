@@ -61,7 +61,8 @@ import systest_rootfs as rootfs
 from systest_install import CHECKOUT, GUEST_CHECKOUT, GUEST_HELPER_CONFIG, GUEST_PIP_CACHE, \
     guest_root, host_binds, host_pip_env
 from systest_episodes import drive, wait_healthy
-from systest_demo_checks import KillChecks, graders, host_private, private_grader
+from systest_demo_checks import (KillChecks, graders, host_private, private_grader,
+                                 trainer_quickstart)
 from systest_docker import DOCKER_CONTROLLERS, GUEST_HOSTCG, labelled
 from systest_guest import leftovers, show, wait_for
 from systest_machine import Machine
@@ -232,6 +233,7 @@ def test_demo_under_systemd_from_nothing(fresh_root, demo_cache, tmp_path):
         if "autoresearch" in names:
             private_grader(machine)
         host_private(machine, names)
+        trainer_quickstart(machine, names)
         check = KillChecks(machine, names)
         print(f"newcomer: demo checks before the storm {time.monotonic() - started:.1f}s")
         # Then kill -9 of everything, at random points of episodes; every
