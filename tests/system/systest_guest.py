@@ -9,28 +9,9 @@ import time
 
 from systest_cgroup import children
 from systest_machine import Machine
-
-# Runs inside the guest with Debian's python3: the trainer's side of the
-# loopback, standard library only.
-# The token is the one install.sh gave root, where camg_client looks too.
-_HTTP = r"""
-import json, os, sys, urllib.request, urllib.error
-method, url, body = sys.argv[1], sys.argv[2], sys.argv[3]
-data = body.encode() if body else None
-headers = {"Content-Type": "application/json"}
-try:
-    with open(os.path.expanduser("~/.config/camg/token")) as handle:
-        headers["Authorization"] = "Bearer " + handle.read().strip()
-except FileNotFoundError:
-    pass
-req = urllib.request.Request(url, data=data, method=method, headers=headers)
-try:
-    with urllib.request.urlopen(req, timeout=float(sys.argv[4])) as resp:
-        status, text = resp.status, resp.read().decode()
-except urllib.error.HTTPError as exc:
-    status, text = exc.code, exc.read().decode()
-print(json.dumps({"status": status, "body": text}))
-"""
+# The trainer's side of the guest's loopback (Debian's python3, the
+# standard library, root's token): the kill storm's own.
+from tools.reliability.killstorm_guest import GUEST_HTTP
 
 SERVICE_URL = "http://127.0.0.1:65134"
 HELPER_LEDGER = "/run/camg-helper/ledger"
@@ -39,7 +20,7 @@ UPPERS = "/var/lib/camg/uppers"
 
 def http(machine: Machine, method: str, path: str, body: dict | None = None,
          *, timeout: float = 600.0, base: str = SERVICE_URL) -> tuple[int, dict | str]:
-    result = machine.run(["python3", "-c", _HTTP, method, base + path,
+    result = machine.run(["python3", "-c", GUEST_HTTP, method, base + path,
                           json.dumps(body) if body is not None else "", str(timeout)],
                          timeout=timeout + 30)
     reply = json.loads(result.stdout)

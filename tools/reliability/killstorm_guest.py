@@ -18,7 +18,7 @@ POINTS = ("reset", "step", "grading", "idle")
 # The trainer's side of the loopback, run inside the guest (its python3,
 # stdlib only), with the token install.sh gave root; a refused or dropped
 # connection is an answer too.
-_HTTP = r"""
+GUEST_HTTP = r"""
 import json, os, sys, urllib.request, urllib.error
 method, url, body, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 headers = {"Content-Type": "application/json"}
@@ -62,7 +62,7 @@ class Guest:
 
     def http(self, port: int, method: str, path: str, body: dict | None = None,
              timeout: float = 600.0) -> Answer:
-        result = self.run(["python3", "-c", _HTTP, method, f"http://127.0.0.1:{port}{path}",
+        result = self.run(["python3", "-c", GUEST_HTTP, method, f"http://127.0.0.1:{port}{path}",
                            json.dumps(body) if body is not None else "", str(timeout)],
                           timeout=timeout + 60, check=True)
         reply = json.loads(result.stdout)
