@@ -47,7 +47,10 @@ for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
         s.settimeout(0.5)
         try:
             s.connect((host, port))
-            accepted.append(f"{host}:{port}")
+            # (a port in the ephemeral range can be given to this very
+            # socket: TCP's simultaneous open connects it to itself)
+            if s.getsockname()[:2] != s.getpeername()[:2]:
+                accepted.append(f"{host}:{port}")
         except OSError:
             pass
         finally:
