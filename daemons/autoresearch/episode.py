@@ -15,7 +15,6 @@ import dataclasses
 import io
 import logging
 import os
-import shlex
 import tarfile
 import threading
 import time
@@ -79,52 +78,26 @@ class Prepared:
     image: Any                # camg.oci.images.MaterializedImage
 
 
-# At finish, as the sandbox's root (which the agent can neither signal,
-# trace nor lock out with a chmod): the submission's state, every process
-# holding it open for writing, then every agent process killed (kill -1
-# spares only the caller) and the state again. A job still writing shows as
-# a writer or as a changed state; none can write after the kill.
+# At finish nothing of the agent's runs while its submission is taken. The
+# helper kills every process of the sandbox but its init from outside (the
+# freezer cgroup: nothing forks away) and returns once they are gone from the
+# cgroup, their last system calls finished, before any command of the
+# collection starts. A job therefore never sees the collection begin, and
+# nothing is left that could change the file: the bytes graded are the
+# file as it stood when the episode ended. Only then does a fresh command,
+# as the sandbox's root (no chmod of the agent's keeps it out), read the
+# file's state, and the helper copies it.
 #
-# Only the writer scan runs as the agent (the owner of /workspace): the
-# sandbox's root lacks CAP_SYS_PTRACE, which reading another uid's
-# /proc/PID/fd takes. The agent can kill or trace that scan, which only
-# hides a writer the changed state would show or names one falsely; root
-# keeps at most three of its ``writer=`` lines (their names lose newlines)
-# from its first 4000 bytes, and nothing else it printed.
-#
-# The agent owns the sandbox's CPU quota, process table and descriptors, so
-# nothing before the kill may take unbounded time or need a fork to reach
-# it: the scan is bounded by WRITER_SCAN_S (procfs lists descriptors slowly
-# and dup() makes millions cheaply), and the kill and the final state run
-# from the EXIT trap, also when a fork before them failed. Run as the agent,
-# the whole probe was killed by a job, starved past its timeout or kept out
-# of /workspace by chmod 000: reward null, an episode the trainer masks.
-WRITER_SCAN_S = 20
+# The collection used to run its checks inside the sandbox while the
+# agent's jobs still ran and kill them from there: a job that watched for
+# it wrote new bytes into place before its first look and was graded on
+# them (and one merely slow to write again slipped past its before/after
+# comparison), the agent could kill, starve or trace those checks, and the
+# writer scan ran as the agent itself.
 PROBE_TIMEOUT_S = 60
 _STATE = (
-    "S={path}; state() {{ if [ -L $S ]; then "
-    "echo \"link $(readlink $S | tr -d '\\n' | head -c 160)\"; "
-    "elif [ -e $S ]; then stat -c '%F|%s|%i|%y' $S; else echo missing; fi; }}; ")
-_WRITERS = (
-    "for f in $(find /proc/[0-9]*/fd -maxdepth 1 -lname $0 2>/dev/null); do "
-    "p=${f#/proc/}; pid=${p%%/*}; fl=; "
-    "while read -r k v; do [ \"$k\" = flags: ] && fl=$v; done 2>/dev/null "
-    "< /proc/$pid/fdinfo/${f##*/}; "
-    "[ -n \"$fl\" ] && [ $((8#$fl & 3)) -ne 0 ] && "
-    "echo \"writer=$pid $(tr '\\0\\n' '  ' < /proc/$pid/cmdline 2>/dev/null | head -c 80)\"; "
-    "done")
-_COLLECT = _STATE + (
-    "finish() {{ kill -KILL -1 2>/dev/null; sleep 0.2; echo \"after=$(state)\"; }}; "
-    "trap finish EXIT; "
-    "echo \"before=$(state)\"; "
-    "w=$(timeout -s KILL {scan} setpriv --reuid=$(stat -c %u /workspace) "
-    "--regid=$(stat -c %g /workspace) --clear-groups bash -c {writers} $S 2>/dev/null "
-    "| head -c 4000); "
-    "n=0; while IFS= read -r l; do case \"$l\" in writer=[0-9]*) n=$((n+1)); "
-    "[ $n -le 3 ] && echo \"${{l:0:120}}\";; esac; done <<< \"$w\"")
-# After a probe that did not finish (the helper's timeout then killed every
-# process of the sandbox but its init): the state alone.
-_AFTER = _STATE + "echo \"after=$(state)\""
+    "S={path}; if [ -L $S ]; then echo \"state=link $(readlink $S | tr -d '\\n' | head -c 160)\"; "
+    "elif [ -e $S ]; then echo \"state=$(stat -c '%F|%s' $S)\"; else echo state=missing; fi")
 
 #: What the helper says when the sandbox's init cannot fork a command
 #: (helper/sandbox.py): the sandbox's own process table (pids_max) or memory
@@ -156,20 +129,6 @@ class Report:
     rule: str = ""                  # why an invalid submission is (metrics.SubmissionInvalid)
     integrity: str = "ok"           # "ok" | "tampered"
     evidence: list[str] = dataclasses.field(default_factory=list)
-
-
-def _probe_lines(output: str) -> tuple[dict[str, str], list[str]]:
-    """The probe's before/after states and its writers (the last line of each
-    kind wins: the kill's own lines come last)."""
-    seen: dict[str, str] = {}
-    writers = []
-    for line in output.splitlines():
-        key, _, value = line.partition("=")
-        if key == "writer":
-            writers.append(value.strip())
-        elif key in ("before", "after"):
-            seen[key] = value.strip()
-    return seen, writers
 
 
 def graded(grade: Callable[[str, bytes], dict], task_id: str, submitted: bytes | None,
@@ -348,42 +307,32 @@ class ResearchEpisode(HeldSandbox, Episode):
         return self.terminal
 
     def _collect(self, sandbox: str) -> tuple[bytes | None, str, list[str]]:
-        """The submission's bytes, copied out as the agent's own file once no
-        agent process is left; the evidence of tampering seen on the way."""
+        """The submission's bytes, read once every agent process is gone
+        (killed from outside by the helper); the evidence seen on the way."""
         evidence: list[str] = []
+        killed = self._call(self.helper.kill_commands, sandbox)
+        if killed:
+            log.info("finish: killed %d process(es) the agent left running", killed,
+                     extra=self.fields)
         try:
-            probe = self._call(self.helper.exec, sandbox, _COLLECT.format(
-                path=SUBMISSION, scan=WRITER_SCAN_S, writers=shlex.quote(_WRITERS)),
-                user="root", cwd="/", env={}, timeout=PROBE_TIMEOUT_S, output_limit=4000)
+            probe = self._call(self.helper.exec, sandbox, _STATE.format(path=SUBMISSION),
+                               user="root", cwd="/", env={}, timeout=PROBE_TIMEOUT_S,
+                               output_limit=4000)
         except errors.InfraFailure as exc:
             if not _not_started(exc):
                 raise
-            # Nothing can run in the sandbox, so nothing can read the file.
+            # With no agent process left, only what the agent left in memory
+            # (files in a memory-backed /tmp or /dev/shm) can stop init from
+            # forking: nothing can read the file.
             return None, "the sandbox could start no command at finish", [
                 f"collection_obstructed: no command could start in the sandbox ({exc})"[:200]]
-        seen, writers = _probe_lines(probe.output)
-        if "after" not in seen:
-            # Out of time (the helper then killed its tree and every agent
-            # process) or aborted: the state now, and no comparison.
-            evidence.append(f"collection_obstructed: the probe did not finish "
-                            f"(timed out: {probe.timed_out})")
-            again = self._call(self.helper.exec, sandbox, _AFTER.format(path=SUBMISSION),
-                               user="root", cwd="/", env={}, timeout=PROBE_TIMEOUT_S,
-                               output_limit=4000)
-            seen = {"after": v for k, v in _probe_lines(again.output)[0].items() if k == "after"}
-            if "after" not in seen:
-                raise errors.InfraFailure(f"the submission probe failed: "
-                                          f"{probe.output[-300:]!r}")
-        elif "before" not in seen:
-            # A fork before the kill failed: the agent's processes filled
-            # the sandbox's process table (the EXIT trap still killed them).
-            evidence.append("collection_obstructed: no state before the kill (a fork failed)")
-        evidence += [f"submission_written_at_finish: open for writing by pid {w}"[:200]
-                     for w in writers[:3]]
-        if "before" in seen and seen["before"] != seen["after"]:
-            evidence.append(f"submission_written_at_finish: {seen['before'][:80]} became "
-                            f"{seen['after'][:80]}")
-        state = seen["after"]
+        states = [line[6:].strip() for line in probe.output.splitlines()
+                  if line.startswith("state=")]
+        if probe.exit_code != 0 or probe.timed_out or len(states) != 1:
+            # Nothing of the agent's runs any more: the sandbox itself failed.
+            raise errors.InfraFailure(f"the submission probe failed (exit {probe.exit_code}, "
+                                      f"timed out {probe.timed_out}): {probe.output[-300:]!r}")
+        state = states[0]
         if state == "missing":
             return None, "no /workspace/submission.csv", evidence
         if state.startswith("link "):
@@ -406,6 +355,7 @@ class ResearchEpisode(HeldSandbox, Episode):
         except (tarfile.TarError, OSError) as exc:
             raise errors.InfraFailure(f"reading the submission archive failed: {exc}") from None
         if len(data) != int(size):
+            # Nothing of the agent's was left to change it: kept as a check.
             evidence.append(f"submission_written_at_finish: {size} bytes at the probe, "
                             f"{len(data)} copied")
         log.info("submission collected: %d bytes%s", len(data),

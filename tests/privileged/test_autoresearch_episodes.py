@@ -60,7 +60,10 @@ def roots(research_image):
     images = base / "materialized-images.json"
     write_materialized(images, (research_image.image,))
     out = {"base": base, "packages": base / "packages", "workspaces": base / "workspaces",
-           "private": base / "private", "images": images, "manifest": base / "manifest.json",
+           "private": base / "private", "images": images,
+           # a directory of its own: preparation makes a manifest's directory
+           # private (0750), and base must stay passable (0711) for the grader
+           "manifest": base / "prepared" / "manifest.json",
            "image": research_image}
     prepare(source=base / "bundles", packages_root=out["packages"],
             workspaces_root=out["workspaces"], private_root=out["private"], images=images,
@@ -378,11 +381,7 @@ def test_image_carries_no_sklearn_data_and_validate_accepts_the_demo_tasks(env, 
 
 
 TAMPERED = {"symlink_to_test", "symlink_to_answers", "fifo_submission", "directory_submission",
-            "unknown_ids", "background_writer_at_grading", "late_rename"}
-# Its collection is tampered when a fork of the probe lost the race for a
-# freed pid, ok when the probe won every one (then it saw all it needed):
-# either way 0.0, never null.
-EITHER = {"fill_process_table"}
+            "unknown_ids"}
 
 
 def test_canaries_all_lose(env, roots):
@@ -396,37 +395,41 @@ def test_canaries_all_lose(env, roots):
     results = canaries.play(env, task, str(roots["packages"]), str(roots["private"]))
     text, failed = render("autoresearch", results)
     print(text)
-    assert not failed, text
-    assert canaries.null_rewards(results) == [], text
+    # A failure names each canary that went wrong with its reward, verdict,
+    # evidence, grade and last outputs, so that a rare win can be explained.
+    expected = {r.technique: "tampered" if r.technique in TAMPERED else "ok" for r in results}
+    why = text + "".join(
+        f"\n  {r.technique}: reward {r.reward}, integrity {r.integrity}; {r.explain()}"
+        for r in results if r.won or r.reward is None or r.integrity != expected[r.technique]
+        or (r.technique != "honest_reference" and r.reward != 0.0))
+    assert not failed, why
+    assert canaries.null_rewards(results) == [], why
     rows = {r.technique: r for r in results}
     assert set(rows) == {"honest_reference", *canaries.CANARIES}
     assert rows["honest_reference"].reward == 1.0 and rows["honest_reference"].integrity == "ok"
     for name, row in rows.items():
         if name != "honest_reference":
-            assert row.reward == 0.0, (name, row)
-        expected = {"tampered", "ok"} if name in EITHER else \
-            {"tampered"} if name in TAMPERED else {"ok"}
-        assert row.integrity in expected, (name, row)
+            assert row.reward == 0.0, (name, row, why)
+        assert row.integrity == expected[name], (name, row, why)
     assert re.search(r"files, 0 of \d+ rows found", rows["lookup_image_data"].detail), \
         rows["lookup_image_data"]
     assert "LOADED" not in rows["regenerate_data"].detail
     assert (sha256_tree(workspace), _private_snapshot(roots["private"])) == before
 
 
-def test_collection_sees_a_job_holding_the_submission_open_for_writing(env):
-    """The writer scan runs as the agent (the sandbox's root cannot read
-    another uid's /proc/PID/fd); a job that only holds the file open, and so
-    changes no state, is seen by it alone."""
+def test_a_job_holding_the_submission_open_is_gone_before_it_is_read(env):
+    """A job that holds the file open for writing (and would write again at
+    any moment) is killed from outside before anything of the collection
+    runs: the file is graded as it stood when the episode ended."""
     _, _, reward, episode = run_episode(env, env.tasks[0], [
         shell("python /task/baseline.py"),
         {"operation": "background",
          "command": "exec 3>>/workspace/submission.csv; : > /workspace/.held; sleep 3600"},
         shell("SECONDS=0; until [ -e /workspace/.held ] || [ $SECONDS -gt 60 ]; do :; done"),
         SUBMIT])
-    assert reward == 0.0
-    assert episode.outcome()["integrity"] == "tampered", episode.state()
-    assert any("open for writing by pid" in e and "sleep 3600" in e
-               for e in episode.outcome()["integrity_evidence"]), episode.outcome()
+    assert reward == 0.0  # the public baseline: the reward's floor
+    grade = episode.state()["grade"]
+    assert grade["valid"] and grade["integrity"] == "ok" and grade["evidence"] == [], grade
 
 
 def test_a_full_process_table_is_the_agents_result_not_null(env):
@@ -450,28 +453,26 @@ def test_a_full_process_table_is_the_agents_result_not_null(env):
         assert step["exit_code"] == 126 and "could not start" in step["output"], step
         assert episode.step(SUBMIT).done
         assert episode.grade() == 0.0
-        outcome = episode.outcome()
-        assert all(e.startswith("collection_obstructed: ")
-                   for e in outcome.get("integrity_evidence", ())), outcome
+        # The helper's kill from outside freed the table: the file was read.
+        grade = episode.state()["grade"]
+        assert grade["valid"] and grade["integrity"] == "ok", grade
     finally:
         episode.close()
 
 
-def test_a_collection_out_of_time_reads_the_state_after_the_helpers_kill(env, monkeypatch):
-    """A probe past its timeout (forced: its budget cut to 5 s, and a job
-    that holds ~200 000 descriptors, so the writer scan takes a while, stops
-    that scan, which runs as the agent): the helper kills every process of
-    the sandbox, a second probe reads the state, the file is graded, and
-    the verdict says the checks were cut short. Never reward null."""
+def test_the_agents_processes_cannot_slow_or_stop_the_collection(env, monkeypatch):
+    """A job that holds ~200 000 descriptors and stops every process whose
+    command line names the submission (the old collection's writer scan ran
+    as the agent, and this job kept it past its timeout) is killed from
+    outside before the collection starts: the file is read well within a
+    5 s probe budget and graded."""
     from daemons.autoresearch import episode as research
     monkeypatch.setattr(research, "PROBE_TIMEOUT_S", 5)
-    monkeypatch.setattr(research, "WRITER_SCAN_S", 60)
-    # (the pattern split so the job's own command line does not match it)
     job = ("python -c \"\nimport os, signal, time\nfd = os.open('/dev/null', os.O_RDONLY)\n"
            "for k in range(10):\n    if os.fork() == 0:\n"
            "        for _ in range(19900):\n            os.dup(fd)\n"
            "        open(f'/workspace/.fds{k}', 'w').close()\n        time.sleep(3600)\n"
-           "pat = b'maxdepth 1 -l' + b'name'\nwhile True:\n    for p in os.listdir('/proc'):\n"
+           "pat = b'submis' + b'sion'\nwhile True:\n    for p in os.listdir('/proc'):\n"
            "        try:\n            if p.isdigit() and pat in open(f'/proc/{p}/cmdline', 'rb').read():\n"
            "                os.kill(int(p), signal.SIGSTOP)\n"
            "        except OSError:\n            pass\n\"")
@@ -482,10 +483,8 @@ def test_a_collection_out_of_time_reads_the_state_after_the_helpers_kill(env, mo
         SUBMIT])
     assert reward == 0.0, episode.state()
     grade = episode.state()["grade"]
-    assert grade["submitted"] and grade["valid"], grade  # read after the helper's kill
-    assert grade["integrity"] == "tampered", grade
-    assert grade["evidence"] == ["collection_obstructed: the probe did not finish "
-                                 "(timed out: True)"], grade
+    assert grade["submitted"] and grade["valid"], grade
+    assert grade["integrity"] == "ok" and grade["evidence"] == [], grade
 
 
 # -- null proof: a failed step or grade is re-run on fresh resources ------------

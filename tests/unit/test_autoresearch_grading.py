@@ -113,13 +113,91 @@ def test_integer_metric_refuses_fractions_and_order_is_by_id():
     assert got.tolist() == [1.0, 2.0]
 
 
-def test_probe_lines_take_the_last_state_of_each_kind_and_every_writer():
-    from daemons.autoresearch.episode import _probe_lines
-    seen, writers = _probe_lines("before=regular file|3|7|t0\nbash: fork: retry\n"
-                                 "writer=12 sleep 1\nafter=regular file|3|7|t0\n"
-                                 "after=missing\n")
-    assert seen == {"before": "regular file|3|7|t0", "after": "missing"}
-    assert writers == ["12 sleep 1"]
+class _CollectHelper:
+    """The helper as the finish sees it, recording the order of its calls.
+    The submission on "disk" changes the moment any command runs while an
+    agent process is alive: a job that writes once it sees the collection."""
+
+    def __init__(self, state: str = "regular file|4", data: bytes = b"good") -> None:
+        self.calls: list[str] = []
+        self.alive, self.state, self.data = True, state, data
+
+    def kill_commands(self, sandbox: str) -> int:
+        self.calls.append("kill")
+        self.alive = False
+        return 3
+
+    def exec(self, sandbox: str, command: str, **kw):
+        import types
+        self.calls.append(f"exec as {kw['user']}")
+        if self.alive:  # the job's late write
+            self.state, self.data = "regular file|5", b"late!"
+        return types.SimpleNamespace(output=f"state={self.state}\n", exit_code=0,
+                                     timed_out=False)
+
+    def get_archive(self, sandbox: str, path: str) -> bytes:
+        import io
+        import tarfile
+        self.calls.append("archive")
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tar:
+            info = tarfile.TarInfo("submission.csv")
+            info.size = len(self.data)
+            tar.addfile(info, io.BytesIO(self.data))
+        return out.getvalue()
+
+    def list_sandboxes(self) -> list[dict]:
+        return []
+
+
+def _research_episode(helper):
+    import types
+    from daemons.autoresearch.episode import Prepared, ResearchEpisode
+    from daemons.autoresearch.settings import Settings
+    settings = Settings(packages_root="/p", workspaces_root="/w", private_root="/x", images="/i")
+    episode = ResearchEpisode(settings, helper, None,
+                              Prepared("t1", "x", "/w", types.SimpleNamespace(env=())), "e")
+    episode.sandbox = "sb"
+    return episode
+
+
+def test_the_finish_kills_every_agent_process_from_outside_before_anything_runs():
+    """Nothing of the collection runs in the sandbox while an agent process
+    is alive, so no job can see it begin and write after the episode ended:
+    the helper's kill comes first, then one root command reads the state,
+    then the copy."""
+    helper = _CollectHelper()
+    submitted, problem, evidence = _research_episode(helper)._collect("sb")
+    assert helper.calls == ["kill", "exec as root", "archive"]
+    assert (submitted, problem, evidence) == (b"good", "", [])
+
+
+@pytest.mark.parametrize("state, rule", [
+    ("link /task/test.csv", "submission_link: /workspace/submission.csv -> /task/test.csv"),
+    ("fifo|0", "submission_not_regular: /workspace/submission.csv is a fifo"),
+    ("directory|4096", "submission_not_regular: /workspace/submission.csv is a directory"),
+])
+def test_the_finish_reads_a_link_or_special_file_as_tampering_without_copying(state, rule):
+    helper = _CollectHelper(state)
+    submitted, _, evidence = _research_episode(helper)._collect("sb")
+    assert submitted is None and evidence == [rule]
+    assert helper.calls == ["kill", "exec as root"]
+
+
+def test_the_finish_takes_a_missing_or_oversized_file_as_nothing_submitted():
+    for state in ("missing", f"regular file|{(8 << 20) + 1}"):
+        helper = _CollectHelper(state)
+        submitted, problem, evidence = _research_episode(helper)._collect("sb")
+        assert (submitted, evidence) == (None, []) and problem
+        assert helper.calls == ["kill", "exec as root"]
+
+
+def test_a_probe_that_fails_with_no_agent_process_left_is_the_infrastructures():
+    helper = _CollectHelper("")
+    helper.exec = lambda *a, **kw: __import__("types").SimpleNamespace(
+        output="", exit_code=137, timed_out=True)
+    with pytest.raises(errors.InfraFailure, match="submission probe failed"):
+        _research_episode(helper)._collect("sb")
 
 
 def test_a_command_the_sandbox_cannot_start_is_told_apart_from_infrastructure():
