@@ -1,4 +1,4 @@
-"""Wire models of the trainer-facing HTTP contract (DESIGN.md §3).
+"""Wire models of the trainer-facing HTTP contract (docs/architecture.md §2).
 
 The trainer client (clients/python, camg_client) speaks it without
 importing it. Requests are parsed strictly: unknown fields and wrong

@@ -11,7 +11,7 @@
 # `systemctl start camg-coding` (or camg.target) remains; elsewhere
 # packaging/run-foreground.sh runs the same installation in the foreground.
 #
-# Layout (see README "Operating camg"):
+# Layout (see docs/operators.md, "Layout", and packaging/README.md):
 #   /srv/camg/src            clean git clone of the installed commit
 #   /srv/camg/service-venv   the services' virtualenv (requirements.lock)
 #   /srv/camg/helper-venv    the root helper's own small virtualenv

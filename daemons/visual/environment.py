@@ -6,7 +6,7 @@ builds a site under /workspace/dist with shell actions; at the end the
 container is removed, a copy of dist/ is rendered by headless Chromium in a
 renderer sandbox (render.py), and one vision call judges the screenshot
 against the seven-dimension rubric (rubric.py). Upstream: NeMo-Gym's
-``webdev_eval_v1`` (shared/data/mimo/FACTS.md 3.3 and 4).
+``webdev_eval_v1``.
 
 What decides a reward and is hashed: the task rows, the renderer tree's
 renderer.json (Debian package versions, wheel pins), the CDN mirror's

@@ -2,7 +2,7 @@
 
 Structure, caps and the score formula follow upstream's ``webdev_eval_v1``
 pointwise rubric (``rva1:mean(visual,query,asset)``, see
-shared/data/mimo/FACTS.md 3.3). Upstream's text is a Chinese prompt whose
+NeMo-Gym's webdev_eval_v1). Upstream's text is a Chinese prompt whose
 rendered sha256 both NeMo-Gym and MiMo pin; it is not shipped here. The text
 below is camg's own wording of the same structure, so scores are comparable
 in kind but not identical to upstream's: its hash (``RUBRIC_HASH``, and the

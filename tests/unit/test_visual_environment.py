@@ -242,7 +242,7 @@ def test_judge_failure_is_judge_error(tmp_path, judge, monkeypatch, reply):
 
 
 def test_judge_message_matches_upstream_webdev_call(tmp_path, judge, monkeypatch):
-    """FACTS.md 3.3/4: one vision call; the user message holds the screenshot
+    """Upstream webdev_eval_v1: one vision call; the user message holds the screenshot
     first (a data:image/jpeg;base64 image_url), then the rubric text with the
     brief (capped at 1500 characters); payload model, messages, temperature
     1.0 and nothing else (no max_tokens, no system message); /v1 appended,

@@ -49,8 +49,8 @@ REQUIREMENTS = ("numpy==2.4.6", "scipy==1.17.1", "scikit-learn==1.9.1", "joblib=
 # torch's CPU build (2.13.0+cpu, ~190 MB) is not on PyPI: PyPI's torch 2.13.0
 # is the CUDA build, which needs ~3 GB of nvidia-* runtime wheels a CPU-only
 # sandbox never loads. So the image takes the CPU build from the PyTorch
-# project's own CPU index, the one source besides PyPI (README "Python
-# packages"); every other pin here is on PyPI (tests/unit/test_pypi_only.py).
+# project's own CPU index, the one source besides PyPI (docs/operators.md,
+# "Python packages"); every other pin here is on PyPI (tests/unit/test_pypi_only.py).
 # CAMG_TORCH_WHEELS names another directory or page that holds it instead;
 # pip's own configured find-links are searched as well.
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu/torch/"

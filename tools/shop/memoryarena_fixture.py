@@ -5,7 +5,7 @@
 
 MemoryArena's dataset and product DB declare no licence, so nothing of
 them is copied: the builder writes files in the same *shape* (see
-shared/data/memoryarena/FACTS.md) from the shipped MIT-licensed WebShop 1k
+MemoryArena's published shopping split) from the shipped MIT-licensed WebShop 1k
 catalog, and rows whose questions and attribute lists it composes itself:
 
 * ``items_shuffle.json`` — raw scraped-product records (``name``,

@@ -1,7 +1,7 @@
 """The Visual demo task set: webdev requests with reference sites written here.
 
-Each task is a MiMo webdev instance (the row shape of
-shared/data/mimo/example_rows_nemo_gym.jsonl's webdev row) with a brief
+Each task is a MiMo webdev instance (the row shape of NeMo-Gym's published
+webdev example rows) with a brief
 written for camg, and a reference site: static HTML that uses the mirrored
 Tailwind build and/or inline CSS, plus an inline SVG asset, so a judge has
 something real to score and the demo exercises the CDN mirror. The oracle
