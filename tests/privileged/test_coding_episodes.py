@@ -437,13 +437,17 @@ def test_unprivileged_service_user_can_start(prepared, coding_helper):
     settings = {"mirrors_root": str(prepared["mirrors"]),
                 "images": str(work / prepared["images"].name),
                 "layers_root": str(CACHE / "layers")}
+    # The layers are private to the services' group (camg/host_private.py:
+    # camg where the accounts exist, else root's): the service user is a
+    # member of it, nobody else is.
+    services_gid = (CACHE / "layers").stat().st_gid
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns into pytest
         code = 1
         try:
             os.close(read_end)
-            os.setgroups([])
+            os.setgroups([services_gid])
             os.setresgid(65534, 65534, 65534)
             os.setresuid(65534, 65534, 65534)
             from daemons.coding.environment import CodingEnvironment

@@ -95,15 +95,24 @@ class LeakWatch:
     """What a test may leave running (session helpers, daemons), and what it may not."""
 
     def __init__(self) -> None:
-        self.pids: set[int] = set()
+        #: allowed pid -> its process's start (None: already gone): a pid the
+        #: kernel gave to another process since (CI's system lane boots
+        #: nspawn guests beside this run) is not the allowed process
+        self.allowed: dict[int, float | None] = {}
         self.mount_prefixes: list[str] = []
         self.state_roots: list[Path] = []
 
     def allow_process(self, pid: int) -> None:
-        self.pids.add(pid)
+        self.allowed[pid] = _started(pid)
 
     def forget_process(self, pid: int) -> None:
-        self.pids.discard(pid)
+        self.allowed.pop(pid, None)
+
+    @property
+    def pids(self) -> set[int]:
+        """The allowed processes still running (not their pids' later owners)."""
+        return {pid for pid, started in self.allowed.items()
+                if started is not None and _same_start(_started(pid), started)}
 
     def allow_mounts_under(self, prefix: str) -> None:
         self.mount_prefixes.append(prefix.rstrip("/") + "/")
@@ -156,6 +165,11 @@ class LeakWatch:
 #: ``conftest`` and fixtures modules import it again as
 #: ``tests.privileged.conftest``; both instances register here.
 WATCH = LeakWatch()
+
+
+def _same_start(now: float | None, then: float) -> bool:
+    # two readings of one start differ by the uptime clock's drift only
+    return now is not None and abs(now - then) < 0.5
 
 
 def _cmdline(pid: int) -> str:
