@@ -4,8 +4,10 @@ the MiMo transport (mimoagent.transport), reached through the helper.
 Per episode: claim a started, never-used container of the task's image from
 a bounded warm pool (or create one), get a socket to the transport inside it
 from the helper (containers have no network), and proxy reset/step over the
-OpenEnv WebSocket protocol. Software tasks are graded by the transport (the
-MiMo verifier, inside the container); general_agent tasks leave judge
+OpenEnv WebSocket protocol. Software tasks are graded by the MiMo verifier
+in a second, fresh container of the task's image, given only the changed
+regular files the agent's transport collected (never in the container
+where the agent's code ran); general_agent tasks leave judge
 requests that this service answers with the LLM judge (only the service
 holds GA_JUDGE_*). Transport and verifier failures end the episode with
 reward null and a failure class; judge failures with ``judge_error``.
@@ -28,7 +30,7 @@ from camg.cost import judge_tokens
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
 from camg.fifo_gate import Gate
 
-from daemons.general import rubric
+from daemons.general import rubric, submission
 from daemons.general.channel import TransportChannel, observation_of
 from daemons.general.schemas import ACTION_SCHEMA, OBSERVATION_SCHEMA, allowed_action
 from daemons.general.settings import Settings
@@ -247,6 +249,11 @@ class GeneralEpisode(Episode):
         self.steps = 0  # actions the transport took (the reference's position)
         self.usage: dict | None = None  # the container's, at the terminal step (camg.cost)
         self.reaped: dict | None = None  # ContainerReap's reply before the terminal step
+        # opensource-code: the fresh container the verifier ran in, what
+        # travelled there, and why it was lost when it was (not the agent's doing)
+        self.verifier_container: str | None = None
+        self.submitted: dict | None = None
+        self.verifier_lost: str | None = None
         self._closed = False
         self._lock = threading.Lock()
 
@@ -310,8 +317,11 @@ class GeneralEpisode(Episode):
             raise errors.InvalidAction(problem)
         if self.channel is None:
             raise errors.InfraFailure("step before a successful reset")
-        if action.get("operation") == "finish" or self.steps + 1 >= MAX_STEPS:
+        terminal = action.get("operation") == "finish" or self.steps + 1 >= MAX_STEPS
+        if terminal:
             self._reap()
+        if terminal and self.kind == "opensource-code":
+            return self._finish_code()
         payload = self.channel.request("step", dict(action), timeout=self.env.settings.step_timeout_s)
         self.steps += 1
         observation, reward, done = observation_of(payload)
@@ -330,10 +340,60 @@ class GeneralEpisode(Episode):
         if reward is None:
             raise errors.GraderError("the transport finished without a reward")
         if self.kind == "opensource-code":
-            reward = self._screened(reward)
-        else:
-            reward = rubric.screened(self.integrity, reward)
+            # Only _finish_code ends these: a grade from the agent's own container is none.
+            raise errors.GraderError("the agent's transport ended the episode by itself")
+        reward = rubric.screened(self.integrity, reward)
         return Step(observation=observation, reward=self._binarized(reward), done=True, graded=True)
+
+    def _finish_code(self) -> Step:
+        """The terminal step of an opensource-code episode. The agent's
+        container only gives up its changes (its transport, root: every
+        agent process killed, the change record and the changed regular
+        files, nothing written there); the MiMo verifier runs in a fresh
+        container of the task's image with those files over its pristine
+        repository. Whatever the agent left outside the repository, or as
+        something other than a regular file in it, stays behind."""
+        s = self.env.settings
+        payload = self.channel.request("step", {"operation": "collect"}, timeout=s.step_timeout_s)
+        self.steps += 1
+        collected, _, done = observation_of(payload)
+        if not done or not isinstance(collected.get("changes"), dict) \
+                or not isinstance(collected["changes"].get("changes"), list):
+            raise errors.GraderError("the agent's transport gave no change record")
+        files = submission.checked(collected.get("submission"))
+        self.submitted = submission.stats(collected["submission"])
+        if self.container is not None:
+            self.usage = read_usage(self.env.client, self.container.id)
+        observation, reward, tar = self._verify(files)
+        self.verifier_exit = observation.get("exit_code")
+        if reward is None:
+            raise errors.GraderError("the verifier finished without a reward")
+        reward = self._screened(reward, tar, collected)
+        return Step(observation=observation, reward=self._binarized(reward), done=True, graded=True)
+
+    def _verify(self, files: dict) -> tuple[dict, float | None, bytes]:
+        """The verifier in a fresh container (a never-used one of the pool,
+        or a new one): reset, ``grade`` with the submission, its records
+        (/logs/verifier) taken; the container removed after."""
+        grader = GeneralEpisode(self.env, self.task, f"{self.episode_id[:110]}.verifier")
+        try:
+            grader.reset()
+            self.verifier_container = grader.container.id
+            if self.container is not None and grader.container.id == self.container.id:
+                raise errors.GraderError("the verifier's container is the agent's")
+            payload = grader.channel.request("step", {"operation": "grade", "submission": files},
+                                             timeout=self.env.settings.step_timeout_s)
+            observation, reward, done = observation_of(payload)
+            if not done:
+                raise errors.GraderError("the fresh container's verifier did not finish")
+            return observation, reward, self.env.client.get_archive(grader.container.id,
+                                                                    VERIFIER_OUT)
+        except errors.CamgError:
+            # (a container removed from outside is no failure of the agent's)
+            self.verifier_lost = grader._lost_from_outside()
+            raise
+        finally:
+            grader.close()
 
     def _reap(self) -> None:
         """Before the terminal step: every process the agent left is killed
@@ -354,6 +414,8 @@ class GeneralEpisode(Episode):
         helper restart's sweep, a kill) or no longer running died from
         outside, and a fresh container's success would wrongly blame the
         agent."""
+        if self.verifier_lost is not None:
+            return f"the verifier's fresh container: {self.verifier_lost}"
         container = self.container
         if container is None:
             return None
@@ -443,14 +505,22 @@ class GeneralEpisode(Episode):
             raise
         return self._binarized(rubric.screened(self.integrity, reward))
 
-    def _screened(self, reward: float) -> float:
+    def _screened(self, reward: float, tar: bytes, collected: dict) -> float:
         """The tamper screen of what the agent changed and the test guard's
-        cross-check (daemons/general/integrity.py, on the records the
-        transport left in /logs/verifier): any finding makes it 0.0."""
+        cross-check (daemons/general/integrity.py): any finding makes it
+        0.0. The change record screened is the agent's whole one (links,
+        bytecode, .git, files too large to travel included), taken in its
+        container; the guard's record and counts are the fresh verifier's
+        (/logs/verifier there)."""
         from daemons.general import integrity
 
-        tar = self.env.client.get_archive(self.container.id, VERIFIER_OUT)
-        records = {"changes": integrity.read_changes(tar), "guard": integrity.read_guard(tar)}
+        fresh = integrity.read_changes(tar)
+        changes = {**collected["changes"],
+                   "test_patch_paths": list(fresh.get("test_patch_paths") or ()),
+                   # the agent's processes its transport killed at collect
+                   "guard": {**(fresh.get("guard") or {}),
+                             "processes_killed": int(collected.get("processes_killed") or 0)}}
+        records = {"changes": changes, "guard": integrity.read_guard(tar)}
         # (GraderError when the test runner never reported to the guard)
         _, self.integrity = integrity.verdict(records["changes"], records["guard"],
                                               self.task.data.get("test_guard"))
@@ -516,6 +586,13 @@ class GeneralEpisode(Episode):
         if self.reaped is not None:
             # agent processes the helper killed from outside before finish
             record["reaped"] = self.reaped
+        if self.kind == "opensource-code":
+            record["container"] = self.container.id if self.container else None
+            # the fresh container the verifier ran in, never the agent's
+            record["verifier_container"] = self.verifier_container
+            if self.submitted is not None:
+                # what travelled to it ("submission" is the episode manager's)
+                record["carried"] = self.submitted
         if self.integrity:
             record.update(self.integrity)
         record["cost"] = {**(self.usage or {}),

@@ -6,6 +6,17 @@ note, timeout exit 124) and ``finish``. Step 64 finishes. The terminal
 observation is sticky. Finishing runs the MiMo verifier; an infrastructure
 failure of the verifier (``error_category``, ``transport_error`` or no
 ``verifier_returncode``) raises instead of returning a reward.
+
+Two operations only the General service sends (its action filter refuses
+them from a trainer), so that the verifier never runs where the agent's
+code ran (transport/submission.py):
+
+* ``collect`` in the agent's container: every agent process killed, the
+  change record and the submission (the changed regular files) returned,
+  nothing written to that container's disk; terminal;
+* ``grade`` with that ``submission`` in a fresh container of the pristine
+  image (no action taken there before): the files applied over its
+  repository, then exactly what ``finish`` does.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import uuid
 from pathlib import Path
 
 from mimoagent.environments.datasets.opensource_code import OpenSourceCodeEnvironment
+from mimoagent.transport import submission as carried
 from mimoagent.transport import verifier_guard
 from mimoagent.transport.checkpoint import Checkpoint
 from mimoagent.transport.protocol import Action, Environment, Observation, Spec, State
@@ -27,15 +39,24 @@ from mimoagent.transport.common import (AGENT_UID, prewarmer, COMMAND_TIMEOUT, M
 
 class ShellAction(Action):
     FIELDS = {
-        "operation": Spec(str, None, choices=("shell", "finish"),
+        "operation": Spec(str, None, choices=("shell", "finish", "collect", "grade"),
                           description="Run a bash command or finish and grade the repository."),
         "command": Spec(str, "", max_length=MAX_COMMAND_CHARS,
                         description="Bash command; each call starts in the task repository."),
+        "submission": Spec(dict, None, description="grade: the files collect returned."),
     }
 
 
 class ShellObservation(Observation):
     FIELDS = {"task_id": "", "output": "", "exit_code": None}
+
+
+class CollectObservation(Observation):
+    """``collect``'s answer: the change record (what the service screens)
+    and the submission (what a fresh container's verifier grades)."""
+
+    FIELDS = {"task_id": "", "output": "", "changes": None, "submission": None,
+              "processes_killed": 0}
 
 
 WORKSPACES = (Path("/testbed"), Path("/workspace/repo"))
@@ -119,6 +140,33 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
             raise InfraError("grader_error", f"cannot collect the test guard's channel: {exc}") \
                 from None
 
+    def _collect(verifier) -> CollectObservation:
+        """The agent's work, taken out of its container: nothing of the
+        agent's runs meanwhile, nothing is written here."""
+        if guard is None or verifier.pristine is None:
+            raise InfraError("grader_error", "collect needs the guard's setup snapshot")
+        try:
+            killed = verifier_guard.reap(agent_uid, guard.reap_deadline_s)
+            record = verifier.pristine.changes()
+            taken = carried.collect(str(workspace), record)
+        except Exception as exc:  # noqa: BLE001 -- no record, no grade
+            raise InfraError("grader_error", f"cannot collect the agent's changes: {exc}") \
+                from None
+        return CollectObservation(
+            task_id=instance["instance_id"], changes=record, submission=taken,
+            processes_killed=killed, done=True,
+            output=f"collected {len(taken['files'])} file(s), {len(taken['deleted'])} removal(s)")
+
+    def _apply(verifier, submission, fresh: bool) -> None:
+        """The agent's files over this container's pristine repository;
+        only in a container where nothing ran as the agent before."""
+        if guard is None or not fresh:
+            raise InfraError("grader_error", "grade runs only in a fresh container")
+        try:
+            carried.apply(str(workspace), submission, agent_uid)
+        except Exception as exc:  # noqa: BLE001 -- what cannot be applied is not graded
+            raise InfraError("grader_error", f"cannot apply the submission: {exc}") from None
+
     _take_prewarmed, prewarm = prewarmer(_prepare)
 
     class MiMoEnvironment(Environment):
@@ -164,8 +212,14 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
                 raise RuntimeError("reset is required before step")
             if self.terminal is not None:
                 return self.terminal
+            fresh = self._state.step_count == 0
             self._state.step_count += 1
-            if action.operation == "finish" or self._state.step_count >= MAX_STEPS:
+            if action.operation == "collect":
+                self.terminal = _collect(self.verifier)
+                return self.terminal
+            if action.operation == "grade":
+                _apply(self.verifier, action.submission, fresh)
+            if action.operation in ("finish", "grade") or self._state.step_count >= MAX_STEPS:
                 _isolate(self.verifier)
                 reward, output, info = self.verifier.calculate_reward(
                     timeout=instance["verifier_timeout_sec"])
