@@ -303,8 +303,11 @@ local_token() {
     local user=${SUDO_USER:-$(id -un)} home
     home=$(getent passwd "$user" | cut -d: -f6)
     [ -n "$home" ] || die "no home directory for $user (its trainer token goes there)"
-    "$VENV/bin/camg" trainer add "local-$user" --role operator --replace \
-        --token-file "$home/.config/camg/token" --file "$ETC/trainers.json"
+    local said
+    said=$("$VENV/bin/camg" trainer add "local-$user" --role operator --replace \
+        --token-file "$home/.config/camg/token" --file "$ETC/trainers.json" 2>&1) \
+        || die "camg trainer add failed: $said"
+    log "$said"
     chown "$user:" "$home/.config/camg" "$home/.config/camg/token"
 }
 

@@ -86,15 +86,18 @@ def test_history_stripped_and_agent_uid(general_service, general_prepared):
 
 def test_a_verifier_crash_the_agent_caused_is_obstructed_not_null(general_service,
                                                                    general_prepared):
-    """The repository made unreadable crashes the verifier (grader_error);
+    """A tree too deep for the walk of the agent's changes fails the grade (grader_error);
     the control (the gold patch in a fresh container, through the same
     verifier) grades, so the crash was the submission's: 0.0, obstructed,
     with both named in the record. It used to end null: a mask the agent
     could choose for every episode it expected to lose."""
     client = Client(general_service.url)
     task = tasks_of(general_prepared, "opensource-code")[0]
-    # (rm -rf .git no longer breaks it: the grade guard restores the pristine .git)
-    _, reply, _ = run(client, task["task_id"], [shell("chmod 000 ."), {"operation": "finish"}])
+    # (rm -rf .git and chmod 000 . no longer break it: the verifier runs in a
+    # fresh container with only the changed files; a tree deeper than the
+    # walk of the agent's changes can recurse still stops the collect)
+    deep = "mkdir -p $(printf 'd/%.0s' $(seq 1 1200)) && echo deep"
+    _, reply, _ = run(client, task["task_id"], [shell(deep), {"operation": "finish"}])
     assert reply["done"] and reply["reward"] == 0.0 and reply["failure_class"] is None, reply
     record = outcome(general_service, reply["episode_id"])
     assert record["integrity"] == "obstructed" and record["grade_reason"] == "obstructed", record
@@ -337,7 +340,8 @@ def test_with_references_the_control_is_the_gold_patch(general_demo, general_hel
         service.wait_ready(timeout=300)
         client = Client(service.url)
         task = tasks_of(tmp_path / "data", "opensource-code")[0]
-        _, reply, _ = run(client, task["task_id"], [shell("chmod 000 ."), {"operation": "finish"}])
+        deep = "mkdir -p $(printf 'd/%.0s' $(seq 1 1200)) && echo deep"
+        _, reply, _ = run(client, task["task_id"], [shell(deep), {"operation": "finish"}])
         assert reply["reward"] == 0.0 and reply["failure_class"] is None, reply
         record = outcome(service, reply["episode_id"])
         assert record["integrity"] == "obstructed", record
