@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tomllib
 import venv
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.support.services import REPO
@@ -43,18 +44,25 @@ def framework_venv(cache: Path, extra: str, no_deps: tuple[str, ...] = ()) -> Pa
     a test runs imports: the extra then lists what that part needs)."""
     pins = extra_pins(extra)
     bare = [p for p in pins if re.split(r"[=<>!~\[; ]", p, maxsplit=1)[0] in no_deps]
+    return pinned_venv(cache / "adapter-venvs", extra, pins, bare)
+
+
+def pinned_venv(root: Path, name: str, pins: list[str], bare: Sequence[str] = ()) -> Path:
+    """The venv ``root/name-KEY`` holding ``pins`` (``bare`` among them
+    installed without their requirements), keyed by the pins and the
+    interpreter, built once; returns its python."""
+    bare = list(bare)  # (a list, as the key always hashed it)
     # bare joins the key only when set: the other extras' cached venvs keep theirs
     key = hashlib.sha256(json.dumps([sys.version, pins, *([bare] if bare else [])])
                          .encode()).hexdigest()[:12]
-    root = cache / "adapter-venvs"
     root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{extra}-{key}"
+    target = root / f"{name}-{key}"
     python = target / "bin" / "python"
-    with open(root / f".{extra}-{key}.lock", "w") as lock:
+    with open(root / f".{name}-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / ".complete").exists():
             return python
-        building = root / f".{extra}-{key}.building"
+        building = root / f".{name}-{key}.building"
         shutil.rmtree(building, ignore_errors=True)
         shutil.rmtree(target, ignore_errors=True)
         # symlinks: a copied interpreter would look for its libpython beside the copy
