@@ -148,7 +148,7 @@ install_system_files() {
     install -D -m 0644 "$SRC/units/sysusers.d/camg.conf" "$SYSUSERS"
     install -D -m 0644 "$SRC/units/tmpfiles.d/camg.conf" "$TMPFILES"
     # Its "Creating group/user …" lines are info-level: quiet preparation
-    # (issue 23) keeps warnings and errors only.
+    # keeps warnings and errors only.
     SYSTEMD_LOG_LEVEL=warning systemd-sysusers "$SYSUSERS"
     # sysusers reports some failures only on stderr; check the result.
     getent passwd camg >/dev/null && getent passwd camg-agent >/dev/null \

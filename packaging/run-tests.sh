@@ -3,20 +3,18 @@
 # tier again on Python 3.12) as root on a Debian machine, installing what
 # it needs first. Fails on any failure, including a tier that ran no test.
 #
-# With no arguments the tiers run in four lanes at once (issue 23: the
-# suite is mostly waits on containers, sandboxes and nspawn guests, not CPU):
+# With no arguments the tiers run in four lanes at once (the suite is
+# mostly waits on containers, sandboxes and nspawn guests, not CPU):
 #   sandboxes   the privileged modules on the helper's sandboxes (Coding,
-#               AutoResearch, the helper itself, the reliability suites)
+#               AutoResearch, the helper itself, the reliability suites),
+#               then half of the unit tier
 #   containers  the privileged modules on Docker containers (General,
-#               Visual, the container mediator, the OCI demo), then half
-#               of the unit tier
+#               Visual, the container mediator, the OCI demo)
 #   system      systemd in nspawn guests, then the unit tier's other half
 #               (packaging/split_tests.py deals the halves), each half in a
 #               PID namespace of its own (packaging/reaper.py says why)
 #   py312       beside them at a lower CPU weight: the unit tier and the
 #               helper's exec module on the seed's Python 3.12
-# (the rehearsal at 81c06b5, 1643 s wall: sandboxes 1406 s, containers
-# 1233 s, system 1039 s, unit 477 s, py312 87 s + its venv).
 # The lanes keep out of each other's way the way parallel runs on a shared
 # machine already must: every helper scope, cgroup and container a test
 # makes is tagged with its pytest's pid, and the leak check ignores what
@@ -88,7 +86,7 @@ tier() {
     echo "run-tests.sh: [$((SECONDS))s] $name: exit $rc after $((SECONDS - start)) s" >&2
 }
 
-# The seed's Python 3.12 (issue 23): the whole unit tier again, then one
+# The seed's Python 3.12: the whole unit tier again, then one
 # privileged module (the helper's exec), in a venv of their own
 # ($CAMG_CACHE/venv-py3.12) where the machine has a 3.12 the service user
 # can run. CAMG_PYTHON312 names one; a pyenv 3.12 under /root (which user
@@ -107,7 +105,7 @@ py312_tier() {
         return 0
     fi
     # In the build cache, not the checkout: a clean clone reuses it while
-    # the lock is unchanged (bootstrap.sh's stamp); cold, it is ~13 min here.
+    # the lock is unchanged (bootstrap.sh's stamp); cold, it takes minutes.
     local venv312="$CAMG_CACHE/venv-py3.12"
     if ! CAMG_PYTHON=$py312 packaging/bootstrap.sh "$venv312" >"$out/py312-bootstrap.log" 2>&1; then
         cat "$out/py312-bootstrap.log"
