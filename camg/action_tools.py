@@ -28,17 +28,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import fastjsonschema
+
+from camg.errors import ConfigError, InvalidAction
+from camg_client.tool_calls import FORMS as _FORMS_KEY
+
 # The pure mapping lives in the trainer client, so a trainer maps a call
 # exactly as the service does without this library (the services' venv and
 # wheel carry camg_client: pyproject.toml maps clients/python in).
 from camg_client.tool_calls import ToolCallError, action_of
 from camg_client.tool_calls import branches as _branches
 from camg_client.tool_calls import discriminator as _discriminator
-from camg_client.tool_calls import FORMS as _FORMS_KEY
 from camg_client.tool_calls import forms as _forms
 from camg_client.tool_calls import values as _values
-
-from camg.errors import ConfigError, InvalidAction
 
 # OpenAI's rule for a function name.
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -51,20 +52,23 @@ class ActionTools:
         self.schema = dict(action_schema)
         self.forms = _forms(self.schema)
         self._validate = fastjsonschema.compile(self.schema)
+        self.key: str | None = None
         if self.forms is not None:
-            self.key = None
             self.tools = _form_tools(self.schema, self.forms)
             return
         branches = _branches(self.schema)
         keys = {_discriminator(b) for b in branches}
         if len(keys) != 1:
-            raise ConfigError("action schema: every branch needs the same discriminator "
-                              f"to become tools, found {sorted(map(str, keys))}")
-        self.key: str | None = keys.pop()
+            raise ConfigError(
+                "action schema: every branch needs the same discriminator "
+                f"to become tools, found {sorted(map(str, keys))}"
+            )
+        self.key = keys.pop()
         if self.key is None:
             if len(branches) != 1:
-                raise ConfigError("action schema: branches without a discriminator "
-                                  "cannot be told apart as tools")
+                raise ConfigError(
+                    "action schema: branches without a discriminator cannot be told apart as tools"
+                )
             parts = {name: [_parameters(branches[0], None, None)]}
             notes = {name: _describe(branches[0], self.schema, None)}
         else:
@@ -75,12 +79,20 @@ class ActionTools:
                     notes.setdefault(value, []).extend(_describe(branch, self.schema, self.key))
         bad = [n for n in parts if not _TOOL_NAME.fullmatch(n)]
         if bad:
-            raise ConfigError(f"action schema: {bad} cannot be tool names "
-                              "(OpenAI allows [A-Za-z0-9_-]{1,64})")
-        self.tools = [{"type": "function", "function": {
-            "name": tool,
-            "description": " ".join(dict.fromkeys(notes[tool])) or f"One {name} action.",
-            "parameters": _merge(parts[tool])}} for tool in parts]
+            raise ConfigError(
+                f"action schema: {bad} cannot be tool names (OpenAI allows [A-Za-z0-9_-]{{1,64}})"
+            )
+        self.tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool,
+                    "description": " ".join(dict.fromkeys(notes[tool])) or f"One {name} action.",
+                    "parameters": _merge(parts[tool]),
+                },
+            }
+            for tool in parts
+        ]
 
     def action(self, tool_name: str, arguments: str | bytes | Mapping[str, Any] | None) -> dict:
         """The action a tool call stands for; InvalidAction when the call is
@@ -88,15 +100,15 @@ class ActionTools:
         not a JSON object, an action outside the schema)."""
         names = [t["function"]["name"] for t in self.tools]
         try:
-            action = action_of(tool_name, arguments, key=self.key, names=names,
-                               forms=self.forms)
+            action = action_of(tool_name, arguments, key=self.key, names=names, forms=self.forms)
         except ToolCallError as exc:
             raise InvalidAction(str(exc)) from None
         try:
             self._validate(action)
-        except fastjsonschema.JsonSchemaException as exc:
-            raise InvalidAction(f"{tool_name}: " + exc.message.replace("data", "action", 1)) \
-                from None
+        except fastjsonschema.JsonSchemaValueException as exc:  # what a fast-fail validator raises
+            raise InvalidAction(
+                f"{tool_name}: " + exc.message.replace("data", "action", 1)
+            ) from None
         return action
 
 
@@ -106,8 +118,7 @@ def tools(action_schema: Mapping[str, Any], *, name: str) -> list[dict]:
     return ActionTools(action_schema, name=name).tools
 
 
-def action(action_schema: Mapping[str, Any], tool_name: str, arguments: Any, *,
-           name: str) -> dict:
+def action(action_schema: Mapping[str, Any], tool_name: str, arguments: Any, *, name: str) -> dict:
     """The validated action body of one tool call (see ``ActionTools.action``)."""
     return ActionTools(action_schema, name=name).action(tool_name, arguments)
 
@@ -116,27 +127,49 @@ def _form_tools(schema: Mapping[str, Any], forms: Mapping[str, Any]) -> list[dic
     """One tool per form of the string property ``forms`` names, taking the
     text its template's ``{}`` stands for."""
     prop = forms.get("property")
-    if (schema.get("properties") or {}).get(prop, {}).get("type") != "string" \
-            or schema.get("required") != [prop]:
-        raise ConfigError(f"action schema: {_FORMS_KEY} needs the schema's one required "
-                          f"string property, not {prop!r}")
+    if (schema.get("properties") or {}).get(prop, {}).get("type") != "string" or schema.get(
+        "required"
+    ) != [prop]:
+        raise ConfigError(
+            f"action schema: {_FORMS_KEY} needs the schema's one required "
+            f"string property, not {prop!r}"
+        )
     tools = []
     for tool, form in (forms.get("tools") or {}).items():
         template, parameter = form.get("template"), form.get("parameter")
-        if not isinstance(template, str) or template.count("{}") != 1 \
-                or not isinstance(parameter, str) or not form.get("description"):
-            raise ConfigError(f"action schema: {_FORMS_KEY} {tool!r} needs a template with "
-                              "one {}, a parameter and a description")
+        if (
+            not isinstance(template, str)
+            or template.count("{}") != 1
+            or not isinstance(parameter, str)
+            or not form.get("description")
+        ):
+            raise ConfigError(
+                f"action schema: {_FORMS_KEY} {tool!r} needs a template with "
+                "one {}, a parameter and a description"
+            )
         if not _TOOL_NAME.fullmatch(tool):
-            raise ConfigError(f"action schema: {tool!r} cannot be a tool name "
-                              "(OpenAI allows [A-Za-z0-9_-]{1,64})")
+            raise ConfigError(
+                f"action schema: {tool!r} cannot be a tool name "
+                "(OpenAI allows [A-Za-z0-9_-]{1,64})"
+            )
         argument = {"type": "string", "minLength": 1}
         if form.get("parameter_description"):
             argument["description"] = form["parameter_description"]
-        tools.append({"type": "function", "function": {
-            "name": tool, "description": form["description"],
-            "parameters": {"type": "object", "properties": {parameter: argument},
-                           "required": [parameter], "additionalProperties": False}}})
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": tool,
+                    "description": form["description"],
+                    "parameters": {
+                        "type": "object",
+                        "properties": {parameter: argument},
+                        "required": [parameter],
+                        "additionalProperties": False,
+                    },
+                },
+            }
+        )
     if not tools:
         raise ConfigError(f"action schema: {_FORMS_KEY} names no tools")
     return tools
@@ -154,8 +187,11 @@ def _parameters(branch: Mapping[str, Any], key: str | None, value: str | None) -
             continue
         clause = cond.get("then") if value in _values(tested[key]) else cond.get("else")
         required += (clause or {}).get("required") or []
-    parameters = {"type": "object", "properties": props,
-                  "required": list(dict.fromkeys(r for r in required if r in props))}
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": props,
+        "required": list(dict.fromkeys(r for r in required if r in props)),
+    }
     if branch.get("additionalProperties") is False:
         parameters["additionalProperties"] = False
     return parameters
@@ -178,18 +214,19 @@ def _merge(parts: list[dict]) -> dict:
                 texts.append(sub["description"])
     props = {}
     for prop, known in options.items():
-        subs = [{**shape, "description": " / ".join(texts)} if texts else shape
-                for shape, texts in known.values()]
+        subs = [
+            {**shape, "description": " / ".join(texts)} if texts else shape
+            for shape, texts in known.values()
+        ]
         props[prop] = subs[0] if len(subs) == 1 else {"anyOf": subs}
     required = [r for r in parts[0]["required"] if all(r in p["required"] for p in parts)]
-    merged = {"type": "object", "properties": props, "required": required}
+    merged: dict[str, Any] = {"type": "object", "properties": props, "required": required}
     if all(p.get("additionalProperties") is False for p in parts):
         merged["additionalProperties"] = False
     return merged
 
 
-def _describe(branch: Mapping[str, Any], schema: Mapping[str, Any],
-              key: str | None) -> list[str]:
+def _describe(branch: Mapping[str, Any], schema: Mapping[str, Any], key: str | None) -> list[str]:
     """The texts a tool's description is made of, most specific first."""
     texts = [(branch["properties"][key].get("description") or "") if key else ""]
     for where in (branch, schema) if branch is not schema else (schema,):

@@ -40,14 +40,18 @@ STARTED, ENDED = "camg_episodes_started_total", "camg_episodes_ended_total"
 def default_state() -> Path:
     if os.environ.get(STATE_VARIABLE):
         return Path(os.environ[STATE_VARIABLE])
-    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") \
-        / "camg" / "status-samples.json"
+    return (
+        Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        / "camg"
+        / "status-samples.json"
+    )
 
 
 def counters(exposition: str) -> dict:
     """The episode counters of one scrape, summed over the labels status
     does not show: ``{"started": n, "ended": {"outcome/failure_class": n}}``."""
-    started, ended = 0.0, {}
+    started = 0.0
+    ended: dict[str, float] = {}
     for family in text_string_to_metric_families(exposition):
         for s in family.samples:
             if s.name == STARTED:
@@ -91,11 +95,13 @@ def activity(earlier: Mapping, now: Mapping) -> dict:
         outcomes[outcome] = outcomes.get(outcome, 0) + n
         if failure != "none":
             failures[failure] = failures.get(failure, 0) + n
-    return {"window_s": round(span, 3),
-            "ended_per_min": round(60 * sum(ended.values()) / span, 2),
-            "started_per_min": round(60 * _increase(now["started"], earlier["started"]) / span, 2),
-            "outcomes": {k: int(v) for k, v in sorted(outcomes.items())},
-            "failure_classes": {k: int(v) for k, v in sorted(failures.items())}}
+    return {
+        "window_s": round(span, 3),
+        "ended_per_min": round(60 * sum(ended.values()) / span, 2),
+        "started_per_min": round(60 * _increase(now["started"], earlier["started"]) / span, 2),
+        "outcomes": {k: int(v) for k, v in sorted(outcomes.items())},
+        "failure_classes": {k: int(v) for k, v in sorted(failures.items())},
+    }
 
 
 class Samples:
@@ -131,8 +137,11 @@ def collect(ports: Mapping[str, int], state: Path, sample_s: float = SAMPLE_S) -
     """environment -> its activity (or None without metrics)."""
     samples = Samples(state)
     now = {env: scrape(port) for env, port in ports.items()}
-    earlier = {env: samples.earliest(f"{env}@{ports[env]}", s["t"])
-               for env, s in now.items() if s is not None}
+    earlier = {
+        env: samples.earliest(f"{env}@{ports[env]}", s["t"])
+        for env, s in now.items()
+        if s is not None
+    }
     if sample_s > 0 and any(e is None for e in earlier.values()):
         time.sleep(sample_s)
         for env in [e for e, s in earlier.items() if s is None]:
@@ -145,7 +154,8 @@ def collect(ports: Mapping[str, int], state: Path, sample_s: float = SAMPLE_S) -
             out[env] = None
             continue
         samples.add(f"{env}@{ports[env]}", sample)
-        out[env] = activity(earlier[env], sample) if earlier.get(env) else None
+        before = earlier.get(env)
+        out[env] = activity(before, sample) if before else None
     if any(s is not None for s in now.values()):
         samples.save()
     return out

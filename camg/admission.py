@@ -49,8 +49,9 @@ class Admission:
     def _available(self) -> int:
         return self._free() - self._granted
 
-    async def enter(self, wait_s: float,
-                    hangup: Callable[[], Awaitable[Any]] | None = None) -> None:
+    async def enter(
+        self, wait_s: float, hangup: Callable[[], Awaitable[Any]] | None = None
+    ) -> None:
         """Return once this caller may take a slot (it must take it before
         its next ``await``, or call ``wake``); AtCapacity when it may not."""
         if self._closed is not None:
@@ -59,17 +60,22 @@ class Admission:
         if not self._waiters and self._available() > 0:
             return
         if wait_s <= 0:
-            raise AtCapacity("every slot is taken", retry_after=RETRY_AFTER_S,
-                             **self.counts())
+            raise AtCapacity("every slot is taken", retry_after=RETRY_AFTER_S, **self.counts())
         if len(self._waiters) >= self.bound:
-            raise AtCapacity(f"every slot is taken and the line is full ({self.bound} waiting)",
-                             retry_after=RETRY_AFTER_S, **self.counts())
+            raise AtCapacity(
+                f"every slot is taken and the line is full ({self.bound} waiting)",
+                retry_after=RETRY_AFTER_S,
+                **self.counts(),
+            )
         granted: asyncio.Future = asyncio.get_running_loop().create_future()
         self._waiters.append(granted)
         watch = asyncio.ensure_future(hangup()) if hangup is not None else None
         try:
-            await asyncio.wait([granted] if watch is None else [granted, watch],
-                               timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                [granted] if watch is None else [granted, watch],
+                timeout=wait_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         except BaseException:  # cancelled: the server dropped the request
             self._stop_watching(watch)
             if self._leave(granted):
@@ -83,9 +89,12 @@ class Admission:
         if hung_up:
             raise AtCapacity("the client went away while waiting", retry_after=RETRY_AFTER_S)
         if granted.done() and not granted.cancelled():
-            raise granted.exception()  # closed while waiting
-        raise AtCapacity(f"no slot freed within {wait_s:g} s", retry_after=RETRY_AFTER_S,
-                         **self.counts())
+            closed = granted.exception()  # closed while waiting
+            assert closed is not None  # _leave found no grant, so close() set the error
+            raise closed
+        raise AtCapacity(
+            f"no slot freed within {wait_s:g} s", retry_after=RETRY_AFTER_S, **self.counts()
+        )
 
     @staticmethod
     def _stop_watching(watch: asyncio.Future | None) -> bool:
@@ -146,4 +155,5 @@ def hangup(req: Any) -> Callable[[], Awaitable[None]] | None:
         # After the body, the server answers receive() only at disconnect.
         while (await receive()).get("type") != "http.disconnect":
             await asyncio.sleep(0)
+
     return hung_up

@@ -8,12 +8,24 @@ a 500 without internals in the body.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import cast
 
 import falcon
 import falcon.asgi
 
-from camg import (action_tools, admission, http_auth, mcp_server, metrics, openenv_compat, openenv_tasks,
-                  step_route, task_listing, http_wire as wire)
+from camg import (
+    action_tools,
+    admission,
+    http_auth,
+    mcp_server,
+    metrics,
+    openenv_compat,
+    openenv_tasks,
+    step_route,
+    task_listing,
+)
+from camg import http_wire as wire
 from camg.errors import CamgError, PermissionDenied
 from camg.http import INTERNAL_ERROR, dumps, error_headers, read_body, reply
 from camg.service import Service
@@ -27,13 +39,19 @@ class Health:
 
     async def on_get(self, req, resp):
         healthy, reasons = self.service.health()
-        reply(resp, {"status": "healthy" if healthy else "degraded", "reasons": reasons,
-                     "environment": self.service.env.name,
-                     # what camg status compares with the config on disk
-                     "config_hash": self.service.config.config_hash,
-                     "auth": self.service.auth_summary(),
-                     "episodes": self.service.manager.counts()},
-              200 if healthy else 503)
+        reply(
+            resp,
+            {
+                "status": "healthy" if healthy else "degraded",
+                "reasons": reasons,
+                "environment": self.service.env.name,
+                # what camg status compares with the config on disk
+                "config_hash": self.service.config.config_hash,
+                "auth": self.service.auth_summary(),
+                "episodes": self.service.manager.counts(),
+            },
+            200 if healthy else 503,
+        )
 
 
 class Metadata:
@@ -107,8 +125,9 @@ class EpisodeReference:
 
     async def on_get(self, req, resp, episode_id):
         if not self.enabled:
-            raise PermissionDenied("references are not enabled in this deployment "
-                                   "(environments.<name>.references)")
+            raise PermissionDenied(
+                "references are not enabled in this deployment (environments.<name>.references)"
+            )
         reply(resp, await self.manager.reference(episode_id))
 
 
@@ -167,7 +186,9 @@ async def _handle_http_error(req, resp, exc: falcon.HTTPError, params, ws=None):
     resp.status = exc.status
     resp.content_type = falcon.MEDIA_JSON
     resp.text = dumps({"error": _slug(exc.title), "message": exc.description or exc.title})
-    for name, value in (exc.headers or {}).items():
+    # falcon's own errors turn headers given as pairs into a dict.
+    headers = cast("Mapping[str, str]", exc.headers or {})
+    for name, value in headers.items():
         resp.set_header(name, value)
 
 
@@ -198,7 +219,7 @@ class Lifespan:
         await self.service.stop()
 
 
-def create_app(service: Service) -> falcon.asgi.App:
+def create_app(service: Service) -> step_route.StepRoute | http_auth.AuthGate:
     app = falcon.asgi.App(middleware=[Lifespan(service)], cors_enable=False)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/health", Health(service))
@@ -222,4 +243,3 @@ def create_app(service: Service) -> falcon.asgi.App:
     # the token gate
     routes = step_route.StepRoute(mcp_server.mount(app, service), service)
     return routes if service.tokens is None else http_auth.AuthGate(routes, service.tokens)
-

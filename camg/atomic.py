@@ -23,7 +23,7 @@ def write_bytes(path: str | os.PathLike, data: bytes, *, mode: int = 0o644) -> N
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -38,8 +38,14 @@ def write_text(path: str | os.PathLike, text: str, *, mode: int = 0o644) -> None
     write_bytes(path, text.encode("utf-8"), mode=mode)
 
 
-def write_json(path: str | os.PathLike, body: Any, *, indent: int | None = 1,
-               sort_keys: bool = False, mode: int = 0o644) -> None:
+def write_json(
+    path: str | os.PathLike,
+    body: Any,
+    *,
+    indent: int | None = 1,
+    sort_keys: bool = False,
+    mode: int = 0o644,
+) -> None:
     text = json.dumps(body, indent=indent, sort_keys=sort_keys, ensure_ascii=False) + "\n"
     write_bytes(path, text.encode("utf-8"), mode=mode)
 

@@ -54,8 +54,9 @@ class Principal:
 #: the principal a request acts for, set by the HTTP gate (camg.http_auth)
 #: for the request's task and everything it starts. None: authentication
 #: is off, or the service itself acts (leases, shutdown): no owner check.
-CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("camg_caller",
-                                                                         default=None)
+CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "camg_caller", default=None
+)
 
 
 def caller() -> Principal | None:
@@ -123,8 +124,11 @@ def read_trainers(path: str | os.PathLike) -> list[dict]:
         return []
     except (OSError, ValueError) as exc:
         raise ConfigError(f"trainers file {path} is unreadable: {exc}") from None
-    if not isinstance(body, dict) or body.get("format") != FORMAT \
-            or not isinstance(body.get("trainers"), list):
+    if (
+        not isinstance(body, dict)
+        or body.get("format") != FORMAT
+        or not isinstance(body.get("trainers"), list)
+    ):
         raise ConfigError(f"trainers file {path}: not a {FORMAT} file")
     seen = set()
     for index, entry in enumerate(body["trainers"]):
@@ -186,8 +190,7 @@ class TokenStore:
                 # after its rename changes no stamp field).
                 self._by_hash, self._stamp, self.error = {}, None, exc.message
                 return
-            self._by_hash = {e["token_sha256"]: Principal(e["name"], e["role"])
-                             for e in entries}
+            self._by_hash = {e["token_sha256"]: Principal(e["name"], e["role"]) for e in entries}
             self._stamp, self.error = stamp, None
 
 
@@ -199,14 +202,19 @@ def describe(required: bool, trainers: str) -> str:
         count = len(read_trainers(trainers))
     except ConfigError as exc:
         return f"on, but {exc.message}"
-    return (f"on: {count} trainer(s) in {trainers}" if count else
-            f"on, and no trainer in {trainers} yet (camg trainer add NAME)")
+    return (
+        f"on: {count} trainer(s) in {trainers}"
+        if count
+        else f"on, and no trainer in {trainers} yet (camg trainer add NAME)"
+    )
 
 
 # -- the file's writers (camg trainer …) ---------------------------------------
 
-def add_trainer(path: str | os.PathLike, name: str, role: str = "trainer",
-                owner: str | None = None) -> str:
+
+def add_trainer(
+    path: str | os.PathLike, name: str, role: str = "trainer", owner: str | None = None
+) -> str:
     """Add ``name`` and return its token (the only time it is seen)."""
     if not NAME.fullmatch(name):
         raise ConfigError(f"trainer name must match {NAME.pattern}")
@@ -216,18 +224,31 @@ def add_trainer(path: str | os.PathLike, name: str, role: str = "trainer",
     if any(e["name"] == name for e in entries):
         raise ConfigError(f"trainer {name!r} exists (revoke it first to issue a new token)")
     token = new_token()
-    entries.append({"name": name, "role": role, "token_sha256": token_hash(token),
-                    "created_at": round(time.time(), 3)})
+    entries.append(
+        {
+            "name": name,
+            "role": role,
+            "token_sha256": token_hash(token),
+            "created_at": round(time.time(), 3),
+        }
+    )
     _write(path, entries, owner)
     return token
 
 
-def grant(path: str | os.PathLike, name: str, token: str, role: str = "trainer",
-          owner: str | None = None) -> None:
+def grant(
+    path: str | os.PathLike, name: str, token: str, role: str = "trainer", owner: str | None = None
+) -> None:
     """Record a token made elsewhere for ``name`` (replacing its old one)."""
     entries = [e for e in read_trainers(path) if e["name"] != name]
-    entries.append({"name": name, "role": role, "token_sha256": token_hash(token),
-                    "created_at": round(time.time(), 3)})
+    entries.append(
+        {
+            "name": name,
+            "role": role,
+            "token_sha256": token_hash(token),
+            "created_at": round(time.time(), 3),
+        }
+    )
     _write(path, entries, owner)
 
 
@@ -245,6 +266,7 @@ def _write(path: str | os.PathLike, entries: list[dict[str, Any]], owner: str | 
     atomic.write_json(path, {"format": FORMAT, "trainers": entries}, mode=0o600)
     if owner is not None:
         import pwd
+
         try:
             user = pwd.getpwnam(owner)
         except KeyError:

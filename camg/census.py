@@ -60,7 +60,7 @@ def children_of(parents: set[int]) -> set[int]:
     (a child is listed by the thread that forked it): a few small reads,
     where a pass over all of /proc took ~20 ms on a loaded machine (the leak
     check runs twice per test)."""
-    kids = set()
+    kids: set[int] = set()
     for parent in parents:
         for tid in entries(f"/proc/{parent}/task"):
             try:
@@ -71,14 +71,16 @@ def children_of(parents: set[int]) -> set[int]:
     return kids
 
 
-def holdings(config: dict, cgroup_dirs: list[Path], mount_prefixes: tuple[str, ...]
-             ) -> dict[str, list[str]]:
+def holdings(
+    config: dict, cgroup_dirs: list[Path], mount_prefixes: tuple[str, ...]
+) -> dict[str, list[str]]:
     """What the helper of ``config`` (its helper.json) holds: ledger records,
     overlay uppers, sandbox cgroups below ``cgroup_dirs`` (a supervisor's
     own cgroup is the helper's, not a sandbox's), the processes in them and
     the mounts below ``mount_prefixes``."""
-    cgroups = [d for base in cgroup_dirs for d in cgroup_tree(base)
-               if not d.endswith("/supervisor")]
+    cgroups = [
+        d for base in cgroup_dirs for d in cgroup_tree(base) if not d.endswith("/supervisor")
+    ]
     return {
         "ledger records": entries(Path(config["state_dir"]) / "ledger"),
         "uppers": entries(config["upper_root"]),

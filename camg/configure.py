@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import camg
+from camg import admission, atomic, auth, helper_roots, plugins, signing, typed
 from camg import service_config as cfg
 from camg import task_manifest as manifest_mod
-from camg import admission, atomic, auth, helper_roots, plugins, signing, typed
 from camg.errors import CamgError, ConfigError, PreparationMissing
 from camg.hashing import sha256_json
 
@@ -33,9 +33,12 @@ log = logging.getLogger(__name__)
 
 def source_commit(tree: Path) -> str:
     """The commit of a clean checkout; ConfigError naming dirty paths."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(tree), *args], check=True, text=True,
-                              capture_output=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(tree), *args], check=True, text=True, capture_output=True
+        ).stdout
+
     try:
         git("rev-parse", "--show-toplevel")
     except (subprocess.CalledProcessError, FileNotFoundError):
@@ -44,8 +47,9 @@ def source_commit(tree: Path) -> str:
     if dirty:
         paths = ", ".join(line[3:] for line in dirty[:20])
         more = f" and {len(dirty) - 20} more" if len(dirty) > 20 else ""
-        raise ConfigError(f"the git checkout {tree} is not clean: {paths}{more}; "
-                          "commit or remove these first")
+        raise ConfigError(
+            f"the git checkout {tree} is not clean: {paths}{more}; commit or remove these first"
+        )
     return git("rev-parse", "HEAD").strip()
 
 
@@ -56,47 +60,69 @@ def _source_tree() -> Path:
     return Path.cwd()
 
 
-def build_service(name: str, env: cfg.EnvironmentDeployment, deployment: cfg.Deployment,
-                  base: Path, commit: str, outcome_key: dict) -> tuple[dict, manifest_mod.Manifest]:
+def build_service(
+    name: str,
+    env: cfg.EnvironmentDeployment,
+    deployment: cfg.Deployment,
+    base: Path,
+    commit: str,
+    outcome_key: dict,
+) -> tuple[dict, manifest_mod.Manifest]:
     plugin = plugins.all_plugins().get(name)
     step = plugin.prepare_hint if plugin else f"prepare the {name} manifest"
     manifest_path = base / env.manifest
     manifest_file = cfg.hashed(manifest_path, step=step, what=f"{name} prepared manifest")
     manifest = manifest_mod.load(manifest_path)
     if manifest.environment != name:
-        raise ConfigError(f"{manifest_path} is a manifest for {manifest.environment!r}, not {name!r}")
+        raise ConfigError(
+            f"{manifest_path} is a manifest for {manifest.environment!r}, not {name!r}"
+        )
     try:
         manifest.verify_files()
     except ConfigError as exc:
         raise PreparationMissing(str(exc), step=step) from None
     executables = {**deployment.executables, **env.executables}
+    # load_deployment requires the factory and port no installed plugin provides.
+    provided = cast(plugins.EnvironmentPlugin, plugin)
     body = {
         "format": cfg.SERVICE_FORMAT,
         "environment": name,
-        "factory": env.factory or plugin.factory,
+        "factory": env.factory or provided.factory,
         "version": camg.__version__,
         "source_commit": commit,
         "host": cfg.LOOPBACK,
-        "port": env.port or plugin.port,
+        "port": env.port or provided.port,
         "state_dir": str(Path(deployment.state_root) / name),
         "helper_socket": deployment.helper_socket,
         "capacity": env.capacity if env.capacity is not None else plugins.default_capacity(plugin),
         "limits": typed.to_json(env.limits),
         "manifest": typed.to_json(manifest_file),
         "task_selection_hash": manifest.selection_hash(),
-        "runtime_lock": typed.to_json(cfg.hashed(
-            base / deployment.runtime_lock, step="install the runtime lock (requirements.lock)",
-            what="runtime lock")),
-        "executables": {label: typed.to_json(cfg.hashed(
-            base / path, step=f"install the {label} executable", what=f"executable {label}"))
-            for label, path in sorted(executables.items())},
+        "runtime_lock": typed.to_json(
+            cfg.hashed(
+                base / deployment.runtime_lock,
+                step="install the runtime lock (requirements.lock)",
+                what="runtime lock",
+            )
+        ),
+        "executables": {
+            label: typed.to_json(
+                cfg.hashed(
+                    base / path, step=f"install the {label} executable", what=f"executable {label}"
+                )
+            )
+            for label, path in sorted(executables.items())
+        },
         "settings": typed.to_json(env.settings),
         "references": env.references,
         "auth": typed.to_json(deployment.auth),
         "outcome_key": outcome_key,
     }
-    body["queue_bound"] = (env.queue_bound if env.queue_bound is not None
-                           else admission.default_queue_bound(body["capacity"]))
+    body["queue_bound"] = (
+        env.queue_bound
+        if env.queue_bound is not None
+        else admission.default_queue_bound(body["capacity"])
+    )
     body["config_hash"] = sha256_json(body)
     typed.parse(cfg.ServiceConfig, body, f"{name} config", ConfigError)
     return body, manifest
@@ -109,8 +135,7 @@ def _setting(name: str, env: cfg.EnvironmentDeployment, field: str) -> object:
         return env.settings[field]
     plugin = plugins.all_plugins().get(name)
     if env.factory is not None and (plugin is None or plugin.factory != env.factory):
-        plugin = next((p for p in plugins.all_plugins().values() if p.factory == env.factory),
-                      None)
+        plugin = next((p for p in plugins.all_plugins().values() if p.factory == env.factory), None)
     if plugin is None:
         return None
     fields = {f.name: f for f in dataclasses.fields(plugins.resolve(plugin.settings))}
@@ -125,8 +150,9 @@ def helper_owner(name: str, env: cfg.EnvironmentDeployment) -> str:
     return str(_setting(name, env, "helper_owner") or name)
 
 
-def check_helper_settings(deployment: cfg.Deployment,
-                          helper_config: str | os.PathLike | None = None) -> None:
+def check_helper_settings(
+    deployment: cfg.Deployment, helper_config: str | os.PathLike | None = None
+) -> None:
     """Refuse now what the helper would refuse at the first reset: a layer
     root outside its lower roots, two services with one owner name."""
     roots = helper_roots.load(helper_config)
@@ -136,18 +162,28 @@ def check_helper_settings(deployment: cfg.Deployment,
             continue
         owners[name] = helper_owner(name, env)
         if owners[name] != name:
-            log.warning("environments.%s.settings.helper_owner %r: the unit's ExecStopPost= "
-                        "releases the sandboxes of owner %r only", name, owners[name], name)
+            log.warning(
+                "environments.%s.settings.helper_owner %r: the unit's ExecStopPost= "
+                "releases the sandboxes of owner %r only",
+                name,
+                owners[name],
+                name,
+            )
         layers_root = _setting(name, env, "layers_root")
         if isinstance(layers_root, str):
-            helper_roots.check_lower(layers_root, f"environments.{name}.settings.layers_root",
-                                     roots)
+            helper_roots.check_lower(
+                layers_root, f"environments.{name}.settings.layers_root", roots
+            )
     helper_roots.check_owners(owners, deployment.helper_socket)
 
 
-def configure(deployment_path: Path, output: Path, source_tree: Path | None = None,
-              key_owner: str | None = None,
-              helper_config: str | os.PathLike | None = None) -> dict:
+def configure(
+    deployment_path: Path,
+    output: Path,
+    source_tree: Path | None = None,
+    key_owner: str | None = None,
+    helper_config: str | os.PathLike | None = None,
+) -> dict:
     """``key_owner``: the user the outcome signing key is made for (install.sh:
     camg); the key is made only if it is missing. ``helper_config``: the
     helper's config file (default /etc/camg/helper.json)."""
@@ -195,17 +231,26 @@ def _write(path: Path, body: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m camg.configure", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m camg.configure", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--deployment", required=True, type=Path)
     parser.add_argument("--output", type=Path, help="required unless --check-config")
-    parser.add_argument("--key-owner", metavar="USER",
-                        help="owner of the outcome signing key if it is made now")
-    parser.add_argument("--helper-config", metavar="PATH",
-                        default=helper_roots.DEFAULT_HELPER_CONFIG,
-                        help="the helper's config file, whose lower_roots the prepared layers "
-                             "must be below (default %(default)s)")
-    parser.add_argument("--check-config", action="store_true",
-                        help="only check the deployment against the helper's config and exit")
+    parser.add_argument(
+        "--key-owner", metavar="USER", help="owner of the outcome signing key if it is made now"
+    )
+    parser.add_argument(
+        "--helper-config",
+        metavar="PATH",
+        default=helper_roots.DEFAULT_HELPER_CONFIG,
+        help="the helper's config file, whose lower_roots the prepared layers "
+        "must be below (default %(default)s)",
+    )
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="only check the deployment against the helper's config and exit",
+    )
     args = parser.parse_args(argv)
     if args.output is None and not args.check_config:
         parser.error("--output is required")
@@ -214,16 +259,21 @@ def main(argv: list[str] | None = None) -> int:
             deployment = cfg.load_deployment(args.deployment)
             check_helper_settings(deployment, args.helper_config)
             print(f"camg.configure: {args.deployment} agrees with {args.helper_config}")
-            print(f"camg.configure: authentication "
-                  f"{auth.describe(deployment.auth.required, deployment.auth.trainers)}")
+            print(
+                f"camg.configure: authentication "
+                f"{auth.describe(deployment.auth.required, deployment.auth.trainers)}"
+            )
             return 0
-        schedule = configure(args.deployment, args.output, key_owner=args.key_owner,
-                             helper_config=args.helper_config)
+        schedule = configure(
+            args.deployment, args.output, key_owner=args.key_owner, helper_config=args.helper_config
+        )
     except CamgError as exc:
         print(f"camg.configure: {exc}", file=sys.stderr)
         return 2
-    print(f"camg.configure: wrote {', '.join(sorted(schedule['environments']))} to {args.output} "
-          f"(config hash {schedule['config_hash']}, commit {schedule['source_commit'][:12]})")
+    print(
+        f"camg.configure: wrote {', '.join(sorted(schedule['environments']))} to {args.output} "
+        f"(config hash {schedule['config_hash']}, commit {schedule['source_commit'][:12]})"
+    )
     return 0
 
 

@@ -64,7 +64,9 @@ class ContainerSpec:
     user: Literal["", "agent", "root"] = _CREATE.user
     mount_agent_env: bool = _CREATE.mount_agent_env
 
-    def create_params(self, *, episode_id: str = "", pool: bool = False) -> wire.ContainerCreateParams:
+    def create_params(
+        self, *, episode_id: str = "", pool: bool = False
+    ) -> wire.ContainerCreateParams:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return wire.ContainerCreateParams(**fields, episode_id=episode_id, pool=pool)
 
@@ -83,8 +85,13 @@ class Container:
 
 
 class ContainerClient:
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, *, owner: str = "default",
-                 helper: HelperClient | None = None) -> None:
+    def __init__(
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        *,
+        owner: str = "default",
+        helper: HelperClient | None = None,
+    ) -> None:
         self.helper = helper or HelperClient(socket_path, owner=owner)
 
     def pull(self, image: str) -> str:
@@ -92,29 +99,52 @@ class ContainerClient:
         return self.helper.call("ContainerPull", wire.ContainerPullParams(image))[0]["image_id"]
 
     def create(self, spec: ContainerSpec, *, episode_id: str = "", pool: bool = False) -> Container:
-        r = self.helper.call("ContainerCreate", spec.create_params(episode_id=episode_id, pool=pool))[0]
-        return Container(r["container_id"], r["image"], episode_id, pool, str(r.get("instance") or ""))
+        r = self.helper.call(
+            "ContainerCreate", spec.create_params(episode_id=episode_id, pool=pool)
+        )[0]
+        return Container(
+            r["container_id"], r["image"], episode_id, pool, str(r.get("instance") or "")
+        )
 
-    def fork(self, container_id: str, *, episode_id: str = "",
-             allow_agent_processes: bool = wire.ContainerForkParams.allow_agent_processes) -> Container:
+    def fork(
+        self,
+        container_id: str,
+        *,
+        episode_id: str = "",
+        allow_agent_processes: bool = wire.ContainerForkParams.allow_agent_processes,
+    ) -> Container:
         """A new container of this peer from a snapshot of ``container_id``
         as it stands (helper/container_fork.py): same parameters, its own
         main process started afresh. NotForkable (``what`` agent_processes
         or fork_depth) for what the helper refuses to carry."""
         try:
-            r = self.fork_reply(container_id, episode_id=episode_id,
-                                allow_agent_processes=allow_agent_processes)
+            r = self.fork_reply(
+                container_id, episode_id=episode_id, allow_agent_processes=allow_agent_processes
+            )
         except (errors.PermissionDenied, errors.BadRequest) as exc:
-            what = {"not_allowed": "agent_processes", "limit_exceeded": "fork_depth"}.get(
-                exc.details.get("helper_error"))
+            refusals: dict[object, str] = {
+                "not_allowed": "agent_processes",
+                "limit_exceeded": "fork_depth",
+            }
+            what = refusals.get(exc.details.get("helper_error"))
             if what is None:
                 raise
-            raise errors.NotForkable(f"the container cannot be forked: {exc.message}", what=what) from None
-        return Container(r["container_id"], r["image"], episode_id, False, str(r.get("instance") or ""))
+            raise errors.NotForkable(
+                f"the container cannot be forked: {exc.message}", what=what
+            ) from None
+        return Container(
+            r["container_id"], r["image"], episode_id, False, str(r.get("instance") or "")
+        )
 
-    def fork_reply(self, container_id: str, *, episode_id: str = "",
-                   allow_agent_processes: bool = wire.ContainerForkParams.allow_agent_processes) -> dict:
-        """ContainerFork's whole reply (depth, standby, snapshot and the timings: the benchmarks)."""
+    def fork_reply(
+        self,
+        container_id: str,
+        *,
+        episode_id: str = "",
+        allow_agent_processes: bool = wire.ContainerForkParams.allow_agent_processes,
+    ) -> dict:
+        """ContainerFork's whole reply (depth, standby, snapshot and the
+        timings: the benchmarks)."""
         p = wire.ContainerForkParams(container_id, episode_id, allow_agent_processes)
         return self.helper.call("ContainerFork", p)[0]
 
@@ -139,9 +169,14 @@ class ContainerClient:
         delay = 0.01
         while True:
             try:
-                return self._connect_once(container_id, port, min(5.0, max(0.1, deadline - time.monotonic())))
+                return self._connect_once(
+                    container_id, port, min(5.0, max(0.1, deadline - time.monotonic()))
+                )
             except errors.Unavailable as exc:
-                if exc.details.get("helper_error") != "connection_refused" or time.monotonic() >= deadline:
+                if (
+                    exc.details.get("helper_error") != "connection_refused"
+                    or time.monotonic() >= deadline
+                ):
                     raise
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.2)
@@ -150,11 +185,18 @@ class ContainerClient:
         h = self.helper
         sock = h._connect()
         try:
-            sock.sendall(wire.encode(h.request("ContainerConnect",
-                                               wire.ContainerConnectParams(container_id, port, timeout))))
+            sock.sendall(
+                wire.encode(
+                    h.request(
+                        "ContainerConnect", wire.ContainerConnectParams(container_id, port, timeout)
+                    )
+                )
+            )
             reply, _, fd = wire.read_frame_with_fd(sock, 1 << 20)
         except (OSError, EOFError, wire.FrameError) as exc:
-            raise errors.Unavailable(f"helper connection failed during ContainerConnect: {exc}") from None
+            raise errors.Unavailable(
+                f"helper connection failed during ContainerConnect: {exc}"
+            ) from None
         finally:
             sock.close()
         if reply.get("ok") is not True:
@@ -165,21 +207,42 @@ class ContainerClient:
             raise errors.InfraFailure("helper: ContainerConnect answered without a descriptor")
         return socket.socket(fileno=fd)
 
-    def exec(self, container_id: str, command: str, *, user: Literal["agent", "root"] = wire.ExecOptions.user,
-             cwd: str = wire.ExecOptions.cwd, env: Mapping[str, str] | None = None, stdin: bytes = b"",
-             timeout: float = wire.ExecOptions.timeout,
-             output_limit: int = wire.ExecOptions.output_limit) -> ExecResult:
-        p = wire.ContainerExecParams(container_id, command, user=user, cwd=cwd, env=dict(env or {}),
-                                     timeout=timeout, output_limit=output_limit)
+    def exec(
+        self,
+        container_id: str,
+        command: str,
+        *,
+        user: Literal["agent", "root"] = wire.ExecOptions.user,
+        cwd: str = wire.ExecOptions.cwd,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes = b"",
+        timeout: float = wire.ExecOptions.timeout,
+        output_limit: int = wire.ExecOptions.output_limit,
+    ) -> ExecResult:
+        p = wire.ContainerExecParams(
+            container_id,
+            command,
+            user=user,
+            cwd=cwd,
+            env=dict(env or {}),
+            timeout=timeout,
+            output_limit=output_limit,
+        )
         return ExecResult.from_reply(self.helper.call("ContainerExec", p, stdin)[0])
 
     def put_archive(self, container_id: str, dest_dir: str, tar_bytes: bytes) -> None:
-        self.helper.call("ContainerPutArchive", wire.ContainerPutArchiveParams(container_id, dest_dir), tar_bytes)
+        self.helper.call(
+            "ContainerPutArchive", wire.ContainerPutArchiveParams(container_id, dest_dir), tar_bytes
+        )
 
     def get_archive(self, container_id: str, path: str) -> bytes:
-        return self.helper.call("ContainerGetArchive", wire.ContainerGetArchiveParams(container_id, path))[1]
+        return self.helper.call(
+            "ContainerGetArchive", wire.ContainerGetArchiveParams(container_id, path)
+        )[1]
 
-    def logs(self, container_id: str, *, tail_bytes: int = wire.ContainerLogsParams.tail_bytes) -> str:
+    def logs(
+        self, container_id: str, *, tail_bytes: int = wire.ContainerLogsParams.tail_bytes
+    ) -> str:
         p = wire.ContainerLogsParams(container_id, tail_bytes)
         return self.helper.call("ContainerLogs", p)[0]["logs"]
 
@@ -217,8 +280,15 @@ class ContainerPool:
     ``close``, and by the helper's release and sweeps like any other.
     """
 
-    def __init__(self, client: ContainerClient, spec: ContainerSpec, size: int, *,
-                 refill_threads: int = 1, retry_delay: float = 1.0) -> None:
+    def __init__(
+        self,
+        client: ContainerClient,
+        spec: ContainerSpec,
+        size: int,
+        *,
+        refill_threads: int = 1,
+        retry_delay: float = 1.0,
+    ) -> None:
         if size < 0 or refill_threads < 1:
             raise ValueError("size >= 0 and refill_threads >= 1")
         self.client = client
@@ -233,8 +303,10 @@ class ContainerPool:
         self.misses = 0
         self.swept = 0  # ready containers a restarted helper had removed
         self.last_error: Exception | None = None
-        self.threads = [threading.Thread(target=self._refill, name=f"container-pool-{i}", daemon=True)
-                        for i in range(refill_threads)]
+        self.threads = [
+            threading.Thread(target=self._refill, name=f"container-pool-{i}", daemon=True)
+            for i in range(refill_threads)
+        ]
         for t in self.threads:
             t.start()
 
@@ -305,8 +377,10 @@ class ContainerPool:
                 self.swept += dropped
                 self.cond.notify_all()  # refill
         if dropped:
-            log.warning("container pool: %d ready container(s) were swept by a restarted helper; "
-                        "dropped", dropped)
+            log.warning(
+                "container pool: %d ready container(s) were swept by a restarted helper; dropped",
+                dropped,
+            )
 
     def wait_full(self, timeout: float) -> bool:
         """Block until the pool holds ``size`` containers (tests, warm-up)."""

@@ -163,8 +163,7 @@ class Episode(abc.ABC):
         episode (the manager holds its step lock); the child is returned
         already reset, its ``reset()`` never called. Raise ``NotForkable``
         naming what cannot be carried (``what=...``, shown as ``details.what``)."""
-        raise NotForkable(f"{type(self).__name__} episodes cannot be forked",
-                          what="environment")
+        raise NotForkable(f"{type(self).__name__} episodes cannot be forked", what="environment")
 
 
 class Environment(abc.ABC):
@@ -215,16 +214,16 @@ class Environment(abc.ABC):
         deadline). Raise ``InfraFailure`` as ``Episode.grade`` does."""
         raise RegradeUnsupported(f"the {self.name} environment cannot regrade episodes")
 
-    def start_in_only_thread(self) -> None:
+    def start_in_only_thread(self) -> None:  # noqa: B027  # optional hook: a no-op unless overridden
         """Called once in the serving process before ``start``, in its main
         thread while no other thread exists (the event loop has started none
         yet). For what must hold for every thread of the process:
         capabilities are per thread, so a capability is dropped for good only
         where it is dropped before any thread is created."""
 
-    def start(self) -> None:
+    def start(self) -> None:  # noqa: B027  # optional hook: a no-op unless overridden
         """Called once in the serving process before READY=1 (load indexes,
         connect to the helper, verify prepared files), in a worker thread."""
 
-    def stop(self) -> None:
+    def stop(self) -> None:  # noqa: B027  # optional hook: a no-op unless overridden
         """Called once at shutdown after every episode is closed."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 
 
-class FailureClass(str, enum.Enum):
+class FailureClass(str, enum.Enum):  # noqa: UP042  # StrEnum would change str() and format() of members
     """Why an episode ended without an honestly computed reward.
 
     Trainers mask these episodes instead of learning from a fake zero.
@@ -194,8 +194,9 @@ class InfraFailure(CamgError, RuntimeError):
     http_status = 503
     failure_class = FailureClass.INFRA
 
-    def __init__(self, message: str, *, failure_class: FailureClass | None = None,
-                 **details: object) -> None:
+    def __init__(
+        self, message: str, *, failure_class: FailureClass | None = None, **details: object
+    ) -> None:
         super().__init__(message, **details)
         if failure_class is not None:
             self.failure_class = FailureClass(failure_class)

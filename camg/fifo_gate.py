@@ -58,8 +58,13 @@ class Gate:
     def status(self) -> dict[str, int]:
         """Read together under the lock: in flight, waiting, the limit, the peak."""
         with self._lock:
-            return {"limit": self.limit, "in_flight": self._in_flight, "waiting": len(self._queue),
-                    "peak": self._peak, "served": self._served}
+            return {
+                "limit": self.limit,
+                "in_flight": self._in_flight,
+                "waiting": len(self._queue),
+                "peak": self._peak,
+                "served": self._served,
+            }
 
     def _take(self) -> None:
         """Called with the lock held."""
@@ -88,9 +93,11 @@ class Gate:
                 if expired or (cancelled is not None and cancelled()):
                     self._queue.remove(granted)
                     if expired:
-                        raise self.late(f"no {self.what} slot within the deadline: "
-                                        f"{self._in_flight} of {self.limit} in flight, "
-                                        f"{len(self._queue)} more waiting (was {waiting - 1} ahead)")
+                        raise self.late(
+                            f"no {self.what} slot within the deadline: "
+                            f"{self._in_flight} of {self.limit} in flight, "
+                            f"{len(self._queue)} more waiting (was {waiting - 1} ahead)"
+                        )
                     raise Cancelled()
 
     def release(self) -> None:

@@ -69,16 +69,23 @@ def sha256_path(path: str | os.PathLike) -> str:
     return sha256_tree(path) if os.path.isdir(path) else sha256_file(path)
 
 
-def verify_recorded(what: str, path: str | os.PathLike, recorded: str, *,
-                    since: str = "it was recorded", missing_hint: str = "") -> None:
+def verify_recorded(
+    what: str,
+    path: str | os.PathLike,
+    recorded: str,
+    *,
+    since: str = "it was recorded",
+    missing_hint: str = "",
+) -> None:
     """The one check of a recorded hash: a ConfigError names ``what``, the
     path and both hashes when the file or tree is missing or differs."""
     if not os.path.exists(path):
         raise ConfigError(f"{what} is missing: {path}{missing_hint}")
     actual = sha256_path(path)
     if actual != recorded:
-        raise ConfigError(f"{what} changed since {since}: {path} "
-                          f"(recorded {recorded}, now {actual})")
+        raise ConfigError(
+            f"{what} changed since {since}: {path} (recorded {recorded}, now {actual})"
+        )
 
 
 def canonical_json(value: Any) -> bytes:

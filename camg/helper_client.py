@@ -58,7 +58,7 @@ class ExecResult:
     duration: float
 
     @classmethod
-    def from_reply(cls, r: dict) -> "ExecResult":
+    def from_reply(cls, r: dict) -> ExecResult:
         return cls(r["exit_code"], r["output"], r["truncated"], r["timed_out"], r["duration"])
 
 
@@ -85,13 +85,24 @@ assert set(ERROR_CLASSES) == wire.ERRORS, "every helper error name maps to one c
 def error_from_reply(reply: dict) -> errors.CamgError:
     name = reply.get("error")
     message = str(reply.get("message", ""))
-    cls = ERROR_CLASSES.get(name, errors.InfraFailure) if isinstance(name, str) \
+    cls = (
+        ERROR_CLASSES.get(name, errors.InfraFailure)
+        if isinstance(name, str)
         else errors.InfraFailure
+    )
     return cls(f"helper: {message}", helper_error=name)
 
+
 class HelperClient:
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, *, owner: str = "default",
-                 connect_timeout: float = 5.0, max_blob: int = 1 << 30, pool_size: int = 8) -> None:
+    def __init__(
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        *,
+        owner: str = "default",
+        connect_timeout: float = 5.0,
+        max_blob: int = 1 << 30,
+        pool_size: int = 8,
+    ) -> None:
         self.socket_path = socket_path
         self.owner = owner
         self.connect_timeout = connect_timeout
@@ -116,13 +127,16 @@ class HelperClient:
                 # the helper is there and accepting, so wait our turn.
                 sock.close()
                 if time.monotonic() >= deadline:
-                    raise errors.Unavailable(f"helper at {self.socket_path} stayed busy for "
-                                             f"{self.connect_timeout:g} s") from None
+                    raise errors.Unavailable(
+                        f"helper at {self.socket_path} stayed busy for {self.connect_timeout:g} s"
+                    ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
             except OSError as exc:
                 sock.close()
-                raise errors.Unavailable(f"helper unreachable at {self.socket_path}: {exc}") from None
+                raise errors.Unavailable(
+                    f"helper unreachable at {self.socket_path}: {exc}"
+                ) from None
         # Replies may take as long as the command's own deadline.
         sock.settimeout(None)
         return sock
@@ -193,7 +207,7 @@ class HelperClient:
         for sock in idle:
             sock.close()
 
-    def __enter__(self) -> "HelperClient":
+    def __enter__(self) -> HelperClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -207,24 +221,53 @@ class HelperClient:
     def probe(self) -> dict:
         return self.call("Probe", wire.NoParams())[0]
 
-    def create_sandbox(self, lowers: list[str], *, memory_bytes: int, cpu_quota: float,
-                       pids_max: int, hostname: str = wire.CreateSandboxParams.hostname,
-                       upper: Literal["tmpfs", "disk"] = wire.CreateSandboxParams.upper,
-                       upper_bytes: int = wire.CreateSandboxParams.upper_bytes) -> str:
-        p = wire.CreateSandboxParams(tuple(lowers), memory_bytes, cpu_quota, pids_max, hostname,
-                                     upper, upper_bytes)
+    def create_sandbox(
+        self,
+        lowers: list[str],
+        *,
+        memory_bytes: int,
+        cpu_quota: float,
+        pids_max: int,
+        hostname: str = wire.CreateSandboxParams.hostname,
+        upper: Literal["tmpfs", "disk"] = wire.CreateSandboxParams.upper,
+        upper_bytes: int = wire.CreateSandboxParams.upper_bytes,
+    ) -> str:
+        p = wire.CreateSandboxParams(
+            tuple(lowers), memory_bytes, cpu_quota, pids_max, hostname, upper, upper_bytes
+        )
         return self.call("CreateSandbox", p)[0]["sandbox_id"]
 
-    def exec(self, sandbox_id: str, command: str, *, user: Literal["agent", "root"] = wire.ExecOptions.user,
-             cwd: str = wire.ExecOptions.cwd, env: Mapping[str, str] | None = None, stdin: bytes = b"",
-             timeout: float = wire.ExecOptions.timeout,
-             output_limit: int = wire.ExecOptions.output_limit) -> ExecResult:
-        p = wire.ExecParams(sandbox_id, command, user=user, cwd=cwd, env=dict(env or {}), timeout=timeout,
-                            output_limit=output_limit)
+    def exec(
+        self,
+        sandbox_id: str,
+        command: str,
+        *,
+        user: Literal["agent", "root"] = wire.ExecOptions.user,
+        cwd: str = wire.ExecOptions.cwd,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes = b"",
+        timeout: float = wire.ExecOptions.timeout,
+        output_limit: int = wire.ExecOptions.output_limit,
+    ) -> ExecResult:
+        p = wire.ExecParams(
+            sandbox_id,
+            command,
+            user=user,
+            cwd=cwd,
+            env=dict(env or {}),
+            timeout=timeout,
+            output_limit=output_limit,
+        )
         return ExecResult.from_reply(self.call("Exec", p, stdin)[0])
 
-    def put_archive(self, sandbox_id: str, dest_dir: str, tar_bytes: bytes, *,
-                    user: Literal["agent", "root"] = wire.PutArchiveParams.user) -> None:
+    def put_archive(
+        self,
+        sandbox_id: str,
+        dest_dir: str,
+        tar_bytes: bytes,
+        *,
+        user: Literal["agent", "root"] = wire.PutArchiveParams.user,
+    ) -> None:
         self.call("PutArchive", wire.PutArchiveParams(sandbox_id, dest_dir, user), tar_bytes)
 
     def get_archive(self, sandbox_id: str, path: str) -> bytes:

@@ -46,14 +46,19 @@ def load(path: str | os.PathLike | None = None) -> HelperRoots | None:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except OSError as exc:
-        log.warning("cannot read the helper config %s (%s): not checking that prepared "
-                    "lowers are below its lower_roots", path, exc.strerror)
+        log.warning(
+            "cannot read the helper config %s (%s): not checking that prepared "
+            "lowers are below its lower_roots",
+            path,
+            exc.strerror,
+        )
         return None
     except ValueError as exc:
         raise ConfigError(f"helper config {path} is not JSON: {exc}") from None
     roots = data.get("lower_roots", list(DEFAULT_LOWER_ROOTS)) if isinstance(data, dict) else None
-    if not isinstance(roots, list) or not all(isinstance(r, str) and os.path.isabs(r)
-                                              for r in roots):
+    if not isinstance(roots, list) or not all(
+        isinstance(r, str) and os.path.isabs(r) for r in roots
+    ):
         raise ConfigError(f"helper config {path}: lower_roots must be a list of absolute paths")
     return HelperRoots(path, tuple(roots))
 
@@ -69,8 +74,9 @@ def is_below(path: str | os.PathLike, roots: tuple[str, ...]) -> bool:
     return False
 
 
-def check_lower(path: str | os.PathLike, setting: str, roots: HelperRoots | None,
-                what: str | None = None) -> None:
+def check_lower(
+    path: str | os.PathLike, setting: str, roots: HelperRoots | None, what: str | None = None
+) -> None:
     """ConfigError naming ``setting`` (what the operator changes) when
     ``path`` (``what``: a directory lowers are built in, by default the
     setting itself) is not below one of the helper's lower roots."""
@@ -80,7 +86,8 @@ def check_lower(path: str | os.PathLike, setting: str, roots: HelperRoots | None
         f"{what or setting}: {os.fspath(path)!r} is not below a lower root of the helper "
         f"({roots.config}: lower_roots {list(roots.lower_roots)}), which would refuse every "
         f"sandbox built on it; choose a {setting} below one of them, or add a root that "
-        f"holds it to lower_roots in {roots.config}")
+        f"holds it to lower_roots in {roots.config}"
+    )
 
 
 def check_owners(owners: Mapping[str, str], socket: str) -> None:
@@ -93,5 +100,6 @@ def check_owners(owners: Mapping[str, str], socket: str) -> None:
                 f"environments.{env}.settings.helper_owner: {owner!r} is also the owner name "
                 f"of {seen[owner]!r} on the helper at {socket}; stopping either service would "
                 f"release the other's sandboxes. Give each service its own helper_owner "
-                f"(the default is the environment's name)")
+                f"(the default is the environment's name)"
+            )
         seen[owner] = env

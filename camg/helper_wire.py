@@ -34,7 +34,6 @@ from typing import Literal
 from camg import json_depth
 from camg.typed import parse, to_json  # noqa: F401  (parse: the helper's strict parser)
 
-
 PREFIX = "io.camg.helper."
 
 #: The helper's default ceiling of live sandboxes per peer (one service's
@@ -52,14 +51,26 @@ TRUNCATION_MARKER = "[output truncated to final {limit} bytes]\n"
 TIMEOUT_MARKER = "\n[command timed out]"
 
 # The closed set of error names a reply may carry.
-ERRORS = frozenset({
-    "bad_request", "unknown_verb", "path_escape", "limit_exceeded", "payload_too_large",
-    "permission_denied", "not_found", "at_capacity", "probes_failed", "sandbox_died",
-    "internal",
-    # The container mediator: a policy refusal, Docker not reachable or not
-    # configured, nothing listening on the port ContainerConnect asked for.
-    "not_allowed", "docker_unavailable", "connection_refused",
-})
+ERRORS = frozenset(
+    {
+        "bad_request",
+        "unknown_verb",
+        "path_escape",
+        "limit_exceeded",
+        "payload_too_large",
+        "permission_denied",
+        "not_found",
+        "at_capacity",
+        "probes_failed",
+        "sandbox_died",
+        "internal",
+        # The container mediator: a policy refusal, Docker not reachable or not
+        # configured, nothing listening on the port ContainerConnect asked for.
+        "not_allowed",
+        "docker_unavailable",
+        "connection_refused",
+    }
+)
 
 # -- typed parameters, one frozen dataclass per verb -----------------------------
 
@@ -213,21 +224,39 @@ class ContainerLogsParams:
 
 # The closed set of verbs and each one's parameters (helper/verbs.py holds
 # the handlers; a test checks the two tables name the same verbs and types).
-PARAMS: Mapping[str, type] = MappingProxyType({PREFIX + name: cls for name, cls in (
-    ("Ping", NoParams), ("Probe", NoParams), ("CreateSandbox", CreateSandboxParams),
-    ("Exec", ExecParams), ("PutArchive", PutArchiveParams), ("GetArchive", GetArchiveParams),
-    ("DestroySandbox", SandboxParams), ("ReleaseAll", NoParams), ("ListSandboxes", NoParams),
-    ("SandboxUsage", SandboxParams), ("ForkSandbox", ForkSandboxParams),
-    ("KillCommands", SandboxParams),
-    # The container mediator (helper/containers.py): Docker through the helper.
-    ("ContainerPull", ContainerPullParams), ("ContainerCreate", ContainerCreateParams),
-    ("ContainerConnect", ContainerConnectParams), ("ContainerExec", ContainerExecParams),
-    ("ContainerPutArchive", ContainerPutArchiveParams),
-    ("ContainerGetArchive", ContainerGetArchiveParams), ("ContainerLogs", ContainerLogsParams),
-    ("ContainerRemove", ContainerParams), ("ContainerList", NoParams),
-    ("ContainerReleaseAll", NoParams), ("ContainerUsage", ContainerParams),
-    ("ContainerFork", ContainerForkParams), ("ContainerReap", ContainerParams),
-)})
+PARAMS: Mapping[str, type] = MappingProxyType(
+    {
+        PREFIX + name: cls
+        for name, cls in (
+            ("Ping", NoParams),
+            ("Probe", NoParams),
+            ("CreateSandbox", CreateSandboxParams),
+            ("Exec", ExecParams),
+            ("PutArchive", PutArchiveParams),
+            ("GetArchive", GetArchiveParams),
+            ("DestroySandbox", SandboxParams),
+            ("ReleaseAll", NoParams),
+            ("ListSandboxes", NoParams),
+            ("SandboxUsage", SandboxParams),
+            ("ForkSandbox", ForkSandboxParams),
+            ("KillCommands", SandboxParams),
+            # The container mediator (helper/containers.py): Docker through the helper.
+            ("ContainerPull", ContainerPullParams),
+            ("ContainerCreate", ContainerCreateParams),
+            ("ContainerConnect", ContainerConnectParams),
+            ("ContainerExec", ContainerExecParams),
+            ("ContainerPutArchive", ContainerPutArchiveParams),
+            ("ContainerGetArchive", ContainerGetArchiveParams),
+            ("ContainerLogs", ContainerLogsParams),
+            ("ContainerRemove", ContainerParams),
+            ("ContainerList", NoParams),
+            ("ContainerReleaseAll", NoParams),
+            ("ContainerUsage", ContainerParams),
+            ("ContainerFork", ContainerForkParams),
+            ("ContainerReap", ContainerParams),
+        )
+    }
+)
 VERBS = tuple(PARAMS)
 
 
@@ -236,8 +265,10 @@ def request(verb: str, params: object, owner: str) -> dict:
     name = verb if verb.startswith(PREFIX) else PREFIX + verb
     cls = PARAMS.get(name)
     if cls is None or type(params) is not cls:
-        raise TypeError(f"{name} takes {getattr(cls, '__name__', 'no parameters (unknown verb)')}, "
-                        f"not {type(params).__name__}")
+        raise TypeError(
+            f"{name} takes {getattr(cls, '__name__', 'no parameters (unknown verb)')}, "
+            f"not {type(params).__name__}"
+        )
     return {"verb": name, "params": to_json(params), "owner": owner}
 
 
@@ -276,7 +307,7 @@ class FdBlob(bytes):
     fd: int = -1
 
     @classmethod
-    def carrying(cls, fd: int, data: bytes = b"") -> "FdBlob":
+    def carrying(cls, fd: int, data: bytes = b"") -> FdBlob:
         blob = cls(data)
         blob.fd = fd
         return blob
@@ -308,7 +339,9 @@ def read_frame_with_fd(sock: socket.socket, max_blob: int) -> tuple[dict, bytes,
         raise EOFError("peer closed")
     fd = fds[0] if fds else -1
     try:
-        head = data + (_recv_exact(sock, HEADER.size - len(data)) if len(data) < HEADER.size else b"")
+        head = data + (
+            _recv_exact(sock, HEADER.size - len(data)) if len(data) < HEADER.size else b""
+        )
         jlen, blen = HEADER.unpack(head)
         if jlen > MAX_JSON or blen > max_blob:
             raise FrameError("payload_too_large", "reply frame too large")

@@ -41,7 +41,7 @@ import os
 import pwd
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from camg.errors import ConfigError
@@ -103,7 +103,7 @@ def _setting_defaults(environment: str, factory: str | None) -> dict:
     return {f.name: f.default for f in fields if isinstance(f.default, str)}
 
 
-def private_paths(etc: Path, extra: list[Path] = ()) -> dict[str, str]:
+def private_paths(etc: Path, extra: Sequence[Path] = ()) -> dict[str, str]:
     """Every private path the installation under ``etc`` names: path -> what."""
     found: dict[str, str] = {}
 
@@ -118,7 +118,7 @@ def private_paths(etc: Path, extra: list[Path] = ()) -> dict[str, str]:
         body = _load(config, "service config")
         env = body.get("environment")
         if not isinstance(env, str):
-            continue    # routes.json, schedule.json: no environment's
+            continue  # routes.json, schedule.json: no environment's
         add(body.get("state_dir"), f"{env}: state directory")
         key = (body.get("outcome_key") or {}).get("path")
         if isinstance(key, str):
@@ -135,8 +135,10 @@ def private_paths(etc: Path, extra: list[Path] = ()) -> dict[str, str]:
     if helper.is_file():
         for root in _load(helper, "helper config").get("private_roots") or ():
             add(root, "helper private root")
-    for path, what in ((etc / "trainers.json", "trainers' tokens"),
-                       (etc / "credentials", "judge credentials")):
+    for path, what in (
+        (etc / "trainers.json", "trainers' tokens"),
+        (etc / "credentials", "judge credentials"),
+    ):
         if path.exists():
             add(str(path), what)
     for path in extra:
@@ -158,10 +160,9 @@ def _others_pass(path: Path) -> bool:
 
 def _exposed(st: os.stat_result) -> str | None:
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-        return None     # symlinks, whiteouts, sockets: no content of their own
+        return None  # symlinks, whiteouts, sockets: no content of their own
     mode = st.st_mode
-    kinds = [k for k, bit in (("readable", stat.S_IROTH), ("writable", stat.S_IWOTH))
-             if mode & bit]
+    kinds = [k for k, bit in (("readable", stat.S_IROTH), ("writable", stat.S_IWOTH)) if mode & bit]
     return "world-" + " and ".join(kinds) if kinds else None
 
 
@@ -214,19 +215,33 @@ def audit(paths: dict[str, str]) -> tuple[list[Entry], list[str]]:
         found = [f for f in _walk(real) if f not in seen] if _others_pass(real) else []
         seen.update(found)
         findings += found
-        entries.append(Entry(raw, what, _owner(st), f"{stat.S_IMODE(st.st_mode):04o}",
-                             f"{len(found)} finding(s)" if found else "private"))
+        entries.append(
+            Entry(
+                raw,
+                what,
+                _owner(st),
+                f"{stat.S_IMODE(st.st_mode):04o}",
+                f"{len(found)} finding(s)" if found else "private",
+            )
+        )
     return entries, findings
 
 
 def render(entries: list[Entry], findings: list[str], quiet: bool = False) -> str:
     width = max([len(e.path) for e in entries] + [4])
     lines = [] if quiet else [f"{'PATH':{width}}  {'OWNER':17}  MODE  {'VERDICT':12}  WHAT"]
-    lines += [] if quiet else [
-        f"{e.path:{width}}  {e.owner:17}  {e.mode:4}  {e.verdict:12}  {e.what}" for e in entries]
+    lines += (
+        []
+        if quiet
+        else [
+            f"{e.path:{width}}  {e.owner:17}  {e.mode:4}  {e.verdict:12}  {e.what}" for e in entries
+        ]
+    )
     if not findings:
-        return "\n".join(lines + [f"camg audit: {len(entries)} private paths, no "
-                                  "world-readable or world-writable one"])
+        return "\n".join(
+            lines
+            + [f"camg audit: {len(entries)} private paths, no world-readable or world-writable one"]
+        )
     lines.append(f"findings ({len(findings)}):")
     lines += [f"  - {f}" for f in findings[:SHOWN_FINDINGS]]
     if len(findings) > SHOWN_FINDINGS:
@@ -236,10 +251,19 @@ def render(entries: list[Entry], findings: list[str], quiet: bool = False) -> st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="camg audit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--etc", type=Path, default=Path("/etc/camg"),
-                        help="the installation's configuration directory")
-    parser.add_argument("--path", type=Path, action="append", default=[],
-                        help="one more private tree (repeatable), e.g. the demo build cache")
+    parser.add_argument(
+        "--etc",
+        type=Path,
+        default=Path("/etc/camg"),
+        help="the installation's configuration directory",
+    )
+    parser.add_argument(
+        "--path",
+        type=Path,
+        action="append",
+        default=[],
+        help="one more private tree (repeatable), e.g. the demo build cache",
+    )
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help="the report as JSON")
     shown.add_argument("--quiet", action="store_true", help="the findings only")
@@ -250,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"camg audit: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"paths": [dataclasses.asdict(e) for e in entries],
-                          "findings": findings}, indent=1))
+        print(
+            json.dumps(
+                {"paths": [dataclasses.asdict(e) for e in entries], "findings": findings}, indent=1
+            )
+        )
     else:
         print(render(entries, findings, args.quiet))
     return 1 if findings else 0

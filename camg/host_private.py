@@ -35,8 +35,9 @@ def to_services(path: str | os.PathLike, group: str = SERVICE_GROUP) -> None:
         os.lchown(path, 0, gid)
 
 
-def private_dir(path: str | os.PathLike, *, mode: int = PRIVATE_DIR_MODE,
-                group: str = SERVICE_GROUP) -> Path:
+def private_dir(
+    path: str | os.PathLike, *, mode: int = PRIVATE_DIR_MODE, group: str = SERVICE_GROUP
+) -> Path:
     """``path`` as a directory (made with its parents if missing) of ``mode``,
     owned by root and ``group`` when run as root.
 

@@ -9,7 +9,6 @@ import falcon.asgi
 
 from camg.errors import AtCapacity, CamgError, PayloadTooLarge
 
-
 # json.dumps with options builds an encoder per call; replies are a hot path.
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 

@@ -38,9 +38,12 @@ class AuthGate:
         token = auth.bearer(scope["headers"])
         principal = self.store.principal(token)
         if principal is None:
-            message = ("this service requires a trainer's token: send 'Authorization: Bearer "
-                       "<token>' (camg trainer add NAME prints one)" if token is None
-                       else "the token is not a trainer's (revoked, or never issued here)")
+            message = (
+                "this service requires a trainer's token: send 'Authorization: Bearer "
+                "<token>' (camg trainer add NAME prints one)"
+                if token is None
+                else "the token is not a trainer's (revoked, or never issued here)"
+            )
             return await _refuse(scope, receive, send, Unauthorized(message))
         with auth.acting_as(principal):
             await self.app(scope, receive, send)
@@ -48,8 +51,11 @@ class AuthGate:
 
 async def _refuse(scope, receive, send, exc: Unauthorized) -> None:
     body = dumps(exc.to_dict()).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", b"%d" % len(body)), _CHALLENGE]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        _CHALLENGE,
+    ]
     if scope["type"] == "websocket":
         await receive()  # websocket.connect
         # The handshake is answered with a plain 401 where the server can
@@ -57,8 +63,7 @@ async def _refuse(scope, receive, send, exc: Unauthorized) -> None:
         if "websocket.http.response" not in (scope.get("extensions") or {}):
             await send({"type": "websocket.close", "code": 1008})
             return
-        await send({"type": "websocket.http.response.start", "status": 401,
-                    "headers": headers})
+        await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
         return
     await send({"type": "http.response.start", "status": 401, "headers": headers})

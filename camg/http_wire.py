@@ -13,9 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from camg import typed
+from camg import json_depth, typed
 from camg.errors import BadRequest, FailureClass
-from camg import json_depth
 
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 REQUEST_ID_MAX = 255
@@ -87,6 +86,8 @@ def check_episode_id(value: str | None) -> None:
 #: counting 1); deeper is a 400 before any parser recurses into it. A step
 #: body is 2 deep before its action; tool-call arguments nest a few more.
 MAX_JSON_DEPTH = 64
+
+
 def json_too_deep(raw: bytes | str, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether a request's JSON nests deeper than the contract allows."""
     return json_depth.too_deep(raw, limit)
@@ -114,29 +115,43 @@ def parse_body(raw: bytes, model: type, where: str) -> Any:
 
 _NULLABLE_NUMBER = {"type": ["number", "null"]}
 
-CREATE_SCHEMA = {
-    "type": "object", "additionalProperties": False,
+CREATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
     "properties": {
         "task_id": {"type": ["string", "null"]},
         "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**63 - 1},
         "episode_id": {"type": ["string", "null"], "pattern": f"^{EPISODE_ID.pattern}$"},
-        "wait_s": {"type": "number", "minimum": 0, "maximum": WAIT_MAX_S, "default": 0,
-                   "description": "at capacity, wait this long in a bounded FIFO line for "
-                                  "a slot before answering 429"},
-        "group": {"type": ["integer", "null"], "minimum": 1, "maximum": GROUP_MAX,
-                  "description": "N episodes on one task and seed (one reset, N-1 forks), "
-                                 "answered as {\"group\": [...]}, all or none admitted; "
-                                 "episode_id only with N = 1"},
+        "wait_s": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": WAIT_MAX_S,
+            "default": 0,
+            "description": "at capacity, wait this long in a bounded FIFO line for "
+            "a slot before answering 429",
+        },
+        "group": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": GROUP_MAX,
+            "description": "N episodes on one task and seed (one reset, N-1 forks), "
+            'answered as {"group": [...]}, all or none admitted; '
+            "episode_id only with N = 1",
+        },
     },
 }
 
 
 FORK_SCHEMA = {
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "description": "body of POST /episodes/{id}/fork (empty or {})",
     "properties": {
-        "episode_id": {"type": ["string", "null"], "pattern": f"^{EPISODE_ID.pattern}$",
-                       "description": "the child's id (default: a new one)"},
+        "episode_id": {
+            "type": ["string", "null"],
+            "pattern": f"^{EPISODE_ID.pattern}$",
+            "description": "the child's id (default: a new one)",
+        },
         "wait_s": CREATE_SCHEMA["properties"]["wait_s"],
     },
 }
@@ -145,8 +160,14 @@ FORK_SCHEMA = {
 def fork_response_schema(observation_schema: Mapping[str, Any]) -> dict:
     return {
         "type": "object",
-        "required": ["episode_id", "task_id", "observation", "lease_expires_at", "forked_from",
-                     "fork_step"],
+        "required": [
+            "episode_id",
+            "task_id",
+            "observation",
+            "lease_expires_at",
+            "forked_from",
+            "fork_step",
+        ],
         "properties": {
             "episode_id": {"type": "string", "description": "the child's"},
             "task_id": {"type": "string"},
@@ -155,16 +176,20 @@ def fork_response_schema(observation_schema: Mapping[str, Any]) -> dict:
             "done": {"const": False},
             "lease_expires_at": {"type": "number"},
             "forked_from": {"type": "string", "description": "the parent's episode_id"},
-            "fork_step": {"type": "integer",
-                          "description": "the parent's step count at the fork; the child's "
-                                         "steps go on from it"},
+            "fork_step": {
+                "type": "integer",
+                "description": "the parent's step count at the fork; the child's "
+                "steps go on from it",
+            },
         },
     }
 
 
 def step_request_schema(action_schema: Mapping[str, Any]) -> dict:
     return {
-        "type": "object", "additionalProperties": False, "required": ["action"],
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["action"],
         "properties": {
             "action": dict(action_schema),
             "request_id": {"type": ["string", "null"], "minLength": 1, "maxLength": REQUEST_ID_MAX},
@@ -174,7 +199,8 @@ def step_request_schema(action_schema: Mapping[str, Any]) -> dict:
 
 def step_response_schema(observation_schema: Mapping[str, Any]) -> dict:
     return {
-        "type": "object", "required": ["episode_id", "observation", "reward", "done"],
+        "type": "object",
+        "required": ["episode_id", "observation", "reward", "done"],
         "properties": {
             "episode_id": {"type": "string"},
             "observation": dict(observation_schema),
@@ -191,10 +217,13 @@ def step_response_schema(observation_schema: Mapping[str, Any]) -> dict:
 
 #: an episode's cost (camg.cost): measures an environment could not take are absent
 COST_SCHEMA = {
-    "type": "object", "required": ["phases"],
+    "type": "object",
+    "required": ["phases"],
     "properties": {
-        "cpu_s": {"type": "number"}, "memory_peak_bytes": {"type": "integer"},
-        "disk_written_bytes": {"type": "integer"}, "pids_peak": {"type": "integer"},
+        "cpu_s": {"type": "number"},
+        "memory_peak_bytes": {"type": "integer"},
+        "disk_written_bytes": {"type": "integer"},
+        "pids_peak": {"type": "integer"},
         "phases": {"type": "object", "additionalProperties": {"type": "number"}},
         "judge_tokens": {"type": "object", "additionalProperties": {"type": "integer"}},
     },
@@ -230,8 +259,17 @@ class RegradeRequest:
 REGRADE_SCHEMA = {
     "type": "object",
     "description": "the appended outcome record of the regrade",
-    "required": ["episode_id", "task_id", "reward", "failure_class", "status", "grader_hash",
-                 "regrade_of", "same_grader", "submission"],
+    "required": [
+        "episode_id",
+        "task_id",
+        "reward",
+        "failure_class",
+        "status",
+        "grader_hash",
+        "regrade_of",
+        "same_grader",
+        "submission",
+    ],
     "properties": {
         "episode_id": {"type": "string"},
         "task_id": {"type": "string"},
@@ -239,19 +277,28 @@ REGRADE_SCHEMA = {
         "failure_class": {"enum": FAILURE_CLASSES + [None]},
         "status": {"const": "regraded"},
         "grader_hash": {"type": ["string", "null"]},
-        "same_grader": {"type": "boolean",
-                        "description": "the grader hash equals the original record's"},
+        "same_grader": {
+            "type": "boolean",
+            "description": "the grader hash equals the original record's",
+        },
         "regrade_of": {
             "type": "object",
             "description": "the episode's own outcome record, as it was graded then",
-            "properties": {"reward": _NULLABLE_NUMBER,
-                           "failure_class": {"enum": FAILURE_CLASSES + [None]},
-                           "grader_hash": {"type": ["string", "null"]},
-                           "ended_at": {"type": ["number", "null"]}}},
+            "properties": {
+                "reward": _NULLABLE_NUMBER,
+                "failure_class": {"enum": FAILURE_CLASSES + [None]},
+                "grader_hash": {"type": ["string", "null"]},
+                "ended_at": {"type": ["number", "null"]},
+            },
+        },
         "submission": {
             "type": "object",
-            "properties": {"sha256": {"type": ["string", "null"]}, "bytes": {"type": "integer"},
-                           "meta": {"type": "object"}}},
+            "properties": {
+                "sha256": {"type": ["string", "null"]},
+                "bytes": {"type": "integer"},
+                "meta": {"type": "object"},
+            },
+        },
         "timings": {"type": "object"},
     },
 }
@@ -293,33 +340,46 @@ def parse_query(params: Mapping[str, Any], model: type, where: str) -> Any:
 
 
 TASKS_QUERY_SCHEMA = {
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "description": "query parameters of GET /tasks (decimal integers)",
     "properties": {
         "offset": {"type": "integer", "minimum": 0, "default": 0},
-        "limit": {"type": "integer", "minimum": 1, "maximum": TASKS_PAGE_MAX,
-                  "default": TASKS_PAGE_DEFAULT},
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": TASKS_PAGE_MAX,
+            "default": TASKS_PAGE_DEFAULT,
+        },
     },
 }
 
 TASKS_SCHEMA = {
     "type": "object",
     "description": "one page of the served tasks, in manifest order (the order served "
-                   "without task_id)",
+    "without task_id)",
     "required": ["tasks", "offset", "limit", "total", "next_offset", "task_selection_hash"],
     "properties": {
-        "tasks": {"type": "array", "items": {
-            "type": "object", "required": ["task_id", "kind", "split"],
-            "properties": {"task_id": {"type": "string"},
-                           "kind": {"type": ["string", "null"]},
-                           "split": {"type": ["string", "null"]}}}},
+        "tasks": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["task_id", "kind", "split"],
+                "properties": {
+                    "task_id": {"type": "string"},
+                    "kind": {"type": ["string", "null"]},
+                    "split": {"type": ["string", "null"]},
+                },
+            },
+        },
         "offset": {"type": "integer"},
         "limit": {"type": "integer"},
         "total": {"type": "integer"},
-        "next_offset": {"type": ["integer", "null"],
-                        "description": "the offset of the next page; null on the last"},
-        "task_selection_hash": {"type": "string",
-                                "description": "the same as /metadata's"},
+        "next_offset": {
+            "type": ["integer", "null"],
+            "description": "the offset of the next page; null on the last",
+        },
+        "task_selection_hash": {"type": "string", "description": "the same as /metadata's"},
     },
 }
 
@@ -360,31 +420,53 @@ class OpenEnvTaskRangeRequest:
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be 0 or more")
 
-_SPLIT = {"type": "string", "description": "a split's name; \"\" the first split"}
+
+_SPLIT = {"type": "string", "description": 'a split\'s name; "" the first split'}
 _BOUND = {"type": ["integer", "null"], "minimum": 0}
 
 OPENENV_TASK_API_SCHEMA = {
     "description": "OpenEnv's Task API under /{env}/ (the environment's name or harbor_env)",
-    "split_request": {"type": "object", "additionalProperties": False, "required": ["split"],
-                      "description": "body of POST /{env}/tasks and /{env}/num_tasks",
-                      "properties": {"split": _SPLIT}},
-    "task_request": {"type": "object", "additionalProperties": False,
-                     "required": ["split", "index"], "description": "body of POST /{env}/task",
-                     "properties": {"split": _SPLIT, "index": {"type": "integer", "minimum": 0}}},
-    "task_range_request": {"type": "object", "additionalProperties": False,
-                           "required": ["split"],
-                           "description": "body of POST /{env}/task_range: [start, stop)",
-                           "properties": {"split": _SPLIT, "start": _BOUND, "stop": _BOUND}},
-    "split": {"type": "object", "required": ["name", "type", "num_tasks"],
-              "description": "one entry of GET /{env}/splits",
-              "properties": {"name": {"type": "string"},
-                             "type": {"enum": ["train", "validation", "test"]},
-                             "num_tasks": {"type": "integer"}}},
-    "task": {"type": "object", "required": ["index", "task_id", "task_name", "dataset", "kind"],
-             "description": "a task of /{env}/tasks, /{env}/task and /{env}/task_range",
-             "properties": {"index": {"type": "integer",
-                                      "description": "its position within its split"},
-                            "task_id": {"type": "string"}, "task_name": {"type": "string"},
-                            "dataset": {"type": "string", "description": "its split"},
-                            "kind": {"type": ["string", "null"]}}},
+    "split_request": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["split"],
+        "description": "body of POST /{env}/tasks and /{env}/num_tasks",
+        "properties": {"split": _SPLIT},
+    },
+    "task_request": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["split", "index"],
+        "description": "body of POST /{env}/task",
+        "properties": {"split": _SPLIT, "index": {"type": "integer", "minimum": 0}},
+    },
+    "task_range_request": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["split"],
+        "description": "body of POST /{env}/task_range: [start, stop)",
+        "properties": {"split": _SPLIT, "start": _BOUND, "stop": _BOUND},
+    },
+    "split": {
+        "type": "object",
+        "required": ["name", "type", "num_tasks"],
+        "description": "one entry of GET /{env}/splits",
+        "properties": {
+            "name": {"type": "string"},
+            "type": {"enum": ["train", "validation", "test"]},
+            "num_tasks": {"type": "integer"},
+        },
+    },
+    "task": {
+        "type": "object",
+        "required": ["index", "task_id", "task_name", "dataset", "kind"],
+        "description": "a task of /{env}/tasks, /{env}/task and /{env}/task_range",
+        "properties": {
+            "index": {"type": "integer", "description": "its position within its split"},
+            "task_id": {"type": "string"},
+            "task_name": {"type": "string"},
+            "dataset": {"type": "string", "description": "its split"},
+            "kind": {"type": ["string", "null"]},
+        },
+    },
 }

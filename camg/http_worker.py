@@ -48,8 +48,12 @@ WORKERS: dict[str, dict] = {
     # lock now has, and gunicorn_h1c where installed), so the baseline
     # stays the same.
     # lifespan "on": an environment that fails to start stops the arbiter.
-    "gunicorn-asgi": {"worker_class": "asgi", "asgi_lifespan": "on",
-                      "asgi_loop": "asyncio", "http_parser": "python"},
+    "gunicorn-asgi": {
+        "worker_class": "asgi",
+        "asgi_lifespan": "on",
+        "asgi_loop": "asyncio",
+        "http_parser": "python",
+    },
 }
 
 
@@ -98,15 +102,16 @@ def _uvicorn_worker_class():
             # outside systemd) rather than linger holding the port.
             from gunicorn.arbiter import Arbiter
             from uvicorn.server import Server
+
             self.config.app = self.wsgi
             # The service's own bounds on slow peers (camg.step_route
             # carries its config's limits); uvicorn itself has no header or
             # body read timeout and no connection bound by default.
             limits = getattr(self.wsgi, "http_limits", None)
             if limits is not None:
-                self.config.http = bounded_protocol(limits.header_timeout_s,
-                                                    limits.body_timeout_s,
-                                                    limits.max_connections)
+                self.config.http = bounded_protocol(
+                    limits.header_timeout_s, limits.body_timeout_s, limits.max_connections
+                )
             server = Server(config=self.config)
             asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, _quick_stop, server)
             watch = asyncio.create_task(self._watch_parent(server))
@@ -162,7 +167,7 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
     # reading a request (head or body) or kept alive waiting for one, the
     # oldest first: the connections a new one may displace
     readers: dict = {}
-    sweeping = []
+    sweeping: list[asyncio.TimerHandle] = []
 
     def sweep(loop) -> None:
         now = loop.time()
@@ -221,8 +226,12 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
         def on_response_complete(self) -> None:
             super().on_response_complete()
             # kept alive with nothing more to read yet: displaceable
-            if (self._expires is None and not self.pipeline
-                    and not self.transport.is_closing() and self in live):
+            if (
+                self._expires is None
+                and not self.pipeline
+                and not self.transport.is_closing()
+                and self in live
+            ):
                 readers[self] = None
                 self._expired = self._idle_dropped
 
@@ -282,31 +291,44 @@ def bounded_protocol(header_timeout_s: float, body_timeout_s: float, max_connect
 
 
 async def _overloaded(scope, receive, send) -> None:
-    await send({"type": "http.response.start", "status": 503,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", b"%d" % len(_OVERLOADED)),
-                            (b"retry-after", b"1"), (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(_OVERLOADED)),
+                (b"retry-after", b"1"),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": _OVERLOADED})
 
 
-_OVERLOADED = (b'{"error":"overloaded","message":"the service has as many connections '
-               b'open as limits.max_connections allows; retry"}')
+_OVERLOADED = (
+    b'{"error":"overloaded","message":"the service has as many connections '
+    b'open as limits.max_connections allows; retry"}'
+)
 
 #: the longest request head (request line and headers) a service reads
 HEAD_MAX = 64 << 10
 _TOO_LARGE_BODY = b'{"error":"headers_too_large","message":"request head exceeds 65536 bytes"}'
-_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-              b"content-type: application/json\r\nconnection: close\r\n"
-              b"content-length: %d\r\n\r\n%s" % (len(_TOO_LARGE_BODY), _TOO_LARGE_BODY))
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_TOO_LARGE_BODY), _TOO_LARGE_BODY)
+)
 
 #: how often the open connections' read deadlines are checked: a slow peer
 #: is closed within its timeout plus this
 SWEEP_S = 0.5
 
 _TIMED_OUT_BODY = b'{"error":"request_timeout","message":"request head not received in time"}'
-_TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-              b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
-              % (len(_TIMED_OUT_BODY), _TIMED_OUT_BODY))
+_TIMED_OUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_TIMED_OUT_BODY), _TIMED_OUT_BODY)
+)
 
 
 def _quick_stop(server) -> None:

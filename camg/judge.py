@@ -54,11 +54,15 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 from camg.errors import ConfigError, JudgeError
 from camg.hashing import sha256_bytes, sha256_json
+
+if TYPE_CHECKING:  # openai is imported only where a judge is used
+    from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+    from openai.types.responses import Response, ResponseInputParam
 
 log = logging.getLogger("camg.judge")
 
@@ -111,12 +115,19 @@ class JudgeConfig:
     def host(self) -> str:
         """The URL's host[:port]: what outcome records name, never the path."""
         parts = urlsplit(self.url)
+        assert parts.hostname is not None  # __post_init__ refuses a URL without a host
         return parts.hostname + (f":{parts.port}" if parts.port else "")
 
     @classmethod
-    def from_env(cls, prefix: str, environ: Mapping[str, str] | None = None,
-                 *, ensure_v1: bool = False, strip_openai_prefix: bool = False,
-                 **overrides: Any) -> "JudgeConfig":
+    def from_env(
+        cls,
+        prefix: str,
+        environ: Mapping[str, str] | None = None,
+        *,
+        ensure_v1: bool = False,
+        strip_openai_prefix: bool = False,
+        **overrides: Any,
+    ) -> JudgeConfig:
         """Read ``<prefix>_URL``, ``_MODEL``, ``_KEY`` and optional ``_API``.
 
         ``ensure_v1`` appends ``/v1`` to a URL whose path lacks it and
@@ -126,29 +137,37 @@ class JudgeConfig:
         """
         env = os.environ if environ is None else environ
         names = {f: f"{prefix}_{f.upper()}" for f in ("url", "model", "key", "api")}
-        missing = [names[f] for f in ("url", "model", "key") if not (env.get(names[f]) or "").strip()]
+        missing = [
+            names[f] for f in ("url", "model", "key") if not (env.get(names[f]) or "").strip()
+        ]
         if missing:
-            raise ConfigError(f"judge variables missing from the service environment: "
-                              f"{', '.join(missing)}", missing=missing)
+            raise ConfigError(
+                f"judge variables missing from the service environment: {', '.join(missing)}",
+                missing=missing,
+            )
         url = env[names["url"]].strip().rstrip("/")
         if ensure_v1 and not urlsplit(url).path.rstrip("/").endswith("/v1"):
             url += "/v1"
         model = env[names["model"]].strip()
         if strip_openai_prefix and model.startswith("openai/"):
-            model = model[len("openai/"):]
+            model = model[len("openai/") :]
         api = (env.get(names["api"]) or overrides.pop("api", "chat")).strip().lower()
         structured = (env.get(f"{prefix}_STRUCTURED") or "1").strip().lower()
         if structured not in ("0", "1", "true", "false", "yes", "no"):
             raise ConfigError(f"{prefix}_STRUCTURED must be 0 or 1")
         overrides.setdefault("structured", structured in ("1", "true", "yes"))
-        return cls(url=url, model=model, key=env[names["key"]], api=api,
-                   source=prefix, **overrides)
+        return cls(url=url, model=model, key=env[names["key"]], api=api, source=prefix, **overrides)
 
     def describe(self) -> dict:
         """Safe facts for /metadata and logs: no key, no URL path."""
-        return {"host": self.host, "model": self.model, "api": self.api,
-                "timeout_s": self.timeout_s, "attempts": self.attempts,
-                "structured": self.structured}
+        return {
+            "host": self.host,
+            "model": self.model,
+            "api": self.api,
+            "timeout_s": self.timeout_s,
+            "attempts": self.attempts,
+            "structured": self.structured,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,10 +197,16 @@ class Verdict:
 
     def record(self) -> dict:
         """The judge fields of an outcome record."""
-        out = {"judge_host": self.host, "judge_model": self.model, "judge_api": self.api,
-               "judge_prompt_hash": self.prompt_hash, "judge_raw": self.raw,
-               "judge_score": self.score, "judge_attempts": self.attempts,
-               "judge_latency_s": round(self.latency_s, 3)}
+        out = {
+            "judge_host": self.host,
+            "judge_model": self.model,
+            "judge_api": self.api,
+            "judge_prompt_hash": self.prompt_hash,
+            "judge_raw": self.raw,
+            "judge_score": self.score,
+            "judge_attempts": self.attempts,
+            "judge_latency_s": round(self.latency_s, 3),
+        }
         if self.usage:
             out["judge_tokens"] = dict(self.usage)  # summed by camg.cost.judge_tokens
         return out
@@ -194,8 +219,11 @@ def reported_usage(reply: Any) -> dict[str, int]:
     usage = getattr(reply, "usage", None)
     if usage is None:
         return {}
-    names = (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens"),
-             ("total_tokens", "total_tokens"))
+    names = (
+        ("prompt_tokens", "input_tokens"),
+        ("completion_tokens", "output_tokens"),
+        ("total_tokens", "total_tokens"),
+    )
     out = {}
     for name, alias in names:
         value = getattr(usage, name, None)
@@ -244,8 +272,7 @@ def _json_objects(text: str):
 #: the one reply a rubric item accepts: its own score field, 0 or 1
 VERDICT_SCHEMA = {
     "type": "object",
-    "properties": {"score": {"type": "integer", "enum": [0, 1]},
-                   "reason": {"type": "string"}},
+    "properties": {"score": {"type": "integer", "enum": [0, 1]}, "reason": {"type": "string"}},
     "required": ["score", "reason"],
     "additionalProperties": False,
 }
@@ -267,7 +294,7 @@ def parse_verdict(text: str) -> float:
     except ValueError:
         raise ValueError("the reply is not one JSON object") from None
     if not isinstance(obj, dict) or "score" not in obj or set(obj) - {"score", "reason"}:
-        raise ValueError("the reply is not {\"score\", \"reason\"}")
+        raise ValueError('the reply is not {"score", "reason"}')
     value = obj["score"]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"score {value!r} is not a number in [0, 1]")
@@ -288,34 +315,47 @@ RUBRIC_SYSTEM = (
     "Rubric item {item_id}: {question}\n"
     "Pass anchor (the expected facts): {anchor}\n\n"
     "Score 1 only if the evidence fully satisfies the item, else 0. Reply with exactly one "
-    "JSON object and nothing else: {{\"score\": 0 or 1, \"reason\": \"<one sentence>\"}}.")
+    'JSON object and nothing else: {{"score": 0 or 1, "reason": "<one sentence>"}}.'
+)
 
 
 def evidence_fence(item_id: str, question: str, anchor: str, evidence: Sequence[Mapping]) -> str:
     """The fence's name: a digest of everything the prompt holds, so text in
     the evidence cannot know (and so cannot write) the line that closes it."""
-    return sha256_json({"item": item_id, "question": question, "anchor": anchor,
-                        "evidence": list(evidence)}).split(":", 1)[-1][:24]
+    return sha256_json(
+        {"item": item_id, "question": question, "anchor": anchor, "evidence": list(evidence)}
+    ).split(":", 1)[-1][:24]
 
 
-def rubric_messages(item_id: str, question: str, anchor: str,
-                    evidence: Sequence[Mapping]) -> tuple[str, str]:
+def rubric_messages(
+    item_id: str, question: str, anchor: str, evidence: Sequence[Mapping]
+) -> tuple[str, str]:
     """(system, user) for one rubric item. ``evidence``: ``{"name", "text"}``
     mappings (plus optional ``state``/``truncated`` notes), already capped."""
     fence = evidence_fence(item_id, question, anchor, evidence)
     system = RUBRIC_SYSTEM.format(fence=fence, item_id=item_id, question=question, anchor=anchor)
     lines = [f"<<<EVIDENCE {fence}>>>"]
     for entry in evidence:
-        lines.append(json.dumps({k: entry[k] for k in ("name", "state", "truncated", "text")
-                                 if k in entry}, ensure_ascii=True))
+        lines.append(
+            json.dumps(
+                {k: entry[k] for k in ("name", "state", "truncated", "text") if k in entry},
+                ensure_ascii=True,
+            )
+        )
     lines.append(f"<<<END EVIDENCE {fence}>>>")
     return system, "\n".join(lines)
 
 
 def prompt_hash(api: str, system: str | None, prompt: str, images: Sequence[Image]) -> str:
     """Identifies the question asked, independent of judge model and host."""
-    return sha256_json({"api": api, "system": system, "prompt": prompt,
-                        "images": [sha256_bytes(i.data) for i in images]})
+    return sha256_json(
+        {
+            "api": api,
+            "system": system,
+            "prompt": prompt,
+            "images": [sha256_bytes(i.data) for i in images],
+        }
+    )
 
 
 class Judge:
@@ -325,23 +365,36 @@ class Judge:
     #: metrics (camg.metrics.observe_judge); None outside a service
     observer: Callable[[bool, float, int], None] | None = None
 
-    def __init__(self, config: JudgeConfig, *, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        config: JudgeConfig,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
         import openai  # heavy import, only where a judge is used
 
         self.config = config
         self._openai = openai
         self._sleep = sleep
         self._rng = rng or random.Random()
-        self._client = openai.OpenAI(base_url=config.url, api_key=config.key,
-                                     timeout=config.timeout_s, max_retries=0)
+        self._client = openai.OpenAI(
+            base_url=config.url, api_key=config.key, timeout=config.timeout_s, max_retries=0
+        )
 
     def close(self) -> None:
         self._client.close()
 
-    def ask(self, prompt: str, *, system: str | None = None, images: Sequence[Image] = (),
-            parse: Callable[[str], float] = parse_score, deadline_s: float | None = None,
-            schema: Mapping | None = None) -> Verdict:
+    def ask(
+        self,
+        prompt: str,
+        *,
+        system: str | None = None,
+        images: Sequence[Image] = (),
+        parse: Callable[[str], float] = parse_score,
+        deadline_s: float | None = None,
+        schema: Mapping | None = None,
+    ) -> Verdict:
         """Ask once (with bounded retries); return the parsed verdict.
 
         ``deadline_s`` bounds the whole call including retries and backoff.
@@ -360,13 +413,26 @@ class Judge:
                 last = ("deadline", "judge deadline exceeded")
                 break
             try:
-                raw = self._call(prompt, system, images,
-                                 timeout=min(cfg.timeout_s, remaining) if remaining else cfg.timeout_s,
-                                 schema=schema if cfg.structured else None, usage=usage)
+                raw = self._call(
+                    prompt,
+                    system,
+                    images,
+                    timeout=min(cfg.timeout_s, remaining) if remaining else cfg.timeout_s,
+                    schema=schema if cfg.structured else None,
+                    usage=usage,
+                )
                 score = parse(raw)
-                verdict = Verdict(raw=raw, score=float(score), model=cfg.model, host=cfg.host,
-                                  api=cfg.api, prompt_hash=phash, attempts=attempt,
-                                  latency_s=time.monotonic() - started, usage=usage or None)
+                verdict = Verdict(
+                    raw=raw,
+                    score=float(score),
+                    model=cfg.model,
+                    host=cfg.host,
+                    api=cfg.api,
+                    prompt_hash=phash,
+                    attempts=attempt,
+                    latency_s=time.monotonic() - started,
+                    usage=usage or None,
+                )
                 self._observe(True, verdict.latency_s, attempt)
                 return verdict
             except _Fatal as exc:
@@ -378,7 +444,9 @@ class Judge:
             except (ValueError, TypeError) as exc:
                 last = ("unparseable", f"judge answer not parseable: {self._scrub(str(exc))}")
                 retry_after = None
-            log.warning("judge %s attempt %d/%d failed: %s", cfg.host, attempt, cfg.attempts, last[1])
+            log.warning(
+                "judge %s attempt %d/%d failed: %s", cfg.host, attempt, cfg.attempts, last[1]
+            )
             if attempt < cfg.attempts:
                 delay = min(cfg.backoff_max_s, cfg.backoff_s * 2 ** (attempt - 1))
                 delay *= self._rng.uniform(0.5, 1.5)
@@ -388,9 +456,15 @@ class Judge:
                     delay = min(delay, max(0.0, deadline_s - (time.monotonic() - started)))
                 self._sleep(delay)
         self._observe(False, time.monotonic() - started, attempt)
-        raise JudgeError(f"judge failed ({last[0]}): {last[1]}", reason=last[0], host=cfg.host,
-                         model=cfg.model, api=cfg.api, prompt_hash=phash,
-                         attempts=attempt)
+        raise JudgeError(
+            f"judge failed ({last[0]}): {last[1]}",
+            reason=last[0],
+            host=cfg.host,
+            model=cfg.model,
+            api=cfg.api,
+            prompt_hash=phash,
+            attempts=attempt,
+        )
 
     def _observe(self, ok: bool, seconds: float, attempts: int) -> None:
         if self.observer is not None:
@@ -400,9 +474,16 @@ class Judge:
                 log.exception("the judge observer failed")
 
     # -- one HTTP call -------------------------------------------------------
-    def _call(self, prompt: str, system: str | None, images: Sequence[Image], *,
-              timeout: float, schema: Mapping | None = None,
-              usage: dict[str, int] | None = None) -> str:
+    def _call(
+        self,
+        prompt: str,
+        system: str | None,
+        images: Sequence[Image],
+        *,
+        timeout: float,
+        schema: Mapping | None = None,
+        usage: dict[str, int] | None = None,
+    ) -> str:
         """The reply's text; its reported tokens are added into ``usage``."""
         cfg, oa = self.config, self._openai
         extra: dict[str, Any] = {}
@@ -410,18 +491,30 @@ class Judge:
             extra["temperature"] = cfg.temperature
         if schema is not None:
             if cfg.api == "chat":
-                extra["response_format"] = {"type": "json_schema", "json_schema": {
-                    "name": "verdict", "strict": True, "schema": dict(schema)}}
+                extra["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "verdict", "strict": True, "schema": dict(schema)},
+                }
             else:
-                extra["text"] = {"format": {"type": "json_schema", "name": "verdict",
-                                            "strict": True, "schema": dict(schema)}}
+                extra["text"] = {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "verdict",
+                        "strict": True,
+                        "schema": dict(schema),
+                    }
+                }
+        reply: ChatCompletion | Response
         try:
             if cfg.api == "chat":
                 if cfg.max_tokens is not None:
                     extra["max_tokens"] = cfg.max_tokens
                 reply = self._client.chat.completions.create(
-                    model=cfg.model, messages=_chat_messages(system, prompt, images),
-                    timeout=timeout, **extra)
+                    model=cfg.model,
+                    messages=_chat_messages(system, prompt, images),
+                    timeout=timeout,
+                    **extra,
+                )
                 choices = getattr(reply, "choices", None) or []
                 text = choices[0].message.content if choices else None
             else:
@@ -430,8 +523,11 @@ class Judge:
                 if system is not None:
                     extra["instructions"] = system
                 reply = self._client.responses.create(
-                    model=cfg.model, input=_responses_input(prompt, images),
-                    timeout=timeout, **extra)
+                    model=cfg.model,
+                    input=_responses_input(prompt, images),
+                    timeout=timeout,
+                    **extra,
+                )
                 text = _responses_text(reply)
         except oa.APITimeoutError as exc:
             raise _Retryable("timeout", f"no answer within {timeout:.0f} s") from exc
@@ -442,10 +538,13 @@ class Judge:
             detail = f"HTTP {status} from {cfg.host}: {self._scrub(_short(exc.message))}"
             if status in _FATAL_STATUSES:
                 raise _Fatal(f"http_{status}", detail) from exc
-            raise _Retryable(f"http_{status}", detail,
-                             retry_after=retry_after_s(getattr(exc, "response", None))) from exc
+            raise _Retryable(
+                f"http_{status}", detail, retry_after=retry_after_s(getattr(exc, "response", None))
+            ) from exc
         except (oa.OpenAIError, ValueError) as exc:  # a body that is not the protocol
-            raise _Retryable("protocol", "malformed answer: " + self._scrub(_short(str(exc)))) from exc
+            raise _Retryable(
+                "protocol", "malformed answer: " + self._scrub(_short(str(exc)))
+            ) from exc
         if usage is not None:
             for name, value in reported_usage(reply).items():
                 usage[name] = usage.get(name, 0) + value
@@ -496,23 +595,29 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _chat_messages(system: str | None, prompt: str, images: Sequence[Image]) -> list[dict]:
-    messages: list[dict] = []
+def _chat_messages(
+    system: str | None, prompt: str, images: Sequence[Image]
+) -> list[ChatCompletionMessageParam]:
+    messages: list[ChatCompletionMessageParam] = []
     if system is not None:
         messages.append({"role": "system", "content": system})
     if images:
-        content: Any = [{"type": "image_url", "image_url": {"url": i.data_url()}}
-                        for i in images] + [{"type": "text", "text": prompt}]
+        content: Any = [
+            {"type": "image_url", "image_url": {"url": i.data_url()}} for i in images
+        ] + [{"type": "text", "text": prompt}]
     else:
         content = prompt
     messages.append({"role": "user", "content": content})
     return messages
 
 
-def _responses_input(prompt: str, images: Sequence[Image]) -> list[dict]:
+def _responses_input(prompt: str, images: Sequence[Image]) -> ResponseInputParam:
     content = [{"type": "input_image", "image_url": i.data_url()} for i in images] + [
-        {"type": "input_text", "text": prompt}]
-    return [{"role": "user", "content": content}]
+        {"type": "input_text", "text": prompt}
+    ]
+    # The SDK's type requires an image's "detail"; the API defaults it, and
+    # the request leaves it out.
+    return cast("ResponseInputParam", [{"role": "user", "content": content}])
 
 
 def _responses_text(reply: Any) -> str | None:

@@ -19,8 +19,13 @@ import sys
 FIELDS = ("EPISODE_ID", "TASK_ID")
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 
-_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4,
-             logging.INFO: 6, logging.DEBUG: 7}
+_PRIORITY = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
 
 
 def priority(levelno: int) -> int:

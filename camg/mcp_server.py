@@ -59,19 +59,25 @@ import json
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl
 
-from camg import action_tools, auth, http_wire as wire
-from camg.errors import (BadRequest, CamgError, EpisodeDone, EpisodeNotFound,
-                         InvalidAction, PayloadTooLarge)
-
+from camg import action_tools, auth
+from camg import http_wire as wire
+from camg.errors import (
+    BadRequest,
+    CamgError,
+    EpisodeDone,
+    EpisodeNotFound,
+    InvalidAction,
+    PayloadTooLarge,
+)
 
 #: JSON-RPC codes (JSON-RPC 2.0; -32000 is openenv's SERVER_ERROR)
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 SERVER_ERROR, UNSUPPORTED_VERSION = -32000, -32022
 SESSION_HEADER = "mcp-session-id"
-_SESSIONS_KEPT = 10_000          # ended sessions still answered (as the manager's tombstones)
+_SESSIONS_KEPT = 10_000  # ended sessions still answered (as the manager's tombstones)
 #: the action a task's own tools pass through (General's general_agent tasks)
 _PASS_THROUGH = "tool"
 _QUERY_INT = re.compile(r"-?[0-9]{1,19}")
@@ -105,9 +111,10 @@ class EpisodeTools:
         env = service.env
         self.manager = service.manager
         self.calls = action_tools.ActionTools(env.action_schema, name=env.name)
-        self.tools = [{"name": f["name"], "description": f["description"],
-                       "inputSchema": f["parameters"]}
-                      for f in (tool["function"] for tool in self.calls.tools)]
+        self.tools = [
+            {"name": f["name"], "description": f["description"], "inputSchema": f["parameters"]}
+            for f in (tool["function"] for tool in self.calls.tools)
+        ]
         self.names = frozenset(t["name"] for t in self.tools)
         #: running episode id -> its task's own tools (name -> (server, tool, listing))
         self.task_tools: dict[str, dict] = {}
@@ -135,14 +142,27 @@ class EpisodeTools:
             server, tool = entry.get("server"), entry.get("name")
             name = f"{server}__{tool}"
             schema = entry.get("input_schema")
-            if not (isinstance(server, str) and isinstance(tool, str)
-                    and _MCP_TOOL_NAME.fullmatch(name)) or name in self.names:
+            if (
+                not (
+                    isinstance(server, str)
+                    and isinstance(tool, str)
+                    and _MCP_TOOL_NAME.fullmatch(name)
+                )
+                or name in self.names
+            ):
                 continue  # still reachable through the tool action itself
-            tools[name] = (server, tool, {
-                "name": name, "description": str(entry.get("description") or "")
-                + f" (the task's MCP tool {server}.{tool})",
-                "inputSchema": dict(schema) if isinstance(schema, Mapping) and schema
-                else {"type": "object"}})
+            tools[name] = (
+                server,
+                tool,
+                {
+                    "name": name,
+                    "description": str(entry.get("description") or "")
+                    + f" (the task's MCP tool {server}.{tool})",
+                    "inputSchema": dict(schema)
+                    if isinstance(schema, Mapping) and schema
+                    else {"type": "object"},
+                },
+            )
         # Kept while their episode runs (at most capacity of them: a task's
         # listing can be kilobytes), so after the end only the actions list.
         for ended in [e for e in self.task_tools if e not in self.manager.records]:
@@ -167,8 +187,9 @@ class EpisodeTools:
             server, tool, _ = extra[name]
             if arguments is None or isinstance(arguments, str) and not arguments.strip():
                 arguments = {}
-            action = self.calls.action(_PASS_THROUGH, {"server": server, "name": tool,
-                                                       "arguments": arguments})
+            action = self.calls.action(
+                _PASS_THROUGH, {"server": server, "name": tool, "arguments": arguments}
+            )
         elif isinstance(name, str) and name in self.names:
             action = self.calls.action(name, arguments)
         else:
@@ -231,9 +252,14 @@ class OpenEnvRpc:
     async def answer(self, message: Any, ws_session=None) -> dict:
         """The JSON-RPC response to ``message``; ``ws_session`` is a /ws
         connection's session (camg.openenv_compat.Session), else HTTP."""
-        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" \
-                or not isinstance(message.get("method"), str):
-            return rpc_error(None, INVALID_REQUEST, "Invalid request: a JSON-RPC 2.0 request object")
+        if (
+            not isinstance(message, dict)
+            or message.get("jsonrpc") != "2.0"
+            or not isinstance(message.get("method"), str)
+        ):
+            return rpc_error(
+                None, INVALID_REQUEST, "Invalid request: a JSON-RPC 2.0 request object"
+            )
         request_id, method = message.get("id"), message["method"]
         params = message.get("params", {})
         if not isinstance(params, dict):
@@ -252,12 +278,13 @@ class OpenEnvRpc:
             if ws_session is not None:
                 if ws_session.episode_id is None:
                     answer = await ws_session.reset(params)
-                    self.tools.remember(ws_session.episode_id, answer["observation"])
+                    # reset() set the id; mypy keeps the `is None` narrowing past the call.
+                    self.tools.remember(cast(str, ws_session.episode_id), answer["observation"])
                 return {"session_id": ws_session.episode_id}
             body = await self.tools.open(wire.parse(wire.CreateEpisode, params, "params"))
-            session_id = secrets.token_hex(16)
-            self.sessions.add(session_id, body["episode_id"])
-            return {"session_id": session_id, **body}
+            new_id = secrets.token_hex(16)
+            self.sessions.add(new_id, body["episode_id"])
+            return {"session_id": new_id, **body}
         if method == "openenv/session/close":
             if ws_session is not None:
                 raise BadRequest("Cannot close active WebSocket-managed session via MCP method")
@@ -281,9 +308,13 @@ class OpenEnvRpc:
             else:
                 episode_id = None
             if episode_id is None:
-                raise EpisodeNotFound("no episode for this client: create a session "
-                                      "(openenv/session/create) or reset first")
-            return await self.tools.call(episode_id, params.get("name"), params.get("arguments", {}))
+                raise EpisodeNotFound(
+                    "no episode for this client: create a session "
+                    "(openenv/session/create) or reset first"
+                )
+            return await self.tools.call(
+                episode_id, params.get("name"), params.get("arguments", {})
+            )
         raise _MethodNotFound(method)
 
     async def ws_step(self, ws_session, data: dict) -> dict:
@@ -291,9 +322,11 @@ class OpenEnvRpc:
         MCPEnvironment answers it (an observation with ``tools``, or with
         ``tool_name``, ``result`` and ``error``)."""
         if data.get("type") == "list_tools":
-            return {"observation": {"tools": self.tools.listing(ws_session.episode_id),
-                                    "metadata": {}},
-                    "reward": None, "done": False}
+            return {
+                "observation": {"tools": self.tools.listing(ws_session.episode_id), "metadata": {}},
+                "reward": None,
+                "done": False,
+            }
         name = data.get("tool_name")
         if ws_session.episode_id is None:
             raise EpisodeNotFound("no episode for this client: reset first")
@@ -301,13 +334,21 @@ class OpenEnvRpc:
             body = await self.tools.call(ws_session.episode_id, name, data.get("arguments", {}))
         except InvalidAction as exc:
             kind = "tool_not_found" if isinstance(exc, UnknownTool) else "invalid_args"
-            return {"observation": {"tool_name": str(name), "result": None,
-                                    "error": {"error_type": kind, "message": exc.message},
-                                    "metadata": exc.to_dict()},
-                    "reward": None, "done": False}
-        return {"observation": {"tool_name": name, "result": body, "error": None,
-                                "metadata": {}},
-                "reward": body.get("reward"), "done": bool(body.get("done"))}
+            return {
+                "observation": {
+                    "tool_name": str(name),
+                    "result": None,
+                    "error": {"error_type": kind, "message": exc.message},
+                    "metadata": exc.to_dict(),
+                },
+                "reward": None,
+                "done": False,
+            }
+        return {
+            "observation": {"tool_name": name, "result": body, "error": None, "metadata": {}},
+            "reward": body.get("reward"),
+            "done": bool(body.get("done")),
+        }
 
 
 def is_ws_tool_step(tools: EpisodeTools, data: Mapping[str, Any]) -> bool:
@@ -358,20 +399,27 @@ class Endpoint:
         try:
             body = await _read_body(receive, self.limit)
         except PayloadTooLarge as exc:
-            return await send_json(send, 413, rpc_error(None, INVALID_REQUEST, exc.message,
-                                                        exc.to_dict()))
+            return await send_json(
+                send, 413, rpc_error(None, INVALID_REQUEST, exc.message, exc.to_dict())
+            )
         if wire.json_too_deep(body):
             # refused before json (or the SDK after it) can recurse that deep
-            return await send_json(send, 400, rpc_error(
-                None, INVALID_REQUEST, f"request nests deeper than {wire.MAX_JSON_DEPTH} levels"))
+            return await send_json(
+                send,
+                400,
+                rpc_error(
+                    None, INVALID_REQUEST, f"request nests deeper than {wire.MAX_JSON_DEPTH} levels"
+                ),
+            )
         try:
             message = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             return await send_json(send, 400, rpc_error(None, PARSE_ERROR, f"Parse error: {exc}"))
         if SESSION_HEADER not in headers and _is_openenv(message):
             return await send_json(send, 200, await self.openenv.answer(message))
-        await (await self.streamable()).post(scope, _replayed(body, receive), send, headers,
-                                             message, receive)
+        await (await self.streamable()).post(
+            scope, _replayed(body, receive), send, headers, message, receive
+        )
 
 
 def _is_openenv(message: Any) -> bool:
@@ -379,7 +427,8 @@ def _is_openenv(message: Any) -> bool:
         return False
     params = message.get("params")
     return message["method"].startswith("openenv/") or (
-        isinstance(params, dict) and "session_id" in params)
+        isinstance(params, dict) and "session_id" in params
+    )
 
 
 def create_request(query: bytes) -> wire.CreateEpisode:
@@ -428,6 +477,7 @@ def _replayed(body: bytes, receive):
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
+
     return replay
 
 
@@ -435,6 +485,7 @@ def hangup(receive) -> Callable[[], Awaitable[None]]:
     async def hung_up() -> None:
         while (await receive()).get("type") != "http.disconnect":
             await asyncio.sleep(0)
+
     return hung_up
 
 
@@ -445,16 +496,26 @@ async def answered(app, scope, receive, send) -> int | None:
         if event["type"] == "http.response.start":
             status["code"] = event["status"]
         await send(event)
+
     await app(scope, receive, watch)
     return status.get("code")
 
 
-async def send_json(send, status: int, body: dict, headers: Mapping[str, str] | None = None) -> None:
+async def send_json(
+    send, status: int, body: dict, headers: Mapping[str, str] | None = None
+) -> None:
     raw = json.dumps(body, ensure_ascii=False).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(raw)).encode()),
-                            *((k.encode(), v.encode()) for k, v in (headers or {}).items())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(raw)).encode()),
+                *((k.encode(), v.encode()) for k, v in (headers or {}).items()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": raw})
 
 

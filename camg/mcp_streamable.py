@@ -28,10 +28,21 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 import camg
 from camg import auth
 from camg.errors import AtCapacity, CamgError, EpisodeNotFound
-from camg.mcp_server import (INVALID_PARAMS, INVALID_REQUEST, SESSION_HEADER,
-                             UNSUPPORTED_VERSION, EpisodeTools, Sessions, UnknownTool, answered,
-                             create_request, hangup, rpc_code, rpc_error, send_json)
-
+from camg.mcp_server import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    SESSION_HEADER,
+    UNSUPPORTED_VERSION,
+    EpisodeTools,
+    Sessions,
+    UnknownTool,
+    answered,
+    create_request,
+    hangup,
+    rpc_code,
+    rpc_error,
+    send_json,
+)
 
 #: where the ASGI dispatch leaves the created episode for the initialize result
 _SCOPE_KEY = "camg.mcp.episode"
@@ -43,9 +54,13 @@ class Streamable:
         self.env_name = env.name
         self.tools = tools
         self.sessions = sessions
-        self.server = Server(env.name, version=camg.__version__,
-                             description=f"camg {env.name}: one MCP session is one episode",
-                             on_list_tools=self._list_tools, on_call_tool=self._call_tool)
+        self.server = Server(
+            env.name,
+            version=camg.__version__,
+            description=f"camg {env.name}: one MCP session is one episode",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
         self.server.middleware.append(self._initialized)
         self.sdk = StreamableHTTPSessionManager(
             self.server,
@@ -60,7 +75,9 @@ class Streamable:
             security_settings=TransportSecuritySettings(
                 enable_dns_rebinding_protection=True,
                 allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]))
+                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+            ),
+        )
         # One line per session at INFO is the episode log's job, not the SDK's.
         logging.getLogger("mcp.server").setLevel(logging.WARNING)
         self._runner: asyncio.Task | None = None
@@ -87,19 +104,27 @@ class Streamable:
                 body = await self.tools.call(entry[0], params.name, params.arguments or {})
         except UnknownTool as exc:  # the spec's protocol error for an unknown tool
             raise MCPError(code=INVALID_PARAMS, message=exc.message, data=exc.to_dict()) from None
-        except CamgError as exc:    # a tool execution error: the model sees it
+        except CamgError as exc:  # a tool execution error: the model sees it
             return _tool_result(exc.to_dict(), error=True)
         return _tool_result(body, error=False)
 
     async def _initialized(self, ctx, call_next):
         """The initialize result names the episode its request created."""
         result = await call_next(ctx)
-        body = ctx.request.scope.get(_SCOPE_KEY) \
-            if ctx.method == "initialize" and ctx.request is not None else None
+        body = (
+            ctx.request.scope.get(_SCOPE_KEY)
+            if ctx.method == "initialize" and ctx.request is not None
+            else None
+        )
         if body is not None and isinstance(result, dict):
-            meta = result.get("_meta") if isinstance(result.get("_meta"), dict) else {}
-            result = {**result, "instructions": _instructions(self.env_name, body),
-                      "_meta": {**meta, "camg/episode": body}}
+            meta = result.get("_meta")
+            if not isinstance(meta, dict):
+                meta = {}
+            result = {
+                **result,
+                "instructions": _instructions(self.env_name, body),
+                "_meta": {**meta, "camg/episode": body},
+            }
         return result
 
     # -- lifecycle -----------------------------------------------------------
@@ -115,6 +140,7 @@ class Streamable:
                 async with self.sdk.run():
                     started.set()
                     await self._stop.wait()
+
             self._runner = asyncio.create_task(run())
             waiter = asyncio.create_task(started.wait())
             await asyncio.wait({waiter, self._runner}, return_when=asyncio.FIRST_COMPLETED)
@@ -132,12 +158,16 @@ class Streamable:
     async def post(self, scope, receive, send, headers: dict, message, raw_receive) -> None:
         """A POST; ``receive`` replays the body already read (``message``)."""
         version = headers.get("mcp-protocol-version")
-        if (version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS) \
-                or (isinstance(message, dict) and message.get("method") == "server/discover"):
+        if (version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS) or (
+            isinstance(message, dict) and message.get("method") == "server/discover"
+        ):
             return await send_json(send, 400, _handshake_only(message, version))
         await self._running()
-        if SESSION_HEADER not in headers and isinstance(message, dict) \
-                and message.get("method") == "initialize":
+        if (
+            SESSION_HEADER not in headers
+            and isinstance(message, dict)
+            and message.get("method") == "initialize"
+        ):
             return await self._initialize(scope, receive, send, message, raw_receive)
         if await self._refused(send, headers):
             return
@@ -156,9 +186,12 @@ class Streamable:
         405 as the transport allows: the server sends nothing unasked, and an
         open stream would hold a graceful stop until its timeout."""
         if scope["method"] == "GET":
-            return await send_json(send, 405, rpc_error(None, INVALID_REQUEST,
-                                                        "no event stream here"),
-                                   {"allow": "POST, DELETE"})
+            return await send_json(
+                send,
+                405,
+                rpc_error(None, INVALID_REQUEST, "no event stream here"),
+                {"allow": "POST, DELETE"},
+            )
         await self._running()
         session_id = headers.get(SESSION_HEADER)
         if await self._refused(send, headers):
@@ -179,9 +212,12 @@ class Streamable:
             body = await self.tools.open(request, hangup=hangup(raw_receive))
         except CamgError as exc:
             extra = {"retry-after": str(exc.retry_after)} if isinstance(exc, AtCapacity) else {}
-            return await send_json(send, exc.http_status,
-                                   rpc_error(request_id, rpc_code(exc), exc.message,
-                                             exc.to_dict()), extra)
+            return await send_json(
+                send,
+                exc.http_status,
+                rpc_error(request_id, rpc_code(exc), exc.message, exc.to_dict()),
+                extra,
+            )
         created: dict = {}
 
         async def watch(event) -> None:
@@ -204,20 +240,26 @@ class Streamable:
 def _tool_result(body: dict, *, error: bool) -> types.CallToolResult:
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False))],
-        structured_content=body, is_error=error)
+        structured_content=body,
+        is_error=error,
+    )
 
 
 def _instructions(env: str, body: dict) -> str:
-    return (f"camg {env}: this MCP session is episode {body['episode_id']} "
-            f"(task {body.get('task_id')}). Each tool call is one step; its result "
-            "carries observation, reward, done and failure_class (reward null: an "
-            "infrastructure failure, not a score). The first observation:\n"
-            + json.dumps(body.get("observation"), ensure_ascii=False))
+    return (
+        f"camg {env}: this MCP session is episode {body['episode_id']} "
+        f"(task {body.get('task_id')}). Each tool call is one step; its result "
+        "carries observation, reward, done and failure_class (reward null: an "
+        "infrastructure failure, not a score). The first observation:\n"
+        + json.dumps(body.get("observation"), ensure_ascii=False)
+    )
 
 
 def _handshake_only(message, version: str | None) -> dict:
     request_id = message.get("id") if isinstance(message, dict) else None
-    return rpc_error(request_id, UNSUPPORTED_VERSION,
-                     "one MCP session is one episode: this server speaks the initialize "
-                     "handshake only", {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS),
-                                        "requested": version or ""})
+    return rpc_error(
+        request_id,
+        UNSUPPORTED_VERSION,
+        "one MCP session is one episode: this server speaks the initialize handshake only",
+        {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS), "requested": version or ""},
+    )

@@ -25,7 +25,8 @@ trainers' helper socket.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, generate_latest
@@ -37,8 +38,27 @@ from camg.errors import NotFound
 SWITCH = "CAMG_METRICS"
 
 #: ms .. minutes: a Shop step takes milliseconds, a Coding grade minutes.
-BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-           30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+)
 
 #: How an episode ended: on its own (done), closed by the trainer or a
 #: shutdown (closed), or by the lease reaper (reaped).
@@ -47,7 +67,14 @@ OUTCOMES = ("done", "closed", "reaped")
 NONE = "none"
 
 
-def task_kind(environment: object, task: object) -> str | None:
+class _TaskFacts(Protocol):
+    """What task_kind reads of an environment (camg.environment.Environment,
+    named structurally: this module imports no other camg module)."""
+
+    def task_facts(self, task: Any) -> Mapping[str, Any]: ...
+
+
+def task_kind(environment: _TaskFacts, task: object) -> str | None:
     """The task's kind as GET /tasks lists it (Environment.task_facts); None
     when the environment cannot say: a metric must never cost an episode."""
     try:
@@ -74,46 +101,82 @@ class Metrics:
         self.registry = r = CollectorRegistry(auto_describe=True)
         env = ("environment",)
         self.started_total = Counter(
-            "camg_episodes_started", "Episodes whose reset began.",
-            env + ("task_kind",), registry=r)
+            "camg_episodes_started", "Episodes whose reset began.", env + ("task_kind",), registry=r
+        )
         self.ended_total = Counter(
-            "camg_episodes_ended", "Episodes that ended, by how and with what verdict.",
-            env + ("task_kind", "outcome", "failure_class", "integrity"), registry=r)
+            "camg_episodes_ended",
+            "Episodes that ended, by how and with what verdict.",
+            env + ("task_kind", "outcome", "failure_class", "integrity"),
+            registry=r,
+        )
         self.null_controls_total = Counter(
-            "camg_null_controls", "Failed steps and grades by what their control proved "
+            "camg_null_controls",
+            "Failed steps and grades by what their control proved "
             "(obstructed: the submission's, reward 0.0; confirmed: the control failed too, "
             "null; unproven: no control, null).",
-            env + ("result",), registry=r)
-        self.live = Gauge("camg_episodes_live", "Episodes starting or running now.",
-                          env, registry=r)
-        self.capacity = Gauge("camg_capacity", "Concurrent episodes this service admits.",
-                              env, registry=r)
+            env + ("result",),
+            registry=r,
+        )
+        self.live = Gauge(
+            "camg_episodes_live", "Episodes starting or running now.", env, registry=r
+        )
+        self.capacity = Gauge(
+            "camg_capacity", "Concurrent episodes this service admits.", env, registry=r
+        )
         self.admission_queued = Gauge(
-            "camg_admission_queued", "Creates waiting in the admission line now (camg.admission).",
-            env, registry=r)
+            "camg_admission_queued",
+            "Creates waiting in the admission line now (camg.admission).",
+            env,
+            registry=r,
+        )
         self.admission_queue_bound = Gauge(
-            "camg_admission_queue_bound", "Creates the admission line holds at most.",
-            env, registry=r)
-        self.reset_seconds = Histogram("camg_reset_seconds", "Duration of successful resets.",
-                                       env, buckets=BUCKETS, registry=r)
-        self.step_seconds = Histogram("camg_step_seconds",
-                                      "Duration of the environment's step calls.",
-                                      env, buckets=BUCKETS, registry=r)
-        self.grade_seconds = Histogram("camg_grade_seconds",
-                                       "Duration of grading at an episode's end.",
-                                       env, buckets=BUCKETS, registry=r)
+            "camg_admission_queue_bound",
+            "Creates the admission line holds at most.",
+            env,
+            registry=r,
+        )
+        self.reset_seconds = Histogram(
+            "camg_reset_seconds", "Duration of successful resets.", env, buckets=BUCKETS, registry=r
+        )
+        self.step_seconds = Histogram(
+            "camg_step_seconds",
+            "Duration of the environment's step calls.",
+            env,
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.grade_seconds = Histogram(
+            "camg_grade_seconds",
+            "Duration of grading at an episode's end.",
+            env,
+            buckets=BUCKETS,
+            registry=r,
+        )
         self.judge_requests_total = Counter(
-            "camg_judge_requests", "Judge verdicts asked for, by result (ok, error).",
-            env + ("result",), registry=r)
+            "camg_judge_requests",
+            "Judge verdicts asked for, by result (ok, error).",
+            env + ("result",),
+            registry=r,
+        )
         self.judge_retries_total = Counter(
-            "camg_judge_retries", "Judge attempts beyond the first of each request.",
-            env, registry=r)
-        self.judge_seconds = Histogram("camg_judge_seconds",
-                                       "Duration of a judge request, retries included.",
-                                       env, buckets=BUCKETS, registry=r)
-        self.helper_up = Gauge("camg_helper_up",
-                               "1 if the root helper answers as /health sees it, else 0.",
-                               env, registry=r)
+            "camg_judge_retries",
+            "Judge attempts beyond the first of each request.",
+            env,
+            registry=r,
+        )
+        self.judge_seconds = Histogram(
+            "camg_judge_seconds",
+            "Duration of a judge request, retries included.",
+            env,
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.helper_up = Gauge(
+            "camg_helper_up",
+            "1 if the root helper answers as /health sees it, else 0.",
+            env,
+            registry=r,
+        )
         # Bound once: a labelled child is one attribute away on the hot path.
         self._step = self.step_seconds.labels(environment)
         self._reset = self.reset_seconds.labels(environment)
@@ -121,9 +184,15 @@ class Metrics:
         self._judge = self.judge_seconds.labels(environment)
         self._retries = self.judge_retries_total.labels(environment)
 
-    def watch(self, *, live: Callable[[], int], capacity: int,
-              helper_up: Callable[[], bool] | None = None,
-              queued: Callable[[], int] | None = None, queue_bound: int | None = None) -> None:
+    def watch(
+        self,
+        *,
+        live: Callable[[], int],
+        capacity: int,
+        helper_up: Callable[[], bool] | None = None,
+        queued: Callable[[], int] | None = None,
+        queue_bound: int | None = None,
+    ) -> None:
         """Gauges read at scrape time from what the service already knows."""
         self.live.labels(self.environment).set_function(live)
         self.capacity.labels(self.environment).set(capacity)
@@ -138,10 +207,12 @@ class Metrics:
     def episode_started(self, task_kind: object) -> None:
         self.started_total.labels(self.environment, _label(task_kind)).inc()
 
-    def episode_ended(self, task_kind: object, outcome: str, failure_class: object,
-                      integrity: object) -> None:
-        self.ended_total.labels(self.environment, _label(task_kind), outcome,
-                                _label(failure_class), _label(integrity)).inc()
+    def episode_ended(
+        self, task_kind: object, outcome: str, failure_class: object, integrity: object
+    ) -> None:
+        self.ended_total.labels(
+            self.environment, _label(task_kind), outcome, _label(failure_class), _label(integrity)
+        ).inc()
 
     def null_control(self, result: str) -> None:
         self.null_controls_total.labels(self.environment, result).inc()
@@ -202,27 +273,48 @@ class HelperMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.requests_total = Counter(
-            "camg_helper_requests", "Helper requests answered, by verb and error name "
-            "(none when it succeeded).", ("verb", "error"), registry=r)
+            "camg_helper_requests",
+            "Helper requests answered, by verb and error name (none when it succeeded).",
+            ("verb", "error"),
+            registry=r,
+        )
         self.request_seconds = Histogram(
-            "camg_helper_request_seconds", "Duration of helper requests, by verb.",
-            ("verb",), buckets=BUCKETS, registry=r)
-        self.sandboxes_live = Gauge("camg_helper_sandboxes_live",
-                                    "Sandboxes the helper holds now.", registry=r)
-        self.containers_live = Gauge("camg_helper_containers_live",
-                                     "Containers the helper's mediator holds now.", registry=r)
-        self.probes_ok = Gauge("camg_helper_probes_ok",
-                               "1 while the isolation probes pass (sandboxes are made), "
-                               "else 0.", registry=r)
-        self.sweeps_total = Counter("camg_helper_sweeps",
-                                    "Sweeps of what an earlier helper left, run by this one.",
-                                    registry=r)
-        self.swept_total = Counter("camg_helper_swept",
-                                   "What the sweeps reclaimed, by kind (sandboxes, containers).",
-                                   ("kind",), registry=r)
+            "camg_helper_request_seconds",
+            "Duration of helper requests, by verb.",
+            ("verb",),
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.sandboxes_live = Gauge(
+            "camg_helper_sandboxes_live", "Sandboxes the helper holds now.", registry=r
+        )
+        self.containers_live = Gauge(
+            "camg_helper_containers_live", "Containers the helper's mediator holds now.", registry=r
+        )
+        self.probes_ok = Gauge(
+            "camg_helper_probes_ok",
+            "1 while the isolation probes pass (sandboxes are made), else 0.",
+            registry=r,
+        )
+        self.sweeps_total = Counter(
+            "camg_helper_sweeps",
+            "Sweeps of what an earlier helper left, run by this one.",
+            registry=r,
+        )
+        self.swept_total = Counter(
+            "camg_helper_swept",
+            "What the sweeps reclaimed, by kind (sandboxes, containers).",
+            ("kind",),
+            registry=r,
+        )
 
-    def watch(self, *, sandboxes: Callable[[], int], containers: Callable[[], int],
-              probes_ok: Callable[[], bool]) -> None:
+    def watch(
+        self,
+        *,
+        sandboxes: Callable[[], int],
+        containers: Callable[[], int],
+        probes_ok: Callable[[], bool],
+    ) -> None:
         self.sandboxes_live.set_function(sandboxes)
         self.containers_live.set_function(containers)
         self.probes_ok.set_function(lambda: float(probes_ok()))
@@ -283,12 +375,14 @@ class ScrapeServer:
             sock.close()
             raise
         loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name="camg-helper-metrics",
-                                  daemon=True)
+        thread = threading.Thread(target=loop.run_forever, name="camg-helper-metrics", daemon=True)
         thread.start()
         server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._connection, sock=sock, limit=self.HEAD_MAX,
-                                 backlog=self.BACKLOG), loop).result(10)
+            asyncio.start_server(
+                self._connection, sock=sock, limit=self.HEAD_MAX, backlog=self.BACKLOG
+            ),
+            loop,
+        ).result(10)
 
         async def close() -> None:
             server.close()
@@ -305,18 +399,19 @@ class ScrapeServer:
                 loop.call_soon_threadsafe(loop.stop)
                 thread.join(5)
                 loop.close()
+
         return stop
 
     async def _connection(self, reader, writer) -> None:
         import asyncio
+
         self._open.add(writer)
         self._reading[writer] = None
         if len(self._reading) > self.READING_MAX:
             next(iter(self._reading)).transport.abort()
         try:
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
-                                              self.READ_TIMEOUT_S)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.READ_TIMEOUT_S)
             finally:
                 self._reading.pop(writer, None)
             writer.write(self._answer(head))
@@ -324,8 +419,12 @@ class ScrapeServer:
             # nothing must not delay beyond the timeout
             writer.close()
             await asyncio.wait_for(writer.wait_closed(), self.WRITE_TIMEOUT_S)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError):
+        except (
+            TimeoutError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ConnectionError,
+        ):
             writer.transport.abort()  # stalled, oversized or gone: no answer
         finally:
             self._open.discard(writer)
@@ -333,8 +432,14 @@ class ScrapeServer:
     def _answer(self, head: bytes) -> bytes:
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
-        accept = next((line.split(":", 1)[1].strip() for line in lines[1:]
-                       if line.lower().startswith("accept:")), "")
+        accept = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in lines[1:]
+                if line.lower().startswith("accept:")
+            ),
+            "",
+        )
         if len(parts) != 3 or parts[0] not in ("GET", "HEAD"):
             status, content_type, body = "405 Method Not Allowed", "text/plain", b""
         elif parts[1].split("?", 1)[0] not in ("/metrics", "/"):
@@ -343,22 +448,27 @@ class ScrapeServer:
             encoder, content_type = choose_encoder(accept)
             status, body = "200 OK", encoder(self.registry)
         data = body if parts[0] == "GET" else b""
-        return (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + data
+        return (
+            f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode() + data
 
 
 def for_environment(environment: str, environ=os.environ) -> Metrics | NoMetrics:
     return Metrics(environment) if enabled(environ) else NoMetrics()
 
 
-def helper_up(environment: object,
-              health: Callable[[], tuple[bool, list[str]]]) -> Callable[[], bool]:
+def helper_up(
+    environment: object, health: Callable[[], tuple[bool, list[str]]]
+) -> Callable[[], bool]:
     """The helper's reachability as /health knows it: connected (the
     environment's ``helper`` client exists once it started) and no health
     reason ``helper: ...`` (how the sandbox environments report a helper
     that does not answer or whose probes failed)."""
-    return lambda: (getattr(environment, "helper", None) is not None
-                    and not any(r.startswith("helper") for r in health()[1]))
+    return lambda: (
+        getattr(environment, "helper", None) is not None
+        and not any(r.startswith("helper") for r in health()[1])
+    )
 
 
 class MetricsResource:

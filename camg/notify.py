@@ -28,7 +28,7 @@ class Notifier:
         address = os.environ.get(STASH) or os.environ.get("NOTIFY_SOCKET")
         self.enabled = bool(address)
         self._notifier = None
-        if self.enabled:
+        if address:
             saved = os.environ.get("NOTIFY_SOCKET")
             os.environ["NOTIFY_SOCKET"] = address
             try:

@@ -44,12 +44,13 @@ _EVIDENCE_CHARS = 500
 class NullProof:
     """The manager's half: runs ``Episode.control`` and keeps the account."""
 
-    def __init__(self, manager: "EpisodeManager") -> None:
+    def __init__(self, manager: EpisodeManager) -> None:
         self.manager = manager
         self.recent: collections.deque[tuple[float, str]] = collections.deque(maxlen=64)
 
-    async def prove(self, rec: "Record", exc: BaseException, failure: FailureClass,
-                    phase: str) -> tuple[float | None, FailureClass | None]:
+    async def prove(
+        self, rec: Record, exc: BaseException, failure: FailureClass, phase: str
+    ) -> tuple[float | None, FailureClass | None]:
         """(reward, failure class) for an episode whose ``phase`` failed:
         (0.0, None) when its control succeeds, else (None, ``failure``)."""
         m = self.manager
@@ -58,11 +59,15 @@ class NullProof:
             return None, failure
         started = time.monotonic()
         try:
-            evidence = await m.call(episode.control, exc, phase,
-                                    timeout=m.limits.grade_timeout_s)
+            evidence = await m.call(episode.control, exc, phase, timeout=m.limits.grade_timeout_s)
         except Exception as control_exc:
-            log.warning("%s failed (%s) and its control failed too: %s", phase,
-                        failure.value, control_exc, **rec.fields)
+            log.warning(
+                "%s failed (%s) and its control failed too: %s",
+                phase,
+                failure.value,
+                control_exc,
+                **rec.fields,
+            )
             self._degrade(failure, "confirmed")
             return None, failure
         finally:
@@ -71,10 +76,17 @@ class NullProof:
             self._degrade(failure, "unproven")
             return None, failure
         rec.obstructed = [f"{phase} failed ({failure.value}): {exc}"[:_EVIDENCE_CHARS]] + [
-            str(line)[:_EVIDENCE_CHARS] for line in list(evidence)[:_EVIDENCE_LINES - 1]]
+            str(line)[:_EVIDENCE_CHARS] for line in list(evidence)[: _EVIDENCE_LINES - 1]
+        ]
         m.metrics.null_control("obstructed")
-        log.warning("%s failed (%s) but its control succeeded: the submission obstructed "
-                    "grading (reward 0.0): %s", phase, failure.value, rec.obstructed, **rec.fields)
+        log.warning(
+            "%s failed (%s) but its control succeeded: the submission obstructed "
+            "grading (reward 0.0): %s",
+            phase,
+            failure.value,
+            rec.obstructed,
+            **rec.fields,
+        )
         return 0.0, None
 
     def _degrade(self, failure: FailureClass, result: str) -> None:
@@ -88,5 +100,7 @@ class NullProof:
         if not classes:
             return []
         named = ", ".join(f"{n} {c}" for c, n in sorted(classes.items()))
-        return [f"episodes ended with reward null in the last {DEGRADED_FOR_S:g} s and no "
-                f"control disproved it ({named})"]
+        return [
+            f"episodes ended with reward null in the last {DEGRADED_FOR_S:g} s and no "
+            f"control disproved it ({named})"
+        ]

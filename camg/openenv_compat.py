@@ -33,11 +33,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from typing import cast
 
 import falcon
 import falcon.asgi
 
-from camg import http_wire as wire, mcp_server
+from camg import http_wire as wire
+from camg import mcp_server
 from camg.errors import AtCapacity, BadRequest, CamgError, EpisodeDone, EpisodeNotFound
 from camg.http import read_body, reply
 from camg.service import Service
@@ -48,16 +50,21 @@ _WS_MESSAGE_MAX = 1 << 20
 COOKIE = "camg_openenv_episode"
 EPISODE_HEADER = "X-Camg-Episode-Id"
 #: keys each client message may carry (openenv BaseMessage: extra="forbid")
-_WS_KEYS = {"reset": ({"type"}, {"data"}), "step": ({"type", "data"}, set()),
-            "state": ({"type"}, set()), "close": ({"type"}, set()),
-            "mcp": ({"type", "data"}, set())}   # a JSON-RPC request (camg.mcp_server)
+_WS_KEYS = {
+    "reset": ({"type"}, {"data"}),
+    "step": ({"type", "data"}, set()),
+    "state": ({"type"}, set()),
+    "close": ({"type"}, set()),
+    "mcp": ({"type", "data"}, set()),
+}  # a JSON-RPC request (camg.mcp_server)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepRequest(wire.StepRequest):
     """openenv StepRequest plus camg's ``episode_id``."""
+
     episode_id: str | None = None
-    timeout_s: float | None = None   # accepted as OpenEnv does; the server's deadlines rule
+    timeout_s: float | None = None  # accepted as OpenEnv does; the server's deadlines rule
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -68,8 +75,11 @@ class StepRequest(wire.StepRequest):
 
 def _openenv_body(body: dict) -> dict:
     """openenv ``serialize_observation``: exactly observation, reward, done."""
-    return {"observation": body.get("observation", {}), "reward": body.get("reward"),
-            "done": bool(body.get("done"))}
+    return {
+        "observation": body.get("observation", {}),
+        "reward": body.get("reward"),
+        "done": bool(body.get("done")),
+    }
 
 
 class Session:
@@ -93,7 +103,8 @@ class Session:
         try:
             body = await self.manager.step(self.episode_id, request)
         except EpisodeDone as done:
-            body = done.details["terminal"]   # sticky terminal observation, as OpenEnv
+            # sticky terminal observation, as OpenEnv
+            body = cast(dict, done.details["terminal"])
         return _openenv_body(body)
 
     def state(self) -> dict:
@@ -135,8 +146,9 @@ class Reset:
         # a client's reset replaces its own previous episode, nobody else's
         session = Session(self.service, _client_episode(req))
         body = await session.reset(data)
-        resp.set_cookie(COOKIE, session.episode_id, path="/", secure=False, http_only=True,
-                        same_site="Strict")
+        resp.set_cookie(
+            COOKIE, session.episode_id, path="/", secure=False, http_only=True, same_site="Strict"
+        )
         resp.set_header(EPISODE_HEADER, session.episode_id)
         reply(resp, body)
 
@@ -150,8 +162,9 @@ class Step:
         request = wire.parse_body(await read_body(req, self.limit), StepRequest, "body")
         episode_id = _client_episode(req, request.episode_id)
         if episode_id is None:
-            raise BadRequest("no episode for this client: POST /reset first (keep its cookie) "
-                             "or pass episode_id")
+            raise BadRequest(
+                "no episode for this client: POST /reset first (keep its cookie) or pass episode_id"
+            )
         session = Session(self.service, episode_id)
         reply(resp, await session.step(request.action, request.request_id))
 
@@ -197,8 +210,9 @@ class WebSocket:
         if len(raw) > _WS_MESSAGE_MAX:
             return _ws_error("message too large", "VALIDATION_ERROR")
         if wire.json_too_deep(raw):
-            return _ws_error(f"message nests deeper than {wire.MAX_JSON_DEPTH} levels",
-                             "VALIDATION_ERROR")
+            return _ws_error(
+                f"message nests deeper than {wire.MAX_JSON_DEPTH} levels", "VALIDATION_ERROR"
+            )
         try:
             message = json.loads(raw)
         except ValueError as exc:
@@ -211,15 +225,18 @@ class WebSocket:
         required, optional = _WS_KEYS[kind]
         keys = set(message)
         if not required <= keys or keys - required - optional:
-            return _ws_error(f"a {kind} message has exactly the keys "
-                             f"{sorted(required)} (optional: {sorted(optional)})",
-                             "VALIDATION_ERROR")
+            return _ws_error(
+                f"a {kind} message has exactly the keys "
+                f"{sorted(required)} (optional: {sorted(optional)})",
+                "VALIDATION_ERROR",
+            )
         data = message.get("data", {})
         if not isinstance(data, dict):
             return _ws_error("data must be an object", "VALIDATION_ERROR")
         try:
             if kind == "reset":
                 answer = await session.reset(data)
+                assert session.episode_id is not None  # reset() set it
                 self.mcp.tools.remember(session.episode_id, answer["observation"])
                 return {"type": "observation", "data": answer}
             if kind == "mcp":
@@ -234,8 +251,13 @@ class WebSocket:
             await session.close()
             return None
         except CamgError as exc:
-            code = ("CAPACITY_REACHED" if isinstance(exc, AtCapacity) else
-                    "VALIDATION_ERROR" if isinstance(exc, BadRequest) else "EXECUTION_ERROR")
+            code = (
+                "CAPACITY_REACHED"
+                if isinstance(exc, AtCapacity)
+                else "VALIDATION_ERROR"
+                if isinstance(exc, BadRequest)
+                else "EXECUTION_ERROR"
+            )
             return {"type": "error", "data": {**exc.to_dict(), "code": code}}
 
 

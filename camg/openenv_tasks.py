@@ -48,14 +48,23 @@ class TaskSplits:
             name = row["split"] if row["split"] is not None else env_name
             tasks = self.splits.setdefault(name, [])
             tasks.append(_task(row, name, len(tasks)))
-        if any(row["split"] == env_name for row in listing.rows) and \
-                any(row["split"] is None for row in listing.rows):
-            raise ConfigError(f"{env_name}: a split named like the environment would hold "
-                              "the tasks without a split too")
+        if any(row["split"] == env_name for row in listing.rows) and any(
+            row["split"] is None for row in listing.rows
+        ):
+            raise ConfigError(
+                f"{env_name}: a split named like the environment would hold "
+                "the tasks without a split too"
+            )
 
     def describe(self) -> list[dict]:
-        return [{"name": name, "type": name if name in SPLIT_TYPES else "validation",
-                 "num_tasks": len(tasks)} for name, tasks in self.splits.items()]
+        return [
+            {
+                "name": name,
+                "type": name if name in SPLIT_TYPES else "validation",
+                "num_tasks": len(tasks),
+            }
+            for name, tasks in self.splits.items()
+        ]
 
     def tasks(self, split: str) -> Sequence[dict]:
         # "" is the first split, as Harbor's provider reads it (HarborEnv's
@@ -63,15 +72,17 @@ class TaskSplits:
         if split == "" and self.splits:
             return next(iter(self.splits.values()))
         if split not in self.splits:
-            raise BadRequest(f"split: unknown split {split!r}; served splits are "
-                             f"{list(self.splits)}")
+            raise BadRequest(
+                f"split: unknown split {split!r}; served splits are {list(self.splits)}"
+            )
         return self.splits[split]
 
     def task(self, split: str, index: int) -> dict:
         tasks = self.tasks(split)
         if index >= len(tasks):
-            raise BadRequest(f"index: {index} is past the end of split {split!r} "
-                             f"({len(tasks)} tasks)")
+            raise BadRequest(
+                f"index: {index} is past the end of split {split!r} ({len(tasks)} tasks)"
+            )
         return tasks[index]
 
 
@@ -79,8 +90,13 @@ def _task(row: Mapping[str, Any], split: str, index: int) -> dict:
     # HarborTaskRef's fields (index, task_id, task_name, dataset, instruction)
     # where camg knows them: a task's name is its id, its dataset the split,
     # and its prompt exists only once an episode renders it; kind beside.
-    return {"index": index, "task_id": row["task_id"], "task_name": row["task_id"],
-            "dataset": split, "kind": row["kind"]}
+    return {
+        "index": index,
+        "task_id": row["task_id"],
+        "task_name": row["task_id"],
+        "dataset": split,
+        "kind": row["kind"],
+    }
 
 
 class _Resource:
@@ -89,8 +105,10 @@ class _Resource:
 
     def check(self, env: str) -> None:
         if env.lower() not in (self.splits.env_name.lower(), HARBOR_CLIENT_ENV):
-            raise NotFound(f"unknown environment {env!r}; this service is "
-                           f"{self.splits.env_name!r} (or {HARBOR_CLIENT_ENV!r})")
+            raise NotFound(
+                f"unknown environment {env!r}; this service is "
+                f"{self.splits.env_name!r} (or {HARBOR_CLIENT_ENV!r})"
+            )
 
     async def body(self, req, model: type) -> Any:
         return wire.parse_body(await read_body(req, BODY_LIMIT), model, "body")
@@ -106,8 +124,9 @@ class Tasks(_Resource):
     async def on_post(self, req, resp, env):
         self.check(env)
         query = await self.body(req, wire.OpenEnvSplitRequest)
-        reply(resp, {"tasks": list(self.splits.tasks(query.split)),
-                     "env_name": self.splits.env_name})
+        reply(
+            resp, {"tasks": list(self.splits.tasks(query.split)), "env_name": self.splits.env_name}
+        )
 
 
 class NumTasks(_Resource):
@@ -130,7 +149,7 @@ class TaskRange(_Resource):
         query = await self.body(req, wire.OpenEnvTaskRangeRequest)
         # bounds are never negative (the wire type), so the slice is a plain
         # [start, stop): past the end or stop <= start is an empty list
-        reply(resp, {"tasks": list(self.splits.tasks(query.split)[query.start:query.stop])})
+        reply(resp, {"tasks": list(self.splits.tasks(query.split)[query.start : query.stop])})
 
 
 class Environments:

@@ -31,7 +31,6 @@ from typing import Any
 
 from camg import atomic, signing
 
-
 # One encoder for every line: json.dumps with options builds a new one per
 # call, and a trajectory line is written on every step's hot path.
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
@@ -42,8 +41,13 @@ def _line(record: Any) -> bytes:
 
 
 class OutcomeLog:
-    def __init__(self, state_dir: str | os.PathLike, *, signer: signing.Signer | None = None,
-                 stamp: dict | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: str | os.PathLike,
+        *,
+        signer: signing.Signer | None = None,
+        stamp: dict | None = None,
+    ) -> None:
         self.root = Path(state_dir)
         self.signer = signer
         self.stamp = dict(stamp or {})
@@ -89,11 +93,14 @@ class OutcomeLog:
                 data = self._chained(record)
                 view = memoryview(data)
                 while view:  # a short write is finished, never left torn
-                    view = view[os.write(self._fd, view):]
+                    view = view[os.write(self._fd, view) :]
                 os.fsync(self._fd)
                 if self.signer is not None:
-                    self._tail = (os.fstat(self._fd).st_size, record["seq"],
-                                  signing.line_hash(data))
+                    self._tail = (
+                        os.fstat(self._fd).st_size,
+                        record["seq"],
+                        signing.line_hash(data),
+                    )
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         if isinstance(record.get("episode_id"), str):
@@ -158,22 +165,36 @@ class OutcomeLog:
                 entries = self._entries(eid)
                 # a fork's child begins with its fork event (camg.forking)
                 reset = next((e for e in entries if e.get("event") in ("reset", "fork")), {})
-                reason = ("the service process ended while the episode ran (killed or "
-                          "crashed); recorded by its next start")
-                self.trajectory(eid, {"event": "end", "reward": None, "failure_class": "infra",
-                                      "reason": reason})
+                reason = (
+                    "the service process ended while the episode ran (killed or "
+                    "crashed); recorded by its next start"
+                )
+                self.trajectory(
+                    eid,
+                    {"event": "end", "reward": None, "failure_class": "infra", "reason": reason},
+                )
                 self.finish_trajectory(eid)
-                self.append({
-                    "environment": environment, "episode_id": eid,
-                    "task_id": reset.get("task_id"), "seed": reset.get("seed"),
-                    "reward": None, "failure_class": "infra", "status": "closed",
-                    "reason": reason, "recovered": True,
-                    # a fork's child counts on from its parent's steps
-                    "steps": sum(1 for e in entries if e.get("event") == "step")
-                    + int(reset.get("fork_step") or 0),
-                    "started_at": marker.stat().st_mtime, "ended_at": time.time(),
-                    "timings": {}, "config_hash": config_hash,
-                    **{k: reset[k] for k in ("forked_from", "fork_step") if k in reset}})
+                self.append(
+                    {
+                        "environment": environment,
+                        "episode_id": eid,
+                        "task_id": reset.get("task_id"),
+                        "seed": reset.get("seed"),
+                        "reward": None,
+                        "failure_class": "infra",
+                        "status": "closed",
+                        "reason": reason,
+                        "recovered": True,
+                        # a fork's child counts on from its parent's steps
+                        "steps": sum(1 for e in entries if e.get("event") == "step")
+                        + int(reset.get("fork_step") or 0),
+                        "started_at": marker.stat().st_mtime,
+                        "ended_at": time.time(),
+                        "timings": {},
+                        "config_hash": config_hash,
+                        **{k: reset[k] for k in ("forked_from", "fork_step") if k in reset},
+                    }
+                )
                 ended.append(eid)
             marker.unlink(missing_ok=True)
         return ended
@@ -198,10 +219,16 @@ class OutcomeLog:
         fd = self._traj_fds.get(episode_id)
         if fd is None:
             if not self._marker(episode_id).exists():
-                os.close(os.open(self._marker(episode_id),
-                                 os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640))
-            fd = os.open(self.trajectory_path(episode_id),
-                         os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+                os.close(
+                    os.open(
+                        self._marker(episode_id), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640
+                    )
+                )
+            fd = os.open(
+                self.trajectory_path(episode_id),
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                0o640,
+            )
             self._traj_fds[episode_id] = fd
         os.write(fd, _line(entry))
 

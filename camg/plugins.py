@@ -110,29 +110,37 @@ class EnvironmentPlugin:
         for field in ("factory", "prepare", "settings", "demo_prepare", "reliability", "storm"):
             value = getattr(self, field)
             if value is not None and not _SPEC.fullmatch(value):
-                raise ConfigError(f"environment plugin {self.name}: {field} must look like "
-                                  f"'package.module:attr', not {value!r}")
+                raise ConfigError(
+                    f"environment plugin {self.name}: {field} must look like "
+                    f"'package.module:attr', not {value!r}"
+                )
         if self.episode_peak_bytes is not None and self.episode_peak_bytes <= 0:
-            raise ConfigError(f"environment plugin {self.name}: episode_peak_bytes must be "
-                              "positive")
+            raise ConfigError(
+                f"environment plugin {self.name}: episode_peak_bytes must be positive"
+            )
         if self.substrate not in SUBSTRATES:
-            raise ConfigError(f"environment plugin {self.name}: substrate {self.substrate!r} "
-                              f"is none of {', '.join(SUBSTRATES)}")
+            raise ConfigError(
+                f"environment plugin {self.name}: substrate {self.substrate!r} "
+                f"is none of {', '.join(SUBSTRATES)}"
+            )
         if (self.demo is None) != (self.demo_prepare is None):
-            raise ConfigError(f"environment plugin {self.name}: demo and demo_prepare "
-                              "go together")
+            raise ConfigError(f"environment plugin {self.name}: demo and demo_prepare go together")
         if (self.demo_images or self.demo_agent_env) and self.substrate != "container":
-            raise ConfigError(f"environment plugin {self.name}: demo_images and "
-                              "demo_agent_env are for substrate 'container'")
+            raise ConfigError(
+                f"environment plugin {self.name}: demo_images and "
+                "demo_agent_env are for substrate 'container'"
+            )
         # Derived defaults, set once here so every reader sees one value.
         if not self.unit:
             object.__setattr__(self, "unit", default_unit(self.name))
         if self.sandboxes_per_episode is None:
-            object.__setattr__(self, "sandboxes_per_episode",
-                               0 if self.substrate == "process" else 1)
+            object.__setattr__(
+                self, "sandboxes_per_episode", 0 if self.substrate == "process" else 1
+            )
         if self.substrate == "process" and self.sandboxes_per_episode:
-            raise ConfigError(f"environment plugin {self.name}: substrate 'process' holds "
-                              "no helper sandbox")
+            raise ConfigError(
+                f"environment plugin {self.name}: substrate 'process' holds no helper sandbox"
+            )
 
     def load_factory(self) -> type:
         return resolve(self.factory)
@@ -168,11 +176,16 @@ class Host:
     memory_bytes: int
 
     @classmethod
-    def detect(cls) -> "Host":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+    def detect(cls) -> Host:
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
             else (os.cpu_count() or 1)
-        return cls(cores=max(1, cores),
-                   memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        )
+        return cls(
+            cores=max(1, cores),
+            memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        )
 
 
 def default_capacity(plugin: EnvironmentPlugin | None, host: Host | None = None) -> int:
@@ -189,8 +202,12 @@ def default_capacity(plugin: EnvironmentPlugin | None, host: Host | None = None)
     """
     host = host or Host.detect()
     per = plugin.sandboxes_per_episode if plugin is not None else 1
-    bounds = [MAX_DEFAULT_CAPACITY, SANDBOXES_PER_PEER // max(1, per),
-              host.cores * EPISODES_PER_CORE]
+    assert per is not None  # __post_init__ fills in a plugin's default
+    bounds = [
+        MAX_DEFAULT_CAPACITY,
+        SANDBOXES_PER_PEER // max(1, per),
+        host.cores * EPISODES_PER_CORE,
+    ]
     if plugin is not None and plugin.episode_peak_bytes:
         bounds.append(int(host.memory_bytes * MEMORY_SHARE) // plugin.episode_peak_bytes)
     return max(1, min(bounds))
@@ -223,18 +240,21 @@ def all_plugins() -> Mapping[str, EnvironmentPlugin]:
         try:
             plugin = entry.load()
         except Exception as exc:  # a broken package must name itself
-            raise ConfigError(f"environment plugin {entry.name!r} ({entry.value}) "
-                              f"does not load: {exc}") from None
+            raise ConfigError(
+                f"environment plugin {entry.name!r} ({entry.value}) does not load: {exc}"
+            ) from None
         if not isinstance(plugin, EnvironmentPlugin):
-            raise ConfigError(f"entry point {entry.name!r} ({entry.value}) is not an "
-                              "EnvironmentPlugin")
+            raise ConfigError(
+                f"entry point {entry.name!r} ({entry.value}) is not an EnvironmentPlugin"
+            )
         if plugin.name != entry.name:
             raise ConfigError(f"entry point {entry.name!r} declares environment {plugin.name!r}")
         if plugin.name in found and found[plugin.name] != plugin:
             raise ConfigError(f"environment {plugin.name!r} is registered twice")
         if ports.get(plugin.port, plugin.name) != plugin.name:
-            raise ConfigError(f"environments {ports[plugin.port]!r} and {plugin.name!r} "
-                              f"share port {plugin.port}")
+            raise ConfigError(
+                f"environments {ports[plugin.port]!r} and {plugin.name!r} share port {plugin.port}"
+            )
         found[plugin.name] = plugin
         ports[plugin.port] = plugin.name
     return dict(sorted(found.items()))
@@ -259,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m camg.plugins", description=main.__doc__)
     parser.add_argument("--names", action="store_true", help="one name a line")
-    parser.add_argument("--field", choices=("unit", "substrate", "port"),
-                        help="'NAME VALUE' a line (install.sh: units, run-foreground.sh: "
-                             "substrates)")
+    parser.add_argument(
+        "--field",
+        choices=("unit", "substrate", "port"),
+        help="'NAME VALUE' a line (install.sh: units, run-foreground.sh: substrates)",
+    )
     args = parser.parse_args(argv)
     try:
         plugins = all_plugins()
@@ -283,4 +305,5 @@ if __name__ == "__main__":
     # Through the importable module, so isinstance sees one EnvironmentPlugin
     # class (run as __main__, this file's classes would be a second copy).
     from camg.plugins import main as _main
+
     raise SystemExit(_main())

@@ -23,12 +23,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"camg.prepare: {exc}", file=sys.stderr)
             return 2
-        print("usage: python -m camg.prepare --environment NAME [ARGS...]\n"
-              "       (python -m camg.prepare --environment NAME --help for its arguments)\n")
-        for name, plugin in known.items():
-            print(f"  {name:14s} {plugin.prepare_hint}")
+        print(
+            "usage: python -m camg.prepare --environment NAME [ARGS...]\n"
+            "       (python -m camg.prepare --environment NAME --help for its arguments)\n"
+        )
+        for listed, plugin in known.items():
+            print(f"  {listed:14s} {plugin.prepare_hint}")
         return 0 if args else 2
-    name = None
+    name: str | None = None
     if args[0] == "--environment" and len(args) > 1:
         name, rest = args[1], args[2:]
     elif args[0].startswith("--environment="):

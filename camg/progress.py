@@ -33,8 +33,15 @@ def _tty(stream: TextIO) -> bool:
 
 
 class Progress:
-    def __init__(self, what: str, total: int | None = None, unit: str = "item", *,
-                 stream: TextIO | None = None, interval: float = INTERVAL) -> None:
+    def __init__(
+        self,
+        what: str,
+        total: int | None = None,
+        unit: str = "item",
+        *,
+        stream: TextIO | None = None,
+        interval: float = INTERVAL,
+    ) -> None:
         self.what, self.total, self.unit = what, total, unit
         self.stream = stream or sys.stderr
         self.interval = interval
@@ -45,8 +52,9 @@ class Progress:
         if _tty(self.stream):
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=what, unit=unit, file=self.stream,
-                             dynamic_ncols=True, leave=True)
+            self._bar = tqdm(
+                total=total, desc=what, unit=unit, file=self.stream, dynamic_ncols=True, leave=True
+            )
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -61,8 +69,11 @@ class Progress:
     def _line(self, final: bool = False) -> None:
         count = f"{self.done}/{self.total}" if self.total is not None else str(self.done)
         state = "done" if final else "…"
-        print(f"{self.what}: {count} {self.unit}s, {time.monotonic() - self.started:.0f}s {state}",
-              file=self.stream, flush=True)
+        print(
+            f"{self.what}: {count} {self.unit}s, {time.monotonic() - self.started:.0f}s {state}",
+            file=self.stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self._bar is not None:
@@ -79,8 +90,9 @@ class Progress:
 
 
 @contextmanager
-def ticking(what: str, *, stream: TextIO | None = None,
-            interval: float = INTERVAL) -> Iterator[None]:
+def ticking(
+    what: str, *, stream: TextIO | None = None, interval: float = INTERVAL
+) -> Iterator[None]:
     """A step with no count (a subprocess, one library call): elapsed time
     every ``interval`` seconds, and when it ends."""
     stream = stream or sys.stderr
@@ -103,5 +115,8 @@ def ticking(what: str, *, stream: TextIO | None = None,
     finally:
         stop.set()
         thread.join()
-        print(f"{chr(13) if tty else ''}{what}: {time.monotonic() - started:.0f}s done",
-              file=stream, flush=True)
+        print(
+            f"{chr(13) if tty else ''}{what}: {time.monotonic() - started:.0f}s done",
+            file=stream,
+            flush=True,
+        )

@@ -51,8 +51,9 @@ def died(helper, sandbox: str) -> bool:
             listing = helper.list_sandboxes()
         except errors.CamgError:
             return False
-        if any(entry.get("sandbox_id") == sandbox and entry.get("alive") is False
-               for entry in listing):
+        if any(
+            entry.get("sandbox_id") == sandbox and entry.get("alive") is False for entry in listing
+        ):
             return True
         time.sleep(_DEATH_CHECK_S)
     return False
@@ -102,13 +103,18 @@ class HeldSandbox:
         files, not processes) and ``fork_depth``; other helper errors are
         episode failures as for every call (the manager records them as the
         child's failed reset, never the parent's)."""
+
         def fork(sandbox_id: str) -> str:
             try:
                 return self.helper.fork_sandbox(sandbox_id)["sandbox_id"]
             except (errors.BadRequest, errors.PermissionDenied) as exc:
-                what = {"not_allowed": processes, "limit_exceeded": "fork_depth"}.get(
-                    exc.details.get("helper_error"))
+                refusals: dict[object, str] = {
+                    "not_allowed": processes,
+                    "limit_exceeded": "fork_depth",
+                }
+                what = refusals.get(exc.details.get("helper_error"))
                 if what is None:
                     raise
                 raise errors.NotForkable(exc.message, what=what) from None
+
         return self._call(fork, sandbox)

@@ -16,8 +16,8 @@ import sys
 
 from gunicorn.app.base import BaseApplication
 
-from camg import service_config as cfg
 from camg import auth, http_worker, logs, notify, plugins
+from camg import service_config as cfg
 from camg.environment import ServiceContext
 from camg.errors import CamgError
 
@@ -28,14 +28,20 @@ def build_service(config: cfg.ServiceConfig, manifest):
     """The Service for a config ``cfg.verify`` has just checked (environment
     constructed, not started)."""
     from camg.service import Service
+
     env_class = plugins.resolve(config.factory)
-    context = ServiceContext(environment=config.environment, state_dir=config.state_dir,
-                             settings=config.settings, helper_socket=config.helper_socket,
-                             verified_files=manifest.files)
+    context = ServiceContext(
+        environment=config.environment,
+        state_dir=config.state_dir,
+        settings=config.settings,
+        helper_socket=config.helper_socket,
+        verified_files=manifest.files,
+    )
     environment = env_class(context, list(manifest.tasks))
     if environment.name != config.environment:
-        raise cfg.ConfigError(f"factory {config.factory} implements {environment.name!r}, "
-                              f"not {config.environment!r}")
+        raise cfg.ConfigError(
+            f"factory {config.factory} implements {environment.name!r}, not {config.environment!r}"
+        )
     return Service(config, environment)
 
 
@@ -54,6 +60,7 @@ class GunicornService(BaseApplication):
         # Runs in the worker after fork: the environment (JVM, sockets,
         # threads) must be created here, not in the arbiter.
         from camg.app import create_app
+
         logs.setup(self.config_obj.environment)
         return create_app(build_service(self.config_obj, self.manifest))
 
@@ -98,6 +105,7 @@ def _release_before_respawn(config: cfg.ServiceConfig):
         if len(forks) == 1:
             return  # the first worker: ExecStopPost= left nothing behind
         from camg.helper_client import HelperClient
+
         owner = str(config.settings.get("helper_owner") or config.environment)
         try:
             released = HelperClient(config.helper_socket, owner=owner).release_all()
@@ -110,14 +118,20 @@ def _release_before_respawn(config: cfg.ServiceConfig):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m camg.serve", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m camg.serve", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--config", required=True, help="prepared/<env>.json")
-    parser.add_argument("--check-config", action="store_true",
-                        help="verify every recorded hash and exit")
-    parser.add_argument("--check-clean", action="store_true",
-                        help="check that nothing of a previous run of this service remains, "
-                             "release what its ledger names, mark the state directory clean "
-                             "(the environment decides what that means) and exit")
+    parser.add_argument(
+        "--check-config", action="store_true", help="verify every recorded hash and exit"
+    )
+    parser.add_argument(
+        "--check-clean",
+        action="store_true",
+        help="check that nothing of a previous run of this service remains, "
+        "release what its ledger names, mark the state directory clean "
+        "(the environment decides what that means) and exit",
+    )
     args = parser.parse_args(argv)
     try:
         config = cfg.load_service_config(args.config)
@@ -138,10 +152,14 @@ def main(argv: list[str] | None = None) -> int:
             except CamgError as exc:
                 print(f"<3>camg.serve: {exc}", file=sys.stderr)
                 return 2
-        print(f"camg.serve: {args.config} verified ({config.environment}, "
-              f"config hash {config.config_hash}, {len(manifest.tasks)} tasks)")
-        print(f"camg.serve: authentication "
-              f"{auth.describe(config.auth.required, config.auth.trainers)}")
+        print(
+            f"camg.serve: {args.config} verified ({config.environment}, "
+            f"config hash {config.config_hash}, {len(manifest.tasks)} tasks)"
+        )
+        print(
+            f"camg.serve: authentication "
+            f"{auth.describe(config.auth.required, config.auth.trainers)}"
+        )
         return 0
     if args.check_clean:
         return check_clean(config)
@@ -188,8 +206,10 @@ def check_clean(config: cfg.ServiceConfig) -> int:
     for note in notes:
         print(f"camg.serve: {note}", file=sys.stderr if not clean else sys.stdout)
     if not clean:
-        print(f"<3>camg.serve: {config.state_dir} is NOT clean; the service will not start "
-              "on it", file=sys.stderr)
+        print(
+            f"<3>camg.serve: {config.state_dir} is NOT clean; the service will not start on it",
+            file=sys.stderr,
+        )
         return 1
     print(f"camg.serve: {config.state_dir} checked and marked clean")
     return 0

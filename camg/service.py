@@ -14,11 +14,11 @@ from typing import Any
 
 import camg
 from camg import auth, metrics, signing
-from camg.service_config import ServiceConfig
 from camg.environment import Environment
 from camg.episodes import EpisodeManager
 from camg.notify import Notifier
 from camg.outcomes import OutcomeLog
+from camg.service_config import ServiceConfig
 
 log = logging.getLogger("camg.service")
 
@@ -36,29 +36,44 @@ def raise_fd_limit(want: int = 1 << 16) -> None:
 
 
 class Service:
-    def __init__(self, config: ServiceConfig, environment: Environment,
-                 notifier: Notifier | None = None) -> None:
+    def __init__(
+        self, config: ServiceConfig, environment: Environment, notifier: Notifier | None = None
+    ) -> None:
         self.config = config
         self.env = environment
         self.notifier = notifier or Notifier()
         key = config.outcome_key
         self.signer = signing.Signer.load(key.path, expect=key.fingerprint)
-        self.outcomes = OutcomeLog(config.state_dir, signer=self.signer,
-                                   stamp={"task_selection_hash": config.task_selection_hash})
+        self.outcomes = OutcomeLog(
+            config.state_dir,
+            signer=self.signer,
+            stamp={"task_selection_hash": config.task_selection_hash},
+        )
         # Episodes a killed predecessor left running end here, masked.
         for episode_id in self.outcomes.recover(environment.name, config.config_hash):
-            log.warning("episode %s ended with the previous process: recorded as infra",
-                        episode_id)
+            log.warning("episode %s ended with the previous process: recorded as infra", episode_id)
         self.metrics = metrics.for_environment(environment.name)
-        self.manager = EpisodeManager(environment, capacity=config.capacity,
-                                      limits=config.limits, config_hash=config.config_hash,
-                                      outcomes=self.outcomes, on_change=self._status,
-                                      metrics=self.metrics, queue_bound=config.queue_bound)
+        self.manager = EpisodeManager(
+            environment,
+            capacity=config.capacity,
+            limits=config.limits,
+            config_hash=config.config_hash,
+            outcomes=self.outcomes,
+            on_change=self._status,
+            metrics=self.metrics,
+            queue_bound=config.queue_bound,
+        )
         admission = self.manager.admission
-        self.metrics.watch(live=self.manager.active, capacity=config.capacity,
-                # only environments that talk to the helper have one to report
-                helper_up=metrics.helper_up(environment, self.health) if hasattr(environment, "helper") else None,
-                queued=lambda: admission.counts()["queued"], queue_bound=admission.bound)
+        self.metrics.watch(
+            live=self.manager.active,
+            capacity=config.capacity,
+            # only environments that talk to the helper have one to report
+            helper_up=metrics.helper_up(environment, self.health)
+            if hasattr(environment, "helper")
+            else None,
+            queued=lambda: admission.counts()["queued"],
+            queue_bound=admission.bound,
+        )
         #: the trainers whose tokens the HTTP gate accepts (None: authentication off)
         self.tokens = auth.TokenStore(config.auth.trainers) if config.auth.required else None
         self._tasks: list[asyncio.Task] = []
@@ -74,8 +89,14 @@ class Service:
         if self.notifier.watchdog_interval:
             self._tasks.append(asyncio.create_task(self._watchdog()))
         self.started = True
-        log.info("serving %s on %s:%d (%d tasks, capacity %d)", self.env.name,
-                 self.config.host, self.config.port, len(self.env.tasks), self.config.capacity)
+        log.info(
+            "serving %s on %s:%d (%d tasks, capacity %d)",
+            self.env.name,
+            self.config.host,
+            self.config.port,
+            len(self.env.tasks),
+            self.config.capacity,
+        )
         self.notifier.ready(self._status_text())
 
     async def stop(self) -> None:
@@ -93,8 +114,10 @@ class Service:
 
     def _status_text(self) -> str:
         counts = self.manager.counts()
-        return (f"{counts['active']}/{counts['capacity']} episodes active, "
-                f"{counts['finished']} finished")
+        return (
+            f"{counts['active']}/{counts['capacity']} episodes active, "
+            f"{counts['finished']} finished"
+        )
 
     def _status(self) -> None:
         self.notifier.status(self._status_text())
@@ -111,9 +134,11 @@ class Service:
     async def _watchdog(self) -> None:
         # Sent from the event loop: a wedged loop stops the pings and
         # systemd restarts us.
+        interval = self.notifier.watchdog_interval
+        assert interval is not None  # started only when systemd set a watchdog interval
         while True:
             self.notifier.watchdog()
-            await asyncio.sleep(self.notifier.watchdog_interval)
+            await asyncio.sleep(interval)
 
     def health(self) -> tuple[bool, list[str]]:
         reasons = [] if self.started else ["starting"]
@@ -126,8 +151,10 @@ class Service:
             if self.tokens.error is not None:
                 reasons.append(self.tokens.error)
             elif self.tokens.count() == 0:
-                reasons.append(f"authentication is on and no trainer holds a token in "
-                               f"{self.config.auth.trainers} (camg trainer add NAME)")
+                reasons.append(
+                    f"authentication is on and no trainer holds a token in "
+                    f"{self.config.auth.trainers} (camg trainer add NAME)"
+                )
         return not reasons, reasons
 
     def auth_summary(self) -> str:

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from camg import task_manifest as manifest_mod
 from camg import plugins, typed
+from camg import task_manifest as manifest_mod
 from camg.errors import ConfigError, PreparationMissing
 from camg.hashing import sha256_json, sha256_path, verify_recorded
 
@@ -191,9 +191,11 @@ def load_deployment(path: str | os.PathLike) -> Deployment:
             raise ConfigError(f"deployment.environments: invalid environment name {name!r}")
         known = name in installed
         if not known and env.factory is None and env.enabled:
-            raise ConfigError(f"deployment.environments.{name}: no installed environment has "
-                              f"this name (installed: {', '.join(installed) or 'none'}); "
-                              "name its factory")
+            raise ConfigError(
+                f"deployment.environments.{name}: no installed environment has "
+                f"this name (installed: {', '.join(installed) or 'none'}); "
+                "name its factory"
+            )
         if env.port is None and not known:
             raise ConfigError(f"deployment.environments.{name}: port is required")
         _refuse_credentials(env.settings, f"deployment.environments.{name}.settings")
@@ -204,8 +206,10 @@ def _refuse_credentials(value: Any, where: str) -> None:
     if isinstance(value, Mapping):
         for key, inner in value.items():
             if _CREDENTIAL_KEY.search(str(key)):
-                raise ConfigError(f"{where}.{key}: credentials are never written to a "
-                                  "configuration; pass them in the service's environment")
+                raise ConfigError(
+                    f"{where}.{key}: credentials are never written to a "
+                    "configuration; pass them in the service's environment"
+                )
             _refuse_credentials(inner, f"{where}.{key}")
     elif isinstance(value, (list, tuple)):
         for index, inner in enumerate(value):
@@ -228,8 +232,10 @@ def verify(config: ServiceConfig, config_path: str | os.PathLike) -> manifest_mo
     Raises ConfigError naming the first file that differs.
     """
     if sha256_json(config.body_without_hash()) != config.config_hash:
-        raise ConfigError(f"{config_path}: config_hash does not match its content "
-                          "(edited by hand? re-run camg.configure)")
+        raise ConfigError(
+            f"{config_path}: config_hash does not match its content "
+            "(edited by hand? re-run camg.configure)"
+        )
     files = [("runtime lock", config.runtime_lock), ("manifest", config.manifest)]
     files += [(f"executable {name}", entry) for name, entry in config.executables.items()]
     for what, entry in files:
@@ -244,12 +250,18 @@ def verify(config: ServiceConfig, config_path: str | os.PathLike) -> manifest_mo
 
 def _verify_schedule(config: ServiceConfig, schedule_path: Path) -> None:
     schedule = load_json(schedule_path, "schedule")
-    entry = (schedule.get("environments") or {}).get(config.environment) \
-        if isinstance(schedule, dict) else None
+    entry = (
+        (schedule.get("environments") or {}).get(config.environment)
+        if isinstance(schedule, dict)
+        else None
+    )
     if not entry or entry.get("config_hash") != config.config_hash:
-        raise ConfigError(f"{schedule_path}: does not carry this service's configuration hash "
-                          f"{config.config_hash} (re-run camg.configure)")
-    combined = sha256_json({env: e.get("config_hash")
-                            for env, e in sorted(schedule["environments"].items())})
+        raise ConfigError(
+            f"{schedule_path}: does not carry this service's configuration hash "
+            f"{config.config_hash} (re-run camg.configure)"
+        )
+    combined = sha256_json(
+        {env: e.get("config_hash") for env, e in sorted(schedule["environments"].items())}
+    )
     if schedule.get("config_hash") != combined:
         raise ConfigError(f"{schedule_path}: config_hash does not match its environments")

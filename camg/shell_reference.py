@@ -16,15 +16,18 @@ import base64
 _OVERHEAD = 200
 
 
-def shipped(payload: bytes, store: str, apply: str, *, max_command: int,
-            finish: dict | None = None) -> list[dict]:
+def shipped(
+    payload: bytes, store: str, apply: str, *, max_command: int, finish: dict | None = None
+) -> list[dict]:
     """``payload`` written to ``store`` base64 (``printf`` chunks of at most
     ``max_command`` characters a command), then ``apply`` (a command that
     reads ``store``), then ``finish`` (``{"operation": "finish"}`` by default)."""
     encoded = base64.b64encode(payload).decode()
     size = max(1000, max_command - _OVERHEAD)
-    steps = [{"operation": "shell", "command": f"printf %s '{encoded[i:i + size]}' >> {store}"}
-             for i in range(0, len(encoded), size)]
+    steps = [
+        {"operation": "shell", "command": f"printf %s '{encoded[i : i + size]}' >> {store}"}
+        for i in range(0, len(encoded), size)
+    ]
     steps.append({"operation": "shell", "command": apply})
     steps.append(dict(finish or {"operation": "finish"}))
     return steps

@@ -14,8 +14,14 @@ from typing import Any
 MAX_COMMAND = 16000
 
 
-def shell_action(*, finish: str, cwd: str, max_command: int = MAX_COMMAND,
-                 operations: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
+def shell_action(
+    *,
+    finish: str,
+    cwd: str,
+    max_command: int = MAX_COMMAND,
+    operations: tuple[str, ...] = (),
+    **extra: Any,
+) -> dict[str, Any]:
     """shell/finish; ``finish`` says what finishing does, ``cwd`` where commands start.
 
     An environment's own ``operations`` go between the two (their
@@ -25,10 +31,15 @@ def shell_action(*, finish: str, cwd: str, max_command: int = MAX_COMMAND,
         "additionalProperties": False,
         "required": ["operation"],
         "properties": {
-            "operation": {"enum": ["shell", *operations, "finish"],
-                          "description": f"Run a bash command, or finish: {finish}"},
-            "command": {"type": "string", "maxLength": max_command,
-                        "description": f"Bash command; each call starts in {cwd}."},
+            "operation": {
+                "enum": ["shell", *operations, "finish"],
+                "description": f"Run a bash command, or finish: {finish}",
+            },
+            "command": {
+                "type": "string",
+                "maxLength": max_command,
+                "description": f"Bash command; each call starts in {cwd}.",
+            },
             **extra,
         },
         "if": {"properties": {"operation": {"const": "shell"}}},

@@ -79,8 +79,9 @@ def canonical(record: dict) -> bytes:
     for name, (key,) in SIGNED_IF_PRESENT.items():
         if key in record:
             values[name] = record[key]
-    return json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(
+        values, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
 
 
 def line_hash(line: bytes) -> str:
@@ -97,14 +98,19 @@ def fingerprint(public: Ed25519PublicKey) -> str:
 
 
 def _pem(public: Ed25519PublicKey) -> bytes:
-    return public.public_bytes(serialization.Encoding.PEM,
-                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    return public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
 
 
 def describe(public: Ed25519PublicKey) -> dict:
     """The public half as ``/metadata`` and the service config carry it."""
-    return {"algorithm": ALGORITHM, "public_key": base64.b64encode(_raw(public)).decode(),
-            "fingerprint": fingerprint(public), "public_key_pem": _pem(public).decode()}
+    return {
+        "algorithm": ALGORITHM,
+        "public_key": base64.b64encode(_raw(public)).decode(),
+        "fingerprint": fingerprint(public),
+        "public_key_pem": _pem(public).decode(),
+    }
 
 
 def key_path(state_root: str | os.PathLike) -> Path:
@@ -129,9 +135,15 @@ def ensure_key(path: Path, owner: str | None = None) -> Ed25519PublicKey:
     path.parent.mkdir(mode=0o700, exist_ok=True)
     _close_key_dir(path.parent)
     key = Ed25519PrivateKey.generate()
-    atomic.write_bytes(path, key.private_bytes(serialization.Encoding.PEM,
-                                               serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()), mode=0o600)
+    atomic.write_bytes(
+        path,
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        mode=0o600,
+    )
     os.chmod(path, 0o600)  # whatever the umask
     public_path = path.with_name(PUBLIC_FILE)
     atomic.write_bytes(public_path, _pem(key.public_key()), mode=0o644)
@@ -164,11 +176,15 @@ class Signer:
                 mode = os.fstat(handle.fileno()).st_mode
                 data = handle.read()
         except OSError as exc:
-            raise ConfigError(f"outcome signing key {path}: {exc.strerror}; re-run "
-                              "camg.configure as root to make it") from None
+            raise ConfigError(
+                f"outcome signing key {path}: {exc.strerror}; re-run "
+                "camg.configure as root to make it"
+            ) from None
         if stat.S_IMODE(mode) & 0o077:
-            raise ConfigError(f"outcome signing key {path} is readable by others "
-                              f"(mode {stat.S_IMODE(mode):04o}); chmod 0600 it")
+            raise ConfigError(
+                f"outcome signing key {path} is readable by others "
+                f"(mode {stat.S_IMODE(mode):04o}); chmod 0600 it"
+            )
         try:
             key = serialization.load_pem_private_key(data, password=None)
         except ValueError as exc:
@@ -177,8 +193,10 @@ class Signer:
             raise ConfigError(f"outcome signing key {path} is not an Ed25519 key")
         signer = cls(key)
         if expect is not None and signer.fingerprint != expect:
-            raise ConfigError(f"outcome signing key {path} is {signer.fingerprint}, not the "
-                              f"{expect} camg.configure recorded; re-run camg.configure")
+            raise ConfigError(
+                f"outcome signing key {path} is {signer.fingerprint}, not the "
+                f"{expect} camg.configure recorded; re-run camg.configure"
+            )
         return signer
 
     def sign(self, record: dict) -> None:
@@ -211,8 +229,10 @@ def problem(record: dict, public: Ed25519PublicKey) -> str | None:
     if record.get("signing_key") != fingerprint(public):
         return f"signed by another key ({record.get('signing_key')})"
     try:
-        public.verify(base64.b64decode(signature.removeprefix(f"{ALGORITHM}:"), validate=True),
-                      canonical(record))
+        public.verify(
+            base64.b64decode(signature.removeprefix(f"{ALGORITHM}:"), validate=True),
+            canonical(record),
+        )
     except (InvalidSignature, ValueError):
         return "signature does not match the signed fields (changed after signing)"
     return None

@@ -33,9 +33,13 @@ from typing import Any
 
 from camg import activity, census
 
-HELPER_DEFAULTS = {"socket": "/run/camg/helper.sock", "state_dir": "/run/camg-helper",
-                   "upper_root": "/var/lib/camg/uppers", "agent_uid": 2000,
-                   "cgroup_parents": {}}
+HELPER_DEFAULTS = {
+    "socket": "/run/camg/helper.sock",
+    "state_dir": "/run/camg-helper",
+    "upper_root": "/var/lib/camg/uppers",
+    "agent_uid": 2000,
+    "cgroup_parents": {},
+}
 CONTROLLERS = census.CONTROLLERS
 SANDBOX_PATHS = ("/var/lib/camg/", "/run/camg-helper/")
 
@@ -48,8 +52,12 @@ def unit_state(unit: str) -> str | None:
     """``active``, ``inactive``, ``failed``… or None without systemd."""
     if not systemd_running():
         return None
-    out = subprocess.run(["systemctl", "show", unit, "-p", "ActiveState", "-p", "SubState"],
-                         capture_output=True, text=True, timeout=10).stdout
+    out = subprocess.run(
+        ["systemctl", "show", unit, "-p", "ActiveState", "-p", "SubState"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     return f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
 
@@ -89,27 +97,37 @@ def environment_row(config_path: Path) -> dict:
     base = f"http://127.0.0.1:{port}"
     status, health = get_json(base + "/health")
     row["health"] = (health.get("status") if isinstance(health, dict) else None) or "unreachable"
-    row["ready"] = (state.startswith("active/") if state else status is not None)
+    row["ready"] = state.startswith("active/") if state else status is not None
     episodes = health.get("episodes", {}) if isinstance(health, dict) else {}
-    row["episodes"] = (f"{episodes['active']}/{episodes['capacity']}" if episodes
-                       else f"-/{config.get('capacity', '?')}")
+    row["episodes"] = (
+        f"{episodes['active']}/{episodes['capacity']}"
+        if episodes
+        else f"-/{config.get('capacity', '?')}"
+    )
     # creates waiting for a slot / the line's bound (camg.admission)
-    row["queue"] = (f"{episodes['queued']}/{episodes['queue_bound']}" if "queued" in episodes
-                    else "-")
+    row["queue"] = (
+        f"{episodes['queued']}/{episodes['queue_bound']}" if "queued" in episodes else "-"
+    )
     served = health.get("config_hash") if isinstance(health, dict) else None
     row["auth"] = (health.get("auth") if isinstance(health, dict) else None) or "-"
     row["config_hash"] = config["config_hash"][:12]
-    row["config"] = ("-" if served is None else
-                     "matches disk" if served == config["config_hash"] else
-                     f"serves {served[:12]} (disk {config['config_hash'][:12]})")
+    row["config"] = (
+        "-"
+        if served is None
+        else "matches disk"
+        if served == config["config_hash"]
+        else f"serves {served[:12]} (disk {config['config_hash'][:12]})"
+    )
     if state is not None and not state.startswith("active/"):
         row["problems"].append(f"{unit} is {state}")
     if row["health"] != "healthy":
         reasons = health.get("reasons") if isinstance(health, dict) else health
         row["problems"].append(f"health {row['health']}: {reasons}")
     if served is not None and served != config["config_hash"]:
-        row["problems"].append("the service serves another configuration than the one on "
-                               f"disk: restart it (systemctl restart {unit})")
+        row["problems"].append(
+            "the service serves another configuration than the one on "
+            f"disk: restart it (systemctl restart {unit})"
+        )
     return row
 
 
@@ -123,8 +141,11 @@ def helper_config(etc: Path) -> dict:
 def helper_row(config: dict) -> dict:
     state = unit_state("camg-helper.service")
     row: dict[str, Any] = {"unit": state or "-", "problems": []}
-    running = state.startswith("active/") or state.startswith("activating/") if state \
+    running = (
+        state.startswith("active/") or state.startswith("activating/")
+        if state
         else os.path.exists(config["socket"])
+    )
     row["running"] = bool(running)
     if not running:
         row["probes"] = "not running"
@@ -136,7 +157,7 @@ def helper_row(config: dict) -> dict:
         row["probes"] = "passed" if ping.get("probes_ok") else f"failing: {ping}"
         if not ping.get("probes_ok"):
             row["problems"].append(f"helper isolation probes failing: {ping}")
-    except Exception as exc:  # noqa: BLE001 - reported, whatever it is
+    except Exception as exc:  # reported, whatever it is
         row["probes"] = f"unreachable: {exc}"
         row["problems"].append(f"helper unreachable on {config['socket']}: {exc}")
     return row
@@ -149,8 +170,10 @@ def helper_cgroup_dirs(config: dict) -> list[Path]:
         if c in parents:
             dirs.append(Path(parents[c]))
         else:
-            dirs += [Path(f"/sys/fs/cgroup/{c}/camg"),
-                     Path(f"/sys/fs/cgroup/{c}/system.slice/camg-helper.service")]
+            dirs += [
+                Path(f"/sys/fs/cgroup/{c}/camg"),
+                Path(f"/sys/fs/cgroup/{c}/system.slice/camg-helper.service"),
+            ]
     return dirs
 
 
@@ -160,8 +183,9 @@ def leftovers(config: dict, helper_running: bool) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     held = census.holdings(config, helper_cgroup_dirs(config), SANDBOX_PATHS)
     ledger, uppers = held["ledger records"], held["uppers"]
-    agent = subprocess.run(["ps", "-u", str(config["agent_uid"]), "-o", "pid=,args="],
-                           capture_output=True, text=True).stdout.split("\n")
+    agent = subprocess.run(
+        ["ps", "-u", str(config["agent_uid"]), "-o", "pid=,args="], capture_output=True, text=True
+    ).stdout.split("\n")
     agent = [line.strip() for line in agent if line.strip()]
     mounts, cgroups = held["mounts"], held["cgroups"]
     if helper_running:
@@ -170,9 +194,13 @@ def leftovers(config: dict, helper_running: bool) -> dict[str, list[str]]:
         if agent and not ledger:
             found["agent processes without a sandbox"] = agent
     else:
-        for name, items in (("ledger records", ledger), ("uppers", uppers),
-                            ("agent processes", agent), ("mounts", mounts),
-                            ("cgroups", cgroups)):
+        for name, items in (
+            ("ledger records", ledger),
+            ("uppers", uppers),
+            ("agent processes", agent),
+            ("mounts", mounts),
+            ("cgroups", cgroups),
+        ):
             if items:
                 found[name] = items
     return found
@@ -182,8 +210,9 @@ def collect(etc: Path, state: Path | None = None, sample_s: float = activity.SAM
     prepared = etc / "prepared"
     configs = sorted(p for p in prepared.glob("*.json") if p.stem not in ("routes", "schedule"))
     envs = [environment_row(p) for p in configs]
-    rates = activity.collect({r["environment"]: r["port"] for r in envs},
-                             state or activity.default_state(), sample_s)
+    rates = activity.collect(
+        {r["environment"]: r["port"] for r in envs}, state or activity.default_state(), sample_s
+    )
     for row in envs:
         row["activity"] = rates.get(row["environment"])
     hconf = helper_config(etc)
@@ -191,55 +220,87 @@ def collect(etc: Path, state: Path | None = None, sample_s: float = activity.SAM
     left = leftovers(hconf, helper["running"]) if os.geteuid() == 0 else {}
     problems = [f"{r['environment']}: {p}" for r in envs for p in r["problems"]]
     problems += [f"helper: {p}" for p in helper["problems"]]
-    problems += [f"leftover {kind}: {', '.join(items[:5])}" + (" …" if len(items) > 5 else "")
-                 for kind, items in left.items()]
+    problems += [
+        f"leftover {kind}: {', '.join(items[:5])}" + (" …" if len(items) > 5 else "")
+        for kind, items in left.items()
+    ]
     if not configs:
         problems.append(f"no configured environment in {prepared} (run packaging/install.sh)")
-    return {"systemd": systemd_running(), "environments": envs, "helper": helper,
-            "leftovers": left, "leftovers_checked": os.geteuid() == 0, "problems": problems}
+    return {
+        "systemd": systemd_running(),
+        "environments": envs,
+        "helper": helper,
+        "leftovers": left,
+        "leftovers_checked": os.geteuid() == 0,
+        "problems": problems,
+    }
 
 
 def render(report: dict) -> str:
-    cols = ("environment", "port", "unit", "ready", "health", "episodes", "queue", "auth",
-            "config")
-    rows = [[str(r[c] if c != "ready" else ("yes" if r["ready"] else "no")) for c in cols]
-            for r in report["environments"]]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
-              for i, c in enumerate(cols)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    cols = ("environment", "port", "unit", "ready", "health", "episodes", "queue", "auth", "config")
+    rows = [
+        [str(r[c] if c != "ready" else ("yes" if r["ready"] else "no")) for c in cols]
+        for r in report["environments"]
+    ]
+    widths = [
+        max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)
+    ]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
     lines.append("")
     lines.append("last minutes (from each service's /metrics):")
-    lines += [f"  {r['environment']}: {activity.describe(r.get('activity'))}"
-              for r in report["environments"]]
+    lines += [
+        f"  {r['environment']}: {activity.describe(r.get('activity'))}"
+        for r in report["environments"]
+    ]
     h = report["helper"]
     lines.append("")
     lines.append(f"helper: unit {h['unit']}, isolation probes {h['probes']}")
     if not report["leftovers_checked"]:
         lines.append("leftovers: not checked (run as root)")
     else:
-        lines.append("leftovers: " + ("none" if not report["leftovers"] else
-                                      "; ".join(f"{k}: {len(v)}" for k, v in report["leftovers"].items())))
+        lines.append(
+            "leftovers: "
+            + (
+                "none"
+                if not report["leftovers"]
+                else "; ".join(f"{k}: {len(v)}" for k, v in report["leftovers"].items())
+            )
+        )
     if not report["systemd"]:
         lines.append("(systemd is not PID 1: READY means the service answers)")
     lines.append("")
-    lines += (["problems:"] + [f"  - {p}" for p in report["problems"]]) if report["problems"] \
+    lines += (
+        (["problems:"] + [f"  - {p}" for p in report["problems"]])
+        if report["problems"]
         else ["all well"]
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="camg status", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--etc", type=Path, default=Path("/etc/camg"),
-                        help="the installation's configuration directory")
+    parser.add_argument(
+        "--etc",
+        type=Path,
+        default=Path("/etc/camg"),
+        help="the installation's configuration directory",
+    )
     parser.add_argument("--json", action="store_true", help="the report as JSON")
-    parser.add_argument("--state", type=Path, default=None,
-                        help="the samples kept between runs for the per-minute rates "
-                             f"(default ${activity.STATE_VARIABLE} or "
-                             "~/.local/state/camg/status-samples.json)")
-    parser.add_argument("--sample-s", type=float, default=activity.SAMPLE_S,
-                        help="without an earlier sample, scrape again after this many "
-                             "seconds (0: show no rate)")
+    parser.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help="the samples kept between runs for the per-minute rates "
+        f"(default ${activity.STATE_VARIABLE} or "
+        "~/.local/state/camg/status-samples.json)",
+    )
+    parser.add_argument(
+        "--sample-s",
+        type=float,
+        default=activity.SAMPLE_S,
+        help="without an earlier sample, scrape again after this many seconds (0: show no rate)",
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.sample_s <= 60:
         parser.error("--sample-s must be within [0, 60]")
@@ -254,9 +315,11 @@ def cli(argv: list[str] | None = None) -> int:
     trainer ...`` (camg.trainers_cli: who may use the services)."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: camg status [--etc DIR] [--json] [--state FILE] [--sample-s S]\n"
-              "       camg audit [--etc DIR] [--path PATH ...] [--quiet | --json]\n"
-              "       camg trainer add|list|revoke ...")
+        print(
+            "usage: camg status [--etc DIR] [--json] [--state FILE] [--sample-s S]\n"
+            "       camg audit [--etc DIR] [--path PATH ...] [--quiet | --json]\n"
+            "       camg trainer add|list|revoke ..."
+        )
         return 0 if argv else 2
     if argv[0] == "audit":
         from camg import host_audit
@@ -267,8 +330,7 @@ def cli(argv: list[str] | None = None) -> int:
 
         return trainers_cli.main(argv[1:])
     if argv[0] != "status":
-        print(f"camg: unknown command {argv[0]!r} (known: status, audit, trainer)",
-              file=sys.stderr)
+        print(f"camg: unknown command {argv[0]!r} (known: status, audit, trainer)", file=sys.stderr)
         return 2
     return main(argv[1:])
 

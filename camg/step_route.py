@@ -58,9 +58,17 @@ class StepRoute:
             log.error("unhandled error on POST %s", scope["path"], exc_info=exc)
             status, headers, answer = 500, {}, INTERNAL_ERROR
         data = dumps(answer).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [_JSON, (b"content-length", b"%d" % len(data)),
-                                *((k.lower().encode(), v.encode()) for k, v in headers.items())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    _JSON,
+                    (b"content-length", b"%d" % len(data)),
+                    *((k.lower().encode(), v.encode()) for k, v in headers.items()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
 
@@ -71,7 +79,7 @@ def _plain_step(scope, limit: int) -> str | None:
     path = scope["path"]
     if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
         return None
-    episode_id = path[len(_PREFIX):-len(_SUFFIX)]
+    episode_id = path[len(_PREFIX) : -len(_SUFFIX)]
     if not episode_id or "/" in episode_id:
         return None
     length = None

@@ -107,8 +107,10 @@ class SubmissionStore:
         try:
             data = self._path(digest).read_bytes()
         except FileNotFoundError:
-            raise NoSubmission(f"the submission {sha} is no longer stored (evicted: the store "
-                               f"keeps at most {self.max_bytes} bytes)") from None
+            raise NoSubmission(
+                f"the submission {sha} is no longer stored (evicted: the store "
+                f"keeps at most {self.max_bytes} bytes)"
+            ) from None
         if hashlib.sha256(data).hexdigest() != digest:
             raise NoSubmission(f"the stored submission {sha} is damaged")
         return Submission(data, meta)

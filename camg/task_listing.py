@@ -23,7 +23,8 @@ FACTS = ("kind", "split")
 class TaskListing:
     def __init__(self, environment: Environment, selection_hash: str) -> None:
         self.rows: Sequence[Mapping[str, Any]] = tuple(
-            {"task_id": task.task_id, **_facts(environment, task)} for task in environment.tasks)
+            {"task_id": task.task_id, **_facts(environment, task)} for task in environment.tasks
+        )
         self.selection_hash = selection_hash
 
     def page(self, query: wire.TasksQuery) -> dict:
@@ -31,18 +32,23 @@ class TaskListing:
         # Past the end is an empty last page, not an error: a trainer paging
         # while it counts never has to special-case the final request.
         end = min(total, query.offset + query.limit)
-        return {"tasks": list(self.rows[query.offset:end]), "offset": query.offset,
-                "limit": query.limit, "total": total,
-                "next_offset": end if end < total else None,
-                "task_selection_hash": self.selection_hash}
+        return {
+            "tasks": list(self.rows[query.offset : end]),
+            "offset": query.offset,
+            "limit": query.limit,
+            "total": total,
+            "next_offset": end if end < total else None,
+            "task_selection_hash": self.selection_hash,
+        }
 
 
 def _facts(environment: Environment, task) -> dict:
     facts = dict(environment.task_facts(task))
-    if set(facts) != set(FACTS) or not all(v is None or isinstance(v, str)
-                                           for v in facts.values()):
-        raise ConfigError(f"{environment.name}: task_facts({task.task_id!r}) must give "
-                          f"{' and '.join(FACTS)} as strings or None, got {facts!r}")
+    if set(facts) != set(FACTS) or not all(v is None or isinstance(v, str) for v in facts.values()):
+        raise ConfigError(
+            f"{environment.name}: task_facts({task.task_id!r}) must give "
+            f"{' and '.join(FACTS)} as strings or None, got {facts!r}"
+        )
     return {key: facts[key] for key in FACTS}
 
 

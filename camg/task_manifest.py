@@ -50,20 +50,29 @@ class Manifest:
 
     def selection_hash(self) -> str:
         """Hash of the task selection: ids, order, rows and sampling."""
-        return sha256_json({
-            "tasks": [{"task_id": t.task_id, "data": t.data} for t in self.tasks],
-            "sampling": self.sampling,
-        })
+        return sha256_json(
+            {
+                "tasks": [{"task_id": t.task_id, "data": t.data} for t in self.tasks],
+                "sampling": self.sampling,
+            }
+        )
 
     def verify_files(self) -> None:
         """Re-hash every recorded file; raise ConfigError naming a mismatch."""
         for label, entry in self.files.items():
-            verify_recorded(f"manifest file {label!r}", entry["path"], entry["sha256"],
-                            since="preparation")
+            verify_recorded(
+                f"manifest file {label!r}", entry["path"], entry["sha256"], since="preparation"
+            )
 
 
-def build(environment: str, tasks: Sequence[Mapping[str, Any]], *, sampling: Mapping[str, Any],
-          files: Mapping[str, str | os.PathLike], created_by: str) -> dict:
+def build(
+    environment: str,
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    sampling: Mapping[str, Any],
+    files: Mapping[str, str | os.PathLike],
+    created_by: str,
+) -> dict:
     """The JSON body of a manifest; ``files`` maps label -> path to hash now."""
     tasks = [dict(t) for t in tasks]
     _check_tasks(tasks, "manifest")
@@ -73,8 +82,10 @@ def build(environment: str, tasks: Sequence[Mapping[str, Any]], *, sampling: Map
         "created_by": created_by,
         "sampling": dict(sampling),
         "tasks": [{"task_id": t["task_id"], "data": t["data"]} for t in tasks],
-        "files": {label: {"path": str(Path(p).resolve()), "sha256": sha256_path(p)}
-                  for label, p in files.items()},
+        "files": {
+            label: {"path": str(Path(p).resolve()), "sha256": sha256_path(p)}
+            for label, p in files.items()
+        },
     }
     return body
 
@@ -113,15 +124,20 @@ def load(path: str | os.PathLike) -> Manifest:
     _check_tasks(tasks, str(path))
     files = body.get("files", {})
     if not isinstance(files, dict) or not all(
-            isinstance(v, dict) and isinstance(v.get("path"), str)
-            and isinstance(v.get("sha256"), str) for v in files.values()):
+        isinstance(v, dict) and isinstance(v.get("path"), str) and isinstance(v.get("sha256"), str)
+        for v in files.values()
+    ):
         raise ConfigError(f"{path}: files must map labels to {{path, sha256}}")
     sampling = body.get("sampling", {})
     if not isinstance(sampling, dict):
         raise ConfigError(f"{path}: sampling must be an object")
-    return Manifest(environment=str(body.get("environment")),
-                    tasks=tuple(Task(t["task_id"], t["data"]) for t in tasks),
-                    sampling=sampling, files=files, created_by=str(body.get("created_by", "")))
+    return Manifest(
+        environment=str(body.get("environment")),
+        tasks=tuple(Task(t["task_id"], t["data"]) for t in tasks),
+        sampling=sampling,
+        files=files,
+        created_by=str(body.get("created_by", "")),
+    )
 
 
 def _check_tasks(tasks: Sequence[Any], where: str) -> None:
@@ -130,8 +146,13 @@ def _check_tasks(tasks: Sequence[Any], where: str) -> None:
         if not isinstance(task, Mapping) or set(task) != {"task_id", "data"}:
             raise DatasetError(f"{where}: task #{index} must have exactly task_id and data")
         task_id = task["task_id"]
-        if not isinstance(task_id, str) or not task_id or len(task_id) > _TASK_ID_MAX \
-                or not task_id.isprintable() or "/" in task_id:
+        if (
+            not isinstance(task_id, str)
+            or not task_id
+            or len(task_id) > _TASK_ID_MAX
+            or not task_id.isprintable()
+            or "/" in task_id
+        ):
             raise DatasetError(f"{where}: task #{index} has an invalid task_id {task_id!r}")
         if task_id in seen:
             raise DatasetError(f"{where}: task id {task_id!r} appears twice")

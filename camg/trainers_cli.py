@@ -6,10 +6,11 @@
     camg trainer revoke NAME [--file PATH]
 
 ``add`` prints the new token once, on standard output and nowhere else (or
-writes it to ``--token-file``, 0600); the trainers file keeps only its hash. Run as root: the file is written 0600 and
-given to the service user (``--owner``, default camg where it exists), so
-the services read it and nobody else does. Services pick changes up within
-a second, without a restart.
+writes it to ``--token-file``, 0600); the trainers file keeps only its hash.
+Run as root: the file is written 0600 and given to the service user
+(``--owner``, default camg where it exists), so the services read it and
+nobody else does. Services pick changes up within a second, without a
+restart.
 """
 
 from __future__ import annotations
@@ -47,25 +48,34 @@ def _write_token(path: str, token: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="camg trainer",
-                                     description="the trainers a deployment accepts")
+    parser = argparse.ArgumentParser(
+        prog="camg trainer", description="the trainers a deployment accepts"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     add = sub.add_parser("add", help="add a trainer and print its token once")
     add.add_argument("name")
     add.add_argument("--role", choices=auth.ROLES, default="trainer")
-    add.add_argument("--replace", action="store_true",
-                     help="revoke a trainer of that name first (a new token)")
-    add.add_argument("--token-file", metavar="PATH",
-                     help="write the token to PATH (0600) instead of standard output")
+    add.add_argument(
+        "--replace", action="store_true", help="revoke a trainer of that name first (a new token)"
+    )
+    add.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="write the token to PATH (0600) instead of standard output",
+    )
     listing = sub.add_parser("list", help="the trainers, their roles and when they were added")
     revoke = sub.add_parser("revoke", help="remove a trainer; its token stops working")
     revoke.add_argument("name")
     for command in (add, listing, revoke):
-        command.add_argument("--file", default=auth.DEFAULT_TRAINERS,
-                             help="the trainers file (default %(default)s)")
-        command.add_argument("--owner", default=None,
-                             help="the user the file belongs to (default: camg when run as "
-                                  "root and that user exists)")
+        command.add_argument(
+            "--file", default=auth.DEFAULT_TRAINERS, help="the trainers file (default %(default)s)"
+        )
+        command.add_argument(
+            "--owner",
+            default=None,
+            help="the user the file belongs to (default: camg when run as "
+            "root and that user exists)",
+        )
     args = parser.parse_args(argv)
     owner = args.owner or _default_owner()
     try:
@@ -75,17 +85,26 @@ def main(argv: list[str] | None = None) -> int:
             token = auth.add_trainer(args.file, args.name, args.role, owner=owner)
             if args.token_file:
                 _write_token(args.token_file, token)
-                print(f"camg trainer: added {args.name} ({args.role}) to {args.file}; its "
-                      f"token is in {args.token_file}", file=sys.stderr)
+                print(
+                    f"camg trainer: added {args.name} ({args.role}) to {args.file}; its "
+                    f"token is in {args.token_file}",
+                    file=sys.stderr,
+                )
             else:
                 print(token)
-                print(f"camg trainer: added {args.name} ({args.role}) to {args.file}; the "
-                      "token above is shown only now", file=sys.stderr)
+                print(
+                    f"camg trainer: added {args.name} ({args.role}) to {args.file}; the "
+                    "token above is shown only now",
+                    file=sys.stderr,
+                )
         elif args.command == "list":
             for entry in auth.read_trainers(args.file):
                 added = entry.get("created_at")
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(added)) \
-                    if isinstance(added, (int, float)) else "-"
+                when = (
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(added))
+                    if isinstance(added, (int, float))
+                    else "-"
+                )
                 print(f"{entry['name']:<24} {entry['role']:<9} added {when} UTC")
         elif not auth.revoke(args.file, args.name, owner=owner):
             print(f"camg trainer: no trainer {args.name!r} in {args.file}", file=sys.stderr)

@@ -24,7 +24,8 @@ def parse(cls: type[T], data: Any, where: str, error: type[Exception]) -> T:
     """Build dataclass ``cls`` from ``data`` or raise ``error`` naming the field."""
     if type(data) is not dict and not isinstance(data, Mapping):  # the ABC check is the slow one
         raise error(f"{where or cls.__name__}: expected an object, got {type(data).__name__}")
-    hints, fields = _shape(cls)
+    # The cache's signature wants Hashable arguments; a class is one.
+    hints, fields = _shape(typing.cast(type, cls))
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise error(f"{where or cls.__name__}: unknown field(s) {', '.join(unknown)}")
@@ -32,7 +33,10 @@ def parse(cls: type[T], data: Any, where: str, error: type[Exception]) -> T:
     for name, field in fields.items():
         path = f"{where}.{name}" if where else name
         if name not in data:
-            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            if (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            ):
                 raise error(f"{path}: required field is missing")
             continue
         values[name] = _coerce(hints[name], data[name], path, error)
@@ -42,14 +46,14 @@ def parse(cls: type[T], data: Any, where: str, error: type[Exception]) -> T:
         raise error(f"{where or cls.__name__}: {exc}") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shape(cls: type) -> tuple[dict, dict]:
     # get_type_hints re-evaluates annotations on every call (~100 µs); the
     # shape of a dataclass never changes, and requests parse on a hot path.
     return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls) if f.init}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _origin_args(tp: Any) -> tuple[Any, tuple]:
     # get_origin/get_args walk the typing object on every call; a request's
     # fields (an action's every key and value included) ask them again each
@@ -83,7 +87,8 @@ def _coerce(tp: Any, value: Any, path: str, error: type[Exception]) -> Any:
             raise error(f"{path}: must be one of {', '.join(map(repr, args))}")
         return value
     if dataclasses.is_dataclass(tp):
-        return parse(tp, value, path, error)
+        # tp is a type hint, so the dataclass here is the class, not an instance.
+        return parse(typing.cast(type, tp), value, path, error)
     if origin in (tuple,) and len(args) == 2 and args[1] is Ellipsis:
         if not isinstance(value, list):
             raise error(f"{path}: expected a list")
@@ -92,11 +97,15 @@ def _coerce(tp: Any, value: Any, path: str, error: type[Exception]) -> Any:
         if type(value) is not dict and not isinstance(value, Mapping):
             raise error(f"{path}: expected an object")
         if args:
-            value = {_coerce(args[0], k, path, error): _coerce(args[1], v, f"{path}.{k}", error)
-                     for k, v in value.items()}
+            value = {
+                _coerce(args[0], k, path, error): _coerce(args[1], v, f"{path}.{k}", error)
+                for k, v in value.items()
+            }
         # dict[...] stays a plain dict (wire payloads handed on as JSON);
         # Mapping[...] is frozen (configuration).
-        return dict(value) if (origin is dict or tp is dict) else types.MappingProxyType(dict(value))
+        return (
+            dict(value) if (origin is dict or tp is dict) else types.MappingProxyType(dict(value))
+        )
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise error(f"{path}: expected a number")

@@ -52,11 +52,15 @@ def check(lines: list[bytes], public, through: int | None = None) -> list[tuple[
         else:
             if isinstance(before[0], int) and isinstance(seq, int) and seq != before[0] + 1:
                 gap = seq - before[0] - 1
-                found.append(f"seq {seq} follows {before[0]}" +
-                             (f": {gap} line(s) missing before it" if gap > 0 else ""))
+                found.append(
+                    f"seq {seq} follows {before[0]}"
+                    + (f": {gap} line(s) missing before it" if gap > 0 else "")
+                )
             if record.get("prev") != signing.line_hash(before[1]):
-                found.append(f"prev does not match line {number - 1} (a line removed, "
-                             "inserted or changed before it)")
+                found.append(
+                    f"prev does not match line {number - 1} (a line removed, "
+                    "inserted or changed before it)"
+                )
         if found:
             eid = record.get("episode_id")
             failures.append((number, (f"episode {eid}: " if eid else "") + "; ".join(found)))
@@ -64,21 +68,34 @@ def check(lines: list[bytes], public, through: int | None = None) -> list[tuple[
     if through is not None:
         last = before[0] if before is not None else -1
         if last is None or last < through:
-            failures.append((len(lines) + 1, f"the file ends at seq {last!r} but the trainer "
-                             f"received seq {through}: the records after it are missing"))
+            failures.append(
+                (
+                    len(lines) + 1,
+                    f"the file ends at seq {last!r} but the trainer "
+                    f"received seq {through}: the records after it are missing",
+                )
+            )
     return failures
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m camg.verify",
-                                     description=__doc__.split("\n")[2])
+    parser = argparse.ArgumentParser(
+        prog="python -m camg.verify", description=__doc__.split("\n")[2]
+    )
     parser.add_argument("outcomes", type=Path)
-    parser.add_argument("--public-key", type=Path, metavar="FILE",
-                        help=f"the deployment's public key (default: {signing.PUBLIC_FILE} "
-                             "beside the file)")
-    parser.add_argument("--through", type=int, metavar="SEQ",
-                        help="the highest outcome_seq the trainer received: fail if the file "
-                             "ends before it (a removed last line)")
+    parser.add_argument(
+        "--public-key",
+        type=Path,
+        metavar="FILE",
+        help=f"the deployment's public key (default: {signing.PUBLIC_FILE} beside the file)",
+    )
+    parser.add_argument(
+        "--through",
+        type=int,
+        metavar="SEQ",
+        help="the highest outcome_seq the trainer received: fail if the file "
+        "ends before it (a removed last line)",
+    )
     args = parser.parse_args(argv)
     key_file = args.public_key or args.outcomes.with_name(signing.PUBLIC_FILE)
     try:
@@ -91,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     for number, why in failures:
         print(f"{args.outcomes}:{number}: {why}")
     records = sum(1 for line in lines if line.strip())
-    print(f"camg.verify: {records - len(failures)} of {records} records verified "
-          f"with {signing.fingerprint(public)} ({key_file})", file=sys.stderr)
+    print(
+        f"camg.verify: {records - len(failures)} of {records} records verified "
+        f"with {signing.fingerprint(public)} ({key_file})",
+        file=sys.stderr,
+    )
     return 1 if failures else 0
 
 

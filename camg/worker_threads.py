@@ -44,8 +44,17 @@ class Call:
     of its return and its deadline came first. Awaiting it may be cancelled
     and resumed; the call and its outcome are unaffected."""
 
-    __slots__ = ("_loop", "_waiter", "_expiry", "name", "done", "value", "error",
-                 "started", "ended")
+    __slots__ = (
+        "_loop",
+        "_waiter",
+        "_expiry",
+        "name",
+        "done",
+        "value",
+        "error",
+        "started",
+        "ended",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
         self._loop = loop
@@ -106,8 +115,8 @@ class WorkerThreads:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._idle = 0      # threads waiting on the queue (under _lock)
-        self._queued = 0    # calls put and not yet taken (under _lock)
+        self._idle = 0  # threads waiting on the queue (under _lock)
+        self._queued = 0  # calls put and not yet taken (under _lock)
         self._closed = False
 
     def call(self, fn: Callable, *args: Any, timeout: float | None = None) -> Call:
@@ -146,8 +155,9 @@ class WorkerThreads:
             self._queued += 1
             start = self._queued > self._idle and len(self._threads) < self.max_workers
             if start:
-                thread = threading.Thread(target=self._work, daemon=True,
-                                          name=f"{self.name}_{len(self._threads)}")
+                thread = threading.Thread(
+                    target=self._work, daemon=True, name=f"{self.name}_{len(self._threads)}"
+                )
                 self._threads.append(thread)
         self._queue.put(item)
         if start:
@@ -168,7 +178,7 @@ class WorkerThreads:
             loop, settle, fn, args = item
             try:
                 _call_soon(loop, settle, fn(*args), None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller, as an executor does
+            except BaseException as exc:  # handed to the caller, as an executor does
                 _call_soon(loop, settle, None, exc)
             # no reference to the last call (its result, its episode) while idle
             del item, loop, settle, fn, args
@@ -190,8 +200,12 @@ class WorkerThreads:
                 with self._lock:
                     self._queued -= 1
                 loop, settle = item[0], item[1]
-                _call_soon(loop, settle, None,
-                           InfraFailure(f"{self.name}: the service stopped before the call ran"))
+                _call_soon(
+                    loop,
+                    settle,
+                    None,
+                    InfraFailure(f"{self.name}: the service stopped before the call ran"),
+                )
         for _ in range(threads):
             self._queue.put(_STOP)
 

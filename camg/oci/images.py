@@ -33,7 +33,9 @@ from camg.typed import parse, to_json
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}")
-_REPOSITORY = re.compile(r"[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._-]*)+|[a-z0-9][a-z0-9._/-]*")
+_REPOSITORY = re.compile(
+    r"[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._-]*)+|[a-z0-9][a-z0-9._/-]*"
+)
 PREPARE_STEP = "python scripts/prepare_images.py --cache-root DIR --output materialized-images.json"
 
 
@@ -48,12 +50,19 @@ class ImageSpec:
         if not _NAME.fullmatch(self.name):
             raise ValueError(f"name {self.name!r} is not a valid image name")
         if not _REPOSITORY.fullmatch(self.repository):
-            raise ValueError(f"repository {self.repository!r} is not a registry reference "
-                             "(lowercase, no tag or digest)")
+            raise ValueError(
+                f"repository {self.repository!r} is not a registry reference "
+                "(lowercase, no tag or digest)"
+            )
         check_digest(self.digest, f"image {self.name}: digest", ValueError)
-        if not self.workspace.startswith("/") or posixpath.normpath(self.workspace) != self.workspace \
-                or self.workspace == "/":
-            raise ValueError(f"workspace {self.workspace!r} must be a normalized absolute path below /")
+        if (
+            not self.workspace.startswith("/")
+            or posixpath.normpath(self.workspace) != self.workspace
+            or self.workspace == "/"
+        ):
+            raise ValueError(
+                f"workspace {self.workspace!r} must be a normalized absolute path below /"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,11 +127,26 @@ def with_registry(repository: str, registry: str | None) -> str:
     return f"{registry}/{rest if has_host else repository}"
 
 
-def image_hash(name: str, digest: str, config_digest: str, diff_ids: tuple[str, ...],
-               workspace: str, setuid_policy: str, applier_version: int) -> str:
-    return sha256_json({"name": name, "digest": digest, "config_digest": config_digest,
-                        "diff_ids": list(diff_ids), "workspace": workspace,
-                        "setuid_policy": setuid_policy, "applier_version": applier_version})
+def image_hash(
+    name: str,
+    digest: str,
+    config_digest: str,
+    diff_ids: tuple[str, ...],
+    workspace: str,
+    setuid_policy: str,
+    applier_version: int,
+) -> str:
+    return sha256_json(
+        {
+            "name": name,
+            "digest": digest,
+            "config_digest": config_digest,
+            "diff_ids": list(diff_ids),
+            "workspace": workspace,
+            "setuid_policy": setuid_policy,
+            "applier_version": applier_version,
+        }
+    )
 
 
 def write_materialized(path: str | Path, images: tuple[MaterializedImage, ...]) -> MaterializedList:
@@ -138,7 +162,9 @@ def load_materialized(path: str | Path) -> MaterializedList:
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise PreparationMissing(f"{path}: materialized image list not found", step=PREPARE_STEP) from None
+        raise PreparationMissing(
+            f"{path}: materialized image list not found", step=PREPARE_STEP
+        ) from None
     except ValueError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from None
     listing = parse(MaterializedList, doc, str(path), ConfigError)
@@ -149,13 +175,16 @@ def load_materialized(path: str | Path) -> MaterializedList:
         try:
             recorded = json.loads(marker.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            raise PreparationMissing(f"image {image.name}: materialized rootfs {image.rootfs} is missing "
-                                     "or incomplete", step=PREPARE_STEP) from None
+            raise PreparationMissing(
+                f"image {image.name}: materialized rootfs {image.rootfs} is missing or incomplete",
+                step=PREPARE_STEP,
+            ) from None
         # The marker beside the tree names its digest; the path it recorded
         # is where the cache was seen when it was applied, maybe elsewhere.
         if recorded.get("digest") != image.digest:
-            raise PreparationMissing(f"image {image.name}: {image.rootfs} holds another image",
-                                     step=PREPARE_STEP)
+            raise PreparationMissing(
+                f"image {image.name}: {image.rootfs} holds another image", step=PREPARE_STEP
+            )
     return listing
 
 
