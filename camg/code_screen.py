@@ -41,7 +41,7 @@ import collections
 import dataclasses
 import re
 import textwrap
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from camg.code_screen_ast import Visitor
 from camg.code_screen_names import token_screen
@@ -50,26 +50,27 @@ from camg.tamper_rules import Finding
 # The closed table: rule -> what it flags.
 RULES = {
     "frame_introspection": "walks or reads interpreter frames (sys._getframe, f_back, "
-                           "inspect.currentframe/stack, tracers)",
+    "inspect.currentframe/stack, tracers)",
     "dynamic_code": "code objects or code built at run time (compile, exec, eval, "
-                    "types.FunctionType/CodeType, __code__, attribute names decoded at run time)",
+    "types.FunctionType/CodeType, __code__, attribute names decoded at run time)",
     "gc_walk": "walks the garbage collector's objects (gc.get_objects/get_referrers)",
     "import_machinery": "changes or bypasses the import system (sys.modules writes, computed "
-                        "import names, meta path, path hooks, loaders)",
+    "import names, meta path, path hooks, loaders)",
     "native_code": "native code (ctypes, cffi)",
     "exit_hooks": "process exit and signal paths (os._exit, atexit, weakref.finalize, signal, "
-                  "os.kill)",
+    "os.kill)",
     "builtins_patching": "writes builtins or patches assertions",
     "foreign_attribute_write": "sets a dunder or computed attribute on an object the file does "
-                               "not own, or monkeypatches a standard-library or runner module",
+    "not own, or monkeypatches a standard-library or runner module",
 }
 
 _HUNK = re.compile(rb"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@ ?(.*)$")
 _PARSE_BUDGET = 6
 # PEP 263's declaration, and the encodings in which the text is what it shows.
 _CODING = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
-_PLAIN_ENCODINGS = frozenset({"utf-8", "ascii", "latin-1", "iso8859-1", "iso8859-15", "cp1252",
-                              "utf-8-sig"})
+_PLAIN_ENCODINGS = frozenset(
+    {"utf-8", "ascii", "latin-1", "iso8859-1", "iso8859-15", "cp1252", "utf-8-sig"}
+)
 _DEFINES = re.compile(r"^\s*(?:async\s+def|def|class)\s+([A-Za-z_]\w*)")
 
 
@@ -77,10 +78,11 @@ _DEFINES = re.compile(r"^\s*(?:async\s+def|def|class)\s+([A-Za-z_]\w*)")
 class _Source:
     """One screened unit: Python text, which of its lines are added, and
     the file line each text line is."""
+
     path: str
     lines: list[str]
     numbers: list[int]
-    added: set[int]                 # indexes into lines
+    added: set[int]  # indexes into lines
     owned: set[str]
 
     def line_of(self, index: int) -> int:
@@ -89,8 +91,12 @@ class _Source:
 
 # --- entry points -------------------------------------------------------------
 
-def screen_diff(diff: bytes, new_texts: Mapping[str, str] | None = None,
-                include: Callable[[str], bool] | None = None) -> list[Finding]:
+
+def screen_diff(
+    diff: bytes,
+    new_texts: Mapping[str, str] | None = None,
+    include: Callable[[str], bool] | None = None,
+) -> list[Finding]:
     """Findings in the added and changed Python of a unified diff.
 
     ``new_texts``: path -> the file's whole new text, where the caller has
@@ -102,8 +108,9 @@ def screen_diff(diff: bytes, new_texts: Mapping[str, str] | None = None,
     for path, hunks, header_names in _diff_files(diff):
         if not path.endswith(".py") or (include is not None and not include(path)):
             continue
-        removed = collections.Counter(text for hunk in hunks for sign, text, _ in hunk
-                                      if sign == "-")
+        removed = collections.Counter(
+            text for hunk in hunks for sign, text, _ in hunk if sign == "-"
+        )
         added_numbers: set[int] = set()
         for hunk in hunks:
             for sign, text, number in hunk:
@@ -115,12 +122,18 @@ def screen_diff(diff: bytes, new_texts: Mapping[str, str] | None = None,
                     added_numbers.add(number)
         if not added_numbers:
             continue
-        findings += _encoding_rule(path, [(text, number) for hunk in hunks
-                                          for sign, text, number in hunk
-                                          if sign == "+" and number in added_numbers])
-        text = new_texts.get(path)
-        if text is not None:
-            units = [_whole(path, text, added_numbers)]
+        findings += _encoding_rule(
+            path,
+            [
+                (text, number)
+                for hunk in hunks
+                for sign, text, number in hunk
+                if sign == "+" and number in added_numbers
+            ],
+        )
+        new_text = new_texts.get(path)
+        if new_text is not None:
+            units = [_whole(path, new_text, added_numbers)]
         else:
             units = [_fragment(path, hunk, added_numbers, header_names) for hunk in hunks]
         findings += _screen_units(units)
@@ -133,10 +146,12 @@ def screen_added(path: str, added: Iterable[str]) -> list[Finding]:
     lines = list(added)
     if not path.endswith(".py") or not lines:
         return []
-    source = _Source(path, lines, [i + 1 for i in range(len(lines))], set(range(len(lines))),
-                     _defined(lines))
-    return _unique(_encoding_rule(path, list(zip(lines[:2], (1, 2))))
-                   + _screen_units([source]))
+    source = _Source(
+        path, lines, [i + 1 for i in range(len(lines))], set(range(len(lines))), _defined(lines)
+    )
+    return _unique(
+        _encoding_rule(path, list(zip(lines[:2], (1, 2), strict=False))) + _screen_units([source])
+    )
 
 
 def _encoding_rule(path: str, added: list[tuple[str, int]]) -> list[Finding]:
@@ -153,17 +168,29 @@ def _encoding_rule(path: str, added: list[tuple[str, int]]) -> list[Finding]:
         except LookupError:
             name = match.group(1)
         if name not in _PLAIN_ENCODINGS:
-            found.append(Finding("dynamic_code", path, f"{path}:{number}: {text.strip()[:160]} "
-                                                       f"(declares the source encoding {name})"))
+            found.append(
+                Finding(
+                    "dynamic_code",
+                    path,
+                    f"{path}:{number}: {text.strip()[:160]} (declares the source encoding {name})",
+                )
+            )
     return found
 
 
 # --- diffs --------------------------------------------------------------------
 
-def _diff_files(diff: bytes):
+#: a hunk's lines: (sign, text, new line number)
+_Hunk = list[tuple[str, str, int]]
+
+
+def _diff_files(diff: bytes) -> Iterator[tuple[str, list[_Hunk], set[str]]]:
     """(path, hunks, names the hunk headers show) per file; a hunk is
     [(sign, text, new line number)]."""
-    path, hunks, names, hunk = None, [], set(), None
+    path: str | None = None
+    hunks: list[_Hunk] = []
+    names: set[str] = set()
+    hunk: _Hunk | None = None
     number = 0
     for raw in diff.split(b"\n"):
         if raw.startswith(b"diff --git "):
@@ -175,8 +202,9 @@ def _diff_files(diff: bytes):
             continue
         if raw.startswith(b"+++ ") and hunk is None:
             target = _unquoted(raw[4:].split(b"\t")[0])
-            path = "" if target == "/dev/null" else target[2:] if target.startswith("b/") \
-                else target
+            path = (
+                "" if target == "/dev/null" else target[2:] if target.startswith("b/") else target
+            )
             continue
         match = _HUNK.match(raw)
         if match:
@@ -203,13 +231,13 @@ def _diff_files(diff: bytes):
 
 
 def _git_path(header: bytes) -> str:
-    text = header[len(b"diff --git "):]
+    text = header[len(b"diff --git ") :]
     if text.endswith(b'"'):
         start = text.rfind(b' "')
-        path = _unquoted(text[start + 1:]) if start >= 0 else ""
+        path = _unquoted(text[start + 1 :]) if start >= 0 else ""
         return path[2:] if path.startswith("b/") else path
     marker = text.rfind(b" b/")
-    return (text[marker + 3:] if marker >= 0 else text.split(b" ")[-1]).decode("utf-8", "replace")
+    return (text[marker + 3 :] if marker >= 0 else text.split(b" ")[-1]).decode("utf-8", "replace")
 
 
 def _unquoted(name: bytes) -> str:
@@ -230,16 +258,21 @@ def _defined(lines: list[str]) -> set[str]:
 
 def _whole(path: str, text: str, added_numbers: set[int]) -> _Source:
     lines = text.split("\n")
-    return _Source(path, lines, list(range(1, len(lines) + 1)),
-                   {n - 1 for n in added_numbers}, _defined(lines))
+    return _Source(
+        path, lines, list(range(1, len(lines) + 1)), {n - 1 for n in added_numbers}, _defined(lines)
+    )
 
 
 def _fragment(path: str, hunk, added_numbers: set[int], header_names: set[str]) -> _Source:
     new = [(text, number) for sign, text, number in hunk if sign != "-"]
     lines = [t for t, _ in new]
-    return _Source(path, lines, [n for _, n in new],
-                   {i for i, (_, n) in enumerate(new) if n in added_numbers},
-                   _defined(lines) | header_names)
+    return _Source(
+        path,
+        lines,
+        [n for _, n in new],
+        {i for i, (_, n) in enumerate(new) if n in added_numbers},
+        _defined(lines) | header_names,
+    )
 
 
 def _unique(findings: list[Finding]) -> list[Finding]:
@@ -251,6 +284,7 @@ def _unique(findings: list[Finding]) -> list[Finding]:
 
 
 # --- parsing fragments --------------------------------------------------------
+
 
 def _screen_units(units: list[_Source]) -> list[Finding]:
     findings: list[Finding] = []

@@ -10,14 +10,35 @@ from __future__ import annotations
 
 import ast
 import bisect
+from collections.abc import Set
+from typing import cast
 
-from camg.code_screen_names import (ATTR_CALLS, BUILTINS, CODE_DUNDERS, DECODERS, DYNAMIC_ATTRS,
-                                    DYNAMIC_BUILTINS, DYNAMIC_QUALIFIED, EXIT_ATTRS,
-                                    EXIT_QUALIFIED, FILE_WRITERS, FRAME_ATTRS, FRAME_QUALIFIED,
-                                    GC_ATTRS, IMPORT_ATTRS, IMPORT_RULE, MODULE_RULE,
-                                    MODULES_WRITES, NATIVE_NAMES, OWNER_NAMES, PATCHED_MODULES,
-                                    PYTHON_SUFFIXES, RUNNER_NAME, SENSITIVE_STRINGS,
-                                    WATCHED_MODULES)
+from camg.code_screen_names import (
+    ATTR_CALLS,
+    BUILTINS,
+    CODE_DUNDERS,
+    DECODERS,
+    DYNAMIC_ATTRS,
+    DYNAMIC_BUILTINS,
+    DYNAMIC_QUALIFIED,
+    EXIT_ATTRS,
+    EXIT_QUALIFIED,
+    FILE_WRITERS,
+    FRAME_ATTRS,
+    FRAME_QUALIFIED,
+    GC_ATTRS,
+    IMPORT_ATTRS,
+    IMPORT_RULE,
+    MODULE_RULE,
+    MODULES_WRITES,
+    NATIVE_NAMES,
+    OWNER_NAMES,
+    PATCHED_MODULES,
+    PYTHON_SUFFIXES,
+    RUNNER_NAME,
+    SENSITIVE_STRINGS,
+    WATCHED_MODULES,
+)
 from camg.tamper_rules import Finding
 
 
@@ -38,20 +59,24 @@ def _fold(node) -> str | None:
                 return None
             parts.append(part)
         return "".join(parts)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-            and node.func.attr == "join" and len(node.args) == 1:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "join"
+        and len(node.args) == 1
+    ):
         sep = _fold(node.func.value)
         items = node.args[0]
         if sep is not None and isinstance(items, (ast.List, ast.Tuple)):
-            parts = [_fold(e) for e in items.elts]
-            if all(p is not None for p in parts):
-                return sep.join(parts)
+            folded = [_fold(e) for e in items.elts]
+            if all(p is not None for p in folded):
+                return sep.join(cast("list[str]", folded))
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
-        value = _fold(node.value)
+        sliced = _fold(node.value)
         s = node.slice
         bounds = [_literal_int(b) for b in (s.lower, s.upper, s.step)]
-        if value is not None and all(b is not False for b in bounds):
-            return value[slice(*bounds)]
+        if sliced is not None and all(b is not False for b in bounds):
+            return sliced[slice(*bounds)]
     return None
 
 
@@ -64,8 +89,12 @@ def _literal_int(node):
         return None
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
         return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) \
-            and isinstance(node.operand, ast.Constant) and isinstance(node.operand.value, int):
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and isinstance(node.operand, ast.Constant)
+        and isinstance(node.operand.value, int)
+    ):
         return -node.operand.value
     return False
 
@@ -80,8 +109,12 @@ def _module(node) -> str | None:
         return f"{inner}.{node.attr}" if inner else None
     if isinstance(node, ast.Call) and node.args:
         callee = _dotted(node.func)
-        if callee in ("__import__", "importlib.import_module", "import_module",
-                      "importlib.__import__"):
+        if callee in (
+            "__import__",
+            "importlib.import_module",
+            "import_module",
+            "importlib.__import__",
+        ):
             return _fold(node.args[0])
     if isinstance(node, ast.Subscript) and _dotted(node.value) == "sys.modules":
         return _fold(node.slice)
@@ -113,12 +146,18 @@ def _decoded(node) -> bool:
     """An expression that decodes or assembles a name at run time."""
     for sub in ast.walk(node):
         if isinstance(sub, ast.Call):
-            callee = sub.func.attr if isinstance(sub.func, ast.Attribute) else \
-                getattr(sub.func, "id", None)
+            callee = (
+                sub.func.attr
+                if isinstance(sub.func, ast.Attribute)
+                else getattr(sub.func, "id", None)
+            )
             if callee in DECODERS:
                 return True
-        if isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Slice) \
-                and sub.slice.step is not None:
+        if (
+            isinstance(sub, ast.Subscript)
+            and isinstance(sub.slice, ast.Slice)
+            and sub.slice.step is not None
+        ):
             return True
     return False
 
@@ -147,10 +186,9 @@ def _unaliased(tree):
             if node.id not in names or not isinstance(node.ctx, ast.Load):
                 return node
             first, *rest = names[node.id].split(".")
-            expr = ast.copy_location(ast.Name(id=first, ctx=ast.Load()), node)
+            expr: ast.expr = ast.copy_location(ast.Name(id=first, ctx=ast.Load()), node)
             for attr in rest:
-                expr = ast.copy_location(ast.Attribute(value=expr, attr=attr, ctx=ast.Load()),
-                                         node)
+                expr = ast.copy_location(ast.Attribute(value=expr, attr=attr, ctx=ast.Load()), node)
             return expr
 
     return Rename().visit(tree)
@@ -167,8 +205,9 @@ class Visitor(ast.NodeVisitor):
     def run(self, tree) -> list[Finding]:
         self.writes = _writes_files(tree)
         tree = _unaliased(tree)
-        self.parents = {child: node for node in ast.walk(tree)
-                        for child in ast.iter_child_nodes(node)}
+        self.parents = {
+            child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)
+        }
         self.visit(tree)
         return self.found
 
@@ -203,14 +242,20 @@ class Visitor(ast.NodeVisitor):
         if index is None:
             return
         text = self.unit.lines[index].strip()[:160]
-        self.found.append(Finding(rule, self.unit.path,
-                                  f"{self.unit.path}:{self.unit.line_of(index)}: {text} ({why})"))
+        self.found.append(
+            Finding(
+                rule, self.unit.path, f"{self.unit.path}:{self.unit.line_of(index)}: {text} ({why})"
+            )
+        )
 
     # names and attributes
     def visit_Name(self, node: ast.Name) -> None:
         self._name(node, node.id)
-        if node.id in DYNAMIC_BUILTINS and isinstance(node.ctx, ast.Load) \
-                and node.id not in self.owned:
+        if (
+            node.id in DYNAMIC_BUILTINS
+            and isinstance(node.ctx, ast.Load)
+            and node.id not in self.owned
+        ):
             self.flag("dynamic_code", node, f"builtin {node.id}")
         if isinstance(node.ctx, ast.Store) and node.id in ("AssertionError", "__builtins__"):
             self.flag("builtins_patching", node, f"rebinds {node.id}")
@@ -241,27 +286,31 @@ class Visitor(ast.NodeVisitor):
         while node in self.parents:
             node = self.parents[node]
             test = getattr(node, "test", None)
-            if isinstance(node, ast.If) and isinstance(test, ast.Compare) \
-                    and _dotted(test.left) == "__name__" \
-                    and any(_fold(c) == "__main__" for c in test.comparators):
+            if (
+                isinstance(node, ast.If)
+                and isinstance(test, ast.Compare)
+                and _dotted(test.left) == "__name__"
+                and any(_fold(c) == "__main__" for c in test.comparators)
+            ):
                 return True
         return False
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self._name(node, node.attr, _module(node.value))
-        if node.attr == "modules" and _dotted(node) == "sys.modules" \
-                and not _plain_module_read(node, self.parents):
+        if (
+            node.attr == "modules"
+            and _dotted(node) == "sys.modules"
+            and not _plain_module_read(node, self.parents)
+        ):
             # Every module of the process (the runner's among them) by a
             # name the source does not spell, or all of them in turn.
-            self.flag("import_machinery", node, "walks sys.modules or reads it by a computed "
-                                                "name")
+            self.flag("import_machinery", node, "walks sys.modules or reads it by a computed name")
         self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and node.value in SENSITIVE_STRINGS:
             self.flag(SENSITIVE_STRINGS[node.value], node, f"names {node.value!r}")
-        elif self.writes and isinstance(node.value, str) \
-                and node.value.endswith(PYTHON_SUFFIXES):
+        elif self.writes and isinstance(node.value, str) and node.value.endswith(PYTHON_SUFFIXES):
             # Code that writes files and names Python files: source written
             # (or tests rewritten) at run time is code the diff does not show.
             self.flag("dynamic_code", node, f"writes files and names {node.value!r}")
@@ -318,8 +367,11 @@ class Visitor(ast.NodeVisitor):
         callee = _dotted(node.func)
         if callee in ("__import__", "importlib.__import__"):
             self.flag("import_machinery", node, "__import__()")
-        if callee in ("importlib.import_module", "import_module", "importlib.reload", "reload") \
-                and node.args and (not _literal(node.args[0]) or callee.endswith("reload")):
+        if (
+            callee in ("importlib.import_module", "import_module", "importlib.reload", "reload")
+            and node.args
+            and (not _literal(node.args[0]) or callee.endswith("reload"))
+        ):
             # An honest import names its module; one assembled, even from
             # constants, hides which.
             self.flag("import_machinery", node, f"{callee}() of a computed name")
@@ -329,17 +381,25 @@ class Visitor(ast.NodeVisitor):
         elif name == "__setattr__" or name == "__delattr__":
             args = node.args
             if isinstance(node.func, ast.Attribute) and _dotted(node.func.value) in (
-                    "object", "type", "super"):
+                "object",
+                "type",
+                "super",
+            ):
                 if len(args) >= 2:
                     self._attr_call(node, "setattr", args[0], args[1])
             elif args:
-                self._attr_call(node, "setattr", node.func.value, args[0])
+                self._attr_call(node, "setattr", node.func.value, args[0])  # type: ignore[attr-defined]  # a bare-name __setattr__(x, ...) has no .value and raises, as before
         elif name == "attrgetter":
             for arg in node.args:
                 self._folded(arg)
         # mutating sys.modules, builtins' or another namespace's dict
-        if any(_is_modules(arg) for arg in node.args) and name not in ("len", "list", "dict",
-                                                                         "sorted", "iter"):
+        if any(_is_modules(arg) for arg in node.args) and name not in (
+            "len",
+            "list",
+            "dict",
+            "sorted",
+            "iter",
+        ):
             # handed to something that may write it (operator.setitem, dict.update)
             self.flag("import_machinery", node, f"passes sys.modules to {name}()")
         if isinstance(node.func, ast.Attribute) and node.func.attr in MODULES_WRITES:
@@ -360,8 +420,11 @@ class Visitor(ast.NodeVisitor):
         elif _decoded(key):
             self.flag("dynamic_code", node, f"{name}() of a name decoded at run time")
         elif owner and owner.split(".")[0] in MODULE_RULE:
-            self.flag(MODULE_RULE[owner.split(".")[0]], node,
-                      f"{name}() of a computed attribute of {owner}")
+            self.flag(
+                MODULE_RULE[owner.split(".")[0]],
+                node,
+                f"{name}() of a computed attribute of {owner}",
+            )
         if name in ("setattr", "delattr"):
             self._store(node, target, value)
 
@@ -420,17 +483,22 @@ class Visitor(ast.NodeVisitor):
             return
         self._write(node, owner, attr, None, target)
 
-    def _write(self, node, owner: str | None, attr: str | None, why: str | None,
-               target=None) -> None:
+    def _write(
+        self, node, owner: str | None, attr: str | None, why: str | None, target=None
+    ) -> None:
         top = owner.split(".")[0] if owner else None
         if top in BUILTINS:
             self.flag("builtins_patching", node, why or f"writes {owner}")
             return
-        if top in PATCHED_MODULES and (target is None or isinstance(target, (ast.Name,
-                                                                               ast.Attribute))):
+        if top in PATCHED_MODULES and (
+            target is None or isinstance(target, (ast.Name, ast.Attribute))
+        ):
             if not (owner == "sys" and attr in ("stdout", "stderr", "stdin")):
-                self.flag("foreign_attribute_write", node,
-                          why or f"rebinds {owner}.{attr or '<computed>'}")
+                self.flag(
+                    "foreign_attribute_write",
+                    node,
+                    why or f"rebinds {owner}.{attr or '<computed>'}",
+                )
             return
         if why is not None:
             # a namespace's dict written through (vars(x)[k], x.__dict__[k])
@@ -441,10 +509,14 @@ class Visitor(ast.NodeVisitor):
             self.flag("foreign_attribute_write", node, f"sets {attr}")
         elif attr in ("__dict__", "__class__") and not _owned(target, OWNER_NAMES):
             self.flag("foreign_attribute_write", node, f"sets {attr}")
-        elif (attr is None or (attr.startswith("__") and attr.endswith("__"))) \
-                and not _owned(target, self.owned):
-            self.flag("foreign_attribute_write", node,
-                      f"sets {attr or 'a computed attribute'} on something the file does not own")
+        elif (attr is None or (attr.startswith("__") and attr.endswith("__"))) and not _owned(
+            target, self.owned
+        ):
+            self.flag(
+                "foreign_attribute_write",
+                node,
+                f"sets {attr or 'a computed attribute'} on something the file does not own",
+            )
 
 
 def _plain_module_read(node, parents) -> bool:
@@ -454,12 +526,17 @@ def _plain_module_read(node, parents) -> bool:
 
     def named(key) -> bool:
         return _literal(key) or (isinstance(key, ast.Name) and key.id == "__name__")
+
     if isinstance(parent, ast.Subscript) and parent.value is node:
         return named(parent.slice)
     if isinstance(parent, ast.Attribute) and parent.attr == "get":
         call = parents.get(parent)
-        return isinstance(call, ast.Call) and call.func is parent and bool(call.args) \
+        return (
+            isinstance(call, ast.Call)
+            and call.func is parent
+            and bool(call.args)
             and named(call.args[0])
+        )
     if isinstance(parent, ast.Compare) and node in parent.comparators:
         return all(isinstance(op, (ast.In, ast.NotIn)) for op in parent.ops)
     return False
@@ -476,13 +553,17 @@ def _writes_files(tree) -> bool:
             return True
         if name == "open":
             modes = node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]
-            if any(isinstance(m, ast.Constant) and isinstance(m.value, str)
-                   and set(m.value) & set("wax+") for m in modes):
+            if any(
+                isinstance(m, ast.Constant)
+                and isinstance(m.value, str)
+                and set(m.value) & set("wax+")
+                for m in modes
+            ):
                 return True
     return False
 
 
-def _owned(target, owned: set[str]) -> bool:
+def _owned(target, owned: Set[str]) -> bool:
     """``self``/``cls`` or a name the file defines (``Code``, ``Code.__new__``)."""
     while isinstance(target, ast.Attribute):
         target = target.value

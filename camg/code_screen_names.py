@@ -16,43 +16,102 @@ import tokenize
 
 from camg.tamper_rules import Finding
 
-FRAME_ATTRS = frozenset({
-    "_getframe", "_getframemodulename", "_current_frames", "_current_exceptions", "currentframe",
-    "getouterframes", "f_back", "f_locals", "f_globals", "f_builtins", "f_trace", "tb_frame",
-    "gi_frame", "cr_frame", "ag_frame", "settrace", "setprofile", "walk_stack"})
+FRAME_ATTRS = frozenset(
+    {
+        "_getframe",
+        "_getframemodulename",
+        "_current_frames",
+        "_current_exceptions",
+        "currentframe",
+        "getouterframes",
+        "f_back",
+        "f_locals",
+        "f_globals",
+        "f_builtins",
+        "f_trace",
+        "tb_frame",
+        "gi_frame",
+        "cr_frame",
+        "ag_frame",
+        "settrace",
+        "setprofile",
+        "walk_stack",
+    }
+)
 # Module-qualified only: the bare names are common words.
 FRAME_QUALIFIED = {"inspect": {"stack", "trace"}, "sys": {"monitoring"}}
-DYNAMIC_ATTRS = frozenset({"__code__", "co_code", "FunctionType", "CodeType", "LambdaType",
-                           "run_path", "run_module"})
+DYNAMIC_ATTRS = frozenset(
+    {"__code__", "co_code", "FunctionType", "CodeType", "LambdaType", "run_path", "run_module"}
+)
 DYNAMIC_BUILTINS = frozenset({"exec", "eval", "compile"})
 # Deserializers that call whatever callable their input names: code the
 # source does not show.
-DYNAMIC_QUALIFIED = {**{m: {"loads", "load", "Unpickler"}
-                        for m in ("pickle", "_pickle", "cPickle", "dill", "cloudpickle")},
-                     # runners of source text under other names than exec
-                     "code": {"InteractiveInterpreter", "InteractiveConsole", "interact",
-                              "compile_command"},
-                     "codeop": {"compile_command", "Compile", "CommandCompiler"},
-                     "timeit": {"timeit", "repeat", "Timer"},
-                     "cProfile": {"run", "runctx", "Profile"},
-                     "profile": {"run", "runctx", "Profile"},
-                     "pdb": {"run", "runeval", "runctx", "runcall", "Pdb"},
-                     "trace": {"Trace"},
-                     "doctest": {"testmod", "testfile", "run_docstring_examples",
-                                 "DocTestRunner", "DebugRunner"}}
+DYNAMIC_QUALIFIED = {
+    **{
+        m: {"loads", "load", "Unpickler"}
+        for m in ("pickle", "_pickle", "cPickle", "dill", "cloudpickle")
+    },
+    # runners of source text under other names than exec
+    "code": {"InteractiveInterpreter", "InteractiveConsole", "interact", "compile_command"},
+    "codeop": {"compile_command", "Compile", "CommandCompiler"},
+    "timeit": {"timeit", "repeat", "Timer"},
+    "cProfile": {"run", "runctx", "Profile"},
+    "profile": {"run", "runctx", "Profile"},
+    "pdb": {"run", "runeval", "runctx", "runcall", "Pdb"},
+    "trace": {"Trace"},
+    "doctest": {"testmod", "testfile", "run_docstring_examples", "DocTestRunner", "DebugRunner"},
+}
 # (``__subclasses__`` walks the class graph as gc walks the heap: to the
 # runner's item classes from ``object``)
 GC_ATTRS = frozenset({"get_objects", "get_referrers", "get_referents", "__subclasses__"})
-IMPORT_ATTRS = frozenset({"meta_path", "path_hooks", "path_importer_cache", "__import__",
-                          "spec_from_file_location", "spec_from_loader", "module_from_spec",
-                          "exec_module", "load_module", "SourceFileLoader", "SourcelessFileLoader",
-                          "ExtensionFileLoader", "load_source", "load_compiled", "zipimporter"})
-NATIVE_NAMES = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend", "CDLL", "PyDLL", "cdll",
-                          "pydll", "pythonapi", "windll", "oledll"})
+IMPORT_ATTRS = frozenset(
+    {
+        "meta_path",
+        "path_hooks",
+        "path_importer_cache",
+        "__import__",
+        "spec_from_file_location",
+        "spec_from_loader",
+        "module_from_spec",
+        "exec_module",
+        "load_module",
+        "SourceFileLoader",
+        "SourcelessFileLoader",
+        "ExtensionFileLoader",
+        "load_source",
+        "load_compiled",
+        "zipimporter",
+    }
+)
+NATIVE_NAMES = frozenset(
+    {
+        "ctypes",
+        "_ctypes",
+        "cffi",
+        "_cffi_backend",
+        "CDLL",
+        "PyDLL",
+        "cdll",
+        "pydll",
+        "pythonapi",
+        "windll",
+        "oledll",
+    }
+)
 EXIT_ATTRS = frozenset({"_exit", "atexit", "_register_atexit", "excepthook", "unraisablehook"})
-EXIT_QUALIFIED = {"weakref": {"finalize"}, "os": {"kill", "killpg", "abort"},
-                  "signal": {"signal", "alarm", "setitimer", "raise_signal", "pthread_kill",
-                             "set_wakeup_fd", "siginterrupt"}}
+EXIT_QUALIFIED = {
+    "weakref": {"finalize"},
+    "os": {"kill", "killpg", "abort"},
+    "signal": {
+        "signal",
+        "alarm",
+        "setitimer",
+        "raise_signal",
+        "pthread_kill",
+        "set_wakeup_fd",
+        "siginterrupt",
+    },
+}
 BUILTINS = frozenset({"builtins", "__builtins__", "__builtin__"})
 # Names of Python files, and the calls that write a file whole.
 PYTHON_SUFFIXES = (".py", ".pyc", ".pyo", ".pyw", ".pth")
@@ -63,8 +122,10 @@ SENSITIVE_STRINGS = {
     **{n: "frame_introspection" for n in FRAME_ATTRS},
     **{n: "dynamic_code" for n in ("__code__", "co_code", "FunctionType", "CodeType")},
     **{n: "gc_walk" for n in GC_ATTRS},
-    **{n: "import_machinery" for n in ("meta_path", "path_hooks", "path_importer_cache",
-                                       "__import__")},
+    **{
+        n: "import_machinery"
+        for n in ("meta_path", "path_hooks", "path_importer_cache", "__import__")
+    },
     **{n: "native_code" for n in ("ctypes", "_ctypes", "cffi", "pythonapi")},
     **{n: "exit_hooks" for n in ("_exit", "atexit")},
     "__builtins__": "builtins_patching",
@@ -72,31 +133,87 @@ SENSITIVE_STRINGS = {
 
 # Modules whose attributes a fix has no business rebinding; a computed
 # attribute of one is the capability its module holds.
-MODULE_RULE = {"sys": "import_machinery", "builtins": "builtins_patching",
-               "__builtins__": "builtins_patching", "gc": "gc_walk",
-               "inspect": "frame_introspection", "traceback": "frame_introspection",
-               "importlib": "import_machinery", "types": "dynamic_code",
-               "ctypes": "native_code", "cffi": "native_code", "atexit": "exit_hooks",
-               "signal": "exit_hooks", "os": "exit_hooks", "weakref": "exit_hooks",
-               "marshal": "dynamic_code", "runpy": "dynamic_code"}
-PATCHED_MODULES = frozenset(MODULE_RULE) | {"functools", "threading", "unittest", "pytest",
-                                             "_pytest", "pluggy", "operator", "copyreg"}
+MODULE_RULE = {
+    "sys": "import_machinery",
+    "builtins": "builtins_patching",
+    "__builtins__": "builtins_patching",
+    "gc": "gc_walk",
+    "inspect": "frame_introspection",
+    "traceback": "frame_introspection",
+    "importlib": "import_machinery",
+    "types": "dynamic_code",
+    "ctypes": "native_code",
+    "cffi": "native_code",
+    "atexit": "exit_hooks",
+    "signal": "exit_hooks",
+    "os": "exit_hooks",
+    "weakref": "exit_hooks",
+    "marshal": "dynamic_code",
+    "runpy": "dynamic_code",
+}
+PATCHED_MODULES = frozenset(MODULE_RULE) | {
+    "functools",
+    "threading",
+    "unittest",
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "operator",
+    "copyreg",
+}
 # Modules whose names, imported bare, are read as the module's own.
 WATCHED_MODULES = PATCHED_MODULES | BUILTINS | set(DYNAMIC_QUALIFIED)
 # Import statements that bring a capability in under a bare name.
-IMPORT_RULE = {"ctypes": "native_code", "_ctypes": "native_code", "cffi": "native_code",
-               "atexit": "exit_hooks", "marshal": "dynamic_code", "runpy": "dynamic_code",
-               "imp": "import_machinery", "zipimport": "import_machinery"}
+IMPORT_RULE = {
+    "ctypes": "native_code",
+    "_ctypes": "native_code",
+    "cffi": "native_code",
+    "atexit": "exit_hooks",
+    "marshal": "dynamic_code",
+    "runpy": "dynamic_code",
+    "imp": "import_machinery",
+    "zipimport": "import_machinery",
+}
 # Dunders that replace what code *is*: a write of one is never a fix's.
-CODE_DUNDERS = frozenset({"__code__", "__globals__", "__closure__", "__builtins__",
-                          "__bases__", "__mro__", "__getattribute__", "__import__",
-                          "__loader__", "__spec__"})
+CODE_DUNDERS = frozenset(
+    {
+        "__code__",
+        "__globals__",
+        "__closure__",
+        "__builtins__",
+        "__bases__",
+        "__mro__",
+        "__getattribute__",
+        "__import__",
+        "__loader__",
+        "__spec__",
+    }
+)
 OWNER_NAMES = frozenset({"self", "cls", "mcs", "metacls", "klass"})
-MODULES_WRITES = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__",
-                            "__delitem__"})
-DECODERS = frozenset({"chr", "bytes", "bytearray", "decode", "b64decode", "b32decode",
-                      "b16decode", "a85decode", "b85decode", "unhexlify", "fromhex",
-                      "reversed", "join", "map", "translate", "rot13", "urlsafe_b64decode"})
+MODULES_WRITES = frozenset(
+    {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
+)
+DECODERS = frozenset(
+    {
+        "chr",
+        "bytes",
+        "bytearray",
+        "decode",
+        "b64decode",
+        "b32decode",
+        "b16decode",
+        "a85decode",
+        "b85decode",
+        "unhexlify",
+        "fromhex",
+        "reversed",
+        "join",
+        "map",
+        "translate",
+        "rot13",
+        "urlsafe_b64decode",
+    }
+)
 ATTR_CALLS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
 
 # A runner's module or hook name assembled from pieces (the plain spelling is
@@ -104,15 +221,25 @@ ATTR_CALLS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
 RUNNER_NAME = re.compile(r"pytest|pluggy|camg")
 
 
-TOKEN_QUALIFIED = {**{(module, name): "dynamic_code" for module, names in DYNAMIC_QUALIFIED.items()
-                      for name in names},
-                   ("inspect", "stack"): "frame_introspection",
-                   ("inspect", "trace"): "frame_introspection",
-                   ("weakref", "finalize"): "exit_hooks", ("os", "kill"): "exit_hooks",
-                   ("os", "killpg"): "exit_hooks", ("os", "abort"): "exit_hooks",
-                   ("signal", "signal"): "exit_hooks", ("signal", "alarm"): "exit_hooks",
-                   ("signal", "setitimer"): "exit_hooks", ("gc", "callbacks"): "gc_walk",
-                   ("importlib", "reload"): "import_machinery"}
+# Looked up with owner None too (a name no dot follows), which no key has.
+TOKEN_QUALIFIED: dict[tuple[str | None, str], str] = {
+    **{
+        (module, name): "dynamic_code"
+        for module, names in DYNAMIC_QUALIFIED.items()
+        for name in names
+    },
+    ("inspect", "stack"): "frame_introspection",
+    ("inspect", "trace"): "frame_introspection",
+    ("weakref", "finalize"): "exit_hooks",
+    ("os", "kill"): "exit_hooks",
+    ("os", "killpg"): "exit_hooks",
+    ("os", "abort"): "exit_hooks",
+    ("signal", "signal"): "exit_hooks",
+    ("signal", "alarm"): "exit_hooks",
+    ("signal", "setitimer"): "exit_hooks",
+    ("gc", "callbacks"): "gc_walk",
+    ("importlib", "reload"): "import_machinery",
+}
 
 
 def bare_rule(name: str) -> str | None:
@@ -136,7 +263,7 @@ def bare_rule(name: str) -> str | None:
 def token_screen(unit, rest: set[int]) -> list[Finding]:
     """Names and calls on the added lines of a fragment that does not parse."""
     first, last = min(rest), max(rest)
-    text = "\n".join(unit.lines[first:last + 1]) + "\n"
+    text = "\n".join(unit.lines[first : last + 1]) + "\n"
     tokens = []
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -150,8 +277,13 @@ def token_screen(unit, rest: set[int]) -> list[Finding]:
         index = first + tok.start[0] - 1
         if index not in rest:
             return
-        found.append(Finding(rule, unit.path, f"{unit.path}:{unit.line_of(index)}: "
-                                              f"{unit.lines[index].strip()[:160]} ({why})"))
+        found.append(
+            Finding(
+                rule,
+                unit.path,
+                f"{unit.path}:{unit.line_of(index)}: {unit.lines[index].strip()[:160]} ({why})",
+            )
+        )
 
     for i, tok in enumerate(significant):
         before = significant[i - 1].string if i else ""

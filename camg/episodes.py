@@ -16,45 +16,59 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import fastjsonschema
 
-from camg import auth, http_wire as wire
+from camg import auth
+from camg import http_wire as wire
 from camg.admission import Admission, default_queue_bound
-from camg.service_config import Limits
-from camg.environment import Environment, Step, Task
-from camg.errors import (AtCapacity, BadRequest, CamgError, EpisodeBusy, EpisodeDone,
-                         EpisodeExists, EpisodeNotFound, FailureClass, InfraFailure, InvalidAction,
-                         PermissionDenied, TaskNotFound, Unavailable)
 from camg.cost import episode_cost
+from camg.environment import Environment, Episode, Step, Task
+from camg.errors import (
+    AtCapacity,
+    BadRequest,
+    CamgError,
+    EpisodeBusy,
+    EpisodeDone,
+    EpisodeExists,
+    EpisodeNotFound,
+    FailureClass,
+    InfraFailure,
+    InvalidAction,
+    PermissionDenied,
+    TaskNotFound,
+    Unavailable,
+)
 from camg.forking import Forker
 from camg.logs import episode_fields
 from camg.metrics import Metrics, NoMetrics, task_kind
 from camg.null_proof import NullProof
 from camg.outcomes import OutcomeLog
 from camg.regrading import REGRADE_FIELDS, Regrader
+from camg.service_config import Limits
 from camg.submissions import SubmissionStore
 from camg.worker_threads import Call, WorkerThreads
 
 log = logging.getLogger("camg.episodes")
 
-_RESPONSE_CACHE = 64          # request ids remembered per episode
-_TOMBSTONES = 10_000          # finished episodes kept for GET/DELETE
+_RESPONSE_CACHE = 64  # request ids remembered per episode
+_TOMBSTONES = 10_000  # finished episodes kept for GET/DELETE
 
 
 class Record:
     """Book-keeping of one episode (manager-internal)."""
 
-    def __init__(self, episode_id: str, task: Task, seed: int | None, idle_ttl: float,
-                 episode_timeout: float) -> None:
+    def __init__(
+        self, episode_id: str, task: Task, seed: int | None, idle_ttl: float, episode_timeout: float
+    ) -> None:
         now = time.monotonic()
         self.episode_id = episode_id
         #: the principal whose request made it (camg.auth; None: authentication off)
         self.owner = auth.caller_name()
         self.task = task
         self.seed = seed
-        self.episode = None
+        self.episode: Episode | None = None
         # Set on the event loop before Episode.close() is dispatched, so a
         # close racing a creation closes the episode exactly once.
         self.episode_closed = False
@@ -99,12 +113,19 @@ class Record:
 
 
 class EpisodeManager:
-    def __init__(self, environment: Environment, *, capacity: int, limits: Limits,
-                 config_hash: str, outcomes: OutcomeLog,
-                 on_change: Callable[[], None] | None = None,
-                 submissions: SubmissionStore | None = None,
-                 metrics: Metrics | NoMetrics | None = None,
-                 queue_bound: int | None = None) -> None:
+    def __init__(
+        self,
+        environment: Environment,
+        *,
+        capacity: int,
+        limits: Limits,
+        config_hash: str,
+        outcomes: OutcomeLog,
+        on_change: Callable[[], None] | None = None,
+        submissions: SubmissionStore | None = None,
+        metrics: Metrics | NoMetrics | None = None,
+        queue_bound: int | None = None,
+    ) -> None:
         self.env = environment
         self.metrics = metrics or NoMetrics()
         self.capacity = capacity
@@ -128,21 +149,26 @@ class EpisodeManager:
         self.regrader = Regrader(self)
         self.forker = Forker(self)
         self.null_proof = NullProof(self)
-        self.admission = Admission(lambda: self.capacity - self.active(),
-                                   default_queue_bound(capacity) if queue_bound is None
-                                   else queue_bound)
+        self.admission = Admission(
+            lambda: self.capacity - self.active(),
+            default_queue_bound(capacity) if queue_bound is None else queue_bound,
+        )
 
     # -- helpers ---------------------------------------------------------
-    async def call(self, fn: Callable, *args: Any, timeout: float | None = None,
-                   threads: WorkerThreads | None = None) -> Any:
+    async def call(
+        self,
+        fn: Callable,
+        *args: Any,
+        timeout: float | None = None,
+        threads: WorkerThreads | None = None,
+    ) -> Any:
         """``fn(*args)`` on a worker thread (of ``threads``, else the
         manager's), DeadlineExceeded past ``timeout`` seconds."""
         return await (threads or self.threads).run(fn, *args, timeout=timeout)
 
     def new_record(self, episode_id: str, task: Task, seed: int | None) -> Record:
         """A fresh episode's book-keeping under this service's limits."""
-        return Record(episode_id, task, seed, self.limits.idle_ttl_s,
-                      self.limits.episode_timeout_s)
+        return Record(episode_id, task, seed, self.limits.idle_ttl_s, self.limits.episode_timeout_s)
 
     def _lookup(self, episode_id: str) -> Record:
         rec = self.records.get(episode_id) or self.finished.get(episode_id)
@@ -160,8 +186,12 @@ class EpisodeManager:
         return sum(1 for r in self.records.values() if r.status in ("starting", "running"))
 
     def counts(self) -> dict:
-        return {"active": self.active(), "capacity": self.capacity,
-                "finished": len(self.finished), **self.admission.counts()}
+        return {
+            "active": self.active(),
+            "capacity": self.capacity,
+            "finished": len(self.finished),
+            **self.admission.counts(),
+        }
 
     def pick_task(self, task_id: str | None, seed: int | None) -> Task:
         if task_id is not None:
@@ -203,9 +233,12 @@ class EpisodeManager:
         started = time.monotonic()
         try:
             rec.episode = await self.call(
-                lambda: self.env.create_episode(task, seed=request.seed, episode_id=episode_id))
+                lambda: self.env.create_episode(task, seed=request.seed, episode_id=episode_id)
+            )
             if rec.terminal is None:
-                observation = await self.call(rec.episode.reset, timeout=self.limits.reset_timeout_s)
+                observation = await self.call(
+                    rec.episode.reset, timeout=self.limits.reset_timeout_s
+                )
         except Exception as exc:  # every failure must free the slot and be recorded
             if rec.terminal is not None:  # closed meanwhile; the close aborted the reset
                 await self._closed_while_created(rec)
@@ -214,15 +247,29 @@ class EpisodeManager:
                 # container starts, General's boots): nothing started, and a
                 # trainer may retry it as any 429, not mask an infra failure.
                 log.warning("reset refused at capacity: %s", exc, **rec.fields)
-                await self._finish(rec, reward=None, failure=FailureClass.INFRA, observation={},
-                                   reason=f"reset refused at capacity: {exc}")
-                raise AtCapacity(f"reset refused at capacity: {exc}", retry_after=exc.retry_after,
-                                 episode_id=episode_id, task_id=task.task_id) from None
+                await self._finish(
+                    rec,
+                    reward=None,
+                    failure=FailureClass.INFRA,
+                    observation={},
+                    reason=f"reset refused at capacity: {exc}",
+                )
+                raise AtCapacity(
+                    f"reset refused at capacity: {exc}",
+                    retry_after=exc.retry_after,
+                    episode_id=episode_id,
+                    task_id=task.task_id,
+                ) from None
             failure = self._failure_of(exc, rec, "reset")
-            await self._finish(rec, reward=None, failure=failure, observation={},
-                               reason=f"reset failed: {exc}")
-            raise InfraFailure(f"reset failed: {exc}", failure_class=failure,
-                               episode_id=episode_id, task_id=task.task_id) from None
+            await self._finish(
+                rec, reward=None, failure=failure, observation={}, reason=f"reset failed: {exc}"
+            )
+            raise InfraFailure(
+                f"reset failed: {exc}",
+                failure_class=failure,
+                episode_id=episode_id,
+                task_id=task.task_id,
+            ) from None
         if rec.terminal is not None:
             await self._closed_while_created(rec)
         rec.timings["reset_s"] = time.monotonic() - started
@@ -230,18 +277,36 @@ class EpisodeManager:
         rec.status = "running"
         rec.observation = observation
         rec.touch()
-        log.info("episode started (task %s, reset %.3f s)", task.task_id,
-                 rec.timings["reset_s"], **rec.fields)
-        self.outcomes.trajectory(episode_id, {"event": "reset", "task_id": task.task_id,
-                                              "seed": request.seed, "observation": observation})
-        return {"episode_id": episode_id, "task_id": task.task_id, "observation": observation,
-                "reward": None, "done": False, "lease_expires_at": rec.lease_expires_at()}
+        log.info(
+            "episode started (task %s, reset %.3f s)",
+            task.task_id,
+            rec.timings["reset_s"],
+            **rec.fields,
+        )
+        self.outcomes.trajectory(
+            episode_id,
+            {
+                "event": "reset",
+                "task_id": task.task_id,
+                "seed": request.seed,
+                "observation": observation,
+            },
+        )
+        return {
+            "episode_id": episode_id,
+            "task_id": task.task_id,
+            "observation": observation,
+            "reward": None,
+            "done": False,
+            "lease_expires_at": rec.lease_expires_at(),
+        }
 
     def _refuse_create(self, request: wire.CreateEpisode) -> None:
         if self._stopping:
             raise Unavailable("service is shutting down")
-        if request.episode_id and (request.episode_id in self.records
-                                   or request.episode_id in self.finished):
+        if request.episode_id and (
+            request.episode_id in self.records or request.episode_id in self.finished
+        ):
             raise EpisodeExists(f"episode {request.episode_id!r} exists")
 
     async def step(self, episode_id: str, request: wire.StepRequest) -> dict:
@@ -268,12 +333,22 @@ class EpisodeManager:
             rec.touch()
             if time.monotonic() > rec.deadline:
                 detached = True
-                return await self._detached(rec, self._finish(
-                    rec, reward=None, failure=FailureClass.TIMEOUT, observation={},
-                    reason="episode deadline passed", request_id=request.request_id))
+                return await self._detached(
+                    rec,
+                    self._finish(
+                        rec,
+                        reward=None,
+                        failure=FailureClass.TIMEOUT,
+                        observation={},
+                        reason="episode deadline passed",
+                        request_id=request.request_id,
+                    ),
+                )
             rec.step_count += 1
-            call = self.threads.call(rec.episode.step, request.action,
-                                     timeout=self.limits.action_timeout_s)
+            assert rec.episode is not None  # running: its reset or fork set it
+            call = self.threads.call(
+                rec.episode.step, request.action, timeout=self.limits.action_timeout_s
+            )
             try:
                 await call.wait()
             except asyncio.CancelledError:
@@ -294,12 +369,14 @@ class EpisodeManager:
         rec = self._lookup(episode_id)
         self._operator_only("an episode's reference")
         if rec.status != "running":
-            raise EpisodeDone(f"episode {episode_id!r} is {rec.status}",
-                              terminal=rec.terminal or {"episode_id": episode_id, "done": True})
+            raise EpisodeDone(
+                f"episode {episode_id!r} is {rec.status}",
+                terminal=rec.terminal or {"episode_id": episode_id, "done": True},
+            )
         if rec.busy:
             raise EpisodeBusy(f"episode {episode_id!r} is running a step")
-        action = await self.call(rec.episode.reference_action,
-                                 timeout=self.limits.action_timeout_s)
+        assert rec.episode is not None  # running: its reset or fork set it
+        action = await self.call(rec.episode.reference_action, timeout=self.limits.action_timeout_s)
         return {"episode_id": episode_id, "action": None if action is None else dict(action)}
 
     async def _closed_while_created(self, rec: Record) -> None:
@@ -310,8 +387,10 @@ class EpisodeManager:
         201 for an episode that is no longer in the table.
         """
         await self._close_episode(rec)
-        raise EpisodeDone(f"episode {rec.episode_id!r} was closed while it was being created",
-                          terminal=rec.terminal)
+        raise EpisodeDone(
+            f"episode {rec.episode_id!r} was closed while it was being created",
+            terminal=rec.terminal,
+        )
 
     async def _close_episode(self, rec: Record) -> None:
         if rec.episode is None or rec.episode_closed:
@@ -326,7 +405,9 @@ class EpisodeManager:
         try:
             self._validate(action)
         except fastjsonschema.JsonSchemaException as exc:
-            raise InvalidAction(exc.message.replace("data", "action", 1)) from None
+            # the compiled validator raises only JsonSchemaValueException, which has .message
+            message = cast(fastjsonschema.JsonSchemaValueException, exc).message
+            raise InvalidAction(message.replace("data", "action", 1)) from None
 
     def _answer(self, rec: Record, request: wire.StepRequest, call: Call) -> dict | None:
         """A finished step call's answer when the episode goes on (the hot
@@ -344,12 +425,24 @@ class EpisodeManager:
         result: Step = call.value
         if call.error is not None or result.done or rec.step_count >= self.limits.max_steps:
             return None
-        body = {"episode_id": rec.episode_id, "observation": dict(result.observation),
-                "reward": result.reward, "done": False, "step": rec.step_count}
-        self.outcomes.trajectory(rec.episode_id, {
-            "event": "step", "step": rec.step_count, "action": request.action,
-            "observation": body["observation"], "reward": result.reward,
-            "seconds": round(call.seconds, 6)})
+        body = {
+            "episode_id": rec.episode_id,
+            "observation": dict(result.observation),
+            "reward": result.reward,
+            "done": False,
+            "step": rec.step_count,
+        }
+        self.outcomes.trajectory(
+            rec.episode_id,
+            {
+                "event": "step",
+                "step": rec.step_count,
+                "action": request.action,
+                "observation": body["observation"],
+                "reward": result.reward,
+                "seconds": round(call.seconds, 6),
+            },
+        )
         rec.remember(request.request_id, body)
         rec.observation = body["observation"]
         rec.touch()
@@ -358,27 +451,42 @@ class EpisodeManager:
     async def _conclude(self, rec: Record, request: wire.StepRequest, call: Call) -> dict:
         """The end of the episode a step call ended (or failed): grade,
         outcome record, reply."""
+        failure: FailureClass | None
         if call.error is not None:
             failure = self._failure_of(call.error, rec, "step")
             reward, failure = await self.null_proof.prove(rec, call.error, failure, "step")
-            return await self._finish(rec, reward=reward, failure=failure, observation={},
-                                      reason=str(call.error), request_id=request.request_id,
-                                      action=request.action)
+            return await self._finish(
+                rec,
+                reward=reward,
+                failure=failure,
+                observation={},
+                reason=str(call.error),
+                request_id=request.request_id,
+                action=request.action,
+            )
         result: Step = call.value
         reward, failure, reason = result.reward, None, "done"
         if not result.graded:
+            assert rec.episode is not None  # the step that just ended ran on it
             graded_at = time.monotonic()
             try:
-                reward = float(await self.call(rec.episode.grade,
-                                               timeout=self.limits.grade_timeout_s))
+                reward = float(
+                    await self.call(rec.episode.grade, timeout=self.limits.grade_timeout_s)
+                )
             except Exception as exc:
                 failure, reason = self._failure_of(exc, rec, "grade"), str(exc)
                 reward, failure = await self.null_proof.prove(rec, exc, failure, "grade")
             rec.timings["grade_s"] = time.monotonic() - graded_at
             self.metrics.grade(rec.timings["grade_s"])
-        return await self._finish(rec, reward=reward, failure=failure,
-                                  observation=result.observation, reason=reason,
-                                  request_id=request.request_id, action=request.action)
+        return await self._finish(
+            rec,
+            reward=reward,
+            failure=failure,
+            observation=result.observation,
+            reason=reason,
+            request_id=request.request_id,
+            action=request.action,
+        )
 
     async def _after_step(self, rec: Record, request: wire.StepRequest, call: Call) -> dict:
         """A step whose caller stopped waiting: its call's end, then what the
@@ -408,8 +516,11 @@ class EpisodeManager:
 
     def _detached_done(self, task: asyncio.Task) -> None:
         self._detached_tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None \
-                and not isinstance(task.exception(), CamgError):
+        if (
+            not task.cancelled()
+            and task.exception() is not None
+            and not isinstance(task.exception(), CamgError)
+        ):
             log.error("a detached step failed", exc_info=task.exception())
 
     def _failure_of(self, exc: BaseException, rec: Record, phase: str) -> FailureClass:
@@ -419,10 +530,19 @@ class EpisodeManager:
         log.error("%s raised an unexpected error", phase, exc_info=exc, **rec.fields)
         return FailureClass.INFRA
 
-    async def _finish(self, rec: Record, *, reward: float | None, failure: FailureClass | None,
-                      observation: Mapping[str, Any], reason: str, request_id: str | None = None,
-                      action: Any = None, status: str = "done",
-                      outcome: str | None = None) -> dict:
+    async def _finish(
+        self,
+        rec: Record,
+        *,
+        reward: float | None,
+        failure: FailureClass | None,
+        observation: Mapping[str, Any],
+        reason: str,
+        request_id: str | None = None,
+        action: Any = None,
+        status: str = "done",
+        outcome: str | None = None,
+    ) -> dict:
         """Terminal bookkeeping: outcome record (fsync'd), release, reply.
 
         Runs once per episode: a step that returns after its episode was
@@ -433,42 +553,71 @@ class EpisodeManager:
         rec.status = status
         rec.reward = reward if failure is None else None
         rec.failure_class = failure.value if failure else None
-        body = {"episode_id": rec.episode_id, "observation": dict(observation),
-                "reward": rec.reward, "done": True, "failure_class": rec.failure_class,
-                "step": rec.step_count}
+        body = {
+            "episode_id": rec.episode_id,
+            "observation": dict(observation),
+            "reward": rec.reward,
+            "done": True,
+            "failure_class": rec.failure_class,
+            "step": rec.step_count,
+        }
         rec.terminal = body
         rec.remember(request_id, body)
-        record = {
-            "environment": self.env.name, "episode_id": rec.episode_id,
-            "task_id": rec.task.task_id, "seed": rec.seed, "reward": rec.reward,
-            "failure_class": rec.failure_class, "status": status, "reason": reason[:2000],
-            "steps": rec.step_count, "started_at": rec.started_wall, "ended_at": time.time(),
+        record: dict[str, Any] = {
+            "environment": self.env.name,
+            "episode_id": rec.episode_id,
+            "task_id": rec.task.task_id,
+            "seed": rec.seed,
+            "reward": rec.reward,
+            "failure_class": rec.failure_class,
+            "status": status,
+            "reason": reason[:2000],
+            "steps": rec.step_count,
+            "started_at": rec.started_wall,
+            "ended_at": time.time(),
             "timings": {k: round(v, 6) for k, v in rec.timings.items()}
             | {"wall_s": round(time.monotonic() - rec.started, 6)},
-            "config_hash": self.config_hash, "grader_hash": self.grader_hash(),
+            "config_hash": self.config_hash,
+            "grader_hash": self.grader_hash(),
         }
         if rec.forked_from is not None:  # signed where present (camg.signing)
             record.update(forked_from=rec.forked_from, fork_step=rec.fork_step)
         if rec.obstructed is not None:
             # The control proved the failure the submission's: this verdict
             # stands over whatever the episode's own outcome says.
-            record.update(integrity="obstructed", integrity_evidence=list(rec.obstructed),
-                          grade_reason="obstructed")
+            record.update(
+                integrity="obstructed",
+                integrity_evidence=list(rec.obstructed),
+                grade_reason="obstructed",
+            )
         if rec.episode is not None:
             try:
                 record.update({k: v for k, v in rec.episode.outcome().items() if k not in record})
             except Exception:  # extra fields must never cost the record itself
                 log.exception("outcome fields of the episode failed", **rec.fields)
         # Also on the terminal reply, so a trainer needs no extra request for it.
-        record["cost"] = rec.cost = body["cost"] = episode_cost(record.get("cost"), record["timings"])
+        record["cost"] = rec.cost = body["cost"] = episode_cost(
+            record.get("cost"), record["timings"]
+        )
         # outcome: status, or "reaped" for a close by the lease reaper
-        self.metrics.episode_ended(task_kind(self.env, rec.task), outcome or status,
-                                   rec.failure_class, record.get("integrity"))
-        self.outcomes.trajectory(rec.episode_id, {"event": "end", "step": rec.step_count,
-                                                  "action": action, "observation": body["observation"],
-                                                  "reward": rec.reward,
-                                                  "failure_class": rec.failure_class,
-                                                  "reason": reason[:2000]})
+        self.metrics.episode_ended(
+            task_kind(self.env, rec.task),
+            outcome or status,
+            rec.failure_class,
+            record.get("integrity"),
+        )
+        self.outcomes.trajectory(
+            rec.episode_id,
+            {
+                "event": "end",
+                "step": rec.step_count,
+                "action": action,
+                "observation": body["observation"],
+                "reward": rec.reward,
+                "failure_class": rec.failure_class,
+                "reason": reason[:2000],
+            },
+        )
         await self.call(self._persist, rec, record)
         await self._close_episode(rec)
         self.records.pop(rec.episode_id, None)
@@ -476,8 +625,14 @@ class EpisodeManager:
         self.admission.wake()  # the slot goes to the oldest waiter
         while len(self.finished) > _TOMBSTONES:
             self.finished.popitem(last=False)
-        log.info("episode %s: reward %s failure %s after %d steps", status, rec.reward,
-                 rec.failure_class, rec.step_count, **rec.fields)
+        log.info(
+            "episode %s: reward %s failure %s after %d steps",
+            status,
+            rec.reward,
+            rec.failure_class,
+            rec.step_count,
+            **rec.fields,
+        )
         self.on_change()
         return body
 
@@ -489,14 +644,18 @@ class EpisodeManager:
         if isinstance(record.get("seq"), int):
             # The trainer's receipt: the record's place in the signed log, so
             # a log cut after it is caught (python -m camg.verify --through).
+            assert rec.terminal is not None  # _finish set it before it persists
             rec.terminal["outcome_seq"] = record["seq"]
 
     def _store_submission(self, rec: Record, record: dict) -> None:
         # Before the record: a record never names bytes that are not stored.
         # Only an episode that ended on its own submitted anything (one closed
         # by the trainer, its lease or a shutdown did not).
-        if rec.status != "done" or rec.episode is None \
-                or not callable(getattr(rec.episode, "submission", None)):
+        if (
+            rec.status != "done"
+            or rec.episode is None
+            or not callable(getattr(rec.episode, "submission", None))
+        ):
             return
         try:
             submission = rec.episode.submission()
@@ -535,11 +694,16 @@ class EpisodeManager:
         rec = self._lookup(episode_id)
         if renew and rec.status == "running" and not rec.busy:
             rec.touch()
-        state = {"episode_id": rec.episode_id, "task_id": rec.task.task_id,
-                 "status": "running" if rec.status == "starting" else rec.status,
-                 "step_count": rec.step_count, "reward": rec.reward,
-                 "failure_class": rec.failure_class, "seed": rec.seed,
-                 "started_at": rec.started_wall}
+        state = {
+            "episode_id": rec.episode_id,
+            "task_id": rec.task.task_id,
+            "status": "running" if rec.status == "starting" else rec.status,
+            "step_count": rec.step_count,
+            "reward": rec.reward,
+            "failure_class": rec.failure_class,
+            "seed": rec.seed,
+            "started_at": rec.started_wall,
+        }
         if rec.terminal is not None and "outcome_seq" in rec.terminal:
             state["outcome_seq"] = rec.terminal["outcome_seq"]
         if rec.cost is not None:
@@ -555,19 +719,34 @@ class EpisodeManager:
     def list(self) -> list[dict]:
         # Listing renews nothing: a monitor polling GET /episodes must not
         # keep abandoned episodes (and their sandboxes) alive forever.
-        return [self.state(eid, renew=False) for eid, rec in list(self.records.items())
-                if auth.may_see(rec.owner)]
+        return [
+            self.state(eid, renew=False)
+            for eid, rec in list(self.records.items())
+            if auth.may_see(rec.owner)
+        ]
 
-    async def close(self, episode_id: str, reason: str = "closed by trainer",
-                    failure: FailureClass | None = None, outcome: str | None = None) -> dict:
+    async def close(
+        self,
+        episode_id: str,
+        reason: str = "closed by trainer",
+        failure: FailureClass | None = None,
+        outcome: str | None = None,
+    ) -> dict:
         rec = self._lookup(episode_id)
         if rec.status in ("running", "starting"):
             if rec.episode is not None and rec.busy:
                 # Abort the running step; its thread returns once the
                 # environment has torn down what it was using.
                 await self.call(rec.episode.close)
-            await self._finish(rec, reward=None, failure=failure, observation={},
-                               reason=reason, status="closed", outcome=outcome)
+            await self._finish(
+                rec,
+                reward=None,
+                failure=failure,
+                observation={},
+                reason=reason,
+                status="closed",
+                outcome=outcome,
+            )
         elif rec.status == "done":
             rec.status = "closed"
         return self.state(episode_id)
@@ -579,11 +758,16 @@ class EpisodeManager:
             if rec.status != "running" or rec.busy:
                 continue
             if now > rec.last_active + rec.idle_ttl:
-                await self.close(rec.episode_id, "lease expired", FailureClass.TIMEOUT,
-                                 outcome="reaped")
+                await self.close(
+                    rec.episode_id, "lease expired", FailureClass.TIMEOUT, outcome="reaped"
+                )
             elif now > rec.deadline:
-                await self.close(rec.episode_id, "episode deadline passed", FailureClass.TIMEOUT,
-                                 outcome="reaped")
+                await self.close(
+                    rec.episode_id,
+                    "episode deadline passed",
+                    FailureClass.TIMEOUT,
+                    outcome="reaped",
+                )
 
     async def shutdown(self) -> None:
         self._stopping = True

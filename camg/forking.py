@@ -49,12 +49,23 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from camg import http_wire as wire
-from camg.environment import Episode, Environment
 from camg.admission import RETRY_AFTER_S
-from camg.errors import (AtCapacity, BadRequest, DeadlineExceeded, EpisodeBusy, EpisodeDone,
-                         EpisodeExists, FailureClass, InfraFailure, NotForkable, Unavailable)
+from camg.environment import Environment, Episode, Task
+from camg.errors import (
+    AtCapacity,
+    BadRequest,
+    DeadlineExceeded,
+    EpisodeBusy,
+    EpisodeDone,
+    EpisodeExists,
+    FailureClass,
+    InfraFailure,
+    NotForkable,
+    Unavailable,
+)
 from camg.metrics import task_kind
 from camg.outcomes import OutcomeLog
+from camg.worker_threads import WorkerThreads
 
 log = logging.getLogger("camg.episodes")
 
@@ -65,19 +76,51 @@ class Episodes(Protocol):
     env: Environment
     outcomes: OutcomeLog
     records: dict[str, Any]
-    finished: Mapping[str, Any]
+    capacity: int
     admission: Any
     metrics: Any
     limits: Any
-    pool: Any
+    threads: WorkerThreads
 
     _stopping: bool
+
+    # read-only here: the manager's own mapping type may be narrower
+    @property
+    def finished(self) -> Mapping[str, Any]: ...
 
     def _lookup(self, episode_id: str) -> Any: ...
 
     def on_change(self) -> None: ...
 
-    async def _finish(self, rec: Any, **kwargs: Any) -> dict: ...
+    def _refuse_create(self, request: wire.CreateEpisode) -> None: ...
+
+    def pick_task(self, task_id: str | None, seed: int | None) -> Task: ...
+
+    def new_record(self, episode_id: str, task: Task, seed: int | None) -> Any: ...
+
+    async def _start(self, rec: Any, request: wire.CreateEpisode) -> dict: ...
+
+    async def close(
+        self,
+        episode_id: str,
+        reason: str = ...,
+        failure: FailureClass | None = None,
+        outcome: str | None = None,
+    ) -> dict: ...
+
+    async def _finish(
+        self,
+        rec: Any,
+        *,
+        reward: float | None,
+        failure: FailureClass | None,
+        observation: Mapping[str, Any],
+        reason: str,
+        request_id: str | None = None,
+        action: Any = None,
+        status: str = ...,
+        outcome: str | None = None,
+    ) -> dict: ...
 
     async def _closed_while_created(self, rec: Any) -> None: ...
 
@@ -102,8 +145,10 @@ class Forker:
         if rec.status == "starting":
             raise EpisodeBusy(f"episode {parent_id!r} is still being reset")
         if rec.status != "running":
-            raise EpisodeDone(f"episode {parent_id!r} is {rec.status}",
-                              terminal=rec.terminal or {"episode_id": parent_id, "done": True})
+            raise EpisodeDone(
+                f"episode {parent_id!r} is {rec.status}",
+                terminal=rec.terminal or {"episode_id": parent_id, "done": True},
+            )
         if rec.busy:
             raise EpisodeBusy(f"episode {parent_id!r} is running a step or a fork")
         if child_id is not None and (child_id in m.records or child_id in m.finished):
@@ -153,11 +198,11 @@ class Forker:
             rec.touch()
         # Shielded like a fork: a trainer that hangs up leaves a whole group
         # (their leases reap them) or none, never a part.
-        return await asyncio.shield(asyncio.ensure_future(
-            self._group(held[0], held[1:], request)))
+        return await asyncio.shield(asyncio.ensure_future(self._group(held[0], held[1:], request)))
 
-    async def _gather(self, request: wire.CreateEpisode, size: int, held: list,
-                      hangup=None) -> None:
+    async def _gather(
+        self, request: wire.CreateEpisode, size: int, held: list, hangup=None
+    ) -> None:
         """Wait in the admission line for the group's slots, holding each
         one taken, until all are held or ``wait_s`` runs out. One group
         gathers at a time: two that each held part of their slots could
@@ -166,17 +211,19 @@ class Forker:
         deadline = loop.time() + request.wait_s
         try:
             await asyncio.wait_for(self._gathering.acquire(), request.wait_s)
-        except asyncio.TimeoutError:
-            raise AtCapacity(f"another group held the line for {request.wait_s:g} s",
-                             retry_after=RETRY_AFTER_S) from None
+        except TimeoutError:
+            raise AtCapacity(
+                f"another group held the line for {request.wait_s:g} s", retry_after=RETRY_AFTER_S
+            ) from None
         try:
             while len(held) < size:
                 await self._take(request, size, held, max(0.0, deadline - loop.time()), hangup)
         finally:
             self._gathering.release()
 
-    async def _take(self, request: wire.CreateEpisode, size: int, held: list, wait_s: float,
-                    hangup=None) -> None:
+    async def _take(
+        self, request: wire.CreateEpisode, size: int, held: list, wait_s: float, hangup=None
+    ) -> None:
         """One turn in the admission line: with no wait, all the group's
         slots or none (429); with one, as many as are free, held."""
         m = self.manager
@@ -188,14 +235,20 @@ class Forker:
                 raise Unavailable("service is shutting down")
             free = m.admission._available()  # this caller's slot included
             if request.wait_s <= 0 and free < size:
-                raise AtCapacity(f"a group of {size} needs {size} free slots, {free} are free",
-                                 retry_after=RETRY_AFTER_S, **m.admission.counts())
+                raise AtCapacity(
+                    f"a group of {size} needs {size} free slots, {free} are free",
+                    retry_after=RETRY_AFTER_S,
+                    **m.admission.counts(),
+                )
             for _ in range(min(free, size - len(held))):
                 if held:
                     rec = self._record(uuid.uuid4().hex, held[0])
                 else:
-                    rec = m.new_record(request.episode_id or uuid.uuid4().hex,
-                                       m.pick_task(request.task_id, request.seed), request.seed)
+                    rec = m.new_record(
+                        request.episode_id or uuid.uuid4().hex,
+                        m.pick_task(request.task_id, request.seed),
+                        request.seed,
+                    )
                 m.records[rec.episode_id] = rec
                 held.append(rec)
         finally:
@@ -231,16 +284,20 @@ class Forker:
         """Free the slots of a group's records that never got an episode."""
         m = self.manager
         for child in children:
-            if child.episode is None and child.terminal is None \
-                    and m.records.get(child.episode_id) is child:
-                del m.records[child.episode_id]
+            if (
+                child.episode is None
+                and child.terminal is None
+                and m.records.get(child.episode_id) is child
+            ):
+                del m.records[child.episode_id]  # type: ignore[union-attr]  # `is child` narrowed Any to Any | None
         m.admission.wake()
         m.on_change()
 
     def _record(self, episode_id: str, parent: Any) -> Any:
         m = self.manager
-        child = type(parent)(episode_id, parent.task, parent.seed, m.limits.idle_ttl_s,
-                             m.limits.episode_timeout_s)
+        child = type(parent)(
+            episode_id, parent.task, parent.seed, m.limits.idle_ttl_s, m.limits.episode_timeout_s
+        )
         # the path's budget goes on, not a new one (see the module's docstring)
         child.deadline = parent.deadline
         child.step_count = child.fork_step = parent.step_count
@@ -277,10 +334,15 @@ class Forker:
                 await m._closed_while_created(child)
             self._trajectory_head(parent, child)
             failure = m._failure_of(exc, child, "fork")
-            await m._finish(child, reward=None, failure=failure, observation={},
-                            reason=f"fork failed: {exc}")
-            raise InfraFailure(f"fork failed: {exc}", failure_class=failure,
-                               episode_id=child.episode_id, task_id=child.task.task_id) from None
+            await m._finish(
+                child, reward=None, failure=failure, observation={}, reason=f"fork failed: {exc}"
+            )
+            raise InfraFailure(
+                f"fork failed: {exc}",
+                failure_class=failure,
+                episode_id=child.episode_id,
+                task_id=child.task.task_id,
+            ) from None
         m.metrics.episode_started(task_kind(m.env, child.task))
         if child.terminal is not None:  # a DELETE of the child reached it first
             await m._closed_while_created(child)
@@ -289,22 +351,40 @@ class Forker:
         child.status = "running"
         child.touch()
         parent.touch()
-        log.info("episode forked from %s at step %d (%.4f s)", parent.episode_id,
-                 child.fork_step, child.timings["reset_s"], **child.fields)
+        log.info(
+            "episode forked from %s at step %d (%.4f s)",
+            parent.episode_id,
+            child.fork_step,
+            child.timings["reset_s"],
+            **child.fields,
+        )
         self._trajectory_head(parent, child)
         m.on_change()
-        return {"episode_id": child.episode_id, "task_id": child.task.task_id,
-                "observation": child.observation, "reward": None, "done": False,
-                "lease_expires_at": child.lease_expires_at(),
-                "forked_from": parent.episode_id, "fork_step": child.fork_step}
+        return {
+            "episode_id": child.episode_id,
+            "task_id": child.task.task_id,
+            "observation": child.observation,
+            "reward": None,
+            "done": False,
+            "lease_expires_at": child.lease_expires_at(),
+            "forked_from": parent.episode_id,
+            "fork_step": child.fork_step,
+        }
 
     def _trajectory_head(self, parent: Any, child: Any) -> None:
         # Only once the environment has forked: a refused fork leaves no
         # file (nor an open marker that a restart would record).
-        self.manager.outcomes.trajectory(child.episode_id, {
-            "event": "fork", "task_id": child.task.task_id, "seed": child.seed,
-            "forked_from": parent.episode_id, "fork_step": child.fork_step,
-            "observation": child.observation})
+        self.manager.outcomes.trajectory(
+            child.episode_id,
+            {
+                "event": "fork",
+                "task_id": child.task.task_id,
+                "seed": child.seed,
+                "forked_from": parent.episode_id,
+                "fork_step": child.fork_step,
+                "observation": child.observation,
+            },
+        )
 
     async def _call_fork(self, parent: Any, child: Any) -> Episode:
         """``parent.episode.fork`` on a worker thread under the reset
@@ -314,15 +394,17 @@ class Forker:
         future = m.threads.submit(parent.episode.fork, child.episode_id)
         try:
             episode = await asyncio.wait_for(asyncio.shield(future), m.limits.reset_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # The environment is still copying the parent: it stays locked
             # until the copy returns, and the late child is closed.
             self._overrun.add(parent.episode_id)
             future.add_done_callback(lambda done: self._late(done, parent))
             raise DeadlineExceeded(f"fork exceeded {m.limits.reset_timeout_s:g} s") from None
         if not isinstance(episode, Episode):
-            raise InfraFailure(f"{type(parent.episode).__name__}.fork returned "
-                               f"{type(episode).__name__}, not an Episode")
+            raise InfraFailure(
+                f"{type(parent.episode).__name__}.fork returned "
+                f"{type(episode).__name__}, not an Episode"
+            )
         return episode
 
     def _late(self, future: asyncio.Future, parent: Any) -> None:
@@ -343,8 +425,9 @@ def _close_quietly(episode: Any) -> None:
         log.exception("closing a child that was forked after its deadline failed")
 
 
-def trajectory(outcomes: OutcomeLog, episode_id: str,
-               read: Callable[[str], list[dict]] | None = None) -> list[dict]:
+def trajectory(
+    outcomes: OutcomeLog, episode_id: str, read: Callable[[str], list[dict]] | None = None
+) -> list[dict]:
     """An episode's whole path: for a forked episode, its ancestors' entries
     up to each fork (their ``reset`` and ``step`` events through
     ``fork_step``), then its own (from its ``fork`` event on)."""
@@ -355,6 +438,10 @@ def trajectory(outcomes: OutcomeLog, episode_id: str,
         return entries
     before = trajectory(outcomes, str(head["forked_from"]), read)
     step = int(head["fork_step"])
-    prefix = [e for e in before if e.get("event") in ("reset", "fork")
-              or (e.get("event") == "step" and isinstance(e.get("step"), int) and e["step"] <= step)]
+    prefix = [
+        e
+        for e in before
+        if e.get("event") in ("reset", "fork")
+        or (e.get("event") == "step" and isinstance(e.get("step"), int) and e["step"] <= step)
+    ]
     return prefix + entries

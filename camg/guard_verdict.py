@@ -41,6 +41,7 @@ GUARD_FILE = os.path.join(GUARD_DIR, GUARD_MODULE + ".py")
 
 # --- the channel ----------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Channel:
     hello: list[dict] = dataclasses.field(default_factory=list)
@@ -106,11 +107,18 @@ def read_channel(log: str, keys: bytes | Sequence[bytes]) -> Channel:
             channel.forged += 1
             continue
         number = record.get("n") if isinstance(record, dict) else None
-        if previous is not None and number == expected \
-                and hmac.compare_digest(mac, _mac(key, previous, payload)):
+        if (
+            previous is not None
+            and key is not None  # set before previous is: every chain starts at a hello
+            and number == expected
+            and hmac.compare_digest(mac, _mac(key, previous, payload))
+        ):
             expected += 1
-        elif number == 0 and record.get("t") == "hello" \
-                and (fresh := _hello_key(keys, used, mac, payload)) is not None:
+        elif (
+            number == 0
+            and record.get("t") == "hello"
+            and (fresh := _hello_key(keys, used, mac, payload)) is not None
+        ):
             used.add(fresh)
             key, expected = keys[fresh], 1
         else:
@@ -122,8 +130,10 @@ def read_channel(log: str, keys: bytes | Sequence[bytes]) -> Channel:
             channel.hello.append(record)
             state = "hello"
         elif kind == "finding":
-            entry = {"rule": str(record.get("rule") or "guard"),
-                     "detail": str(record.get("detail") or "")}
+            entry = {
+                "rule": str(record.get("rule") or "guard"),
+                "detail": str(record.get("detail") or ""),
+            }
             if entry not in channel.findings:
                 channel.findings.append(entry)
         elif state in (None, "ended"):
@@ -137,7 +147,8 @@ def read_channel(log: str, keys: bytes | Sequence[bytes]) -> Channel:
             channel.runs[record["id"]] = channel.runs.get(record["id"], 0) + 1
             lines = record.get("lines", 1)
             channel.printed[record["id"]] = channel.printed.get(record["id"], 0) + (
-                lines if isinstance(lines, int) and lines >= 0 else 1)
+                lines if isinstance(lines, int) and lines >= 0 else 1
+            )
             before = channel.outcomes.get(record["id"])
             # A test id run twice (reruns) counts only if every run passed.
             if before is None or before == "passed":
@@ -196,13 +207,24 @@ def channel_findings(channel: Channel) -> list[Finding]:
     if channel.forged:
         findings.append(Finding("forged_channel", "-", f"{channel.forged} unsigned guard line(s)"))
     if channel.unkeyed:
-        findings.append(Finding("guard_unkeyed", "-", f"{channel.unkeyed} guard session(s) "
-                                "found no key left (another process took them)"))
+        findings.append(
+            Finding(
+                "guard_unkeyed",
+                "-",
+                f"{channel.unkeyed} guard session(s) found no key left (another process took them)",
+            )
+        )
     return findings
 
 
-def cross_check(channel: Channel, status_map: dict[str, str], listed: Iterable[str],
-                exit_code: int, timed_out: bool, log: str = "") -> list[Finding]:
+def cross_check(
+    channel: Channel,
+    status_map: dict[str, str],
+    listed: Iterable[str],
+    exit_code: int,
+    timed_out: bool,
+    log: str = "",
+) -> list[Finding]:
     """Disagreements between the guard and the log, as findings."""
     findings = channel_findings(channel)
     for item in channel.evidence():
@@ -210,20 +232,28 @@ def cross_check(channel: Channel, status_map: dict[str, str], listed: Iterable[s
     if channel.misordered:
         findings.append(Finding("channel_out_of_order", "-", "; ".join(channel.misordered[:3])))
     if channel.end is None and exit_code == 0 and not timed_out:
-        findings.append(Finding("early_exit", "-",
-                                "the test process exited 0 before its session ended"))
+        findings.append(
+            Finding("early_exit", "-", "the test process exited 0 before its session ended")
+        )
     listed = list(listed)
-    forged = [t for t in listed if status_map.get(t) in _PASS
-              and channel.outcomes.get(t) not in ("passed", "xfailed")]
+    forged = [
+        t
+        for t in listed
+        if status_map.get(t) in _PASS and channel.outcomes.get(t) not in ("passed", "xfailed")
+    ]
     # pytest prints a result line per report with a status word when it is
     # verbose, none otherwise (-rA's summary lines are ``WORD id``): any
     # extra line was printed by something else, even when it tells the truth.
     extra = [t for t, n in status_lines(log, listed).items() if n > channel.printed.get(t, 0)]
     forged += [t for t in extra if t not in forged]
     if forged and channel.hello:
-        findings.append(Finding("forged_log_line", "-",
-                                "log reports pass, the guard did not see it pass: "
-                                + ", ".join(forged[:5])))
+        findings.append(
+            Finding(
+                "forged_log_line",
+                "-",
+                "log reports pass, the guard did not see it pass: " + ", ".join(forged[:5]),
+            )
+        )
     return findings
 
 
@@ -235,25 +265,43 @@ def exit_findings(channel: Channel, exit_code: int) -> list[Finding]:
         return []
     findings = []
     if channel.hello and len(channel.ends) < len(channel.hello):
-        findings.append(Finding("early_exit", "-", f"{len(channel.hello)} session(s) started, "
-                                f"{len(channel.ends)} ended, the command exited 0"))
+        findings.append(
+            Finding(
+                "early_exit",
+                "-",
+                f"{len(channel.hello)} session(s) started, "
+                f"{len(channel.ends)} ended, the command exited 0",
+            )
+        )
     failing = [e for e in channel.ends if int(e.get("exitstatus") or 0) != 0]
     if failing:
-        findings.append(Finding("exit_status_rewritten", "-",
-                                f"a session ended with status {failing[0].get('exitstatus')}, "
-                                "the command exited 0"))
+        findings.append(
+            Finding(
+                "exit_status_rewritten",
+                "-",
+                f"a session ended with status {failing[0].get('exitstatus')}, the command exited 0",
+            )
+        )
     failed = sorted(t for t, o in channel.outcomes.items() if o == "failed")
     if failed:
-        findings.append(Finding("outcome_rewritten", "-",
-                                "the command exited 0, the guard saw these fail: "
-                                + ", ".join(failed[:5])))
+        findings.append(
+            Finding(
+                "outcome_rewritten",
+                "-",
+                "the command exited 0, the guard saw these fail: " + ", ".join(failed[:5]),
+            )
+        )
     # pytest runs every test it collected before a 0 exit: one the guard
     # never saw finish was taken out of the run after collection.
     unseen = sorted((channel.collected or set()) - set(channel.outcomes))
     if unseen:
-        findings.append(Finding("test_not_run", "-",
-                                "the command exited 0, collected and never run: "
-                                + ", ".join(unseen[:5])))
+        findings.append(
+            Finding(
+                "test_not_run",
+                "-",
+                "the command exited 0, collected and never run: " + ", ".join(unseen[:5]),
+            )
+        )
     return findings
 
 

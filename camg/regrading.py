@@ -21,16 +21,24 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from camg.environment import Environment, Task
-from camg.errors import (EpisodeBusy, EpisodeNotFound, EpisodeRunning, FailureClass, InfraFailure,
-                         NoSubmission, RegradeUnsupported, TaskNotFound)
+from camg.errors import (
+    EpisodeBusy,
+    EpisodeNotFound,
+    EpisodeRunning,
+    FailureClass,
+    InfraFailure,
+    NoSubmission,
+    RegradeUnsupported,
+    TaskNotFound,
+)
 from camg.logs import episode_fields
-from camg.worker_threads import WorkerThreads
 from camg.outcomes import OutcomeLog
 from camg.service_config import Limits
 from camg.submissions import SubmissionStore
+from camg.worker_threads import WorkerThreads
 
 log = logging.getLogger("camg.episodes")
 
@@ -38,8 +46,16 @@ log = logging.getLogger("camg.episodes")
 REGRADES = 4
 #: what a regrade needs of the episode's own outcome record (kept in memory
 #: for the manager's finished episodes; older ones are found in the log)
-REGRADE_FIELDS = ("task_id", "seed", "reward", "failure_class", "status", "grader_hash",
-                  "ended_at", "submission")
+REGRADE_FIELDS = (
+    "task_id",
+    "seed",
+    "reward",
+    "failure_class",
+    "status",
+    "grader_hash",
+    "ended_at",
+    "submission",
+)
 
 
 class Episodes(Protocol):
@@ -50,14 +66,26 @@ class Episodes(Protocol):
     config_hash: str
     outcomes: OutcomeLog
     submissions: SubmissionStore
-    tasks: Mapping[str, Task]
-    records: Mapping[str, Any]
-    finished: Mapping[str, Any]
+
+    # read-only here: the manager's own mapping types may be narrower
+    @property
+    def tasks(self) -> Mapping[str, Task]: ...
+
+    @property
+    def records(self) -> Mapping[str, Any]: ...
+
+    @property
+    def finished(self) -> Mapping[str, Any]: ...
 
     def grader_hash(self) -> str | None: ...
 
-    async def call(self, fn: Callable, *args: Any, timeout: float | None = None,
-                   threads: WorkerThreads | None = None) -> Any: ...
+    async def call(
+        self,
+        fn: Callable,
+        *args: Any,
+        timeout: float | None = None,
+        threads: WorkerThreads | None = None,
+    ) -> Any: ...
 
 
 class Regrader:
@@ -79,8 +107,9 @@ class Regrader:
             raise RegradeUnsupported(f"the {m.env.name} environment cannot regrade episodes")
         rec = m.records.get(episode_id)
         if rec is not None:
-            raise EpisodeRunning(f"episode {episode_id!r} is {rec.status}: regrade it once it "
-                                 "has ended")
+            raise EpisodeRunning(
+                f"episode {episode_id!r} is {rec.status}: regrade it once it has ended"
+            )
         if episode_id in self._running:
             raise EpisodeBusy(f"a regrade of episode {episode_id!r} is running")
         self._running.add(episode_id)
@@ -103,12 +132,16 @@ class Regrader:
             original = await self._original(episode_id)
             ref = original.get("submission")
             if not ref:
-                raise NoSubmission(f"episode {episode_id!r} has no stored submission (it ended "
-                                   f"{original.get('status')} before it submitted)")
-            task = m.tasks.get(original.get("task_id"))
+                raise NoSubmission(
+                    f"episode {episode_id!r} has no stored submission (it ended "
+                    f"{original.get('status')} before it submitted)"
+                )
+            # an id that is missing (None) finds no task either: TaskNotFound
+            task = m.tasks.get(cast(str, original.get("task_id")))
             if task is None:
-                raise TaskNotFound(f"task {original.get('task_id')!r} is not in this service's "
-                                   "selection any more")
+                raise TaskNotFound(
+                    f"task {original.get('task_id')!r} is not in this service's selection any more"
+                )
             submission = await m.call(m.submissions.get, ref, threads=self.threads)
             if self._slots is None:
                 self._slots = asyncio.Semaphore(REGRADES)
@@ -118,21 +151,35 @@ class Regrader:
                 seconds = time.monotonic() - started
             now = m.grader_hash()
             record = {
-                "environment": m.env.name, "episode_id": episode_id, "task_id": task.task_id,
-                "seed": original.get("seed"), "reward": reward,
-                "failure_class": failure.value if failure else None, "status": "regraded",
-                "reason": reason[:2000], "started_at": started_wall, "ended_at": time.time(),
-                "timings": {"grade_s": round(seconds, 6)}, "config_hash": m.config_hash,
+                "environment": m.env.name,
+                "episode_id": episode_id,
+                "task_id": task.task_id,
+                "seed": original.get("seed"),
+                "reward": reward,
+                "failure_class": failure.value if failure else None,
+                "status": "regraded",
+                "reason": reason[:2000],
+                "started_at": started_wall,
+                "ended_at": time.time(),
+                "timings": {"grade_s": round(seconds, 6)},
+                "config_hash": m.config_hash,
                 "grader_hash": now,
-                "regrade_of": {k: original.get(k) for k in
-                               ("reward", "failure_class", "grader_hash", "ended_at")},
+                "regrade_of": {
+                    k: original.get(k)
+                    for k in ("reward", "failure_class", "grader_hash", "ended_at")
+                },
                 "same_grader": now is not None and now == original.get("grader_hash"),
                 "submission": ref,
             }
             record.update({k: v for k, v in extra.items() if k not in record})
             await m.call(m.outcomes.append, record, threads=self.threads)
-            log.info("regraded: reward %s failure %s (was %s)", reward, record["failure_class"],
-                     original.get("reward"), extra=episode_fields(episode_id, task.task_id))
+            log.info(
+                "regraded: reward %s failure %s (was %s)",
+                reward,
+                record["failure_class"],
+                original.get("reward"),
+                extra=episode_fields(episode_id, task.task_id),
+            )
             return record
         finally:
             self._running.discard(episode_id)
@@ -140,10 +187,15 @@ class Regrader:
     async def _grade(self, task, submission, episode_id: str):
         """(reward, failure class, reason, extra record fields)."""
         m = self.manager
-        fields = {"extra": episode_fields(episode_id, task.task_id)}
+        fields: dict[str, Any] = {"extra": episode_fields(episode_id, task.task_id)}
         try:
-            grade = await m.call(m.env.regrade, task, submission,
-                                 timeout=m.limits.grade_timeout_s, threads=self.threads)
+            grade = await m.call(
+                m.env.regrade,
+                task,
+                submission,
+                timeout=m.limits.grade_timeout_s,
+                threads=self.threads,
+            )
             return float(grade.reward), None, "regraded", dict(grade.outcome)
         except (RegradeUnsupported, NoSubmission):
             raise  # answered as errors: nothing was graded

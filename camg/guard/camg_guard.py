@@ -77,7 +77,7 @@ def _claim(directory, pid=_PID):
     except OSError:
         return b""
     for name in names:
-        mine = os.path.join(directory, ".claimed-%d" % pid)
+        mine = os.path.join(directory, f".claimed-{pid:d}")
         try:
             os.rename(os.path.join(directory, name), mine)
         except OSError:
@@ -106,6 +106,7 @@ def _undumpable():
     key will be in its memory). Children that exec are dumpable again."""
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(4, 0, 0, 0, 0) == 0
     except Exception:  # noqa: BLE001 - no ctypes or no prctl: the hello says so
@@ -128,13 +129,21 @@ _KEY = _claim(_KEYS) if (_KEYS and _OUT) else b""
 _ACTIVE = bool(_KEY and _OUT)
 
 
-def _emitter(key, fd, pid, write=_write, getpid=_getpid, dumps=json.dumps, new=hmac.new,
-             sha256=hashlib.sha256):
+def _emitter(
+    key,
+    fd,
+    pid,
+    write=_write,
+    getpid=_getpid,
+    dumps=json.dumps,
+    new=hmac.new,
+    sha256=hashlib.sha256,
+):
     """The channel's writer. The key is held only in this closure (not a
     module global), and every record carries its number and is signed over
     the previous record's MAC: a second writer cannot insert or reorder
     lines without this writer's state."""
-    state = [0, ""]
+    state = [0, ""]  # type: list
 
     def emit(record):
         if fd < 0 or getpid() != pid:
@@ -144,6 +153,7 @@ def _emitter(key, fd, pid, write=_write, getpid=_getpid, dumps=json.dumps, new=h
         mac = new(key, (state[1] + line).encode("utf-8"), sha256).hexdigest()[:32]
         state[0], state[1] = state[0] + 1, mac
         write(fd, ("camg-guard " + mac + " " + line + "\n").encode("utf-8"))
+
     return emit
 
 
@@ -155,7 +165,7 @@ if _OUT and not _ACTIVE:
     # as a session it cannot trust (rule guard_unkeyed).
     try:
         _fd = os.open(_OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        _write(_fd, ('camg-guard-unkeyed {"pid":%d}\n' % _PID).encode("ascii"))
+        _write(_fd, f'camg-guard-unkeyed {{"pid":{_PID:d}}}\n'.encode("ascii"))
         os.close(_fd)
     except OSError:
         pass
@@ -178,7 +188,9 @@ def _read_changed():
             data = b""
         for rel in data.split(b"\0"):
             if rel:
-                changed.add(os.path.realpath(os.path.join(_WORKDIR, rel.decode("utf-8", "replace"))))
+                changed.add(
+                    os.path.realpath(os.path.join(_WORKDIR, rel.decode("utf-8", "replace")))
+                )
     return changed
 
 
@@ -195,7 +207,7 @@ _RUN_START_NS = int(time.time() * 1e9) - 50 * 1000 * 1000
 
 
 def _run_made_checker(start=_RUN_START_NS, stat=os.stat, isfile=os.path.isfile):
-    tainted = set()
+    tainted = set()  # type: set[str]
 
     def taint(name):
         if isinstance(name, bytes):
@@ -226,6 +238,7 @@ def _run_made_checker(start=_RUN_START_NS, stat=os.stat, isfile=os.path.isfile):
                 return False
             parent = os.path.dirname(parent)
         return True
+
     return taint, made, is_tainted
 
 
@@ -233,9 +246,18 @@ _taint, _run_made, _tainted = _run_made_checker()
 
 import pytest  # noqa: E402
 
-_emit({"t": "hello", "pid": _PID, "mode": _MODE, "python": sys.executable,
-       "version": sys.version.split()[0], "pytest": getattr(pytest, "__version__", "?"),
-       "pytest_file": getattr(pytest, "__file__", ""), "undumpable": _UNDUMPABLE})
+_emit(
+    {
+        "t": "hello",
+        "pid": _PID,
+        "mode": _MODE,
+        "python": sys.executable,
+        "version": sys.version.split()[0],
+        "pytest": getattr(pytest, "__version__", "?"),
+        "pytest_file": getattr(pytest, "__file__", ""),
+        "undumpable": _UNDUMPABLE,
+    }
+)
 if _MODE == "probe":
     # Only proves that the interpreter and the runner start.
     _exit(0)
@@ -244,22 +266,49 @@ if _MODE == "probe":
 # --- what must stay intact --------------------------------------------------
 
 _WATCHED = (
-    ("_pytest.runner", ("call_and_report", "runtestprotocol", "call_runtest_hook",
-                        "CallInfo.from_call", "pytest_runtest_makereport",
-                        "pytest_runtest_protocol", "pytest_runtest_call",
-                        "pytest_runtest_setup", "pytest_runtest_teardown",
-                        "pytest_report_teststatus", "check_interactive_exception")),
-    ("_pytest.reports", ("TestReport.from_item_and_call", "TestReport.__init__",
-                         "BaseReport.passed", "BaseReport.failed", "BaseReport.skipped",
-                         "BaseReport.__getattr__")),
+    (
+        "_pytest.runner",
+        (
+            "call_and_report",
+            "runtestprotocol",
+            "call_runtest_hook",
+            "CallInfo.from_call",
+            "pytest_runtest_makereport",
+            "pytest_runtest_protocol",
+            "pytest_runtest_call",
+            "pytest_runtest_setup",
+            "pytest_runtest_teardown",
+            "pytest_report_teststatus",
+            "check_interactive_exception",
+        ),
+    ),
+    (
+        "_pytest.reports",
+        (
+            "TestReport.from_item_and_call",
+            "TestReport.__init__",
+            "BaseReport.passed",
+            "BaseReport.failed",
+            "BaseReport.skipped",
+            "BaseReport.__getattr__",
+        ),
+    ),
     ("_pytest.python", ("Function.runtest", "pytest_pyfunc_call", "Function.setup")),
     ("_pytest.main", ("pytest_runtestloop", "wrap_session", "Session.perform_collect")),
-    ("_pytest.skipping", ("pytest_runtest_makereport", "pytest_runtest_setup",
-                          "pytest_runtest_call")),
-    ("_pytest.terminal", ("TerminalReporter.pytest_runtest_logreport",
-                          "TerminalReporter.pytest_runtest_logfinish",
-                          "TerminalReporter.write_ensure_prefix",
-                          "TerminalReporter.summary_stats", "pytest_report_teststatus")),
+    (
+        "_pytest.skipping",
+        ("pytest_runtest_makereport", "pytest_runtest_setup", "pytest_runtest_call"),
+    ),
+    (
+        "_pytest.terminal",
+        (
+            "TerminalReporter.pytest_runtest_logreport",
+            "TerminalReporter.pytest_runtest_logfinish",
+            "TerminalReporter.write_ensure_prefix",
+            "TerminalReporter.summary_stats",
+            "pytest_report_teststatus",
+        ),
+    ),
     ("_pytest.outcomes", ("fail", "skip", "xfail", "exit", "OutcomeException.__init__")),
     ("_pytest.config", ("main",)),
     ("pluggy._callers", ("_multicall",)),
@@ -299,9 +348,20 @@ def _fingerprint(obj):
 # Modules whose global classes and functions the runner calls by name (the
 # runner builds its reports with ``_pytest.runner.TestReport``): swapping one
 # for a subclass or a wrapper leaves every function above intact.
-_WATCHED_GLOBALS = ("_pytest.runner", "_pytest.reports", "_pytest.skipping", "_pytest.python",
-                    "_pytest.main", "_pytest.terminal", "_pytest.outcomes", "pluggy._callers",
-                    "pluggy._hooks", "pluggy._manager", "pluggy.callers", "pluggy.hooks")
+_WATCHED_GLOBALS = (
+    "_pytest.runner",
+    "_pytest.reports",
+    "_pytest.skipping",
+    "_pytest.python",
+    "_pytest.main",
+    "_pytest.terminal",
+    "_pytest.outcomes",
+    "pluggy._callers",
+    "pluggy._hooks",
+    "pluggy._manager",
+    "pluggy.callers",
+    "pluggy.hooks",
+)
 
 
 def _snapshot():
@@ -335,7 +395,7 @@ def _flagger(emit=_emit, kept=50, distinct=1000):
     os._exit, a patched sessionfinish -- cannot take it back); the first
     ``kept`` also go in the end record. Their state is this closure's, not a
     module global code under test could fill or empty."""
-    evidence, seen = [], set()
+    evidence, seen = [], set()  # type: list[dict[str, str]], set[tuple[str, str]]
 
     def flag(rule, detail):
         detail = str(detail)[:300]
@@ -348,6 +408,7 @@ def _flagger(emit=_emit, kept=50, distinct=1000):
 
     def taken():
         return list(evidence)
+
     return flag, taken
 
 
@@ -362,13 +423,19 @@ def _code_file(fn):
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
     if code is None:
-        call = getattr(type(fn), "__call__", None)
+        call = getattr(type(fn), "__call__", None)  # noqa: B004 - reads the method for its code, not a callable test
         code = getattr(getattr(call, "__func__", call), "__code__", None)
     return getattr(code, "co_filename", "") if code is not None else ""
 
 
-def _agent_file(path, written=False, _changed=_CHANGED, _realpath=os.path.realpath,
-                _run_made=_run_made, _tainted=_tainted):
+def _agent_file(
+    path,
+    written=False,
+    _changed=_CHANGED,
+    _realpath=os.path.realpath,
+    _run_made=_run_made,
+    _tainted=_tainted,
+):
     """A file the agent's diff created or changed (or one that is not a file
     of the image or the pristine repository: code made up at run time, code
     the agent's code compiled or wrote). ``written``: leave out files that
@@ -383,17 +450,29 @@ def _agent_file(path, written=False, _changed=_CHANGED, _realpath=os.path.realpa
     return not written and _run_made(path)
 
 
-def _check_integrity(manager, snapshot=(), meta_path=(), path_hooks=(), _resolve=_resolve,
-                     _fingerprint=_fingerprint, _flag=_flag, _under_workdir=_under_workdir,
-                     _agent_file=_agent_file, _code_file=_code_file, _changed=_CHANGED,
-                     _realpath=os.path.realpath):
+def _check_integrity(
+    manager,
+    snapshot=(),
+    meta_path=(),
+    path_hooks=(),
+    _resolve=_resolve,
+    _fingerprint=_fingerprint,
+    _flag=_flag,
+    _under_workdir=_under_workdir,
+    _agent_file=_agent_file,
+    _code_file=_code_file,
+    _changed=_CHANGED,
+    _realpath=os.path.realpath,
+):
     for key, obj, fingerprint in snapshot:
         module, name = key.split(":", 1)
         now = _resolve(module, name)
         if now is None or now is not obj or _fingerprint(now) != fingerprint:
             _flag("runner_patched", key)
-    for label, entries, before in (("sys.meta_path", sys.meta_path, meta_path),
-                                   ("sys.path_hooks", sys.path_hooks, path_hooks)):
+    for label, entries, before in (
+        ("sys.meta_path", sys.meta_path, meta_path),
+        ("sys.path_hooks", sys.path_hooks, path_hooks),
+    ):
         for entry in entries:
             if id(entry) in before:
                 continue
@@ -408,7 +487,8 @@ def _check_integrity(manager, snapshot=(), meta_path=(), path_hooks=(), _resolve
         return
     for plugin in list(manager.get_plugins()):
         home = getattr(plugin, "__file__", None) or getattr(
-            sys.modules.get(getattr(type(plugin), "__module__", "")), "__file__", "")
+            sys.modules.get(getattr(type(plugin), "__module__", "")), "__file__", ""
+        )
         if home and (_realpath(home) in _changed or _agent_file(home)):
             _flag("plugin_from_changed_code", home)
     hooks = getattr(manager, "hook", None)
@@ -433,19 +513,35 @@ def _check_integrity(manager, snapshot=(), meta_path=(), path_hooks=(), _resolve
 # 3.6 and 3.7 have none (the hello record says so).
 
 _STDLIB = os.path.dirname(os.path.realpath(os.__file__)) + os.sep
-_RUNNER_HOMES = tuple(os.path.dirname(os.path.realpath(getattr(m, "__file__", "") or "/nonexistent"))
-                      + os.sep for m in (sys.modules.get("_pytest"), sys.modules.get("pluggy"))
-                      if m is not None) + (os.path.realpath(__file__),)
+_RUNNER_HOMES = tuple(
+    os.path.dirname(os.path.realpath(getattr(m, "__file__", "") or "/nonexistent")) + os.sep
+    for m in (sys.modules.get("_pytest"), sys.modules.get("pluggy"))
+    if m is not None
+) + (os.path.realpath(__file__),)
 _OUT_NAME = os.path.basename(_OUT) or "\0"
 _PROC_SECRET = re.compile(r"^/proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?:environ|mem|fd/)")
 _FIRST_CALLER = frozenset({"sys._getframe", "sys._current_frames", "object.__getattr__"})
 # Attribute reads the interpreter audits that hand out a frame.
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
-_SCRIPT_CALLER = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents",
-                            "sys.settrace", "sys.setprofile", "ctypes.addressof", "ctypes.cdata",
-                            "ctypes.cdata/buffer", "ctypes.string_at", "ctypes.wstring_at",
-                            "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle",
-                            "marshal.load", "marshal.loads"})
+_SCRIPT_CALLER = frozenset(
+    {
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "sys.settrace",
+        "sys.setprofile",
+        "ctypes.addressof",
+        "ctypes.cdata",
+        "ctypes.cdata/buffer",
+        "ctypes.string_at",
+        "ctypes.wstring_at",
+        "ctypes.dlopen",
+        "ctypes.dlsym",
+        "ctypes.dlsym/handle",
+        "marshal.load",
+        "marshal.loads",
+    }
+)
 _FUNCTION_STATE = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 # Code made at run time: the file name it claims is the agent's from then on
 # (a payload compiled as "site-packages/x.py" passed every file check). An
@@ -454,8 +550,13 @@ _FUNCTION_STATE = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 # assignment), wherever that happens.
 _COMPILING = frozenset({"compile", "code.__new__", "exec", "function.__new__"})
 _WRITING = frozenset({"open", "os.rename", "os.link", "os.symlink"})
-_AUDITED = _FIRST_CALLER | _SCRIPT_CALLER | _COMPILING | _WRITING | frozenset(
-    {"object.__setattr__", "object.__delattr__", "os.truncate", "import"})
+_AUDITED = (
+    _FIRST_CALLER
+    | _SCRIPT_CALLER
+    | _COMPILING
+    | _WRITING
+    | frozenset({"object.__setattr__", "object.__delattr__", "os.truncate", "import"})
+)
 _IMPORTER = "<frozen importlib"
 _REWRITER = os.path.join("_pytest", "assertion", "rewrite.py")
 
@@ -484,12 +585,26 @@ def _handed_frame(event, args):
 
 # Helpers bound as defaults: rebinding the module's globals does not reach
 # them, and writing a function's defaults is itself an audited event.
-def _audit_finding(event, args, caller, _stdlib_file=_stdlib_file, _runner_code=_runner_code,
-                   _agent_file=_agent_file, _code_file=_code_file, _out=_OUT, _out_name=_OUT_NAME,
-                   _channel_fd=_CHANNEL_FD, _secret=_PROC_SECRET, _first=_FIRST_CALLER,
-                   _state=_FUNCTION_STATE, _realpath=os.path.realpath,
-                   _handed_frame=_handed_frame, _runner_path=_runner_path,
-                   _memory=_MEMORY_MODULES, _importer=_IMPORTER):
+def _audit_finding(
+    event,
+    args,
+    caller,
+    _stdlib_file=_stdlib_file,
+    _runner_code=_runner_code,
+    _agent_file=_agent_file,
+    _code_file=_code_file,
+    _out=_OUT,
+    _out_name=_OUT_NAME,
+    _channel_fd=_CHANNEL_FD,
+    _secret=_PROC_SECRET,
+    _first=_FIRST_CALLER,
+    _state=_FUNCTION_STATE,
+    _realpath=os.path.realpath,
+    _handed_frame=_handed_frame,
+    _runner_path=_runner_path,
+    _memory=_MEMORY_MODULES,
+    _importer=_IMPORTER,
+):
     """What the event at ``caller`` (the Python frame that caused it) tells."""
     if event == "import":
         # Loading ctypes (memmove and cast raise no audited event) or the
@@ -500,16 +615,22 @@ def _audit_finding(event, args, caller, _stdlib_file=_stdlib_file, _runner_code=
         frame = caller
         while frame is not None and _stdlib_file(frame.f_code.co_filename):
             frame = frame.f_back
-    elif event in ("marshal.load", "marshal.loads") and caller is not None \
-            and caller.f_code.co_filename.startswith(_importer):
+    elif (
+        event in ("marshal.load", "marshal.loads")
+        and caller is not None
+        and caller.f_code.co_filename.startswith(_importer)
+    ):
         return None  # the import system reading a pyc (judged at its open)
     elif event == "open" or event == "os.truncate":
         target = args[0] if args else None
         if isinstance(target, bytes):
             target = target.decode("utf-8", "replace")
         if (target == _channel_fd and _channel_fd >= 0) or (
-                isinstance(target, str) and _out and target.endswith(_out_name)
-                and _realpath(target) == _realpath(_out)):
+            isinstance(target, str)
+            and _out
+            and target.endswith(_out_name)
+            and _realpath(target) == _realpath(_out)
+        ):
             return event + " of the guard's channel"
         if not isinstance(target, str) or not _secret.match(target):
             return None
@@ -528,7 +649,8 @@ def _audit_finding(event, args, caller, _stdlib_file=_stdlib_file, _runner_code=
         # read its own frames: logging-style helpers, deprecation shims).
         handed = _handed_frame(event, args)
         if event != "sys._current_frames" and (
-                handed is None or not _runner_path(handed.f_code.co_filename)):
+            handed is None or not _runner_path(handed.f_code.co_filename)
+        ):
             return None
         frame = caller
     else:
@@ -554,29 +676,37 @@ _CODE_TYPE = type(_claim.__code__)
 # and bytecode. Code that is not is the agent's, whoever runs it: a callback
 # queued on a standard-library object leaves no agent frame on the stack.
 
+
 def _code_digest(code, _sha=hashlib.sha256, _code_type=_CODE_TYPE):
-    parts = [code.co_name, str(code.co_firstlineno), repr(code.co_names),
-             repr(code.co_varnames), repr(code.co_freevars)]
+    parts = [
+        code.co_name,
+        str(code.co_firstlineno),
+        repr(code.co_names),
+        repr(code.co_varnames),
+        repr(code.co_freevars),
+    ]
     for const in code.co_consts:
-        parts.append("<code %s>" % const.co_name if isinstance(const, _code_type)
-                     else repr(const))
+        parts.append(f"<code {const.co_name}>" if isinstance(const, _code_type) else repr(const))
     digest = _sha("\0".join(parts).encode("utf-8", "replace"))
     digest.update(code.co_code)
     return digest.hexdigest()
 
 
-def _file_truth(limit=256, _digest=_code_digest, _code_type=_CODE_TYPE, _compile=compile,
-                _open=open):
+def _file_truth(
+    limit=256, _digest=_code_digest, _code_type=_CODE_TYPE, _compile=compile, _open=open
+):
     """``true_to_file(code)``. Each file is compiled at most twice (plain,
     then assertion-rewritten) and its digests kept in this closure."""
-    cache = {}
+    cache = {}  # type: dict[str, list]
 
     def digests(path, rewrite):
         with _open(path, "rb") as handle:
             source = handle.read()
         if rewrite:
             import ast
+
             from _pytest.assertion.rewrite import rewrite_asserts
+
             top = ast.parse(source, filename=path)
             try:
                 rewrite_asserts(top, source, path, None)
@@ -615,14 +745,23 @@ def _file_truth(limit=256, _digest=_code_digest, _code_type=_CODE_TYPE, _compile
             except Exception:  # noqa: BLE001 - no rewriter here: nothing more matches
                 entry[1] = set()
         return mine in entry[1]
+
     return true_to_file
 
 
 _true_to_file = _file_truth()
 
 
-def _compiled_by_agent(event, args, caller, _stdlib_file=_stdlib_file, _agent_file=_agent_file,
-                       _taint=_taint, _write_flags=_WRITE_FLAGS, _flag=_flag):
+def _compiled_by_agent(
+    event,
+    args,
+    caller,
+    _stdlib_file=_stdlib_file,
+    _agent_file=_agent_file,
+    _taint=_taint,
+    _write_flags=_WRITE_FLAGS,
+    _flag=_flag,
+):
     """Code compiled, built or executed by the agent's code, and files it
     writes, renames or links: the file name is tainted (``_agent_file`` is
     then true for it). The import system's own compiles are not the agent's,
@@ -633,8 +772,10 @@ def _compiled_by_agent(event, args, caller, _stdlib_file=_stdlib_file, _agent_fi
         name = getattr(args[0], "co_filename", None) if args else None
     elif event == "open":
         mode, flags = (args + (None, None))[1:3]
-        if not ((isinstance(mode, str) and any(c in mode for c in "wax+"))
-                or (isinstance(flags, int) and flags & _write_flags)):
+        if not (
+            (isinstance(mode, str) and any(c in mode for c in "wax+"))
+            or (isinstance(flags, int) and flags & _write_flags)
+        ):
             return
         name = args[0]
     elif event in ("os.rename", "os.link", "os.symlink"):
@@ -654,19 +795,41 @@ def _compiled_by_agent(event, args, caller, _stdlib_file=_stdlib_file, _agent_fi
         except TypeError:
             return
         _taint(name)
-        if event not in ("exec", "function.__new__") and isinstance(name, str) \
-                and name.endswith((".pyc", ".pyo")):
+        if (
+            event not in ("exec", "function.__new__")
+            and isinstance(name, str)
+            and name.endswith((".pyc", ".pyo"))
+        ):
             # Bytecode is trusted by its header alone (pytest's rewriter: a
             # hash of the source): a test module's, compiled from an emptied
             # copy, ran instead of the test (canary test_bytecode_planted).
-            _flag("bytecode_from_changed_code", event + " " + name + " from "
-                  + frame.f_code.co_filename + ":" + str(frame.f_lineno))
+            _flag(
+                "bytecode_from_changed_code",
+                event
+                + " "
+                + name
+                + " from "
+                + frame.f_code.co_filename
+                + ":"
+                + str(frame.f_lineno),
+            )
 
 
-def _run_under_false_name(event, args, caller, _true_to_file=_true_to_file, _taint=_taint,
-                          _code_type=_CODE_TYPE, _importer=_IMPORTER, _rewriter=_REWRITER,
-                          _agent_file=_agent_file, _tainted=_tainted, _flag=_flag,
-                          _stdlib_file=_stdlib_file, _runner_path=_runner_path):
+def _run_under_false_name(
+    event,
+    args,
+    caller,
+    _true_to_file=_true_to_file,
+    _taint=_taint,
+    _code_type=_CODE_TYPE,
+    _importer=_IMPORTER,
+    _rewriter=_REWRITER,
+    _agent_file=_agent_file,
+    _tainted=_tainted,
+    _flag=_flag,
+    _stdlib_file=_stdlib_file,
+    _runner_path=_runner_path,
+):
     """Code about to run (exec) or to become a function (types.FunctionType,
     a __code__ assignment) that is not true to the file it names, when what
     asks for it is the agent's code, the runner (which never makes code
@@ -681,12 +844,24 @@ def _run_under_false_name(event, args, caller, _true_to_file=_true_to_file, _tai
         code = args[2] if len(args) > 2 and args[1] == "__code__" else None
         was = getattr(args[0], "__code__", None) if code is not None else None
         # "<...>" code is the agent's only when the agent's code made it.
-        mine = [(c.co_filename.startswith("<") and _tainted(c.co_filename)) or (
-            not c.co_filename.startswith("<") and _agent_file(c.co_filename))
-            for c in (code, was) if isinstance(c, _code_type)]
-        if mine == [True, False]:
-            _flag("code_replaced_by_changed_code", was.co_name + " in " + was.co_filename
-                  + " now runs " + code.co_name + " of " + code.co_filename)
+        mine = [
+            (c.co_filename.startswith("<") and _tainted(c.co_filename))
+            or (not c.co_filename.startswith("<") and _agent_file(c.co_filename))
+            for c in (code, was)
+            if isinstance(c, _code_type)
+        ]
+        # [True, False] means both are code objects; the None tests only narrow the types.
+        if mine == [True, False] and code is not None and was is not None:
+            _flag(
+                "code_replaced_by_changed_code",
+                was.co_name
+                + " in "
+                + was.co_filename
+                + " now runs "
+                + code.co_name
+                + " of "
+                + code.co_filename,
+            )
     else:
         code = args[0] if args else None
     if not isinstance(code, _code_type) or caller is None:
@@ -697,15 +872,17 @@ def _run_under_false_name(event, args, caller, _true_to_file=_true_to_file, _tai
     frame = caller
     while frame is not None and _stdlib_file(frame.f_code.co_filename):
         frame = frame.f_back
-    if frame is not None and not _runner_path(frame.f_code.co_filename) \
-            and not _agent_file(frame.f_code.co_filename):
+    if (
+        frame is not None
+        and not _runner_path(frame.f_code.co_filename)
+        and not _agent_file(frame.f_code.co_filename)
+    ):
         return
     if not _true_to_file(code):
         _taint(code.co_filename)
 
 
-def _bytecode_made_in_run(args, caller, _start=_RUN_START_NS, _stat=os.stat,
-                          _rewriter=_REWRITER):
+def _bytecode_made_in_run(args, caller, _start=_RUN_START_NS, _stat=os.stat, _rewriter=_REWRITER):
     """A pyc the import system or pytest's rewriter is about to trust that
     was written during the run (bytecode is trusted by the source's mtime and
     size alone: the agent's code planted a test module's). Refused: both
@@ -727,6 +904,7 @@ def _install_audit_hook():
     if add is None or not _ACTIVE:
         return False
     import _thread
+
     getframe, ident, busy, audited = sys._getframe, _thread.get_ident, set(), _AUDITED
     frame_attrs, finding, flag = _FRAME_ATTRS, _audit_finding, _flag
     compiling, compiled, planted = _COMPILING, _compiled_by_agent, _bytecode_made_in_run
@@ -734,8 +912,9 @@ def _install_audit_hook():
     writing, renaming = _WRITING, _WRITING - {"open"}
 
     def hook(event, args):
-        if event not in audited or (event == "object.__getattr__" and (
-                len(args) < 2 or args[1] not in frame_attrs)):
+        if event not in audited or (
+            event == "object.__getattr__" and (len(args) < 2 or args[1] not in frame_attrs)
+        ):
             return
         me = ident()
         if me in busy:
@@ -759,8 +938,8 @@ def _install_audit_hook():
         finally:
             busy.discard(me)
         if refused:
-            raise PermissionError(13, "bytecode written during the test run is not loaded",
-                                  refused)
+            raise PermissionError(13, "bytecode written during the test run is not loaded", refused)
+
     add(hook)
     return True
 
@@ -788,8 +967,14 @@ def _process_enders():
     return tuple(f for f in found if f is not None)
 
 
-def _watch_atexit(_flag=_flag, _agent_file=_agent_file, _stdlib_file=_stdlib_file,
-                  _enders=_process_enders(), _partial=functools.partial, getframe=sys._getframe):
+def _watch_atexit(
+    _flag=_flag,
+    _agent_file=_agent_file,
+    _stdlib_file=_stdlib_file,
+    _enders=_process_enders(),  # noqa: B008 - taken once at import, before the agent's code runs
+    _partial=functools.partial,
+    getframe=sys._getframe,
+):
     register = atexit.register
 
     def watched_register(func, *args, **kwargs):
@@ -801,12 +986,19 @@ def _watch_atexit(_flag=_flag, _agent_file=_agent_file, _stdlib_file=_stdlib_fil
             while frame is not None and _stdlib_file(frame.f_code.co_filename):
                 frame = frame.f_back
             if frame is not None and _agent_file(frame.f_code.co_filename):
-                _flag("exit_at_shutdown", getattr(target, "__name__", "?") + " registered from "
-                      + frame.f_code.co_filename + ":" + str(frame.f_lineno))
+                _flag(
+                    "exit_at_shutdown",
+                    getattr(target, "__name__", "?")
+                    + " registered from "
+                    + frame.f_code.co_filename
+                    + ":"
+                    + str(frame.f_lineno),
+                )
         return register(func, *args, **kwargs)
+
     watched_register.__name__ = "register"
     watched_register.__doc__ = register.__doc__
-    atexit.register = watched_register
+    atexit.register = watched_register  # type: ignore[assignment]  # wrapped on purpose, same call
     return watched_register
 
 
@@ -814,8 +1006,11 @@ if _ACTIVE:
     _watch_atexit()
     _SNAPSHOT["atexit:register"] = (atexit.register, _fingerprint(atexit.register))
 _CHECK = functools.partial(
-    _check_integrity, snapshot=tuple((k, o, f) for k, (o, f) in _SNAPSHOT.items()),
-    meta_path=_META_PATH, path_hooks=_PATH_HOOKS)
+    _check_integrity,
+    snapshot=tuple((k, o, f) for k, (o, f) in _SNAPSHOT.items()),
+    meta_path=_META_PATH,
+    path_hooks=_PATH_HOOKS,
+)
 del _SNAPSHOT
 
 
@@ -830,8 +1025,17 @@ del _SNAPSHOT
 # compiled at run time.
 
 _TEST_DIRS = ("test", "tests", "testing")
-_TEST_NAMES = ("conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
-               "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py")
+_TEST_NAMES = (
+    "conftest.py",
+    "pytest.ini",
+    ".pytest.ini",
+    "pytest.toml",
+    ".pytest.toml",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+    "noxfile.py",
+)
 _TEST_GLOBS = ("test_*.py", "*_test.py")
 _SKIP_DIRS = ("__pycache__", "node_modules")
 
@@ -839,7 +1043,8 @@ _SKIP_DIRS = ("__pycache__", "node_modules")
 def _test_files(workdir, limit=200000):
     """{path: (inode, ctime, size)} of every test file under ``workdir``."""
     import fnmatch
-    found, seen = {}, 0
+
+    found, seen = {}, 0  # type: dict[str, tuple[int, int, int]], int
     for dirpath, dirnames, filenames in os.walk(workdir):
         dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in _SKIP_DIRS]
         rel = os.path.relpath(dirpath, workdir)
@@ -849,8 +1054,10 @@ def _test_files(workdir, limit=200000):
             if seen > limit:
                 return found
             if name.endswith((".pyc", ".pyo")) or not (
-                    in_tests or name in _TEST_NAMES
-                    or any(fnmatch.fnmatchcase(name, g) for g in _TEST_GLOBS)):
+                in_tests
+                or name in _TEST_NAMES
+                or any(fnmatch.fnmatchcase(name, g) for g in _TEST_GLOBS)
+            ):
                 continue
             path = os.path.join(dirpath, name)
             try:
@@ -893,8 +1100,14 @@ def _innermost(fn, limit=64, _partial=functools.partial):
     return fn
 
 
-def _check_collected(items, _flag=_flag, _agent_file=_agent_file, _tainted=_tainted,
-                     _innermost=_innermost, _module_type=type(sys)):
+def _check_collected(
+    items,
+    _flag=_flag,
+    _agent_file=_agent_file,
+    _tainted=_tainted,
+    _innermost=_innermost,
+    _module_type=type(sys),  # noqa: B008 - bound at import like the other defaults
+):
     for item in items:
         try:
             module = getattr(item, "module", None)
@@ -904,13 +1117,16 @@ def _check_collected(items, _flag=_flag, _agent_file=_agent_file, _tainted=_tain
         if module is None or fn is None:
             continue
         name = getattr(module, "__name__", None)
-        if type(module) is not _module_type or sys.modules.get(name) is not module:
+        if type(module) is not _module_type or sys.modules.get(name) is not module:  # type: ignore[arg-type]  # no name finds None: flagged
             _flag("test_module_replaced", item.nodeid + ": " + repr(type(module)))
             continue
         found = getattr(fn, "__globals__", None)
-        if isinstance(found, dict) and found is not module.__dict__ \
-                and found.get("__name__") is not None:
-            owner = sys.modules.get(found.get("__name__"))
+        if (
+            isinstance(found, dict)
+            and found is not module.__dict__
+            and found.get("__name__") is not None
+        ):
+            owner = sys.modules.get(found.get("__name__"))  # type: ignore[arg-type]  # not None: tested above
             if getattr(owner, "__dict__", None) is not found:
                 _flag("test_module_replaced", item.nodeid + ": its function's module is gone")
         code = getattr(fn, "__code__", None)
@@ -918,7 +1134,8 @@ def _check_collected(items, _flag=_flag, _agent_file=_agent_file, _tainted=_tain
         # "<...>" code is the agent's only when the agent's code made it (a
         # test module may build its tests with exec).
         if (where.startswith("<") and _tainted(where)) or (
-                not where.startswith("<") and _agent_file(where, written=True)):
+            not where.startswith("<") and _agent_file(where, written=True)
+        ):
             _flag("test_from_changed_code", item.nodeid + " in " + where)
 
 
@@ -968,7 +1185,7 @@ def _impls(manager, names=_CALL_HOOKS):
     for name in names:
         getter = getattr(getattr(hooks, name, None), "get_hookimpls", None)
         entries = []
-        for impl in (getter() if getter is not None else ()):
+        for impl in getter() if getter is not None else ():
             function = getattr(impl, "function", None)
             base = getattr(function, "__func__", None) or function
             entries.append((impl, base, getattr(base, "__code__", None)))
@@ -976,7 +1193,7 @@ def _impls(manager, names=_CALL_HOOKS):
     return found
 
 
-def _module_functions(module, _function_type=type(_claim)):
+def _module_functions(module, _function_type=type(_claim)):  # noqa: B008 - bound at import
     """(owner, name, function, code) of every function the test module
     defines at its top level or in its classes (helpers a test calls)."""
     found = []
@@ -992,9 +1209,16 @@ def _module_functions(module, _function_type=type(_claim)):
     return tuple(found)
 
 
-def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_to_file,
-                      _chain=_chain, _impls=_impls, _module_functions=_module_functions,
-                      _installed=_INSTALLED, _stdlib_file=_stdlib_file):
+def _identity_checker(
+    _flag=_flag,
+    _agent_file=_agent_file,
+    _true_to_file=_true_to_file,
+    _chain=_chain,
+    _impls=_impls,
+    _module_functions=_module_functions,
+    _installed=_INSTALLED,
+    _stdlib_file=_stdlib_file,
+):
     """``record(session)`` when collection ends; ``begin(item)`` first in a
     test's call, ``check(item, "pyfunc")`` last before pytest calls it, and
     ``finish(item, ok)`` when the call returned. The records are held here
@@ -1006,6 +1230,7 @@ def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_
         hooks[id(manager)] = (manager, _impls(manager))
         try:
             from _pytest.python import Function
+
             runtest = Function.runtest
         except (ImportError, AttributeError):
             runtest = None
@@ -1019,8 +1244,11 @@ def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_
             module = getattr(item, "module", None)
             name = getattr(item, "originalname", None) or ""
             base = getattr(fn, "__func__", None) or fn
-            attribute = (module, name) if (module is not None and name and getattr(
-                module, name, None) is base) else None
+            attribute = (
+                (module, name)
+                if (module is not None and name and getattr(module, name, None) is base)
+                else None
+            )
             # A python test whose class keeps pytest's runtest must reach
             # pytest_pyfunc_call (unittest's and plugins' items run otherwise).
             calls = runtest is not None and getattr(type(item), "runtest", None) is runtest
@@ -1037,16 +1265,24 @@ def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_
         for name, entries in kept[1].items():
             got = now.get(name, ())
             if len(got) != len(entries) or any(
-                    a[0] is not b[0] or a[1] is not b[1] or a[2] is not b[2]
-                    for a, b in zip(got, entries)):
+                a[0] is not b[0] or a[1] is not b[1] or a[2] is not b[2]
+                for a, b in zip(got, entries)  # noqa: B905 - Python 3.6 has no strict=
+            ):
                 _flag("hook_changed_after_collection", name + " before " + nodeid)
-            for _, function, code in got:
+            for _, _function, code in got:
                 if code is None or id(code) in judged:
                     continue
                 where = code.co_filename
                 if _agent_file(where) or not _true_to_file(code):
-                    _flag("hook_from_changed_code", name + " in " + where + " ("
-                          + code.co_name + ": the agent's, or not compiled from that file)")
+                    _flag(
+                        "hook_from_changed_code",
+                        name
+                        + " in "
+                        + where
+                        + " ("
+                        + code.co_name
+                        + ": the agent's, or not compiled from that file)",
+                    )
                 else:
                     judged[id(code)] = code
 
@@ -1054,10 +1290,14 @@ def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_
         # A plugin may wrap the test in a function of its own (functools.wraps:
         # the collected chain follows); nothing else may differ.
         extra = len(now) - len(then)
-        if extra < 0 or any(a[0] is not b[0] or a[1] is not b[1]
-                            for a, b in zip(now[extra:], then)):
-            _flag("test_changed_after_collection", nodeid + ": not the callable, or not the "
-                  "code, collection saw")
+        if extra < 0 or any(
+            a[0] is not b[0] or a[1] is not b[1]
+            for a, b in zip(now[extra:], then)  # noqa: B905 - Python 3.6 has no strict=
+        ):
+            _flag(
+                "test_changed_after_collection",
+                nodeid + ": not the callable, or not the code, collection saw",
+            )
             return
         for index, (obj, code, _) in enumerate(now[:extra]):
             where = getattr(code, "co_filename", "") or ""
@@ -1069,11 +1309,18 @@ def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_
                     held.append(cell.cell_contents)
                 except ValueError:  # an empty cell
                     continue
-            if code is None or _agent_file(where) or _stdlib_file(where) \
-                    or not any(part in where for part in _installed) or not _true_to_file(code) \
-                    or not any(h is inner or getattr(h, "__func__", None) is inner for h in held):
-                _flag("test_changed_after_collection", nodeid + ": wrapped after collection by "
-                      + (where or repr(type(obj))))
+            if (
+                code is None
+                or _agent_file(where)
+                or _stdlib_file(where)
+                or not any(part in where for part in _installed)
+                or not _true_to_file(code)
+                or not any(h is inner or getattr(h, "__func__", None) is inner for h in held)
+            ):
+                _flag(
+                    "test_changed_after_collection",
+                    nodeid + ": wrapped after collection by " + (where or repr(type(obj))),
+                )
                 return
 
     def check(item, where):
@@ -1093,11 +1340,18 @@ def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_
         if attribute is not None and getattr(attribute[0], attribute[1], None) is not chain[0][0]:
             _flag("test_changed_after_collection", nodeid + ": its module's " + attribute[1])
         # The module's helpers once a test, first in its call.
-        for owner, name, function, code in modules.get(id(module), (None, ()))[1] \
-                if where == "runtest" else ():
+        for owner, name, function, code in (
+            modules.get(id(module), (None, ()))[1] if where == "runtest" else ()
+        ):
             if function.__code__ is not code:
-                _flag("test_changed_after_collection", "the code of "
-                      + getattr(owner, "__name__", "?") + "." + name + " after collection")
+                _flag(
+                    "test_changed_after_collection",
+                    "the code of "
+                    + getattr(owner, "__name__", "?")
+                    + "."
+                    + name
+                    + " after collection",
+                )
         judge_hooks(manager, nodeid)
         if where == "pyfunc":
             reached_now.add(id(item))
@@ -1108,11 +1362,13 @@ def _identity_checker(_flag=_flag, _agent_file=_agent_file, _true_to_file=_true_
 
     def finish(item, ok):
         kept = items.get(id(item))
-        if ok and kept is not None and kept[0] is item and kept[4] \
-                and id(item) not in reached_now:
-            _flag("test_changed_after_collection", str(item.nodeid) + ": the call returned "
-                  "without reaching pytest_pyfunc_call")
+        if ok and kept is not None and kept[0] is item and kept[4] and id(item) not in reached_now:
+            _flag(
+                "test_changed_after_collection",
+                str(item.nodeid) + ": the call returned without reaching pytest_pyfunc_call",
+            )
         reached_now.discard(id(item))
+
     return record, begin, check, finish
 
 
@@ -1121,15 +1377,16 @@ _record_items, _begin_call, _check_call, _finish_call = _identity_checker()
 
 # --- plugins and outcomes -------------------------------------------------
 
+
 def _pytest11():
     """(metadata location, entry point name, loader) of every pytest11 plugin
     installed: importlib.metadata (3.8+), its backport, else pkg_resources."""
     metadata = None
     try:
-        from importlib import metadata
+        from importlib import metadata  # type: ignore[assignment]  # None until one imports
     except ImportError:
         try:
-            import importlib_metadata as metadata
+            import importlib_metadata as metadata  # type: ignore[no-redef]  # the backport, same API
         except ImportError:
             metadata = None
     if metadata is not None:
@@ -1154,8 +1411,11 @@ def pytest_addhooks(pluginmanager):
     loaded = []
     for where, name, load in _pytest11():
         real = os.path.realpath(where) if where else ""
-        if real and _under_workdir(real) and (real in _CHANGED or any(
-                c.startswith(real + os.sep) for c in _CHANGED)):
+        if (
+            real
+            and _under_workdir(real)
+            and (real in _CHANGED or any(c.startswith(real + os.sep) for c in _CHANGED))
+        ):
             _flag("package_metadata", where)
             continue
         if pluginmanager.get_plugin(name) is not None or pluginmanager.is_blocked(name):
@@ -1168,19 +1428,21 @@ def pytest_addhooks(pluginmanager):
     _emit({"t": "plugins", "loaded": sorted(loaded)})
 
 
-_phases = {}
+_phases = {}  # type: dict
 
 
 def _skip_types():
     """What pytest reports as skipped: its Skipped and unittest's SkipTest
     (as _pytest/unittest.py does), twisted's when loaded."""
     from _pytest.outcomes import Skipped
-    found = [Skipped]
+
+    found = [Skipped]  # type: list[type]
     import unittest
+
     found.append(unittest.SkipTest)
     trial = sys.modules.get("twisted.trial.unittest")
     if isinstance(getattr(trial, "SkipTest", None), type):
-        found.append(trial.SkipTest)
+        found.append(trial.SkipTest)  # type: ignore[union-attr]  # a class: tested above
     return tuple(found)
 
 
@@ -1209,15 +1471,15 @@ def _raw(item, call):
     try:
         from _pytest.outcomes import XFailed
     except ImportError:  # very old pytest
-        XFailed = ()
+        XFailed = ()  # type: ignore[misc, assignment]  # falsy, matches no exception
     value = excinfo.value
     skipped = isinstance(value, _skip_types())
-    if skipped or (XFailed and isinstance(value, XFailed)):
+    if skipped or (XFailed and isinstance(value, XFailed)):  # type: ignore[truthy-function]  # () without it
         where = _raised_from_changed(item, excinfo)
         if where:
             _flag("outcome_from_changed_code", item.nodeid + " " + call.when + " from " + where)
             return "error"
-    if XFailed and isinstance(value, XFailed):
+    if XFailed and isinstance(value, XFailed):  # type: ignore[truthy-function]  # () without it
         return "xfail"
     if skipped:
         return "skip"
@@ -1229,6 +1491,7 @@ def _raw(item, call):
 # The hooks below take the module's helpers as default arguments (pluggy
 # passes only hook arguments, never defaulted ones): rebinding the module's
 # globals from code under test does not reach them.
+
 
 def _result_lines(config, report):
     """How many ``id WORD`` lines pytest's terminal prints for ``report``:
@@ -1253,12 +1516,13 @@ def _result_lines(config, report):
         return 1
 
 
-_printed = {}
+_printed = {}  # type: dict
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item, call, _raw=_raw, _flag=_flag, _phases=_phases,
-                              _lines=_result_lines, _printed=_printed):
+def pytest_runtest_makereport(
+    item, call, _raw=_raw, _flag=_flag, _phases=_phases, _lines=_result_lines, _printed=_printed
+):
     raw = _raw(item, call)
     outcome = yield
     report = outcome.get_result()
@@ -1285,8 +1549,13 @@ def pytest_runtest_logfinish(nodeid, location, _emit=_emit, _phases=_phases, _pr
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session, _emit=_emit, _tests=_check_test_files,
-                             _collected=_check_collected, _record=_record_items):
+def pytest_collection_finish(
+    session,
+    _emit=_emit,
+    _tests=_check_test_files,
+    _collected=_check_collected,
+    _record=_record_items,
+):
     _tests()
     _collected(session.items)
     _record(session)
@@ -1307,13 +1576,19 @@ def pytest_pyfunc_call(pyfuncitem, _check=_check_call):
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_sessionfinish(session, exitstatus, _emit=_emit, _check=_CHECK, _tests=_check_test_files,
-                         _evidence=_evidence):
+def pytest_sessionfinish(
+    session, exitstatus, _emit=_emit, _check=_CHECK, _tests=_check_test_files, _evidence=_evidence
+):
     yield
     _check(session.config.pluginmanager)
     _tests()
-    _emit({"t": "end", "exitstatus": int(getattr(session, "exitstatus", exitstatus) or 0),
-           "evidence": _evidence()})
+    _emit(
+        {
+            "t": "end",
+            "exitstatus": int(getattr(session, "exitstatus", exitstatus) or 0),
+            "evidence": _evidence(),
+        }
+    )
 
 
 # The hooks hold their state as defaults; not left as module globals to fill.
