@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,8 +23,16 @@ from camg.errors import DatasetError
 
 #: WebShop skips ASINs longer than this (``load_products``).
 ASIN_MAX = 10
-_REQUIRED_STR = ("asin", "Title", "Description", "Price", "category", "query",
-                 "product_category", "name")
+_REQUIRED_STR = (
+    "asin",
+    "Title",
+    "Description",
+    "Price",
+    "category",
+    "query",
+    "product_category",
+    "name",
+)
 
 
 def validate_product(product: Any, where: str) -> dict:
@@ -41,13 +50,17 @@ def validate_product(product: Any, where: str) -> dict:
     if not isinstance(bullets, list) or not bullets or not all(isinstance(b, str) for b in bullets):
         raise DatasetError(f"{where}: BulletPoints must be a non-empty list of strings")
     pricing = product.get("pricing")
-    if not isinstance(pricing, list) or len(pricing) > 2 or not all(
-            isinstance(p, (int, float)) and not isinstance(p, bool) for p in pricing):
+    if (
+        not isinstance(pricing, list)
+        or len(pricing) > 2
+        or not all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in pricing)
+    ):
         raise DatasetError(f"{where}: pricing must be a list of at most two numbers")
     options = product.get("options")
     if not isinstance(options, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v)
-            for k, v in options.items()):
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v)
+        for k, v in options.items()
+    ):
         raise DatasetError(f"{where}: options must map names to lists of strings")
     attrs = product.get("Attributes")
     if not isinstance(attrs, list) or not all(isinstance(a, str) for a in attrs):
@@ -61,14 +74,16 @@ def document(product: Mapping[str, Any]) -> dict:
     """The pyserini JsonCollection document WebShop indexes for a product
     (search_engine/convert_product_file_format.py): title, description,
     first bullet point and the options, lowercased."""
-    option_text = ", and ".join(f"{name}: {', '.join(values)}"
-                                for name, values in product["options"].items())
-    contents = " ".join([product["Title"], product["Description"],
-                         product["BulletPoints"][0], option_text]).lower()
+    option_text = ", and ".join(
+        f"{name}: {', '.join(values)}" for name, values in product["options"].items()
+    )
+    contents = " ".join(
+        [product["Title"], product["Description"], product["BulletPoints"][0], option_text]
+    ).lower()
     return {"id": product["asin"], "contents": contents, "product": product}
 
 
-def read_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
+def read_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     """(line number, object) of a JSON-lines file (.gz too); blank lines are
     skipped, anything but an object is a DatasetError naming the line."""
     path = Path(path)
@@ -90,7 +105,7 @@ def read_json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
             yield number, row
 
 
-def read_catalog_documents(path: str | Path) -> Iterator[dict]:
+def read_catalog_documents(path: str | os.PathLike) -> Iterator[dict]:
     """Rows ``{id, contents, product}`` of a documents.jsonl(.gz) catalog."""
     for number, row in read_json_lines(path):
         if not isinstance(row.get("product"), dict):
@@ -109,6 +124,7 @@ def iter_products(rows: Iterable[Mapping], where: str) -> Iterator[dict]:
         if asin == "nan" or (isinstance(asin, str) and len(asin) > ASIN_MAX) or asin in seen:
             continue
         yield validate_product(product, f"{where} row {index}")
+        assert isinstance(asin, str)  # validate_product accepted it
         seen.add(asin)
 
 

@@ -16,63 +16,95 @@ import threading
 import time
 from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
-from camg.errors import (ConfigError, DatasetError, GraderError, InfraFailure, InvalidAction,
-                         NotForkable)
+from camg.errors import (
+    ConfigError,
+    DatasetError,
+    GraderError,
+    InfraFailure,
+    InvalidAction,
+    NotForkable,
+)
 from camg.hashing import sha256_bytes, verify_recorded
 from camg.typed import parse
-
 from daemons.shop import goals, javahome, memoryarena, rewards, search
 from daemons.shop.pages import PRODUCT_WINDOW, Store
 from daemons.shop.settings import Settings
 from daemons.shop.store import ProductStore
 
+if TYPE_CHECKING:
+    from camg.judge import Judge
+
 log = logging.getLogger("camg.shop")
 
 ACTION_MAX = 1000
-_GRADER_MODULES = ("rewards.py", "goals.py", "pages.py", "catalog.py", "memoryarena.py",
-                   "store.py")
+_GRADER_MODULES = ("rewards.py", "goals.py", "pages.py", "catalog.py", "memoryarena.py", "store.py")
 
 
 class ShopEnvironment(Environment):
     name: ClassVar[str] = "shop"
     action_schema: ClassVar[Mapping[str, Any]] = {
         "type": "object",
-        "properties": {"action": {
-            "type": "string", "minLength": 1, "maxLength": ACTION_MAX,
-            "description": "search[keywords] (on any page, as WebShop's text environment), "
-                           "or click[<clickable>] with one of "
-                           "observation.available_actions.clickables"}},
+        "properties": {
+            "action": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": ACTION_MAX,
+                "description": "search[keywords] (on any page, as WebShop's text environment), "
+                "or click[<clickable>] with one of "
+                "observation.available_actions.clickables",
+            }
+        },
         "required": ["action"],
         "additionalProperties": False,
         # The two forms as tools (/schema's tools, MCP's; camg.action_tools).
-        "x-camg-tools": {"property": "action", "tools": {
-            "search": {"template": "search[{}]", "parameter": "query",
-                       "description": "Search the shop (from any page) for products "
-                                      "matching the keywords.",
-                       "parameter_description": "the search keywords"},
-            "click": {"template": "click[{}]", "parameter": "text",
-                      "description": "Click a button or link on the current page: one of "
-                                     "observation.available_actions.clickables.",
-                      "parameter_description": "the button or link text, as in clickables"}}},
+        "x-camg-tools": {
+            "property": "action",
+            "tools": {
+                "search": {
+                    "template": "search[{}]",
+                    "parameter": "query",
+                    "description": "Search the shop (from any page) for products "
+                    "matching the keywords.",
+                    "parameter_description": "the search keywords",
+                },
+                "click": {
+                    "template": "click[{}]",
+                    "parameter": "text",
+                    "description": "Click a button or link on the current page: one of "
+                    "observation.available_actions.clickables.",
+                    "parameter_description": "the button or link text, as in clickables",
+                },
+            },
+        },
     }
     observation_schema: ClassVar[Mapping[str, Any]] = {
         "type": "object",
         "properties": {
-            "text": {"type": "string", "description": "page text, visible texts joined by ' [SEP] '"},
+            "text": {
+                "type": "string",
+                "description": "page text, visible texts joined by ' [SEP] '",
+            },
             "instruction": {"type": "string"},
             "page": {"enum": ["search", "results", "item", "item_sub", "done"]},
             "available_actions": {
                 "type": "object",
-                "properties": {"has_search_bar": {"type": "boolean"},
-                               "clickables": {"type": "array", "items": {"type": "string"}}},
-                "required": ["has_search_bar", "clickables"]},
-            "valid_action": {"type": "boolean",
-                             "description": "false when the last action changed nothing"},
-            "error": {"type": "string",
-                      "description": "why the last action changed nothing (with valid_action false)"},
+                "properties": {
+                    "has_search_bar": {"type": "boolean"},
+                    "clickables": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["has_search_bar", "clickables"],
+            },
+            "valid_action": {
+                "type": "boolean",
+                "description": "false when the last action changed nothing",
+            },
+            "error": {
+                "type": "string",
+                "description": "why the last action changed nothing (with valid_action false)",
+            },
             "purchase": {"type": "object"},
             "reward_info": {"type": "object"},
         },
@@ -86,7 +118,7 @@ class ShopEnvironment(Environment):
         self.prices: Mapping[str, float] = {}
         self.option_values: Container[str] = frozenset()
         self.searcher: search.Searcher | None = None
-        self.judge = None
+        self.judge: Judge | None = None
         self._facts: dict[str, Any] = {}
 
     # -- service lifecycle ---------------------------------------------
@@ -104,11 +136,16 @@ class ShopEnvironment(Environment):
             raise ConfigError(f"shop: {exc}") from None
         self.prices = self.products.prices(random.Random(s.goal_seed))
         if s.memoryarena_attributes == "judge" and any(
-                t.data.get("kind") == "memoryarena" for t in self.tasks):
+            t.data.get("kind") == "memoryarena" for t in self.tasks
+        ):
             from camg.judge import Judge, JudgeConfig
+
             # refuses to start (naming the variables) when credentials are missing
-            self.judge = Judge(JudgeConfig.from_env(s.memoryarena_judge_env, temperature=0.0,
-                                                    attempts=3, backoff_s=1.5))
+            self.judge = Judge(
+                JudgeConfig.from_env(
+                    s.memoryarena_judge_env, temperature=0.0, attempts=3, backoff_s=1.5
+                )
+            )
         search.boot_jvm(s.java_home, s.jvm_heap_mb)
         self.searcher = search.Searcher(s.index_dir, self.products)
         search.verify_index(self.searcher, self.products.documents(), full=s.verify_index_full)
@@ -142,11 +179,19 @@ class ShopEnvironment(Environment):
 
     def _check_hash(self, label: str, path: str, recorded: str) -> None:
         verified = self.context.verified_files.get(label)
-        if verified and verified["path"] == str(Path(path).resolve()) \
-                and verified["sha256"] == recorded:
+        if (
+            verified
+            and verified["path"] == str(Path(path).resolve())
+            and verified["sha256"] == recorded
+        ):
             return  # camg.serve re-hashed this very file against the manifest before start
-        verify_recorded(f"shop {label}", path, recorded, since="preparation",
-                        missing_hint=" (finish this step first: python -m camg.prepare_shop)")
+        verify_recorded(
+            f"shop {label}",
+            path,
+            recorded,
+            since="preparation",
+            missing_hint=" (finish this step first: python -m camg.prepare_shop)",
+        )
 
     # -- episodes ------------------------------------------------------
     def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> Episode:
@@ -162,14 +207,20 @@ class ShopEnvironment(Environment):
             product = self.products[asin]
             if data.get("kind") == "exact_product":
                 reward, info = rewards.exact_product_reward(
-                    asin, dict(options), data["target_asins"], data["target_options"])
+                    asin, dict(options), data["target_asins"], data["target_options"]
+                )
             elif data.get("kind") == "memoryarena":
                 reward, info = memoryarena.score(
-                    data, asin, product.get("name") or "",
-                    product.get("catalog_category") or "", self._judge_fn())
+                    data,
+                    asin,
+                    product.get("name") or "",
+                    product.get("catalog_category") or "",
+                    self._judge_fn(),
+                )
             else:
                 reward, info = rewards.webshop_reward(
-                    product, data["goal"], self.prices[asin], dict(options))
+                    product, data["goal"], self.prices[asin], dict(options)
+                )
         except (KeyError, TypeError, ValueError) as exc:
             raise GraderError(f"cannot grade task {task.task_id}: {exc!r}") from None
         return float(reward), info
@@ -177,13 +228,16 @@ class ShopEnvironment(Environment):
     def _judge_fn(self):
         judge = self.judge
         if judge is None:
-            return None    # the documented substring setting
+            return None  # the documented substring setting
 
         def count(name: str, attributes: list[str]) -> int:
             # JudgeError (an InfraFailure) propagates: reward null, judge_error
-            verdict = judge.ask(memoryarena.judge_prompt(name, attributes),
-                                parse=lambda text: memoryarena.parse_judgement(text, attributes))
+            verdict = judge.ask(
+                memoryarena.judge_prompt(name, attributes),
+                parse=lambda text: memoryarena.parse_judgement(text, attributes),
+            )
             return int(verdict.score)
+
         return count
 
     def regrade(self, task: Task, submission: Submission) -> Grade:
@@ -193,13 +247,22 @@ class ShopEnvironment(Environment):
         purchase = submission.meta.get("purchase")
         if submission.meta.get("integrity") == "tampered":
             # the purchase was not reachable by the page path: 0 by rule, as it was
-            return Grade(0.0, {"purchase": purchase, "integrity": "tampered",
-                               "integrity_evidence": list(submission.meta.get("evidence") or ())})
+            return Grade(
+                0.0,
+                {
+                    "purchase": purchase,
+                    "integrity": "tampered",
+                    "integrity_evidence": list(submission.meta.get("evidence") or ()),
+                },
+            )
         if not isinstance(purchase, Mapping):
-            return Grade(0.0, {"purchase": None,
-                               "reward_info": dict(submission.meta.get("reward_info") or {})})
-        reward, info = self.score(task, str(purchase.get("asin")),
-                                  dict(purchase.get("options") or {}))
+            return Grade(
+                0.0,
+                {"purchase": None, "reward_info": dict(submission.meta.get("reward_info") or {})},
+            )
+        reward, info = self.score(
+            task, str(purchase.get("asin")), dict(purchase.get("options") or {})
+        )
         out: dict[str, Any] = {"purchase": dict(purchase), "reward_info": info}
         if "attribute_method" in info:
             out["attribute_method"] = info["attribute_method"]
@@ -212,8 +275,12 @@ class ShopEnvironment(Environment):
         return searcher.search(keywords)
 
 
-def unreachable_purchase(asin: str, options: Mapping[str, str], listed: set[str],
-                         products: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def unreachable_purchase(
+    asin: str,
+    options: Mapping[str, str],
+    listed: set[str],
+    products: Mapping[str, Mapping[str, Any]],
+) -> list[str]:
     """Evidence that a purchase is not one the episode's page path reached:
     its ASIN was never listed on a results page, or a chosen option is not
     one of that product's values (empty: reachable)."""
@@ -234,9 +301,12 @@ def integrity_verdict(evidence: Sequence[str], rejected: Mapping[str, list]) -> 
     verdict ``ok`` and are counted, by rule, in the evidence."""
     lines = list(evidence) + [
         f"{rule}: {count} refused (first {first!r}" + (f" on the {page} page)" if page else ")")
-        for rule, (count, first, page) in sorted(rejected.items())]
-    body: dict[str, Any] = {"integrity": "tampered" if evidence else "ok",
-                            "rejected_actions": {rule: seen[0] for rule, seen in rejected.items()}}
+        for rule, (count, first, page) in sorted(rejected.items())
+    ]
+    body: dict[str, Any] = {
+        "integrity": "tampered" if evidence else "ok",
+        "rejected_actions": {rule: seen[0] for rule, seen in rejected.items()},
+    }
     if lines:
         body["integrity_evidence"] = lines
     return body
@@ -279,8 +349,8 @@ class ShopEpisode(Episode):
         self._repeats = 0
         # ASINs some results page of this episode listed: a purchase must be one
         self._listed: set[str] = set()
-        self.rejected: dict[str, list] = {}     # rule -> [count, first action, its page]
-        self.evidence: list[str] = []           # of a tampered purchase
+        self.rejected: dict[str, list] = {}  # rule -> [count, first action, its page]
+        self.evidence: list[str] = []  # of a tampered purchase
         self._log_extra = {"EPISODE_ID": episode_id, "TASK_ID": task.task_id}
         self.cpu_s = 0.0
 
@@ -290,8 +360,12 @@ class ShopEpisode(Episode):
             instruction = self.task.data.get("goal", self.task.data).get("instruction_text")
             if not isinstance(instruction, str):
                 raise InfraFailure(f"task {self.task.task_id} has no instruction_text")
-            self.store = Store(instruction, self.env.products, self.env.search,
-                               show_attrs=self.env.settings.show_attrs)
+            self.store = Store(
+                instruction,
+                self.env.products,
+                self.env.search,
+                show_attrs=self.env.settings.show_attrs,
+            )
             self.steps = 0
             return self._observation(True)
 
@@ -307,7 +381,7 @@ class ShopEpisode(Episode):
     def _step(self, action: Mapping[str, Any]) -> Step:
         text = action.get("action") if isinstance(action, Mapping) else None
         if not isinstance(text, str) or not text or len(text) > ACTION_MAX:
-            raise InvalidAction(f"action must be {{\"action\": <string of 1..{ACTION_MAX}>}}")
+            raise InvalidAction(f'action must be {{"action": <string of 1..{ACTION_MAX}>}}')
         if not text.isprintable():
             seen = self.rejected.setdefault("malformed_action", [0, text[:80], None])
             seen[0] += 1
@@ -317,9 +391,10 @@ class ShopEpisode(Episode):
             if self.store is None:
                 raise InvalidAction("reset the episode before stepping")
             page = self.store.page
-            if page == "results":   # what this action could reach
-                self._listed.update(a for a, (kind, _) in self.store.clickables().items()
-                                    if kind == "product")
+            if page == "results":  # what this action could reach
+                self._listed.update(
+                    a for a, (kind, _) in self.store.clickables().items() if kind == "product"
+                )
             changed, bought = self.store.apply(text)
             self.steps += 1
             error = None
@@ -329,9 +404,10 @@ class ShopEpisode(Episode):
                 seen[0] += 1
             if bought:
                 self._grade_purchase()
-                log.info("bought %s, reward %.4f", self.store.asin, self.reward,
-                         extra=self._log_extra)
-                return Step(self._observation(True), reward=self.reward, done=True, graded=True)
+                reward = self.reward
+                assert reward is not None  # _grade_purchase sets it
+                log.info("bought %s, reward %.4f", self.store.asin, reward, extra=self._log_extra)
+                return Step(self._observation(True), reward=reward, done=True, graded=True)
             self._repeats = self._repeats + 1 if text == self._last_action else 1
             self._last_action = text
             limit = self.env.settings.max_steps
@@ -383,8 +459,10 @@ class ShopEpisode(Episode):
         # kept in the record itself, no stored file.
         if self.purchase is None and not self.reward_info:
             return None
-        meta = {"purchase": self.purchase, "reward_info": (
-            None if self.purchase is not None else self.reward_info)}
+        meta: dict[str, Any] = {
+            "purchase": self.purchase,
+            "reward_info": (None if self.purchase is not None else self.reward_info),
+        }
         if self.evidence:
             meta.update(integrity="tampered", evidence=list(self.evidence))
         return Submission(meta=meta)
@@ -399,8 +477,11 @@ class ShopEpisode(Episode):
 
     def state(self) -> Mapping[str, Any]:
         store = self.store
-        return {"page": store.page if store else None, "steps": self.steps,
-                "purchased": self.purchase is not None}
+        return {
+            "page": store.page if store else None,
+            "steps": self.steps,
+            "purchased": self.purchase is not None,
+        }
 
     def reference_action(self) -> Mapping[str, Any] | None:
         """The oracle from the current page: search the target's title, page
@@ -424,16 +505,21 @@ class ShopEpisode(Episode):
                 return {"action": f"click[{target.lower()}]"}
             if target not in store.results:
                 # not among these results (or not found at all by its title)
-                return None if store.keywords == self._title_query(target) \
+                return (
+                    None
+                    if store.keywords == self._title_query(target)
                     else {"action": "click[back to search]"}
+                )
             where = store.results.index(target) // PRODUCT_WINDOW + 1
             return {"action": "click[next >]" if where > store.page_number else "click[< prev]"}
         if store.page == "item_sub" or (store.page == "item" and store.asin != target):
             return {"action": "click[< prev]"}
         if store.page == "item":
             for value in options.values():
-                if str(value).lower() not in store.options.values() \
-                        and str(value).lower() in clickables:
+                if (
+                    str(value).lower() not in store.options.values()
+                    and str(value).lower() in clickables
+                ):
                     return {"action": f"click[{str(value).lower()}]"}
             return {"action": "click[buy now]"}
         return None
@@ -450,15 +536,15 @@ class ShopEpisode(Episode):
 
     def _grade_purchase(self) -> None:
         store = self.store
+        # a purchase is made from a product's page: a store and an ASIN exist
+        assert store is not None and store.asin is not None
         options = dict(store.options)
         self.purchase = {"asin": store.asin, "options": options}
-        self.evidence = unreachable_purchase(store.asin, options, self._listed,
-                                             self.env.products)
+        self.evidence = unreachable_purchase(store.asin, options, self._listed, self.env.products)
         if self.evidence:
             # A guard over the store's own transitions, which never let this
             # happen: the purchase the page path could not reach earns 0.
-            log.error("unreachable purchase: %s", "; ".join(self.evidence),
-                      extra=self._log_extra)
+            log.error("unreachable purchase: %s", "; ".join(self.evidence), extra=self._log_extra)
             self.reward, self.reward_info = 0.0, {"integrity": "tampered"}
         else:
             self.reward, self.reward_info = self.env.score(self.task, store.asin, options)
@@ -466,8 +552,14 @@ class ShopEpisode(Episode):
 
     def _observation(self, valid: bool, error: str | None = None) -> dict:
         store = self.store
-        obs = {"text": store.text(), "instruction": store.instruction, "page": store.page,
-               "available_actions": store.available_actions(), "valid_action": valid}
+        assert store is not None  # observed only once reset has built the store
+        obs = {
+            "text": store.text(),
+            "instruction": store.instruction,
+            "page": store.page,
+            "available_actions": store.available_actions(),
+            "valid_action": valid,
+        }
         if error is not None:
             obs["error"] = error
         if self.purchase is not None:

@@ -30,7 +30,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from camg.errors import DatasetError
-
 from daemons.shop.catalog import draw_price
 
 #: WebShop goal.py
@@ -66,8 +65,9 @@ def _price_cap(price: float, rng: random.Random) -> tuple[float, str]:
     return 1000000, ""
 
 
-def synthetic_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, float],
-                    rng: random.Random) -> list[dict]:
+def synthetic_goals(
+    products: Sequence[Mapping[str, Any]], prices: Mapping[str, float], rng: random.Random
+) -> list[dict]:
     goals: list[dict] = []
     cnt_atts: dict[str, int] = defaultdict(int)
     for product in products:
@@ -80,27 +80,35 @@ def synthetic_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, 
         options = product["options"]
         names = sorted(options)
         for combination in itertools.product(*(options[n] for n in names)):
-            goal_options = dict(zip(names, combination))
+            goal_options = dict(zip(names, combination, strict=True))
             option_text = ", and ".join(f"{k}: {v}" for k, v in goal_options.items())
             option_text = " with " + option_text if option_text else ""
-            goals.append({
-                "asin": product["asin"], "category": product["category"],
-                "query": product["query"], "product_category": product["product_category"],
-                # upstream's dict literal sets 'name' twice; the Title wins
-                "name": product["Title"],
-                "instruction_text": f"{product['instruction_text']}{option_text}{price_text}",
-                "attributes": attributes, "price_upper": price_upper,
-                "goal_options": goal_options,
-            })
+            goals.append(
+                {
+                    "asin": product["asin"],
+                    "category": product["category"],
+                    "query": product["query"],
+                    "product_category": product["product_category"],
+                    # upstream's dict literal sets 'name' twice; the Title wins
+                    "name": product["Title"],
+                    "instruction_text": f"{product['instruction_text']}{option_text}{price_text}",
+                    "attributes": attributes,
+                    "price_upper": price_upper,
+                    "goal_options": goal_options,
+                }
+            )
             for att in attributes:
                 cnt_atts[att] += 1
     for goal in goals:
-        goal["weight"] = _sum_left(1.0 / cnt_atts[a] for a in goal["attributes"]) / len(goal["attributes"])
+        goal["weight"] = _sum_left(1.0 / cnt_atts[a] for a in goal["attributes"]) / len(
+            goal["attributes"]
+        )
     return goals
 
 
-def human_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, float],
-                rng: random.Random) -> list[dict]:
+def human_goals(
+    products: Sequence[Mapping[str, Any]], prices: Mapping[str, float], rng: random.Random
+) -> list[dict]:
     goals = []
     for product in products:
         for row in product.get("instructions") or []:
@@ -108,15 +116,20 @@ def human_goals(products: Sequence[Mapping[str, Any]], prices: Mapping[str, floa
             if not attributes:
                 continue
             price_upper, price_text = _price_cap(prices[product["asin"]], rng)
-            goals.append({
-                "asin": product["asin"], "category": product["category"],
-                "query": product["query"], "name": product["name"],
-                "product_category": product["product_category"],
-                "instruction_text": row["instruction"].strip(".") + price_text,
-                "attributes": attributes, "price_upper": price_upper,
-                "goal_options": list(row.get("instruction_options") or []),
-                "weight": 1,
-            })
+            goals.append(
+                {
+                    "asin": product["asin"],
+                    "category": product["category"],
+                    "query": product["query"],
+                    "name": product["name"],
+                    "product_category": product["product_category"],
+                    "instruction_text": row["instruction"].strip(".") + price_text,
+                    "attributes": attributes,
+                    "price_upper": price_upper,
+                    "goal_options": list(row.get("instruction_options") or []),
+                    "weight": 1,
+                }
+            )
     return goals
 
 
@@ -148,14 +161,24 @@ def webshop_tasks(goals: Sequence[dict], *, source: str, splits: Sequence[str]) 
     for index, goal in enumerate(goals):
         split = split_of(index)
         if split in splits:
-            tasks.append({"task_id": f"webshop-{source}-{index:05d}",
-                          "data": {"kind": "webshop", "source": source, "split": split,
-                                   "goal_index": index, "goal": goal}})
+            tasks.append(
+                {
+                    "task_id": f"webshop-{source}-{index:05d}",
+                    "data": {
+                        "kind": "webshop",
+                        "source": source,
+                        "split": split,
+                        "goal_index": index,
+                        "goal": goal,
+                    },
+                }
+            )
     return tasks
 
 
-def exact_product_task(row: Mapping[str, Any], number: int,
-                       products: Mapping[str, Mapping[str, Any]]) -> dict:
+def exact_product_task(
+    row: Mapping[str, Any], number: int, products: Mapping[str, Mapping[str, Any]]
+) -> dict:
     """A MemoryArena-style row as a manifest task (see module docstring)."""
     where = f"exact-product row {number}"
     if not isinstance(row, Mapping):
@@ -177,9 +200,15 @@ def exact_product_task(row: Mapping[str, Any], number: int,
         if not any(value in products[a]["options"].get(name, []) for a in targets):
             raise DatasetError(f"{where}: no target product offers {name}: {value}")
     task_id = row.get("task_id", f"exact-{number:05d}")
-    return {"task_id": str(task_id),
-            "data": {"kind": "exact_product", "instruction_text": instruction.strip(),
-                     "target_asins": targets, "target_options": options}}
+    return {
+        "task_id": str(task_id),
+        "data": {
+            "kind": "exact_product",
+            "instruction_text": instruction.strip(),
+            "target_asins": targets,
+            "target_options": options,
+        },
+    }
 
 
 def _target_options(raw: Any, where: str) -> dict[str, str]:
@@ -203,8 +232,9 @@ def _target_options(raw: Any, where: str) -> dict[str, str]:
     return options
 
 
-def check_tasks(tasks: Sequence[Any], products: Mapping[str, Mapping[str, Any]],
-                goal_seed: int | None) -> None:
+def check_tasks(
+    tasks: Sequence[Any], products: Mapping[str, Mapping[str, Any]], goal_seed: int | None
+) -> None:
     """Refuse task rows that do not match the loaded product pool.
 
     With ``goal_seed`` the WebShop goals are regenerated from the pool and
@@ -242,10 +272,13 @@ def check_tasks(tasks: Sequence[Any], products: Mapping[str, Mapping[str, Any]],
             if source not in regenerated:
                 # a product store hands over only what generation reads
                 inputs = getattr(products, "goal_inputs", None)
-                regenerated[source] = generate(inputs() if inputs else list(products.values()),
-                                               source=source, seed=goal_seed)
+                regenerated[source] = generate(
+                    inputs() if inputs else list(products.values()), source=source, seed=goal_seed
+                )
             index = data.get("goal_index")
             ref = regenerated[source]
             if not isinstance(index, int) or not 0 <= index < len(ref) or ref[index] != goal:
-                raise DatasetError(f"task {task.task_id}: goal differs from the one generated "
-                                   f"from the pool with goal_seed {goal_seed}")
+                raise DatasetError(
+                    f"task {task.task_id}: goal differs from the one generated "
+                    f"from the pool with goal_seed {goal_seed}"
+                )

@@ -25,15 +25,24 @@ from pathlib import Path
 from typing import Any
 
 from camg.errors import DatasetError
-
 from daemons.shop import catalog, rewards
 from daemons.shop.prepare import DEFAULT_CATALOG
 
 COLUMNS = ("upstream", "upstream_without_spacy")
 TOLERANCE = 1e-6
 #: components compared besides the reward (booleans and numbers)
-COMPONENTS = ("r_type", "r_att", "w_att", "query_match", "category_match", "title_score",
-              "r_option", "w_option", "r_price", "w_price")
+COMPONENTS = (
+    "r_type",
+    "r_att",
+    "w_att",
+    "query_match",
+    "category_match",
+    "title_score",
+    "r_option",
+    "w_option",
+    "r_price",
+    "w_price",
+)
 
 
 def read_cases(path: str | Path) -> Iterator[tuple[int, dict]]:
@@ -48,9 +57,11 @@ def read_cases(path: str | Path) -> Iterator[tuple[int, dict]]:
 
 
 def products_by_asin(path: str | Path) -> dict[str, dict]:
-    return {row["product"]["asin"]: row["product"]
-            for row in catalog.read_catalog_documents(path)
-            if isinstance(row["product"].get("asin"), str)}
+    return {
+        row["product"]["asin"]: row["product"]
+        for row in catalog.read_catalog_documents(path)
+        if isinstance(row["product"].get("asin"), str)
+    }
 
 
 def score_case(case: Mapping[str, Any], products: Mapping[str, Mapping]) -> tuple[float, dict]:
@@ -58,8 +69,9 @@ def score_case(case: Mapping[str, Any], products: Mapping[str, Mapping]) -> tupl
     product = products.get(purchase.get("asin"))
     if product is None:
         raise DatasetError(f"purchase asin {purchase.get('asin')!r} is not in the catalog")
-    return rewards.webshop_reward(product, case["goal"], float(purchase["price"]),
-                                  dict(purchase.get("options") or {}))
+    return rewards.webshop_reward(
+        product, case["goal"], float(purchase["price"]), dict(purchase.get("options") or {})
+    )
 
 
 def _same(ours: Any, theirs: Any) -> bool:
@@ -70,8 +82,9 @@ def _same(ours: Any, theirs: Any) -> bool:
     return ours == theirs
 
 
-def compare(path: str | Path, column: str, catalog_path: str | Path,
-            out=sys.stdout, verbose: bool = False) -> tuple[int, int, float]:
+def compare(
+    path: str | Path, column: str, catalog_path: str | Path, out=sys.stdout, verbose: bool = False
+) -> tuple[int, int, float]:
     """(equal, total, max reward); prints one line per differing case."""
     products = products_by_asin(catalog_path)
     equal = total = 0
@@ -86,30 +99,41 @@ def compare(path: str | Path, column: str, catalog_path: str | Path,
             raise DatasetError(f"{path}:{number}: cannot score: {exc!r}") from None
         total += 1
         max_reward = max(max_reward, reward)
-        differing = [k for k in COMPONENTS
-                     if (k in expected or k in info) and not _same(info.get(k), expected.get(k))]
+        differing = [
+            k
+            for k in COMPONENTS
+            if (k in expected or k in info) and not _same(info.get(k), expected.get(k))
+        ]
         if abs(reward - expected["reward"]) <= TOLERANCE:
             equal += 1
             if verbose and differing:
                 print(f"line {number}: equal reward, components differ: {differing}", file=out)
         else:
-            print(f"line {number} {case.get('kind', '')}: reward {reward!r} expected "
-                  f"{expected['reward']!r}; differing {differing}", file=out)
+            print(
+                f"line {number} {case.get('kind', '')}: reward {reward!r} expected "
+                f"{expected['reward']!r}; differing {differing}",
+                file=out,
+            )
     return equal, total, max_reward
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m daemons.shop.golden", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m daemons.shop.golden",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("file")
     p.add_argument("--column", choices=COLUMNS, default="upstream_without_spacy")
     p.add_argument("--catalog", default=str(DEFAULT_CATALOG))
-    p.add_argument("--verbose", action="store_true",
-                   help="also list equal rewards whose components differ")
+    p.add_argument(
+        "--verbose", action="store_true", help="also list equal rewards whose components differ"
+    )
     args = p.parse_args(argv)
     try:
-        equal, total, max_reward = compare(args.file, args.column, args.catalog,
-                                           verbose=args.verbose)
+        equal, total, max_reward = compare(
+            args.file, args.column, args.catalog, verbose=args.verbose
+        )
     except DatasetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

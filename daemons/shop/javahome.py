@@ -20,7 +20,9 @@ LIBJVM = Path("lib/jvm/lib/server/libjvm.so")
 JAVA = Path("bin/java")
 #: Anserini 0.24 (pyserini 0.24.0) is Java 11 bytecode; Lucene 9 needs 11+.
 MIN_FEATURE_VERSION = 11
-PREPARE_STEP = "python scripts/prepare_java.py --jdk /usr/lib/jvm/java-17-openjdk-amd64 --output JAVA_HOME"
+PREPARE_STEP = (
+    "python scripts/prepare_java.py --jdk /usr/lib/jvm/java-17-openjdk-amd64 --output JAVA_HOME"
+)
 
 
 def check_layout(java_home: str | os.PathLike) -> Path:
@@ -37,7 +39,8 @@ def check_layout(java_home: str | os.PathLike) -> Path:
         raise ConfigError(
             f"java_home {home} is not a Conda-style Java environment: missing "
             f"{', '.join(missing)} (expected JAVA_HOME/{LIBJVM} and JAVA_HOME/{JAVA}; "
-            f"build it with: {PREPARE_STEP})")
+            f"build it with: {PREPARE_STEP})"
+        )
     if not os.access(java, os.X_OK):
         raise ConfigError(f"{java} is not executable")
     return libjvm
@@ -47,8 +50,13 @@ def feature_version(java_home: str | os.PathLike) -> int:
     """The Java feature version (11, 17, ...) ``JAVA_HOME/bin/java`` reports."""
     java = Path(java_home) / JAVA
     try:
-        proc = subprocess.run([str(java), "-XshowSettings:properties", "-version"],
-                              capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [str(java), "-XshowSettings:properties", "-version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigError(f"cannot run {java}: {exc}") from None
     for line in proc.stderr.splitlines():
@@ -58,8 +66,10 @@ def feature_version(java_home: str | os.PathLike) -> int:
                 return int(value.split(".")[-1] if value.startswith("1.") else value)
             except ValueError:
                 break
-    raise ConfigError(f"{java} did not report java.specification.version "
-                      f"(exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+    raise ConfigError(
+        f"{java} did not report java.specification.version "
+        f"(exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
+    )
 
 
 def check(java_home: str | os.PathLike) -> Path:
@@ -67,8 +77,10 @@ def check(java_home: str | os.PathLike) -> Path:
     libjvm = check_layout(java_home)
     version = feature_version(java_home)
     if version < MIN_FEATURE_VERSION:
-        raise ConfigError(f"{java_home}: Java {version} is too old for pyserini 0.24.0 "
-                          f"(needs {MIN_FEATURE_VERSION} or newer)")
+        raise ConfigError(
+            f"{java_home}: Java {version} is too old for pyserini 0.24.0 "
+            f"(needs {MIN_FEATURE_VERSION} or newer)"
+        )
     return libjvm
 
 
@@ -98,5 +110,6 @@ def _link(path: Path, target: Path) -> None:
         os.symlink(target, path)
     except FileExistsError:
         if not path.is_symlink() or Path(os.readlink(path)) != target:
-            raise ConfigError(f"{path} exists and is not a link to {target}; "
-                              "remove it or choose another --output") from None
+            raise ConfigError(
+                f"{path} exists and is not a link to {target}; remove it or choose another --output"
+            ) from None

@@ -54,6 +54,7 @@ def read_rows(path: str | Path) -> list[dict]:
     try:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
+
             return pq.read_table(path).to_pylist()
         rows = []
         with open(path, encoding="utf-8") as handle:
@@ -79,15 +80,21 @@ def _check_row(row: Any, number: int) -> tuple[str, list[str], list[dict]]:
     category, questions, answers = row.get("category"), row.get("questions"), row.get("answers")
     if not isinstance(category, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", category):
         raise DatasetError(f"{where}: category must be a name like baking_item_3")
-    if (not isinstance(questions, list) or not questions
-            or not all(isinstance(q, str) for q in questions)):
+    if (
+        not isinstance(questions, list)
+        or not questions
+        or not all(isinstance(q, str) for q in questions)
+    ):
         raise DatasetError(f"{where}: questions must be a non-empty list of strings")
     if not isinstance(answers, list) or len(answers) != len(questions):
         raise DatasetError(f"{where}: answers must be a list as long as questions")
     for k, answer in enumerate(answers, 1):
-        if (not isinstance(answer, Mapping) or not isinstance(answer.get("target_asin"), str)
-                or not isinstance(answer.get("attributes"), list)
-                or not all(isinstance(a, str) for a in answer["attributes"])):
+        if (
+            not isinstance(answer, Mapping)
+            or not isinstance(answer.get("target_asin"), str)
+            or not isinstance(answer.get("attributes"), list)
+            or not all(isinstance(a, str) for a in answer["attributes"])
+        ):
             raise DatasetError(f"{where}: answer {k} must be {{target_asin, attributes[str]}}")
     return category, questions, answers
 
@@ -97,7 +104,7 @@ def step_instruction(questions: Sequence[str], k: int, where: str) -> str:
     first = _PRODUCT.search(questions[0])
     if first is None or first.group(1) != "1":
         raise DatasetError(f"{where}: question 1 has no 'Product 1:' section")
-    preamble = questions[0][:first.start()].rstrip()
+    preamble = questions[0][: first.start()].rstrip()
     section_at = questions[k - 1].find(f"Product {k}:")
     if section_at < 0:
         raise DatasetError(f"{where}: question {k} has no 'Product {k}:' section")
@@ -105,8 +112,9 @@ def step_instruction(questions: Sequence[str], k: int, where: str) -> str:
     return f"{preamble}\n\n{HEADER}\n{REMINDER}\n{section}"
 
 
-def subtask_tasks(rows: Iterable[Any], products: Mapping[str, Mapping[str, Any]],
-                  categories: Mapping[str, str]) -> list[dict]:
+def subtask_tasks(
+    rows: Iterable[Any], products: Mapping[str, Mapping[str, Any]], categories: Mapping[str, str]
+) -> list[dict]:
     """Manifest tasks, one per subtask, in row order then subtask order."""
     tasks, seen = [], set()
     for number, row in enumerate(rows, 1):
@@ -119,14 +127,25 @@ def subtask_tasks(rows: Iterable[Any], products: Mapping[str, Mapping[str, Any]]
             target = answer["target_asin"].strip().upper()
             if target not in products:
                 raise DatasetError(f"{where}: target {target} is not in the product DB")
-            tasks.append({"task_id": f"memoryarena-{category}-{k}", "data": {
-                "kind": "memoryarena", "row_id": row.get("id"), "category": category,
-                "subtask": k, "subtasks": len(answers),
-                "instruction_text": step_instruction(questions, k, where),
-                "target_asin": target, "attributes": list(answer["attributes"]),
-                "target_name": products[target].get("name") or f"Product {k}",
-                "target_category": categories.get(target, ""),
-                "turn_limit": TURN_LIMIT, "repeat_limit": REPEAT_LIMIT}})
+            tasks.append(
+                {
+                    "task_id": f"memoryarena-{category}-{k}",
+                    "data": {
+                        "kind": "memoryarena",
+                        "row_id": row.get("id"),
+                        "category": category,
+                        "subtask": k,
+                        "subtasks": len(answers),
+                        "instruction_text": step_instruction(questions, k, where),
+                        "target_asin": target,
+                        "attributes": list(answer["attributes"]),
+                        "target_name": products[target].get("name") or f"Product {k}",
+                        "target_category": categories.get(target, ""),
+                        "turn_limit": TURN_LIMIT,
+                        "repeat_limit": REPEAT_LIMIT,
+                    },
+                }
+            )
     if not tasks:
         raise DatasetError("no MemoryArena rows")
     return tasks
@@ -134,8 +153,11 @@ def subtask_tasks(rows: Iterable[Any], products: Mapping[str, Mapping[str, Any]]
 
 # --- the product DB -------------------------------------------------------
 def check_db_layout(db: Path) -> None:
-    missing = [name for name in (*DB_FILES, "product_catalog", "search_engine/indexes-full")
-               if not (db / name).exists()]
+    missing = [
+        name
+        for name in (*DB_FILES, "product_catalog", "search_engine/indexes-full")
+        if not (db / name).exists()
+    ]
     if missing:
         raise DatasetError(f"{db} is not a MemoryArena product DB: missing {', '.join(missing)}")
 
@@ -153,8 +175,7 @@ def _price(raw: Any) -> tuple[list[float], str]:
     return pricing[:2], f"${pricing[0]} to ${pricing[1]}"
 
 
-def process_products(raw: Sequence[Mapping[str, Any]],
-                     attributes: Mapping[str, Any]) -> list[dict]:
+def process_products(raw: Sequence[Mapping[str, Any]], attributes: Mapping[str, Any]) -> list[dict]:
     """items_shuffle.json records as its WebShop loader processes them:
     Title = name, options lowercased with '/' as ' | ', Attributes from
     items_ins_v2 (else DUMMY_ATTR), Rating = average_rating (else 'N.A.'),
@@ -172,21 +193,30 @@ def process_products(raw: Sequence[Mapping[str, Any]],
         for name, contents in (item.get("customization_options") or {}).items():
             if contents is None:
                 continue
-            options[name.lower()] = [c["value"].strip().replace("/", " | ").lower()
-                                     for c in contents]
+            options[name.lower()] = [
+                c["value"].strip().replace("/", " | ").lower() for c in contents
+            ]
         bullets = item.get("small_description")
         images = item.get("images") or [None]
         entry = attributes.get(asin) or {}
         product = {
-            "asin": asin, "name": item.get("name") or "", "Title": item.get("name") or "",
+            "asin": asin,
+            "name": item.get("name") or "",
+            "Title": item.get("name") or "",
             # upstream keeps None here; the templates would print "None"
             "Description": item.get("full_description") or "",
             "BulletPoints": bullets if isinstance(bullets, list) else [bullets or ""],
-            "pricing": pricing, "Price": price_tag, "options": options,
+            "pricing": pricing,
+            "Price": price_tag,
+            "options": options,
             "Attributes": entry.get("attributes") or ["DUMMY_ATTR"],
-            "Rating": item.get("average_rating") or "N.A.", "Reviews": [],
-            "category": item.get("category") or "", "query": (item.get("query") or "").lower().strip(),
-            "product_category": item.get("product_category") or "", "MainImage": images[0]}
+            "Rating": item.get("average_rating") or "N.A.",
+            "Reviews": [],
+            "category": item.get("category") or "",
+            "query": (item.get("query") or "").lower().strip(),
+            "product_category": item.get("product_category") or "",
+            "MainImage": images[0],
+        }
         if entry.get("instruction") is not None:
             product["instruction_text"] = entry["instruction"]
             product["instruction_attributes"] = entry.get("instruction_attributes")
@@ -222,8 +252,9 @@ def substring_matches(name: str, attributes: Sequence[str]) -> int:
     return sum(1 for attr in attributes if normalise(attr) in name)
 
 
-def type_factor(target_name: str, bought_name: str, target_category: str,
-                bought_category: str) -> dict:
+def type_factor(
+    target_name: str, bought_name: str, target_category: str, bought_category: str
+) -> dict:
     t_tokens = set(_TOKEN.findall(normalise(target_name)))
     b_tokens = set(_TOKEN.findall(normalise(bought_name)))
     name_score = len(t_tokens & b_tokens) / len(t_tokens) if t_tokens and b_tokens else 0.0
@@ -240,8 +271,13 @@ def type_factor(target_name: str, bought_name: str, target_category: str,
     return {"r_type": r_type, "name_score": name_score, "category_score": category_score}
 
 
-def score(task: Mapping[str, Any], bought: str | None, bought_name: str, bought_category: str,
-          judge: Callable[[str, Sequence[str]], int] | None) -> tuple[float, dict]:
+def score(
+    task: Mapping[str, Any],
+    bought: str | None,
+    bought_name: str,
+    bought_category: str,
+    judge: Callable[[str, Sequence[str]], int] | None,
+) -> tuple[float, dict]:
     """MemoryArena's reward for one subtask; ``judge(name, attributes)``
     returns how many attributes it finds (None: the substring rule)."""
     if bought is None:
@@ -249,8 +285,10 @@ def score(task: Mapping[str, Any], bought: str | None, bought_name: str, bought_
     if bought.upper() == task["target_asin"]:
         return 1.0, {"asin_match": True, "attribute_method": None}
     attributes = task["attributes"]
-    info: dict[str, Any] = {"asin_match": False, **type_factor(
-        task["target_name"], bought_name, task["target_category"], bought_category)}
+    info: dict[str, Any] = {
+        "asin_match": False,
+        **type_factor(task["target_name"], bought_name, task["target_category"], bought_category),
+    }
     if not bought_name:
         matched, method = 0, "no_name"
     elif judge is None:
@@ -258,16 +296,25 @@ def score(task: Mapping[str, Any], bought: str | None, bought_name: str, bought_
     else:
         matched, method = judge(bought_name, attributes), "judge"
     base = matched / len(attributes) if attributes else 0.0
-    info.update({"num_attr_matches": matched, "attributes": len(attributes),
-                 "attribute_method": method, "num_option_matches": 0, "option_ignored": True})
+    info.update(
+        {
+            "num_attr_matches": matched,
+            "attributes": len(attributes),
+            "attribute_method": method,
+            "num_option_matches": 0,
+            "option_ignored": True,
+        }
+    )
     return info["r_type"] * base, info
 
 
 def judge_prompt(name: str, attributes: Sequence[str]) -> str:
     listed = "\n".join(f"- {a}" for a in attributes)
-    return ("Product name:\n" + name + "\n\nFor each attribute below, decide whether the product "
-            "described by this name has it. Answer with one JSON object mapping each "
-            "attribute, exactly as written, to true or false.\n\nAttributes:\n" + listed)
+    return (
+        "Product name:\n" + name + "\n\nFor each attribute below, decide whether the product "
+        "described by this name has it. Answer with one JSON object mapping each "
+        "attribute, exactly as written, to true or false.\n\nAttributes:\n" + listed
+    )
 
 
 def parse_judgement(text: str, attributes: Sequence[str]) -> float:
@@ -279,6 +326,7 @@ def parse_judgement(text: str, attributes: Sequence[str]) -> float:
     answer = json.loads(match.group(0))
     if not isinstance(answer, dict):
         raise ValueError("the judge's answer is not an object")
-    truth = {normalise(str(k)): v is True or str(v).strip().lower() == "true"
-             for k, v in answer.items()}
+    truth = {
+        normalise(str(k)): v is True or str(v).strip().lower() == "true" for k, v in answer.items()
+    }
     return float(sum(1 for a in attributes if truth.get(normalise(a), False)))

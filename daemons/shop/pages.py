@@ -41,7 +41,7 @@ block that its text mode would leak; we render none of it).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 from camg.errors import InvalidAction
@@ -63,8 +63,14 @@ def parse_action(action: str) -> tuple[str, str | None]:
 class Store:
     """Page state of one episode; not thread-safe (the episode serialises steps)."""
 
-    def __init__(self, instruction: str, products: Mapping[str, Mapping[str, Any]],
-                 search: Callable[[str], list[str]], *, show_attrs: bool = False) -> None:
+    def __init__(
+        self,
+        instruction: str,
+        products: Mapping[str, Mapping[str, Any]],
+        search: Callable[[str], list[str]],
+        *,
+        show_attrs: bool = False,
+    ) -> None:
         self.instruction = instruction
         self._products = products
         self._search = search
@@ -113,8 +119,9 @@ class Store:
     def available_actions(self) -> dict:
         return {"has_search_bar": self.page == "search", "clickables": list(self.clickables())}
 
-    def rejection(self, action: str, option_values: frozenset[str] = frozenset()
-                  ) -> tuple[str, str]:
+    def rejection(
+        self, action: str, option_values: Container[str] = frozenset()
+    ) -> tuple[str, str]:
         """(rule, message) for an action ``apply`` just ignored. Rules:
         ``unreachable_product`` (a catalog ASIN this page does not list),
         ``unreachable_option`` (an option value of some product this page
@@ -123,20 +130,25 @@ class Store:
         name, arg = parse_action(action)
         shown = repr(action[:80])
         if name != "click" or arg is None:
-            return "not_an_action", (f"{shown} is not search[keywords] or click[<clickable>]; "
-                                     "nothing changed")
+            return "not_an_action", (
+                f"{shown} is not search[keywords] or click[<clickable>]; nothing changed"
+            )
         arg = arg.lower()
         where = f"this {self.page} page"
         if arg == "search":
             return "not_clickable", "click[search] does nothing: use search[keywords]"
         if arg.upper() in self._products:
-            return "unreachable_product", (f"{shown}: that product is not listed on {where}; "
-                                           "nothing changed")
+            return "unreachable_product", (
+                f"{shown}: that product is not listed on {where}; nothing changed"
+            )
         if arg in option_values:
-            return "unreachable_option", (f"{shown}: that option is not offered on {where}; "
-                                          "nothing changed")
-        return "not_clickable", (f"{shown} is not one of {where}'s clickables "
-                                 "(observation.available_actions.clickables); nothing changed")
+            return "unreachable_option", (
+                f"{shown}: that option is not offered on {where}; nothing changed"
+            )
+        return "not_clickable", (
+            f"{shown} is not one of {where}'s clickables "
+            "(observation.available_actions.clickables); nothing changed"
+        )
 
     # --- transitions -----------------------------------------------------
     def apply(self, action: str) -> tuple[bool, bool]:
@@ -175,6 +187,7 @@ class Store:
         elif kind == "product":
             self.page, self.asin, self.options = "item", arg.upper(), {}
         elif kind == "option":
+            assert option_name is not None  # every option clickable names its option
             self.options[option_name] = arg
         elif kind == "sub":
             self.page, self.sub_page = "item_sub", arg
@@ -188,9 +201,10 @@ class Store:
 
     def _page_results(self) -> list[str]:
         start = (self.page_number - 1) * PRODUCT_WINDOW
-        return self.results[start:start + PRODUCT_WINDOW]
+        return self.results[start : start + PRODUCT_WINDOW]
 
     def _product(self) -> Mapping[str, Any]:
+        assert self.asin is not None  # only the product's pages ask for it
         return self._products[self.asin]
 
     # --- rendering -------------------------------------------------------
@@ -198,8 +212,11 @@ class Store:
         if self.page == "search":
             parts = ["WebShop", "Instruction:", _node(self.instruction), "Search"]
         elif self.page == "done":
-            parts = ["Thank you for shopping with us!", "Your score (min 0.0, max 1.0)",
-                     f"{self.score}"]
+            parts = [
+                "Thank you for shopping with us!",
+                "Your score (min 0.0, max 1.0)",
+                f"{self.score}",
+            ]
         else:
             parts = ["Instruction:", _node(self.instruction), "Back to Search"]
             parts += getattr(self, f"_text_{self.page}")()
@@ -221,9 +238,14 @@ class Store:
         for name, values in product["options"].items():
             parts.append(_node(name))
             parts += [_node(v) for v in values]
-        parts += [_node(product["Title"]), _node(f"Price: {product['Price']}"),
-                  _node(f"Rating: {product.get('Rating', '')}"),
-                  "Description", "Features", "Reviews"]
+        parts += [
+            _node(product["Title"]),
+            _node(f"Price: {product['Price']}"),
+            _node(f"Rating: {product.get('Rating', '')}"),
+            "Description",
+            "Features",
+            "Reviews",
+        ]
         if self._show_attrs:
             parts.append("Attributes")
         parts.append("Buy Now")
@@ -239,12 +261,18 @@ class Store:
             parts += [_node(" " + bullet) for bullet in product["BulletPoints"]]
         elif self.sub_page == "reviews":
             for review in product.get("Reviews") or []:
-                parts += [_node(f"\"{_str(review.get('title'))}\""),
-                          _node(_str(review.get("score"))), _node(_str(review.get("body")))]
+                parts += [
+                    _node(f'"{_str(review.get("title"))}"'),
+                    _node(_str(review.get("score"))),
+                    _node(_str(review.get("body"))),
+                ]
         else:
             parts += [_node(" " + attr) for attr in product["Attributes"]]
-            parts += [_node(product["category"]), _node(product["query"]),
-                      _node(product["product_category"])]
+            parts += [
+                _node(product["category"]),
+                _node(product["query"]),
+                _node(product["product_category"]),
+            ]
         return parts
 
 

@@ -16,8 +16,12 @@ PLUGIN = EnvironmentPlugin(
     # 1012 MiB with 256 live in the load suite, ~200 MiB with none)
     episode_peak_bytes=4 << 20,
     # its pool and index hashes are recorded by its preparation
-    demo={"manifest": "/srv/camg/data/shop/manifest.json", "capacity": 16, "references": True,
-          "settings": {}},
+    demo={
+        "manifest": "/srv/camg/data/shop/manifest.json",
+        "capacity": 16,
+        "references": True,
+        "settings": {},
+    },
     demo_prepare="tools.demo_data:prepare_shop",
     demo_rank=20,
     reliability="tools.reliability.targets:SHOP",

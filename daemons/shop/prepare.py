@@ -54,10 +54,10 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from camg import task_manifest as manifest, progress
+from camg import progress
+from camg import task_manifest as manifest
 from camg.errors import CamgError, ConfigError, DatasetError
 from camg.host_private import private_dir
-
 from daemons.shop import catalog, goals, javahome, memoryarena, search, store
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -80,8 +80,11 @@ def _read_json(path: str | os.PathLike | None) -> dict:
     return body
 
 
-def build_pool(catalog_path: str | os.PathLike, instructions: str | os.PathLike | None,
-               human_instructions: str | os.PathLike | None) -> list[dict]:
+def build_pool(
+    catalog_path: str | os.PathLike,
+    instructions: str | os.PathLike | None,
+    human_instructions: str | os.PathLike | None,
+) -> list[dict]:
     """The product pool: catalog products with WebShop's instruction fields."""
     products = list(iter_pool(catalog_path, instructions, human_instructions))
     if not products:
@@ -89,13 +92,17 @@ def build_pool(catalog_path: str | os.PathLike, instructions: str | os.PathLike 
     return products
 
 
-def iter_pool(catalog_path: str | os.PathLike, instructions: str | os.PathLike | None,
-              human_instructions: str | os.PathLike | None) -> Iterator[dict]:
+def iter_pool(
+    catalog_path: str | os.PathLike,
+    instructions: str | os.PathLike | None,
+    human_instructions: str | os.PathLike | None,
+) -> Iterator[dict]:
     """``build_pool``'s products one at a time, in catalog order."""
     synthetic = _read_json(instructions)
     human = _read_json(human_instructions)
-    for product in catalog.iter_products(catalog.read_catalog_documents(catalog_path),
-                                         str(catalog_path)):
+    for product in catalog.iter_products(
+        catalog.read_catalog_documents(catalog_path), str(catalog_path)
+    ):
         asin = product["asin"]
         entry = synthetic.get(asin) or {}
         if entry.get("instruction") is not None:
@@ -161,10 +168,12 @@ def write_pool(products: Iterable[dict], out: Path, collection: Path | None) -> 
         store.write_store(products, pool_path)
         return pool_path
     with _collection_writer(collection) as write:
+
         def documented(items: Iterable[dict]) -> Iterator[dict]:
             for product in items:
                 write(catalog.document(product))
                 yield product
+
         store.write_store(documented(products), pool_path)
     return pool_path
 
@@ -175,15 +184,31 @@ def build_index(collection: Path, index: Path, java_home: str, threads: int = 1)
     if index.exists():
         shutil.rmtree(index)
     env = dict(os.environ, JAVA_HOME=str(java_home), JVM_PATH=str(libjvm))
-    cmd = [sys.executable, "-m", "pyserini.index.lucene", "--collection", "JsonCollection",
-           "--input", str(collection), "--index", str(index),
-           "--generator", "DefaultLuceneDocumentGenerator", "--threads", str(threads),
-           "--storePositions", "--storeDocvectors", "--storeRaw"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyserini.index.lucene",
+        "--collection",
+        "JsonCollection",
+        "--input",
+        str(collection),
+        "--index",
+        str(index),
+        "--generator",
+        "DefaultLuceneDocumentGenerator",
+        "--threads",
+        str(threads),
+        "--storePositions",
+        "--storeDocvectors",
+        "--storeRaw",
+    ]
     with progress.ticking(f"shop: building the Lucene index {index}"):
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise ConfigError(f"pyserini indexing failed (exit {proc.returncode}): "
-                          f"{(proc.stderr or proc.stdout)[-2000:]}")
+        raise ConfigError(
+            f"pyserini indexing failed (exit {proc.returncode}): "
+            f"{(proc.stderr or proc.stdout)[-2000:]}"
+        )
 
 
 def prepare(args: argparse.Namespace) -> dict:
@@ -192,13 +217,14 @@ def prepare(args: argparse.Namespace) -> dict:
     private_dir(out)
     db = Path(args.memoryarena_db).resolve() if args.memoryarena_db else None
     categories: dict[str, str] = {}
+    products: Iterable[dict]
     if db is not None:
         products, categories = memoryarena_pool(db)
         if not args.index_dir:
             args.index_dir = str(db / "search_engine" / "indexes-full")
     else:
         products = iter_pool(args.catalog, args.instructions, args.human_instructions)
-    javahome.check(args.java_home)   # before a long pass, not after it
+    javahome.check(args.java_home)  # before a long pass, not after it
     index = Path(args.index_dir).resolve() if args.index_dir else out / "index"
     pool_path = write_pool(products, out, None if args.index_dir else out / "collection")
     if not args.index_dir:
@@ -225,30 +251,42 @@ def prepare(args: argparse.Namespace) -> dict:
                 if line.strip():
                     tasks.append(goals.exact_product_task(json.loads(line), number, pool))
     if args.memoryarena_rows:
-        tasks += memoryarena.subtask_tasks(memoryarena.read_rows(args.memoryarena_rows),
-                                           pool, categories)
+        tasks += memoryarena.subtask_tasks(
+            memoryarena.read_rows(args.memoryarena_rows), pool, categories
+        )
     if not tasks:
-        raise DatasetError("no tasks: choose --goals synthetic|human, --exact-product-rows "
-                           "or --memoryarena-rows")
+        raise DatasetError(
+            "no tasks: choose --goals synthetic|human, --exact-product-rows or --memoryarena-rows"
+        )
     sampling = {
-        "goal_source": args.goals, "goal_seed": args.goal_seed,
-        "shuffle_seed": goals.SHUFFLE_SEED, "selected_splits": splits,
+        "goal_source": args.goals,
+        "goal_seed": args.goal_seed,
+        "shuffle_seed": goals.SHUFFLE_SEED,
+        "selected_splits": splits,
         "splits": {name: [start, stop] for name, start, stop in goals.SPLITS},
-        "search_return_n": search.SEARCH_RETURN_N, "product_window": 10,
+        "search_return_n": search.SEARCH_RETURN_N,
+        "product_window": 10,
     }
     files = {"product_pool": pool_path, "index": index}
     body = manifest.build("shop", tasks, sampling=sampling, files=files, created_by=CREATED_BY)
     manifest.write(out / "manifest.json", body)
     settings = {
         "java_home": str(Path(args.java_home).resolve()),
-        "product_pool": str(pool_path), "product_pool_sha256": body["files"]["product_pool"]["sha256"],
-        "index_dir": str(index), "index_sha256": body["files"]["index"]["sha256"],
-        "goal_seed": args.goal_seed, "jvm_heap_mb": args.jvm_heap_mb,
+        "product_pool": str(pool_path),
+        "product_pool_sha256": body["files"]["product_pool"]["sha256"],
+        "index_dir": str(index),
+        "index_sha256": body["files"]["index"]["sha256"],
+        "goal_seed": args.goal_seed,
+        "jvm_heap_mb": args.jvm_heap_mb,
     }
     catalog.write_json(out / "settings.json", settings)
-    return {"manifest": str(out / "manifest.json"), "settings": settings,
-            "products": len(pool), "tasks": len(tasks),
-            "selection_hash": manifest.load(out / "manifest.json").selection_hash()}
+    return {
+        "manifest": str(out / "manifest.json"),
+        "settings": settings,
+        "products": len(pool),
+        "tasks": len(tasks),
+        "selection_hash": manifest.load(out / "manifest.json").selection_hash(),
+    }
 
 
 def verify(args: argparse.Namespace) -> dict:
@@ -264,39 +302,70 @@ def verify(args: argparse.Namespace) -> dict:
         search.verify_index(searcher, pool.documents(), full=not args.sample_index_check)
     finally:
         searcher.close()
-    return {"verified": str(out / "manifest.json"), "products": len(pool),
-            "tasks": len(loaded.tasks), "product_pool": loaded.files["product_pool"]["sha256"],
-            "index": loaded.files["index"]["sha256"]}
+    return {
+        "verified": str(out / "manifest.json"),
+        "products": len(pool),
+        "tasks": len(loaded.tasks),
+        "product_pool": loaded.files["product_pool"]["sha256"],
+        "index": loaded.files["index"]["sha256"],
+    }
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m camg.prepare_shop",
-                                description="Prepare the Shop environment (see module doc).")
+    p = argparse.ArgumentParser(
+        prog="python -m camg.prepare_shop",
+        description="Prepare the Shop environment (see module doc).",
+    )
     p.add_argument("--output", required=True, help="directory for pool, index, manifest")
     p.add_argument("--java-home", help="Conda-style JAVA_HOME (scripts/prepare_java.py)")
-    p.add_argument("--catalog", default=str(DEFAULT_CATALOG),
-                   help="WebShop documents.jsonl(.gz) with processed products")
-    p.add_argument("--instructions", default=str(DEFAULT_INSTRUCTIONS),
-                   help="items_ins_v2*.json (synthetic instructions); '' for none")
-    p.add_argument("--human-instructions", default=str(DEFAULT_HUMAN),
-                   help="items_human_ins*.json; '' for none")
+    p.add_argument(
+        "--catalog",
+        default=str(DEFAULT_CATALOG),
+        help="WebShop documents.jsonl(.gz) with processed products",
+    )
+    p.add_argument(
+        "--instructions",
+        default=str(DEFAULT_INSTRUCTIONS),
+        help="items_ins_v2*.json (synthetic instructions); '' for none",
+    )
+    p.add_argument(
+        "--human-instructions",
+        default=str(DEFAULT_HUMAN),
+        help="items_human_ins*.json; '' for none",
+    )
     p.add_argument("--goals", choices=("synthetic", "human", "none"), default="synthetic")
-    p.add_argument("--goal-seed", type=int, default=0,
-                   help="seed of product prices and goal price caps")
-    p.add_argument("--splits", default="test,eval,train",
-                   help="goal splits to serve (test 0-499, eval 500-1499, train 1500+)")
-    p.add_argument("--exact-product-rows", help="JSONL of MemoryArena-style rows "
-                   "{instruction, target_asin(s), attributes|target_options}")
-    p.add_argument("--memoryarena-rows", help="MemoryArena bundled_shopping rows (JSONL or "
-                   ".parquet): one task per subtask, in row then subtask order")
-    p.add_argument("--memoryarena-db", help="a MemoryArena product DB directory (items_shuffle.json, "
-                   "items_ins_v2.json, search_engine/indexes-full, product_catalog/, "
-                   "domain_data.json) used instead of --catalog")
+    p.add_argument(
+        "--goal-seed", type=int, default=0, help="seed of product prices and goal price caps"
+    )
+    p.add_argument(
+        "--splits",
+        default="test,eval,train",
+        help="goal splits to serve (test 0-499, eval 500-1499, train 1500+)",
+    )
+    p.add_argument(
+        "--exact-product-rows",
+        help="JSONL of MemoryArena-style rows "
+        "{instruction, target_asin(s), attributes|target_options}",
+    )
+    p.add_argument(
+        "--memoryarena-rows",
+        help="MemoryArena bundled_shopping rows (JSONL or "
+        ".parquet): one task per subtask, in row then subtask order",
+    )
+    p.add_argument(
+        "--memoryarena-db",
+        help="a MemoryArena product DB directory (items_shuffle.json, "
+        "items_ins_v2.json, search_engine/indexes-full, product_catalog/, "
+        "domain_data.json) used instead of --catalog",
+    )
     p.add_argument("--index-dir", help="use (and verify) this existing Lucene index")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--jvm-heap-mb", type=int, default=1024)
-    p.add_argument("--sample-index-check", action="store_true",
-                   help="check the index by count and a sample, not every document")
+    p.add_argument(
+        "--sample-index-check",
+        action="store_true",
+        help="check the index by count and a sample, not every document",
+    )
     p.add_argument("--verify", action="store_true", help="only verify OUTPUT")
     return p
 

@@ -31,24 +31,113 @@ EXACT_MATCH_OPTS = ["size"]
 
 #: WebShop engine/normalize.py COLOR_SET (order matters: first substring wins)
 COLOR_SET = [
-    "alabaster", "apricot", "aqua", "ash", "asphalt", "azure",
-    "banana", "beige", "black", "blue", "blush", "bordeaux", "bronze",
-    "brown", "burgundy", "camel", "camo", "caramel", "champagne",
-    "charcoal", "cheetah", "chestnut", "chocolate", "christmas", "coffee",
-    "cognac", "copper", "coral", "cranberry", "cream", "crystal", "dark",
-    "denim", "eggplant", "elephant", "espresso", "fuchsia", "gold", "granite",
-    "grape", "graphite", "grass", "gray", "green", "grey", "heather", "indigo",
-    "ivory", "ivy", "khaki", "lavender", "lemon", "leopard", "light", "lilac",
-    "lime", "magenta", "maroon", "mauve", "merlot", "midnight", "mint", "mocha",
-    "multicolor", "mushroom", "mustard", "natural", "navy", "nude", "olive",
-    "orange", "peach", "pewter", "pink", "plum", "purple", "rainbow", "red",
-    "rose", "royal", "rust", "sand", "sapphire", "seashell", "silver", "skull",
-    "slate", "steel", "stone", "stonewash", "sunflower", "tan", "taupe", "teal",
-    "tiger", "turquoise", "violet", "walnut", "wheat", "white", "wine", "yellow",
+    "alabaster",
+    "apricot",
+    "aqua",
+    "ash",
+    "asphalt",
+    "azure",
+    "banana",
+    "beige",
+    "black",
+    "blue",
+    "blush",
+    "bordeaux",
+    "bronze",
+    "brown",
+    "burgundy",
+    "camel",
+    "camo",
+    "caramel",
+    "champagne",
+    "charcoal",
+    "cheetah",
+    "chestnut",
+    "chocolate",
+    "christmas",
+    "coffee",
+    "cognac",
+    "copper",
+    "coral",
+    "cranberry",
+    "cream",
+    "crystal",
+    "dark",
+    "denim",
+    "eggplant",
+    "elephant",
+    "espresso",
+    "fuchsia",
+    "gold",
+    "granite",
+    "grape",
+    "graphite",
+    "grass",
+    "gray",
+    "green",
+    "grey",
+    "heather",
+    "indigo",
+    "ivory",
+    "ivy",
+    "khaki",
+    "lavender",
+    "lemon",
+    "leopard",
+    "light",
+    "lilac",
+    "lime",
+    "magenta",
+    "maroon",
+    "mauve",
+    "merlot",
+    "midnight",
+    "mint",
+    "mocha",
+    "multicolor",
+    "mushroom",
+    "mustard",
+    "natural",
+    "navy",
+    "nude",
+    "olive",
+    "orange",
+    "peach",
+    "pewter",
+    "pink",
+    "plum",
+    "purple",
+    "rainbow",
+    "red",
+    "rose",
+    "royal",
+    "rust",
+    "sand",
+    "sapphire",
+    "seashell",
+    "silver",
+    "skull",
+    "slate",
+    "steel",
+    "stone",
+    "stonewash",
+    "sunflower",
+    "tan",
+    "taupe",
+    "teal",
+    "tiger",
+    "turquoise",
+    "violet",
+    "walnut",
+    "wheat",
+    "white",
+    "wine",
+    "yellow",
 ]
 
 # Closed-class English words: what a POS tagger never labels NOUN/PROPN.
-_FUNCTION_WORDS = frozenset("""
+_FUNCTION_WORDS = frozenset(
+    """
 a an the this that these those some any each every either neither no all both
 half several many much more most few fewer less least other another such what
 which whose whatever whichever i me my mine we us our ours you your yours he him
@@ -63,7 +152,8 @@ and or but nor so yet if because although though while whereas unless whether
 be is am are was were been being have has had having do does did doing will
 would shall should can could may might must ought
 not very too also just only even ever quite rather really s t
-""".split())
+""".split()
+)
 _WORD = re.compile(r"[a-z0-9]+(?:['\-][a-z0-9]+)*")
 
 
@@ -102,21 +192,28 @@ def type_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any]) -> dict:
         r_type = 0.1
     if title_score == 0.0:
         r_type = 0.0
-    return {"r_type": r_type, "query_match": query_match, "category_match": category_match,
-            "title_score": title_score}
+    return {
+        "r_type": r_type,
+        "query_match": query_match,
+        "category_match": category_match,
+        "title_score": title_score,
+    }
 
 
 def _in_text(value: str, product: Mapping[str, Any]) -> bool:
-    return (value in product["Title"].lower()
-            or value in " ".join(product["BulletPoints"]).lower()
-            or value in product["Description"].lower())
+    return (
+        value in product["Title"].lower()
+        or value in " ".join(product["BulletPoints"]).lower()
+        or value in product["Description"].lower()
+    )
 
 
 def attribute_reward(purchased: Mapping[str, Any], goal_attrs: Sequence[str]) -> tuple[float, int]:
     matches = 0
     for g_attr in goal_attrs:
-        matched = any(fuzz.token_set_ratio(p_attr, g_attr) > 85
-                      for p_attr in purchased["Attributes"])
+        matched = any(
+            fuzz.token_set_ratio(p_attr, g_attr) > 85 for p_attr in purchased["Attributes"]
+        )
         if matched or _in_text(g_attr, purchased):
             matches += 1
     return matches / len(goal_attrs), matches
@@ -143,8 +240,9 @@ def goal_option_terms(goal_options: Mapping[str, str] | Sequence[str]) -> list[s
     return [normalize_color(value) for value in goal_options]
 
 
-def option_reward(goal_options: Mapping[str, str] | Sequence[str],
-                  chosen: Mapping[str, str]) -> tuple[float | None, int]:
+def option_reward(
+    goal_options: Mapping[str, str] | Sequence[str], chosen: Mapping[str, str]
+) -> tuple[float | None, int]:
     """Upstream ``get_option_reward``: each goal option counts once, when
     some chosen option value (colour-normalised) scores token_set_ratio > 85
     against it. Only the chosen values take part, not their names, and
@@ -152,14 +250,18 @@ def option_reward(goal_options: Mapping[str, str] | Sequence[str],
     """
     chosen_values = [normalize_color(v) for v in chosen.values()]
     terms = goal_option_terms(goal_options)
-    matches = sum(1 for term in terms
-                  if any(fuzz.token_set_ratio(value, term) > 85 for value in chosen_values))
+    matches = sum(
+        1
+        for term in terms
+        if any(fuzz.token_set_ratio(value, term) > 85 for value in chosen_values)
+    )
     r_option = matches / len(terms) if terms else None
     return r_option, matches
 
 
-def webshop_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any], price: float,
-                   chosen: Mapping[str, str]) -> tuple[float, dict]:
+def webshop_reward(
+    purchased: Mapping[str, Any], goal: Mapping[str, Any], price: float, chosen: Mapping[str, str]
+) -> tuple[float, dict]:
     """WebShop ``get_reward(..., verbose=True)``: (reward, components).
 
     Every count is bounded by its weight's denominator part (an attribute or
@@ -187,8 +289,12 @@ def webshop_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any], price:
     return total, info
 
 
-def exact_product_reward(asin: str, chosen: Mapping[str, str], target_asins: Sequence[str],
-                         target_options: Mapping[str, str]) -> tuple[float, dict]:
+def exact_product_reward(
+    asin: str,
+    chosen: Mapping[str, str],
+    target_asins: Sequence[str],
+    target_options: Mapping[str, str],
+) -> tuple[float, dict]:
     """MemoryArena-style: 1.0 for a target ASIN bought with exactly the
     target options (names and values compared lowercased and trimmed), else 0."""
     chosen_norm = {k.strip().lower(): v.strip().lower() for k, v in chosen.items()}

@@ -26,11 +26,11 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from pathlib import Path
+from typing import cast
 
 from camg.errors import ConfigError, PreparationMissing
-
 from daemons.shop import javahome
 
 #: WebShop: SEARCH_RETURN_N
@@ -49,14 +49,19 @@ def boot_jvm(java_home: str, heap_mb: int) -> None:
     with _jvm_lock:
         if _jvm_options is not None:
             if _jvm_options != wanted:
-                raise ConfigError(f"this process already runs a JVM with {_jvm_options}; "
-                                  f"it cannot start another with {wanted}")
+                raise ConfigError(
+                    f"this process already runs a JVM with {_jvm_options}; "
+                    f"it cannot start another with {wanted}"
+                )
             return
         libjvm = javahome.check(java_home)
         import jnius_config
+
         if jnius_config.vm_running:
-            raise ConfigError("a JVM was started in this process outside the Shop search module; "
-                              "its heap and Java cannot be checked")
+            raise ConfigError(
+                "a JVM was started in this process outside the Shop search module; "
+                "its heap and Java cannot be checked"
+            )
         # pyjnius reads these when it loads libjvm; JVM_PATH pins the exact
         # library so the Conda-style layout is what runs, not a JDK found on PATH.
         os.environ["JAVA_HOME"] = str(java_home)
@@ -67,18 +72,26 @@ def boot_jvm(java_home: str, heap_mb: int) -> None:
         # -Dlog4j2.disable.jmx: Anserini's log4j registers MBeans, which reads
         # the cgroup hierarchy; under systemd-nspawn's cgroup v1 layout that
         # prints a "Could not reconfigure JMX" stack trace at every start.
-        jnius_config.add_options(wanted[1], "-Xss8m", "-Djava.awt.headless=true",
-                                 "-XX:-UsePerfData", "-Xrs", "-Dlog4j2.disable.jmx=true")
+        jnius_config.add_options(
+            wanted[1],
+            "-Xss8m",
+            "-Djava.awt.headless=true",
+            "-XX:-UsePerfData",
+            "-Xrs",
+            "-Dlog4j2.disable.jmx=true",
+        )
         # pyjnius logs a "Please report your system information" block at
         # INFO whenever JVM_PATH is set (kivy's logger): not ours to show.
         logging.getLogger("kivy").setLevel(logging.WARNING)
         # Puts the Anserini fat jar on the classpath, then starts the JVM.
-        import pyserini.pyclass  # noqa: F401
+        import pyserini.pyclass  # noqa: F401  # imported for its side effect, the started JVM
+
         _jvm_options = wanted
 
 
 def _simple_searcher():
     from jnius import autoclass
+
     return autoclass("io.anserini.search.SimpleSearcher")
 
 
@@ -103,13 +116,16 @@ class _TopIds:
 
     def __init__(self, simple, index_dir: str, threads: int = 1) -> None:
         from jnius import autoclass, cast
+
         self._cast = cast
         self._lock = threading.Lock()
         self._field_doc = autoclass("org.apache.lucene.search.FieldDoc")
         self._bytes_ref = autoclass("org.apache.lucene.util.BytesRef")
         reader = autoclass("org.apache.lucene.index.DirectoryReader").open(
             autoclass("org.apache.lucene.store.FSDirectory").open(
-                autoclass("java.io.File")(str(index_dir)).toPath()))
+                autoclass("java.io.File")(str(index_dir)).toPath()
+            )
+        )
         self._reader = reader
         self.segments = int(reader.leaves().size())
         index_searcher = autoclass("org.apache.lucene.search.IndexSearcher")
@@ -123,8 +139,10 @@ class _TopIds:
             # sort is total: score, then the unique id). A ForkJoinPool's
             # workers are daemon threads: none keeps the process alive.
             self._pool = autoclass("java.util.concurrent.ForkJoinPool")(int(threads))
-            searcher = index_searcher(cast("org.apache.lucene.index.IndexReader", reader),
-                                      cast("java.util.concurrent.Executor", self._pool))
+            searcher = index_searcher(
+                cast("org.apache.lucene.index.IndexReader", reader),
+                cast("java.util.concurrent.Executor", self._pool),
+            )
             if len(searcher.getSlices()) < 2:
                 # one slice (the 1k and 100k indexes): the executor's path
                 # only cost more (bench_shop_scale: 100k 6.5 against 5.2 ms)
@@ -143,7 +161,8 @@ class _TopIds:
         if "lucene.version=9" in reader.toString():
             self._sort = autoclass("org.apache.lucene.search.Sort")(
                 sort_field.FIELD_SCORE,
-                sort_field("id", autoclass("org.apache.lucene.search.SortField$Type").STRING_VAL))
+                sort_field("id", autoclass("org.apache.lucene.search.SortField$Type").STRING_VAL),
+            )
         self._collectors = autoclass("org.apache.lucene.search.TopFieldCollector")
         # The hits' sort values in one call: Jackson (in the Anserini jar)
         # writes the TopFieldDocs' public fields as JSON, the id a BytesRef
@@ -154,8 +173,9 @@ class _TopIds:
         visibility = autoclass("com.fasterxml.jackson.annotation.JsonAutoDetect$Visibility")
         mapper.setVisibility(accessor.ALL, visibility.NONE)
         mapper.setVisibility(accessor.FIELD, visibility.PUBLIC_ONLY)
-        mapper.disable(autoclass("com.fasterxml.jackson.databind.SerializationFeature")
-                       .FAIL_ON_EMPTY_BEANS)    # SortField has no public instance field
+        mapper.disable(
+            autoclass("com.fasterxml.jackson.databind.SerializationFeature").FAIL_ON_EMPTY_BEANS
+        )  # SortField has no public instance field
         self._json = mapper
 
         # Every call search makes, once at start: a setup that cannot sort or
@@ -180,7 +200,8 @@ class _TopIds:
             # TOTAL_HITS_THRESHOLD, which only makes the total hit count
             # exact, a number nothing here reads).
             top = self._searcher.search(
-                query, self._collectors.createSharedManager(self._sort, k, None, k))
+                query, self._collectors.createSharedManager(self._sort, k, None, k)
+            )
         # pyjnius' casts and Object[] field reads of these results crashed
         # the JVM when episodes' threads ran them at once (SIGSEGV in
         # UnicodeUtil.UTF8toUTF16, NullPointerException): they take turns;
@@ -195,13 +216,15 @@ class _TopIds:
         for hit in json.loads(self._json.writeValueAsString(top_docs))["scoreDocs"]:
             ref = hit["fields"][1]
             start = ref["offset"]
-            ids.append(base64.b64decode(ref["bytes"])[start:start + ref["length"]].decode())
+            ids.append(base64.b64decode(ref["bytes"])[start : start + ref["length"]].decode())
         return ids
 
     def _ids_per_hit(self, top_docs) -> list[str]:
         cast, field_doc, bytes_ref = self._cast, self._field_doc, self._bytes_ref
-        return [cast(bytes_ref, cast(field_doc, hit).fields[1]).utf8ToString()
-                for hit in top_docs.scoreDocs]
+        return [
+            cast(bytes_ref, cast(field_doc, hit).fields[1]).utf8ToString()
+            for hit in top_docs.scoreDocs
+        ]
 
     def close(self) -> None:
         if self._pool is not None:
@@ -246,6 +269,7 @@ class _Results:
 def jvm_heap_max_bytes() -> int:
     """The running JVM's max heap (Runtime.maxMemory), to prove the cap applies."""
     from jnius import autoclass
+
     return int(autoclass("java.lang.Runtime").getRuntime().maxMemory())
 
 
@@ -259,20 +283,27 @@ class Searcher:
     finished searches kept (0: none).
     """
 
-    def __init__(self, index_dir: str, known_asins: frozenset[str] | None = None, *,
-                 threads: int | None = None,
-                 cache_entries: int = SEARCH_CACHE_ENTRIES) -> None:
+    def __init__(
+        self,
+        index_dir: str,
+        known_asins: Container[str] | None = None,
+        *,
+        threads: int | None = None,
+        cache_entries: int = SEARCH_CACHE_ENTRIES,
+    ) -> None:
         if _jvm_options is None:
             raise ConfigError("boot_jvm must run before a Searcher is built")
         if not any(Path(index_dir).glob("segments_*")):
-            raise PreparationMissing(f"no Lucene index at {index_dir}",
-                                     step="python -m camg.prepare_shop --output DIR")
+            raise PreparationMissing(
+                f"no Lucene index at {index_dir}", step="python -m camg.prepare_shop --output DIR"
+            )
         self._searcher = _simple_searcher()(str(index_dir))
         if threads is None:
             threads = len(os.sched_getaffinity(0))
-        self._top = _TopIds(self._searcher, index_dir, max(1, int(threads)))
+        top = _TopIds(self._searcher, index_dir, max(1, int(threads)))
+        self._top: _TopIds | None = top
         self.num_docs = int(self._searcher.get_total_num_docs())
-        self.segments, self.threads = self._top.segments, self._top.threads
+        self.segments, self.threads = top.segments, top.threads
         self._known = known_asins
         self.cache = _Results(cache_entries) if cache_entries > 0 else None
 
@@ -290,7 +321,8 @@ class Searcher:
             found = self.cache.get(key)
             if found is not None:
                 return list(found)
-        asins = self._top.search(keywords, int(k))
+        # close() drops it: a search after close fails as it always has
+        asins = cast(_TopIds, self._top).search(keywords, int(k))
         if self._known is not None:
             asins = [a for a in asins if a in self._known]
         if self.cache is not None:

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from camg.errors import ConfigError, DatasetError
-
 from daemons.shop import catalog
 
 FORMAT = "camg-shop-store/1"
@@ -59,14 +58,14 @@ CREATE TABLE option_values (value TEXT PRIMARY KEY) WITHOUT ROWID;
 
 
 def _encode(product: Mapping[str, Any]) -> bytes:
-    return zlib.compress(json.dumps(product, ensure_ascii=False,
-                                    separators=(",", ":")).encode(), 6)
+    return zlib.compress(json.dumps(product, ensure_ascii=False, separators=(",", ":")).encode(), 6)
 
 
 def _goal_sources(product: Mapping[str, Any]) -> int:
     # the tests goals.generate applies: which products it cannot skip
-    return ((_SYNTHETIC if product.get("instruction_text") is not None else 0)
-            | (_HUMAN if product.get("instructions") else 0))
+    return (_SYNTHETIC if product.get("instruction_text") is not None else 0) | (
+        _HUMAN if product.get("instructions") else 0
+    )
 
 
 def write_store(products: Iterable[Mapping[str, Any]], path: str | os.PathLike) -> int:
@@ -87,20 +86,32 @@ def write_store(products: Iterable[Mapping[str, Any]], path: str | os.PathLike) 
         for rank, product in enumerate(products):
             pricing = product["pricing"]
             try:
-                con.execute("INSERT INTO products VALUES (?,?,?,?,?,?)",
-                            (rank, product["asin"], len(pricing),
-                             pricing[0] if pricing else None,
-                             pricing[1] if len(pricing) > 1 else None, _goal_sources(product)))
+                con.execute(
+                    "INSERT INTO products VALUES (?,?,?,?,?,?)",
+                    (
+                        rank,
+                        product["asin"],
+                        len(pricing),
+                        pricing[0] if pricing else None,
+                        pricing[1] if len(pricing) > 1 else None,
+                        _goal_sources(product),
+                    ),
+                )
             except sqlite3.IntegrityError:
-                raise DatasetError(f"duplicate ASIN {product['asin']} in the product pool") from None
+                raise DatasetError(
+                    f"duplicate ASIN {product['asin']} in the product pool"
+                ) from None
             con.execute("INSERT INTO bodies VALUES (?,?)", (rank, _encode(product)))
-            con.executemany("INSERT OR IGNORE INTO option_values VALUES (?)",
-                            ((v,) for vs in product["options"].values() for v in vs))
+            con.executemany(
+                "INSERT OR IGNORE INTO option_values VALUES (?)",
+                ((v,) for vs in product["options"].values() for v in vs),
+            )
             count = rank + 1
         if not count:
             raise DatasetError("no products")
-        con.executemany("INSERT INTO meta VALUES (?,?)",
-                        (("format", FORMAT), ("products", str(count))))
+        con.executemany(
+            "INSERT INTO meta VALUES (?,?)", (("format", FORMAT), ("products", str(count)))
+        )
         con.execute("COMMIT")
     except BaseException:
         con.close()
@@ -123,15 +134,22 @@ class ProductStore(Mapping):
         if not self.path.is_file():
             raise ConfigError(f"no product store at {self.path}")
         try:
-            self._con = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1",
-                                        uri=True, check_same_thread=False)
+            self._con = sqlite3.connect(
+                f"{self.path.resolve().as_uri()}?mode=ro&immutable=1",
+                uri=True,
+                check_same_thread=False,
+            )
             meta = dict(self._con.execute("SELECT key, value FROM meta"))
         except sqlite3.DatabaseError as exc:
-            raise ConfigError(f"{self.path} is not a Shop product store ({exc}); "
-                              "prepare again: python -m camg.prepare_shop") from None
+            raise ConfigError(
+                f"{self.path} is not a Shop product store ({exc}); "
+                "prepare again: python -m camg.prepare_shop"
+            ) from None
         if meta.get("format") != FORMAT:
-            raise ConfigError(f"{self.path}: store format {meta.get('format')!r}, "
-                              f"this service reads {FORMAT!r}; prepare again")
+            raise ConfigError(
+                f"{self.path}: store format {meta.get('format')!r}, "
+                f"this service reads {FORMAT!r}; prepare again"
+            )
         self._count = int(meta["products"])
         self._lock = threading.Lock()
         self._cached = functools.lru_cache(maxsize=CACHE_PRODUCTS)(self._read)
@@ -142,8 +160,10 @@ class ProductStore(Mapping):
             return self._con.execute(sql, args).fetchall()
 
     def _read(self, asin: str) -> dict | None:
-        rows = self._query("SELECT b.body FROM products p JOIN bodies b ON b.rank = p.rank "
-                           "WHERE p.asin = ?", (asin,))
+        rows = self._query(
+            "SELECT b.body FROM products p JOIN bodies b ON b.rank = p.rank WHERE p.asin = ?",
+            (asin,),
+        )
         return json.loads(zlib.decompress(rows[0][0])) if rows else None
 
     def __getitem__(self, asin: str) -> dict:
@@ -154,7 +174,8 @@ class ProductStore(Mapping):
 
     def __contains__(self, asin: object) -> bool:
         return isinstance(asin, str) and bool(
-            self._query("SELECT 1 FROM products WHERE asin = ?", (asin,)))
+            self._query("SELECT 1 FROM products WHERE asin = ?", (asin,))
+        )
 
     def __len__(self) -> int:
         return self._count
@@ -164,7 +185,7 @@ class ProductStore(Mapping):
         for (asin,) in self._stream("SELECT asin FROM products ORDER BY rank"):
             yield asin
 
-    def values(self) -> Iterator[dict]:   # type: ignore[override]
+    def values(self) -> Iterator[dict]:  # type: ignore[override]  # streams records, no ValuesView
         """Every record in catalog order (decoded one by one, not cached)."""
         for (body,) in self._stream("SELECT body FROM bodies ORDER BY rank"):
             yield json.loads(zlib.decompress(body))
@@ -188,23 +209,22 @@ class ProductStore(Mapping):
 
     def _pricings(self) -> Iterator[tuple[str, list[float], int]]:
         for asin, n, lo, hi, sources in self._stream(
-                "SELECT asin, n_pricing, price_lo, price_hi, goal_sources FROM products "
-                "ORDER BY rank"):
+            "SELECT asin, n_pricing, price_lo, price_hi, goal_sources FROM products ORDER BY rank"
+        ):
             yield asin, [lo, hi][:n], sources
 
-    def goal_inputs(self) -> "_GoalInputs":
+    def goal_inputs(self) -> _GoalInputs:
         """What ``goals.generate`` reads, in catalog order, re-iterable:
         a product no goal source uses is only its asin and pricing."""
         return _GoalInputs(self)
 
-    def prices(self, rng: random.Random) -> "Prices":
+    def prices(self, rng: random.Random) -> Prices:
         """``catalog.product_prices`` of the whole pool (the same draws in
         the same order), one float per product."""
-        drawn = array("d", (catalog.draw_price(pricing, rng)
-                            for _, pricing, _ in self._pricings()))
+        drawn = array("d", (catalog.draw_price(pricing, rng) for _, pricing, _ in self._pricings()))
         return Prices(self, drawn)
 
-    def documents(self) -> "Documents":
+    def documents(self) -> Documents:
         return Documents(self)
 
     def close(self) -> None:
@@ -218,7 +238,8 @@ class _OptionValues:
 
     def __contains__(self, value: object) -> bool:
         return isinstance(value, str) and bool(
-            self._store._query("SELECT 1 FROM option_values WHERE value = ?", (value,)))
+            self._store._query("SELECT 1 FROM option_values WHERE value = ?", (value,))
+        )
 
 
 class _GoalInputs:
