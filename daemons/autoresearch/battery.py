@@ -45,19 +45,27 @@ import io
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 #: the most of the reward scale a no-learning baseline may earn
 LIMIT = 0.1
-_FILTERS = (("raw", "raw", 0), ("gaussian_1", "gaussian", 1.0), ("gaussian_2", "gaussian", 2.0),
-            ("median_3", "median", 3), ("median_5", "median", 5),
-            ("local_std_1", "local_std", 1.0), ("local_std_2", "local_std", 2.0),
-            ("local_std_4", "local_std", 4.0))
+_FILTERS = (
+    ("raw", "raw", 0),
+    ("gaussian_1", "gaussian", 1.0),
+    ("gaussian_2", "gaussian", 2.0),
+    ("median_3", "median", 3),
+    ("median_5", "median", 5),
+    ("local_std_1", "local_std", 1.0),
+    ("local_std_2", "local_std", 2.0),
+    ("local_std_4", "local_std", 4.0),
+)
 
 
 def _filtered(stack: np.ndarray, kind: str, size: float) -> np.ndarray:
     from scipy import ndimage
+
     if kind == "raw":
         return stack
     if kind == "gaussian":
@@ -67,20 +75,23 @@ def _filtered(stack: np.ndarray, kind: str, size: float) -> np.ndarray:
     # texture: the standard deviation in a Gaussian window
     means = np.array([ndimage.gaussian_filter(x, size) for x in stack])
     squares = np.array([ndimage.gaussian_filter(x * x, size) for x in stack])
-    return np.sqrt(np.maximum(squares - means ** 2, 0.0))
+    return np.sqrt(np.maximum(squares - means**2, 0.0))
 
 
 def _csv_table(path: Path) -> tuple[list[str], list[str], np.ndarray]:
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f) if r]
-    return rows[0], [r[0] for r in rows[1:]], np.array([[float(v) for v in r[1:]]
-                                                        for r in rows[1:]])
+    return (
+        rows[0],
+        [r[0] for r in rows[1:]],
+        np.array([[float(v) for v in r[1:]] for r in rows[1:]]),
+    )
 
 
 def _submission(ids: list[str], values: np.ndarray, integer: bool) -> bytes:
     out = io.StringIO()
     out.write("id,prediction\n")
-    for i, v in zip(ids, np.asarray(values, dtype=float).ravel()):
+    for i, v in zip(ids, np.asarray(values, dtype=float).ravel(), strict=True):
         out.write(f"{i},{int(round(v)) if integer else repr(float(v))}\n")
     return out.getvalue().encode()
 
@@ -109,16 +120,18 @@ def _tabular(head, train_ids, train, test_ids, test, metric):
         yield "constant_0", np.zeros(len(test_ids))
     yield "mean", np.full(len(test_ids), y.mean())
     yield "median", np.full(len(test_ids), np.median(y))
-    for n, name in enumerate(head[1:1 + test.shape[1]]):
+    for n, name in enumerate(head[1 : 1 + test.shape[1]]):
         yield f"identity:{name}", test[:, n]
         if metric == "roc_auc":
             yield f"identity:-{name}", -test[:, n]
-    keys = sorted([(_id_key(i), 0, n) for n, i in enumerate(train_ids)] +
-                  [(_id_key(i), 1, n) for n, i in enumerate(test_ids)])
+    keys = sorted(
+        [(_id_key(i), 0, n) for n, i in enumerate(train_ids)]
+        + [(_id_key(i), 1, n) for n, i in enumerate(test_ids)]
+    )
     nearest = np.zeros(len(test_ids))
     train_at = [n for _, kind, n in keys if kind == 0]
     position = 0
-    for key, kind, n in keys:
+    for _key, kind, n in keys:
         if kind == 0:
             position += 1
         else:  # the training row sorted just before it (or the first one)
@@ -156,12 +169,16 @@ def images(public: Path) -> Iterator[tuple[str, np.ndarray]]:
         fitted_on, smoothed = _filtered(train, kind, size), _filtered(test, kind, size)
         candidates = np.quantile(fitted_on, np.linspace(0.01, 0.99, 99))
         cuts: dict[str, Callable[[np.ndarray], float]] = {
-            "0.5": lambda x: 0.5, "otsu": _otsu,
-            "percentile": lambda x: float(np.quantile(x, 1.0 - fraction))}
+            "0.5": lambda x: 0.5,
+            "otsu": _otsu,
+            "percentile": lambda x: float(np.quantile(x, 1.0 - fraction)),
+        }
         for sign, side in ((1, "above"), (-1, "below")):
             for cut_name, cut in cuts.items():
-                yield f"{name}>{cut_name}:{side}", np.array(
-                    [sign * (x - cut(x)) > 0 for x in smoothed])
+                yield (
+                    f"{name}>{cut_name}:{side}",
+                    np.array([sign * (x - cut(x)) > 0 for x in smoothed]),
+                )
             best = max(candidates, key=lambda t: _dice(masks, sign * (fitted_on - t) > 0))
             yield f"{name}>fitted:{side}", sign * (smoothed - best) > 0
     repeats = []
@@ -195,17 +212,20 @@ def run(public: Path, task: dict, grade: Callable[[dict, bytes], dict]) -> dict[
         if order is not None:
             values = values[order]
         if len(values) != len(ids):
-            raise ValueError(f"baseline {name}: {len(values)} predictions for "
-                             f"{len(ids)} answers")
+            raise ValueError(f"baseline {name}: {len(values)} predictions for {len(ids)} answers")
         reply = grade(task, _submission(ids, values, integer))
         if not reply.get("valid"):
-            raise ValueError(f"baseline {name}: the grader refused its submission: "
-                             f"{reply.get('detail')}")
-        row = {"score": float(reply["score"]), "reward": float(reply["reward"])}
+            raise ValueError(
+                f"baseline {name}: the grader refused its submission: {reply.get('detail')}"
+            )
+        row: dict[str, Any] = {"score": float(reply["score"]), "reward": float(reply["reward"])}
         if name.startswith("identity:"):
             kept = results.get("identity_column")
-            if kept is not None and kept["reward"] >= row["reward"] and \
-                    (kept["reward"] > 0 or _better(task, kept["score"], row["score"])):
+            if (
+                kept is not None
+                and kept["reward"] >= row["reward"]
+                and (kept["reward"] > 0 or _better(task, kept["score"], row["score"]))
+            ):
                 continue
             name, row = "identity_column", {**row, "column": name.split(":", 1)[1]}
         results[name] = row
@@ -220,6 +240,8 @@ def _better(task: dict, a: float, b: float) -> bool:
 
 def best(task: dict, results: dict[str, dict]) -> tuple[str, float]:
     """The baseline with the best raw score (the floor of a rescaled reward)."""
-    name = max(results, key=lambda n: results[n]["score"] *
-               (1 if task["reference"] > task["baseline"] else -1))
+    name = max(
+        results,
+        key=lambda n: results[n]["score"] * (1 if task["reference"] > task["baseline"] else -1),
+    )
     return name, results[name]["score"]

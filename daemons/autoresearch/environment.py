@@ -16,17 +16,19 @@ import logging
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from camg import errors, typed
 from camg.environment import Environment, Episode, Grade, ServiceContext, Submission, Task
 from camg.hashing import sha256_bytes, sha256_json, sha256_tree
 from camg.shell_schema import command_observation
-
 from daemons.autoresearch import runstate
 from daemons.autoresearch.episode import Prepared, ResearchEpisode, graded
 from daemons.autoresearch.settings import Settings
 from daemons.autoresearch.supervisor import Grader
+
+if TYPE_CHECKING:
+    from camg.helper_client import HelperClient
 
 log = logging.getLogger("camg.autoresearch")
 
@@ -61,7 +63,7 @@ class ResearchEnvironment(Environment):
         super().__init__(context, tasks)
         self.settings = load_settings(context.settings)
         self.prepared: dict[str, Prepared] = {}
-        self.helper = None
+        self.helper: HelperClient | None = None
         self.grader: Grader | None = None
         self.ledger: runstate.RunLedger | None = None
         self.grader_failed: int | None = None
@@ -80,10 +82,15 @@ class ResearchEnvironment(Environment):
         self.ledger = runstate.RunLedger(self.context.state_dir, s.helper_owner, socket_path)
         self.ledger.claim(os.environ.get("CAMG_SERVE_CONFIG", "prepared/autoresearch.json"))
         answers = {task.task_id: task.data["answers_sha256"] for task in self.tasks}
-        self.grader = Grader(private_root=s.private_root, tasks=list(answers),
-                             user=s.grader_user, expected_answers=answers,
-                             python=s.grader_python or _interpreter(),
-                             timeout=s.grade_timeout, on_exit=self._grader_exited)
+        self.grader = Grader(
+            private_root=s.private_root,
+            tasks=list(answers),
+            user=s.grader_user,
+            expected_answers=answers,
+            python=s.grader_python or _interpreter(),
+            timeout=s.grade_timeout,
+            on_exit=self._grader_exited,
+        )
         self.grader.start()
         self.ledger.set(grader_pid=self.grader.pid)
 
@@ -94,6 +101,7 @@ class ResearchEnvironment(Environment):
         s = self.settings
         if self.grader is None:  # started without the service (tests, benchmarks)
             self.start_in_only_thread()
+        assert self.grader is not None  # start_in_only_thread set it
         images = by_name(load_materialized(s.images))
         if s.image not in images:
             raise errors.ConfigError(f"image {s.image!r} is not in {s.images}")
@@ -103,8 +111,9 @@ class ResearchEnvironment(Environment):
             self.prepared[task.task_id] = self._verify(task, image)
         socket_path = self.context.helper_socket or DEFAULT_SOCKET
         self.helper = HelperClient(socket_path, owner=s.helper_owner)
-        log.info("autoresearch: %d task(s) verified, grader pid %d", len(self.prepared),
-                 self.grader.pid)
+        log.info(
+            "autoresearch: %d task(s) verified, grader pid %d", len(self.prepared), self.grader.pid
+        )
 
     def _verify(self, task: Task, image) -> Prepared:
         data = task.data
@@ -114,20 +123,26 @@ class ResearchEnvironment(Environment):
             statement = str(data["statement"])
             recorded_tree = data["workspace_sha256"]
         except (KeyError, TypeError) as exc:
-            raise errors.ConfigError(f"task {task.task_id!r}: not a prepared autoresearch "
-                                     f"task (missing {exc})") from None
+            raise errors.ConfigError(
+                f"task {task.task_id!r}: not a prepared autoresearch task (missing {exc})"
+            ) from None
         if recorded_image.get("digest") != image.digest or recorded_image.get("hash") != image.hash:
-            raise errors.ConfigError(f"task {task.task_id!r}: prepared for image "
-                                     f"{recorded_image.get('digest')}, now {image.digest}")
+            raise errors.ConfigError(
+                f"task {task.task_id!r}: prepared for image "
+                f"{recorded_image.get('digest')}, now {image.digest}"
+            )
         if not os.path.isdir(workspace) or sha256_tree(workspace) != recorded_tree:
-            raise errors.ConfigError(f"task {task.task_id!r}: public workspace {workspace} is "
-                                     "missing or changed since preparation")
+            raise errors.ConfigError(
+                f"task {task.task_id!r}: public workspace {workspace} is "
+                "missing or changed since preparation"
+            )
         return Prepared(task.task_id, statement, workspace, image)
 
     def _grader_exited(self, status: int) -> None:
         self.grader_failed = status
-        request_failed_stop(self.context.state_dir, f"the private grader exited with status "
-                                                    f"{status}")
+        request_failed_stop(
+            self.context.state_dir, f"the private grader exited with status {status}"
+        )
 
     def stop(self) -> None:
         if self.grader is not None:
@@ -138,7 +153,7 @@ class ResearchEnvironment(Environment):
     # -- the service's view -------------------------------------------------
 
     def health(self) -> list[str]:
-        reasons = []
+        reasons: list[str] = []
         if self.grader is None or self.helper is None:
             return ["not started"]
         if not self.grader.alive:
@@ -152,35 +167,52 @@ class ResearchEnvironment(Environment):
 
     def metadata(self) -> Mapping[str, Any]:
         here = os.path.dirname(os.path.abspath(__file__))
-        sources = b"".join(open(os.path.join(here, n), "rb").read()
-                           for n in ("grader.py", "metrics.py", "gradewire.py"))
+        sources = b"".join(
+            open(os.path.join(here, n), "rb").read()
+            for n in ("grader.py", "metrics.py", "gradewire.py")
+        )
         return {
             "images": self._image_hash,
-            "workspaces": sha256_json({k: t.data.get("workspace_sha256")
-                                       for k, t in ((t.task_id, t) for t in self.tasks)}),
-            "grader": sha256_json({"sources": sha256_bytes(sources),
-                                   "answers": {t.task_id: t.data.get("answers_sha256")
-                                               for t in self.tasks}}),
+            "workspaces": sha256_json(
+                {k: t.data.get("workspace_sha256") for k, t in ((t.task_id, t) for t in self.tasks)}
+            ),
+            "grader": sha256_json(
+                {
+                    "sources": sha256_bytes(sources),
+                    "answers": {t.task_id: t.data.get("answers_sha256") for t in self.tasks},
+                }
+            ),
         }
 
     def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> Episode:
         if self.helper is None or self.grader is None:
             raise errors.Unavailable("the autoresearch environment is not started")
-        return ResearchEpisode(self.settings, self.helper, self._grade, self.prepared[task.task_id],
-                               episode_id, self.ledger)
+        return ResearchEpisode(
+            self.settings,
+            self.helper,
+            self._grade,
+            self.prepared[task.task_id],
+            episode_id,
+            self.ledger,
+        )
 
     def _grade(self, task_id: str, submission: bytes) -> dict:
-        return self.grader.grade(task_id, submission)
+        grader = self.grader
+        assert grader is not None  # episodes and regrades exist only once it started
+        return grader.grade(task_id, submission)
 
     def regrade(self, task: Task, submission: Submission) -> Grade:
         """The stored submission bytes through the private grader again."""
         if self.grader is None:
             raise errors.Unavailable("the autoresearch environment is not started")
         data = None if submission.meta.get("missing") else submission.data
-        reward, report = graded(self._grade, task.task_id, data,
-                                list(submission.meta.get("integrity_evidence") or ()))
-        outcome: dict[str, Any] = {"grade": dataclasses.asdict(report),
-                                   "integrity": report.integrity}
+        reward, report = graded(
+            self._grade, task.task_id, data, list(submission.meta.get("integrity_evidence") or ())
+        )
+        outcome: dict[str, Any] = {
+            "grade": dataclasses.asdict(report),
+            "integrity": report.integrity,
+        }
         if report.integrity != "ok":
             outcome["integrity_evidence"] = list(report.evidence)
         return Grade(reward, outcome)
@@ -191,8 +223,9 @@ class ResearchEnvironment(Environment):
     def check_clean(cls, config) -> tuple[bool, list[str]]:
         """``camg.serve --check-clean``: see runstate.check_clean."""
         settings = load_settings(config.settings)
-        return runstate.check_clean(config.state_dir, helper_socket=config.helper_socket,
-                                    owner=settings.helper_owner)
+        return runstate.check_clean(
+            config.state_dir, helper_socket=config.helper_socket, owner=settings.helper_owner
+        )
 
 
 def request_failed_stop(state_dir: str, reason: str) -> None:
@@ -210,6 +243,5 @@ def request_failed_stop(state_dir: str, reason: str) -> None:
 
 def _interpreter() -> str:
     import sys
+
     return sys.executable
-
-

@@ -38,19 +38,22 @@ def load_dir(directory: str) -> dict:
     ids, truth = metrics.read_answers(answers)
     if scoring["metric"] not in metrics.METRICS:
         raise ValueError(f"{directory}: unknown metric {scoring['metric']!r}")
-    return {"ids": ids, "truth": truth, "metric": scoring["metric"],
-            "baseline": float(scoring["baseline_score"]),
-            "reference": float(scoring["reference_score"]),
-            "integer": scoring["metric"] == "accuracy",
-            "sha256": "sha256:" + hashlib.sha256(answers + b"\0" + scoring_bytes).hexdigest()}
+    return {
+        "ids": ids,
+        "truth": truth,
+        "metric": scoring["metric"],
+        "baseline": float(scoring["baseline_score"]),
+        "reference": float(scoring["reference_score"]),
+        "integer": scoring["metric"] == "accuracy",
+        "sha256": "sha256:" + hashlib.sha256(answers + b"\0" + scoring_bytes).hexdigest(),
+    }
 
 
 def grade(task: dict, submission: bytes) -> dict:
     try:
         predicted = metrics.parse_submission(submission, task["ids"], integer=task["integer"])
     except metrics.SubmissionInvalid as exc:
-        return {"valid": False, "reward": 0.0, "score": None, "detail": str(exc),
-                "rule": exc.rule}
+        return {"valid": False, "reward": 0.0, "score": None, "detail": str(exc), "rule": exc.rule}
     value = metrics.score(task["metric"], task["truth"], predicted)
     reward = metrics.normalise(value, task["baseline"], task["reference"])
     return {"valid": True, "reward": reward, "score": value, "detail": ""}
@@ -58,9 +61,18 @@ def grade(task: dict, submission: bytes) -> dict:
 
 def serve(sock: socket.socket, credential: bytes, tasks: dict[str, dict]) -> None:
     seq = 0
-    gradewire.send(sock, credential, gradewire.FROM_GRADER, seq,
-                   {"hello": True, "uid": os.getuid(), "pid": os.getpid(),
-                    "answers": {k: t["sha256"] for k, t in tasks.items()}})
+    gradewire.send(
+        sock,
+        credential,
+        gradewire.FROM_GRADER,
+        seq,
+        {
+            "hello": True,
+            "uid": os.getuid(),
+            "pid": os.getpid(),
+            "answers": {k: t["sha256"] for k, t in tasks.items()},
+        },
+    )
     while True:
         seq += 1
         try:
@@ -68,7 +80,7 @@ def serve(sock: socket.socket, credential: bytes, tasks: dict[str, dict]) -> Non
         except EOFError:
             return  # the service closed its end: it is stopping
         started = time.monotonic()
-        task = tasks.get(request.get("task_id"))
+        task = tasks.get(request.get("task_id"))  # type: ignore[arg-type]  # any id as sent: only a known one matches
         if task is None:
             reply = {"ok": False, "error": f"unknown task {str(request.get('task_id'))[:80]!r}"}
         else:
@@ -95,8 +107,9 @@ def main() -> int:
     except (OSError, ValueError, KeyError) as exc:
         # Said over the socket too, so the service names the cause.
         print(f"<3>camg-grader: cannot load the private answers: {exc}", file=sys.stderr)
-        gradewire.send(sock, credential, gradewire.FROM_GRADER, 0,
-                       {"hello": False, "error": str(exc)[:500]})
+        gradewire.send(
+            sock, credential, gradewire.FROM_GRADER, 0, {"hello": False, "error": str(exc)[:500]}
+        )
         return 3
     try:
         serve(sock, credential, tasks)

@@ -35,8 +35,9 @@ def _mac(credential: bytes, tag: bytes, seq: int, body: dict, blob: bytes) -> st
     return hmac.new(credential, message, hashlib.sha256).hexdigest()
 
 
-def send(sock: socket.socket, credential: bytes, tag: bytes, seq: int, body: dict,
-         blob: bytes = b"") -> None:
+def send(
+    sock: socket.socket, credential: bytes, tag: bytes, seq: int, body: dict, blob: bytes = b""
+) -> None:
     frame = dict(body, seq=seq, mac=_mac(credential, tag, seq, body, blob))
     sock.sendall(encode(frame, blob))
 
@@ -45,7 +46,10 @@ def receive(sock: socket.socket, credential: bytes, tag: bytes, seq: int) -> tup
     frame, blob = read_frame(sock, MAX_BLOB)
     mac = frame.pop("mac", None)
     got_seq = frame.pop("seq", None)
-    if not isinstance(mac, str) or got_seq != seq or not hmac.compare_digest(
-            mac, _mac(credential, tag, seq, frame, blob)):
+    if (
+        not isinstance(mac, str)
+        or got_seq != seq
+        or not hmac.compare_digest(mac, _mac(credential, tag, seq, frame, blob))
+    ):
         raise Tampered("frame failed authentication")
     return frame, blob

@@ -54,17 +54,46 @@ from pathlib import Path
 
 import numpy as np
 
-DATA_SUFFIXES = (".csv", ".tsv", ".txt", ".dat", ".data", ".arff", ".json", ".jsonl", ".npy",
-                 ".npz", ".svm", ".libsvm", ".svmlight", ".names", ".test", ".train", ".zip")
+DATA_SUFFIXES = (
+    ".csv",
+    ".tsv",
+    ".txt",
+    ".dat",
+    ".data",
+    ".arff",
+    ".json",
+    ".jsonl",
+    ".npy",
+    ".npz",
+    ".svm",
+    ".libsvm",
+    ".svmlight",
+    ".names",
+    ".test",
+    ".train",
+    ".zip",
+)
 BINARY_SUFFIXES = (".pkl", ".pickle", ".joblib", ".pt", ".pth", ".bin", ".mat")
 COMPRESSED = {".gz": gzip.decompress, ".bz2": bz2.decompress, ".xz": lzma.decompress}
 # Documentation and system trees: prose, no data sets (and most of the
 # image's compressed files: changelogs, manual pages).
-SKIPPED_TREES = frozenset({"proc", "sys", "dev", "usr/share/doc", "usr/share/man",
-                           "usr/share/info", "usr/share/locale", "usr/share/i18n",
-                           "usr/share/zoneinfo", "var/lib/dpkg", "var/cache/debconf"})
+SKIPPED_TREES = frozenset(
+    {
+        "proc",
+        "sys",
+        "dev",
+        "usr/share/doc",
+        "usr/share/man",
+        "usr/share/info",
+        "usr/share/locale",
+        "usr/share/i18n",
+        "usr/share/zoneinfo",
+        "var/lib/dpkg",
+        "var/cache/debconf",
+    }
+)
 MAX_BYTES = 128 << 20
-KEY = 8                 # consecutive values hashed per row
+KEY = 8  # consecutive values hashed per row
 _PRIME = np.uint64(0x100000001B3)
 _NUMBER = re.compile(rb"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
 _WORD = re.compile(rb"[A-Za-z0-9_\-]+")
@@ -73,9 +102,9 @@ _BINARY_VIEWS = (("<f8", 8), ("<f4", 4), ("<i8", 8), ("<i4", 4), ("u1", 1))
 
 @dataclasses.dataclass(frozen=True)
 class Leak:
-    path: str        # as the agent sees it (rootfs- or workspace-relative, absolute)
-    rows: int        # distinct test rows found in it
-    ids: int         # distinct test ids found in it
+    path: str  # as the agent sees it (rootfs- or workspace-relative, absolute)
+    rows: int  # distinct test rows found in it
+    ids: int  # distinct test ids found in it
 
     def __str__(self) -> str:
         return f"{self.path}: {self.rows} test row(s), {self.ids} test id(s)"
@@ -110,7 +139,7 @@ def _window_hashes(codes: np.ndarray, k: int) -> np.ndarray:
         return h
     with np.errstate(over="ignore"):
         for j in range(k):
-            h = h * _PRIME + codes[j:len(codes) - k + 1 + j].astype(np.uint64)
+            h = h * _PRIME + codes[j : len(codes) - k + 1 + j].astype(np.uint64)
     return h
 
 
@@ -126,10 +155,10 @@ class TestRows:
                 continue  # a constant or near-constant row is no fingerprint
             k = min(KEY, len(codes))
             # the anchor: the window with the most distinct values (zeros are common)
-            best = max(range(len(codes) - k + 1), key=lambda o: len(set(codes[o:o + k].tolist())))
+            best = max(range(len(codes) - k + 1), key=lambda o: len(set(codes[o : o + k].tolist())))
             self.codes.append(codes)
             self.offsets.append(best)
-            anchors.append((k, int(_window_hashes(codes[best:best + k], k)[0])))
+            anchors.append((k, int(_window_hashes(codes[best : best + k], k)[0])))
         self.by_anchor: dict[tuple[int, int], list[int]] = {}
         for n, anchor in enumerate(anchors):
             self.by_anchor.setdefault(anchor, []).append(n)
@@ -141,15 +170,16 @@ class TestRows:
     def anchors(self, k: int) -> np.ndarray:
         return np.array([h for (w, h) in self.by_anchor if w == k], dtype=np.uint64)
 
-    def found_at(self, codes: np.ndarray, k: int, hashes: np.ndarray,
-                 positions: np.ndarray) -> set[int]:
+    def found_at(
+        self, codes: np.ndarray, k: int, hashes: np.ndarray, positions: np.ndarray
+    ) -> set[int]:
         """The rows whose anchor of width ``k`` hashes as at ``positions``."""
         found: set[int] = set()
         for position in positions:
             for n in self.by_anchor.get((k, int(hashes[position])), ()):
                 start = int(position) - self.offsets[n]
                 row = self.codes[n]
-                if start >= 0 and np.array_equal(codes[start:start + len(row)], row):
+                if start >= 0 and np.array_equal(codes[start : start + len(row)], row):
                     found.add(n)
         return found
 
@@ -192,11 +222,12 @@ def task_test_rows(public: Path) -> tuple[TestRows, set[str]]:
 
 # -- reading files as streams ---------------------------------------------------
 
+
 def _suffixes(name: str) -> tuple[str, str]:
     """(the compression suffix or "", the data suffix or "")."""
     lower = name.lower()
     compression = next((c for c in COMPRESSED if lower.endswith(c)), "")
-    base = lower[:len(lower) - len(compression)] if compression else lower
+    base = lower[: len(lower) - len(compression)] if compression else lower
     kind = next((s for s in DATA_SUFFIXES + BINARY_SUFFIXES if base.endswith(s)), "")
     return compression, kind
 
@@ -205,7 +236,7 @@ def wanted(name: str) -> bool:
     """A data file (also compressed), or a compressed file of no other suffix."""
     compression, kind = _suffixes(name)
     if compression:
-        inner = name[:-len(compression)]
+        inner = name[: -len(compression)]
         return bool(kind) or "." not in inner.lstrip(".")
     return bool(kind)
 
@@ -243,8 +274,9 @@ def _streams(name: str, data: bytes) -> Iterator[tuple[np.ndarray, bytes]]:
                 usable = (len(data) - offset) // size * size
                 if usable > 0:
                     with np.errstate(invalid="ignore", over="ignore"):
-                        view = np.frombuffer(data, dtype=dtype, offset=offset,
-                                             count=usable // size).astype(np.float64)
+                        view = np.frombuffer(
+                            data, dtype=dtype, offset=offset, count=usable // size
+                        ).astype(np.float64)
                     yield view, b""
         return
     numbers = _NUMBER.findall(data)
@@ -263,21 +295,23 @@ def scan_file(path: Path, shown: str, rowsets: Mapping[str, TestRows]) -> dict[s
     for numbers, text in _streams(path.name, data):
         words = set(_WORD.findall(text)) if text else set()
         if len(numbers):
-            for task, rows in found_in(canonical(numbers), rowsets).items():
-                found[task] |= rows
+            for task, hits in found_in(canonical(numbers), rowsets).items():
+                found[task] |= hits
         for task, rows in rowsets.items():
             if rows.ids and words:
                 ids[task] |= rows.ids & words
     leaks = {}
     for task, rows in rowsets.items():
-        if len(found[task]) >= max(1, min(3, len(rows))) or \
-                len(ids[task]) >= max(1, min(3, len(rows.ids))):
+        if len(found[task]) >= max(1, min(3, len(rows))) or len(ids[task]) >= max(
+            1, min(3, len(rows.ids))
+        ):
             leaks[task] = Leak(shown, len(found[task]), len(ids[task]))
     return leaks
 
 
-def scan_tree(root: Path, rowsets: Mapping[str, TestRows], *, prefix: str = "/",
-              skip: Iterable[str] = ()) -> tuple[dict[str, list[Leak]], int]:
+def scan_tree(
+    root: Path, rowsets: Mapping[str, TestRows], *, prefix: str = "/", skip: Iterable[str] = ()
+) -> tuple[dict[str, list[Leak]], int]:
     """Per task the leaks under ``root`` (its files named as ``prefix`` +
     relative path) and how many files were read; ``skip``: relative paths
     left out."""
@@ -286,13 +320,13 @@ def scan_tree(root: Path, rowsets: Mapping[str, TestRows], *, prefix: str = "/",
     scanned = 0
     for dirpath, dirnames, filenames in os.walk(root):
         here = os.path.relpath(dirpath, root)
-        dirnames[:] = sorted(d for d in dirnames
-                             if os.path.normpath(os.path.join(here, d)) not in SKIPPED_TREES)
+        dirnames[:] = sorted(
+            d for d in dirnames if os.path.normpath(os.path.join(here, d)) not in SKIPPED_TREES
+        )
         for name in sorted(filenames):
             path = Path(dirpath) / name
             relative = str(path.relative_to(root))
-            if relative in skipped or not wanted(name) or path.is_symlink() or \
-                    not path.is_file():
+            if relative in skipped or not wanted(name) or path.is_symlink() or not path.is_file():
                 continue
             scanned += 1
             for task, leak in scan_file(path, prefix + relative, rowsets).items():

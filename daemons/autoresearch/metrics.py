@@ -36,8 +36,7 @@ class SubmissionInvalid(ValueError):
 def parse_submission(data: bytes, ids: list[str], *, integer: bool = False) -> np.ndarray:
     """Predictions in the order of ``ids``."""
     if len(data) > MAX_SUBMISSION_BYTES:
-        raise SubmissionInvalid(f"submission is larger than {MAX_SUBMISSION_BYTES} bytes",
-                                "size")
+        raise SubmissionInvalid(f"submission is larger than {MAX_SUBMISSION_BYTES} bytes", "size")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -61,16 +60,18 @@ def parse_submission(data: bytes, ids: list[str], *, integer: bool = False) -> n
         if key not in wanted:
             raise SubmissionInvalid(f"line {lineno}: unknown id {key[:40]!r}", "unknown_id")
         if key in seen:
-            raise SubmissionInvalid(f"line {lineno}: id {key[:40]!r} appears twice",
-                                    "duplicate_id")
+            raise SubmissionInvalid(f"line {lineno}: id {key[:40]!r} appears twice", "duplicate_id")
         try:
             value = float(row[1])
         except ValueError:
-            raise SubmissionInvalid(f"line {lineno}: prediction is not a number",
-                                    "not_number") from None
+            raise SubmissionInvalid(
+                f"line {lineno}: prediction is not a number", "not_number"
+            ) from None
         if not math.isfinite(value) or (integer and value != int(value)):
-            raise SubmissionInvalid(f"line {lineno}: prediction must be a finite "
-                                    f"{'integer' if integer else 'number'}", "not_finite")
+            raise SubmissionInvalid(
+                f"line {lineno}: prediction must be a finite {'integer' if integer else 'number'}",
+                "not_finite",
+            )
         seen.add(key)
         values[wanted[key]] = value
     if len(seen) != len(ids):

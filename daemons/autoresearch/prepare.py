@@ -1,4 +1,5 @@
-"""``python -m camg.prepare --environment autoresearch``: task bundles -> the three roots + manifest.
+"""``python -m camg.prepare --environment autoresearch``: task bundles -> the three roots
++ manifest.
 
     python -m camg.prepare --environment autoresearch --source DIR \\
         --packages-root /var/lib/camg/autoresearch/tasks \\
@@ -50,8 +51,11 @@ TASK_FIELDS = {"task_id", "title", "metric", "statement", "baseline_score", "ref
 
 def answers_hash(private_dir: Path) -> str:
     """What the grader reports at hello for one task (grader._load)."""
-    data = (private_dir / "answers.csv").read_bytes() + b"\0" + \
-        (private_dir / "scoring.json").read_bytes()
+    data = (
+        (private_dir / "answers.csv").read_bytes()
+        + b"\0"
+        + (private_dir / "scoring.json").read_bytes()
+    )
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
@@ -60,12 +64,12 @@ def _copy_public(src: Path, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(src, dest, symlinks=False)
-    for dirpath, dirnames, filenames in os.walk(dest):
+    for dirpath, _dirnames, filenames in os.walk(dest):
         os.chmod(dirpath, 0o755)
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), 0o644)
     if os.geteuid() == 0:
-        for dirpath, dirnames, filenames in os.walk(dest):
+        for dirpath, _dirnames, filenames in os.walk(dest):
             os.chown(dirpath, 0, 0)
             for name in filenames:
                 os.chown(os.path.join(dirpath, name), 0, 0)
@@ -89,18 +93,29 @@ def _install_private(src: Path, root: Path, task_id: str, uid: int, gid: int) ->
     os.chown(dest, uid, gid)
 
 
-def prepare(*, source: str | Path, packages_root: str | Path, workspaces_root: str | Path,
-            private_root: str | Path, images: str | Path, image_name: str, output: str | Path,
-            grader_user: str = "camg-grader", select: Sequence[str] | None = None,
-            validate: bool = False, helper_socket: str | None = None) -> dict:
+def prepare(
+    *,
+    source: str | Path,
+    packages_root: str | Path,
+    workspaces_root: str | Path,
+    private_root: str | Path,
+    images: str | Path,
+    image_name: str,
+    output: str | Path,
+    grader_user: str = "camg-grader",
+    select: Sequence[str] | None = None,
+    validate: bool = False,
+    helper_socket: str | None = None,
+) -> dict:
     source = Path(source)
     try:
         account = pwd.getpwnam(grader_user)
     except KeyError:
         raise DatasetError(f"grader user {grader_user!r} does not exist") from None
     if os.geteuid() != 0:
-        raise DatasetError("preparation installs the private answers as the grader's uid: "
-                           "run it as root")
+        raise DatasetError(
+            "preparation installs the private answers as the grader's uid: run it as root"
+        )
     catalog = by_name(load_materialized(images))
     if image_name not in catalog:
         raise DatasetError(f"image {image_name!r} is not in {images}")
@@ -121,8 +136,10 @@ def prepare(*, source: str | Path, packages_root: str | Path, workspaces_root: s
         bundle = source / task_id
         meta = json.loads((bundle / "task.json").read_text())
         if set(meta) != TASK_FIELDS or meta["task_id"] != task_id:
-            raise DatasetError(f"{bundle}/task.json: needs exactly {sorted(TASK_FIELDS)} and "
-                               "task_id equal to its directory")
+            raise DatasetError(
+                f"{bundle}/task.json: needs exactly {sorted(TASK_FIELDS)} and "
+                "task_id equal to its directory"
+            )
         package = Path(packages_root) / task_id
         package.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(bundle / "task.json", package / "task.json")
@@ -133,29 +150,43 @@ def prepare(*, source: str | Path, packages_root: str | Path, workspaces_root: s
         workspace.mkdir(parents=True, exist_ok=True)
         os.chmod(workspace, 0o755)
         _copy_public(bundle / "public", workspace / "task")
-        _install_private(bundle / "private", Path(private_root), task_id, account.pw_uid,
-                         account.pw_gid)
-        tasks.append({"task_id": task_id, "data": {
-            "title": meta["title"], "metric": meta["metric"], "statement": meta["statement"],
-            "baseline_score": meta["baseline_score"], "reference_score": meta["reference_score"],
-            "image": {"name": image.name, "digest": image.digest, "hash": image.hash},
-            "workspace_sha256": sha256_tree(workspace),
-            "answers_sha256": answers_hash(bundle / "private")}})
+        _install_private(
+            bundle / "private", Path(private_root), task_id, account.pw_uid, account.pw_gid
+        )
+        tasks.append(
+            {
+                "task_id": task_id,
+                "data": {
+                    "title": meta["title"],
+                    "metric": meta["metric"],
+                    "statement": meta["statement"],
+                    "baseline_score": meta["baseline_score"],
+                    "reference_score": meta["reference_score"],
+                    "image": {"name": image.name, "digest": image.digest, "hash": image.hash},
+                    "workspace_sha256": sha256_tree(workspace),
+                    "answers_sha256": answers_hash(bundle / "private"),
+                },
+            }
+        )
     sampling: dict = {"order": "bundles" if select is None else "select"}
     if validate:
         from daemons.autoresearch import validate as checks
-        sampling["validation"] = checks.validate(chosen, source, Path(workspaces_root), image,
-                                                 helper_socket)
-    body = manifest.build("autoresearch", tasks, sampling=sampling,
-                          files={"images": images}, created_by=CREATED_BY)
+
+        sampling["validation"] = checks.validate(
+            chosen, source, Path(workspaces_root), image, helper_socket
+        )
+    body = manifest.build(
+        "autoresearch", tasks, sampling=sampling, files={"images": images}, created_by=CREATED_BY
+    )
     manifest.write(output, body)
     return body
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m camg.prepare --environment autoresearch",
-                                 description="Install task bundles into the three roots and "
-                                             "write the manifest.")
+    ap = argparse.ArgumentParser(
+        prog="python -m camg.prepare --environment autoresearch",
+        description="Install task bundles into the three roots and write the manifest.",
+    )
     ap.add_argument("--source", required=True, help="directory of task bundles")
     ap.add_argument("--packages-root", required=True)
     ap.add_argument("--workspaces-root", required=True)
@@ -165,27 +196,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--grader-user", default="camg-grader")
     ap.add_argument("--output", required=True)
     ap.add_argument("--select", help="file of task ids, one a line, in serving order")
-    ap.add_argument("--validate", action="store_true",
-                    help="refuse tasks whose test rows are readable in the image or workspace, "
-                         "on which a no-learning baseline earns reward (and, with "
-                         "--helper-socket, whose baseline/reference misbehave)")
+    ap.add_argument(
+        "--validate",
+        action="store_true",
+        help="refuse tasks whose test rows are readable in the image or workspace, "
+        "on which a no-learning baseline earns reward (and, with "
+        "--helper-socket, whose baseline/reference misbehave)",
+    )
     ap.add_argument("--helper-socket", help="the helper to run baseline and reference in")
     args = ap.parse_args(argv)
     try:
         select = None
         if args.select:
-            select = [l.strip() for l in Path(args.select).read_text().splitlines()
-                      if l.strip() and not l.startswith("#")]
-        body = prepare(source=args.source, packages_root=args.packages_root,
-                       workspaces_root=args.workspaces_root, private_root=args.private_root,
-                       images=args.images, image_name=args.image, output=args.output,
-                       grader_user=args.grader_user, select=select, validate=args.validate,
-                       helper_socket=args.helper_socket)
+            select = [
+                line.strip()
+                for line in Path(args.select).read_text().splitlines()
+                if line.strip() and not line.startswith("#")
+            ]
+        body = prepare(
+            source=args.source,
+            packages_root=args.packages_root,
+            workspaces_root=args.workspaces_root,
+            private_root=args.private_root,
+            images=args.images,
+            image_name=args.image,
+            output=args.output,
+            grader_user=args.grader_user,
+            select=select,
+            validate=args.validate,
+            helper_socket=args.helper_socket,
+        )
     except (CamgError, OSError, ValueError) as exc:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2
     print(f"camg.prepare: wrote {args.output} with {len(body['tasks'])} autoresearch task(s)")
     from daemons.autoresearch.metrics import HIGHER_IS_BETTER
+
     metric = {t["task_id"]: t["data"]["metric"] for t in body["tasks"]}
     validation = body.get("sampling", {}).get("validation", {})
     for task_id, record in validation.get("tasks", {}).items():
@@ -193,9 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if found:
             sign = 1 if HIGHER_IS_BETTER[metric[task_id]] else -1
             name = max(found, key=lambda n: (found[n]["reward"], sign * found[n]["score"]))
-            print(f"camg.prepare: {task_id}: {len(found)} no-learning baselines, the best "
-                  f"{name} (score {found[name]['score']:.6g}) earns {found[name]['reward']:.4f} "
-                  "(each in the manifest's sampling.validation)")
+            print(
+                f"camg.prepare: {task_id}: {len(found)} no-learning baselines, the best "
+                f"{name} (score {found[name]['score']:.6g}) earns {found[name]['reward']:.4f} "
+                "(each in the manifest's sampling.validation)"
+            )
     return 0
 
 

@@ -38,9 +38,11 @@ def _read(path: str) -> dict | None:
 
 
 def refusal(state_dir: str, config_hint: str) -> str:
-    return (f"state directory {state_dir} was not checked since the previous run; run "
-            f"`python -m camg.serve --config {config_hint} --check-clean` first (the unit's "
-            "ExecStartPre does)")
+    return (
+        f"state directory {state_dir} was not checked since the previous run; run "
+        f"`python -m camg.serve --config {config_hint} --check-clean` first (the unit's "
+        "ExecStartPre does)"
+    )
 
 
 class RunLedger:
@@ -49,9 +51,14 @@ class RunLedger:
     def __init__(self, state_dir: str, owner: str, helper_socket: str) -> None:
         self.state_dir = state_dir
         self.path = os.path.join(state_dir, RUN)
-        self.body: dict[str, Any] = {"pid": os.getpid(), "started": time.time(), "owner": owner,
-                                     "helper_socket": helper_socket, "grader_pid": None,
-                                     "sandboxes": []}
+        self.body: dict[str, Any] = {
+            "pid": os.getpid(),
+            "started": time.time(),
+            "owner": owner,
+            "helper_socket": helper_socket,
+            "grader_pid": None,
+            "sandboxes": [],
+        }
         self._lock = threading.Lock()
 
     def claim(self, config_hint: str) -> None:
@@ -96,8 +103,9 @@ def _alive(pid: Any) -> bool:
     return state != b"Z"
 
 
-def check_clean(state_dir: str, *, helper_socket: str, owner: str,
-                grace: float = 15.0) -> tuple[bool, list[str]]:
+def check_clean(
+    state_dir: str, *, helper_socket: str, owner: str, grace: float = 15.0
+) -> tuple[bool, list[str]]:
     """(clean, what was done or what is wrong). Idempotent."""
     from camg.helper_client import HelperClient
 
@@ -122,7 +130,7 @@ def check_clean(state_dir: str, *, helper_socket: str, owner: str,
                 for sid in sandboxes:
                     gone = not client.destroy(sid)
                     notes.append(f"sandbox {sid} {'was already gone' if gone else 'released'}")
-                left = {e.get("sandbox_id") for e in client.list_sandboxes()} & set(sandboxes)
+                left = set(sandboxes) & {e.get("sandbox_id") for e in client.list_sandboxes()}
             except errors.CamgError as exc:
                 return False, [f"cannot release sandboxes {', '.join(sandboxes)}: {exc}"]
             finally:
@@ -131,14 +139,17 @@ def check_clean(state_dir: str, *, helper_socket: str, owner: str,
                 return False, [f"sandboxes still held after release: {', '.join(sorted(left))}"]
         # A sandbox created in the instant before its ledger entry was
         # written still carries this service's owner label: release those too.
-        client = HelperClient(run.get("helper_socket") or helper_socket,
-                              owner=run.get("owner") or owner)
+        client = HelperClient(
+            run.get("helper_socket") or helper_socket, owner=run.get("owner") or owner
+        )
         try:
             stray = [e.get("sandbox_id") for e in client.list_sandboxes()]
             if stray:
                 client.release_all()
-                notes.append(f"released {len(stray)} unledgered sandbox(es) of owner "
-                             f"{run.get('owner') or owner}: {', '.join(map(str, stray))}")
+                notes.append(
+                    f"released {len(stray)} unledgered sandbox(es) of owner "
+                    f"{run.get('owner') or owner}: {', '.join(map(str, stray))}"
+                )
         except errors.Unavailable:
             pass  # no helper running: it holds no sandbox (its start-up sweep reclaims)
         except errors.CamgError as exc:
@@ -151,6 +162,8 @@ def check_clean(state_dir: str, *, helper_socket: str, owner: str,
         os.unlink(os.path.join(state_dir, STOP_FAILED))
     except FileNotFoundError:
         pass
-    atomic.write_json(os.path.join(state_dir, CLEAN),
-                      {"checked_at": time.time(), "by_pid": os.getpid(), "notes": notes})
+    atomic.write_json(
+        os.path.join(state_dir, CLEAN),
+        {"checked_at": time.time(), "by_pid": os.getpid(), "notes": notes},
+    )
     return True, notes or ["nothing of a previous run remained"]

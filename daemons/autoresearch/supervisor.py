@@ -63,9 +63,17 @@ def drop_setid_capabilities() -> None:
 
 
 class Grader:
-    def __init__(self, *, private_root: str, tasks: list[str], user: str,
-                 expected_answers: Mapping[str, str], python: str = sys.executable,
-                 timeout: float = 120.0, on_exit: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        private_root: str,
+        tasks: list[str],
+        user: str,
+        expected_answers: Mapping[str, str],
+        python: str = sys.executable,
+        timeout: float = 120.0,
+        on_exit: Callable[[int], None] | None = None,
+    ) -> None:
         self.private_root = private_root
         self.tasks = list(tasks)
         self.user = user
@@ -88,25 +96,42 @@ class Grader:
         try:
             account = pwd.getpwnam(self.user)
         except KeyError:
-            raise errors.ConfigError(f"grader user {self.user!r} does not exist (sysusers.d "
-                                     "camg.conf creates camg-grader)") from None
+            raise errors.ConfigError(
+                f"grader user {self.user!r} does not exist (sysusers.d "
+                "camg.conf creates camg-grader)"
+            ) from None
         if account.pw_uid == os.getuid() or account.pw_uid == 0:
-            raise errors.ConfigError(f"grader user {self.user!r} must be its own unprivileged "
-                                     "uid, not the service's or root's")
+            raise errors.ConfigError(
+                f"grader user {self.user!r} must be its own unprivileged "
+                "uid, not the service's or root's"
+            )
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         child_fd = theirs.fileno()
         self._credential = secrets.token_bytes(gradewire.CREDENTIAL_BYTES)
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         try:
             # user=/group= need CAP_SETUID/CAP_SETGID: root in tests; the unit
             # grants them to the service, which drops them right after.
             self.proc = subprocess.Popen(
-                [self.python, "-m", "daemons.autoresearch.grader"], stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env, cwd="/",
-                user=account.pw_uid, group=account.pw_gid, extra_groups=[], umask=0o077)
+                [self.python, "-m", "daemons.autoresearch.grader"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                env=env,
+                cwd="/",
+                user=account.pw_uid,
+                group=account.pw_gid,
+                extra_groups=[],
+                umask=0o077,
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             mine.close()
             theirs.close()
@@ -116,41 +141,52 @@ class Grader:
         theirs.close()
         self.uid = account.pw_uid
         self.sock = mine
-        setup = {"credential": self._credential.hex(), "fd": child_fd,
-                 "private_root": self.private_root, "tasks": self.tasks}
+        setup = {
+            "credential": self._credential.hex(),
+            "fd": child_fd,
+            "private_root": self.private_root,
+            "tasks": self.tasks,
+        }
+        stdin = self.proc.stdin
+        assert stdin is not None  # started with stdin=PIPE
         try:
-            self.proc.stdin.write(json.dumps(setup).encode())
-            self.proc.stdin.close()
+            stdin.write(json.dumps(setup).encode())
+            stdin.close()
         except OSError as exc:
             self.stop()
             raise errors.ConfigError(f"the grader died at start: {exc}") from None
         del setup
         self._hello()
         threading.Thread(target=self._watch, name="grader-watch", daemon=True).start()
-        log.info("grader started as %s (uid %d, pid %d)", self.user, account.pw_uid,
-                 self.proc.pid)
+        log.info("grader started as %s (uid %d, pid %d)", self.user, account.pw_uid, self.proc.pid)
 
     def _hello(self) -> None:
-        self.sock.settimeout(_HELLO_TIMEOUT)
+        sock = self.sock
+        assert sock is not None  # start() set it just before
+        sock.settimeout(_HELLO_TIMEOUT)
         try:
-            hello, _ = gradewire.receive(self.sock, self._credential, gradewire.FROM_GRADER, 0)
+            hello, _ = gradewire.receive(sock, self._credential, gradewire.FROM_GRADER, 0)
         except (OSError, EOFError, gradewire.Tampered, ValueError) as exc:
             self.stop()
             raise errors.ConfigError(f"the grader did not start: {exc}") from None
         if not hello.get("hello"):
             self.stop()
-            raise errors.ConfigError(f"the grader cannot load the private answers: "
-                                     f"{hello.get('error')}")
+            raise errors.ConfigError(
+                f"the grader cannot load the private answers: {hello.get('error')}"
+            )
         if hello.get("uid") != self.uid:
             self.stop()
             raise errors.ConfigError(f"the grader runs as uid {hello.get('uid')}, not {self.uid}")
         if hello.get("answers") != self.expected_answers:
             self.stop()
-            raise errors.ConfigError("the private answers differ from the prepared manifest "
-                                     "(re-run camg.prepare --environment autoresearch)")
+            raise errors.ConfigError(
+                "the private answers differ from the prepared manifest "
+                "(re-run camg.prepare --environment autoresearch)"
+            )
 
     def _watch(self) -> None:
         proc = self.proc
+        assert proc is not None  # watched only once it is spawned
         status = proc.wait()
         self.exit_status = status
         if not self._stopping:
@@ -191,13 +227,21 @@ class Grader:
             self._seq += 1
             try:
                 sock.settimeout(self.timeout)
-                gradewire.send(sock, self._credential, gradewire.TO_GRADER, self._seq,
-                               {"task_id": task_id}, submission)
-                reply, _ = gradewire.receive(sock, self._credential, gradewire.FROM_GRADER,
-                                             self._seq)
-            except socket.timeout:
-                raise errors.GraderError(f"the grader did not answer within "
-                                         f"{self.timeout:g} s") from None
+                gradewire.send(
+                    sock,
+                    self._credential,
+                    gradewire.TO_GRADER,
+                    self._seq,
+                    {"task_id": task_id},
+                    submission,
+                )
+                reply, _ = gradewire.receive(
+                    sock, self._credential, gradewire.FROM_GRADER, self._seq
+                )
+            except TimeoutError:
+                raise errors.GraderError(
+                    f"the grader did not answer within {self.timeout:g} s"
+                ) from None
             except (OSError, EOFError, gradewire.Tampered, ValueError) as exc:
                 raise errors.GraderError(f"grader connection failed: {exc}") from None
         if not reply.get("ok"):

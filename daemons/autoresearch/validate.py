@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from camg.errors import CamgError, DatasetError
-
 from daemons.autoresearch import battery, grader, leakscan, metrics
 
 REFERENCE_MIN, BASELINE_MAX = 0.9, 0.05
@@ -51,27 +50,37 @@ class Result:
     @property
     def paid_without_learning(self) -> list[str]:
         """The baselines over the limit, the best paid first."""
-        over = sorted(((row["reward"], name, row["score"]) for name, row in self.battery.items()
-                       if row["reward"] > battery.LIMIT), reverse=True)
-        return [f"no-learning baseline {name} scores {score:.6g}, reward {reward:.4f} > "
-                f"{battery.LIMIT}" for reward, name, score in over]
+        over = sorted(
+            (
+                (row["reward"], name, row["score"])
+                for name, row in self.battery.items()
+                if row["reward"] > battery.LIMIT
+            ),
+            reverse=True,
+        )
+        return [
+            f"no-learning baseline {name} scores {score:.6g}, reward {reward:.4f} > {battery.LIMIT}"
+            for reward, name, score in over
+        ]
 
     @property
     def ok(self) -> bool:
-        scored_ok = self.reference is None or (self.reference >= REFERENCE_MIN and
-                                               self.baseline is not None and
-                                               self.baseline <= BASELINE_MAX)
-        return not self.leaks and not self.problem and scored_ok and \
-            not self.paid_without_learning
+        scored_ok = self.reference is None or (
+            self.reference >= REFERENCE_MIN
+            and self.baseline is not None
+            and self.baseline <= BASELINE_MAX
+        )
+        return not self.leaks and not self.problem and scored_ok and not self.paid_without_learning
 
     def to_data(self) -> dict:
         body: dict = {"leaks": list(self.leaks[:5])}
         if self.reference is not None:
             body.update(reference=self.reference, baseline=self.baseline)
         if self.battery:
-            body["battery"] = {name: {k: round(v, 6) if isinstance(v, float) else v
-                                      for k, v in row.items()}
-                               for name, row in self.battery.items()}
+            body["battery"] = {
+                name: {k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()}
+                for name, row in self.battery.items()
+            }
         refused = self.paid_without_learning
         if refused:
             body["paid_without_learning"] = refused[:5]
@@ -92,31 +101,52 @@ def scan(rootfs: Path, publics: Mapping[str, Path]) -> tuple[dict[str, list[str]
     leaks = {t: [str(leak) for leak in found[t]] for t in publics}
     workspace_files = 0
     for task_id, public in publics.items():
-        own, n = leakscan.scan_tree(public, {task_id: rowsets[task_id]},
-                                    prefix=WORKSPACE_PREFIX, skip=inputs[task_id])
+        own, n = leakscan.scan_tree(
+            public, {task_id: rowsets[task_id]}, prefix=WORKSPACE_PREFIX, skip=inputs[task_id]
+        )
         workspace_files += n
         leaks[task_id] += [str(leak) for leak in own[task_id]]
-    return leaks, {"image_files": image_files, "workspace_files": workspace_files,
-                   "seconds": round(time.monotonic() - started, 1)}
+    return leaks, {
+        "image_files": image_files,
+        "workspace_files": workspace_files,
+        "seconds": round(time.monotonic() - started, 1),
+    }
 
 
 def _run(helper, rootfs: str, workspace: str, script: bytes, env: dict) -> bytes | None:
     """The script's /workspace/submission.csv from a fresh agent sandbox."""
-    sandbox = helper.create_sandbox([rootfs, workspace], memory_bytes=2 << 30, cpu_quota=1.0,
-                                    pids_max=256, hostname="research", upper="disk",
-                                    upper_bytes=512 << 20)
+    sandbox = helper.create_sandbox(
+        [rootfs, workspace],
+        memory_bytes=2 << 30,
+        cpu_quota=1.0,
+        pids_max=256,
+        hostname="research",
+        upper="disk",
+        upper_bytes=512 << 20,
+    )
     try:
-        r = helper.exec(sandbox, "cat > /workspace/.camg-validate.py && "
-                        "python /workspace/.camg-validate.py /task /workspace/submission.csv",
-                        user="agent", cwd="/workspace", env=env, stdin=script, timeout=900,
-                        output_limit=2000)
+        r = helper.exec(
+            sandbox,
+            "cat > /workspace/.camg-validate.py && "
+            "python /workspace/.camg-validate.py /task /workspace/submission.csv",
+            user="agent",
+            cwd="/workspace",
+            env=env,
+            stdin=script,
+            timeout=900,
+            output_limit=2000,
+        )
         if r.exit_code != 0:
             raise DatasetError(f"exit {r.exit_code}: {r.output[-300:]}")
-        with tarfile.open(fileobj=io.BytesIO(helper.get_archive(
-                sandbox, "/workspace/submission.csv")), mode="r:") as tar:
+        with tarfile.open(
+            fileobj=io.BytesIO(helper.get_archive(sandbox, "/workspace/submission.csv")), mode="r:"
+        ) as tar:
             member = tar.next()
-            return tar.extractfile(member).read() if member is not None and member.isfile() \
-                else None
+            if member is None or not member.isfile():
+                return None
+            extracted = tar.extractfile(member)
+            assert extracted is not None  # a regular file's member has its data
+            return extracted.read()
     finally:
         helper.destroy(sandbox)
 
@@ -130,10 +160,16 @@ def scores(helper, image, workspace: Path, bundle: Path) -> tuple[float, float]:
     rewards = []
     for script in (bundle / "reference" / "solve.py", bundle / "public" / "baseline.py"):
         data = _run(helper, image.rootfs, str(workspace), script.read_bytes(), env)
-        predicted = metrics.parse_submission(data or b"", ids,
-                                             integer=scoring["metric"] == "accuracy")
-        rewards.append(metrics.normalise(metrics.score(scoring["metric"], truth, predicted),
-                                         scoring["baseline_score"], scoring["reference_score"]))
+        predicted = metrics.parse_submission(
+            data or b"", ids, integer=scoring["metric"] == "accuracy"
+        )
+        rewards.append(
+            metrics.normalise(
+                metrics.score(scoring["metric"], truth, predicted),
+                scoring["baseline_score"],
+                scoring["reference_score"],
+            )
+        )
     return rewards[0], rewards[1]
 
 
@@ -143,8 +179,15 @@ def no_learning(public: Path, private: Path) -> dict[str, dict]:
     return battery.run(public, grader.load_dir(str(private)), grader.grade)
 
 
-def validate(chosen: Sequence[str], source: Path, workspaces_root: Path, image,
-             helper_socket: str | None, *, battery_check: bool = True) -> dict:
+def validate(
+    chosen: Sequence[str],
+    source: Path,
+    workspaces_root: Path,
+    image,
+    helper_socket: str | None,
+    *,
+    battery_check: bool = True,
+) -> dict:
     """The manifest's ``validation`` record; DatasetError naming every bad task.
     ``battery_check=False`` (the leak scan's own tests) skips the no-learning
     battery; preparation always runs it."""
@@ -154,6 +197,7 @@ def validate(chosen: Sequence[str], source: Path, workspaces_root: Path, image,
     helper = None
     if helper_socket:
         from camg.helper_client import HelperClient
+
         helper = HelperClient(helper_socket, owner="autoresearch-validate")
     try:
         for task_id in chosen:
@@ -167,20 +211,29 @@ def validate(chosen: Sequence[str], source: Path, workspaces_root: Path, image,
                 problem = f"no-learning battery: {type(exc).__name__}: {exc}"
             if helper is not None and not problem:
                 try:
-                    reference, baseline = scores(helper, image, workspaces_root / task_id,
-                                                 source / task_id)
+                    reference, baseline = scores(
+                        helper, image, workspaces_root / task_id, source / task_id
+                    )
                 except (CamgError, OSError, ValueError) as exc:
                     problem = f"{type(exc).__name__}: {exc}"
-            results.append(Result(task_id, tuple(leaks[task_id]), reference, baseline, problem,
-                                  found))
+            results.append(
+                Result(task_id, tuple(leaks[task_id]), reference, baseline, problem, found)
+            )
     finally:
         if helper is not None:
             helper.close()
     bad = [r for r in results if not r.ok]
     if bad:
-        raise DatasetError("validation refused " + "; ".join(
-            f"{r.task_id}: " + json.dumps({k: v for k, v in r.to_data().items()
-                                           if k != "battery"}) for r in bad))
-    return {"scanned": {**scanned, "image": str(image.rootfs)},
-            "scored": helper_socket is not None,
-            "tasks": {r.task_id: r.to_data() for r in results}}
+        raise DatasetError(
+            "validation refused "
+            + "; ".join(
+                f"{r.task_id}: "
+                + json.dumps({k: v for k, v in r.to_data().items() if k != "battery"})
+                for r in bad
+            )
+        )
+    return {
+        "scanned": {**scanned, "image": str(image.rootfs)},
+        "scored": helper_socket is not None,
+        "tasks": {r.task_id: r.to_data() for r in results},
+    }
