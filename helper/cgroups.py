@@ -112,7 +112,9 @@ def procs(path: str) -> list[int]:
 
 def _set_freezer(path: str, state: str, deadline: float) -> None:
     _write(os.path.join(path, "freezer.state"), state)
-    while _read(os.path.join(path, "freezer.state")).strip() != state and time.monotonic() < deadline:
+    while (
+        _read(os.path.join(path, "freezer.state")).strip() != state and time.monotonic() < deadline
+    ):
         time.sleep(0.001)
 
 
@@ -183,5 +185,5 @@ def orphans(parents: dict[str, str]) -> dict[str, dict[str, str]]:
             continue
         for name in names:
             if name.startswith(PREFIX) and os.path.isdir(os.path.join(parent, name)):
-                found.setdefault(name[len(PREFIX):], {})[ctrl] = os.path.join(parent, name)
+                found.setdefault(name[len(PREFIX) :], {})[ctrl] = os.path.join(parent, name)
     return found

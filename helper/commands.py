@@ -31,8 +31,10 @@ def check_exec(command: str, p: ExecOptions, ceilings: Ceilings) -> None:
     """Everything of an Exec or ContainerExec but its path and target."""
     c = ceilings
     if "\0" in command or len(command.encode()) > c.command_bytes:
-        raise WireError("limit_exceeded" if "\0" not in command else "bad_request",
-                        f"command: must be at most {c.command_bytes} bytes without NUL")
+        raise WireError(
+            "limit_exceeded" if "\0" not in command else "bad_request",
+            f"command: must be at most {c.command_bytes} bytes without NUL",
+        )
     if not 0 < p.timeout <= c.timeout:
         raise WireError("limit_exceeded", f"timeout: must be within (0, {c.timeout}]")
     # At least one byte: the tail kept is the final output_limit bytes, and
@@ -42,8 +44,9 @@ def check_exec(command: str, p: ExecOptions, ceilings: Ceilings) -> None:
     check_env(p.env, c)
 
 
-def exec_reply(exit_code: int, output: bytes, total: int, timed_out: bool, duration: float,
-               output_limit: int) -> dict:
+def exec_reply(
+    exit_code: int, output: bytes, total: int, timed_out: bool, duration: float, output_limit: int
+) -> dict:
     """The result of Exec and ContainerExec: the kept tail, marked when cut or timed out."""
     text = output.decode("utf-8", "replace")
     truncated = total > output_limit
@@ -51,5 +54,10 @@ def exec_reply(exit_code: int, output: bytes, total: int, timed_out: bool, durat
         text = TRUNCATION_MARKER.format(limit=output_limit) + text
     if timed_out:
         text += TIMEOUT_MARKER
-    return {"exit_code": exit_code, "output": text, "truncated": truncated, "timed_out": timed_out,
-            "duration": round(duration, 6)}
+    return {
+        "exit_code": exit_code,
+        "output": text,
+        "truncated": truncated,
+        "timed_out": timed_out,
+        "duration": round(duration, 6),
+    }

@@ -78,7 +78,9 @@ class HelperConfig:
     # path the helper accepts, whatever the lower roots say.
     private_roots: tuple[str, ...] = ()
     # controller -> directory; empty means "derive" (see resolve_cgroup_parents).
-    cgroup_parents: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    cgroup_parents: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
     agent_uid: int = 2000
     agent_gid: int = 2000
     agent_user: str = "agent"
@@ -123,9 +125,27 @@ class HelperConfig:
         if not 0 < self.agent_uid < 65534 or not 0 < self.agent_gid < 65534:
             raise ConfigError("agent_uid/agent_gid: must be an unprivileged id")
         c = self.ceilings
-        if min(c.memory_bytes, c.pids_max, c.output_bytes, c.archive_bytes, c.sandboxes_per_peer,
-               c.sandboxes_total, c.command_bytes, c.upper_bytes, c.lowers, c.connections,
-               c.shm_bytes, c.shm_inodes) <= 0 or c.fork_depth < 0 or c.warm_uppers < 0 or c.cpu_quota <= 0 or c.timeout <= 0:
+        if (
+            min(
+                c.memory_bytes,
+                c.pids_max,
+                c.output_bytes,
+                c.archive_bytes,
+                c.sandboxes_per_peer,
+                c.sandboxes_total,
+                c.command_bytes,
+                c.upper_bytes,
+                c.lowers,
+                c.connections,
+                c.shm_bytes,
+                c.shm_inodes,
+            )
+            <= 0
+            or c.fork_depth < 0
+            or c.warm_uppers < 0
+            or c.cpu_quota <= 0
+            or c.timeout <= 0
+        ):
             raise ConfigError("ceilings: every ceiling must be positive")
         if self.create_timeout <= 0:
             raise ConfigError("create_timeout: must be positive")
@@ -154,16 +174,20 @@ def check_private_roots(config: HelperConfig) -> None:
     """Probe the deny-list at start: the helper refuses to start while a
     private root is reachable as a lower or overlaps what it writes."""
     from helper import paths
+
     try:
-        paths.probe_private_roots(config.lower_roots, config.private_roots,
-                                  (config.upper_root, config.state_dir, config.socket)
-                                  + config.probe_lowers)
+        paths.probe_private_roots(
+            config.lower_roots,
+            config.private_roots,
+            (config.upper_root, config.state_dir, config.socket) + config.probe_lowers,
+        )
     except (ValueError, OSError) as exc:
         raise ConfigError(f"private_roots: {exc}") from None
 
 
-def resolve_cgroup_parents(config: HelperConfig, proc_cgroup: str = "/proc/self/cgroup",
-                           mount_root: str = "/sys/fs/cgroup") -> dict[str, str]:
+def resolve_cgroup_parents(
+    config: HelperConfig, proc_cgroup: str = "/proc/self/cgroup", mount_root: str = "/sys/fs/cgroup"
+) -> dict[str, str]:
     """Directory per controller under which sandbox cgroups are created.
 
     Configured values win. Under systemd with Delegate=yes the helper owns its

@@ -73,15 +73,33 @@ class ContainerConfig:
         if self.agent_env_source and not os.path.isabs(self.agent_env_source):
             raise ContainerConfigError("containers.agent_env_source: must be an absolute path")
         if not SCOPE.match(self.scope):
-            raise ContainerConfigError("containers.scope: 1-40 of [A-Za-z0-9_.-], not starting with . _ -")
-        if min(self.max_cpu, self.max_memory_bytes, self.max_pids, self.containers_per_peer,
-               self.containers_total, self.api_timeout, self.pull_timeout,
-               self.shm_bytes, self.shm_inodes, self.start_wait_timeout) <= 0:
+            raise ContainerConfigError(
+                "containers.scope: 1-40 of [A-Za-z0-9_.-], not starting with . _ -"
+            )
+        if (
+            min(
+                self.max_cpu,
+                self.max_memory_bytes,
+                self.max_pids,
+                self.containers_per_peer,
+                self.containers_total,
+                self.api_timeout,
+                self.pull_timeout,
+                self.shm_bytes,
+                self.shm_inodes,
+                self.start_wait_timeout,
+            )
+            <= 0
+        ):
             raise ContainerConfigError("containers: every ceiling and timeout must be positive")
-        if isinstance(self.concurrent_starts, bool) or not isinstance(self.concurrent_starts, int) \
-                or self.concurrent_starts < 1:
+        if (
+            isinstance(self.concurrent_starts, bool)
+            or not isinstance(self.concurrent_starts, int)
+            or self.concurrent_starts < 1
+        ):
             raise ContainerConfigError("containers.concurrent_starts: a positive integer")
         # ext4 needs a few MiB of metadata and a few inodes of its own.
         if self.upper_bytes < 16 << 20 or self.upper_inodes < 1024:
-            raise ContainerConfigError("containers: upper_bytes must be at least 16 MiB and "
-                                       "upper_inodes at least 1024")
+            raise ContainerConfigError(
+                "containers: upper_bytes must be at least 16 MiB and upper_inodes at least 1024"
+            )

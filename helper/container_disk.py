@@ -75,8 +75,22 @@ def bound(layer: str, upper_root: str, cid: str, size: int, inodes: int) -> bool
     stage = tempfile.mkdtemp(prefix=f".{cid[:12]}-", dir=upper_root)
     staged = False
     try:
-        _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-N", str(inodes), "-O", "^has_journal",
-              "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", img])
+        _run(
+            [
+                "mkfs.ext4",
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-N",
+                str(inodes),
+                "-O",
+                "^has_journal",
+                "-E",
+                "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+                img,
+            ]
+        )
         _run(["mount", "-t", "ext4", "-o", _MOUNT_OPTS, img, stage])
         staged = True
         _run(["cp", "-a", "--", layer + "/.", stage + "/"])
@@ -87,8 +101,12 @@ def bound(layer: str, upper_root: str, cid: str, size: int, inodes: int) -> bool
         return True
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
-        log.warning("container %s: writable layer NOT bounded (%s %s)", cid[:12], exc,
-                    detail.decode(errors="replace").strip()[:200])
+        log.warning(
+            "container %s: writable layer NOT bounded (%s %s)",
+            cid[:12],
+            exc,
+            detail.decode(errors="replace").strip()[:200],
+        )
         if staged:
             subprocess.run(["umount", "-l", stage], capture_output=True, timeout=60)
         _unlink(img)
@@ -106,12 +124,24 @@ def copy_upper(parent_layer: str, child_layer: str) -> None:
     reads either upper while it changes. xattrs are required, not just
     attempted (--preserve=xattr after -a): an opaque directory or a
     whiteout's sense lives in them."""
-    out = subprocess.run(["cp", "-a", "--preserve=xattr", "--", os.path.join(parent_layer, "diff") + "/.",
-                          os.path.join(child_layer, "diff") + "/"], capture_output=True, timeout=600)
+    out = subprocess.run(
+        [
+            "cp",
+            "-a",
+            "--preserve=xattr",
+            "--",
+            os.path.join(parent_layer, "diff") + "/.",
+            os.path.join(child_layer, "diff") + "/",
+        ],
+        capture_output=True,
+        timeout=600,
+    )
     if out.returncode != 0:
         detail = out.stderr.decode(errors="replace").strip()[:300]
         if "No space left" in detail or "Disk quota" in detail:
-            raise WireError("limit_exceeded", f"the parent's writable layer does not fit the child's: {detail}")
+            raise WireError(
+                "limit_exceeded", f"the parent's writable layer does not fit the child's: {detail}"
+            )
         raise WireError("internal", f"copying the parent's writable layer failed: {detail}")
 
 
@@ -121,8 +151,10 @@ def release(layer: str | None, upper_root: str, cid: str) -> None:
     if layer and os.path.ismount(layer):
         out = subprocess.run(["umount", "-l", layer], capture_output=True, timeout=60)
         if out.returncode != 0 and os.path.ismount(layer):
-            raise OSError(errno.EBUSY, f"cannot unmount {layer}: "
-                          f"{out.stderr.decode(errors='replace').strip()}")
+            raise OSError(
+                errno.EBUSY,
+                f"cannot unmount {layer}: {out.stderr.decode(errors='replace').strip()}",
+            )
     _unlink(image(upper_root, cid))
 
 

@@ -36,7 +36,8 @@ import threading
 import time
 
 from camg.helper_wire import ContainerForkParams, WireError
-from helper import container_disk, container_ops as ops
+from helper import container_disk
+from helper import container_ops as ops
 
 log = logging.getLogger("camg.helper")
 # A committed snapshot of a snapshot stacks one more image layer (overlay2
@@ -52,7 +53,9 @@ def fork(m, peer, p: ContainerForkParams):
         raise WireError("internal", f"container {parent.id[:12]} has no recorded parameters")
     if parent.depth + 1 > MAX_FORK_DEPTH:
         raise WireError("limit_exceeded", f"fork depth: at most {MAX_FORK_DEPTH} forks of forks")
-    child_params = dataclasses.replace(parent.params, episode_id=p.episode_id, pool=False, labels={})
+    child_params = dataclasses.replace(
+        parent.params, episode_id=p.episode_id, pool=False, labels={}
+    )
     # The manifest as it is now: an image dropped from it is not run again, forked or not.
     m.check_image(child_params.image)
     labels = m.check_create(peer, child_params)
@@ -63,8 +66,11 @@ def fork(m, peer, p: ContainerForkParams):
     if not p.allow_agent_processes:
         found = agent_processes(parent.pidfd, int(m.agent.split(":")[0]))
         if found:
-            raise WireError("not_allowed", f"{len(found)} agent process(es) still run in container "
-                            f"{parent.id[:12]} (processes cannot be forked)")
+            raise WireError(
+                "not_allowed",
+                f"{len(found)} agent process(es) still run in container "
+                f"{parent.id[:12]} (processes cannot be forked)",
+            )
     parent_layer = m.docker.layer(parent.id)
     if parent_layer is None:
         return _fork_by_commit(m, peer, parent, child_params, labels)
@@ -82,12 +88,18 @@ def _fork_by_copy(m, peer, parent, parent_layer: str, child_params, labels: dict
         made = m.standby.take(peer, child_params)
         timings["standby"] = made is not None
         if made is None:
-            made = m.docker.create(name=name, image=child_params.image,
-                                   labels={**labels, "camg.fork": "1"}, **m.run_spec(child_params))
+            made = m.docker.create(
+                name=name,
+                image=child_params.image,
+                labels={**labels, "camg.fork": "1"},
+                **m.run_spec(child_params),
+            )
         cid, layer = made
         try:
             if layer is None:
-                raise WireError("internal", f"container {cid[:12]} has no overlay2 layer to copy into")
+                raise WireError(
+                    "internal", f"container {cid[:12]} has no overlay2 layer to copy into"
+                )
             t1 = time.monotonic()
             m.docker.pause(parent.id)
             try:
@@ -98,7 +110,9 @@ def _fork_by_copy(m, peer, parent, parent_layer: str, child_params, labels: dict
             t2 = time.monotonic()
             # The parent resumes while the child starts.
             resumed: dict = {}
-            thread = threading.Thread(target=_unpause, args=(m, parent.id, resumed), name="fork-unpause")
+            thread = threading.Thread(
+                target=_unpause, args=(m, parent.id, resumed), name="fork-unpause"
+            )
             thread.start()
         except BaseException:
             m.docker.remove(cid)
@@ -108,10 +122,13 @@ def _fork_by_copy(m, peer, parent, parent_layer: str, child_params, labels: dict
         finally:
             thread.join()
             if "error" in resumed:
-                log.error("container %s stays paused after a fork: %s", parent.id[:12], resumed["error"])
+                log.error(
+                    "container %s stays paused after a fork: %s", parent.id[:12], resumed["error"]
+                )
         t3 = time.monotonic()
-        timings.update(create_s=round(t1 - t0, 4), copy_s=round(t2 - t1, 4),
-                       start_s=round(t3 - t2, 4))
+        timings.update(
+            create_s=round(t1 - t0, 4), copy_s=round(t2 - t1, 4), start_s=round(t3 - t2, 4)
+        )
         return cid, pid
 
     child = m.start(peer, child_params, labels, depth=parent.depth + 1, launch=launch)
@@ -127,9 +144,14 @@ def _unpause(m, cid: str, out: dict) -> None:
 
 def _fork_by_commit(m, peer, parent, child_params, labels: dict):
     started = time.monotonic()
-    image_labels = {"camg.helper": m.cfg.scope, "camg.boot": m.boot, "camg.fork": "1",
-                    "camg.service": peer.owner, "camg.uid": str(peer.uid),
-                    "camg.parent": parent.id[:12]}
+    image_labels = {
+        "camg.helper": m.cfg.scope,
+        "camg.boot": m.boot,
+        "camg.fork": "1",
+        "camg.service": peer.owner,
+        "camg.uid": str(peer.uid),
+        "camg.parent": parent.id[:12],
+    }
     snapshot = m.docker.commit(parent.id, image_labels)
     committed = time.monotonic()
     with m.lock:
@@ -137,13 +159,21 @@ def _fork_by_commit(m, peer, parent, child_params, labels: dict):
         # Docker keeps the older image while the newer one exists.
         m.lineage[snapshot] = parent.snapshot
     try:
-        child = m.start(peer, child_params, labels, run_image=snapshot, snapshot=snapshot,
-                        depth=parent.depth + 1)
+        child = m.start(
+            peer,
+            child_params,
+            labels,
+            run_image=snapshot,
+            snapshot=snapshot,
+            depth=parent.depth + 1,
+        )
     except BaseException:
         release(m, snapshot)
         raise
-    return child, {"commit_s": round(committed - started, 4),
-                   "create_s": round(time.monotonic() - committed, 4)}
+    return child, {
+        "commit_s": round(committed - started, 4),
+        "create_s": round(time.monotonic() - committed, 4),
+    }
 
 
 def release(m, snapshot: str) -> None:
@@ -164,8 +194,9 @@ def collect(m) -> int:
     """Remove this helper instance's snapshot images that no container uses
     (a release of every container of a peer: one pass over all of them)."""
     try:
-        return m.docker.remove_images_labelled({"camg.helper": m.cfg.scope, "camg.boot": m.boot,
-                                                "camg.fork": "1"})
+        return m.docker.remove_images_labelled(
+            {"camg.helper": m.cfg.scope, "camg.boot": m.boot, "camg.fork": "1"}
+        )
     except WireError as exc:  # the next removal or the sweep tries again
         log.warning("removing snapshot images failed: %s", exc.message)
         return 0

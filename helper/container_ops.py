@@ -38,6 +38,7 @@ def pid_exited(pidfd: int) -> bool:
 def mapped(what: str) -> Iterator[None]:
     import docker.errors
     import requests.exceptions
+
     try:
         yield
     except docker.errors.NotFound as exc:
@@ -62,18 +63,24 @@ class Docker:
         with self._lock:
             if self._api is None:
                 import docker
+
                 with mapped("connecting to dockerd"):
-                    self._api = docker.APIClient(base_url="unix://" + self.cfg.docker_socket,
-                                                 timeout=self.timeout, max_pool_size=64)
+                    self._api = docker.APIClient(
+                        base_url="unix://" + self.cfg.docker_socket,
+                        timeout=self.timeout,
+                        max_pool_size=64,
+                    )
             return self._api
 
     # -- lifecycle --------------------------------------------------------
 
     def pull(self, image: str) -> str:
         import docker
+
         with mapped(f"pulling {image}"):
-            api = docker.APIClient(base_url="unix://" + self.cfg.docker_socket,
-                                   timeout=self.cfg.pull_timeout)
+            api = docker.APIClient(
+                base_url="unix://" + self.cfg.docker_socket, timeout=self.cfg.pull_timeout
+            )
             try:
                 # A digest names exactly one image: when dockerd holds it
                 # already, nothing needs the registry (the demo's loopback
@@ -92,32 +99,67 @@ class Docker:
         cid, _ = self.create(**spec)
         return cid, self.start(cid)
 
-    def create(self, *, name: str, image: str, command: list[str], env: dict[str, str], workdir: str,
-               user: str, labels: dict[str, str], cpu: float, memory: int, pids: int,
-               binds: dict) -> tuple[str, str | None]:
+    def create(
+        self,
+        *,
+        name: str,
+        image: str,
+        command: list[str],
+        env: dict[str, str],
+        workdir: str,
+        user: str,
+        labels: dict[str, str],
+        cpu: float,
+        memory: int,
+        pids: int,
+        binds: dict,
+    ) -> tuple[str, str | None]:
         """Create, its writable layer bounded (container_disk), not started;
         (container id, its overlay2 layer directory or None)."""
         from docker.types import LogConfig
+
         api = self.api
         with mapped(f"creating a container of {image}"):
             host = api.create_host_config(
-                init=True, network_mode="none", privileged=False, cap_drop=CAP_DROP,
-                security_opt=["no-new-privileges"], nano_cpus=int(cpu * 1e9), mem_limit=memory,
-                memswap_limit=memory, pids_limit=pids, binds=binds or None, ipc_mode="private",
+                init=True,
+                network_mode="none",
+                privileged=False,
+                cap_drop=CAP_DROP,
+                security_opt=["no-new-privileges"],
+                nano_cpus=int(cpu * 1e9),
+                mem_limit=memory,
+                memswap_limit=memory,
+                pids_limit=pids,
+                binds=binds or None,
+                ipc_mode="private",
                 # replaces Docker's own /dev/shm (bounded in bytes only)
-                tmpfs={"/dev/shm": f"rw,nosuid,nodev,noexec,size={self.cfg.shm_bytes},"
-                                   f"nr_inodes={self.cfg.shm_inodes}"},
-                log_config=LogConfig(type="json-file", config={"max-size": _LOG_MAX, "max-file": "1"}))
+                tmpfs={
+                    "/dev/shm": f"rw,nosuid,nodev,noexec,size={self.cfg.shm_bytes},"
+                    f"nr_inodes={self.cfg.shm_inodes}"
+                },
+                log_config=LogConfig(
+                    type="json-file", config={"max-size": _LOG_MAX, "max-file": "1"}
+                ),
+            )
             created = api.create_container(
-                image=image, command=command or None, environment=env or None, working_dir=workdir or None,
-                user=user or None, labels=labels, host_config=host, name=name, detach=True)
+                image=image,
+                command=command or None,
+                environment=env or None,
+                working_dir=workdir or None,
+                user=user or None,
+                labels=labels,
+                host_config=host,
+                name=name,
+                detach=True,
+            )
         cid = created["Id"]
         try:
             with mapped(f"bounding container {cid[:12]}'s writable layer"):
                 layer = container_disk.layer_dir(api.inspect_container(cid))
                 if layer:
-                    container_disk.bound(layer, self.cfg.upper_root, cid,
-                                         self.cfg.upper_bytes, self.cfg.upper_inodes)
+                    container_disk.bound(
+                        layer, self.cfg.upper_root, cid, self.cfg.upper_bytes, self.cfg.upper_inodes
+                    )
         except BaseException:
             self.remove(cid)
             raise
@@ -131,8 +173,11 @@ class Docker:
                 api.start(cid)
                 state = api.inspect_container(cid)["State"]
             if not state.get("Running") or not state.get("Pid"):
-                raise WireError("sandbox_died", f"the container exited at start (code {state.get('ExitCode')}): "
-                                f"{self.logs(cid, 2000).decode(errors='replace')}")
+                raise WireError(
+                    "sandbox_died",
+                    f"the container exited at start (code {state.get('ExitCode')}): "
+                    f"{self.logs(cid, 2000).decode(errors='replace')}",
+                )
         except BaseException:
             self.remove(cid)
             raise
@@ -155,6 +200,7 @@ class Docker:
     def remove(self, cid: str) -> bool:
         """Kill and remove with its anonymous volumes; False if already gone."""
         import docker.errors
+
         with mapped(f"removing container {cid[:12]}"):
             try:
                 layer = container_disk.layer_dir(self.api.inspect_container(cid))
@@ -213,6 +259,7 @@ class Docker:
         """True removed, False already gone, None still in use (a container
         or a newer snapshot made from it: removed later)."""
         import docker.errors
+
         with mapped(f"removing image {image_id[:19]}"):
             try:
                 self.api.remove_image(image_id, force=False, noprune=False)
@@ -242,20 +289,39 @@ class Docker:
                 try:
                     self.api.remove_network(net["Id"])
                     n += 1
-                except Exception:  # noqa: BLE001  the next sweep tries again
+                except Exception:  # the next sweep tries again
                     pass
         return n
 
     # -- inside a container -------------------------------------------------
 
-    def exec(self, cid: str, *, cmd: list[str], user: str, workdir: str, env: dict[str, str],
-             stdin: bytes, timeout: float, limit: int) -> tuple[int, bytes, int, bool, float]:
-        """Run cmd; (exit code, final `limit` bytes of stdout+stderr, total bytes, timed out, seconds)."""
+    def exec(
+        self,
+        cid: str,
+        *,
+        cmd: list[str],
+        user: str,
+        workdir: str,
+        env: dict[str, str],
+        stdin: bytes,
+        timeout: float,
+        limit: int,
+    ) -> tuple[int, bytes, int, bool, float]:
+        """Run cmd; (exit code, final `limit` bytes of stdout+stderr, total bytes,
+        timed out, seconds)."""
         api = self.api
         start = time.monotonic()
         with mapped(f"exec in {cid[:12]}"):
-            eid = api.exec_create(cid, cmd, stdout=True, stderr=True, stdin=bool(stdin), user=user,
-                                  environment=env or None, workdir=workdir)["Id"]
+            eid = api.exec_create(
+                cid,
+                cmd,
+                stdout=True,
+                stderr=True,
+                stdin=bool(stdin),
+                user=user,
+                environment=env or None,
+                workdir=workdir,
+            )["Id"]
         sock, rest = self._hijack(f"/exec/{eid}/start", {"Detach": False, "Tty": False})
         try:
             if stdin:
@@ -274,9 +340,11 @@ class Docker:
         Done by hand so no HTTP library buffers away the first frames.
         """
         data = json.dumps(body).encode()
-        request = (f"POST /v{self.api.api_version}{path} HTTP/1.1\r\nHost: docker\r\n"
-                   f"Content-Type: application/json\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
-                   f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+        request = (
+            f"POST /v{self.api.api_version}{path} HTTP/1.1\r\nHost: docker\r\n"
+            f"Content-Type: application/json\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        ).encode() + data
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.cfg.api_timeout)
@@ -291,8 +359,11 @@ class Docker:
             head, rest = buf.split(b"\r\n\r\n", 1)
             status = head.split(b"\r\n", 1)[0].split()
             if len(status) < 2 or status[1] not in (b"101", b"200"):
-                raise WireError("not_found" if status[1:2] == [b"404"] else "internal",
-                                f"exec start: {head[:200].decode(errors='replace')} {rest[:300].decode(errors='replace')}")
+                raise WireError(
+                    "not_found" if status[1:2] == [b"404"] else "internal",
+                    f"exec start: {head[:200].decode(errors='replace')} "
+                    f"{rest[:300].decode(errors='replace')}",
+                )
             sock.settimeout(None)
             return sock, rest
         except OSError as exc:
@@ -327,14 +398,18 @@ class Docker:
     def get_archive(self, cid: str, path: str, limit: int) -> bytes:
         api = self.api
         with mapped(f"archiving {path}"):
-            res = api._get(api._url("/containers/{0}/archive", cid), params={"path": path}, stream=True)
+            res = api._get(
+                api._url("/containers/{0}/archive", cid), params={"path": path}, stream=True
+            )
             try:
                 api._raise_for_status(res)
                 out = bytearray()
                 for chunk in res.iter_content(1 << 16):
                     out += chunk
                     if len(out) > limit:
-                        raise WireError("limit_exceeded", f"archive of {path} exceeds {limit} bytes")
+                        raise WireError(
+                            "limit_exceeded", f"archive of {path} exceeds {limit} bytes"
+                        )
                 return bytes(out)
             finally:
                 res.close()
@@ -353,7 +428,9 @@ def _feed(sock: socket.socket, data: bytes) -> None:
         pass  # the command exited or timed out before reading it all
 
 
-def _read_frames(sock: socket.socket, rest: bytes, deadline: float, limit: int) -> tuple[bytearray, int, bool]:
+def _read_frames(
+    sock: socket.socket, rest: bytes, deadline: float, limit: int
+) -> tuple[bytearray, int, bool]:
     """Docker's multiplexed stream (8-byte headers); keeps only the final `limit` bytes."""
     buf = bytearray(rest)
     tail = bytearray()
@@ -363,11 +440,11 @@ def _read_frames(sock: socket.socket, rest: bytes, deadline: float, limit: int) 
             size = int.from_bytes(buf[4:8], "big")
             if len(buf) < 8 + size:
                 break
-            tail += buf[8:8 + size]
+            tail += buf[8 : 8 + size]
             total += size
-            del buf[:8 + size]
+            del buf[: 8 + size]
             if len(tail) > limit:
-                del tail[:len(tail) - limit]
+                del tail[: len(tail) - limit]
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return tail, total, True

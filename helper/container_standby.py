@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import threading
+from typing import Protocol
 
 from camg.helper_wire import ContainerCreateParams, WireError
 from helper.container_gate import Cancelled
@@ -43,13 +44,25 @@ def spec_of(p: ContainerCreateParams) -> ContainerCreateParams:
 def _key(peer, p: ContainerCreateParams) -> str:
     spec = spec_of(p)
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    return json.dumps([peer.uid, peer.owner, fields], sort_keys=True,
-                      default=lambda v: dict(v) if hasattr(v, "keys") else list(v))
+    return json.dumps(
+        [peer.uid, peer.owner, fields],
+        sort_keys=True,
+        default=lambda v: dict(v) if hasattr(v, "keys") else list(v),
+    )
+
+
+class _Peer(Protocol):
+    """The caller a spec belongs to (helper.sandbox_table.Peer)."""
+
+    @property
+    def uid(self) -> int: ...
+    @property
+    def owner(self) -> str: ...
 
 
 @dataclasses.dataclass
 class _Spec:
-    peer: object
+    peer: _Peer
     params: ContainerCreateParams
     ready: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (id, layer dir)
     filling: threading.Thread | None = None
@@ -80,8 +93,9 @@ class Standby:
             spec = self.specs.setdefault(key, _Spec(peer, spec_of(p)))
             if spec.filling is not None or len(spec.ready) >= self.per_spec:
                 return
-            spec.filling = threading.Thread(target=self._fill, args=(key, spec), name="fork-standby",
-                                            daemon=True)
+            spec.filling = threading.Thread(
+                target=self._fill, args=(key, spec), name="fork-standby", daemon=True
+            )
             spec.filling.start()
 
     def _fill(self, key: str, spec: _Spec) -> None:
@@ -97,9 +111,12 @@ class Standby:
                     # A create like any (a slot of m.starts, in turn with the
                     # foreground's); a drop calls the wait off.
                     with m.starts.slot(m.start_deadline(), cancelled=lambda: spec.dropped):
-                        made = m.docker.create(name=m.container_name(spec.peer), image=image,
-                                               labels=self.labels(spec.peer, spec.params),
-                                               **m.run_spec(spec.params))
+                        made = m.docker.create(
+                            name=m.container_name(spec.peer),
+                            image=image,
+                            labels=self.labels(spec.peer, spec.params),
+                            **m.run_spec(spec.params),
+                        )
                 except Cancelled:
                     return
                 except WireError as exc:  # the next fork of the spec tries again
@@ -113,8 +130,11 @@ class Standby:
 
     def _used(self, key: str) -> bool:
         """Called with m.lock held: the peer still holds a container of this spec."""
-        return any(h.params is not None and _key(h, h.params) == key
-                   for h in self.m.held.values() if h.pidfd >= 0)
+        return any(
+            h.params is not None and _key(h, h.params) == key
+            for h in self.m.held.values()
+            if h.pidfd >= 0
+        )
 
     def unclaimed(self, listed: dict) -> bool:
         """A container of dockerd's list is a standby no fork took (yet): its
@@ -138,7 +158,11 @@ class Standby:
 
     def drop_peer(self, peer) -> None:
         with self.m.lock:
-            keys = [k for k, s in self.specs.items() if (s.peer.uid, s.peer.owner) == (peer.uid, peer.owner)]
+            keys = [
+                k
+                for k, s in self.specs.items()
+                if (s.peer.uid, s.peer.owner) == (peer.uid, peer.owner)
+            ]
         self._drop(keys)
 
     def _drop(self, keys: list[str]) -> None:
@@ -151,7 +175,8 @@ class Standby:
             if spec is None:
                 continue
             if filling is not None:
-                filling.join()  # one create at most: it stops at its next check (or leaves the queue)
+                # one create at most: it stops at its next check (or leaves the queue)
+                filling.join()
             with self.m.lock:
                 ready, spec.ready = spec.ready, []
             for cid, _ in ready:

@@ -14,7 +14,8 @@ import time
 
 from camg import helper_wire as wire
 from camg.helper_wire import FdBlob, WireError
-from helper import commands, containers as mc, usage
+from helper import commands, usage
+from helper import containers as mc
 from helper.container_ops import mapped, pid_exited
 
 log = logging.getLogger("camg.helper")
@@ -50,8 +51,13 @@ def container_pull(ctx, peer, p: wire.ContainerPullParams, blob: bytes):
 
 def container_create(ctx, peer, p: wire.ContainerCreateParams, blob: bytes):
     held = _m(ctx).create(peer, p)
-    return {"container_id": held.id, "image": held.image, "episode_id": held.episode_id,
-            "pool": held.pool, "instance": INSTANCE}, b""
+    return {
+        "container_id": held.id,
+        "image": held.image,
+        "episode_id": held.episode_id,
+        "pool": held.pool,
+        "instance": INSTANCE,
+    }, b""
 
 
 def container_connect(ctx, peer, p: wire.ContainerConnectParams, blob: bytes):
@@ -68,8 +74,15 @@ def container_exec(ctx, peer, p: wire.ContainerExecParams, blob: bytes):
     user = m.agent if p.user == "agent" else "0:0"
     env = {"PATH": commands.PATH, **p.env}
     code, out, total, timed_out, duration = m.docker.exec(
-        held.id, cmd=["/bin/sh", "-c", p.command], user=user, workdir=cwd, env=env, stdin=blob,
-        timeout=p.timeout, limit=p.output_limit)
+        held.id,
+        cmd=["/bin/sh", "-c", p.command],
+        user=user,
+        workdir=cwd,
+        env=env,
+        stdin=blob,
+        timeout=p.timeout,
+        limit=p.output_limit,
+    )
     return commands.exec_reply(code, out, total, timed_out, duration, p.output_limit), b""
 
 
@@ -92,7 +105,9 @@ def container_get_archive(ctx, peer, p: wire.ContainerGetArchiveParams, blob: by
 def container_logs(ctx, peer, p: wire.ContainerLogsParams, blob: bytes):
     m = _m(ctx)
     if not 0 <= p.tail_bytes <= m.ceilings.output_bytes:
-        raise WireError("limit_exceeded", f"tail_bytes: must be within [0, {m.ceilings.output_bytes}]")
+        raise WireError(
+            "limit_exceeded", f"tail_bytes: must be within [0, {m.ceilings.output_bytes}]"
+        )
     data = m.docker.logs(m.get(peer, p.container_id).id, p.tail_bytes)
     return {"logs": data.decode("utf-8", "replace")}, b""
 
@@ -137,8 +152,11 @@ def container_reap(ctx, peer, p: wire.ContainerParams, blob: bytes):
             try:
                 m.docker.pause(held.id)
             except WireError as exc:
-                log.warning("reap of %s: freezing failed, stopping its processes instead: %s",
-                            held.id[:12], exc.message)
+                log.warning(
+                    "reap of %s: freezing failed, stopping its processes instead: %s",
+                    held.id[:12],
+                    exc.message,
+                )
                 frozen = False
         try:
             found = _kill_agent(held.pidfd, uid, stop_first=not frozen)
@@ -151,14 +169,21 @@ def container_reap(ctx, peer, p: wire.ContainerParams, blob: bytes):
             time.sleep(0.01)
             found = _agent_processes(held.pidfd, uid)
         if not found:
-            return {"killed": killed, "frozen": frozen,
-                    "duration": round(time.monotonic() - started, 4)}, b""
-    raise WireError("internal", f"{len(found)} agent process(es) of container {held.id[:12]} "
-                    f"survive SIGKILL after {REAP_ROUNDS} rounds")
+            return {
+                "killed": killed,
+                "frozen": frozen,
+                "duration": round(time.monotonic() - started, 4),
+            }, b""
+    raise WireError(
+        "internal",
+        f"{len(found)} agent process(es) of container {held.id[:12]} "
+        f"survive SIGKILL after {REAP_ROUNDS} rounds",
+    )
 
 
 def _agent_processes(pidfd: int, uid: int) -> list[int]:
     from helper.container_fork import agent_processes
+
     return agent_processes(pidfd, uid)
 
 
@@ -191,11 +216,19 @@ def _kill_agent(pidfd: int, uid: int, *, stop_first: bool) -> list[int]:
 
 def container_fork(ctx, peer, p: wire.ContainerForkParams, blob: bytes):
     from helper import container_fork
+
     m = _m(ctx)
     held, timings = container_fork.fork(m, peer, p)
-    return {"container_id": held.id, "image": held.image, "episode_id": held.episode_id,
-            "pool": False, "instance": INSTANCE, "snapshot": held.snapshot, "depth": held.depth,
-            **timings}, b""
+    return {
+        "container_id": held.id,
+        "image": held.image,
+        "episode_id": held.episode_id,
+        "pool": False,
+        "instance": INSTANCE,
+        "snapshot": held.snapshot,
+        "depth": held.depth,
+        **timings,
+    }, b""
 
 
 def container_remove(ctx, peer, p: wire.ContainerParams, blob: bytes):
@@ -211,12 +244,23 @@ def container_remove(ctx, peer, p: wire.ContainerParams, blob: bytes):
 
 def container_list(ctx, peer, p: wire.NoParams, blob: bytes):
     m = _m(ctx)
-    found = m.docker.list_labelled({"camg.helper": m.cfg.scope, "camg.service": peer.owner,
-                                    "camg.uid": str(peer.uid)})
-    found = [c for c in found if not m.standby.unclaimed(c)]  # not the peer's until a fork takes one
-    out = [{"container_id": c["Id"], "image": c["Image"],
-            "episode_id": c["Labels"].get("camg.episode", ""), "pool": c["Labels"].get("camg.pool") == "1",
-            "state": c["State"], "created_at": c["Created"]} for c in found]
+    found = m.docker.list_labelled(
+        {"camg.helper": m.cfg.scope, "camg.service": peer.owner, "camg.uid": str(peer.uid)}
+    )
+    found = [
+        c for c in found if not m.standby.unclaimed(c)
+    ]  # not the peer's until a fork takes one
+    out = [
+        {
+            "container_id": c["Id"],
+            "image": c["Image"],
+            "episode_id": c["Labels"].get("camg.episode", ""),
+            "pool": c["Labels"].get("camg.pool") == "1",
+            "state": c["State"],
+            "created_at": c["Created"],
+        }
+        for c in found
+    ]
     return {"containers": out}, b""
 
 
@@ -231,5 +275,7 @@ def release_for(ctx, peer) -> int:
     try:
         return _m(ctx).release_all(peer)
     except WireError as exc:
-        log.warning("releasing containers of %s failed, left for the sweep: %s", peer.owner, exc.message)
+        log.warning(
+            "releasing containers of %s failed, left for the sweep: %s", peer.owner, exc.message
+        )
         return 0

@@ -37,7 +37,8 @@ import time
 from collections.abc import Callable
 
 from camg.helper_wire import ContainerCreateParams, WireError
-from helper import commands, container_ops as ops
+from helper import commands
+from helper import container_ops as ops
 from helper.config import Ceilings
 from helper.container_config import ContainerConfig
 from helper.container_gate import Gate
@@ -79,8 +80,11 @@ class Held:
 
 # -- the mediator -----------------------------------------------------------------
 
+
 class Mediator:
-    def __init__(self, cfg: ContainerConfig, *, agent_uid: int, agent_gid: int, ceilings: Ceilings) -> None:
+    def __init__(
+        self, cfg: ContainerConfig, *, agent_uid: int, agent_gid: int, ceilings: Ceilings
+    ) -> None:
         self.cfg = cfg
         self.agent = f"{agent_uid}:{agent_gid}"
         # The helper's ceilings (helper/config.py), the same a sandbox is held to.
@@ -111,28 +115,44 @@ class Mediator:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
             images = data["images"] if isinstance(data, dict) else None
-            if not isinstance(images, list) or not all(isinstance(i, str) and _IMAGE.match(i) for i in images):
+            if not isinstance(images, list) or not all(
+                isinstance(i, str) and _IMAGE.match(i) for i in images
+            ):
                 raise ValueError('expected {"images": ["REPO@sha256:HEX", ...]}')
         except (OSError, ValueError, KeyError) as exc:
-            raise WireError("not_allowed", f"no image is allowed: manifest {path} unreadable: {exc}") from None
+            raise WireError(
+                "not_allowed", f"no image is allowed: manifest {path} unreadable: {exc}"
+            ) from None
         self._manifest = (mtime, frozenset(images))
         return self._manifest[1]
 
     def check_image(self, image: str) -> str:
         if not isinstance(image, str) or not _IMAGE.match(image):
-            raise WireError("not_allowed", "image: must be a digest-pinned reference REPO@sha256:HEX")
+            raise WireError(
+                "not_allowed", "image: must be a digest-pinned reference REPO@sha256:HEX"
+            )
         if image not in self.allowed_images():
-            raise WireError("not_allowed", f"image {image[:200]!r} is not in the allowed-images manifest")
+            raise WireError(
+                "not_allowed", f"image {image[:200]!r} is not in the allowed-images manifest"
+            )
         return image
 
     def labels_for(self, peer, p: ContainerCreateParams) -> dict[str, str]:
-        labels = {"camg.helper": self.cfg.scope, "camg.boot": self.boot, "camg.service": peer.owner,
-                  "camg.uid": str(peer.uid), "camg.episode": p.episode_id,
-                  "camg.pool": "1" if p.pool else "0"}
+        labels = {
+            "camg.helper": self.cfg.scope,
+            "camg.boot": self.boot,
+            "camg.service": peer.owner,
+            "camg.uid": str(peer.uid),
+            "camg.episode": p.episode_id,
+            "camg.pool": "1" if p.pool else "0",
+        }
         for key, value in p.labels.items():
             if labels.get(key) != value:
-                raise WireError("not_allowed", f"label {key[:100]!r}: only the project's labels with "
-                                "their true values may be set")
+                raise WireError(
+                    "not_allowed",
+                    f"label {key[:100]!r}: only the project's labels with "
+                    "their true values may be set",
+                )
         return labels
 
     def check_create(self, peer, p: ContainerCreateParams) -> dict:
@@ -144,15 +164,21 @@ class Mediator:
         if p.devices:
             raise WireError("not_allowed", "devices are not allowed")
         if p.binds:
-            raise WireError("not_allowed", "host bind mounts are not allowed (mount_agent_env is the only one)")
+            raise WireError(
+                "not_allowed", "host bind mounts are not allowed (mount_agent_env is the only one)"
+            )
         if p.network != "none":
-            raise WireError("not_allowed", "network: only 'none' (reach the container with ContainerConnect)")
+            raise WireError(
+                "not_allowed", "network: only 'none' (reach the container with ContainerConnect)"
+            )
         if p.mount_agent_env and not cfg.agent_env_source:
             raise WireError("not_allowed", "mount_agent_env: no agent environment is configured")
         if not 0.01 <= p.cpu <= cfg.max_cpu:
             raise WireError("limit_exceeded", f"cpu: must be within [0.01, {cfg.max_cpu}]")
         if not 6 << 20 <= p.memory_bytes <= cfg.max_memory_bytes:
-            raise WireError("limit_exceeded", f"memory_bytes: must be within [6 MiB, {cfg.max_memory_bytes}]")
+            raise WireError(
+                "limit_exceeded", f"memory_bytes: must be within [6 MiB, {cfg.max_memory_bytes}]"
+            )
         if not 8 <= p.pids_max <= cfg.max_pids:
             raise WireError("limit_exceeded", f"pids_max: must be within [8, {cfg.max_pids}]")
         if not _EPISODE.match(p.episode_id):
@@ -160,7 +186,9 @@ class Mediator:
         limit = self.ceilings.command_bytes
         if any("\0" in a for a in p.command) or sum(len(a.encode()) for a in p.command) > limit:
             raise WireError("limit_exceeded", f"command: at most {limit} bytes without NUL")
-        if p.workdir and not (p.workdir.startswith("/") and "\0" not in p.workdir and len(p.workdir) < 4096):
+        if p.workdir and not (
+            p.workdir.startswith("/") and "\0" not in p.workdir and len(p.workdir) < 4096
+        ):
             raise WireError("bad_request", "workdir: an absolute path")
         commands.check_env(p.env, self.ceilings)
         return self.labels_for(peer, p)
@@ -168,10 +196,14 @@ class Mediator:
     def admit(self, peer) -> None:
         """Called with self.lock held."""
         if len(self.held) >= self.cfg.containers_total:
-            raise WireError("at_capacity", f"the helper holds {self.cfg.containers_total} containers already")
+            raise WireError(
+                "at_capacity", f"the helper holds {self.cfg.containers_total} containers already"
+            )
         mine = sum(1 for h in self.held.values() if (h.uid, h.owner) == (peer.uid, peer.owner))
         if mine >= self.cfg.containers_per_peer:
-            raise WireError("at_capacity", f"this peer holds {self.cfg.containers_per_peer} containers already")
+            raise WireError(
+                "at_capacity", f"this peer holds {self.cfg.containers_per_peer} containers already"
+            )
 
     # -- lifecycle --------------------------------------------------------
 
@@ -185,8 +217,16 @@ class Mediator:
         mounts = {}
         if p.mount_agent_env:
             mounts[self.cfg.agent_env_source] = {"bind": self.cfg.agent_env_target, "mode": "ro"}
-        return dict(command=list(p.command), env=dict(p.env), workdir=p.workdir, user=user,
-                    cpu=p.cpu, memory=p.memory_bytes, pids=p.pids_max, binds=mounts)
+        return dict(
+            command=list(p.command),
+            env=dict(p.env),
+            workdir=p.workdir,
+            user=user,
+            cpu=p.cpu,
+            memory=p.memory_bytes,
+            pids=p.pids_max,
+            binds=mounts,
+        )
 
     def start_deadline(self) -> float:
         """Until when a create may wait for a start slot (time.monotonic())."""
@@ -195,9 +235,17 @@ class Mediator:
     def container_name(self, peer) -> str:
         return f"camg-{self.cfg.scope}-{peer.owner}-{secrets.token_hex(6)}"[:120]
 
-    def start(self, peer, p: ContainerCreateParams, labels: dict[str, str], *, run_image: str = "",
-              snapshot: str = "", depth: int = 0,
-              launch: Callable[[str], tuple[str, int]] | None = None) -> Held:
+    def start(
+        self,
+        peer,
+        p: ContainerCreateParams,
+        labels: dict[str, str],
+        *,
+        run_image: str = "",
+        snapshot: str = "",
+        depth: int = 0,
+        launch: Callable[[str], tuple[str, int]] | None = None,
+    ) -> Held:
         """Admit, then run ``run_image`` with checked ``p`` and ``labels``
         (p.image, the manifest image, is what the container is recorded as);
         or ``launch(name)`` -> (id, pid): a fork's own way to a running child."""
@@ -205,22 +253,41 @@ class Mediator:
         with self.lock:
             # (a waiter is admitted and counted: the ceilings hold for the queue too)
             self.admit(peer)
-            self.held[token] = Held(token, peer.uid, peer.owner, p.image, p.episode_id, p.pool, 0.0, -1)
+            self.held[token] = Held(
+                token, peer.uid, peer.owner, p.image, p.episode_id, p.pool, 0.0, -1
+            )
         try:
             # One slot from nothing to running: create, the layer's ext4, start.
             with self.starts.slot(self.start_deadline()):
                 if launch is None:
-                    cid, pid = self.docker.run(name=self.container_name(peer), image=run_image,
-                                               labels=labels, **self.run_spec(p))
+                    cid, pid = self.docker.run(
+                        name=self.container_name(peer),
+                        image=run_image,
+                        labels=labels,
+                        **self.run_spec(p),
+                    )
                 else:
                     cid, pid = launch(self.container_name(peer))
             try:
                 pidfd = os.pidfd_open(pid)
             except ProcessLookupError:
                 self.docker.remove(cid)
-                raise WireError("sandbox_died", "the container exited as soon as it started") from None
-            held = Held(cid, peer.uid, peer.owner, p.image, p.episode_id, p.pool, time.time(), pidfd,
-                        p, snapshot, depth)
+                raise WireError(
+                    "sandbox_died", "the container exited as soon as it started"
+                ) from None
+            held = Held(
+                cid,
+                peer.uid,
+                peer.owner,
+                p.image,
+                p.episode_id,
+                p.pool,
+                time.time(),
+                pidfd,
+                p,
+                snapshot,
+                depth,
+            )
             with self.lock:
                 self.held[cid] = held
             return held
@@ -245,22 +312,28 @@ class Mediator:
                 os.close(held.pidfd)
         if held.snapshot:
             from helper import container_fork
+
             container_fork.release(self, held.snapshot)
         self.standby.drop_unused()
         return gone
 
     def mine(self, peer) -> list[Held]:
         with self.lock:
-            return [h for h in self.held.values()
-                    if (h.uid, h.owner) == (peer.uid, peer.owner) and h.pidfd >= 0]
+            return [
+                h
+                for h in self.held.values()
+                if (h.uid, h.owner) == (peer.uid, peer.owner) and h.pidfd >= 0
+            ]
 
     def release_all(self, peer) -> int:
         """Every container of this peer: those held, and any the labels name."""
         self.standby.drop_peer(peer)  # (not counted: the peer never had them)
         n = sum(self.remove(h) for h in self.mine(peer))
-        n += self.docker.remove_labelled({"camg.helper": self.cfg.scope, "camg.service": peer.owner,
-                                          "camg.uid": str(peer.uid)})
+        n += self.docker.remove_labelled(
+            {"camg.helper": self.cfg.scope, "camg.service": peer.owner, "camg.uid": str(peer.uid)}
+        )
         from helper import container_fork
+
         container_fork.collect(self)
         return n
 
@@ -282,8 +355,9 @@ def _call(result: int) -> None:
         raise OSError(e, os.strerror(e))
 
 
-def _in_thread(name: str, enter: Callable[[], None], family: int, address,
-               timeout: float) -> socket.socket:
+def _in_thread(
+    name: str, enter: Callable[[], None], family: int, address, timeout: float
+) -> socket.socket:
     """A socket of ``family`` connected to ``address`` from a throwaway
     thread that first runs ``enter`` (joining a namespace of the container).
 
@@ -321,8 +395,10 @@ def _mapped(err: OSError, what: str) -> WireError | OSError:
     # Nothing listens yet (the server inside is starting: no socket file,
     # or one a forked container's filesystem carried from its parent), or
     # its backlog is full (EAGAIN): the client retries until its deadline.
-    if isinstance(err, (ConnectionRefusedError, FileNotFoundError, BlockingIOError, TimeoutError,
-                        socket.timeout)):
+    if isinstance(
+        err,
+        (ConnectionRefusedError, FileNotFoundError, BlockingIOError, TimeoutError, socket.timeout),
+    ):
         return WireError("connection_refused", f"nothing accepts on {what} in the container")
     if err.errno in (errno.ESRCH, errno.EINVAL):
         return WireError("sandbox_died", "the container's init is gone")
@@ -332,8 +408,13 @@ def _mapped(err: OSError, what: str) -> WireError | OSError:
 def connect_in_netns(pidfd: int, port: int, timeout: float) -> socket.socket:
     """A TCP socket connected to 127.0.0.1:port in the network namespace of pidfd's process."""
     try:
-        return _in_thread("netns-connect", lambda: _call(_libc.setns(pidfd, _CLONE_NEWNET)),
-                          socket.AF_INET, ("127.0.0.1", port), timeout)
+        return _in_thread(
+            "netns-connect",
+            lambda: _call(_libc.setns(pidfd, _CLONE_NEWNET)),
+            socket.AF_INET,
+            ("127.0.0.1", port),
+            timeout,
+        )
     except OSError as exc:
         raise _mapped(exc, f"127.0.0.1:{port}") from None
 
@@ -371,8 +452,12 @@ def mediator(config) -> Mediator:
         raise WireError("docker_unavailable", "this helper has no containers configuration")
     with _mediator_lock:
         if _mediator is None:
-            _mediator = Mediator(config.containers, agent_uid=config.agent_uid, agent_gid=config.agent_gid,
-                                 ceilings=config.ceilings)
+            _mediator = Mediator(
+                config.containers,
+                agent_uid=config.agent_uid,
+                agent_gid=config.agent_gid,
+                ceilings=config.ceilings,
+            )
         return _mediator
 
 
@@ -384,8 +469,13 @@ def start_status(config) -> dict[str, int]:
     with _mediator_lock:
         m = _mediator
     if m is None:  # no container verb yet: nothing started
-        return {"limit": config.containers.concurrent_starts, "in_flight": 0, "waiting": 0,
-                "peak": 0, "served": 0}
+        return {
+            "limit": config.containers.concurrent_starts,
+            "in_flight": 0,
+            "waiting": 0,
+            "peak": 0,
+            "served": 0,
+        }
     return m.starts.status()
 
 

@@ -114,13 +114,18 @@ def _free_bytes(fd: int) -> int:
 def _check_idle(parent: Sandbox) -> None:
     """Refusals of a parent that cannot be forked now (its ops held)."""
     if parent.destroyed or parent.died:
-        raise WireError("sandbox_died" if parent.died else "not_found",
-                        f"sandbox {parent.id} is {'dead' if parent.died else 'destroyed'}")
+        raise WireError(
+            "sandbox_died" if parent.died else "not_found",
+            f"sandbox {parent.id} is {'dead' if parent.died else 'destroyed'}",
+        )
     others = [p for p in cgroups.procs(parent.record.cgroups["freezer"]) if p != parent.init_pid]
     if others:
-        raise WireError("not_allowed", f"processes: {len(others)} process(es) besides init "
-                        "still run in the sandbox; a fork carries the filesystem, not "
-                        "processes")
+        raise WireError(
+            "not_allowed",
+            f"processes: {len(others)} process(es) besides init "
+            "still run in the sandbox; a fork carries the filesystem, not "
+            "processes",
+        )
 
 
 def _untouched(fd: int, sub: str) -> bool:
@@ -146,16 +151,25 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
     if reused is not None:
         return reused
     if c.fork_depth < 1:
-        raise WireError("limit_exceeded", "fork_depth: this helper allows no layer "
-                        "(ceilings.fork_depth 0)")
+        raise WireError(
+            "limit_exceeded", "fork_depth: this helper allows no layer (ceilings.fork_depth 0)"
+        )
     child_id = secrets.token_hex(8)
     with registry.lock:
         registry._admit(peer, child_id)
     disk = bool(parent.record.upper_dir)
-    child_upper = os.path.join(registry.config.upper_root, cgroups.cgroup_name(child_id)) \
-        if disk else ""
-    record = Record(child_id, peer.uid, peer.owner, time.time(),
-                    cgroups.paths(registry.parents, child_id), child_upper, list(parent.record.lowers))
+    child_upper = (
+        os.path.join(registry.config.upper_root, cgroups.cgroup_name(child_id)) if disk else ""
+    )
+    record = Record(
+        child_id,
+        peer.uid,
+        peer.owner,
+        time.time(),
+        cgroups.paths(registry.parents, child_id),
+        child_upper,
+        list(parent.record.lowers),
+    )
     layer: Layer | None = None
     layers: tuple[Layer, ...] = ()
     made: dict = {}
@@ -196,20 +210,31 @@ def fork(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict]:
                     # none of them touches the parent's stack.
                     registry.ledger.write(record)
                     made["recorded"] = True
-                    cgroups.create(record.cgroups, memory_bytes=spec.memory_bytes,
-                                   cpu_quota=spec.cpu_quota, pids_max=spec.pids_max)
+                    cgroups.create(
+                        record.cgroups,
+                        memory_bytes=spec.memory_bytes,
+                        cpu_quota=spec.cpu_quota,
+                        pids_max=spec.pids_max,
+                    )
                     if disk:
                         _child_disk(registry, child_upper, size)
                     frozen.wait()
                     if "abort" in made:
                         return
                     made["child"] = Sandbox.spawn(
-                        record, init_binary=registry.init_binary, hostname=spec.hostname,
-                        scratch=registry.scratch, lowers=lowers, tmpfs_bytes=size,
+                        record,
+                        init_binary=registry.init_binary,
+                        hostname=spec.hostname,
+                        scratch=registry.scratch,
+                        lowers=lowers,
+                        tmpfs_bytes=size,
                         shm=registry.config.ceilings.shm(spec.memory_bytes),
-                        timeout=registry.config.create_timeout, layer_fds=fds)
+                        timeout=registry.config.create_timeout,
+                        layer_fds=fds,
+                    )
                 except BaseException as exc:  # re-raised by the fork below
                     made["error"] = exc
+
             # Both inits come up at once (the two cores each take one).
             worker = threading.Thread(target=make_child, name=f"fork-{child_id}", daemon=True)
             worker.start()
@@ -270,6 +295,7 @@ def _fork_over_stack(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict] | 
     the parent left running as it is, no new layer, no new depth. None when
     the upper holds anything (the caller freezes it instead)."""
     spec = parent.spec
+    assert spec is not None  # fork() refuses probe sandboxes before calling this
     disk = bool(parent.record.upper_dir)
     layers: tuple[Layer, ...] = ()
     with parent.ops:
@@ -294,11 +320,18 @@ def _fork_over_stack(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict] | 
     # From here the parent may run and write again: the child stacks none of
     # its upper, so it keeps the view the parent had at the check.
     child_id = secrets.token_hex(8)
-    child_upper = os.path.join(registry.config.upper_root, cgroups.cgroup_name(child_id)) \
-        if disk else ""
-    record = Record(child_id, peer.uid, peer.owner, time.time(),
-                    cgroups.paths(registry.parents, child_id), child_upper,
-                    list(parent.record.lowers))
+    child_upper = (
+        os.path.join(registry.config.upper_root, cgroups.cgroup_name(child_id)) if disk else ""
+    )
+    record = Record(
+        child_id,
+        peer.uid,
+        peer.owner,
+        time.time(),
+        cgroups.paths(registry.parents, child_id),
+        child_upper,
+        list(parent.record.lowers),
+    )
     admitted = recorded = False
     child: Sandbox | None = None
     try:
@@ -307,15 +340,26 @@ def _fork_over_stack(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict] | 
         admitted = True
         registry.ledger.write(record)
         recorded = True
-        cgroups.create(record.cgroups, memory_bytes=spec.memory_bytes,
-                       cpu_quota=spec.cpu_quota, pids_max=spec.pids_max)
+        cgroups.create(
+            record.cgroups,
+            memory_bytes=spec.memory_bytes,
+            cpu_quota=spec.cpu_quota,
+            pids_max=spec.pids_max,
+        )
         if disk:
             _child_disk(registry, child_upper, size)
         lowers, fds = _stack(parent.record, layers)
-        child = Sandbox.spawn(record, init_binary=registry.init_binary, hostname=spec.hostname,
-                              scratch=registry.scratch, lowers=lowers, tmpfs_bytes=size,
-                              shm=registry.config.ceilings.shm(spec.memory_bytes),
-                              timeout=registry.config.create_timeout, layer_fds=fds)
+        child = Sandbox.spawn(
+            record,
+            init_binary=registry.init_binary,
+            hostname=spec.hostname,
+            scratch=registry.scratch,
+            lowers=lowers,
+            tmpfs_bytes=size,
+            shm=registry.config.ceilings.shm(spec.memory_bytes),
+            timeout=registry.config.create_timeout,
+            layer_fds=fds,
+        )
         child.spec, child.size, child.layers = spec, size, layers
     except BaseException:
         for each in layers:
@@ -328,8 +372,12 @@ def _fork_over_stack(registry, peer, parent: Sandbox) -> tuple[Sandbox, dict] | 
         raise
     with registry.lock:
         registry.sandboxes[child_id] = child
-    return child, {"sandbox_id": child_id, "depth": len(layers), "upper_bytes": size,
-                   "reused": True}
+    return child, {
+        "sandbox_id": child_id,
+        "depth": len(layers),
+        "upper_bytes": size,
+        "reused": True,
+    }
 
 
 def _child_disk(registry, upper_dir: str, size: int) -> None:
@@ -384,6 +432,7 @@ def _squash(registry, parent: Sandbox, fd: int, disk: bool) -> Layer:
     descriptor; a disk parent's beside its upper, in its ext4. Bounded by
     the parent's upper size; past it, or on anything the copied tree makes
     fail, the fork is refused limit_exceeded and nothing is kept."""
+    assert parent.spec is not None  # fork() refuses probe sandboxes before calling this
     budget = parent.spec.upper_bytes or registry.config.tmpfs_upper_bytes
     sources = [f"/proc/self/fd/{each.fd}/{each.sub}" for each in parent.layers]
     sources.append(f"/proc/self/fd/{fd}/{'upper' if disk else 'u'}")
@@ -397,25 +446,39 @@ def _squash(registry, parent: Sandbox, fd: int, disk: bool) -> Layer:
             mnt = uppers.detached_tmpfs(budget)
             target = f"/proc/self/fd/{mnt}/{name}"
             os.mkdir(target, 0o755)
-        argv = [sys.executable, "-I", "-S", squash_tool.__file__,
-                os.path.join(parent.record.cgroups["memory"], "cgroup.procs"),
-                str(_SQUASH_SECONDS), target,
-                str(len(parent.record.lowers)), *parent.record.lowers, *sources]
+        argv = [
+            sys.executable,
+            "-I",
+            "-S",
+            squash_tool.__file__,
+            os.path.join(parent.record.cgroups["memory"], "cgroup.procs"),
+            str(_SQUASH_SECONDS),
+            target,
+            str(len(parent.record.lowers)),
+            *parent.record.lowers,
+            *sources,
+        ]
         fds = [each.fd for each in parent.layers] + [fd] + ([mnt] if mnt >= 0 else [])
         try:
-            done = subprocess.run(argv, pass_fds=fds, capture_output=True,
-                                  timeout=_SQUASH_SECONDS + 30)
+            done = subprocess.run(
+                argv, pass_fds=fds, capture_output=True, timeout=_SQUASH_SECONDS + 30
+            )
         except subprocess.TimeoutExpired:  # one entry (a huge file) outlasted its own check
-            raise WireError("limit_exceeded", f"fork_depth: the stacked layers take longer "
-                            f"than {_SQUASH_SECONDS:g} s to squash") from None
+            raise WireError(
+                "limit_exceeded",
+                f"fork_depth: the stacked layers take longer than {_SQUASH_SECONDS:g} s to squash",
+            ) from None
         if done.returncode != 0:
             lines = done.stderr.decode(errors="replace").strip().splitlines()
             why = lines[-1] if lines else "no output"
             # The tree the agent wrote (or its memory limit) made it fail.
             refused = done.returncode in (squash_tool.REFUSED, -signal.SIGKILL)
             code = "limit_exceeded" if refused else "internal"
-            raise WireError(code, f"fork_depth: {len(sources)} stacked layers could not be "
-                            f"squashed into one: {why[:300]}")
+            raise WireError(
+                code,
+                f"fork_depth: {len(sources)} stacked layers could not be "
+                f"squashed into one: {why[:300]}",
+            )
         if disk:
             return Layer(fd, name)
         uppers.make_read_only(mnt)
@@ -445,19 +508,32 @@ def _clear_disk_upper(parent: Sandbox) -> None:
     # Off the fork's path (its time is bounded by the bytes only through
     # the squash's own clock): a helper that dies first leaves it in the
     # parent's ext4, which goes with the parent.
-    threading.Thread(target=shutil.rmtree, args=(stale,), kwargs={"ignore_errors": True},
-                     name="squashed-upper", daemon=True).start()
+    threading.Thread(
+        target=shutil.rmtree,
+        args=(stale,),
+        kwargs={"ignore_errors": True},
+        name="squashed-upper",
+        daemon=True,
+    ).start()
 
 
 def _replace_init(registry, parent: Sandbox, layers, lowers, fds, size: int, disk: bool) -> None:
     """The parent continues over the frozen upper with a fresh one (ops held,
     its old init killed, a disk upper frozen already)."""
+    spec = parent.spec
+    assert spec is not None  # fork() refuses probe sandboxes before calling this
     try:
-        fresh = Sandbox.spawn(parent.record, init_binary=registry.init_binary,
-                              hostname=parent.spec.hostname, scratch=registry.scratch,
-                              lowers=lowers, tmpfs_bytes=size,
-                              shm=registry.config.ceilings.shm(parent.spec.memory_bytes),
-                              timeout=registry.config.create_timeout, layer_fds=fds)
+        fresh = Sandbox.spawn(
+            parent.record,
+            init_binary=registry.init_binary,
+            hostname=spec.hostname,
+            scratch=registry.scratch,
+            lowers=lowers,
+            tmpfs_bytes=size,
+            shm=registry.config.ceilings.shm(spec.memory_bytes),
+            timeout=registry.config.create_timeout,
+            layer_fds=fds,
+        )
     except BaseException:
         # The old pid is reaped next and may then be reused: never signal it.
         parent.init_pid, parent.died = 0, True

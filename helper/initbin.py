@@ -32,11 +32,17 @@ def ensure(configured: str, build_dir: str) -> str:
     # Static when libc.a is there: no dynamic loader work on every spawn.
     for flags in (["-static"], []):
         try:
-            proc = subprocess.run([cc, "-O2", "-Wall", *flags, "-o", tmp, SOURCE],
-                                  capture_output=True, text=True, timeout=120)
+            proc = subprocess.run(
+                [cc, "-O2", "-Wall", *flags, "-o", tmp, SOURCE],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         except FileNotFoundError:
-            raise ConfigError(f"cannot build the sandbox init: no C compiler ({cc}); "
-                              "install build-essential or set init_binary") from None
+            raise ConfigError(
+                f"cannot build the sandbox init: no C compiler ({cc}); "
+                "install build-essential or set init_binary"
+            ) from None
         if proc.returncode == 0:
             break
     if proc.returncode != 0:

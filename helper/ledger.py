@@ -39,8 +39,11 @@ class Ledger:
         return os.path.join(self.directory, sandbox_id + ".json")
 
     def write(self, record: Record) -> None:
-        atomic.write_bytes(self._path(record.sandbox_id),
-                           json.dumps(dataclasses.asdict(record)).encode(), mode=0o600)
+        atomic.write_bytes(
+            self._path(record.sandbox_id),
+            json.dumps(dataclasses.asdict(record)).encode(),
+            mode=0o600,
+        )
 
     def remove(self, sandbox_id: str) -> None:
         try:
@@ -70,8 +73,9 @@ def remove_upper(upper_dir: str) -> None:
     uppers.remove(upper_dir)
 
 
-def sweep(ledger: Ledger, parents: dict[str, str], upper_root: str,
-          log: Callable[[str], None]) -> int:
+def sweep(
+    ledger: Ledger, parents: dict[str, str], upper_root: str, log: Callable[[str], None]
+) -> int:
     """Reclaim every sandbox a previous helper left; returns how many."""
     found: dict[str, Record] = {r.sandbox_id: r for r in ledger.records()}
     stray = cgroups.orphans(parents)

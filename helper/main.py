@@ -11,8 +11,10 @@ import socket
 import sys
 import threading
 
+from helper import cgroups, containers, initbin, verbs
+from helper import config as configmod
+from helper import log as logmod
 from helper.config import ConfigError
-from helper import cgroups, config as configmod, containers, initbin, log as logmod, verbs
 from helper.ledger import Ledger, sweep
 
 _RETRY_PROBES = 30.0
@@ -21,13 +23,19 @@ _RETRY_PROBES = 30.0
 def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="camg-helper", description=__doc__)
     ap.add_argument("--config", help="JSON configuration file (all fields optional)")
-    ap.add_argument("--socket", help="bind this path instead of the configured socket "
-                    "(ignored under socket activation)")
-    ap.add_argument("--sweep", action="store_true",
-                    help="reclaim everything a crashed helper left, then exit")
+    ap.add_argument(
+        "--socket",
+        help="bind this path instead of the configured socket (ignored under socket activation)",
+    )
+    ap.add_argument(
+        "--sweep", action="store_true", help="reclaim everything a crashed helper left, then exit"
+    )
     ap.add_argument("--list-verbs", action="store_true", help="print the verb interface as JSON")
-    ap.add_argument("--probe", action="store_true",
-                    help="run the isolation probes once, print JSON, exit 0 if all passed")
+    ap.add_argument(
+        "--probe",
+        action="store_true",
+        help="run the isolation probes once, print JSON, exit 0 if all passed",
+    )
     return ap.parse_args(argv)
 
 
@@ -54,6 +62,7 @@ def _listener(path: str) -> tuple[socket.socket, str | None]:
 
 def _secure_socket(path: str, group: str) -> None:
     from helper.server import group_id
+
     gid = group_id(group)
     os.chown(path, 0, gid if gid is not None else 0)
     os.chmod(path, 0o660)
@@ -87,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import prctl  # only the serving modes spawn sandboxes
     from sdnotify import SystemdNotifier
+
     from helper.probes import Probes
     from helper.sandbox_table import Registry
     from helper.server import Server
@@ -131,13 +141,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     metrics = _metrics(registry, swept_sandboxes, swept_containers)
     stop_metrics = _serve_metrics(metrics, cfg.metrics_port, log)
-    server = Server(listener, verbs.Context(registry, probes.run), cfg.group,
-                    max_blob=cfg.ceilings.archive_bytes, max_connections=cfg.ceilings.connections,
-                    metrics=metrics)
+    server = Server(
+        listener,
+        verbs.Context(registry, probes.run),
+        cfg.group,
+        max_blob=cfg.ceilings.archive_bytes,
+        max_connections=cfg.ceilings.connections,
+        metrics=metrics,
+    )
     if server.gid is None:
         log.warning("group %r does not exist: only root may use the helper", cfg.group)
-    threading.Thread(target=_probe_loop, args=(probes, registry, notifier, stop, cfg.probe_on_start, log),
-                     daemon=True).start()
+    threading.Thread(
+        target=_probe_loop,
+        args=(probes, registry, notifier, stop, cfg.probe_on_start, log),
+        daemon=True,
+    ).start()
     log.info("serving on %s", bound or "the socket systemd passed")
     try:
         server.serve_forever()
@@ -165,9 +183,11 @@ def _metrics(registry, swept_sandboxes: int, swept_containers: int):
     from camg.metrics import HelperMetrics
 
     metrics = HelperMetrics()
-    metrics.watch(sandboxes=lambda: len(registry.sandboxes),
-                  containers=lambda: len(getattr(containers._mediator, "held", ())),
-                  probes_ok=lambda: registry.probe_failure is None)
+    metrics.watch(
+        sandboxes=lambda: len(registry.sandboxes),
+        containers=lambda: len(getattr(containers._mediator, "held", ())),
+        probes_ok=lambda: registry.probe_failure is None,
+    )
     metrics.swept(swept_sandboxes, swept_containers)
     return metrics
 

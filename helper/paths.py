@@ -35,7 +35,9 @@ def resolve_lower(path: object, roots: tuple[str, ...], private: tuple[str, ...]
     that neither is, lies in, nor contains one of the ``private`` roots."""
     clean = _clean_absolute(path, "lower")
     if _OVERLAY_SPECIAL & set(clean):
-        raise WireError("bad_request", f"lower: {clean!r} contains a character overlayfs cannot take")
+        raise WireError(
+            "bad_request", f"lower: {clean!r} contains a character overlayfs cannot take"
+        )
     for root in roots:
         root = os.path.normpath(root)
         if clean.startswith(root + "/"):
@@ -92,8 +94,9 @@ def refuse_private(clean: str, walked: list[tuple[int, int]], private: tuple[str
         if ident is None or not walked:
             continue
         if ident in walked or walked[-1] in above:
-            raise WireError("path_escape", f"lower: {clean!r} reaches a private root "
-                            "through a mount")
+            raise WireError(
+                "path_escape", f"lower: {clean!r} reaches a private root through a mount"
+            )
         # A bind of a directory inside the private root has an identity of
         # its own: compare where both paths lie within their filesystems.
         lower_fs, private_fs = _fs_location(clean), _fs_location(root)
@@ -120,8 +123,9 @@ def _fs_location(path: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[st
     return best[1], best[2]
 
 
-def probe_private_roots(lower_roots: tuple[str, ...], private: tuple[str, ...],
-                        other_paths: tuple[str, ...]) -> None:
+def probe_private_roots(
+    lower_roots: tuple[str, ...], private: tuple[str, ...], other_paths: tuple[str, ...]
+) -> None:
     """The start-up probe of the deny-list: every private root is refused as a
     lower (and so is anything overlapping it), and no configured root or
     directory the helper writes to reaches one. Raises ValueError naming it."""
@@ -136,18 +140,22 @@ def probe_private_roots(lower_roots: tuple[str, ...], private: tuple[str, ...],
                 st = os.stat(other)
             except FileNotFoundError:
                 continue
-            if ident is not None and ((st.st_dev, st.st_ino) == ident
-                                      or (st.st_dev, st.st_ino) in above):
-                raise ValueError(f"lower root {other} is (a mount of) private root {root} "
-                                 "or a directory holding it")
+            if ident is not None and (
+                (st.st_dev, st.st_ino) == ident or (st.st_dev, st.st_ino) in above
+            ):
+                raise ValueError(
+                    f"lower root {other} is (a mount of) private root {root} "
+                    "or a directory holding it"
+                )
         if ident is None:
             continue
         try:
             resolve_lower(root, tuple(lower_roots) + (os.path.dirname(root),), private)
         except WireError as exc:
             if exc.name != "path_escape":
-                raise ValueError(f"private root {root}: the deny-list probe got {exc.name}, "
-                                 "not path_escape") from None
+                raise ValueError(
+                    f"private root {root}: the deny-list probe got {exc.name}, not path_escape"
+                ) from None
         else:
             raise ValueError(f"private root {root} was accepted as a lower")
 

@@ -12,9 +12,33 @@ import hashlib
 import os
 import shutil
 import subprocess
+from typing import cast
 
-TOOLS = ("bash", "sh", "cat", "id", "ls", "sleep", "cp", "chmod", "touch", "head", "seq", "grep",
-         "tr", "mount", "unshare", "setsid", "rm", "mkdir", "stat", "wc", "sort", "tail", "env")
+TOOLS = (
+    "bash",
+    "sh",
+    "cat",
+    "id",
+    "ls",
+    "sleep",
+    "cp",
+    "chmod",
+    "touch",
+    "head",
+    "seq",
+    "grep",
+    "tr",
+    "mount",
+    "unshare",
+    "setsid",
+    "rm",
+    "mkdir",
+    "stat",
+    "wc",
+    "sort",
+    "tail",
+    "env",
+)
 _SEARCH = "/usr/bin:/bin:/usr/sbin:/sbin"
 
 
@@ -47,18 +71,31 @@ def _copy(src: str, root: str) -> None:
 
 def ensure(state_dir: str) -> str:
     """The probe root under ``state_dir`` (built if missing or stale)."""
-    binaries = [shutil.which(t, path=_SEARCH) for t in TOOLS]
-    missing = [t for t, b in zip(TOOLS, binaries) if b is None]
+    which = [shutil.which(t, path=_SEARCH) for t in TOOLS]
+    missing = [t for t, b in zip(TOOLS, which, strict=True) if b is None]
     if missing:
-        raise FileNotFoundError(f"host lacks {', '.join(missing)} for the probe root; set probe_lowers")
+        raise FileNotFoundError(
+            f"host lacks {', '.join(missing)} for the probe root; set probe_lowers"
+        )
+    binaries = cast(list[str], which)  # every tool was found: missing is empty
     key = hashlib.sha256("\0".join(f"{b}:{os.stat(b).st_mtime_ns}" for b in binaries).encode())
     root = os.path.join(state_dir, "probe-root", key.hexdigest()[:16])
     if os.path.exists(os.path.join(root, ".complete")):
         return root
     tmp = root + f".tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    for d in ("usr/bin", "usr/lib", "usr/lib64", "etc", "root", "home", "proc", "sys", "dev",
-              "usr/share/doc/camg-probe"):
+    for d in (
+        "usr/bin",
+        "usr/lib",
+        "usr/lib64",
+        "etc",
+        "root",
+        "home",
+        "proc",
+        "sys",
+        "dev",
+        "usr/share/doc/camg-probe",
+    ):
         os.makedirs(os.path.join(tmp, d), mode=0o755, exist_ok=True)
     os.makedirs(os.path.join(tmp, "tmp"), exist_ok=True)
     os.chmod(os.path.join(tmp, "tmp"), 0o1777)
@@ -66,7 +103,7 @@ def ensure(state_dir: str) -> str:
         os.symlink("usr/bin", os.path.join(tmp, name))
     for name in ("lib", "lib64"):
         os.symlink(f"usr/{name}", os.path.join(tmp, name))
-    for tool, binary in zip(TOOLS, binaries):
+    for tool, binary in zip(TOOLS, binaries, strict=True):
         _copy(binary, tmp)
         # Tools are found by their own name, wherever the host keeps them.
         link = os.path.join(tmp, "usr/bin", tool)

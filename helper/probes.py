@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 from camg.helper_wire import CreateSandboxParams, WireError
 from helper import proberoot
-from helper.sandbox_table import Peer, Registry
 from helper.sandbox import Sandbox
+from helper.sandbox_table import Peer, Registry
 
 log = logging.getLogger("camg.helper")
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -48,7 +48,8 @@ class Probes:
             result = self._run()
         failed = [r for r in result["results"] if not r["ok"]]
         self.registry.probe_failure = (
-            None if not failed else "; ".join(f"{r['name']}: {r['detail']}" for r in failed)[:2000])
+            None if not failed else "; ".join(f"{r['name']}: {r['detail']}" for r in failed)[:2000]
+        )
         self.last = result
         self.registry.first_probes_done.set()
         return result
@@ -59,16 +60,29 @@ class Probes:
         try:
             lowers = tuple(cfg.probe_lowers) or (proberoot.ensure(cfg.state_dir),)
         except (OSError, subprocess.SubprocessError) as exc:
-            return {"ok": False, "duration": 0.0, "results": [
-                {"name": "probe_root", "ok": False, "detail": f"cannot build the probe root: {exc}"}]}
+            return {
+                "ok": False,
+                "duration": 0.0,
+                "results": [
+                    {
+                        "name": "probe_root",
+                        "ok": False,
+                        "detail": f"cannot build the probe root: {exc}",
+                    }
+                ],
+            }
         peer = Peer(0, 0, os.getpid(), "camg-probes")
-        spec = CreateSandboxParams(lowers, memory_bytes=64 << 20, cpu_quota=1.0,
-                                   pids_max=64, hostname="camg-probe")
+        spec = CreateSandboxParams(
+            lowers, memory_bytes=64 << 20, cpu_quota=1.0, pids_max=64, hostname="camg-probe"
+        )
         try:
             sandbox = self.registry.create(peer, spec, probe=True)
         except (WireError, OSError) as exc:
-            return {"ok": False, "duration": time.monotonic() - start,
-                    "results": [{"name": "create", "ok": False, "detail": str(exc)}]}
+            return {
+                "ok": False,
+                "duration": time.monotonic() - start,
+                "results": [{"name": "create", "ok": False, "detail": str(exc)}],
+            }
         results = []
         try:
             for name, probe in PROBES:
@@ -87,10 +101,21 @@ class Probes:
     def sh(self, sandbox: Sandbox, command: str, user: str = "agent", timeout: float = 10.0):
         cfg = self.registry.config
         uid, gid = (cfg.agent_uid, cfg.agent_gid) if user == "agent" else (0, 0)
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": "/", "LANG": "C"}
-        r = sandbox.run(["/bin/bash", "-c", command], uid=uid, gid=gid, cwd="/", env=env,
-                        stdin=b"", timeout=timeout, output_limit=65536)
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/",
+            "LANG": "C",
+        }
+        r = sandbox.run(
+            ["/bin/bash", "-c", command],
+            uid=uid,
+            gid=gid,
+            cwd="/",
+            env=env,
+            stdin=b"",
+            timeout=timeout,
+            output_limit=65536,
+        )
         return r.exit_code, r.output.decode(errors="replace"), r
 
 
@@ -105,12 +130,17 @@ def _status(text: str) -> dict[str, str]:
 
 def agent_identity(p: Probes, sb: Sandbox) -> None:
     cfg = p.registry.config
-    code, out, _ = p.sh(sb, 'echo "ids: $(id -u) $(id -G)"; grep -E "^(CapEff|CapPrm|NoNewPrivs):" /proc/self/status')
+    code, out, _ = p.sh(
+        sb,
+        'echo "ids: $(id -u) $(id -G)"; grep -E "^(CapEff|CapPrm|NoNewPrivs):" /proc/self/status',
+    )
     st = _status(out)
     _expect(code == 0, f"exit {code}: {out}")
     _expect(st.get("ids:") == f"{cfg.agent_uid} {cfg.agent_gid}", f"identity {st.get('ids:')!r}")
-    _expect(int(st.get("CapEff:", "1"), 16) == 0 and int(st.get("CapPrm:", "1"), 16) == 0,
-            f"capabilities {st.get('CapEff:')}")
+    _expect(
+        int(st.get("CapEff:", "1"), 16) == 0 and int(st.get("CapPrm:", "1"), 16) == 0,
+        f"capabilities {st.get('CapEff:')}",
+    )
     _expect(st.get("NoNewPrivs:") == "1", "no_new_privs is not set")
     code, out, _ = p.sh(sb, "echo x > /dev/null && echo x > /dev/shm/probe")
     _expect(code == 0, f"the agent cannot use /dev/null or /dev/shm: {out}")
@@ -144,7 +174,9 @@ def kernel_surface_filtered(p: Probes, sb: Sandbox) -> None:
 def pid_namespace(p: Probes, sb: Sandbox) -> None:
     code, out, _ = p.sh(sb, 'for d in /proc/[0-9]*; do echo "${d#/proc/}"; done')
     pids = {int(x) for x in out.split() if x.isdigit()}
-    _expect(1 in pids and len(pids) <= 4 and max(pids) < 64, f"/proc shows pids {sorted(pids)[:20]}")
+    _expect(
+        1 in pids and len(pids) <= 4 and max(pids) < 64, f"/proc shows pids {sorted(pids)[:20]}"
+    )
     _expect(os.getpid() not in pids or os.getpid() < 64, "the helper's pid is visible")
 
 
@@ -163,6 +195,7 @@ def _links_in_netns(pid: int) -> list[tuple[str, str]]:
 
     def inside() -> None:
         from pyroute2 import IPRoute
+
         own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
         try:
@@ -172,8 +205,13 @@ def _links_in_netns(pid: int) -> list[tuple[str, str]]:
             try:
                 with IPRoute() as ipr:
                     for link in ipr.get_links():
-                        out.append((link.get_attr("IFLA_IFNAME"), link.get_attr("IFLA_OPERSTATE") and
-                                    ("up" if link["flags"] & 1 else "down")))
+                        out.append(
+                            (
+                                link.get_attr("IFLA_IFNAME"),
+                                link.get_attr("IFLA_OPERSTATE")
+                                and ("up" if link["flags"] & 1 else "down"),
+                            )
+                        )
             finally:
                 _libc.setns(own, _CLONE_NEWNET)
         except Exception as exc:
@@ -196,8 +234,9 @@ def host_invisible(p: Probes, sb: Sandbox) -> None:
     with open(marker, "w") as f:
         f.write("host")
     try:
-        code, out, _ = p.sh(sb, f"test -e {marker} || test -e {p.registry.config.socket} || exit 42",
-                            user="root")
+        code, out, _ = p.sh(
+            sb, f"test -e {marker} || test -e {p.registry.config.socket} || exit 42", user="root"
+        )
         _expect(code == 42, "a host file or the helper socket is visible inside")
     finally:
         os.unlink(marker)
@@ -205,14 +244,18 @@ def host_invisible(p: Probes, sb: Sandbox) -> None:
 
 def lowers_readonly(p: Probes, sb: Sandbox) -> None:
     name = f"camg-probe-{secrets.token_hex(6)}"
-    code, out, _ = p.sh(sb, f"echo x > /{name} && echo x >> /etc/hostname && rm -rf /usr/share/doc",
-                        user="root")
+    code, out, _ = p.sh(
+        sb, f"echo x > /{name} && echo x >> /etc/hostname && rm -rf /usr/share/doc", user="root"
+    )
     _expect(code == 0, f"writing the sandbox's root failed: {out}")
     for lower in sb.record.lowers:
         _expect(not os.path.exists(os.path.join(lower, name)), f"a write reached lower {lower}")
     bottom = sb.record.lowers[0]
-    _expect(not os.path.isdir(os.path.join(bottom, "usr/share")) or
-            os.path.isdir(os.path.join(bottom, "usr/share/doc")), "a delete reached the lower")
+    _expect(
+        not os.path.isdir(os.path.join(bottom, "usr/share"))
+        or os.path.isdir(os.path.join(bottom, "usr/share/doc")),
+        "a delete reached the lower",
+    )
 
 
 def memory_oom(p: Probes, sb: Sandbox) -> None:
@@ -231,7 +274,9 @@ def _oom_kills(sb: Sandbox) -> int:
 
 
 def fork_bomb(p: Probes, sb: Sandbox) -> None:
-    code, out, _ = p.sh(sb, "b() { b | b & }; b; for i in $(seq 100); do sleep 5 & done; wait", timeout=3)
+    code, out, _ = p.sh(
+        sb, "b() { b | b & }; b; for i in $(seq 100); do sleep 5 & done; wait", timeout=3
+    )
     with open(os.path.join(sb.record.cgroups["pids"], "pids.events")) as f:
         hits = int(f.read().split()[1])
     _expect(hits > 0, "pids.max was never hit")
@@ -247,10 +292,14 @@ def timeout_kills_tree(p: Probes, sb: Sandbox) -> None:
 
 def _live_named(p: Probes, sb: Sandbox, name: str) -> list[str]:
     """Processes called ``name`` in the sandbox that are not zombies."""
-    code, out, _ = p.sh(sb, "for f in /proc/[0-9]*/status; do "
-                            "grep -E '^(Name|State):' $f 2>/dev/null | tr '\\n' ' '; echo; done")
-    return [line for line in out.splitlines()
-            if line.split()[1:2] == [name] and "(zombie)" not in line]
+    code, out, _ = p.sh(
+        sb,
+        "for f in /proc/[0-9]*/status; do "
+        "grep -E '^(Name|State):' $f 2>/dev/null | tr '\\n' ' '; echo; done",
+    )
+    return [
+        line for line in out.splitlines() if line.split()[1:2] == [name] and "(zombie)" not in line
+    ]
 
 
 def sockets_unreachable(p: Probes, sb: Sandbox) -> None:
@@ -259,7 +308,9 @@ def sockets_unreachable(p: Probes, sb: Sandbox) -> None:
     listener.listen(1)
     port = listener.getsockname()[1]
     try:
-        code, out, _ = p.sh(sb, f"exec 3<>/dev/tcp/127.0.0.1/{port} && exit 0 || exit 42", timeout=5)
+        code, out, _ = p.sh(
+            sb, f"exec 3<>/dev/tcp/127.0.0.1/{port} && exit 0 || exit 42", timeout=5
+        )
         _expect(code == 42, "a host loopback socket is reachable")
     finally:
         listener.close()
@@ -276,13 +327,19 @@ def kernel_interfaces_readonly(p: Probes, sb: Sandbox) -> None:
 
 
 def setuid_gains_nothing(p: Probes, sb: Sandbox) -> None:
-    code, out, _ = p.sh(sb, "cp /usr/bin/id /tmp/camg-suid && chmod 4755 /tmp/camg-suid 2>&1 || exit 42",
-                        user="root")
+    code, out, _ = p.sh(
+        sb,
+        "cp /usr/bin/id /tmp/camg-suid && chmod 4755 /tmp/camg-suid 2>&1 || exit 42",
+        user="root",
+    )
     if code == 42 and "not permitted" in out:
         return  # a seccomp filter above us (RestrictSUIDSGID=) forbids even setting the bit
     _expect(code == 0, f"preparing a setuid binary failed: {out}")
     code, out, _ = p.sh(sb, "/tmp/camg-suid -u")
-    _expect(out.strip() == str(p.registry.config.agent_uid), f"setuid binary ran with euid {out.strip()}")
+    _expect(
+        out.strip() == str(p.registry.config.agent_uid),
+        f"setuid binary ran with euid {out.strip()}",
+    )
 
 
 PROBES: list[tuple[str, Callable[[Probes, Sandbox], None]]] = [

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from camg.helper_wire import WireError
+from camg.helper_wire import CreateSandboxParams, WireError
 from helper import cgroups
 from helper.ledger import Ledger, Record, remove_upper
 
@@ -58,16 +58,26 @@ class Sandbox:
         # What a fork repeats (set by the registry): the create's checked
         # parameters, the upper's size, and the frozen layers this sandbox
         # stacks over its lowers (helper/forks.py), bottom-first.
-        self.spec = None
+        self.spec: CreateSandboxParams | None = None  # None: a probe sandbox
         self.size = 0
         self.layers: tuple = ()
 
     # -- creation ---------------------------------------------------------
 
     @classmethod
-    def spawn(cls, record: Record, *, init_binary: str, hostname: str, scratch: str,
-              lowers: list[str], tmpfs_bytes: int, shm: tuple[int, int], timeout: float,
-              layer_fds: tuple[int, ...] = ()) -> "Sandbox":
+    def spawn(
+        cls,
+        record: Record,
+        *,
+        init_binary: str,
+        hostname: str,
+        scratch: str,
+        lowers: list[str],
+        tmpfs_bytes: int,
+        shm: tuple[int, int],
+        timeout: float,
+        layer_fds: tuple[int, ...] = (),
+    ) -> Sandbox:
         """Start init for ``record`` (cgroups and upper exist already).
 
         ``shm`` is /dev/shm's (size, nr_inodes): Ceilings.shm of the spec.
@@ -79,19 +89,33 @@ class Sandbox:
         upper = record.upper_dir or "tmpfs"
         procs = [os.path.join(record.cgroups[c], "cgroup.procs") for c in sorted(record.cgroups)]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [init_binary, hostname, scratch, lowerdir, upper, str(tmpfs_bytes),
-                *(str(n) for n in shm), *procs]
+        argv = [
+            init_binary,
+            hostname,
+            scratch,
+            lowerdir,
+            upper,
+            str(tmpfs_bytes),
+            *(str(n) for n in shm),
+            *procs,
+        ]
         # Above every target (3, 5..), so no dup2 of the spawn overwrites a
         # source it has yet to copy.
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in layer_fds]
         try:
-            spawner = os.posix_spawn(init_binary, argv, {}, setsid=True, file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_DUP2, theirs.fileno(), 3),
-                *((os.POSIX_SPAWN_DUP2, fd, 5 + i) for i, fd in enumerate(high)),
-            ])
+            spawner = os.posix_spawn(
+                init_binary,
+                argv,
+                {},
+                setsid=True,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, theirs.fileno(), 3),
+                    *((os.POSIX_SPAWN_DUP2, fd, 5 + i) for i, fd in enumerate(high)),
+                ],
+            )
         finally:
             theirs.close()
             for fd in high:
@@ -141,8 +165,11 @@ class Sandbox:
                 if not msg:
                     break
                 if msg[:1] == b"E" and len(msg) >= _STATUS.size:
-                    raise WireError("internal", "init could not hand over its upper: "
-                                    f"{os.strerror(_STATUS.unpack(msg[:_STATUS.size])[2])}")
+                    raise WireError(
+                        "internal",
+                        "init could not hand over its upper: "
+                        f"{os.strerror(_STATUS.unpack(msg[: _STATUS.size])[2])}",
+                    )
                 # anything else is a late report of an earlier request
         except OSError:
             pass
@@ -156,8 +183,19 @@ class Sandbox:
 
     # -- commands ---------------------------------------------------------
 
-    def run(self, argv: list[str], *, uid: int, gid: int, cwd: str, env: dict[str, str],
-            stdin: bytes, timeout: float, output_limit: int, capture_limit: int = 0) -> RunResult:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        uid: int,
+        gid: int,
+        cwd: str,
+        env: dict[str, str],
+        stdin: bytes,
+        timeout: float,
+        output_limit: int,
+        capture_limit: int = 0,
+    ) -> RunResult:
         """Run ``argv`` in the sandbox; stdout+stderr interleaved unless capturing.
 
         With ``capture_limit`` stdout is collected whole (up to that many
@@ -165,11 +203,14 @@ class Sandbox:
         """
         with self.ops:
             if self.destroyed or self.died:
-                raise WireError("sandbox_died" if self.died else "not_found",
-                                f"sandbox {self.id} is {'dead' if self.died else 'destroyed'}")
+                raise WireError(
+                    "sandbox_died" if self.died else "not_found",
+                    f"sandbox {self.id} is {'dead' if self.died else 'destroyed'}",
+                )
             self.reqid += 1
-            return self._run(self.reqid, argv, uid, gid, cwd, env, stdin, timeout,
-                             output_limit, capture_limit)
+            return self._run(
+                self.reqid, argv, uid, gid, cwd, env, stdin, timeout, output_limit, capture_limit
+            )
 
     def _run(self, rid, argv, uid, gid, cwd, env, stdin, timeout, output_limit, capture_limit):
         start = time.monotonic()
@@ -182,8 +223,9 @@ class Sandbox:
         head = _EXEC_HEADER.pack(b"E", rid, uid, gid, len(cwd_b), len(argv_b), len(env_b))
         fds = array.array("i", [in_r, out_w, err_w])
         try:
-            self.ctl.sendmsg([head + cwd_b + argv_b + env_b],
-                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            self.ctl.sendmsg(
+                [head + cwd_b + argv_b + env_b], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
+            )
         except OSError:
             for fd in {in_r, in_w, out_r, out_w, err_r, err_w} - {-1}:
                 os.close(fd)
@@ -205,10 +247,11 @@ class Sandbox:
         else:
             code = os.WEXITSTATUS(status)
         tail, total = streams.tail()
-        return RunResult(code, tail, total, timed_out, time.monotonic() - start,
-                         bytes(streams.captured))
+        return RunResult(
+            code, tail, total, timed_out, time.monotonic() - start, bytes(streams.captured)
+        )
 
-    def _wait(self, rid: int, streams: "_Streams", deadline: float) -> tuple[int, bool]:
+    def _wait(self, rid: int, streams: _Streams, deadline: float) -> tuple[int, bool]:
         poller = select.poll()
         poller.register(self.ctl.fileno(), select.POLLIN)
         streams.register(poller)
@@ -218,7 +261,9 @@ class Sandbox:
             if left <= 0:
                 if timed_out:
                     self._mark_died()
-                    raise WireError("sandbox_died", f"sandbox {self.id}: a killed command never exited")
+                    raise WireError(
+                        "sandbox_died", f"sandbox {self.id}: a killed command never exited"
+                    )
                 timed_out = True
                 self.kill_commands()
                 deadline = time.monotonic() + _KILL_GRACE
@@ -234,11 +279,13 @@ class Sandbox:
                 if not msg:
                     self._mark_died()
                     raise WireError("sandbox_died", f"sandbox {self.id}: its init died")
-                kind, got, value = _STATUS.unpack(msg[:_STATUS.size])
+                kind, got, value = _STATUS.unpack(msg[: _STATUS.size])
                 if got != rid:
                     continue  # a late report of an earlier request
                 if kind == b"E":
-                    raise WireError("internal", f"init could not start the command: {os.strerror(value)}")
+                    raise WireError(
+                        "internal", f"init could not start the command: {os.strerror(value)}"
+                    )
                 if kind == b"X":
                     streams.drain()
                     if timed_out:
@@ -279,8 +326,9 @@ class Sandbox:
                 time.sleep(0.002)
             if time.monotonic() >= deadline:
                 left = [p for p in cgroups.procs(freezer) if p != self.init_pid]
-                raise WireError("internal", f"sandbox {self.id}: {len(left)} process(es) "
-                                f"survived the kill")
+                raise WireError(
+                    "internal", f"sandbox {self.id}: {len(left)} process(es) survived the kill"
+                )
 
     def _mark_died(self) -> None:
         self.died = True
@@ -330,8 +378,9 @@ class Sandbox:
 class _Streams:
     """Bounded collection of a command's output and feeding of its stdin."""
 
-    def __init__(self, out_r: int, err_r: int, in_w: int, stdin: bytes,
-                 output_limit: int, capture_limit: int) -> None:
+    def __init__(
+        self, out_r: int, err_r: int, in_w: int, stdin: bytes, output_limit: int, capture_limit: int
+    ) -> None:
         self.out_r, self.err_r, self.in_w = out_r, err_r, in_w
         self.pending = memoryview(stdin)
         self.limit = output_limit
@@ -370,7 +419,7 @@ class _Streams:
         # Trimmed by length, never by a negative index (ring[:-0] is empty,
         # which would keep everything): the ring stays under 2*limit + 64 KiB.
         if len(self.ring) > 2 * self.limit + 65536:
-            del self.ring[:len(self.ring) - self.limit]
+            del self.ring[: len(self.ring) - self.limit]
 
     def ready(self, poller, fd: int, ev: int) -> None:
         if fd == self.in_w:
@@ -409,7 +458,9 @@ class _Streams:
                 self._take(fd, data)
 
     def tail(self) -> tuple[bytes, int]:
-        return bytes(self.ring[max(0, len(self.ring) - self.limit):]) if self.limit > 0 else b"", self.total
+        return bytes(
+            self.ring[max(0, len(self.ring) - self.limit) :]
+        ) if self.limit > 0 else b"", self.total
 
     def close(self) -> None:
         self._close_stdin()

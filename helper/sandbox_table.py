@@ -18,10 +18,10 @@ import time
 
 from camg.helper_wire import CreateSandboxParams, WireError
 from helper import cgroups, forks, paths, uppers
-from helper.upper_pool import UpperPool
 from helper.config import HelperConfig
 from helper.ledger import Ledger, Record, remove_upper
 from helper.sandbox import Sandbox
+from helper.upper_pool import UpperPool
 
 log = logging.getLogger("camg.helper")
 _FIRST_PROBES_WAIT = 120.0  # seconds a create waits for the start-up probes
@@ -40,8 +40,9 @@ class Peer:
 
 
 class Registry:
-    def __init__(self, config: HelperConfig, parents: dict[str, str], ledger: Ledger,
-                 init_binary: str) -> None:
+    def __init__(
+        self, config: HelperConfig, parents: dict[str, str], ledger: Ledger, init_binary: str
+    ) -> None:
         self.config = config
         self.parents = parents
         self.ledger = ledger
@@ -61,31 +62,41 @@ class Registry:
 
     # -- admission --------------------------------------------------------
 
-    def check_spec(self, spec: CreateSandboxParams, roots: tuple[str, ...] = ()) -> tuple[list[str], int]:
+    def check_spec(
+        self, spec: CreateSandboxParams, roots: tuple[str, ...] = ()
+    ) -> tuple[list[str], int]:
         c = self.config.ceilings
         if not spec.lowers:
             raise WireError("bad_request", "lowers: at least one lower is required")
         if len(spec.lowers) > c.lowers:
             raise WireError("limit_exceeded", f"lowers: at most {c.lowers} lowers")
-        lowers = [paths.resolve_lower(p, self.config.lower_roots + roots, self.config.private_roots)
-                  for p in spec.lowers]
+        lowers = [
+            paths.resolve_lower(p, self.config.lower_roots + roots, self.config.private_roots)
+            for p in spec.lowers
+        ]
         # mount(2) copies at most one page of options; sbxinit would fail
         # after the cgroups and upper exist.
         if len(":".join(lowers)) > _LOWERDIR_BYTES:
             raise WireError("limit_exceeded", f"lowers: their paths exceed {_LOWERDIR_BYTES} bytes")
         if not 4 << 20 <= spec.memory_bytes <= c.memory_bytes:
-            raise WireError("limit_exceeded", f"memory_bytes: must be within [4 MiB, {c.memory_bytes}]")
+            raise WireError(
+                "limit_exceeded", f"memory_bytes: must be within [4 MiB, {c.memory_bytes}]"
+            )
         if not 0.01 <= spec.cpu_quota <= c.cpu_quota:
             raise WireError("limit_exceeded", f"cpu_quota: must be within [0.01, {c.cpu_quota}]")
         if not 8 <= spec.pids_max <= c.pids_max:
             raise WireError("limit_exceeded", f"pids_max: must be within [8, {c.pids_max}]")
         if not _HOSTNAME.match(spec.hostname):
-            raise WireError("bad_request", "hostname: lowercase letters, digits and '-', at most 63")
+            raise WireError(
+                "bad_request", "hostname: lowercase letters, digits and '-', at most 63"
+            )
         if spec.upper not in ("tmpfs", "disk"):
             raise WireError("bad_request", "upper: must be 'tmpfs' or 'disk'")
         size = spec.upper_bytes or self.config.tmpfs_upper_bytes
         if not 1 << 20 <= size <= c.upper_bytes:
-            raise WireError("limit_exceeded", f"upper_bytes: must be within [1 MiB, {c.upper_bytes}]")
+            raise WireError(
+                "limit_exceeded", f"upper_bytes: must be within [1 MiB, {c.upper_bytes}]"
+            )
         return lowers, size
 
     def _admit(self, peer: Peer, sandbox_id: str) -> None:
@@ -93,10 +104,14 @@ class Registry:
         if self.probe_failure is not None:
             raise WireError("probes_failed", f"isolation probes failed: {self.probe_failure}")
         if len(self.owners) >= c.sandboxes_total:
-            raise WireError("at_capacity", f"the helper holds {c.sandboxes_total} sandboxes already")
+            raise WireError(
+                "at_capacity", f"the helper holds {c.sandboxes_total} sandboxes already"
+            )
         mine = sum(1 for o in self.owners.values() if o == (peer.uid, peer.owner))
         if mine >= c.sandboxes_per_peer:
-            raise WireError("at_capacity", f"this peer holds {c.sandboxes_per_peer} sandboxes already")
+            raise WireError(
+                "at_capacity", f"this peer holds {c.sandboxes_per_peer} sandboxes already"
+            )
         self.owners[sandbox_id] = (peer.uid, peer.owner)
 
     # -- lifecycle --------------------------------------------------------
@@ -120,17 +135,24 @@ class Registry:
         record = Record(sandbox_id, peer.uid, peer.owner, time.time(), cg, upper_dir, lowers)
         try:
             self.ledger.write(record)
-            cgroups.create(cg, memory_bytes=spec.memory_bytes, cpu_quota=spec.cpu_quota,
-                           pids_max=spec.pids_max)
+            cgroups.create(
+                cg, memory_bytes=spec.memory_bytes, cpu_quota=spec.cpu_quota, pids_max=spec.pids_max
+            )
             if upper_dir:
                 # Its own filesystem of `size` bytes (helper/uppers.py).
                 uppers.create_disk(upper_dir, size)
                 if not probe:
                     self.warm_uppers.want(size)
-            sandbox = Sandbox.spawn(record, init_binary=self.init_binary, hostname=spec.hostname,
-                                    scratch=self.scratch, lowers=lowers, tmpfs_bytes=size,
-                                    shm=self.config.ceilings.shm(spec.memory_bytes),
-                                    timeout=self.config.create_timeout)
+            sandbox = Sandbox.spawn(
+                record,
+                init_binary=self.init_binary,
+                hostname=spec.hostname,
+                scratch=self.scratch,
+                lowers=lowers,
+                tmpfs_bytes=size,
+                shm=self.config.ceilings.shm(spec.memory_bytes),
+                timeout=self.config.create_timeout,
+            )
         except BaseException:
             self._forget(record)
             raise
@@ -150,7 +172,9 @@ class Registry:
             remove_upper(record.upper_dir)
             self.ledger.remove(record.sandbox_id)
         except OSError as exc:
-            log.error("cleanup of sandbox %s failed, left for the sweep: %s", record.sandbox_id, exc)
+            log.error(
+                "cleanup of sandbox %s failed, left for the sweep: %s", record.sandbox_id, exc
+            )
         with self.lock:
             self.owners.pop(record.sandbox_id, None)
 
@@ -177,7 +201,9 @@ class Registry:
 
     def mine(self, peer: Peer) -> list[Sandbox]:
         with self.lock:
-            return [s for i, s in self.sandboxes.items() if self.owners.get(i) == (peer.uid, peer.owner)]
+            return [
+                s for i, s in self.sandboxes.items() if self.owners.get(i) == (peer.uid, peer.owner)
+            ]
 
     def destroy_all(self) -> int:
         """Every sandbox, and every warm upper (the helper's stop)."""

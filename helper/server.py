@@ -17,6 +17,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Any
 
 from camg import helper_wire as wire
 from helper import verbs
@@ -47,8 +48,15 @@ def peer_credentials(conn: socket.socket) -> tuple[int, int, int, list[int]]:
 class Server:
     metrics = None
 
-    def __init__(self, listener: socket.socket, ctx: verbs.Context, group: str,
-                 max_blob: int, max_connections: int = 1024, metrics=None) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        ctx: verbs.Context,
+        group: str,
+        max_blob: int,
+        max_connections: int = 1024,
+        metrics=None,
+    ) -> None:
         self.listener = listener
         # camg.metrics.HelperMetrics, or None: nothing is counted
         self.metrics = metrics
@@ -64,7 +72,9 @@ class Server:
         while True:
             conn, _ = self.listener.accept()
             if not self.slots.acquire(blocking=False):
-                _send(conn, {"ok": False, "error": "at_capacity", "message": "too many connections"})
+                _send(
+                    conn, {"ok": False, "error": "at_capacity", "message": "too many connections"}
+                )
                 conn.close()
                 continue
             threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
@@ -76,9 +86,17 @@ class Server:
         try:
             pid, uid, gid, groups = peer_credentials(conn)
             if not self._admitted(uid, gid, groups):
-                log.warning("refused peer pid=%d uid=%d: not root and not in the helper's group", pid, uid)
-                _send(conn, {"ok": False, "error": "permission_denied",
-                             "message": f"uid {uid} is not allowed to use the helper"})
+                log.warning(
+                    "refused peer pid=%d uid=%d: not root and not in the helper's group", pid, uid
+                )
+                _send(
+                    conn,
+                    {
+                        "ok": False,
+                        "error": "permission_denied",
+                        "message": f"uid {uid} is not allowed to use the helper",
+                    },
+                )
                 return
             while self._one(conn, Peer(uid, gid, pid, "default")):
                 pass
@@ -99,6 +117,7 @@ class Server:
             _send(conn, {"ok": False, "error": exc.name, "message": exc.message})
             return False
         started = time.monotonic()
+        reply: dict[str, Any]  # the JSON reply frame
         try:
             extra = sorted(set(request) - {"verb", "params", "owner"})
             if extra:
@@ -107,22 +126,32 @@ class Server:
             if not isinstance(owner, str) or not _OWNER.match(owner):
                 raise wire.WireError("bad_request", "owner: 1-64 of [A-Za-z0-9._-]")
             peer = Peer(base.uid, base.gid, base.pid, owner)
-            result, out = verbs.dispatch(self.ctx, peer, request.get("verb"), request.get("params"), blob)
+            result, out = verbs.dispatch(
+                self.ctx, peer, request.get("verb"), request.get("params"), blob
+            )
             reply = {"ok": True, "result": result}
         except wire.WireError as exc:
             reply, out = {"ok": False, "error": exc.name, "message": exc.message}, b""
         except Exception as exc:  # a bug must cost one request, not the helper
             log.exception("verb %r failed", request.get("verb"))
-            reply, out = {"ok": False, "error": "internal", "message": f"{type(exc).__name__}: {exc}"}, b""
+            reply, out = (
+                {"ok": False, "error": "internal", "message": f"{type(exc).__name__}: {exc}"},
+                b"",
+            )
         verb = request.get("verb")
-        self._count(verb if isinstance(verb, str) and verb in verbs.VERBS else "unknown",
-                    reply.get("error"), time.monotonic() - started)
+        self._count(
+            verb if isinstance(verb, str) and verb in verbs.VERBS else "unknown",
+            reply.get("error"),
+            time.monotonic() - started,
+        )
         if not _send(conn, reply, out) and reply["ok"] and request.get("verb") == CREATE:
             # The requester died while its sandbox was made (kill -9 of a
             # service mid-reset): nobody holds the id, and the release its
             # unit or master ran may have come first. Roll the sandbox back.
             try:
-                verbs.dispatch(self.ctx, peer, DESTROY, {"sandbox_id": reply["result"]["sandbox_id"]}, b"")
+                verbs.dispatch(
+                    self.ctx, peer, DESTROY, {"sandbox_id": reply["result"]["sandbox_id"]}, b""
+                )
             except Exception:
                 log.exception("rolling back an unclaimed sandbox failed (the sweep reclaims it)")
             return False

@@ -49,8 +49,7 @@ OPAQUE = "trusted.overlay.opaque"
 _OVERLAY = "trusted.overlay."
 # Present only with overlay features sbxinit never turns on (redirect_dir,
 # metacopy): a layer carrying one is not a plain tree, so it is refused.
-_UNSUPPORTED = ("trusted.overlay.redirect", "trusted.overlay.metacopy",
-                "trusted.overlay.whiteout")
+_UNSUPPORTED = ("trusted.overlay.redirect", "trusted.overlay.metacopy", "trusted.overlay.whiteout")
 # Exit status of a refusal the tree caused (too big, too deep, unsupported).
 REFUSED = 3
 
@@ -85,8 +84,11 @@ def _xattrs(path: str) -> list[tuple[str, bytes]]:
     for name in names:
         if name.startswith(_UNSUPPORTED):
             raise Refused(f"{path}: {name} (an overlay feature squash does not carry)")
-    return [(n, os.getxattr(path, n, follow_symlinks=False)) for n in names
-            if not n.startswith(_OVERLAY)]
+    return [
+        (n, os.getxattr(path, n, follow_symlinks=False))
+        for n in names
+        if not n.startswith(_OVERLAY)
+    ]
 
 
 def _opaque(path: str) -> bool:
@@ -213,12 +215,12 @@ def merge(sources: list[str], target: str, base: list[str], seconds: float = 360
 
 def main(argv: list[str]) -> int:
     procs, seconds, target, n, *rest = argv
-    base, sources = rest[:int(n)], rest[int(n):]
+    base, sources = rest[: int(n)], rest[int(n) :]
     with open(procs, "w") as f:
         f.write(str(os.getpid()))
     try:
         merge(sources, target, base, float(seconds))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         # Whatever the copied tree does to this copy (too big, too deep for
         # the recursion or PATH_MAX) is a refused fork, never a failed one:
         # a failed fork is a child episode with a null reward, and a tree

@@ -70,8 +70,7 @@ class UpperPool:
                 self.sizes.popitem(last=False)
             stale = self._drop_unwanted()
             if self.thread is None:
-                self.thread = threading.Thread(target=self._refill, name="upper-pool",
-                                               daemon=True)
+                self.thread = threading.Thread(target=self._refill, name="upper-pool", daemon=True)
                 self.thread.start()
             self.cond.notify_all()
         _close(stale)
@@ -113,7 +112,9 @@ class UpperPool:
 
     def _drop_unwanted(self) -> list[tuple[int, int]]:
         want = targets(list(self.sizes), self.limit)
-        kept, stale, count = [], [], collections.Counter()
+        kept: list[tuple[int, int]] = []
+        stale: list[tuple[int, int]] = []
+        count: collections.Counter[int] = collections.Counter()
         for entry in self.warm:
             count[entry[0]] += 1
             (kept if count[entry[0]] <= want.get(entry[0], 0) else stale).append(entry)
@@ -142,9 +143,10 @@ class UpperPool:
             fd = -1
             try:
                 fd = uppers.make_warm(self.root, size)
-            except Exception as exc:  # noqa: BLE001  logged once; forks make their own
-                log.warning("warm disk uppers disabled: making one of %d bytes failed: %s",
-                            size, exc)
+            except Exception as exc:  # logged once; forks make their own
+                log.warning(
+                    "warm disk uppers disabled: making one of %d bytes failed: %s", size, exc
+                )
             with self.cond:
                 self.making -= 1
                 if fd < 0:

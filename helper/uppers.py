@@ -31,8 +31,17 @@ import struct
 import subprocess
 
 log = logging.getLogger("camg.helper")
-_MKFS = ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
-         "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"]
+_MKFS = [
+    "mkfs.ext4",
+    "-q",
+    "-F",
+    "-m",
+    "0",
+    "-O",
+    "^has_journal",
+    "-E",
+    "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+]
 
 
 # The new mount API's syscalls (one number on every architecture since 5.1).
@@ -78,13 +87,21 @@ def create_disk(upper_dir: str, size: int) -> bool:
     os.mkdir(upper_dir, 0o755)
     try:
         subprocess.run(_MKFS + [img], check=True, capture_output=True, timeout=120)
-        subprocess.run(["mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime", img, upper_dir],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime", img, upper_dir],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         bounded = True
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
-        log.warning("disk upper %s is not bounded (no loop filesystem: %s %s)", upper_dir, exc,
-                    detail.decode(errors="replace").strip()[:200])
+        log.warning(
+            "disk upper %s is not bounded (no loop filesystem: %s %s)",
+            upper_dir,
+            exc,
+            detail.decode(errors="replace").strip()[:200],
+        )
         os.unlink(img)
     os.mkdir(os.path.join(upper_dir, "upper"), 0o755)
     os.mkdir(os.path.join(upper_dir, "work"), 0o700)
@@ -101,8 +118,10 @@ def remove(upper_dir: str) -> None:
         # reference to the filesystem.
         out = subprocess.run(["umount", "-l", upper_dir], capture_output=True, timeout=60)
         if out.returncode != 0 and os.path.ismount(upper_dir):
-            raise OSError(errno.EBUSY, f"cannot unmount {upper_dir}: "
-                          f"{out.stderr.decode(errors='replace').strip()}")
+            raise OSError(
+                errno.EBUSY,
+                f"cannot unmount {upper_dir}: {out.stderr.decode(errors='replace').strip()}",
+            )
     try:
         shutil.rmtree(upper_dir)
     except FileNotFoundError:
@@ -120,25 +139,51 @@ def make_warm(upper_root: str, size: int) -> int:
     img = os.open(upper_root, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
     try:
         os.ftruncate(img, size)
-        subprocess.run(_MKFS + [f"/proc/self/fd/{img}"], check=True, capture_output=True,
-                       timeout=120, pass_fds=(img,))
+        subprocess.run(
+            _MKFS + [f"/proc/self/fd/{img}"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+            pass_fds=(img,),
+        )
         loop = _attach(img)
     finally:
         os.close(img)  # the loop device holds the image now
     try:
         fs = _syscall(_FSOPEN, b"ext4", ctypes.c_long(_FSOPEN_CLOEXEC))
         try:
-            _syscall(_FSCONFIG, ctypes.c_long(fs), ctypes.c_long(_FSCONFIG_SET_STRING),
-                     b"source", f"/dev/loop{loop[1]}".encode(), ctypes.c_long(0))
+            _syscall(
+                _FSCONFIG,
+                ctypes.c_long(fs),
+                ctypes.c_long(_FSCONFIG_SET_STRING),
+                b"source",
+                f"/dev/loop{loop[1]}".encode(),
+                ctypes.c_long(0),
+            )
             # A fresh sparse image reads as zeros already: nothing for the
             # lazy inode-table initialiser to write.
-            _syscall(_FSCONFIG, ctypes.c_long(fs), ctypes.c_long(_FSCONFIG_SET_FLAG),
-                     b"noinit_itable", None, ctypes.c_long(0))
-            _syscall(_FSCONFIG, ctypes.c_long(fs), ctypes.c_long(_FSCONFIG_CMD_CREATE),
-                     None, None, ctypes.c_long(0))
-            mnt = _syscall(_FSMOUNT, ctypes.c_long(fs), ctypes.c_long(_FSMOUNT_CLOEXEC),
-                           ctypes.c_long(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
-                                         | _MOUNT_ATTR_NOATIME))
+            _syscall(
+                _FSCONFIG,
+                ctypes.c_long(fs),
+                ctypes.c_long(_FSCONFIG_SET_FLAG),
+                b"noinit_itable",
+                None,
+                ctypes.c_long(0),
+            )
+            _syscall(
+                _FSCONFIG,
+                ctypes.c_long(fs),
+                ctypes.c_long(_FSCONFIG_CMD_CREATE),
+                None,
+                None,
+                ctypes.c_long(0),
+            )
+            mnt = _syscall(
+                _FSMOUNT,
+                ctypes.c_long(fs),
+                ctypes.c_long(_FSMOUNT_CLOEXEC),
+                ctypes.c_long(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | _MOUNT_ATTR_NOATIME),
+            )
         finally:
             os.close(fs)
     finally:
@@ -158,15 +203,33 @@ def detached_tmpfs(size: int) -> int:
     helper/squash.py). Writable until ``make_read_only``."""
     fs = _syscall(_FSOPEN, b"tmpfs", ctypes.c_long(_FSOPEN_CLOEXEC))
     try:
-        for key, value in (("size", str(size)), ("nr_inodes", str(max(4096, size // 4096))),
-                           ("mode", "0755")):
-            _syscall(_FSCONFIG, ctypes.c_long(fs), ctypes.c_long(_FSCONFIG_SET_STRING),
-                     key.encode(), value.encode(), ctypes.c_long(0))
-        _syscall(_FSCONFIG, ctypes.c_long(fs), ctypes.c_long(_FSCONFIG_CMD_CREATE),
-                 None, None, ctypes.c_long(0))
-        return _syscall(_FSMOUNT, ctypes.c_long(fs), ctypes.c_long(_FSMOUNT_CLOEXEC),
-                        ctypes.c_long(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
-                                      | _MOUNT_ATTR_NOATIME))
+        for key, value in (
+            ("size", str(size)),
+            ("nr_inodes", str(max(4096, size // 4096))),
+            ("mode", "0755"),
+        ):
+            _syscall(
+                _FSCONFIG,
+                ctypes.c_long(fs),
+                ctypes.c_long(_FSCONFIG_SET_STRING),
+                key.encode(),
+                value.encode(),
+                ctypes.c_long(0),
+            )
+        _syscall(
+            _FSCONFIG,
+            ctypes.c_long(fs),
+            ctypes.c_long(_FSCONFIG_CMD_CREATE),
+            None,
+            None,
+            ctypes.c_long(0),
+        )
+        return _syscall(
+            _FSMOUNT,
+            ctypes.c_long(fs),
+            ctypes.c_long(_FSMOUNT_CLOEXEC),
+            ctypes.c_long(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | _MOUNT_ATTR_NOATIME),
+        )
     finally:
         os.close(fs)
 
@@ -174,8 +237,14 @@ def detached_tmpfs(size: int) -> int:
 def make_read_only(mnt: int) -> None:
     """The detached mount ``mnt`` read-only from now on (mount_setattr)."""
     attr = struct.pack("=QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0)
-    _syscall(_MOUNT_SETATTR, ctypes.c_long(mnt), b"", ctypes.c_long(_AT_EMPTY_PATH),
-             attr, ctypes.c_long(len(attr)))
+    _syscall(
+        _MOUNT_SETATTR,
+        ctypes.c_long(mnt),
+        b"",
+        ctypes.c_long(_AT_EMPTY_PATH),
+        attr,
+        ctypes.c_long(len(attr)),
+    )
 
 
 def _attach(img: int) -> tuple[int, int]:
@@ -203,16 +272,23 @@ def place(mnt: int, upper_dir: str, size: int) -> None:
         st = os.fstatvfs(mnt)
         extra = st.f_bavail * st.f_frsize - size
         if extra > 0:
-            fd = os.open(RESERVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
-                         dir_fd=mnt)
+            fd = os.open(
+                RESERVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=mnt
+            )
             try:
                 os.posix_fallocate(fd, 0, extra)
             finally:
                 os.close(fd)
         os.mkdir(upper_dir, 0o755)
         try:
-            _syscall(_MOVE_MOUNT, ctypes.c_long(mnt), b"", ctypes.c_long(_AT_FDCWD),
-                     upper_dir.encode(), ctypes.c_long(_MOVE_MOUNT_F_EMPTY_PATH))
+            _syscall(
+                _MOVE_MOUNT,
+                ctypes.c_long(mnt),
+                b"",
+                ctypes.c_long(_AT_FDCWD),
+                upper_dir.encode(),
+                ctypes.c_long(_MOVE_MOUNT_F_EMPTY_PATH),
+            )
         except BaseException:
             os.rmdir(upper_dir)
             raise

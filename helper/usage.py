@@ -91,9 +91,11 @@ def sandbox_usage(cg: dict[str, str], upper_dir: str) -> dict:
         # from every path the helper can name; its pages are charged to the
         # sandbox's memory cgroup as shmem (with /dev/shm's), what it holds now.
         written = _stat_field(memory, "total_shmem", "shmem") or 0
-    out = {"cpu_s": round(cpu_seconds(cg), 6),
-           "memory_peak_bytes": _read_int(os.path.join(memory, "memory.max_usage_in_bytes")) or 0,
-           "disk_written_bytes": written}
+    out = {
+        "cpu_s": round(cpu_seconds(cg), 6),
+        "memory_peak_bytes": _read_int(os.path.join(memory, "memory.max_usage_in_bytes")) or 0,
+        "disk_written_bytes": written,
+    }
     peak = _read_int(os.path.join(cg["pids"], "pids.peak"))
     if peak is not None:  # newer kernels only
         out["pids_peak"] = peak
@@ -104,6 +106,7 @@ def container_usage(api, cid: str) -> dict:
     """From Docker's one-shot stats (cgroup v1 or v2 alike) and the
     container's writable layer (SizeRw, what docker ps --size shows)."""
     import docker.errors
+
     try:
         # one_shot: the totals now, without waiting a second for a second sample
         stats = api.stats(cid, stream=False, one_shot=True) or {}
@@ -112,8 +115,10 @@ def container_usage(api, cid: str) -> dict:
     cpu = (stats.get("cpu_stats") or {}).get("cpu_usage") or {}
     mem = stats.get("memory_stats") or {}
     listed = api.containers(all=True, filters={"id": cid}, size=True)
-    out = {"cpu_s": round(int(cpu.get("total_usage") or 0) / 1e9, 6),
-           # v1 reports max_usage; v2's stats have no peak, so usage now
-           "memory_peak_bytes": int(mem.get("max_usage") or mem.get("usage") or 0),
-           "disk_written_bytes": int(listed[0].get("SizeRw") or 0) if listed else 0}
+    out = {
+        "cpu_s": round(int(cpu.get("total_usage") or 0) / 1e9, 6),
+        # v1 reports max_usage; v2's stats have no peak, so usage now
+        "memory_peak_bytes": int(mem.get("max_usage") or mem.get("usage") or 0),
+        "disk_written_bytes": int(listed[0].get("SizeRw") or 0) if listed else 0,
+    }
     return out

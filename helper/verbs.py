@@ -13,11 +13,12 @@ import dataclasses
 import os
 import typing
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from camg import helper_wire as wire
 from camg.helper_wire import WireError, parse
-from helper import commands, container_verbs as cv, paths, usage
+from helper import commands, paths, usage
+from helper import container_verbs as cv
 from helper.commands import PATH
 from helper.sandbox_table import Peer, Registry
 
@@ -61,10 +62,15 @@ def _identity(ctx: Context, user: str) -> tuple[int, int, dict[str, str]]:
 
 def ping(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
     failure = ctx.registry.probe_failure
-    return {"uid": peer.uid, "owner": peer.owner, "probes_ok": failure is None,
-            "probe_failure": failure, "instance": cv.INSTANCE,
-            "warm_uppers": ctx.registry.warm_uppers.status(),
-            "container_starts": cv.start_status(ctx)}, b""
+    return {
+        "uid": peer.uid,
+        "owner": peer.owner,
+        "probes_ok": failure is None,
+        "probe_failure": failure,
+        "instance": cv.INSTANCE,
+        "warm_uppers": ctx.registry.warm_uppers.status(),
+        "container_starts": cv.start_status(ctx),
+    }, b""
 
 
 def probe(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
@@ -82,10 +88,19 @@ def exec_(ctx: Context, peer: Peer, p: wire.ExecParams, blob: bytes) -> Result:
     sandbox = ctx.registry.get(peer, p.sandbox_id)
     uid, gid, ident = _identity(ctx, p.user)
     env = {"PATH": PATH, **ident, **p.env}
-    r = sandbox.run(["/bin/bash", "-c", p.command], uid=uid, gid=gid, cwd=cwd, env=env,
-                    stdin=blob, timeout=p.timeout, output_limit=p.output_limit)
-    return commands.exec_reply(r.exit_code, r.output, r.total, r.timed_out, r.duration,
-                               p.output_limit), b""
+    r = sandbox.run(
+        ["/bin/bash", "-c", p.command],
+        uid=uid,
+        gid=gid,
+        cwd=cwd,
+        env=env,
+        stdin=blob,
+        timeout=p.timeout,
+        output_limit=p.output_limit,
+    )
+    return commands.exec_reply(
+        r.exit_code, r.output, r.total, r.timed_out, r.duration, p.output_limit
+    ), b""
 
 
 def put_archive(ctx: Context, peer: Peer, p: wire.PutArchiveParams, blob: bytes) -> Result:
@@ -95,12 +110,21 @@ def put_archive(ctx: Context, peer: Peer, p: wire.PutArchiveParams, blob: bytes)
     # tar runs inside the sandbox's own root: no member or symlink in the
     # stream can reach anything outside it.
     script = 'mkdir -p -- "$1" && exec tar -x -f - -C "$1"'
-    r = sandbox.run(["/bin/sh", "-c", script, "sh", dest], uid=uid, gid=gid, cwd="/",
-                    env={"PATH": PATH, **ident}, stdin=blob, timeout=_ARCHIVE_TIMEOUT,
-                    output_limit=4096)
+    r = sandbox.run(
+        ["/bin/sh", "-c", script, "sh", dest],
+        uid=uid,
+        gid=gid,
+        cwd="/",
+        env={"PATH": PATH, **ident},
+        stdin=blob,
+        timeout=_ARCHIVE_TIMEOUT,
+        output_limit=4096,
+    )
     if r.exit_code != 0:
-        raise WireError("bad_request", f"extracting into {dest} failed: "
-                        f"{r.output.decode(errors='replace').strip()}")
+        raise WireError(
+            "bad_request",
+            f"extracting into {dest} failed: {r.output.decode(errors='replace').strip()}",
+        )
     return {"bytes": len(blob)}, b""
 
 
@@ -108,12 +132,22 @@ def get_archive(ctx: Context, peer: Peer, p: wire.GetArchiveParams, blob: bytes)
     path = paths.sandbox_path(p.path, "path")
     sandbox = ctx.registry.get(peer, p.sandbox_id)
     parent, name = os.path.split(path) if path != "/" else ("/", ".")
-    r = sandbox.run(["tar", "-c", "-f", "-", "-C", parent, "--", name], uid=0, gid=0, cwd="/",
-                    env={"PATH": PATH, "HOME": "/root"}, stdin=b"", timeout=_ARCHIVE_TIMEOUT,
-                    output_limit=4096, capture_limit=ctx.registry.config.ceilings.archive_bytes)
+    r = sandbox.run(
+        ["tar", "-c", "-f", "-", "-C", parent, "--", name],
+        uid=0,
+        gid=0,
+        cwd="/",
+        env={"PATH": PATH, "HOME": "/root"},
+        stdin=b"",
+        timeout=_ARCHIVE_TIMEOUT,
+        output_limit=4096,
+        capture_limit=ctx.registry.config.ceilings.archive_bytes,
+    )
     if r.exit_code != 0:
         message = r.output.decode(errors="replace").strip()
-        kind = "not_found" if "No such file" in message or "Cannot stat" in message else "bad_request"
+        kind = (
+            "not_found" if "No such file" in message or "Cannot stat" in message else "bad_request"
+        )
         raise WireError(kind, f"archiving {path} failed: {message}")
     return {"bytes": len(r.stdout)}, r.stdout
 
@@ -134,9 +168,16 @@ def release_all(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Resu
 
 
 def list_sandboxes(ctx: Context, peer: Peer, p: wire.NoParams, blob: bytes) -> Result:
-    out = [{"sandbox_id": s.id, "created_at": s.record.created_at, "alive": s.alive(),
-            "lowers": s.record.lowers, "upper": "disk" if s.record.upper_dir else "tmpfs"}
-           for s in ctx.registry.mine(peer)]
+    out = [
+        {
+            "sandbox_id": s.id,
+            "created_at": s.record.created_at,
+            "alive": s.alive(),
+            "lowers": s.record.lowers,
+            "upper": "disk" if s.record.upper_dir else "tmpfs",
+        }
+        for s in ctx.registry.mine(peer)
+    ]
     return {"sandboxes": out}, b""
 
 
@@ -159,64 +200,180 @@ def kill_commands(ctx: Context, peer: Peer, p: wire.SandboxParams, blob: bytes) 
     return {"killed": sandbox.kill_all_but_init()}, b""
 
 
-def _verb(name: str, params: type, handler: Callable[..., Result], doc: str, *,
-          blob_in: str = "", blob_out: str = "") -> Verb:
+def _verb(
+    name: str,
+    params: type,
+    handler: Callable[..., Result],
+    doc: str,
+    *,
+    blob_in: str = "",
+    blob_out: str = "",
+) -> Verb:
     return Verb(wire.PREFIX + name, params, handler, doc, blob_in, blob_out)
 
 
-VERBS: dict[str, Verb] = {v.name: v for v in (
-    _verb("Ping", wire.NoParams, ping, "Liveness, the caller's identity, probe state, the warm-upper pool, "
-          "container creates/starts in flight and waiting."),
-    _verb("Probe", wire.NoParams, probe, "Run the isolation probes now; creation is refused while any fails."),
-    _verb("CreateSandbox", wire.CreateSandboxParams, create_sandbox,
-          "New sandbox over lowers (bottom-first) -> sandbox_id."),
-    _verb("Exec", wire.ExecParams, exec_, "Run a bash command -> exit_code, output, truncated, "
-          "timed_out, duration.", blob_in="stdin"),
-    _verb("PutArchive", wire.PutArchiveParams, put_archive, "Extract a tar stream into dest_dir.",
-          blob_in="tar"),
-    _verb("GetArchive", wire.GetArchiveParams, get_archive, "A tar stream of path.", blob_out="tar"),
-    _verb("DestroySandbox", wire.SandboxParams, destroy_sandbox, "Kill and remove (idempotent)."),
-    _verb("ReleaseAll", wire.NoParams, release_all, "Destroy every sandbox (and container) of the caller."),
-    _verb("ListSandboxes", wire.NoParams, list_sandboxes, "The caller's sandboxes."),
-    _verb("SandboxUsage", wire.SandboxParams, sandbox_usage, "What the sandbox cost so far -> cpu_s, "
-          "memory_peak_bytes, disk_written_bytes (its upper), pids_peak where the kernel has it."),
-    _verb("ForkSandbox", wire.ForkSandboxParams, fork_sandbox,
-          "A new sandbox over this one's filesystem as it stands (its upper frozen as a shared "
-          "read-only layer, a fresh upper each side; processes are not carried) -> sandbox_id, "
-          "depth, upper_bytes."),
-    _verb("KillCommands", wire.SandboxParams, kill_commands,
-          "Kill every process of the sandbox but its init, from outside (freezer cgroup), and "
-          "wait until they are gone -> killed (idempotent: 0 when none was left)."),
-    # The container mediator (helper/container_verbs.py, helper/containers.py).
-    _verb("ContainerPull", wire.ContainerPullParams, cv.container_pull,
-          "Pull a manifest image by digest -> image_id."),
-    _verb("ContainerCreate", wire.ContainerCreateParams, cv.container_create,
-          "Create and start a container (init, no network, bounded) -> container_id."),
-    _verb("ContainerConnect", wire.ContainerConnectParams, cv.container_connect,
-          "A TCP socket connected to 127.0.0.1:port inside the container, passed as a file "
-          "descriptor (SCM_RIGHTS).", blob_out="fd"),
-    _verb("ContainerExec", wire.ContainerExecParams, cv.container_exec, "Run a sh command -> exit_code, "
-          "output, truncated, timed_out, duration.", blob_in="stdin"),
-    _verb("ContainerPutArchive", wire.ContainerPutArchiveParams, cv.container_put_archive,
-          "Extract a tar stream into an existing dest_dir.", blob_in="tar"),
-    _verb("ContainerGetArchive", wire.ContainerGetArchiveParams, cv.container_get_archive,
-          "A tar stream of path.", blob_out="tar"),
-    _verb("ContainerLogs", wire.ContainerLogsParams, cv.container_logs,
-          "The final tail_bytes of the container's output."),
-    _verb("ContainerRemove", wire.ContainerParams, cv.container_remove, "Kill and remove (idempotent)."),
-    _verb("ContainerList", wire.NoParams, cv.container_list, "The caller's containers."),
-    _verb("ContainerReleaseAll", wire.NoParams, cv.container_release_all,
-          "Remove every container of the caller."),
-    _verb("ContainerUsage", wire.ContainerParams, cv.container_usage,
-          "What the container cost so far -> cpu_s, memory_peak_bytes, disk_written_bytes (SizeRw)."),
-    _verb("ContainerFork", wire.ContainerForkParams, cv.container_fork,
-          "A new container from a snapshot of one of the caller's (paused meanwhile), created with "
-          "its parameters -> container_id, snapshot, depth."),
-    _verb("ContainerReap", wire.ContainerParams, cv.container_reap,
-          "Kill every agent-uid process of the container from outside (frozen meanwhile; "
-          "the main process stays) -> killed, duration."),
-)}
-assert {n: v.params for n, v in VERBS.items()} == dict(wire.PARAMS), "one row per wire verb, its own params"
+VERBS: dict[str, Verb] = {
+    v.name: v
+    for v in (
+        _verb(
+            "Ping",
+            wire.NoParams,
+            ping,
+            "Liveness, the caller's identity, probe state, the warm-upper pool, "
+            "container creates/starts in flight and waiting.",
+        ),
+        _verb(
+            "Probe",
+            wire.NoParams,
+            probe,
+            "Run the isolation probes now; creation is refused while any fails.",
+        ),
+        _verb(
+            "CreateSandbox",
+            wire.CreateSandboxParams,
+            create_sandbox,
+            "New sandbox over lowers (bottom-first) -> sandbox_id.",
+        ),
+        _verb(
+            "Exec",
+            wire.ExecParams,
+            exec_,
+            "Run a bash command -> exit_code, output, truncated, timed_out, duration.",
+            blob_in="stdin",
+        ),
+        _verb(
+            "PutArchive",
+            wire.PutArchiveParams,
+            put_archive,
+            "Extract a tar stream into dest_dir.",
+            blob_in="tar",
+        ),
+        _verb(
+            "GetArchive",
+            wire.GetArchiveParams,
+            get_archive,
+            "A tar stream of path.",
+            blob_out="tar",
+        ),
+        _verb(
+            "DestroySandbox", wire.SandboxParams, destroy_sandbox, "Kill and remove (idempotent)."
+        ),
+        _verb(
+            "ReleaseAll",
+            wire.NoParams,
+            release_all,
+            "Destroy every sandbox (and container) of the caller.",
+        ),
+        _verb("ListSandboxes", wire.NoParams, list_sandboxes, "The caller's sandboxes."),
+        _verb(
+            "SandboxUsage",
+            wire.SandboxParams,
+            sandbox_usage,
+            "What the sandbox cost so far -> cpu_s, "
+            "memory_peak_bytes, disk_written_bytes (its upper), pids_peak where the kernel has it.",
+        ),
+        _verb(
+            "ForkSandbox",
+            wire.ForkSandboxParams,
+            fork_sandbox,
+            "A new sandbox over this one's filesystem as it stands (its upper frozen as a shared "
+            "read-only layer, a fresh upper each side; processes are not carried) -> sandbox_id, "
+            "depth, upper_bytes.",
+        ),
+        _verb(
+            "KillCommands",
+            wire.SandboxParams,
+            kill_commands,
+            "Kill every process of the sandbox but its init, from outside (freezer cgroup), and "
+            "wait until they are gone -> killed (idempotent: 0 when none was left).",
+        ),
+        # The container mediator (helper/container_verbs.py, helper/containers.py).
+        _verb(
+            "ContainerPull",
+            wire.ContainerPullParams,
+            cv.container_pull,
+            "Pull a manifest image by digest -> image_id.",
+        ),
+        _verb(
+            "ContainerCreate",
+            wire.ContainerCreateParams,
+            cv.container_create,
+            "Create and start a container (init, no network, bounded) -> container_id.",
+        ),
+        _verb(
+            "ContainerConnect",
+            wire.ContainerConnectParams,
+            cv.container_connect,
+            "A TCP socket connected to 127.0.0.1:port inside the container, passed as a file "
+            "descriptor (SCM_RIGHTS).",
+            blob_out="fd",
+        ),
+        _verb(
+            "ContainerExec",
+            wire.ContainerExecParams,
+            cv.container_exec,
+            "Run a sh command -> exit_code, output, truncated, timed_out, duration.",
+            blob_in="stdin",
+        ),
+        _verb(
+            "ContainerPutArchive",
+            wire.ContainerPutArchiveParams,
+            cv.container_put_archive,
+            "Extract a tar stream into an existing dest_dir.",
+            blob_in="tar",
+        ),
+        _verb(
+            "ContainerGetArchive",
+            wire.ContainerGetArchiveParams,
+            cv.container_get_archive,
+            "A tar stream of path.",
+            blob_out="tar",
+        ),
+        _verb(
+            "ContainerLogs",
+            wire.ContainerLogsParams,
+            cv.container_logs,
+            "The final tail_bytes of the container's output.",
+        ),
+        _verb(
+            "ContainerRemove",
+            wire.ContainerParams,
+            cv.container_remove,
+            "Kill and remove (idempotent).",
+        ),
+        _verb("ContainerList", wire.NoParams, cv.container_list, "The caller's containers."),
+        _verb(
+            "ContainerReleaseAll",
+            wire.NoParams,
+            cv.container_release_all,
+            "Remove every container of the caller.",
+        ),
+        _verb(
+            "ContainerUsage",
+            wire.ContainerParams,
+            cv.container_usage,
+            "What the container cost so far -> cpu_s, memory_peak_bytes, "
+            "disk_written_bytes (SizeRw).",
+        ),
+        _verb(
+            "ContainerFork",
+            wire.ContainerForkParams,
+            cv.container_fork,
+            "A new container from a snapshot of one of the caller's (paused meanwhile), "
+            "created with its parameters -> container_id, snapshot, depth.",
+        ),
+        _verb(
+            "ContainerReap",
+            wire.ContainerParams,
+            cv.container_reap,
+            "Kill every agent-uid process of the container from outside (frozen meanwhile; "
+            "the main process stays) -> killed, duration.",
+        ),
+    )
+}
+assert {n: v.params for n, v in VERBS.items()} == dict(wire.PARAMS), (
+    "one row per wire verb, its own params"
+)
 
 
 def dispatch(ctx: Context, peer: Peer, verb: object, params: object, blob: bytes) -> Result:
@@ -225,7 +382,7 @@ def dispatch(ctx: Context, peer: Peer, verb: object, params: object, blob: bytes
     spec = VERBS[verb]
     if blob and not spec.blob_in:
         raise WireError("bad_request", f"{verb} takes no blob")
-    parsed = parse(spec.params, {} if params is None else params, "params", BadParams)
+    parsed: object = parse(spec.params, {} if params is None else params, "params", BadParams)
     return spec.handler(ctx, peer, parsed, blob)
 
 
@@ -236,7 +393,7 @@ def describe() -> list[dict]:
         hints = typing.get_type_hints(verb.params)
         fields = []
         for f in dataclasses.fields(verb.params):
-            entry = {"name": f.name, "type": _type_name(hints[f.name])}
+            entry: dict[str, Any] = {"name": f.name, "type": _type_name(hints[f.name])}
             if f.default is not dataclasses.MISSING:
                 entry["default"] = f.default
             elif f.default_factory is not dataclasses.MISSING:
@@ -246,8 +403,15 @@ def describe() -> list[dict]:
             fields.append(entry)
         # Required first: Exec's shared options (wire.ExecOptions) are declared before its ids.
         fields.sort(key=lambda e: not e.get("required"))
-        out.append({"verb": verb.name, "doc": verb.doc, "params": fields,
-                    "blob_in": verb.blob_in or None, "blob_out": verb.blob_out or None})
+        out.append(
+            {
+                "verb": verb.name,
+                "doc": verb.doc,
+                "params": fields,
+                "blob_in": verb.blob_in or None,
+                "blob_out": verb.blob_out or None,
+            }
+        )
     return out
 
 

@@ -44,20 +44,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", required=True, help="environment name in routes.json")
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--policy", choices=("oracle", "noop", "openai"))
-    what.add_argument("--regrade", metavar="RUN_JSONL",
-                      help="regrade the episodes of an earlier run's --out file")
+    what.add_argument(
+        "--regrade", metavar="RUN_JSONL", help="regrade the episodes of an earlier run's --out file"
+    )
     ap.add_argument("--episodes", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--tasks", help="file of task ids, one a line (cycled in order)")
     ap.add_argument("--out", help="append one JSON line per episode here")
     ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--fork-at", type=int, metavar="K",
-                    help="play K actions, then fork --branches children and play each out")
+    ap.add_argument(
+        "--fork-at",
+        type=int,
+        metavar="K",
+        help="play K actions, then fork --branches children and play each out",
+    )
     ap.add_argument("--branches", type=int, metavar="N", help="children per prefix (--fork-at)")
-    ap.add_argument("--ray", metavar="ADDRESS",
-                    help="spread the episodes over a Ray cluster (camg_client/rollout_ray.py): each "
-                         "node with the 'camg' resource drives its own 127.0.0.1 services; "
-                         "--routes is read on each node, --concurrency is per node")
+    ap.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="spread the episodes over a Ray cluster (camg_client/rollout_ray.py): each "
+        "node with the 'camg' resource drives its own 127.0.0.1 services; "
+        "--routes is read on each node, --concurrency is per node",
+    )
     args = ap.parse_args(argv)
     if args.episodes < 1 or args.concurrency < 1:
         ap.error("--episodes and --concurrency must be at least 1")
@@ -78,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"camg_client: {exc}", file=sys.stderr)
         return 2
     if args.env not in routes:
-        print(f"camg_client: {args.env!r} is not in {args.routes} ({', '.join(routes)})",
-              file=sys.stderr)
+        print(
+            f"camg_client: {args.env!r} is not in {args.routes} ({', '.join(routes)})",
+            file=sys.stderr,
+        )
         return 2
     if args.regrade:
         return main_regrade(args, routes[args.env])
@@ -89,12 +99,32 @@ def main(argv: list[str] | None = None) -> int:
             task_ids = [line.split("#", 1)[0].strip() for line in handle]
         task_ids = [t for t in task_ids if t]
     if args.fork_at is not None:
-        return _run_and_summarise(args, lambda out, progress: rollout_fork.fork_rollout(
-            routes[args.env], args.policy, args.episodes, args.concurrency, task_ids, out,
-            progress, fork_at=args.fork_at, branches=args.branches))
-    return _run_and_summarise(args, lambda out, progress: rollout(
-        routes[args.env], args.policy, args.episodes, args.concurrency, task_ids, out,
-        progress=progress))
+        return _run_and_summarise(
+            args,
+            lambda out, progress: rollout_fork.fork_rollout(
+                routes[args.env],
+                args.policy,
+                args.episodes,
+                args.concurrency,
+                task_ids,
+                out,
+                progress,
+                fork_at=args.fork_at,
+                branches=args.branches,
+            ),
+        )
+    return _run_and_summarise(
+        args,
+        lambda out, progress: rollout(
+            routes[args.env],
+            args.policy,
+            args.episodes,
+            args.concurrency,
+            task_ids,
+            out,
+            progress=progress,
+        ),
+    )
 
 
 def _run_and_summarise(args, make) -> int:
@@ -119,6 +149,6 @@ def main_regrade(args, url: str) -> int:
     except (OSError, ValueError) as exc:
         print(f"camg_client: {exc}", file=sys.stderr)
         return 2
-    return _run_and_summarise(args, lambda out, progress: regrade_run(
-        url, run, args.concurrency, out, progress=progress))
-
+    return _run_and_summarise(
+        args, lambda out, progress: regrade_run(url, run, args.concurrency, out, progress=progress)
+    )

@@ -22,11 +22,10 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, overload
 
 from camg_client import token as tokens
 from camg_client.transport import Connection
-
 
 # Below the service's keep-alive (5 s, camg.serve): reconnect before reusing
 # a connection the server may already have closed.
@@ -37,7 +36,8 @@ class ServiceError(Exception):
     """An error answer; ``name`` is the service's error name."""
 
     def __new__(cls, status: int, body: Any, retry_after: float | None = None):
-        name = body.get("error") if isinstance(body, dict) else None
+        # Any JSON value: whatever the body holds is looked up as it is.
+        name: Any = body.get("error") if isinstance(body, dict) else None
         if cls is ServiceError:
             cls = ERROR_CLASSES.get(name, ServiceError)
         return super().__new__(cls)
@@ -124,18 +124,33 @@ class ServerError(ServiceError):
 #: Every error name of the service's taxonomy (camg/errors.py) and the class
 #: it raises here; tests/unit/test_client_errors.py fails on a name missing.
 ERROR_CLASSES: dict[str, type[ServiceError]] = {
-    "bad_request": BadRequest, "payload_too_large": BadRequest, "invalid_action": InvalidAction,
-    "permission_denied": PermissionDenied, "unauthorized": Unauthorized,
-    "not_found": NotFound, "episode_not_found": NotFound, "task_not_found": NotFound,
-    "conflict": Conflict, "episode_exists": EpisodeExists, "episode_busy": EpisodeBusy,
-    "episode_done": EpisodeDone, "episode_running": EpisodeRunning,
-    "no_submission": NoSubmission, "not_forkable": NotForkable,
+    "bad_request": BadRequest,
+    "payload_too_large": BadRequest,
+    "invalid_action": InvalidAction,
+    "permission_denied": PermissionDenied,
+    "unauthorized": Unauthorized,
+    "not_found": NotFound,
+    "episode_not_found": NotFound,
+    "task_not_found": NotFound,
+    "conflict": Conflict,
+    "episode_exists": EpisodeExists,
+    "episode_busy": EpisodeBusy,
+    "episode_done": EpisodeDone,
+    "episode_running": EpisodeRunning,
+    "no_submission": NoSubmission,
+    "not_forkable": NotForkable,
     "regrade_unsupported": RegradeUnsupported,
     "at_capacity": AtCapacity,
-    "unavailable": Unavailable, "infra": Unavailable, "sandbox_died": Unavailable,
-    "grader_error": Unavailable, "judge_error": Unavailable, "timeout": Unavailable,
+    "unavailable": Unavailable,
+    "infra": Unavailable,
+    "sandbox_died": Unavailable,
+    "grader_error": Unavailable,
+    "judge_error": Unavailable,
+    "timeout": Unavailable,
     "render_error": Unavailable,
-    "error": ServerError, "config_error": ServerError, "preparation_missing": ServerError,
+    "error": ServerError,
+    "config_error": ServerError,
+    "preparation_missing": ServerError,
     "dataset_error": ServerError,
 }
 
@@ -145,7 +160,8 @@ def load_routes(path: str) -> dict[str, str]:
     with open(path, encoding="utf-8") as handle:
         routes = json.load(handle)
     if not isinstance(routes, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in routes.items()):
+        isinstance(k, str) and isinstance(v, str) for k, v in routes.items()
+    ):
         raise ValueError(f"{path}: not a routes.json (an object of environment -> URL)")
     return routes
 
@@ -169,10 +185,19 @@ def _next_offset(offset: int, page: dict) -> int | None:
     return following
 
 
-def _create_body(task_id: str | None, seed: int | None, episode_id: str | None,
-                 group: int | None = None) -> dict:
-    return {k: v for k, v in (("task_id", task_id), ("seed", seed),
-                              ("episode_id", episode_id), ("group", group)) if v is not None}
+def _create_body(
+    task_id: str | None, seed: int | None, episode_id: str | None, group: int | None = None
+) -> dict:
+    return {
+        k: v
+        for k, v in (
+            ("task_id", task_id),
+            ("seed", seed),
+            ("episode_id", episode_id),
+            ("group", group),
+        )
+        if v is not None
+    }
 
 
 def _created(body: dict, group: int | None) -> dict | list[dict]:
@@ -194,8 +219,7 @@ def _with_wait(body: dict, deadline: float) -> dict:
 
 
 class Client:
-    def __init__(self, base_url: str, timeout: float = 3600.0,
-                 token: str | None = None) -> None:
+    def __init__(self, base_url: str, timeout: float = 3600.0, token: str | None = None) -> None:
         """``token``: the trainer's (default: camg_client.token's search)."""
         url = urllib.parse.urlsplit(base_url)
         if url.scheme != "http" or not url.hostname:
@@ -210,7 +234,9 @@ class Client:
         payload = None if body is None else json.dumps(body).encode()
         # A request is resent after a dropped connection only when running it
         # twice is harmless: reads, closes, and steps carrying a request_id.
-        retry_safe = method in ("GET", "DELETE") or (isinstance(body, dict) and "request_id" in body)
+        retry_safe = method in ("GET", "DELETE") or (
+            isinstance(body, dict) and "request_id" in body
+        )
         if self._conn is not None and time.monotonic() - self._last_used > _IDLE_RECONNECT:
             # The service drops idle keep-alive connections; don't find out
             # by losing a non-idempotent request on one.
@@ -267,9 +293,43 @@ class Client:
             yield from page["tasks"]
             offset = _next_offset(offset, page)
 
-    def create(self, task_id: str | None = None, seed: int | None = None,
-               episode_id: str | None = None, wait: float = 0.0,
-               group: int | None = None) -> dict | list[dict]:
+    # Overloads so a caller without ``group`` gets its one episode typed as a dict.
+    @overload
+    def create(
+        self,
+        task_id: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        wait: float = 0.0,
+        group: None = None,
+    ) -> dict: ...
+    @overload
+    def create(
+        self,
+        task_id: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        wait: float = 0.0,
+        *,
+        group: int,
+    ) -> list[dict]: ...
+    @overload
+    def create(
+        self,
+        task_id: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        wait: float = 0.0,
+        group: int | None = None,
+    ) -> dict | list[dict]: ...
+    def create(
+        self,
+        task_id: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        wait: float = 0.0,
+        group: int | None = None,
+    ) -> dict | list[dict]:
         """Start an episode; with ``wait`` > 0, wait in the service's line
         (``wait_s``) and retry a 429 (a full line) for whatever time remains.
         With ``group`` N: a list of N episodes on one task and seed, the
@@ -279,7 +339,8 @@ class Client:
         while True:
             try:
                 return _created(
-                    self.request("POST", "/episodes", _with_wait(body, deadline))[1], group)
+                    self.request("POST", "/episodes", _with_wait(body, deadline))[1], group
+                )
             except ServiceError as exc:
                 if exc.status != 429 or time.monotonic() >= deadline:
                     raise
@@ -294,16 +355,18 @@ class Client:
         deadline = time.monotonic() + wait
         while True:
             try:
-                return self.request("POST", f"/episodes/{episode_id}/fork",
-                                    _with_wait(body, deadline))[1]
+                return self.request(
+                    "POST", f"/episodes/{episode_id}/fork", _with_wait(body, deadline)
+                )[1]
             except ServiceError as exc:
                 if exc.status != 429 or time.monotonic() >= deadline:
                     raise
                 time.sleep(min(exc.retry_after or 1.0, max(0.0, deadline - time.monotonic())))
 
     def step(self, episode_id: str, action: dict, request_id: str | None = None) -> dict:
-        return self.request("POST", f"/episodes/{episode_id}/step",
-                            _step_body(action, request_id))[1]
+        return self.request("POST", f"/episodes/{episode_id}/step", _step_body(action, request_id))[
+            1
+        ]
 
     def reference(self, episode_id: str) -> dict:
         """The reference solution's next action (deployments with references)."""
@@ -328,8 +391,13 @@ class Client:
 class AsyncClient:
     """The asyncio client: one pooled httpx connection set for many episodes."""
 
-    def __init__(self, base_url: str, timeout: float = 3600.0, max_connections: int = 256,
-                 token: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 3600.0,
+        max_connections: int = 256,
+        token: str | None = None,
+    ) -> None:
         import httpx
 
         url = urllib.parse.urlsplit(base_url)
@@ -337,12 +405,17 @@ class AsyncClient:
             raise ValueError(f"expected http://host:port, got {base_url!r}")
         self._httpx = httpx
         self._client = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout, headers=tokens.header(tokens.resolve(token)),
-            limits=httpx.Limits(max_connections=max_connections,
-                                max_keepalive_connections=max_connections,
-                                keepalive_expiry=_IDLE_RECONNECT))
+            base_url=base_url,
+            timeout=timeout,
+            headers=tokens.header(tokens.resolve(token)),
+            limits=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=_IDLE_RECONNECT,
+            ),
+        )
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -352,13 +425,18 @@ class AsyncClient:
         await self._client.aclose()
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
-        retry_safe = method in ("GET", "DELETE") or (isinstance(body, dict) and "request_id" in body)
+        retry_safe = method in ("GET", "DELETE") or (
+            isinstance(body, dict) and "request_id" in body
+        )
         for attempt in (1, 2):
             try:
                 response = await self._client.request(method, path, json=body)
                 break
-            except (self._httpx.RemoteProtocolError, self._httpx.ConnectError,
-                    self._httpx.ReadError):
+            except (
+                self._httpx.RemoteProtocolError,
+                self._httpx.ConnectError,
+                self._httpx.ReadError,
+            ):
                 if attempt == 2 or not retry_safe:
                     raise
         data = response.json() if response.content else None
@@ -394,9 +472,43 @@ class AsyncClient:
                 yield task
             offset = _next_offset(offset, page)
 
-    async def create(self, task_id: str | None = None, seed: int | None = None,
-                     episode_id: str | None = None, wait: float = 0.0,
-                     group: int | None = None) -> dict | list[dict]:
+    # Overloads so a caller without ``group`` gets its one episode typed as a dict.
+    @overload
+    async def create(
+        self,
+        task_id: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        wait: float = 0.0,
+        group: None = None,
+    ) -> dict: ...
+    @overload
+    async def create(
+        self,
+        task_id: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        wait: float = 0.0,
+        *,
+        group: int,
+    ) -> list[dict]: ...
+    @overload
+    async def create(
+        self,
+        task_id: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        wait: float = 0.0,
+        group: int | None = None,
+    ) -> dict | list[dict]: ...
+    async def create(
+        self,
+        task_id: str | None = None,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        wait: float = 0.0,
+        group: int | None = None,
+    ) -> dict | list[dict]:
         """Start an episode (see Client.create; ``group`` too)."""
         import asyncio
 
@@ -405,15 +517,16 @@ class AsyncClient:
         while True:
             try:
                 return _created(
-                    await self.request("POST", "/episodes", _with_wait(body, deadline)), group)
+                    await self.request("POST", "/episodes", _with_wait(body, deadline)), group
+                )
             except AtCapacity as exc:
                 if time.monotonic() >= deadline:
                     raise
-                await asyncio.sleep(min(exc.retry_after or 1.0,
-                                        max(0.0, deadline - time.monotonic())))
+                await asyncio.sleep(
+                    min(exc.retry_after or 1.0, max(0.0, deadline - time.monotonic()))
+                )
 
-    async def fork(self, episode_id: str, child_id: str | None = None,
-                   wait: float = 0.0) -> dict:
+    async def fork(self, episode_id: str, child_id: str | None = None, wait: float = 0.0) -> dict:
         """A child of a running, idle episode (see Client.fork)."""
         import asyncio
 
@@ -421,17 +534,20 @@ class AsyncClient:
         deadline = time.monotonic() + wait
         while True:
             try:
-                return await self.request("POST", f"/episodes/{episode_id}/fork",
-                                          _with_wait(body, deadline))
+                return await self.request(
+                    "POST", f"/episodes/{episode_id}/fork", _with_wait(body, deadline)
+                )
             except AtCapacity as exc:
                 if time.monotonic() >= deadline:
                     raise
-                await asyncio.sleep(min(exc.retry_after or 1.0,
-                                        max(0.0, deadline - time.monotonic())))
+                await asyncio.sleep(
+                    min(exc.retry_after or 1.0, max(0.0, deadline - time.monotonic()))
+                )
 
     async def step(self, episode_id: str, action: dict, request_id: str | None = None) -> dict:
-        return await self.request("POST", f"/episodes/{episode_id}/step",
-                                  _step_body(action, request_id))
+        return await self.request(
+            "POST", f"/episodes/{episode_id}/step", _step_body(action, request_id)
+        )
 
     async def reference(self, episode_id: str) -> dict:
         return await self.request("GET", f"/episodes/{episode_id}/reference")

@@ -22,14 +22,21 @@ import os
 import re
 import sys
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from camg_client.tool_calls import ToolCallError, ToolCalls
 
-_TEXT_SYSTEM = ("You act in an environment. Reply with exactly one JSON object, the "
-                "next action, matching this JSON Schema:\n")
-_TOOLS_SYSTEM = ("You act in an environment. Each turn, call exactly one of the tools: "
-                 "it is your next action, and its result is what you observe next.")
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
+
+_TEXT_SYSTEM = (
+    "You act in an environment. Reply with exactly one JSON object, the "
+    "next action, matching this JSON Schema:\n"
+)
+_TOOLS_SYSTEM = (
+    "You act in an environment. Each turn, call exactly one of the tools: "
+    "it is your next action, and its result is what you observe next."
+)
 # The statuses with which endpoints refuse a tools= request they cannot serve.
 _REFUSED = (400, 404, 422, 501)
 
@@ -59,9 +66,12 @@ class OpenAIPolicy:
         if missing:
             raise SystemExit(f"camg_client: --policy openai needs {', '.join(missing)}")
         self.model = os.environ["CAMG_POLICY_MODEL"]
-        self.client = AsyncOpenAI(base_url=os.environ["CAMG_POLICY_URL"],
-                                  api_key=os.environ.get("CAMG_POLICY_KEY") or "none",
-                                  timeout=300, max_retries=2)
+        self.client = AsyncOpenAI(
+            base_url=os.environ["CAMG_POLICY_URL"],
+            api_key=os.environ.get("CAMG_POLICY_KEY") or "none",
+            timeout=300,
+            max_retries=2,
+        )
         self.text_system = _TEXT_SYSTEM + json.dumps(schema)
         self.calls = ToolCalls({"action": schema, "tools": tools or []})
         #: native tool calls until the endpoint says it has none
@@ -79,20 +89,37 @@ class OpenAIPolicy:
         turn, so a switch to text mid-episode replays it as text)."""
         first, *turns = self.turns[episode_id]
         native = self.native
-        messages = [{"role": "system", "content": _TOOLS_SYSTEM if native else self.text_system},
-                    {"role": "user", "content": json.dumps(first)}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": _TOOLS_SYSTEM if native else self.text_system},
+            {"role": "user", "content": json.dumps(first)},
+        ]
         for reply, observation in turns:
             if native and reply["call"] is not None:
                 call = reply["call"]
-                messages += [{"role": "assistant", "content": reply["text"] or None,
-                              "tool_calls": [{"id": call["id"], "type": "function", "function": {
-                                  "name": call["name"], "arguments": call["arguments"]}}]},
-                             {"role": "tool", "tool_call_id": call["id"],
-                              "content": json.dumps(observation)}]
+                messages += [
+                    {
+                        "role": "assistant",
+                        "content": reply["text"] or None,
+                        "tool_calls": [
+                            {
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["name"], "arguments": call["arguments"]},
+                            }
+                        ],
+                    },
+                    {
+                        "role": "tool",
+                        "tool_call_id": call["id"],
+                        "content": json.dumps(observation),
+                    },
+                ]
             else:
                 text = reply["text"] or (json.dumps(reply["action"]) if reply["action"] else "")
-                messages += [{"role": "assistant", "content": text},
-                             {"role": "user", "content": json.dumps(observation)}]
+                messages += [
+                    {"role": "assistant", "content": text},
+                    {"role": "user", "content": json.dumps(observation)},
+                ]
         return messages
 
     async def complete(self, episode_id: str):
@@ -100,15 +127,22 @@ class OpenAIPolicy:
         if self.native:
             try:
                 return await self.client.chat.completions.create(
-                    messages=self.messages(episode_id), tools=self.calls.tools, **options)
+                    messages=cast("list[ChatCompletionMessageParam]", self.messages(episode_id)),
+                    tools=cast("list[ChatCompletionToolUnionParam]", self.calls.tools),
+                    **options,
+                )
             except Exception as exc:  # the SDK's APIStatusError, by duck type
                 if not refuses_tools(exc):
                     raise
                 self.native = False
-                print(f"camg_client: the policy endpoint refuses tools ({exc}); "
-                      "using the text protocol", file=sys.stderr)
-        return await self.client.chat.completions.create(messages=self.messages(episode_id),
-                                                         **options)
+                print(
+                    f"camg_client: the policy endpoint refuses tools ({exc}); "
+                    "using the text protocol",
+                    file=sys.stderr,
+                )
+        return await self.client.chat.completions.create(
+            messages=cast("list[ChatCompletionMessageParam]", self.messages(episode_id)), **options
+        )
 
     async def act(self, client, episode_id: str, observation: Any) -> dict | None:
         turns = self.turns.setdefault(episode_id, [])
@@ -122,9 +156,15 @@ class OpenAIPolicy:
         if self.native and calls:
             # One action a turn: only the first call is played (and kept).
             call = calls[0]
-            record = {"text": text, "action": None, "call": {
-                "id": call.id or "call_" + uuid.uuid4().hex[:12],
-                "name": call.function.name, "arguments": call.function.arguments or ""}}
+            record = {
+                "text": text,
+                "action": None,
+                "call": {
+                    "id": call.id or "call_" + uuid.uuid4().hex[:12],
+                    "name": call.function.name,
+                    "arguments": call.function.arguments or "",
+                },
+            }
             action = self.calls.action(call.function.name, call.function.arguments)
         else:
             record = {"text": text, "action": None, "call": None}

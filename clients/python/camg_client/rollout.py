@@ -33,7 +33,7 @@ from camg_client.client import AsyncClient, BadRequest, ServiceError
 from camg_client.openai_policy import OpenAIPolicy
 from camg_client.tool_calls import ToolCallError
 
-MAX_ACTIONS = 1000     # a policy that never ends its episode is cut here
+MAX_ACTIONS = 1000  # a policy that never ends its episode is cut here
 
 
 @dataclasses.dataclass
@@ -61,10 +61,18 @@ class Result:
     invalid_action: str | None = None
 
     def line(self) -> dict:
-        line = {"episode_id": self.episode_id, "task_id": self.task_id, "reward": self.reward,
-                "failure_class": self.failure_class, "steps": self.steps,
-                "reset_s": round(self.reset_s, 6), "step_s": [round(s, 6) for s in self.step_s],
-                "error": self.error, "outcome_seq": self.outcome_seq, "cost": self.cost}
+        line = {
+            "episode_id": self.episode_id,
+            "task_id": self.task_id,
+            "reward": self.reward,
+            "failure_class": self.failure_class,
+            "steps": self.steps,
+            "reset_s": round(self.reset_s, 6),
+            "step_s": [round(s, 6) for s in self.step_s],
+            "error": self.error,
+            "outcome_seq": self.outcome_seq,
+            "cost": self.cost,
+        }
         if self.forked_from is not None:
             line.update(forked_from=self.forked_from, fork_step=self.fork_step)
         if self.invalid_action is not None:
@@ -79,14 +87,20 @@ class Noop:
     def __init__(self, schema: dict) -> None:
         props = schema.get("properties", {})
         # General's schema is one branch per task kind (anyOf); AutoResearch ends with submit
-        ends = [op for branch in schema.get("anyOf") or [schema]
-                for op in branch.get("properties", {}).get("operation", {}).get("enum") or []
-                if op in ("finish", "submit")]
+        ends = [
+            op
+            for branch in schema.get("anyOf") or [schema]
+            for op in branch.get("properties", {}).get("operation", {}).get("enum") or []
+            if op in ("finish", "submit")
+        ]
         if ends:
             self.action = {"operation": ends[0]}
         else:
-            self.action = {name: "noop" for name in schema.get("required", [])
-                           if props.get(name, {}).get("type") == "string"}
+            self.action = {
+                name: "noop"
+                for name in schema.get("required", [])
+                if props.get(name, {}).get("type") == "string"
+            }
 
     async def act(self, client: AsyncClient, episode_id: str, observation: Any) -> dict | None:
         return dict(self.action)
@@ -97,14 +111,23 @@ class Oracle:
         return (await client.reference(episode_id))["action"]
 
 
-async def run_episode(client: AsyncClient, policy, *, task_id: str | None, seed: int | None,
-                      wait: float) -> Result:
+async def run_episode(
+    client: AsyncClient, policy, *, task_id: str | None, seed: int | None, wait: float
+) -> Result:
     started = time.monotonic()
     try:
         created = await client.create(task_id=task_id, seed=seed, wait=wait)
     except ServiceError as exc:
-        return Result(None, task_id, None, exc.failure_class or exc.name, 0,
-                      time.monotonic() - started, [], error=str(exc))
+        return Result(
+            None,
+            task_id,
+            None,
+            exc.failure_class or exc.name,
+            0,
+            time.monotonic() - started,
+            [],
+            error=str(exc),
+        )
     episode_id, observation = created["episode_id"], created["observation"]
     result = Result(episode_id, created["task_id"], None, None, 0, time.monotonic() - started, [])
     try:
@@ -117,11 +140,13 @@ async def run_episode(client: AsyncClient, policy, *, task_id: str | None, seed:
     return result
 
 
-async def play(client: AsyncClient, policy, result: Result, observation: Any,
-               stop_after: int | None = None) -> Any:
+async def play(
+    client: AsyncClient, policy, result: Result, observation: Any, stop_after: int | None = None
+) -> Any:
     """Step ``result``'s episode with ``policy`` from ``observation`` until it
     ends, or with ``stop_after`` after that many actions (a fork's prefix,
     rollout_fork.py); the last observation. A failure is the result's."""
+    assert result.episode_id is not None  # the result of a created episode
     try:
         for _ in range(MAX_ACTIONS if stop_after is None else stop_after):
             action = await policy.act(client, result.episode_id, observation)
@@ -168,8 +193,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _mean_cost(results: list[Result], key: str) -> float | None:
-    values = [r.cost[key] for r in results
-              if isinstance(r.cost, dict) and isinstance(r.cost.get(key), (int, float))]
+    values = [
+        r.cost[key]
+        for r in results
+        if isinstance(r.cost, dict) and isinstance(r.cost.get(key), (int, float))
+    ]
     return statistics.fmean(values) if values else None
 
 
@@ -190,8 +218,9 @@ def summary(results: list[Result], wall: float) -> dict:
         # scored 0.0: the policy's action was refused (Result.invalid_action)
         "invalid_actions": sum(1 for r in results if r.invalid_action is not None),
         # verify the service's outcome log with --through this
-        "outcome_seq_max": max((r.outcome_seq for r in results if r.outcome_seq is not None),
-                               default=None),
+        "outcome_seq_max": max(
+            (r.outcome_seq for r in results if r.outcome_seq is not None), default=None
+        ),
         # per episode, over the episodes whose service measured it (None: none did)
         "cpu_s_mean": _mean_cost(results, "cpu_s"),
         "memory_peak_bytes_mean": _mean_cost(results, "memory_peak_bytes"),
@@ -217,12 +246,16 @@ def print_summary(body: dict, stream=sys.stdout) -> None:
 async def make_policy(client: AsyncClient, name: str):
     body = await client.schema()
     schema = body["action"]
-    return {"oracle": lambda: Oracle(), "noop": lambda: Noop(schema),
-            "openai": lambda: OpenAIPolicy(schema, body.get("tools"))}[name]()
+    return {
+        "oracle": lambda: Oracle(),
+        "noop": lambda: Noop(schema),
+        "openai": lambda: OpenAIPolicy(schema, body.get("tools")),
+    }[name]()
 
 
-async def for_each_index(count: int, workers: int, work, *, progress: bool, unit: str,
-                         postfix=None) -> float:
+async def for_each_index(
+    count: int, workers: int, work, *, progress: bool, unit: str, postfix=None
+) -> float:
     """``await work(i)`` for every i in 0..count-1, in order of start, on
     ``workers`` tasks at once (at least one, at most ``count``), with a tqdm
     bar when ``progress`` (``postfix()`` its fields after each); returns the
@@ -233,6 +266,7 @@ async def for_each_index(count: int, workers: int, work, *, progress: bool, unit
     bar = None
     if progress:
         from tqdm import tqdm
+
         bar = tqdm(total=count, unit=unit, dynamic_ncols=True)
 
     async def worker() -> None:
@@ -254,16 +288,24 @@ async def for_each_index(count: int, workers: int, work, *, progress: bool, unit
     return time.monotonic() - started
 
 
-async def rollout(url: str, policy_name: str, episodes: int, concurrency: int,
-                  task_ids: list[str] | None, out, progress: bool) -> dict:
+async def rollout(
+    url: str,
+    policy_name: str,
+    episodes: int,
+    concurrency: int,
+    task_ids: list[str] | None,
+    out,
+    progress: bool,
+) -> dict:
     async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
         policy = await make_policy(client, policy_name)
         results: list[Result] = []
 
         async def one(i: int) -> None:
             task_id = task_ids[i % len(task_ids)] if task_ids else None
-            result = await run_episode(client, policy, task_id=task_id,
-                                       seed=None if task_ids else i, wait=3600.0)
+            result = await run_episode(
+                client, policy, task_id=task_id, seed=None if task_ids else i, wait=3600.0
+            )
             results.append(result)
             if out is not None:
                 out.write(json.dumps(result.line()) + "\n")
@@ -271,26 +313,38 @@ async def rollout(url: str, policy_name: str, episodes: int, concurrency: int,
 
         def postfix() -> dict:
             rewards = [r.reward for r in results if r.reward is not None]
-            fails = Counter(r.failure_class or "error" for r in results
-                            if r.failure_class or r.error)
-            return {"mean": f"{statistics.fmean(rewards):.3f}" if rewards else "-",
-                    "failed": dict(fails) or 0}
+            fails = Counter(
+                r.failure_class or "error" for r in results if r.failure_class or r.error
+            )
+            return {
+                "mean": f"{statistics.fmean(rewards):.3f}" if rewards else "-",
+                "failed": dict(fails) or 0,
+            }
 
-        wall = await for_each_index(episodes, concurrency, one, progress=progress, unit="ep",
-                                    postfix=postfix)
+        wall = await for_each_index(
+            episodes, concurrency, one, progress=progress, unit="ep", postfix=postfix
+        )
         return summary(results, wall)
 
 
-def regrade_line(episode_id: str, run_reward: float | None, record: dict | None,
-                 error: str | None) -> dict:
+def regrade_line(
+    episode_id: str, run_reward: float | None, record: dict | None, error: str | None
+) -> dict:
     record = record or {}
     was = (record.get("regrade_of") or {}).get("reward")
-    return {"episode_id": episode_id, "task_id": record.get("task_id"),
-            "reward": record.get("reward"), "failure_class": record.get("failure_class"),
-            "recorded_reward": was, "run_reward": run_reward,
-            "same_reward": bool(record) and record.get("reward") == was,
-            "same_grader": record.get("same_grader"), "grader_hash": record.get("grader_hash"),
-            "grade_s": (record.get("timings") or {}).get("grade_s"), "error": error}
+    return {
+        "episode_id": episode_id,
+        "task_id": record.get("task_id"),
+        "reward": record.get("reward"),
+        "failure_class": record.get("failure_class"),
+        "recorded_reward": was,
+        "run_reward": run_reward,
+        "same_reward": bool(record) and record.get("reward") == was,
+        "same_grader": record.get("same_grader"),
+        "grader_hash": record.get("grader_hash"),
+        "grade_s": (record.get("timings") or {}).get("grade_s"),
+        "error": error,
+    }
 
 
 async def regrade_run(url: str, run: list[dict], concurrency: int, out, progress: bool) -> dict:
@@ -302,8 +356,10 @@ async def regrade_run(url: str, run: list[dict], concurrency: int, out, progress
     bar = None
     if progress:
         from tqdm import tqdm
+
         bar = tqdm(total=len(run), unit="ep", dynamic_ncols=True)
     async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
+
         async def worker() -> None:
             while not queue.empty():
                 entry = queue.get_nowait()
@@ -318,8 +374,10 @@ async def regrade_run(url: str, run: list[dict], concurrency: int, out, progress
                     out.write(json.dumps(line) + "\n")
                     out.flush()
                 if bar is not None:
-                    bar.set_postfix(same=sum(x["same_reward"] for x in lines),
-                                    errors=sum(1 for x in lines if x["error"]))
+                    bar.set_postfix(
+                        same=sum(x["same_reward"] for x in lines),
+                        errors=sum(1 for x in lines if x["error"]),
+                    )
                     bar.update(1)
 
         started = time.monotonic()
@@ -355,5 +413,3 @@ def read_run(path: str) -> list[dict]:
             if isinstance(line, dict) and isinstance(line.get("episode_id"), str):
                 run.append(line)
     return run
-
-

@@ -29,10 +29,19 @@ import sys
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable
 
 from camg_client import token as tokens
 from camg_client.client import AsyncClient, load_routes
-from camg_client.rollout import Noop, OpenAIPolicy, Oracle, Result, print_summary, run_episode, summary
+from camg_client.rollout import (
+    Noop,
+    OpenAIPolicy,
+    Oracle,
+    Result,
+    print_summary,
+    run_episode,
+    summary,
+)
 
 #: The per-node custom resource that marks a node running a camg suite.
 RESOURCE = "camg"
@@ -63,8 +72,15 @@ class NodeRunner:
     """The actor body: one per camg node, pinned there, driving that node's
     service with camg_client.rollout's own episode loop and policies."""
 
-    def __init__(self, routes_path: str, env: str, policy_name: str, concurrency: int,
-                 policy_env: dict[str, str], token: str | None = None) -> None:
+    def __init__(
+        self,
+        routes_path: str,
+        env: str,
+        policy_name: str,
+        concurrency: int,
+        policy_env: dict[str, str],
+        token: str | None = None,
+    ) -> None:
         import ray
 
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -76,37 +92,54 @@ class NodeRunner:
         # own), else the driver's.
         self.token = tokens.resolve() or token
         self.client: AsyncClient | None = None
-        self.policy = None
+        self.policy: Noop | Oracle | OpenAIPolicy | None = None
 
     async def start(self) -> dict:
         """Find this node's service; answer who and where we are."""
         try:
             routes = load_routes(self.routes_path)
         except (OSError, ValueError) as exc:
-            raise RayRolloutError(f"node {self.node_id[:8]} ({socket.gethostname()}): {exc}")
+            raise RayRolloutError(
+                f"node {self.node_id[:8]} ({socket.gethostname()}): {exc}"
+            ) from exc
         url = routes.get(self.env)
         if url is None:
-            raise RayRolloutError(f"node {self.node_id[:8]} ({socket.gethostname()}): "
-                                  f"{self.env!r} is not in {self.routes_path}")
+            raise RayRolloutError(
+                f"node {self.node_id[:8]} ({socket.gethostname()}): "
+                f"{self.env!r} is not in {self.routes_path}"
+            )
         if not is_loopback(url):
-            raise RayRolloutError(f"node {self.node_id[:8]}: {self.routes_path} routes "
-                                  f"{self.env} to {url}; a node drives only its own services "
-                                  "on 127.0.0.1")
-        self.client = AsyncClient(url, max_connections=max(4, self.concurrency * 2),
-                                  token=self.token)
+            raise RayRolloutError(
+                f"node {self.node_id[:8]}: {self.routes_path} routes "
+                f"{self.env} to {url}; a node drives only its own services "
+                "on 127.0.0.1"
+            )
+        self.client = AsyncClient(
+            url, max_connections=max(4, self.concurrency * 2), token=self.token
+        )
         body = await self.client.schema()
         schema = body["action"]
         metadata = await self.client.metadata()
-        self.policy = {"oracle": lambda: Oracle(), "noop": lambda: Noop(schema),
-                       "openai": lambda: OpenAIPolicy(schema, body.get("tools"))}[self.policy_name]()
-        return {"node": self.node_id, "host": socket.gethostname(), "url": url,
-                "routes": self.routes_path, "config_hash": metadata.get("config_hash"),
-                "task_selection_hash": metadata.get("task_selection_hash")}
+        makers: dict[str, Callable[[], Noop | Oracle | OpenAIPolicy]] = {
+            "oracle": lambda: Oracle(),
+            "noop": lambda: Noop(schema),
+            "openai": lambda: OpenAIPolicy(schema, body.get("tools")),
+        }
+        self.policy = makers[self.policy_name]()
+        return {
+            "node": self.node_id,
+            "host": socket.gethostname(),
+            "url": url,
+            "routes": self.routes_path,
+            "config_hash": metadata.get("config_hash"),
+            "task_selection_hash": metadata.get("task_selection_hash"),
+        }
 
     async def episode(self, task_id: str | None, seed: int | None) -> dict:
         assert self.client is not None, "start() first"
-        result = await run_episode(self.client, self.policy, task_id=task_id, seed=seed,
-                                   wait=3600.0)
+        result = await run_episode(
+            self.client, self.policy, task_id=task_id, seed=seed, wait=3600.0
+        )
         return result.line()
 
     async def stop(self) -> None:
@@ -116,8 +149,16 @@ class NodeRunner:
 
 
 def _result(line: dict) -> Result:
-    return Result(line["episode_id"], line["task_id"], line["reward"], line["failure_class"],
-                  line["steps"], line["reset_s"], list(line["step_s"]), line.get("error"))
+    return Result(
+        line["episode_id"],
+        line["task_id"],
+        line["reward"],
+        line["failure_class"],
+        line["steps"],
+        line["reset_s"],
+        list(line["step_s"]),
+        line.get("error"),
+    )
 
 
 class _Bar:
@@ -127,6 +168,7 @@ class _Bar:
         self.bar = None
         if enabled:
             from tqdm import tqdm
+
             self.bar = tqdm(total=total, unit="ep", dynamic_ncols=True)
 
     def update(self, results: list[Result]) -> None:
@@ -134,8 +176,9 @@ class _Bar:
             return
         rewards = [r.reward for r in results if r.reward is not None]
         fails = Counter(r.failure_class or "error" for r in results if r.failure_class or r.error)
-        self.bar.set_postfix(mean=f"{statistics.fmean(rewards):.3f}" if rewards else "-",
-                             failed=dict(fails) or 0)
+        self.bar.set_postfix(
+            mean=f"{statistics.fmean(rewards):.3f}" if rewards else "-", failed=dict(fails) or 0
+        )
         self.bar.update(1)
 
     def close(self) -> None:
@@ -148,9 +191,11 @@ def check_same_tasks(infos: list[dict]) -> None:
     task on every node (the same prepared manifest everywhere)."""
     selections = {f"{i['host']}/{i['node'][:8]}": i.get("task_selection_hash") for i in infos}
     if len(set(selections.values())) > 1:
-        raise RayRolloutError("the nodes serve different task selections (prepare and "
-                              "configure every node from the same manifest): "
-                              + ", ".join(f"{k} {v}" for k, v in sorted(selections.items())))
+        raise RayRolloutError(
+            "the nodes serve different task selections (prepare and "
+            "configure every node from the same manifest): "
+            + ", ".join(f"{k} {v}" for k, v in sorted(selections.items()))
+        )
 
 
 def _connect(address: str):
@@ -171,7 +216,9 @@ def _connect(address: str):
     try:
         import ray
     except ImportError:
-        raise RayRolloutError("--ray needs the ray package (pip install 'camg-client[ray]')") from None
+        raise RayRolloutError(
+            "--ray needs the ray package (pip install 'camg-client[ray]')"
+        ) from None
     try:
         ray.init(address=address, logging_level="WARNING", log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -179,25 +226,41 @@ def _connect(address: str):
     return ray
 
 
-def run(address: str, routes_path: str, env: str, policy_name: str, episodes: int,
-        concurrency: int, task_ids: list[str] | None, out, progress: bool) -> dict:
+def run(
+    address: str,
+    routes_path: str,
+    env: str,
+    policy_name: str,
+    episodes: int,
+    concurrency: int,
+    task_ids: list[str] | None,
+    out,
+    progress: bool,
+) -> dict:
     ray = _connect(address)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     try:
-        nodes = sorted(n["NodeID"] for n in ray.nodes()
-                       if n["Alive"] and n["Resources"].get(RESOURCE, 0) > 0)
+        nodes = sorted(
+            n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(RESOURCE, 0) > 0
+        )
         if not nodes:
-            raise RayRolloutError(f"no live node of the cluster at {address} offers the "
-                                  f"{RESOURCE!r} resource (ray start --resources "
-                                  f"'{{\"{RESOURCE}\": 1}}' on every node running a camg suite)")
+            raise RayRolloutError(
+                f"no live node of the cluster at {address} offers the "
+                f"{RESOURCE!r} resource (ray start --resources "
+                f"'{{\"{RESOURCE}\": 1}}' on every node running a camg suite)"
+            )
         policy_env = {k: os.environ[k] for k in POLICY_ENV if os.environ.get(k)}
         actor_class = ray.remote(NodeRunner)
-        actors = [actor_class.options(
-            num_cpus=0, resources={RESOURCE: 0.001}, max_concurrency=concurrency + 2,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-        ).remote(routes_path, env, policy_name, concurrency, policy_env, tokens.resolve())
-            for node in nodes]
+        actors = [
+            actor_class.options(
+                num_cpus=0,
+                resources={RESOURCE: 0.001},
+                max_concurrency=concurrency + 2,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote(routes_path, env, policy_name, concurrency, policy_env, tokens.resolve())
+            for node in nodes
+        ]
         try:
             infos = ray.get([a.start.remote() for a in actors])
         except ray.exceptions.RayError as exc:
@@ -222,7 +285,7 @@ def _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress) -
     results: list[Result] = []
     per_node: Counter = Counter()
     bar = _Bar(episodes, progress)
-    pending: dict = {}      # ObjectRef -> (actor index, episode index)
+    pending: dict = {}  # ObjectRef -> (actor index, episode index)
     dead: set[int] = set()
     next_index = 0
 
@@ -247,8 +310,16 @@ def _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress) -
             # The node's actor is gone (node lost): its episode is an error of
             # this run, and the node gets no more work.
             dead.add(k)
-            line = Result(None, task_ids[i % len(task_ids)] if task_ids else None, None, None,
-                          0, 0.0, [], error=f"node {labels[k]}: {type(exc).__name__}").line()
+            line = Result(
+                None,
+                task_ids[i % len(task_ids)] if task_ids else None,
+                None,
+                None,
+                0,
+                0.0,
+                [],
+                error=f"node {labels[k]}: {type(exc).__name__}",
+            ).line()
         line["node"] = infos[k]["node"]
         results.append(_result(line))
         per_node[labels[k]] += 1
@@ -262,7 +333,7 @@ def _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress) -
             submit(k if k not in dead else min(live, key=lambda j: load[j]))
     bar.close()
     # Work a lost node never got to is reported, not silently dropped.
-    for i in range(next_index, episodes):
+    for _ in range(next_index, episodes):
         results.append(Result(None, None, None, None, 0, 0.0, [], error="no live camg node left"))
     body = summary(results, time.monotonic() - started)
     body["nodes"] = len(actors)
@@ -278,9 +349,17 @@ def main(args: argparse.Namespace) -> int:
             task_ids = [t for t in (line.split("#", 1)[0].strip() for line in handle) if t]
     out = open(args.out, "a", encoding="utf-8") if args.out else None
     try:
-        body = run(args.ray, args.routes, args.env, args.policy, args.episodes,
-                   args.concurrency, task_ids, out,
-                   progress=not args.no_progress and sys.stderr.isatty())
+        body = run(
+            args.ray,
+            args.routes,
+            args.env,
+            args.policy,
+            args.episodes,
+            args.concurrency,
+            task_ids,
+            out,
+            progress=not args.no_progress and sys.stderr.isatty(),
+        )
     except RayRolloutError as exc:
         print(f"camg_client: {exc}", file=sys.stderr)
         return 2

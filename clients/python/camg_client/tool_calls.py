@@ -62,9 +62,14 @@ def forms(schema: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return found if isinstance(found, Mapping) else None
 
 
-def action_of(tool_name: str, arguments: str | bytes | Mapping[str, Any] | None, *,
-              key: str | None, names: list[str],
-              forms: Mapping[str, Any] | None = None) -> dict:
+def action_of(
+    tool_name: str,
+    arguments: str | bytes | Mapping[str, Any] | None,
+    *,
+    key: str | None,
+    names: list[str],
+    forms: Mapping[str, Any] | None = None,
+) -> dict:
     """The action body of one call to ``tool_name`` among ``names``, whose
     schema's discriminator is ``key`` (None: the single tool takes the
     action itself) or whose tools are the string ``forms`` of one property."""
@@ -79,8 +84,9 @@ def action_of(tool_name: str, arguments: str | bytes | Mapping[str, Any] | None,
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, Mapping):
-        raise ToolCallError(f"{tool_name}: arguments must be a JSON object, "
-                            f"got {type(arguments).__name__}")
+        raise ToolCallError(
+            f"{tool_name}: arguments must be a JSON object, got {type(arguments).__name__}"
+        )
     if forms is not None:
         form = forms["tools"][tool_name]
         parameter = form["parameter"]

@@ -62,8 +62,9 @@ class Response:
 class Connection:
     """Requests one at a time over one socket, opened on first use."""
 
-    def __init__(self, host: str, port: int, timeout: float | None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, timeout: float | None, headers: dict[str, str] | None = None
+    ) -> None:
         self.host, self.port, self.timeout = host, port, timeout
         self._host_header = f"{host}:{port}".encode("ascii")
         #: sent with every request (the trainer's Authorization)
@@ -75,12 +76,20 @@ class Connection:
         self._sock: socket.socket | None = None
         self._buf = bytearray()
 
-    def request(self, method: str, path: str, body: bytes | None = None,
-                content_type: str = "application/json") -> Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> Response:
         if _BAD_TARGET.search(path) or _BAD_TARGET.search(method):
             raise ValueError(f"not a request target an HTTP/1.1 request line can carry: {path!r}")
-        head = [f"{method} {path} HTTP/1.1".encode("ascii"), b"Host: " + self._host_header,
-                *self._extra]
+        head = [
+            f"{method} {path} HTTP/1.1".encode("ascii"),
+            b"Host: " + self._host_header,
+            *self._extra,
+        ]
         if body is not None:
             head.append(b"Content-Type: " + content_type.encode("ascii"))
             head.append(b"Content-Length: " + str(len(body)).encode("ascii"))
@@ -89,6 +98,7 @@ class Connection:
         message = b"\r\n".join(head) + b"\r\n\r\n" + (body or b"")
         if self._sock is None:
             self._connect()
+        assert self._sock is not None  # _connect set it or raised
         try:
             self._sock.sendall(message)
             response = self._read_response(method)
@@ -113,6 +123,7 @@ class Connection:
 
     def _fill(self) -> bool:
         """Read more into the buffer; False at the server's end of stream."""
+        assert self._sock is not None  # only read from within request(), connected
         chunk = self._sock.recv(_RECV)
         if not chunk:
             return False
@@ -132,7 +143,7 @@ class Connection:
                     raise IncompleteResponse("connection closed inside the response head")
                 raise ConnectionDropped("the server closed the connection without a response")
         lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
-        del buf[:end + 4]
+        del buf[: end + 4]
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
         if not version.startswith("HTTP/1.") or not code.isdigit():
@@ -181,7 +192,7 @@ class Connection:
             end = buf.find(b"\r\n")
             if end >= 0:
                 line = bytes(buf[:end])
-                del buf[:end + 2]
+                del buf[: end + 2]
                 return line
             if len(buf) > MAX_HEAD:
                 raise ProtocolError("chunk size line too long")
@@ -189,14 +200,14 @@ class Connection:
                 raise IncompleteResponse("connection closed inside a chunked body")
 
     def _read_chunked(self) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         while True:
             size_field = self._read_line().split(b";", 1)[0].strip()
             if not size_field or size_field.strip(b"0123456789abcdefABCDEF"):
                 raise ProtocolError(f"bad chunk size {size_field[:20]!r}")
             size = int(size_field, 16)
             if size == 0:
-                while self._read_line():    # trailers, up to the empty line
+                while self._read_line():  # trailers, up to the empty line
                     pass
                 return b"".join(parts)
             parts.append(self._read_exactly(size))

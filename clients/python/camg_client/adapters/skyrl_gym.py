@@ -37,16 +37,21 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from camg_client import token as tokens
 from camg_client.adapters.text_protocol import (
-    SYSTEM_PROMPT, Unrewarded, ending_action, first_message, next_message, parse_action,
+    SYSTEM_PROMPT,
+    Unrewarded,
+    ending_action,
+    first_message,
+    next_message,
+    parse_action,
     refusal,
 )
-from camg_client import token as tokens
 from camg_client.client import Client, InvalidAction, NotFound
 
 ENV_ID = "camg"
 ENTRY_POINT = "camg_client.adapters.skyrl_gym:CamgTextEnv"
-__all__ = ["CamgTextEnv", "dataset_rows", "register"]
+__all__ = ["CamgTextEnv", "dataset_rows", "register"]  # noqa: F822  # CamgTextEnv: from __getattr__
 
 
 def register(env_id: str = ENV_ID) -> str:
@@ -58,15 +63,26 @@ def register(env_id: str = ENV_ID) -> str:
     return env_id
 
 
-def dataset_rows(url: str, *, env_class: str = ENV_ID, task_ids: list[str] | None = None,
-                 token: str | None = None) -> list[dict]:
+def dataset_rows(
+    url: str,
+    *,
+    env_class: str = ENV_ID,
+    task_ids: list[str] | None = None,
+    token: str | None = None,
+) -> list[dict]:
     """One SkyRL dataset row per served task (``GET /tasks``, manifest order);
     ``token``: the trainer's (default: camg_client.token's search)."""
     wanted = None if task_ids is None else set(task_ids)
-    return [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}], "env_class": env_class,
-             "camg_url": url, "task_id": row["task_id"]}
-            for row in Client(url, token=tokens.resolve(token)).iter_tasks()
-            if wanted is None or row["task_id"] in wanted]
+    return [
+        {
+            "prompt": [{"role": "system", "content": SYSTEM_PROMPT}],
+            "env_class": env_class,
+            "camg_url": url,
+            "task_id": row["task_id"],
+        }
+        for row in Client(url, token=tokens.resolve(token)).iter_tasks()
+        if wanted is None or row["task_id"] in wanted
+    ]
 
 
 def __getattr__(name: str):
@@ -92,8 +108,9 @@ def _env_class() -> type:
             self.url = extras.get("camg_url") or _option(env_config, "url")
             self.task_id = extras.get("task_id") or info.get("task_id")
             if not self.url:
-                raise ValueError("CamgTextEnv needs the service URL: extras camg_url "
-                                 "or env_config url")
+                raise ValueError(
+                    "CamgTextEnv needs the service URL: extras camg_url or env_config url"
+                )
             self.max_turns = int(extras.get("max_turns") or _option(env_config, "max_turns", 100))
             self.wait_s = float(_option(env_config, "wait_s", 600.0))
             self.raise_unrewarded = _option(env_config, "on_unrewarded", "mask") == "raise"
@@ -109,10 +126,13 @@ def _env_class() -> type:
             created = self.client.create(task_id=self.task_id, wait=self.wait_s)
             self.episode_id, self.task_id = created["episode_id"], created["task_id"]
             opening = {"role": "user", "content": first_message(created["observation"], schema)}
-            return [*(prompt or []), opening], {"episode_id": self.episode_id,
-                                                "task_id": self.task_id}
+            return [*(prompt or []), opening], {
+                "episode_id": self.episode_id,
+                "task_id": self.task_id,
+            }
 
         def step(self, action: str) -> BaseTextEnvStepOutput:
+            assert self.episode_id is not None  # skyrl calls init(), which sets it, first
             self.turns += 1
             try:
                 answer = self.client.step(self.episode_id, parse_action(action))
@@ -120,31 +140,51 @@ def _env_class() -> type:
                 # the model's mistake: nothing changed, it reads why and goes on
                 answer = {"done": False, "reward": 0.0, "observation": None, "refused": exc}
             if answer["done"]:
-                return self._end(answer.get("reward"), answer.get("failure_class"),
-                                 answer.get("outcome_seq"))
+                return self._end(
+                    answer.get("reward"), answer.get("failure_class"), answer.get("outcome_seq")
+                )
             if self.turns >= self.max_turns:
                 if self.end is not None:
                     # out of turns: the work is graded as it stands
                     answer = self.client.step(self.episode_id, self.end)
-                    return self._end(answer.get("reward"), answer.get("failure_class"),
-                                     answer.get("outcome_seq"))
+                    return self._end(
+                        answer.get("reward"), answer.get("failure_class"), answer.get("outcome_seq")
+                    )
                 return self._end(None, None, None, detail=f"no end after {self.max_turns} turns")
-            text = (refusal(answer["refused"]) if "refused" in answer
-                    else next_message(answer["observation"]))
-            return BaseTextEnvStepOutput(observations=[{"role": "user", "content": text}],
-                                         reward=0.0, done=False, metadata={})
+            text = (
+                refusal(answer["refused"])
+                if "refused" in answer
+                else next_message(answer["observation"])
+            )
+            return BaseTextEnvStepOutput(
+                observations=[{"role": "user", "content": text}],
+                reward=0.0,
+                done=False,
+                metadata={},
+            )
 
-        def _end(self, reward, failure_class, outcome_seq, detail="ended with reward null "
-                 "(infrastructure failure)"):
+        def _end(
+            self,
+            reward,
+            failure_class,
+            outcome_seq,
+            detail="ended with reward null (infrastructure failure)",
+        ):
             masked = reward is None
-            self.outcome = {"episode_id": self.episode_id, "task_id": self.task_id,
-                            "reward": reward, "failure_class": failure_class,
-                            "outcome_seq": outcome_seq, "masked": masked}
+            self.outcome = {
+                "episode_id": self.episode_id,
+                "task_id": self.task_id,
+                "reward": reward,
+                "failure_class": failure_class,
+                "outcome_seq": outcome_seq,
+                "masked": masked,
+            }
             if masked and self.raise_unrewarded:
                 self.close()
                 raise Unrewarded(self.episode_id, failure_class, detail)
-            return BaseTextEnvStepOutput(observations=[], reward=reward, done=True,
-                                         metadata={"camg": dict(self.outcome)})
+            return BaseTextEnvStepOutput(
+                observations=[], reward=reward, done=True, metadata={"camg": dict(self.outcome)}
+            )
 
         def close(self) -> None:
             # Idempotent: the generator closes every env, finished or not.

@@ -16,8 +16,10 @@ from typing import Any
 from camg_client.openai_policy import first_json_object
 
 #: the system prompt of a camg episode in a framework's chat loop
-SYSTEM_PROMPT = ("You act in an environment. Reply with exactly one JSON object, the next "
-                 "action, matching the action schema you are given.")
+SYSTEM_PROMPT = (
+    "You act in an environment. Reply with exactly one JSON object, the next "
+    "action, matching the action schema you are given."
+)
 
 
 class Unrewarded(RuntimeError):
@@ -29,8 +31,10 @@ class Unrewarded(RuntimeError):
     def __init__(self, episode_id: str | None, failure_class: str | None, detail: str) -> None:
         self.episode_id = episode_id
         self.failure_class = failure_class
-        super().__init__(f"camg episode {episode_id}: {detail}"
-                         + (f" (failure_class {failure_class})" if failure_class else ""))
+        super().__init__(
+            f"camg episode {episode_id}: {detail}"
+            + (f" (failure_class {failure_class})" if failure_class else "")
+        )
 
 
 def first_message(observation: Any, action_schema: dict) -> str:
@@ -72,6 +76,9 @@ def refusal(exc: Exception) -> str:
 def terminal_reward(answer: dict, episode_id: str | None) -> float:
     """The reward of a terminal step answer, or Unrewarded."""
     if answer.get("reward") is None:
-        raise Unrewarded(episode_id, answer.get("failure_class"),
-                         "ended with reward null (infrastructure failure)")
+        raise Unrewarded(
+            episode_id,
+            answer.get("failure_class"),
+            "ended with reward null (infrastructure failure)",
+        )
     return float(answer["reward"])

@@ -40,26 +40,34 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from camg_client.adapters.text_protocol import (
-    SYSTEM_PROMPT, Unrewarded, ending_action, first_message, next_message, parse_action,
-    refusal, terminal_reward,
-)
 from camg_client import token as tokens
+from camg_client.adapters.text_protocol import (
+    SYSTEM_PROMPT,
+    Unrewarded,
+    ending_action,
+    first_message,
+    next_message,
+    parse_action,
+    refusal,
+    terminal_reward,
+)
 from camg_client.client import AsyncClient, Client, InvalidAction
 
 TASKSET_ID = "camg_verifiers"
-__all__ = ["CamgEnv", "CamgTaskset"]
+__all__ = ["CamgEnv", "CamgTaskset"]  # noqa: F822  # both built lazily by __getattr__
 _LAZY = ("CamgEnv", "CamgEnvConfig", "CamgTask", "CamgData", "CamgTaskset", "CamgTasksetConfig")
 
 
-def env_config(url: str, *, task_ids: list[str] | None = None, token: str | None = None,
-               **player: Any):
+def env_config(
+    url: str, *, task_ids: list[str] | None = None, token: str | None = None, **player: Any
+):
     """The ``vf.EnvConfig`` of a camg service at ``url``; ``token``: the
     trainer's (default: camg_client.token's search); ``player`` sets the
     playing agent's fields (``max_turns``, ``timeout`` …)."""
     classes = _classes()
-    taskset = classes["CamgTasksetConfig"](id=TASKSET_ID, url=url, task_ids=task_ids,
-                                           token=tokens.resolve(token))
+    taskset = classes["CamgTasksetConfig"](
+        id=TASKSET_ID, url=url, task_ids=task_ids, token=tokens.resolve(token)
+    )
     agent = classes["CamgEnvConfig"].model_fields["player"].default
     return classes["CamgEnvConfig"](taskset=taskset, player=agent.model_copy(update=player))
 
@@ -76,7 +84,7 @@ def __getattr__(name: str):
 
 
 @functools.cache
-def _classes() -> dict[str, type]:
+def _classes() -> dict[str, type[Any]]:
     import verifiers.v1 as vf
     from pydantic import Field
 
@@ -105,15 +113,24 @@ def _classes() -> dict[str, type]:
             wanted = None if config.task_ids is None else set(config.task_ids)
             for row in Client(config.url, token=tokens.resolve(config.token)).iter_tasks():
                 if wanted is None or row["task_id"] in wanted:
-                    yield CamgTask(CamgData(id=row["task_id"], name=row["task_id"], prompt=None,
-                                            system_prompt=SYSTEM_PROMPT, url=config.url,
-                                            wait_s=config.wait_s), config.task)
+                    yield CamgTask(
+                        CamgData(
+                            id=row["task_id"],
+                            name=row["task_id"],
+                            prompt=None,
+                            system_prompt=SYSTEM_PROMPT,
+                            url=config.url,
+                            wait_s=config.wait_s,
+                        ),
+                        config.task,
+                    )
 
     class CamgEnvConfig(vf.EnvConfig):
         # verifiers' tool-less chat loop, on this host: the model only
         # answers, the camg service does the work.
-        player: vf.AgentConfig = vf.AgentConfig(harness={"id": "null"},
-                                                runtime=vf.SubprocessConfig())
+        player: vf.AgentConfig = vf.AgentConfig(
+            harness={"id": "null"}, runtime=vf.SubprocessConfig()
+        )
 
     class CamgEnv(vf.Env[CamgEnvConfig]):
         async def run(self, task, agents):
@@ -127,11 +144,13 @@ def _classes() -> dict[str, type]:
                 try:
                     async with agents.player.interaction(task) as interaction:
                         segment = await interaction.turn(
-                            first_message(created["observation"], schema))
+                            first_message(created["observation"], schema)
+                        )
                         while not segment.terminated:
                             try:
-                                answer = await client.step(episode_id,
-                                                           parse_action(segment.last_reply))
+                                answer = await client.step(
+                                    episode_id, parse_action(segment.last_reply)
+                                )
                             except (ValueError, InvalidAction) as exc:
                                 # the model's mistake, not the episode's end
                                 segment = await interaction.turn(refusal(exc))
@@ -146,14 +165,22 @@ def _classes() -> dict[str, type]:
                         answer = await client.step(episode_id, end)
                 finally:
                     await client.close(episode_id)
-            trace.info["camg"] = {"episode_id": episode_id, "task_id": created["task_id"],
-                                  "failure_class": answer.get("failure_class"),
-                                  "outcome_seq": answer.get("outcome_seq")}
+            trace.info["camg"] = {
+                "episode_id": episode_id,
+                "task_id": created["task_id"],
+                "failure_class": answer.get("failure_class"),
+                "outcome_seq": answer.get("outcome_seq"),
+            }
             if not answer["done"]:
-                why = ("the player failed" if trace.errors else
-                       "the player stopped before the episode ended, which has no ending action")
+                why = (
+                    "the player failed"
+                    if trace.errors
+                    else "the player stopped before the episode ended, which has no ending action"
+                )
                 raise Unrewarded(episode_id, None, why)
             trace.record_reward("camg_reward", terminal_reward(answer, episode_id))
 
-    return {cls.__name__: cls for cls in (CamgTasksetConfig, CamgData, CamgTask, CamgTaskset,
-                                          CamgEnvConfig, CamgEnv)}
+    return {
+        cls.__name__: cls
+        for cls in (CamgTasksetConfig, CamgData, CamgTask, CamgTaskset, CamgEnvConfig, CamgEnv)
+    }
