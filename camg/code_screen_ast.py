@@ -387,8 +387,12 @@ class Visitor(ast.NodeVisitor):
             ):
                 if len(args) >= 2:
                     self._attr_call(node, "setattr", args[0], args[1])
-            elif args:
-                self._attr_call(node, "setattr", node.func.value, args[0])  # type: ignore[attr-defined]  # a bare-name __setattr__(x, ...) has no .value and raises, as before
+            elif isinstance(node.func, ast.Attribute):
+                if args:
+                    self._attr_call(node, "setattr", node.func.value, args[0])
+            elif len(args) >= 2:
+                # a bare name bound to object.__setattr__ (or the like): (target, name, ...)
+                self._attr_call(node, "setattr", args[0], args[1])
         elif name == "attrgetter":
             for arg in node.args:
                 self._folded(arg)

@@ -368,6 +368,23 @@ def test_nesting_beyond_the_parser_is_screened_by_tokens_not_an_error(nesting):
     assert rules(found) == {"native_code"}, found
 
 
+@pytest.mark.parametrize("call", [
+    "__setattr__(a, 'b', 1)", "__delattr__(a)", "__setattr__()", "(lambda: 0)()", "f()()",
+    "a[0](x)", "getattr(a, b)(c)", "setattr()", "getattr()", "x.__setattr__()",
+    "object.__setattr__(a)", "__import__()", "importlib.import_module()",
+])
+def test_odd_call_shapes_are_screened_not_an_error(call):
+    """Every call shape Python parses is screened without raising (a bare
+    __setattr__ name used to raise AttributeError: a null on demand)."""
+    code_screen.screen_added("src/a.py", [call])
+
+
+def test_a_bare_setattr_alias_is_an_attribute_write():
+    found = code_screen.screen_added("src/a.py", [
+        "__setattr__ = object.__setattr__", "__setattr__(test_fn, '__code__', noop.__code__)"])
+    assert "foreign_attribute_write" in rules(found), found
+
+
 def test_quoted_paths_are_screened():
     """git C-quotes a path with a quote or a byte outside ASCII and ends one
     with a space with a tab: each is still Python the grade runs (the
