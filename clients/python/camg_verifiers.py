@@ -4,7 +4,7 @@ Everything lives in camg_client/adapters/verifiers.py."""
 
 from camg_client.adapters import verifiers as _adapter
 
-__all__ = ["CamgEnv", "CamgTaskset"]
+__all__ = ["CamgEnv", "CamgTaskset"]  # noqa: F822  # both come from __getattr__
 
 
 def __getattr__(name: str):
