@@ -17,9 +17,19 @@ import shlex
 # Paths whose changes never count: tests, and files that change what pytest
 # collects or how Python starts (a sitecustomize or .pth runs before any test).
 PROTECTED_DIRS = ("test", "tests", "testing")
-PROTECTED_NAMES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
-                   ".pytest.ini", "pytest.toml", ".pytest.toml", "noxfile.py",
-                   "sitecustomize.py", "usercustomize.py")
+PROTECTED_NAMES = (
+    "conftest.py",
+    "pytest.ini",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+    ".pytest.ini",
+    "pytest.toml",
+    ".pytest.toml",
+    "noxfile.py",
+    "sitecustomize.py",
+    "usercustomize.py",
+)
 PROTECTED_GLOBS = ("test_*.py", "*_test.py", "*.pth")
 # Build and cache artifacts the agent's test runs leave behind; never a fix.
 DIFF_EXCLUDES = ("**/__pycache__/**", "**/*.pyc", "**/.pytest_cache/**", "**/*.egg-info/**")
@@ -37,8 +47,10 @@ def is_protected(path: str) -> bool:
 
 # --- the agent's diff -------------------------------------------------------
 
-def diff_command(snapshot: str, private_git: str = "/var/lib/camg-task/git",
-                 workdir: str = "/testbed") -> str:
+
+def diff_command(
+    snapshot: str, private_git: str = "/var/lib/camg-task/git", workdir: str = "/testbed"
+) -> str:
     """Shell command (run as root in the agent's sandbox) printing its diff.
 
     Uses the root-only copy of the workspace's git directory, so whatever
@@ -46,17 +58,22 @@ def diff_command(snapshot: str, private_git: str = "/var/lib/camg-task/git",
     sockets, devices) cannot be part of a diff and would make ``git add``
     fail, so they are removed first.
     """
-    git = ("GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent "
-           f"git --git-dir={shlex.quote(private_git)} --work-tree={shlex.quote(workdir)} "
-           "-c safe.directory='*' -c core.fsmonitor=false -c core.hooksPath=/dev/null -c core.untrackedCache=false "
-           "-c core.checkStat=minimal -c core.trustctime=false")
+    git = (
+        "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent "
+        f"git --git-dir={shlex.quote(private_git)} --work-tree={shlex.quote(workdir)} "
+        "-c safe.directory='*' -c core.fsmonitor=false -c core.hooksPath=/dev/null "
+        "-c core.untrackedCache=false "
+        "-c core.checkStat=minimal -c core.trustctime=false"
+    )
     excludes = " ".join(shlex.quote(f":(exclude,glob){g}") for g in DIFF_EXCLUDES)
-    return (f"set -e; cd {shlex.quote(workdir)}; "
-            f"find . -path ./.git -prune -o ! -type f ! -type d ! -type l -print0 "
-            f"| xargs -0 -r rm -f --; "
-            f"{git} add -A -- . {excludes}; "
-            f"{git} diff --cached --binary --full-index --no-color --no-ext-diff "
-            f"--no-textconv --no-renames {snapshot}")
+    return (
+        f"set -e; cd {shlex.quote(workdir)}; "
+        f"find . -path ./.git -prune -o ! -type f ! -type d ! -type l -print0 "
+        f"| xargs -0 -r rm -f --; "
+        f"{git} add -A -- . {excludes}; "
+        f"{git} diff --cached --binary --full-index --no-color --no-ext-diff "
+        f"--no-textconv --no-renames {snapshot}"
+    )
 
 
 _SECTION = re.compile(rb"^diff --git ", re.M)
@@ -66,7 +83,7 @@ _PATH_LINES = (b"--- ", b"+++ ", b"rename from ", b"rename to ", b"copy from ", 
 def split_sections(diff: bytes) -> list[bytes]:
     """The ``diff --git`` file sections of ``diff``, in order."""
     starts = [m.start() for m in _SECTION.finditer(diff)]
-    return [diff[b:e] for b, e in zip(starts, starts[1:] + [len(diff)])]
+    return [diff[b:e] for b, e in zip(starts, starts[1:] + [len(diff)], strict=False)]
 
 
 def filter_diff(diff: bytes) -> tuple[bytes, list[str]]:
@@ -74,7 +91,7 @@ def filter_diff(diff: bytes) -> tuple[bytes, list[str]]:
     starts = [m.start() for m in _SECTION.finditer(diff)]
     if not starts:
         return b"", []
-    kept, dropped = [diff[:starts[0]]] if starts[0] else [], []
+    kept, dropped = [diff[: starts[0]]] if starts[0] else [], []
     for section in split_sections(diff):
         paths = section_paths(section)
         touched = [p for p in paths if is_protected(p)]
@@ -87,7 +104,7 @@ def filter_diff(diff: bytes) -> tuple[bytes, list[str]]:
 
 def section_paths(section: bytes) -> list[str]:
     lines = section.split(b"\n")
-    header = lines[0][len(b"diff --git "):]
+    header = lines[0][len(b"diff --git ") :]
     paths = []
     if header.startswith(b'"'):
         first, rest = _unquote(header)
@@ -107,7 +124,7 @@ def section_paths(section: bytes) -> list[str]:
             break
         for prefix in _PATH_LINES:
             if line.startswith(prefix):
-                value = line[len(prefix):].split(b"\t")[0]
+                value = line[len(prefix) :].split(b"\t")[0]
                 if value.startswith(b'"'):
                     paths.append(_unquote(value)[0])
                 else:
@@ -126,12 +143,21 @@ def _unquote(data: bytes) -> tuple[str, bytes]:
     """Decode one C-quoted git path at the start of ``data``; return the rest."""
     out = bytearray()
     i = 1
-    escapes = {ord("n"): 10, ord("t"): 9, ord('"'): 34, ord("\\"): 92, ord("a"): 7,
-               ord("b"): 8, ord("f"): 12, ord("r"): 13, ord("v"): 11}
+    escapes = {
+        ord("n"): 10,
+        ord("t"): 9,
+        ord('"'): 34,
+        ord("\\"): 92,
+        ord("a"): 7,
+        ord("b"): 8,
+        ord("f"): 12,
+        ord("r"): 13,
+        ord("v"): 11,
+    }
     while i < len(data):
         c = data[i]
         if c == ord('"'):
-            return out.decode("utf-8", "replace"), data[i + 1:]
+            return out.decode("utf-8", "replace"), data[i + 1 :]
         if c == ord("\\") and i + 1 < len(data):
             nxt = data[i + 1]
             if nxt in escapes:
@@ -139,10 +165,9 @@ def _unquote(data: bytes) -> tuple[str, bytes]:
                 i += 2
                 continue
             if 48 <= nxt <= 55:
-                out.append(int(data[i + 1:i + 4], 8) & 0xFF)
+                out.append(int(data[i + 1 : i + 4], 8) & 0xFF)
                 i += 4
                 continue
         out.append(c)
         i += 1
     return out.decode("utf-8", "replace"), b""
-

@@ -16,16 +16,18 @@ import logging
 import os
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from camg import code_screen, errors, typed
 from camg.environment import Environment, Episode, Grade, ServiceContext, Submission, Task
 from camg.hashing import sha256_bytes, sha256_json
 from camg.shell_schema import command_observation, shell_action
-
 from daemons.coding import images, layers, log_evaluation, mirrors, profiles, rows
 from daemons.coding.episode import INSTRUCTIONS, WORKDIR, CodingEpisode, Prepared
 from daemons.coding.settings import Settings
+
+if TYPE_CHECKING:
+    from camg.helper_client import HelperClient
 
 log = logging.getLogger("camg.coding")
 
@@ -40,10 +42,11 @@ class CodingEnvironment(Environment):
 
     def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
         super().__init__(context, tasks)
-        self.settings = typed.parse(Settings, context.settings, "coding.settings",
-                                     errors.ConfigError)
+        self.settings = typed.parse(
+            Settings, context.settings, "coding.settings", errors.ConfigError
+        )
         self.prepared: dict[str, Prepared] = {}
-        self.helper = None
+        self.helper: HelperClient | None = None
         self._catalog_hash = ""
 
     def start(self) -> None:
@@ -55,8 +58,10 @@ class CodingEnvironment(Environment):
         for task in self.tasks:
             self.prepared[task.task_id] = self._prepare_task(task, catalog)
         log_evaluation.preload()
-        self.helper = HelperClient(self.context.helper_socket or DEFAULT_SOCKET,
-                                   owner=s.helper_owner or self.context.environment)
+        self.helper = HelperClient(
+            self.context.helper_socket or DEFAULT_SOCKET,
+            owner=s.helper_owner or self.context.environment,
+        )
         log.info("coding: %d task(s) verified", len(self.prepared))
 
     def _prepare_task(self, task: Task, catalog) -> Prepared:
@@ -66,8 +71,9 @@ class CodingEnvironment(Environment):
             recorded_image = data.pop("image")
             row = rows.validate(data, 0)
         except (KeyError, TypeError, errors.DatasetError) as exc:
-            raise errors.ConfigError(f"task {task.task_id!r}: not a prepared coding task "
-                                     f"({exc})") from None
+            raise errors.ConfigError(
+                f"task {task.task_id!r}: not a prepared coding task ({exc})"
+            ) from None
         if row.instance_id != task.task_id:
             raise errors.ConfigError(f"task {task.task_id!r} carries row {row.instance_id!r}")
         try:
@@ -75,8 +81,10 @@ class CodingEnvironment(Environment):
         except errors.DatasetError as exc:
             raise errors.ConfigError(str(exc)) from None
         if expected != recorded_ref.mirror:
-            raise errors.ConfigError(f"task {task.task_id!r}: prepared with mirror "
-                                     f"{recorded_ref.mirror}, settings give {expected}")
+            raise errors.ConfigError(
+                f"task {task.task_id!r}: prepared with mirror "
+                f"{recorded_ref.mirror}, settings give {expected}"
+            )
         mirrors.verify(recorded_ref)
         image = images.verify(catalog, recorded_image)
         # Built by preparation as root; the service, even as root, only checks
@@ -103,21 +111,30 @@ class CodingEnvironment(Environment):
 
     def metadata(self) -> Mapping[str, Any]:
         here = os.path.dirname(os.path.abspath(__file__))
-        grader_sources = b"".join(open(os.path.join(here, name), "rb").read()
-                                  for name in ("diff_paths.py", "grader_scripts.py",
-                                               "log_evaluation.py", "integrity.py",
-                                               "profiles.py"))
+        grader_sources = b"".join(
+            open(os.path.join(here, name), "rb").read()
+            for name in (
+                "diff_paths.py",
+                "grader_scripts.py",
+                "log_evaluation.py",
+                "integrity.py",
+                "profiles.py",
+            )
+        )
         # The code screen decides a reward too (integrity "suspicious").
         grader_sources += open(code_screen.__file__, "rb").read()
         return {
             "images": self._catalog_hash,
             "task_commits": sha256_json({k: p.ref.to_data() for k, p in self.prepared.items()}),
             "task_layers": sha256_json({k: p.layers.snapshot for k, p in self.prepared.items()}),
-            "grader": sha256_json({"sources": sha256_bytes(grader_sources),
-                                   "swebench": _version("swebench"),
-                                   "suspicious_reward": self.settings.suspicious_reward,
-                                   "test_cmds": {k: p.profile.test_cmd
-                                                 for k, p in self.prepared.items()}}),
+            "grader": sha256_json(
+                {
+                    "sources": sha256_bytes(grader_sources),
+                    "swebench": _version("swebench"),
+                    "suspicious_reward": self.settings.suspicious_reward,
+                    "test_cmds": {k: p.profile.test_cmd for k, p in self.prepared.items()},
+                }
+            ),
         }
 
     def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> Episode:
@@ -131,8 +148,12 @@ class CodingEnvironment(Environment):
         [image, grader layer] as the original grade."""
         if self.helper is None:
             raise errors.Unavailable("the coding environment is not started")
-        episode = CodingEpisode(self.settings, self.helper, self.prepared[task.task_id],
-                                f"regrade-{uuid.uuid4().hex[:12]}")
+        episode = CodingEpisode(
+            self.settings,
+            self.helper,
+            self.prepared[task.task_id],
+            f"regrade-{uuid.uuid4().hex[:12]}",
+        )
         episode.diff = submission.data
         episode.diff_problem = submission.meta.get("diff_problem")
         try:
@@ -150,15 +171,22 @@ class CodingEnvironment(Environment):
                 if evidence is None:
                     raise
                 failed = f"grade failed ({exc.failure_class.value}): {exc}"[:500]
-                return Grade(0.0, {**episode.outcome(), "integrity": "obstructed",
-                                   "grade_reason": "obstructed",
-                                   "integrity_evidence": [failed, *evidence]})
+                return Grade(
+                    0.0,
+                    {
+                        **episode.outcome(),
+                        "integrity": "obstructed",
+                        "grade_reason": "obstructed",
+                        "integrity_evidence": [failed, *evidence],
+                    },
+                )
         finally:
             episode.close()
 
 
 def _version(dist: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version(dist)
     except PackageNotFoundError:

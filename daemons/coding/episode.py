@@ -17,16 +17,23 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from camg import errors
 from camg.environment import Episode, Step, Submission
 from camg.helper_client import HelperClient
 from camg.sandbox_calls import HeldSandbox
 from camg.shell_reference import shipped
-
-from daemons.coding import (diff_paths, grader_scripts, integrity, layers, log_evaluation, mirrors,
-                            profiles, rows)
+from daemons.coding import (
+    diff_paths,
+    grader_scripts,
+    integrity,
+    layers,
+    log_evaluation,
+    mirrors,
+    profiles,
+    rows,
+)
 from daemons.coding.settings import Settings
 
 log = logging.getLogger("camg.coding")
@@ -37,7 +44,7 @@ _PROBED: set[tuple[str, str, str]] = set()
 _GOLD: dict[str, bytes] = {}
 
 WORKDIR = "/testbed"
-DIFF_LIMIT = 1 << 20          # bytes of base64 the helper returns for a diff
+DIFF_LIMIT = 1 << 20  # bytes of base64 the helper returns for a diff
 GRADE_OUTPUT_LIMIT = 1 << 20
 
 INSTRUCTIONS = (
@@ -45,7 +52,8 @@ INSTRUCTIONS = (
     'Return {{"operation":"finish"}} when ready for the hidden tests. '
     "Each shell call starts in the repository; use cd within a command as needed. "
     "Commands time out after {timeout:g} seconds and output is truncated to its final "
-    "{output} bytes. The episode ends after {steps} steps.")
+    "{output} bytes. The episode ends after {steps} steps."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +62,15 @@ class Prepared:
 
     row: rows.Row
     ref: mirrors.TaskRef
-    image: Any                 # camg.oci.images.MaterializedImage
+    image: Any  # camg.oci.images.MaterializedImage
     layers: layers.TaskLayers
     profile: profiles.Profile
 
 
 class CodingEpisode(HeldSandbox, Episode):
-    def __init__(self, settings: Settings, helper: HelperClient, prepared: Prepared,
-                 episode_id: str) -> None:
+    def __init__(
+        self, settings: Settings, helper: HelperClient, prepared: Prepared, episode_id: str
+    ) -> None:
         self.settings = settings
         self.helper = helper
         self.task = prepared
@@ -82,11 +91,12 @@ class CodingEpisode(HeldSandbox, Episode):
         self.diff_problem: str | None = None
         self.report: log_evaluation.Report | None = None
         self._closed = False
-        self._lock = threading.Lock()        # guards sandbox ids and _closed
-        self._step_lock = threading.Lock()   # one step at a time
+        self._lock = threading.Lock()  # guards sandbox ids and _closed
+        self._step_lock = threading.Lock()  # one step at a time
         image_env = dict(e.split("=", 1) for e in prepared.image.env if "=" in e)
-        self.exec_env = {k: v for k, v in image_env.items()
-                         if k not in ("HOME", "USER", "LOGNAME", "HOSTNAME")}
+        self.exec_env = {
+            k: v for k, v in image_env.items() if k not in ("HOME", "USER", "LOGNAME", "HOSTNAME")
+        }
 
     # -- lifecycle ------------------------------------------------------
 
@@ -99,9 +109,16 @@ class CodingEpisode(HeldSandbox, Episode):
             self.sandbox = sandbox
         s = self.settings
         text = self.task.row.problem_statement + INSTRUCTIONS.format(
-            timeout=s.command_timeout, output=s.output_bytes, steps=s.max_steps)
-        return {"task_id": self.task.row.instance_id, "output": text, "exit_code": None,
-                "timed_out": False, "truncated": False, "step": 0}
+            timeout=s.command_timeout, output=s.output_bytes, steps=s.max_steps
+        )
+        return {
+            "task_id": self.task.row.instance_id,
+            "output": text,
+            "exit_code": None,
+            "timed_out": False,
+            "truncated": False,
+            "step": 0,
+        }
 
     def step(self, action: Mapping[str, Any]) -> Step:
         with self._step_lock:
@@ -114,7 +131,8 @@ class CodingEpisode(HeldSandbox, Episode):
                     raise errors.InvalidAction("a shell action needs a command string")
                 if len(command) > self.settings.max_command_chars:
                     raise errors.InvalidAction(
-                        f"command is longer than {self.settings.max_command_chars} characters")
+                        f"command is longer than {self.settings.max_command_chars} characters"
+                    )
                 if "\x00" in command:
                     raise errors.InvalidAction("command contains a NUL character")
             elif operation == "finish":
@@ -125,21 +143,35 @@ class CodingEpisode(HeldSandbox, Episode):
             self.steps += 1
             if operation == "finish" or self.steps >= self.settings.max_steps:
                 return self._finish(auto=operation != "finish")
-            return self._shell(command)
+            # a shell action: its command was checked to be a string above
+            return self._shell(cast(str, command))
 
     def _shell(self, command: str) -> Step:
         sandbox = self._sandbox()
-        result = self._call(self.helper.exec, sandbox, command, user="agent", cwd=WORKDIR,
-                            env=self.exec_env, timeout=self.settings.command_timeout,
-                            output_limit=self.settings.output_bytes)
+        result = self._call(
+            self.helper.exec,
+            sandbox,
+            command,
+            user="agent",
+            cwd=WORKDIR,
+            env=self.exec_env,
+            timeout=self.settings.command_timeout,
+            output_limit=self.settings.output_bytes,
+        )
         output = result.output
         if result.timed_out:
             output += f"\n[command timed out after {self.settings.command_timeout:g} seconds]"
-        return Step({"task_id": self.task.row.instance_id, "output": output,
-                     # 124 like timeout(1), as seed 001's runtime reports it.
-                     "exit_code": 124 if result.timed_out else result.exit_code,
-                     "timed_out": result.timed_out, "truncated": result.truncated,
-                     "step": self.steps})
+        return Step(
+            {
+                "task_id": self.task.row.instance_id,
+                "output": output,
+                # 124 like timeout(1), as seed 001's runtime reports it.
+                "exit_code": 124 if result.timed_out else result.exit_code,
+                "timed_out": result.timed_out,
+                "truncated": result.truncated,
+                "step": self.steps,
+            }
+        )
 
     def _finish(self, *, auto: bool) -> Step:
         sandbox = self._sandbox()
@@ -149,26 +181,48 @@ class CodingEpisode(HeldSandbox, Episode):
         # from outside, through the sandbox's freezer cgroup.
         killed = self._call(self.helper.kill_commands, sandbox)
         if killed:
-            log.info("finish: killed %d process(es) the agent left running", killed,
-                     extra=self.fields)
+            log.info(
+                "finish: killed %d process(es) the agent left running", killed, extra=self.fields
+            )
         self._collect_diff(sandbox)
         self._take_usage(sandbox)
         with self._lock:
             self.sandbox = None
         self._destroy_quietly(sandbox)
-        text = ("Step limit reached; the repository was submitted for grading." if auto
-                else "Finished; the repository was submitted for grading.")
-        self.terminal = Step({"task_id": self.task.row.instance_id, "output": text,
-                              "exit_code": None, "timed_out": False, "truncated": False,
-                              "step": self.steps}, done=True)
+        text = (
+            "Step limit reached; the repository was submitted for grading."
+            if auto
+            else "Finished; the repository was submitted for grading."
+        )
+        self.terminal = Step(
+            {
+                "task_id": self.task.row.instance_id,
+                "output": text,
+                "exit_code": None,
+                "timed_out": False,
+                "truncated": False,
+                "step": self.steps,
+            },
+            done=True,
+        )
         return self.terminal
 
     def _diff_exec(self, sandbox: str):
-        command = ("set -o pipefail; ( " + diff_paths.diff_command(self.task.layers.snapshot)
-                   + " ) | base64 -w0")
-        return self._call(self.helper.exec, sandbox, command, user="root", cwd=WORKDIR,
-                          env={}, timeout=max(60.0, self.settings.command_timeout),
-                          output_limit=DIFF_LIMIT)
+        command = (
+            "set -o pipefail; ( "
+            + diff_paths.diff_command(self.task.layers.snapshot)
+            + " ) | base64 -w0"
+        )
+        return self._call(
+            self.helper.exec,
+            sandbox,
+            command,
+            user="root",
+            cwd=WORKDIR,
+            env={},
+            timeout=max(60.0, self.settings.command_timeout),
+            output_limit=DIFF_LIMIT,
+        )
 
     def _collect_diff(self, sandbox: str) -> None:
         result = self._diff_exec(sandbox)
@@ -176,8 +230,10 @@ class CodingEpisode(HeldSandbox, Episode):
             # The agent's own changes exceed what a submission may be.
             self.diff, self.diff_problem = b"", "diff_too_large"
         elif result.exit_code != 0 or result.timed_out:
-            raise errors.GraderError(f"collecting the agent's diff failed (exit "
-                                     f"{result.exit_code}): {result.output[-500:]}")
+            raise errors.GraderError(
+                f"collecting the agent's diff failed (exit "
+                f"{result.exit_code}): {result.output[-500:]}"
+            )
         else:
             try:
                 self.diff = base64.b64decode(result.output.strip(), validate=True)
@@ -200,10 +256,16 @@ class CodingEpisode(HeldSandbox, Episode):
         except errors.InfraFailure as exc:
             # Whatever broke (sandbox died, helper gone), no honest grade exists.
             raise errors.GraderError(f"grader sandbox: {exc}") from None
-        log.info("graded: %s (reward %.1f, integrity %s, %d F2P and %d P2P failed, dropped %s)",
-                 self.report.reason, self.report.reward, self.report.integrity,
-                 len(self.report.fail_to_pass_failed), len(self.report.pass_to_pass_failed),
-                 list(dropped) or "nothing", extra=self.fields)
+        log.info(
+            "graded: %s (reward %.1f, integrity %s, %d F2P and %d P2P failed, dropped %s)",
+            self.report.reason,
+            self.report.reward,
+            self.report.integrity,
+            len(self.report.fail_to_pass_failed),
+            len(self.report.pass_to_pass_failed),
+            list(dropped) or "nothing",
+            extra=self.fields,
+        )
         if self.report.integrity != "ok":
             log.warning("tampering: %s", list(self.report.evidence), extra=self.fields)
         return self.report.reward
@@ -222,11 +284,16 @@ class CodingEpisode(HeldSandbox, Episode):
         # stdin (an environment and the script text are readable in /proc).
         keys = grader_scripts.new_keys(grader_scripts.eval_keys(first))
         result = self._in_grader(script, keys, diff, timeout)
-        report = log_evaluation.evaluate(result.output, self.task.row,
-                                         exit_code=result.exit_code,
-                                         timed_out=result.timed_out, keys=keys,
-                                         dropped=dropped, findings=findings,
-                                         suspicious_reward=self.settings.suspicious_reward)
+        report = log_evaluation.evaluate(
+            result.output,
+            self.task.row,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            keys=keys,
+            dropped=dropped,
+            findings=findings,
+            suspicious_reward=self.settings.suspicious_reward,
+        )
         if first:
             _PROBED.add(probe_key)
         # The follow-ups run in fresh grader sandboxes of the pristine image:
@@ -235,18 +302,20 @@ class CodingEpisode(HeldSandbox, Episode):
         # processes filling its pids limit).
         if not report.runner_started:
             probe_keys = grader_scripts.new_keys(grader_scripts.PROBE_KEYS)
-            check = self._in_grader(grader_scripts.probe_script(profile), probe_keys, b"",
-                                    timeout)
+            check = self._in_grader(grader_scripts.probe_script(profile), probe_keys, b"", timeout)
             if check.exit_code != 0:
                 _PROBED.discard(probe_key)
-                raise errors.GraderError(f"the grader's test command cannot start "
-                                         f"(exit {check.exit_code}): {check.output[-2000:]}")
+                raise errors.GraderError(
+                    f"the grader's test command cannot start "
+                    f"(exit {check.exit_code}): {check.output[-2000:]}"
+                )
         if report.none_collected and not report.resolved:
             # None of the listed tests was collected: the agent broke
             # collection (0.0), or the grader cannot collect them at all.
             collect_keys = grader_scripts.new_keys(grader_scripts.COLLECT_KEYS)
-            check = self._in_grader(grader_scripts.collect_script(profile), collect_keys, b"",
-                                    timeout)
+            check = self._in_grader(
+                grader_scripts.collect_script(profile), collect_keys, b"", timeout
+            )
             log_evaluation.require_collectable(check.output, collect_keys, self.task.row)
         return report
 
@@ -260,9 +329,17 @@ class CodingEpisode(HeldSandbox, Episode):
         try:
             if closed:
                 raise errors.GraderError("episode closed during grading")
-            return self._call(self.helper.exec, grader, script, user="agent", cwd=WORKDIR,
-                              env=self.exec_env, stdin=grader_scripts.script_stdin(keys, diff),
-                              timeout=timeout, output_limit=GRADE_OUTPUT_LIMIT)
+            return self._call(
+                self.helper.exec,
+                grader,
+                script,
+                user="agent",
+                cwd=WORKDIR,
+                env=self.exec_env,
+                stdin=grader_scripts.script_stdin(keys, diff),
+                timeout=timeout,
+                output_limit=GRADE_OUTPUT_LIMIT,
+            )
         except errors.SandboxDied:
             self._grader_lost = True
             raise
@@ -294,8 +371,10 @@ class CodingEpisode(HeldSandbox, Episode):
 
     def _control_grade(self) -> list[str]:
         if self._grader_lost:
-            raise errors.GraderError("a grader sandbox died or was removed from outside (or the "
-                                     "helper could not be asked): an infrastructure failure")
+            raise errors.GraderError(
+                "a grader sandbox died or was removed from outside (or the "
+                "helper could not be asked): an infrastructure failure"
+            )
         ref = self.task.ref
         gold = _GOLD.get(ref.tests)
         if gold is None:
@@ -303,11 +382,15 @@ class CodingEpisode(HeldSandbox, Episode):
         kept, dropped = diff_paths.filter_diff(gold)
         report = self._run_grader(kept, dropped, integrity.screen(gold))
         if report.reward != 1.0:
-            raise errors.GraderError(f"control: the gold fix earned {report.reward} "
-                                     f"({report.reason}, integrity {report.integrity})")
-        return [f"control: the gold fix graded in fresh grader sandboxes over [image, grader "
-                f"layer] resolved the task ({len(self.task.row.fail_to_pass)} FAIL_TO_PASS, "
-                f"{len(self.task.row.pass_to_pass)} PASS_TO_PASS passed)"]
+            raise errors.GraderError(
+                f"control: the gold fix earned {report.reward} "
+                f"({report.reason}, integrity {report.integrity})"
+            )
+        return [
+            f"control: the gold fix graded in fresh grader sandboxes over [image, grader "
+            f"layer] resolved the task ({len(self.task.row.fail_to_pass)} FAIL_TO_PASS, "
+            f"{len(self.task.row.pass_to_pass)} PASS_TO_PASS passed)"
+        ]
 
     def _control_step(self, sandbox: str | None) -> list[str]:
         if sandbox is None:
@@ -316,43 +399,57 @@ class CodingEpisode(HeldSandbox, Episode):
         if not listed or listed[0].get("alive") is False:
             # The agent runs as uid 2000 and cannot signal its sandbox's
             # root init; an init dead or a sandbox gone is the infrastructure's.
-            raise errors.SandboxDied("the agent's sandbox died or was removed from outside (a "
-                                     "kill, a helper restart, a release): an infrastructure "
-                                     "failure")
+            raise errors.SandboxDied(
+                "the agent's sandbox died or was removed from outside (a "
+                "kill, a helper restart, a release): an infrastructure "
+                "failure"
+            )
         fresh = self._create([self.task.image.rootfs, self.task.layers.agent])
         with self._lock:
             self._graders.add(fresh)
         try:
-            shell = self._call(self.helper.exec, fresh, "true", user="agent", cwd=WORKDIR,
-                               env=self.exec_env, timeout=self.settings.command_timeout,
-                               output_limit=self.settings.output_bytes)
+            shell = self._call(
+                self.helper.exec,
+                fresh,
+                "true",
+                user="agent",
+                cwd=WORKDIR,
+                env=self.exec_env,
+                timeout=self.settings.command_timeout,
+                output_limit=self.settings.output_bytes,
+            )
             if shell.exit_code != 0 or shell.timed_out:
-                raise errors.InfraFailure(f"control: a shell action in a fresh agent sandbox "
-                                          f"failed (exit {shell.exit_code})")
+                raise errors.InfraFailure(
+                    f"control: a shell action in a fresh agent sandbox "
+                    f"failed (exit {shell.exit_code})"
+                )
             result = self._diff_exec(fresh)
             if result.exit_code != 0 or result.timed_out or result.truncated:
-                raise errors.GraderError(f"control: the diff collection in a fresh agent "
-                                         f"sandbox failed (exit {result.exit_code}): "
-                                         f"{result.output[-300:]}")
+                raise errors.GraderError(
+                    f"control: the diff collection in a fresh agent "
+                    f"sandbox failed (exit {result.exit_code}): "
+                    f"{result.output[-300:]}"
+                )
         finally:
             with self._lock:
                 self._graders.discard(fresh)
             self._destroy_quietly(fresh)
-        return ["control: in a fresh sandbox over [image, agent layer] a shell action and the "
-                f"diff collection both succeeded (exit 0, {result.duration:.1f} s)"]
+        return [
+            "control: in a fresh sandbox over [image, agent layer] a shell action and the "
+            f"diff collection both succeeded (exit 0, {result.duration:.1f} s)"
+        ]
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            sandboxes = [s for s in (self.sandbox, self.grader, *self._graders)
-                         if s is not None]
+            sandboxes = [s for s in (self.sandbox, self.grader, *self._graders) if s is not None]
             self.sandbox = self.grader = None
             self._graders.clear()
         sandboxes = list(dict.fromkeys(sandboxes))
         for sandbox in sandboxes:
             self._destroy_quietly(sandbox)
 
-    def fork(self, episode_id: str) -> "CodingEpisode":
+    def fork(self, episode_id: str) -> CodingEpisode:
         """A child with the same task and step count over this sandbox's
         filesystem as it stands (the helper's ForkSandbox: both continue on
         a shared frozen layer, each with a fresh upper). Nothing graded is
@@ -380,36 +477,49 @@ class CodingEpisode(HeldSandbox, Episode):
         CodingEnvironment.regrade exactly as grade() graded it)."""
         if self.diff is None:
             return None
-        return Submission(self.diff, {"diff_problem": self.diff_problem}
-                          if self.diff_problem else {})
+        return Submission(
+            self.diff, {"diff_problem": self.diff_problem} if self.diff_problem else {}
+        )
 
     def reference_action(self) -> Mapping[str, Any] | None:
         """The gold fix (the row's patch, reversed), as shell actions from
         step 0, then finish: chunks of the base64 patch appended to a file
         (a command holds at most max_command_chars), then one git apply -R."""
         store = "/tmp/.camg-reference.b64"
-        plan = shipped(self.task.row.patch.encode(), store,
-                       f"base64 -d {store} | git apply -R && rm -f {store}",
-                       max_command=self.settings.max_command_chars)
+        plan = shipped(
+            self.task.row.patch.encode(),
+            store,
+            f"base64 -d {store} | git apply -R && rm -f {store}",
+            max_command=self.settings.max_command_chars,
+        )
         return plan[min(self.steps, len(plan) - 1)]
 
     def state(self) -> Mapping[str, Any]:
         body: dict[str, Any] = {"steps": self.steps, "finished": self.terminal is not None}
         if self.report is not None:
-            body["grade"] = {"reason": self.report.reason, "resolved": self.report.resolved,
-                             "fail_to_pass_failed": list(self.report.fail_to_pass_failed),
-                             "pass_to_pass_failed": list(self.report.pass_to_pass_failed),
-                             "dropped_paths": list(self.report.dropped_paths),
-                             "integrity": self.report.integrity,
-                             "integrity_evidence": list(self.report.evidence)}
+            body["grade"] = {
+                "reason": self.report.reason,
+                "resolved": self.report.resolved,
+                "fail_to_pass_failed": list(self.report.fail_to_pass_failed),
+                "pass_to_pass_failed": list(self.report.pass_to_pass_failed),
+                "dropped_paths": list(self.report.dropped_paths),
+                "integrity": self.report.integrity,
+                "integrity_evidence": list(self.report.evidence),
+            }
         return body
 
     # -- helper plumbing --------------------------------------------------
 
     def _create(self, lowers: list[str]) -> str:
         s = self.settings
-        return self._call(self.helper.create_sandbox, lowers, memory_bytes=s.memory_bytes,
-                          cpu_quota=s.cpu_quota, pids_max=s.pids_max, hostname="testbed")
+        return self._call(
+            self.helper.create_sandbox,
+            lowers,
+            memory_bytes=s.memory_bytes,
+            cpu_quota=s.cpu_quota,
+            pids_max=s.pids_max,
+            hostname="testbed",
+        )
 
     def _destroy_quietly(self, sandbox: str) -> bool:
         """False when the sandbox was already gone or the helper could not be asked."""

@@ -27,7 +27,6 @@ import secrets
 import shlex
 
 from camg import guard_verdict
-
 from daemons.coding.diff_paths import PROTECTED_DIRS, PROTECTED_GLOBS, PROTECTED_NAMES
 from daemons.coding.profiles import Profile
 
@@ -160,12 +159,17 @@ def probe_script(profile: Profile, guard_dir: str = GUARD_DIR) -> str:
     command never started: start the runner on the pristine tree. Exit
     EXIT_RUNNER when it cannot start (the grader is broken), 0 when it can
     (the diff was)."""
-    return _preamble(profile, guard_dir, PROBE_KEYS) + _BACK_TO_PRISTINE + f""": > {CHANGED_LIST}
+    return (
+        _preamble(profile, guard_dir, PROBE_KEYS)
+        + _BACK_TO_PRISTINE
+        + f""": > {CHANGED_LIST}
 {_probe_lines(profile)}"""
+    )
 
 
-def eval_script(profile: Profile, tests_commit: str, guard_dir: str = GUARD_DIR,
-                probe: bool = True) -> str:
+def eval_script(
+    profile: Profile, tests_commit: str, guard_dir: str = GUARD_DIR, probe: bool = True
+) -> str:
     """The bash script the grader sandbox runs; its stdin is
     ``script_stdin(new_keys(eval_keys(probe)), diff)``.
 
@@ -178,19 +182,27 @@ def eval_script(profile: Profile, tests_commit: str, guard_dir: str = GUARD_DIR,
     protected_case = "|".join(
         [f"*/{d}/*" for d in PROTECTED_DIRS]
         + [f"*/{n}" for n in PROTECTED_NAMES]
-        + [f"*/{g}" for g in PROTECTED_GLOBS])
+        + [f"*/{g}" for g in PROTECTED_GLOBS]
+    )
     start, end = ">>>>> Start Test Output", ">>>>> End Test Output"
-    return _preamble(profile, guard_dir, eval_keys(probe)) + f"""cat > {DIFF_PATH} || exit {EXIT_SETUP}
+    # A backslash ending a line below is Python's: it joins the two lines, so
+    # the script keeps them as one.
+    return (
+        _preamble(profile, guard_dir, eval_keys(probe))
+        + f"""cat > {DIFF_PATH} || exit {EXIT_SETUP}
 head=$(git rev-parse HEAD) || exit {EXIT_STATE}
-[ "$head" = {shlex.quote(tests_commit)} ] || {{ echo "camg: grader repo at $head"; exit {EXIT_STATE}; }}
+[ "$head" = {shlex.quote(tests_commit)} ] || \
+{{ echo "camg: grader repo at $head"; exit {EXIT_STATE}; }}
 # Untracked files before the diff is applied (an image's build artifacts can
 # show through under /testbed): only files the diff creates are ever removed.
 git ls-files --others -z | sort -z > "$before" || exit {EXIT_STATE}
 : > {CHANGED_LIST}
-{_probe_lines(profile) if probe else ""}protected() {{ case "/$1" in {protected_case}) return 0;; esac; return 1; }}
+{_probe_lines(profile) if probe else ""}protected() {{ case "/$1" in {protected_case}) \
+return 0;; esac; return 1; }}
 if [ -s {DIFF_PATH} ]; then
   applied=""
-  for cmd in "git apply --verbose" "git apply --verbose --reject" "patch --batch --fuzz=5 -p1 -i"; do
+  for cmd in "git apply --verbose" "git apply --verbose --reject" \
+"patch --batch --fuzz=5 -p1 -i"; do
     if $cmd {DIFF_PATH}; then applied="$cmd"; break; fi
     echo "camg: '$cmd' failed; trying the next method"
     pristine || exit {EXIT_STATE}
@@ -199,7 +211,8 @@ if [ -s {DIFF_PATH} ]; then
   echo ">>>>> Applied Patch ($applied)"
 fi
 git diff --name-only -z HEAD | while IFS= read -r -d '' f; do
-  if protected "$f"; then echo "camg: reverting $f"; git checkout -q HEAD -- "$f" || exit {EXIT_STATE}; fi
+  if protected "$f"; then echo "camg: reverting $f"; \
+git checkout -q HEAD -- "$f" || exit {EXIT_STATE}; fi
 done || exit {EXIT_STATE}
 created | while IFS= read -r -d '' f; do
   case "$f" in *.rej|*.orig) rm -f -- "$f"; continue;; esac
@@ -219,6 +232,7 @@ show_channel
 if [ $rc -ge {EXIT_SETUP} ] && [ $rc -le {EXIT_RUNNER} ]; then rc=1; fi
 exit $rc
 """
+    )
 
 
 def collect_script(profile: Profile, guard_dir: str = GUARD_DIR) -> str:
@@ -226,7 +240,10 @@ def collect_script(profile: Profile, guard_dir: str = GUARD_DIR) -> str:
     none of the listed tests: collect only, on the pristine tree. Tells an
     agent that broke collection (0.0) from a grader that cannot collect the
     listed tests at all (GraderError)."""
-    return _preamble(profile, guard_dir, COLLECT_KEYS) + _BACK_TO_PRISTINE + f""": > {CHANGED_LIST}
+    return (
+        _preamble(profile, guard_dir, COLLECT_KEYS)
+        + _BACK_TO_PRISTINE
+        + f""": > {CHANGED_LIST}
 export PYTEST_ADDOPTS="$base_addopts --collect-only -q"
 rm -f {GUARD_OUT}
 {profile.test_cmd} > "$camg_tmp/collect.log" 2>&1
@@ -234,4 +251,4 @@ echo "camg: collect-only exit $?"
 tail -c 2000 "$camg_tmp/collect.log"
 show_channel
 """
-
+    )

@@ -22,12 +22,19 @@ def load(path: str | Path) -> MaterializedList:
 def lookup(catalog: MaterializedList, image_name: str) -> MaterializedImage:
     images = by_name(catalog)
     hub = image_name.replace("__", "_1776_")
-    for candidate in (image_name, f"swebench/{image_name}", hub, f"swebench/{hub}",
-                      image_name.split(":", 1)[0]):
+    for candidate in (
+        image_name,
+        f"swebench/{image_name}",
+        hub,
+        f"swebench/{hub}",
+        image_name.split(":", 1)[0],
+    ):
         if candidate in images:
             return images[candidate]
-    raise DatasetError(f"image {image_name!r} is not materialized (known: "
-                       f"{', '.join(sorted(images)) or 'none'})", field="image_name")
+    raise DatasetError(
+        f"image {image_name!r} is not materialized (known: {', '.join(sorted(images)) or 'none'})",
+        field="image_name",
+    )
 
 
 def verify(catalog: MaterializedList, recorded: dict) -> MaterializedImage:
@@ -37,8 +44,10 @@ def verify(catalog: MaterializedList, recorded: dict) -> MaterializedImage:
     except DatasetError as exc:
         raise ConfigError(str(exc)) from None
     if image.digest != recorded["digest"] or image.hash != recorded["hash"]:
-        raise ConfigError(f"image {recorded['name']!r} changed since preparation "
-                          f"(recorded {recorded['digest']}, now {image.digest})")
+        raise ConfigError(
+            f"image {recorded['name']!r} changed since preparation "
+            f"(recorded {recorded['digest']}, now {image.digest})"
+        )
     if image.workspace != "/testbed":
         raise ConfigError(f"image {image.name!r}: workspace {image.workspace} is not /testbed")
     return image

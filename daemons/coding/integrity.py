@@ -41,8 +41,8 @@ from camg import code_screen, tamper_rules
 from camg.tamper_rules import HOOKS, INTERNALS, Finding, content_rules, path_rules
 from daemons.coding import diff_paths
 
-
 # --- 1. the diff screen ---------------------------------------------------------
+
 
 def screen(diff: bytes) -> list[Finding]:
     """Every way the diff reaches for the runner, and the code screen's

@@ -21,8 +21,9 @@ removed tests and deleted files stay gone; untracked build artifacts of
 the image keep showing through, as the tests need them -- except what
 was compiled, cached or copied from the clean sources: the image's
 bytecode (``__pycache__``, ``*.pyc``/``*.pyo``), test and tool caches
-(``.pytest_cache``...), build output (``build/lib*``, ``dist/``), eggs, and non-editable copies of the project's packages in the
-image's site-packages are whited out in both layers (a pyc of the clean
+(``.pytest_cache``...), build output (``build/lib*``, ``dist/``), eggs, and
+non-editable copies of the project's packages in the image's
+site-packages are whited out in both layers (a pyc of the clean
 module, compared with ``compile()`` of the visible one, names the fixed
 function; daemons/coding/leaks.py checks for every kind). Python recompiles
 from the visible sources. Compiled extensions and egg-info stay: the tests
@@ -46,7 +47,6 @@ import os
 from pathlib import Path
 
 from camg.errors import ConfigError, PreparationMissing
-
 from daemons.coding.mirrors import TaskRef, git
 
 AGENT_UID = 2000
@@ -55,18 +55,19 @@ WORKDIR = "testbed"
 PRIVATE_GIT = "var/lib/camg-task/git"
 STAMP = "camg-layer.json"
 FORMAT = 5
-GUARD_FILE = "opt/camg-grader/camg_guard.py"      # grader_scripts.GUARD_DIR, in the grader layer
+GUARD_FILE = "opt/camg-grader/camg_guard.py"  # grader_scripts.GUARD_DIR, in the grader layer
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskLayers:
-    agent: str          # lower dir holding testbed/ and the private git dir
-    grader: str         # lower dir holding testbed/ at the tests commit
-    snapshot: str       # the agent repo's only commit
+    agent: str  # lower dir holding testbed/ and the private git dir
+    grader: str  # lower dir holding testbed/ at the tests commit
+    snapshot: str  # the agent repo's only commit
 
 
 def guard_digest() -> str:
     from camg.hashing import sha256_file
+
     return sha256_file(guard_source()).split(":")[-1]
 
 
@@ -82,8 +83,9 @@ def layer_dir(root: str | os.PathLike, ref: TaskRef, image_key: str = "") -> Pat
 PREPARE_STEP = "python -m camg.prepare --environment coding (as root)"
 
 
-def verified(root: str | os.PathLike, ref: TaskRef, *, privileged: bool = True,
-             image_key: str = "") -> TaskLayers:
+def verified(
+    root: str | os.PathLike, ref: TaskRef, *, privileged: bool = True, image_key: str = ""
+) -> TaskLayers:
     """The task's layers as preparation built them, checked against their stamp.
 
     Missing layers raise PreparationMissing naming the preparation command:
@@ -93,8 +95,9 @@ def verified(root: str | os.PathLike, ref: TaskRef, *, privileged: bool = True,
     """
     base = layer_dir(root, ref, image_key)
     if not (base / STAMP).is_file():
-        raise PreparationMissing(f"{ref.branch}: task layers are missing under {base}",
-                                 step=PREPARE_STEP)
+        raise PreparationMissing(
+            f"{ref.branch}: task layers are missing under {base}", step=PREPARE_STEP
+        )
     return _verify(base, ref, privileged, image_key)
 
 
@@ -104,15 +107,17 @@ def _verify(base: Path, ref: TaskRef, privileged: bool, image_key: str) -> TaskL
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{base}: unreadable layer stamp: {exc}") from None
     if stamp.get("privileged") is not privileged:
-        raise ConfigError(f"{base}: layers were built {'without' if privileged else 'with'} "
-                          "root; rebuild them")
+        raise ConfigError(
+            f"{base}: layers were built {'without' if privileged else 'with'} root; rebuild them"
+        )
     # The layers are a function of the commits, not of where the mirror lives.
     identity = {k: v for k, v in ref.to_data().items() if k != "mirror"}
     recorded = {k: v for k, v in (stamp.get("ref") or {}).items() if k != "mirror"}
-    if stamp.get("format") != FORMAT or recorded != identity \
-            or stamp.get("image") != image_key:
-        raise ConfigError(f"{base}: layers were built for another branch state "
-                          f"({stamp.get('ref')}, expected {ref.to_data()})")
+    if stamp.get("format") != FORMAT or recorded != identity or stamp.get("image") != image_key:
+        raise ConfigError(
+            f"{base}: layers were built for another branch state "
+            f"({stamp.get('ref')}, expected {ref.to_data()})"
+        )
     agent, grader = base / "agent", base / "grader"
     tree = git(agent / WORKDIR, "rev-parse", "HEAD^{tree}").strip()
     head = git(agent / WORKDIR, "rev-parse", "HEAD").strip()
@@ -120,13 +125,16 @@ def _verify(base: Path, ref: TaskRef, privileged: bool, image_key: str) -> TaskL
         raise ConfigError(f"{base}: agent layer does not match its stamp")
     # The private copy is root-only on purpose; the unprivileged service
     # cannot (and need not) read it, root checks it too.
-    if os.access(agent / PRIVATE_GIT, os.R_OK | os.X_OK) and \
-            git(agent / PRIVATE_GIT, "rev-parse", "HEAD").strip() != head:
+    if (
+        os.access(agent / PRIVATE_GIT, os.R_OK | os.X_OK)
+        and git(agent / PRIVATE_GIT, "rev-parse", "HEAD").strip() != head
+    ):
         raise ConfigError(f"{base}: the layer's private git directory does not match")
     if git(grader / WORKDIR, "rev-parse", "HEAD").strip() != ref.tests:
         raise ConfigError(f"{base}: grader layer is not at {ref.tests}")
     guard = grader / GUARD_FILE
     from camg.hashing import sha256_file
+
     if not guard.is_file() or sha256_file(guard).split(":")[-1] != guard_digest():
         raise ConfigError(f"{base}: the grader layer's guard plugin is missing or changed")
     if privileged and (guard.stat().st_uid != 0 or guard.stat().st_mode & 0o022):

@@ -38,12 +38,11 @@ import zlib
 from collections.abc import Callable, Mapping
 
 from camg.errors import InfraFailure
-
 from daemons.coding import mirrors
 
 # Stdlib only, Python >= 3.8 (whatever the image ships). Reads a JSON
 # payload on stdin, prints one JSON line.
-PROBE = r'''
+PROBE = r"""
 import difflib, hashlib, importlib.util, io, json, marshal, os, site, subprocess, sys, tarfile, zipfile
 req = json.loads(sys.stdin.buffer.read())
 workdir = req["workdir"]
@@ -191,14 +190,14 @@ if os.path.isdir(os.path.join(workdir, ".git")):
         if r.returncode == 0:
             add("git_object", os.path.join(workdir, ".git"), t, "clean blob " + t["blob"])
 print("CAMG-LEAKS " + json.dumps({"findings": findings, "stats": stats}))
-'''
+"""  # noqa: E501  # the probe runs in the sandbox as written; rewrapping grows its payload
 
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    kind: str          # bytecode | text | git_object
-    path: str          # where, in the agent's view ("archive!member" inside archives)
-    file: str          # the changed file (workspace-relative) whose clean version leaked
+    kind: str  # bytecode | text | git_object
+    path: str  # where, in the agent's view ("archive!member" inside archives)
+    file: str  # the changed file (workspace-relative) whose clean version leaked
     detail: str
 
     def __str__(self) -> str:
@@ -218,8 +217,10 @@ def command(python: str = AUTO_PYTHON) -> str:
     if python:
         return f"{shlex.quote(python)} -I -c {shlex.quote(PROBE)}"
     probe = " ".join(shlex.quote(p) for p in _CANDIDATES)
-    return (f"py=python3; for p in {probe}; do if [ -x \"$p\" ]; then py=$p; break; fi; done; "
-            f"\"$py\" -I -c {shlex.quote(PROBE)}")
+    return (
+        f'py=python3; for p in {probe}; do if [ -x "$p" ]; then py=$p; break; fi; done; '
+        f'"$py" -I -c {shlex.quote(PROBE)}'
+    )
 
 
 # Besides the workspace and the interpreter's sys.path/site-packages: where
@@ -227,19 +228,28 @@ def command(python: str = AUTO_PYTHON) -> str:
 ROOTS = ("/opt", "/usr/local/lib", "/tmp", "/var/tmp", "/home", "/root", "/srv")
 
 
-def payload(clean: Mapping[str, str], workdir: str = "/testbed",
-            roots: tuple[str, ...] = ROOTS, site: bool = True) -> bytes:
+def payload(
+    clean: Mapping[str, str],
+    workdir: str = "/testbed",
+    roots: tuple[str, ...] = ROOTS,
+    site: bool = True,
+) -> bytes:
     """``site``: also the interpreter's sys.path and site-packages."""
-    return json.dumps({"workdir": workdir, "files": dict(clean), "roots": list(roots),
-                       "site": site}).encode()
+    return json.dumps(
+        {"workdir": workdir, "files": dict(clean), "roots": list(roots), "site": site}
+    ).encode()
 
 
-def shell_command(clean: Mapping[str, str], python: str = AUTO_PYTHON,
-                  workdir: str = "/testbed") -> str:
+def shell_command(
+    clean: Mapping[str, str], python: str = AUTO_PYTHON, workdir: str = "/testbed"
+) -> str:
     """The probe as one shell command with its payload inline (for a shell
     action where no stdin can be given; mind the action's length limit)."""
     data = base64.b64encode(zlib.compress(payload(clean, workdir), 9)).decode()
-    unzip = "python3 -c 'import sys,zlib;sys.stdout.buffer.write(zlib.decompress(sys.stdin.buffer.read()))'"
+    unzip = (
+        "python3 -c 'import sys,zlib;"
+        "sys.stdout.buffer.write(zlib.decompress(sys.stdin.buffer.read()))'"
+    )
     return f"echo {data} | base64 -d | {unzip} | {{ {command(python)}; }}"
 
 
@@ -251,9 +261,14 @@ def parse(output: str) -> tuple[list[Finding], dict]:
     return [Finding(**f) for f in body["findings"]], body["stats"]
 
 
-def findings(run: Runner, clean: Mapping[str, str], python: str = AUTO_PYTHON,
-             workdir: str = "/testbed",
-             roots: tuple[str, ...] = ROOTS, site: bool = True) -> tuple[list[Finding], dict]:
+def findings(
+    run: Runner,
+    clean: Mapping[str, str],
+    python: str = AUTO_PYTHON,
+    workdir: str = "/testbed",
+    roots: tuple[str, ...] = ROOTS,
+    site: bool = True,
+) -> tuple[list[Finding], dict]:
     """Run the probe through ``run`` and return (findings, stats)."""
     if not clean:
         raise ValueError("no changed files to look for")
@@ -281,7 +296,7 @@ def clean_from_mirror(mirror: str, commit: str, paths: list[str]) -> dict[str, s
     for path in paths:
         try:
             out[path] = mirrors.git(mirror, "show", f"{commit}:{path}")
-        except Exception:  # noqa: BLE001 - a file the bug added has no clean version
+        except Exception:  # a file the bug added has no clean version
             continue
     return out
 
@@ -289,15 +304,24 @@ def clean_from_mirror(mirror: str, commit: str, paths: list[str]) -> dict[str, s
 def prepared_clean_sources(prepared) -> dict[str, str]:
     """For a prepared Coding task (episode.Prepared): the clean versions (the
     bug commit's parent) of the files its bug patch changes."""
-    return clean_from_mirror(prepared.ref.mirror, f"{prepared.ref.tests}~1",
-                             changed_paths(prepared.row.patch))
+    return clean_from_mirror(
+        prepared.ref.mirror, f"{prepared.ref.tests}~1", changed_paths(prepared.row.patch)
+    )
 
 
-def sandbox_findings(helper, sandbox_id: str, clean: Mapping[str, str], python: str = AUTO_PYTHON,
-                     workdir: str = "/testbed") -> tuple[list[Finding], dict]:
+def sandbox_findings(
+    helper,
+    sandbox_id: str,
+    clean: Mapping[str, str],
+    python: str = AUTO_PYTHON,
+    workdir: str = "/testbed",
+) -> tuple[list[Finding], dict]:
     """In a helper sandbox, as the agent."""
+
     def run(cmd: str, stdin: bytes) -> tuple[int, str]:
-        r = helper.exec(sandbox_id, cmd, user="agent", cwd=workdir, stdin=stdin, timeout=120,
-                        output_limit=65536)
+        r = helper.exec(
+            sandbox_id, cmd, user="agent", cwd=workdir, stdin=stdin, timeout=120, output_limit=65536
+        )
         return r.exit_code, r.output
+
     return findings(run, clean, python, workdir)

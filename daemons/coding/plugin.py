@@ -13,9 +13,15 @@ PLUGIN = EnvironmentPlugin(
     substrate="sandbox",
     # its agent sandbox, and a fresh one while grading
     sandboxes_per_episode=2,
-    demo={"manifest": "/srv/camg/data/coding/manifest.json", "capacity": 2, "references": True,
-          "settings": {"mirrors_root": "/srv/camg/data/coding/demo/mirrors",
-                       "images": "/srv/camg/data/coding/materialized-images.json"}},
+    demo={
+        "manifest": "/srv/camg/data/coding/manifest.json",
+        "capacity": 2,
+        "references": True,
+        "settings": {
+            "mirrors_root": "/srv/camg/data/coding/demo/mirrors",
+            "images": "/srv/camg/data/coding/materialized-images.json",
+        },
+    },
     demo_prepare="tools.demo_data:prepare_coding",
     demo_rank=10,
     reliability="tools.reliability.targets:CODING",

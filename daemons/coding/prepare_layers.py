@@ -24,38 +24,73 @@ from pathlib import Path
 
 from camg.errors import ConfigError, PreparationMissing
 from camg.host_private import SERVICE_GROUP, group_id, private_dir
-
-from daemons.coding.layers import (AGENT_GID, AGENT_UID, FORMAT, GUARD_FILE, PREPARE_STEP,
-                                   PRIVATE_GIT, STAMP, WORKDIR, TaskLayers, guard_source,
-                                   layer_dir, verified)
+from daemons.coding.layers import (
+    AGENT_GID,
+    AGENT_UID,
+    FORMAT,
+    GUARD_FILE,
+    PREPARE_STEP,
+    PRIVATE_GIT,
+    STAMP,
+    WORKDIR,
+    TaskLayers,
+    guard_source,
+    layer_dir,
+    verified,
+)
 from daemons.coding.mirrors import TaskRef, git
 
 # Git run as root on anything an image or a mirror ships reads none of its
 # configuration that can run a program: no system/global config, no hooks,
 # no fsmonitor, no attributes file; trees are exported blob by blob (no
 # smudge/textconv filters).
-_SAFE_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
-                 "GIT_ATTR_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "HOME": "/nonexistent"}
-_SAFE_GIT_ARGS = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
-                  "-c", "core.untrackedCache=false", "-c", "core.attributesFile=/dev/null",
-                  "-c", "safe.directory=*")
+_SAFE_GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_ATTR_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "HOME": "/nonexistent",
+}
+_SAFE_GIT_ARGS = (
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.untrackedCache=false",
+    "-c",
+    "core.attributesFile=/dev/null",
+    "-c",
+    "safe.directory=*",
+)
 # A fixed identity and date make the snapshot commit a pure function of the
 # tree, so rebuilding a layer reproduces the same commit id.
 _COMMIT_ENV = {
-    "GIT_AUTHOR_NAME": "camg", "GIT_AUTHOR_EMAIL": "camg@localhost",
-    "GIT_COMMITTER_NAME": "camg", "GIT_COMMITTER_EMAIL": "camg@localhost",
-    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
+    "GIT_AUTHOR_NAME": "camg",
+    "GIT_AUTHOR_EMAIL": "camg@localhost",
+    "GIT_COMMITTER_NAME": "camg",
+    "GIT_COMMITTER_EMAIL": "camg@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
 }
 _REPO_CONFIG = (
     # The overlay changes inode/device numbers; without this every first
     # `git status` in an episode re-hashes the whole tree.
-    ("core.checkStat", "minimal"), ("core.trustctime", "false"),
-    ("gc.auto", "0"), ("core.logAllRefUpdates", "false"),
+    ("core.checkStat", "minimal"),
+    ("core.trustctime", "false"),
+    ("gc.auto", "0"),
+    ("core.logAllRefUpdates", "false"),
 )
 
 
-def build_layers_as_root(root: str | os.PathLike, ref: TaskRef, *, image_rootfs: str | None = None,
-                         image_key: str = "", privileged: bool = True) -> TaskLayers:
+def build_layers_as_root(
+    root: str | os.PathLike,
+    ref: TaskRef,
+    *,
+    image_rootfs: str | None = None,
+    image_key: str = "",
+    privileged: bool = True,
+) -> TaskLayers:
     """Build the task's layers when missing, then return them verified.
 
     Root is required. ``privileged=False`` builds without agent ownership
@@ -73,31 +108,48 @@ def build_layers_as_root(root: str | os.PathLike, ref: TaskRef, *, image_rootfs:
     return verified(root, ref, privileged=privileged, image_key=image_key)
 
 
-def _build(base: Path, ref: TaskRef, privileged: bool, image_rootfs: str | None,
-           image_key: str) -> None:
+def _build(
+    base: Path, ref: TaskRef, privileged: bool, image_rootfs: str | None, image_key: str
+) -> None:
     if privileged and os.geteuid() != 0:
-        raise PreparationMissing(f"{ref.branch}: building task layers needs root",
-                                 step=PREPARE_STEP)
+        raise PreparationMissing(
+            f"{ref.branch}: building task layers needs root", step=PREPARE_STEP
+        )
     base.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{base.name}.", dir=base.parent))
     try:
         tracked = image_tracked(image_rootfs) if image_rootfs else []
         if image_rootfs and not privileged:
-            raise PreparationMissing(f"{ref.branch}: masking the image's workspace needs root",
-                                     step=PREPARE_STEP)
+            raise PreparationMissing(
+                f"{ref.branch}: masking the image's workspace needs root", step=PREPARE_STEP
+            )
         tree, snapshot = _build_agent(tmp / "agent", ref, privileged)
         _build_grader(tmp / "grader", ref, privileged)
         masked = [_mask(tmp / kind / WORKDIR, tracked) for kind in ("agent", "grader")]
-        hidden = [hide_build_output(tmp / kind, image_rootfs) if image_rootfs else 0
-                  for kind in ("agent", "grader")]
+        hidden = [
+            hide_build_output(tmp / kind, image_rootfs) if image_rootfs else 0
+            for kind in ("agent", "grader")
+        ]
         if tracked:
+            assert image_rootfs is not None  # only an image's rootfs has tracked files
             # Also in the agent's own repository, so `git status` stays clean.
             for git_dir in (tmp / "agent" / PRIVATE_GIT, tmp / "agent" / WORKDIR / ".git"):
                 _exclude_artifacts(git_dir, image_rootfs)
-        (tmp / STAMP).write_text(json.dumps({"format": FORMAT, "ref": ref.to_data(),
-                                             "tree": tree, "snapshot": snapshot,
-                                             "privileged": privileged, "image": image_key,
-                                             "whiteouts": masked, "hidden": hidden}) + "\n")
+        (tmp / STAMP).write_text(
+            json.dumps(
+                {
+                    "format": FORMAT,
+                    "ref": ref.to_data(),
+                    "tree": tree,
+                    "snapshot": snapshot,
+                    "privileged": privileged,
+                    "image": image_key,
+                    "whiteouts": masked,
+                    "hidden": hidden,
+                }
+            )
+            + "\n"
+        )
         # Private too, should the root be opened: the service (group camg)
         # checks the stamp; inside, modes stay what the sandbox uid needs.
         if os.geteuid() == 0:
@@ -124,8 +176,21 @@ def _build_agent(layer: Path, ref: TaskRef, privileged: bool) -> tuple[str, str]
         git(work, "config", key, value)
     # -f: the tree may track files its own .gitignore matches.
     _run(["git", "-c", "safe.directory=*", "-C", str(work), "add", "-A", "-f"])
-    _run(["git", "-c", "safe.directory=*", "-C", str(work), "commit", "-q", "--no-verify",
-          "-m", "Initial commit"], env=_COMMIT_ENV)
+    _run(
+        [
+            "git",
+            "-c",
+            "safe.directory=*",
+            "-C",
+            str(work),
+            "commit",
+            "-q",
+            "--no-verify",
+            "-m",
+            "Initial commit",
+        ],
+        env=_COMMIT_ENV,
+    )
     tree = git(work, "rev-parse", "HEAD^{tree}").strip()
     expected = git(ref.mirror, "rev-parse", f"{ref.tip}^{{tree}}").strip()
     if tree != expected:
@@ -153,8 +218,22 @@ def _build_agent(layer: Path, ref: TaskRef, privileged: bool) -> tuple[str, str]
 def _build_grader(layer: Path, ref: TaskRef, privileged: bool) -> None:
     work = layer / WORKDIR
     layer.mkdir(parents=True)
-    _run(["git", "-c", "safe.directory=*", "clone", "-q", "--no-local", "--template=",
-          "--single-branch", "--branch", ref.branch, ref.mirror, str(work)])
+    _run(
+        [
+            "git",
+            "-c",
+            "safe.directory=*",
+            "clone",
+            "-q",
+            "--no-local",
+            "--template=",
+            "--single-branch",
+            "--branch",
+            ref.branch,
+            ref.mirror,
+            str(work),
+        ]
+    )
     for key, value in _REPO_CONFIG:
         git(work, "config", key, value)
     git(work, "checkout", "-q", "--detach", ref.tests)
@@ -179,11 +258,17 @@ def export_tree(mirror: str, commit: str, dest: Path) -> None:
     conversion, no export-subst. Paths are checked like an OCI layer's.
     """
     env = {**os.environ, **_SAFE_GIT_ENV}
-    listing = subprocess.run(["git", *_SAFE_GIT_ARGS, "-C", mirror, "ls-tree", "-r", "-z",
-                              "--full-tree", commit], capture_output=True, env=env, check=False)
+    listing = subprocess.run(
+        ["git", *_SAFE_GIT_ARGS, "-C", mirror, "ls-tree", "-r", "-z", "--full-tree", commit],
+        capture_output=True,
+        env=env,
+        check=False,
+    )
     if listing.returncode != 0:
-        raise ConfigError(f"{mirror}@{commit}: cannot list the tree: "
-                          f"{listing.stderr.decode(errors='replace').strip()}")
+        raise ConfigError(
+            f"{mirror}@{commit}: cannot list the tree: "
+            f"{listing.stderr.decode(errors='replace').strip()}"
+        )
     entries = []
     for record in listing.stdout.split(b"\0"):
         if not record:
@@ -195,18 +280,22 @@ def export_tree(mirror: str, commit: str, dest: Path) -> None:
         if path.startswith("/") or any(p in ("", ".", "..", ".git") for p in parts):
             raise ConfigError(f"{mirror}@{commit}: unsafe path {path!r} in the tree")
         if kind == "commit":
-            continue   # a submodule: git archive leaves it empty too
+            continue  # a submodule: git archive leaves it empty too
         entries.append((mode, sha, parts))
-    batch = subprocess.run(["git", *_SAFE_GIT_ARGS, "-C", mirror, "cat-file", "--batch"],
-                           input=b"".join(sha.encode() + b"\n" for _, sha, _ in entries),
-                           capture_output=True, env=env, check=False)
+    batch = subprocess.run(
+        ["git", *_SAFE_GIT_ARGS, "-C", mirror, "cat-file", "--batch"],
+        input=b"".join(sha.encode() + b"\n" for _, sha, _ in entries),
+        capture_output=True,
+        env=env,
+        check=False,
+    )
     if batch.returncode != 0:
         raise ConfigError(f"{mirror}@{commit}: cannot read blobs")
     data, offset = batch.stdout, 0
-    for mode, sha, parts in entries:
+    for mode, _sha, parts in entries:
         header_end = data.index(b"\n", offset)
         size = int(data[offset:header_end].split()[2])
-        body = data[header_end + 1:header_end + 1 + size]
+        body = data[header_end + 1 : header_end + 1 + size]
         offset = header_end + 1 + size + 1
         target = dest.joinpath(*parts)
         parent = target.parent
@@ -236,15 +325,31 @@ def _image_git(workspace: Path, *args: str) -> subprocess.CompletedProcess:
         except FileNotFoundError:
             raise ConfigError(f"the image's workspace {workspace} has no {path.name}") from None
         if not want(mode):
-            raise ConfigError(f"the image's {path} is not a plain "
-                              f"{'directory' if want is stat.S_ISDIR else 'file'}")
+            raise ConfigError(
+                f"the image's {path} is not a plain "
+                f"{'directory' if want is stat.S_ISDIR else 'file'}"
+            )
     with tempfile.TemporaryDirectory(prefix="camg-image-git.") as empty:
-        subprocess.run(["git", "init", "-q", "--bare", "--template=", empty],
-                       env={**os.environ, **_SAFE_GIT_ENV}, check=True, capture_output=True)
-        env = {**os.environ, **_SAFE_GIT_ENV, "GIT_INDEX_FILE": str(index),
-               "GIT_DIR": empty, "GIT_WORK_TREE": str(workspace)}
-        return subprocess.run(["git", *_SAFE_GIT_ARGS, "-c", "core.bare=false", *args],
-                              cwd=workspace, env=env, capture_output=True, check=False)
+        subprocess.run(
+            ["git", "init", "-q", "--bare", "--template=", empty],
+            env={**os.environ, **_SAFE_GIT_ENV},
+            check=True,
+            capture_output=True,
+        )
+        env = {
+            **os.environ,
+            **_SAFE_GIT_ENV,
+            "GIT_INDEX_FILE": str(index),
+            "GIT_DIR": empty,
+            "GIT_WORK_TREE": str(workspace),
+        }
+        return subprocess.run(
+            ["git", *_SAFE_GIT_ARGS, "-c", "core.bare=false", *args],
+            cwd=workspace,
+            env=env,
+            capture_output=True,
+            check=False,
+        )
 
 
 def image_tracked(image_rootfs: str | os.PathLike) -> list[str]:
@@ -254,8 +359,10 @@ def image_tracked(image_rootfs: str | os.PathLike) -> list[str]:
         return []
     out = _image_git(workspace, "ls-files", "-z")
     if out.returncode != 0:
-        raise ConfigError(f"cannot list the image's workspace {workspace}: "
-                          f"{out.stderr.decode(errors='replace').strip()}")
+        raise ConfigError(
+            f"cannot list the image's workspace {workspace}: "
+            f"{out.stderr.decode(errors='replace').strip()}"
+        )
     return [p for p in out.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
 
 
@@ -284,12 +391,27 @@ def _mask(work: Path, tracked: list[str]) -> int:
 # caches anywhere, bytecode beside sources, dist/ and build/lib*, build/bdist*
 # (copies of the sources; build/'s other content, objects of compiled
 # extensions, stays).
-_CACHE_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache",
-                         ".hypothesis", ".tox", ".nox", ".eggs"})
+_CACHE_DIRS = frozenset(
+    {
+        "__pycache__",
+        ".pytest_cache",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".hypothesis",
+        ".tox",
+        ".nox",
+        ".eggs",
+    }
+)
 _COMPILED = (".pyc", ".pyo", ".egg")
-_SITE_GLOBS = ("opt/*/lib/python3*/site-packages", "opt/*/envs/*/lib/python3*/site-packages",
-               "usr/local/lib/python3*/site-packages", "usr/lib/python3*/site-packages",
-               "usr/local/lib/python3*/dist-packages", "usr/lib/python3/dist-packages")
+_SITE_GLOBS = (
+    "opt/*/lib/python3*/site-packages",
+    "opt/*/envs/*/lib/python3*/site-packages",
+    "usr/local/lib/python3*/site-packages",
+    "usr/lib/python3*/site-packages",
+    "usr/local/lib/python3*/dist-packages",
+    "usr/lib/python3/dist-packages",
+)
 _NOT_PACKAGES = frozenset({"setup", "conftest", "noxfile", "tasks", "docs", "tests", "test"})
 
 
@@ -310,9 +432,14 @@ def hide_build_output(layer: Path, image_rootfs: str | os.PathLike) -> int:
             top = rel == Path(WORKDIR)
             if top:
                 dirnames[:] = [d for d in dirnames if d != ".git"]
-            out = {d for d in dirnames if d in _CACHE_DIRS or d.endswith(".egg")
-                   or (top and d == "dist")
-                   or (rel == Path(WORKDIR, "build") and d.startswith(("lib", "bdist")))}
+            out = {
+                d
+                for d in dirnames
+                if d in _CACHE_DIRS
+                or d.endswith(".egg")
+                or (top and d == "dist")
+                or (rel == Path(WORKDIR, "build") and d.startswith(("lib", "bdist")))
+            }
             hide += [rel / name for name in sorted(out)]
             hide += [rel / name for name in sorted(filenames) if name.endswith(_COMPILED)]
             dirnames[:] = [d for d in dirnames if d not in out]
@@ -357,7 +484,7 @@ def _whiteout(layer: Path, rel: Path, image: Path) -> int:
     for part in rel.parts[:-1]:
         parent = parent / part
         if parent.is_symlink() or (os.path.lexists(parent) and not parent.is_dir()):
-            return 0    # our entry (or a whiteout) already hides the image's
+            return 0  # our entry (or a whiteout) already hides the image's
         if not parent.exists():
             st = os.lstat(image / parent.relative_to(layer))
             parent.mkdir()
@@ -383,8 +510,10 @@ def _exclude_artifacts(private: Path, image_rootfs: str | os.PathLike) -> None:
     workspace = Path(image_rootfs) / WORKDIR
     out = _image_git(workspace, "ls-files", "--others", "--directory", "-z")
     if out.returncode != 0:
-        raise ConfigError(f"cannot list the image's build artifacts in {workspace}: "
-                          f"{out.stderr.decode(errors='replace').strip()}")
+        raise ConfigError(
+            f"cannot list the image's build artifacts in {workspace}: "
+            f"{out.stderr.decode(errors='replace').strip()}"
+        )
     entries = [p for p in out.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
     info = private / "info"
     if not info.exists():
@@ -416,5 +545,6 @@ def _run(cmd: list[str], env: dict[str, str] | None = None) -> None:
     full_env = {**os.environ, **_SAFE_GIT_ENV, **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, env=full_env, check=False)
     if proc.returncode != 0:
-        raise ConfigError(f"{' '.join(cmd[:6])}... failed: "
-                          f"{proc.stderr.decode(errors='replace').strip()}")
+        raise ConfigError(
+            f"{' '.join(cmd[:6])}... failed: {proc.stderr.decode(errors='replace').strip()}"
+        )

@@ -26,8 +26,10 @@ DEMO_OWNER = "camg-demo"
 DEMO_SWESMITH_OWNER = "camg-demo-swesmith"
 # SWE-smith's PythonProfile.test_cmd (swesmith 0.0.9), verbatim: the
 # SWE-smith-shaped demo image is graded with it unmodified.
-SWESMITH_PYTHON_TEST_CMD = ("source /opt/miniconda3/bin/activate; conda activate testbed; "
-                            "pytest --disable-warnings --color=no --tb=no --verbose")
+SWESMITH_PYTHON_TEST_CMD = (
+    "source /opt/miniconda3/bin/activate; conda activate testbed; "
+    "pytest --disable-warnings --color=no --tb=no --verbose"
+)
 DEMO_VENV = "/opt/testbed-venv"
 # Same flags as SWE-smith's Python profiles, so the verbose per-test lines the
 # parser reads look the same. No cache provider: the grader's repo must not
@@ -35,9 +37,11 @@ DEMO_VENV = "/opt/testbed-venv"
 # The package is importable without PYTHONPATH (the plain image's venv has a
 # testbed.pth for /testbed/src; the SWE-smith-shaped image installs it
 # editable), so the command leaves PYTHONPATH to the grader.
-DEMO_TEST_CMD = (". {venv}/bin/activate; "
-                 "pytest --disable-warnings --color=no --tb=no --verbose "
-                 "-p no:cacheprovider")
+DEMO_TEST_CMD = (
+    ". {venv}/bin/activate; "
+    "pytest --disable-warnings --color=no --tb=no --verbose "
+    "-p no:cacheprovider"
+)
 SWEBENCH_VERSION = "camg"
 WORKDIR = "/testbed"
 
@@ -46,11 +50,11 @@ _STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL")
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
-    key: str                       # SWE-smith repo name, e.g. owner__repo.commit8
+    key: str  # SWE-smith repo name, e.g. owner__repo.commit8
     test_cmd: str
     parser: Callable[[str], dict[str, str]]
-    timeout: float                 # seconds the test command may run
-    source: str                    # "demo" or "swesmith"
+    timeout: float  # seconds the test command may run
+    source: str  # "demo" or "swesmith"
     workdir: str = WORKDIR
 
 
@@ -71,19 +75,33 @@ def parse_pytest_verbose(log: str) -> dict[str, str]:
 
 def demo_profile(key: str) -> Profile:
     """The demo project's profile, as the grader runs it in the demo image."""
-    return Profile(key=key, test_cmd=DEMO_TEST_CMD.format(venv=DEMO_VENV),
-                   parser=parse_pytest_verbose, timeout=300.0, source="demo")
+    return Profile(
+        key=key,
+        test_cmd=DEMO_TEST_CMD.format(venv=DEMO_VENV),
+        parser=parse_pytest_verbose,
+        timeout=300.0,
+        source="demo",
+    )
 
 
 def local_profile(key: str, python: str, workdir: str) -> Profile:
     """The demo profile run by a local interpreter (task builder and unit
     tests without the image): same flags, so the same parser applies."""
     import shlex
-    cmd = (f"PYTHONPATH=src${{PYTHONPATH:+:$PYTHONPATH}} {shlex.quote(python)} -m pytest "
-           "--disable-warnings --color=no "
-           "--tb=no --verbose -p no:cacheprovider")
-    return Profile(key=key, test_cmd=cmd, parser=parse_pytest_verbose, timeout=300.0,
-                   source="demo", workdir=workdir)
+
+    cmd = (
+        f"PYTHONPATH=src${{PYTHONPATH:+:$PYTHONPATH}} {shlex.quote(python)} -m pytest "
+        "--disable-warnings --color=no "
+        "--tb=no --verbose -p no:cacheprovider"
+    )
+    return Profile(
+        key=key,
+        test_cmd=cmd,
+        parser=parse_pytest_verbose,
+        timeout=300.0,
+        source="demo",
+        workdir=workdir,
+    )
 
 
 def for_repo(repo: str) -> Profile:
@@ -92,8 +110,13 @@ def for_repo(repo: str) -> Profile:
     if owner == DEMO_OWNER:
         profile = demo_profile(name)
     elif owner == DEMO_SWESMITH_OWNER:
-        profile = Profile(key=name, test_cmd=SWESMITH_PYTHON_TEST_CMD,
-                          parser=parse_pytest_verbose, timeout=300.0, source="demo-swesmith")
+        profile = Profile(
+            key=name,
+            test_cmd=SWESMITH_PYTHON_TEST_CMD,
+            parser=parse_pytest_verbose,
+            timeout=300.0,
+            source="demo-swesmith",
+        )
     else:
         registry = _swesmith_registry()
         if registry is None:
@@ -102,8 +125,13 @@ def for_repo(repo: str) -> Profile:
             upstream = registry.get(name)
         except KeyError:
             raise DatasetError(f"repo {repo!r}: SWE-smith has no profile {name!r}") from None
-        profile = Profile(key=name, test_cmd=upstream.test_cmd, parser=upstream.log_parser,
-                          timeout=float(upstream.timeout), source="swesmith")
+        profile = Profile(
+            key=name,
+            test_cmd=upstream.test_cmd,
+            parser=upstream.log_parser,
+            timeout=float(upstream.timeout),
+            source="swesmith",
+        )
     _register(repo, profile)
     return profile
 
@@ -117,7 +145,7 @@ def _register(repo: str, profile: Profile) -> None:
 def _swesmith_registry():
     try:
         from swesmith.profiles import registry
-    except Exception:  # noqa: BLE001 - any import failure means "no registry"
+    except Exception:  # any import failure means "no registry"
         return None
     return registry
 

@@ -17,8 +17,15 @@ from typing import Any
 
 from camg.errors import DatasetError
 
-REQUIRED = ("instance_id", "repo", "patch", "FAIL_TO_PASS", "PASS_TO_PASS",
-            "image_name", "problem_statement")
+REQUIRED = (
+    "instance_id",
+    "repo",
+    "patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+    "image_name",
+    "problem_statement",
+)
 # Columns the published SWE-smith dataset carries besides the required ones;
 # accepted and ignored. Anything else is a sign of the wrong file.
 OPTIONAL = ("created_at", "base_commit")
@@ -46,10 +53,15 @@ class Row:
 
     def to_data(self) -> dict[str, Any]:
         """The row as it is recorded in the prepared manifest (SWE-smith names)."""
-        return {"instance_id": self.instance_id, "repo": self.repo, "patch": self.patch,
-                "FAIL_TO_PASS": list(self.fail_to_pass),
-                "PASS_TO_PASS": list(self.pass_to_pass),
-                "image_name": self.image_name, "problem_statement": self.problem_statement}
+        return {
+            "instance_id": self.instance_id,
+            "repo": self.repo,
+            "patch": self.patch,
+            "FAIL_TO_PASS": list(self.fail_to_pass),
+            "PASS_TO_PASS": list(self.pass_to_pass),
+            "image_name": self.image_name,
+            "problem_statement": self.problem_statement,
+        }
 
 
 def read(path: str | Path) -> list[Mapping[str, Any]]:
@@ -58,6 +70,7 @@ def read(path: str | Path) -> list[Mapping[str, Any]]:
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
+
             return pq.read_table(path).to_pylist()
         except (OSError, ValueError) as exc:  # pyarrow errors subclass these
             raise DatasetError(f"{path}: cannot read Parquet: {exc}") from None
@@ -121,8 +134,13 @@ def check_instance_id(value: str, fail) -> None:
         raise fail(f"longer than {_ID_MAX} characters")
     if _REF_BAD.search(value) or "/" in value:
         raise fail(f"{value!r} is not usable as a git branch name")
-    if value.startswith(("-", ".")) or value.endswith((".", ".lock")) or ".." in value \
-            or "@{" in value or value == "@":
+    if (
+        value.startswith(("-", "."))
+        or value.endswith((".", ".lock"))
+        or ".." in value
+        or "@{" in value
+        or value == "@"
+    ):
         raise fail(f"{value!r} is not usable as a git branch name")
 
 
@@ -131,6 +149,7 @@ def check_patch(patch: str, fail) -> None:
         raise fail("is not a git diff (must start with 'diff --git')")
     from unidiff import PatchSet
     from unidiff.errors import UnidiffParseError
+
     try:
         files = PatchSet(patch)
     except UnidiffParseError as exc:

@@ -11,7 +11,7 @@ import re
 @dataclasses.dataclass(frozen=True)
 class Settings:
     mirrors_root: str
-    images: str                                   # materialized-images.json
+    images: str  # materialized-images.json
     layers_root: str = "/var/lib/camg/task-layers/coding"
     memory_bytes: int = 4 << 30
     cpu_quota: float = 1.0
@@ -20,7 +20,7 @@ class Settings:
     output_bytes: int = 12000
     max_command_chars: int = 16000
     max_steps: int = 64
-    grade_timeout: float = 0.0                    # 0: the profile's own timeout
+    grade_timeout: float = 0.0  # 0: the profile's own timeout
     #: the owner name of this service's sandboxes on the helper; "" (the
     #: default): the service's environment name, as the unit's ExecStopPost=
     #: release-all uses, so two services on one helper never share it

@@ -22,7 +22,6 @@ import random
 from collections.abc import Sequence
 
 from camg.errors import CamgError, DatasetError
-
 from daemons.coding import mirrors
 
 
@@ -39,7 +38,7 @@ class Result:
         return self.gold == 1.0 and self.noop == 0.0 and not self.leaks
 
     def to_data(self) -> dict:
-        body = {"gold": self.gold, "noop": self.noop}
+        body: dict[str, object] = {"gold": self.gold, "noop": self.noop}
         if self.leaks:
             body["leaks"] = list(self.leaks[:5])
         if self.problem:
@@ -59,7 +58,6 @@ def sample(ids: Sequence[str], size: int | None, seed: int | None) -> list[str]:
 def validate(prepared: Sequence, settings, helper_socket: str) -> list[Result]:
     """Grade gold and no-op of every ``prepared`` task (episode.Prepared)."""
     from camg.helper_client import HelperClient
-
     from daemons.coding import log_evaluation
     from daemons.coding.episode import CodingEpisode
 
@@ -68,19 +66,23 @@ def validate(prepared: Sequence, settings, helper_socket: str) -> list[Result]:
     results = []
     try:
         for task in prepared:
-            rewards = {}
+            rewards: dict[str, float | None] = {}
             problem = ""
             for kind, diff in (("gold", mirrors.gold_diff(task.ref)), ("noop", b"")):
-                episode = CodingEpisode(settings, helper, task,
-                                        f"validate-{kind}-{task.row.instance_id[-8:]}")
+                episode = CodingEpisode(
+                    settings, helper, task, f"validate-{kind}-{task.row.instance_id[-8:]}"
+                )
                 episode.diff = diff
                 try:
                     rewards[kind] = episode.grade()
                     report = episode.report
                     if kind == "gold" and rewards[kind] != 1.0:
-                        problem = (f"gold: {report.reason}, integrity {report.integrity}, "
-                                   f"F2P failed {list(report.fail_to_pass_failed)[:3]}, "
-                                   f"P2P failed {list(report.pass_to_pass_failed)[:3]}")
+                        assert report is not None  # grade() returned: it made the report
+                        problem = (
+                            f"gold: {report.reason}, integrity {report.integrity}, "
+                            f"F2P failed {list(report.fail_to_pass_failed)[:3]}, "
+                            f"P2P failed {list(report.pass_to_pass_failed)[:3]}"
+                        )
                     elif kind == "noop" and rewards[kind] != 0.0:
                         problem = "no-op: resolved without any change"
                 except CamgError as exc:
@@ -91,8 +93,11 @@ def validate(prepared: Sequence, settings, helper_socket: str) -> list[Result]:
             leaked = view_leaks(settings, helper, task)
             if leaked and not problem:
                 problem = f"agent view: {leaked[0]}"
-            results.append(Result(task.row.instance_id, rewards.get("gold"), rewards.get("noop"),
-                                  problem, leaked))
+            results.append(
+                Result(
+                    task.row.instance_id, rewards.get("gold"), rewards.get("noop"), problem, leaked
+                )
+            )
     finally:
         helper.close()
     return results
@@ -110,6 +115,7 @@ def view_leaks(settings, helper, task) -> tuple[str, ...]:
     episode = CodingEpisode(settings, helper, task, f"validate-view-{task.row.instance_id[-8:]}")
     try:
         episode.reset()
+        assert episode.sandbox is not None  # reset() holds it
         found, _ = leaks.sandbox_findings(helper, episode.sandbox, clean)
     except CamgError as exc:
         return (f"leak check failed: {exc.name}: {str(exc)[:200]}",)
@@ -121,6 +127,5 @@ def view_leaks(settings, helper, task) -> tuple[str, ...]:
 def refuse_bad(results: Sequence[Result]) -> None:
     bad = [r for r in results if not r.ok]
     if bad:
-        lines = "; ".join(f"{r.task_id} (gold {r.gold}, no-op {r.noop}: {r.problem})"
-                          for r in bad)
+        lines = "; ".join(f"{r.task_id} (gold {r.gold}, no-op {r.noop}: {r.problem})" for r in bad)
         raise DatasetError(f"validation refused {len(bad)} of {len(results)} task(s): {lines}")
