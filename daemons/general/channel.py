@@ -26,25 +26,39 @@ from typing import Any
 from camg import errors
 
 _TAG = re.compile(r"^\[(grader_error|infra|sandbox_died|timeout)\] ")
-_CLASSES = {"grader_error": errors.GraderError, "infra": errors.InfraFailure,
-            "sandbox_died": errors.SandboxDied, "timeout": errors.DeadlineExceeded}
+_CLASSES = {
+    "grader_error": errors.GraderError,
+    "infra": errors.InfraFailure,
+    "sandbox_died": errors.SandboxDied,
+    "timeout": errors.DeadlineExceeded,
+}
 
 
 class TransportChannel:
-    def __init__(self, sock: socket.socket, *, open_timeout: float = 30.0,
-                 max_size: int = 1 << 24) -> None:
+    def __init__(
+        self, sock: socket.socket, *, open_timeout: float = 30.0, max_size: int = 1 << 24
+    ) -> None:
         from websockets.sync.client import connect
 
         self._lock = threading.Lock()
         self._closed = False
         try:
             # Entered by hand: the connection outlives this call (one per episode).
-            self._ws = connect("ws://mimo-transport/ws", sock=sock, open_timeout=open_timeout,
-                               ping_interval=None, close_timeout=2, max_size=max_size,
-                               proxy=None, compression=None).__enter__()
+            self._ws = connect(
+                "ws://mimo-transport/ws",
+                sock=sock,
+                open_timeout=open_timeout,
+                ping_interval=None,
+                close_timeout=2,
+                max_size=max_size,
+                proxy=None,
+                compression=None,
+            ).__enter__()
         except Exception as exc:  # handshake failed: the transport is not healthy
             sock.close()
-            raise errors.SandboxDied(f"transport handshake failed: {type(exc).__name__}: {exc}") from None
+            raise errors.SandboxDied(
+                f"transport handshake failed: {type(exc).__name__}: {exc}"
+            ) from None
 
     def request(self, kind: str, data: dict | None, timeout: float) -> dict:
         """Send one message and return the observation payload (``data``)."""
@@ -53,12 +67,15 @@ class TransportChannel:
             self._ws.send(message)
             raw = self._ws.recv(timeout=timeout)
         except TimeoutError:
-            raise errors.DeadlineExceeded(f"transport gave no answer to {kind} within {timeout:.0f} s") from None
+            raise errors.DeadlineExceeded(
+                f"transport gave no answer to {kind} within {timeout:.0f} s"
+            ) from None
         except Exception as exc:  # connection closed / reset: the container went away
             if self._closed:
                 raise errors.InfraFailure("episode closed while a request ran") from None
-            raise errors.SandboxDied(f"transport connection lost during {kind}: "
-                                     f"{type(exc).__name__}") from None
+            raise errors.SandboxDied(
+                f"transport connection lost during {kind}: {type(exc).__name__}"
+            ) from None
         try:
             reply = json.loads(raw)
         except ValueError:
@@ -66,7 +83,9 @@ class TransportChannel:
         if reply.get("type") == "error":
             raise error_of(reply.get("data") or {}, kind)
         if reply.get("type") != "observation" or not isinstance(reply.get("data"), dict):
-            raise errors.InfraFailure(f"transport answered an unexpected {reply.get('type')!r} message")
+            raise errors.InfraFailure(
+                f"transport answered an unexpected {reply.get('type')!r} message"
+            )
         return reply["data"]
 
     def state(self, timeout: float) -> dict:
@@ -77,16 +96,21 @@ class TransportChannel:
             raw = self._ws.recv(timeout=timeout)
             reply = json.loads(raw)
         except TimeoutError:
-            raise errors.DeadlineExceeded(f"transport gave no state within {timeout:.0f} s") from None
+            raise errors.DeadlineExceeded(
+                f"transport gave no state within {timeout:.0f} s"
+            ) from None
         except ValueError:
             raise errors.InfraFailure("transport answered non-JSON") from None
         except Exception as exc:  # connection closed / reset: the container went away
-            raise errors.SandboxDied(f"transport connection lost during state: "
-                                     f"{type(exc).__name__}") from None
+            raise errors.SandboxDied(
+                f"transport connection lost during state: {type(exc).__name__}"
+            ) from None
         if reply.get("type") == "error":
             raise error_of(reply.get("data") or {}, "state")
         if reply.get("type") != "state" or not isinstance(reply.get("data"), dict):
-            raise errors.InfraFailure(f"transport answered an unexpected {reply.get('type')!r} message")
+            raise errors.InfraFailure(
+                f"transport answered an unexpected {reply.get('type')!r} message"
+            )
         return reply["data"]
 
     def close(self) -> None:
@@ -96,7 +120,7 @@ class TransportChannel:
             self._closed = True
         try:
             self._ws.close()
-        except Exception:  # noqa: BLE001 -- idempotent teardown
+        except Exception:  # idempotent teardown
             pass
 
 
@@ -104,10 +128,11 @@ def error_of(data: dict, kind: str) -> errors.CamgError:
     message = str(data.get("message", ""))[:2000]
     tagged = _TAG.match(message)
     if tagged:
-        return _CLASSES[tagged.group(1)](message[tagged.end():])
+        return _CLASSES[tagged.group(1)](message[tagged.end() :])
     if data.get("code") == "VALIDATION_ERROR":
-        return errors.InvalidAction(f"the transport refused the action: {message}",
-                                    errors=data.get("errors"))
+        return errors.InvalidAction(
+            f"the transport refused the action: {message}", errors=data.get("errors")
+        )
     return errors.InfraFailure(f"transport error during {kind}: {message}")
 
 

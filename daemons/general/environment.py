@@ -22,18 +22,20 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from camg import errors, typed
-from camg.containers import ENDPOINT, read_usage
+from camg.containers import ENDPOINT, Container, ContainerClient, read_usage
 from camg.cost import judge_tokens
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
 from camg.fifo_gate import Gate
-
 from daemons.general import rubric, submission
 from daemons.general.channel import TransportChannel, observation_of
 from daemons.general.schemas import ACTION_SCHEMA, OBSERVATION_SCHEMA, allowed_action
 from daemons.general.settings import Settings
+
+if TYPE_CHECKING:
+    from camg.judge import Judge
 
 log = logging.getLogger("camg.general")
 
@@ -77,15 +79,20 @@ def judge_config(settings: Settings, environ: Mapping[str, str] | None = None):
     from camg.judge import JudgeConfig
 
     try:
-        return JudgeConfig.from_env(settings.judge_env, environ,
-                                    timeout_s=settings.judge_timeout_s,
-                                    attempts=settings.judge_attempts,
-                                    backoff_s=settings.judge_backoff_s,
-                                    backoff_max_s=max(60.0, settings.judge_backoff_s))
+        return JudgeConfig.from_env(
+            settings.judge_env,
+            environ,
+            timeout_s=settings.judge_timeout_s,
+            attempts=settings.judge_attempts,
+            backoff_s=settings.judge_backoff_s,
+            backoff_max_s=max(60.0, settings.judge_backoff_s),
+        )
     except errors.ConfigError as exc:
-        raise errors.ConfigError(f"general: {exc.message} (the operator provides them; under "
-                                 f"systemd in {JUDGE_ENV_FILE}, see daemons/general/README.md)",
-                                 **exc.details) from None
+        raise errors.ConfigError(
+            f"general: {exc.message} (the operator provides them; under "
+            f"systemd in {JUDGE_ENV_FILE}, see daemons/general/README.md)",
+            **exc.details,
+        ) from None
 
 
 class GeneralEnvironment(Environment):
@@ -95,14 +102,20 @@ class GeneralEnvironment(Environment):
 
     def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
         super().__init__(context, tasks)
-        self.settings = typed.parse(Settings, context.settings, "general.settings", errors.ConfigError)
+        self.settings = typed.parse(
+            Settings, context.settings, "general.settings", errors.ConfigError
+        )
         for task in tasks:
-            if task.data.get("kind") not in KINDS or not str(task.data.get("image", "")).count("@sha256:"):
-                raise errors.ConfigError(f"general task {task.task_id!r}: needs kind in {KINDS} "
-                                         "and an image pinned by digest")
-        self.client = None
+            if task.data.get("kind") not in KINDS or not str(task.data.get("image", "")).count(
+                "@sha256:"
+            ):
+                raise errors.ConfigError(
+                    f"general task {task.task_id!r}: needs kind in {KINDS} "
+                    "and an image pinned by digest"
+                )
+        self.client: ContainerClient | None = None
         self.pools: dict[str, Any] = {}
-        self.judge = None
+        self.judge: Judge | None = None
         self.boots = BootGate(boot_limit(self.settings), "container boot")
         self._lock = threading.Lock()
 
@@ -120,7 +133,9 @@ class GeneralEnvironment(Environment):
 
         s = self.settings
         self.judge = Judge(judge_config(s))
-        self.client = ContainerClient(self.context.helper_socket or DEFAULT_SOCKET, owner=s.helper_owner)
+        self.client = ContainerClient(
+            self.context.helper_socket or DEFAULT_SOCKET, owner=s.helper_owner
+        )
         # Containers of an earlier run of this service (killed with -9, say)
         # carry our owner label: nothing of theirs is reusable.
         left = self.client.release_all()
@@ -140,8 +155,14 @@ class GeneralEnvironment(Environment):
         from camg.containers import ContainerSpec
 
         s = self.settings
-        return ContainerSpec(image=image, command=transport_command(), cpu=s.cpu,
-                             memory_bytes=s.memory_bytes, pids_max=s.pids_max, mount_agent_env=True)
+        return ContainerSpec(
+            image=image,
+            command=transport_command(),
+            cpu=s.cpu,
+            memory_bytes=s.memory_bytes,
+            pids_max=s.pids_max,
+            mount_agent_env=True,
+        )
 
     def stop(self) -> None:
         for pool in self.pools.values():
@@ -153,28 +174,43 @@ class GeneralEnvironment(Environment):
             self.client.close()
 
     def health(self) -> list[str]:
-        return [f"container pool for {image.rsplit('@', 1)[-1][:19]}: {pool.last_error}"
-                for image, pool in self.pools.items() if pool.last_error is not None]
+        return [
+            f"container pool for {image.rsplit('@', 1)[-1][:19]}: {pool.last_error}"
+            for image, pool in self.pools.items()
+            if pool.last_error is not None
+        ]
 
     def metadata(self) -> Mapping[str, Any]:
         kinds: dict[str, int] = {}
         for task in self.tasks:
             kinds[task.data["kind"]] = kinds.get(task.data["kind"], 0) + 1
-        uncovered = [t.task_id for t in self.tasks if t.data["kind"] == "opensource-code"
-                     and not (t.data.get("test_guard") or {}).get("covered", True)]
-        return {"task_kinds": kinds,
-                # opensource-code tasks whose test command camg's test guard
-                # cannot cover (not pytest): graded by screen and exit status only
-                "test_guard_not_covered": {"count": len(uncovered), "tasks": uncovered[:50]},
-                "images": sorted({t.data["image"] for t in self.tasks}),
-                "judge": self.judge.config.describe() if self.judge else None,
-                "pool": {"size_per_image": self.settings.pool_size,
-                         "hits": sum(p.hits for p in self.pools.values()),
-                         "misses": sum(p.misses for p in self.pools.values())},
-                # pool misses booting a container now, and those waiting to
-                "boots": self.boots.status(),
-                "container": {"cpu": self.settings.cpu, "memory_bytes": self.settings.memory_bytes,
-                              "pids_max": self.settings.pids_max, "network": "none"}}
+        uncovered = [
+            t.task_id
+            for t in self.tasks
+            if t.data["kind"] == "opensource-code"
+            and not (t.data.get("test_guard") or {}).get("covered", True)
+        ]
+        return {
+            "task_kinds": kinds,
+            # opensource-code tasks whose test command camg's test guard
+            # cannot cover (not pytest): graded by screen and exit status only
+            "test_guard_not_covered": {"count": len(uncovered), "tasks": uncovered[:50]},
+            "images": sorted({t.data["image"] for t in self.tasks}),
+            "judge": self.judge.config.describe() if self.judge else None,
+            "pool": {
+                "size_per_image": self.settings.pool_size,
+                "hits": sum(p.hits for p in self.pools.values()),
+                "misses": sum(p.misses for p in self.pools.values()),
+            },
+            # pool misses booting a container now, and those waiting to
+            "boots": self.boots.status(),
+            "container": {
+                "cpu": self.settings.cpu,
+                "memory_bytes": self.settings.memory_bytes,
+                "pids_max": self.settings.pids_max,
+                "network": "none",
+            },
+        }
 
     def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> Episode:
         return GeneralEpisode(self, task, episode_id)
@@ -194,14 +230,14 @@ class GeneralEnvironment(Environment):
             detail = json.loads(submission.data)
         except ValueError as exc:
             raise errors.GraderError(f"the stored verifier detail is not JSON: {exc}") from None
-        reward, records = rubric.judge_episode(self.judge, detail,
-                                               deadline_s=self.settings.judge_deadline_s)
+        reward, records = rubric.judge_episode(
+            self.judge, detail, deadline_s=self.settings.judge_deadline_s
+        )
         verdict = rubric.integrity(detail)  # general_agent integrity: daemons/general/rubric.py
         reward = rubric.screened(verdict, reward)
         if self.settings.binarize:
             reward = 1.0 if reward >= 1.0 - 1e-6 else 0.0
         return Grade(reward, {"task_kind": "general_agent", "judge": records, **verdict})
-
 
     def _regrade_code(self, task: Task, submission: Submission) -> Grade:
         """opensource-code: the test run happened in a container that is
@@ -213,17 +249,27 @@ class GeneralEnvironment(Environment):
         if not submission.data:
             raise errors.RegradeUnsupported(
                 "opensource-code episodes are graded by the verifier inside their container, "
-                "which is gone; this one kept no verifier records to judge again")
+                "which is gone; this one kept no verifier records to judge again"
+            )
         try:
             records = json.loads(submission.data)
-            reward, verdict = integrity.verdict(records["changes"], records["guard"],
-                                                task.data.get("test_guard"),
-                                                self.settings.suspicious_reward)
+            reward, verdict = integrity.verdict(
+                records["changes"],
+                records["guard"],
+                task.data.get("test_guard"),
+                self.settings.suspicious_reward,
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise errors.GraderError(f"the stored verifier records are unreadable: {exc}") from None
         # (0.0 or 1.0 already: binarizing changes nothing)
-        return Grade(reward, {"task_kind": "opensource-code",
-                              "verifier_exit_code": records["guard"]["exit_code"], **verdict})
+        return Grade(
+            reward,
+            {
+                "task_kind": "opensource-code",
+                "verifier_exit_code": records["guard"]["exit_code"],
+                **verdict,
+            },
+        )
 
 
 #: how long a container that still shows as running is watched for an exit
@@ -237,7 +283,7 @@ class GeneralEpisode(Episode):
         self.task = task
         self.kind = task.data["kind"]
         self.episode_id = episode_id
-        self.container = None
+        self.container: Container | None = None
         self.channel: TransportChannel | None = None
         self.pending_judge = False
         self.verifier_exit: int | None = None
@@ -279,15 +325,24 @@ class GeneralEpisode(Episode):
         observation, _, _ = observation_of(self._open_transport())
         return {**observation, "task_kind": self.kind}
 
+    def _client(self) -> ContainerClient:
+        client = self.env.client
+        assert client is not None  # episodes run only in a started environment
+        return client
+
     def _open_transport(self) -> dict:
         s = self.env.settings
-        sock = self.env.client.connect(self.container.id, ENDPOINT, timeout=s.connect_timeout_s)
+        container = self.container
+        assert container is not None  # _begin and fork set it first
+        sock = self._client().connect(container.id, ENDPOINT, timeout=s.connect_timeout_s)
         self.channel = TransportChannel(sock, open_timeout=s.connect_timeout_s)
-        return self.channel.request("reset", {"task_id": self.task.data["instance_id"],
-                                              "episode_id": self.episode_id},
-                                    timeout=s.step_timeout_s)
+        return self.channel.request(
+            "reset",
+            {"task_id": self.task.data["instance_id"], "episode_id": self.episode_id},
+            timeout=s.step_timeout_s,
+        )
 
-    def fork(self, episode_id: str) -> "GeneralEpisode":
+    def fork(self, episode_id: str) -> GeneralEpisode:
         """A snapshot of this episode's container (the helper's ContainerFork)
         with a transport of its own, which continues this episode from the
         records the parent's transport keeps (mimoagent.transport.checkpoint:
@@ -296,16 +351,22 @@ class GeneralEpisode(Episode):
         if self.container is None or self.channel is None:
             raise errors.NotForkable("the episode has no container yet", what="container")
         child = GeneralEpisode(self.env, self.task, episode_id)
-        child.container = self.env.client.fork(self.container.id, episode_id=episode_id)
+        child.container = self._client().fork(self.container.id, episode_id=episode_id)
         child.steps = self.steps
         try:
             child._open_transport()
-            carried = child.channel.state(timeout=self.env.settings.step_timeout_s).get("step_count")
+            assert child.channel is not None  # _open_transport opened it
+            carried = child.channel.state(timeout=self.env.settings.step_timeout_s).get(
+                "step_count"
+            )
             if carried != self.steps:
                 # An agent environment without checkpoints prepared a fresh
                 # episode over the snapshot: nothing of the parent's went on.
-                raise errors.NotForkable(f"the child's transport is at step {carried}, not "
-                                         f"{self.steps}: it did not resume", what="transport_state")
+                raise errors.NotForkable(
+                    f"the child's transport is at step {carried}, not "
+                    f"{self.steps}: it did not resume",
+                    what="transport_state",
+                )
         except BaseException:
             child.close()
             raise
@@ -322,7 +383,9 @@ class GeneralEpisode(Episode):
             self._reap()
         if terminal and self.kind == "opensource-code":
             return self._finish_code()
-        payload = self.channel.request("step", dict(action), timeout=self.env.settings.step_timeout_s)
+        payload = self.channel.request(
+            "step", dict(action), timeout=self.env.settings.step_timeout_s
+        )
         self.steps += 1
         observation, reward, done = observation_of(payload)
         if not done:
@@ -342,6 +405,7 @@ class GeneralEpisode(Episode):
         if self.kind == "opensource-code":
             # Only _finish_code ends these: a grade from the agent's own container is none.
             raise errors.GraderError("the agent's transport ended the episode by itself")
+        assert self.integrity is not None  # a general_agent episode's, set above
         reward = rubric.screened(self.integrity, reward)
         return Step(observation=observation, reward=self._binarized(reward), done=True, graded=True)
 
@@ -354,11 +418,15 @@ class GeneralEpisode(Episode):
         repository. Whatever the agent left outside the repository, or as
         something other than a regular file in it, stays behind."""
         s = self.env.settings
+        assert self.channel is not None  # step() checked it
         payload = self.channel.request("step", {"operation": "collect"}, timeout=s.step_timeout_s)
         self.steps += 1
         collected, _, done = observation_of(payload)
-        if not done or not isinstance(collected.get("changes"), dict) \
-                or not isinstance(collected["changes"].get("changes"), list):
+        if (
+            not done
+            or not isinstance(collected.get("changes"), dict)
+            or not isinstance(collected["changes"].get("changes"), list)
+        ):
             raise errors.GraderError("the agent's transport gave no change record")
         files = submission.checked(collected.get("submission"))
         self.submitted = submission.stats(collected["submission"])
@@ -378,16 +446,23 @@ class GeneralEpisode(Episode):
         grader = GeneralEpisode(self.env, self.task, f"{self.episode_id[:110]}.verifier")
         try:
             grader.reset()
+            assert grader.container is not None and grader.channel is not None  # reset opened them
             self.verifier_container = grader.container.id
             if self.container is not None and grader.container.id == self.container.id:
                 raise errors.GraderError("the verifier's container is the agent's")
-            payload = grader.channel.request("step", {"operation": "grade", "submission": files},
-                                             timeout=self.env.settings.step_timeout_s)
+            payload = grader.channel.request(
+                "step",
+                {"operation": "grade", "submission": files},
+                timeout=self.env.settings.step_timeout_s,
+            )
             observation, reward, done = observation_of(payload)
             if not done:
                 raise errors.GraderError("the fresh container's verifier did not finish")
-            return observation, reward, self.env.client.get_archive(grader.container.id,
-                                                                    VERIFIER_OUT)
+            return (
+                observation,
+                reward,
+                self._client().get_archive(grader.container.id, VERIFIER_OUT),
+            )
         except errors.CamgError:
             # (a container removed from outside is no failure of the agent's)
             self.verifier_lost = grader._lost_from_outside()
@@ -405,7 +480,7 @@ class GeneralEpisode(Episode):
         raises: the null is then proved or disproved by ``control``."""
         if self.container is None:
             return
-        self.reaped = self.env.client.reap(self.container.id)
+        self.reaped = self._client().reap(self.container.id)
 
     def _lost_from_outside(self) -> str | None:
         """Why this episode's container is the infrastructure's loss, or
@@ -426,8 +501,7 @@ class GeneralEpisode(Episode):
         deadline = time.monotonic() + LOST_CHECK_S
         while True:
             try:
-                listed = [c for c in self.env.client.list()
-                          if c.get("container_id") == container.id]
+                listed = [c for c in self._client().list() if c.get("container_id") == container.id]
             except errors.CamgError as exc:
                 return f"the helper could not list the episode's container ({exc.name})"
             if not listed:
@@ -471,35 +545,47 @@ class GeneralEpisode(Episode):
                 raise errors.GraderError(f"control: the {played} did not finish the episode")
             reward = step.reward if step.graded else probe.grade()
         except errors.CamgError as exc:
-            raise errors.GraderError(f"control ({played} in a fresh container) failed too: "
-                                     f"{exc.name}: {exc.message}") from exc
+            raise errors.GraderError(
+                f"control ({played} in a fresh container) failed too: {exc.name}: {exc.message}"
+            ) from exc
         finally:
             probe.close()
         verdict = (probe.integrity or {}).get("integrity", "ok")
         # (a gold patch the code screen calls suspicious still went the whole path)
-        if verdict == "tampered" or (played == "gold patch" and verdict == "ok"
-                                     and reward != 1.0):
-            raise errors.GraderError(f"control: the {played} earned {reward} with integrity "
-                                     f"{verdict} in a fresh container: the grading path is broken")
-        how = ("the verifier" if self.kind == "opensource-code"
-               else "the transport's verifier and the judge")
+        if verdict == "tampered" or (played == "gold patch" and verdict == "ok" and reward != 1.0):
+            raise errors.GraderError(
+                f"control: the {played} earned {reward} with integrity "
+                f"{verdict} in a fresh container: the grading path is broken"
+            )
+        how = (
+            "the verifier"
+            if self.kind == "opensource-code"
+            else "the transport's verifier and the judge"
+        )
         took = time.monotonic() - started
-        lines = [f"control: the {played} in a fresh container of the task's image, through "
-                 f"{how}, earned {reward} (integrity {verdict}) in {took:.1f} s"]
+        lines = [
+            f"control: the {played} in a fresh container of the task's image, through "
+            f"{how}, earned {reward} (integrity {verdict}) in {took:.1f} s"
+        ]
         if self.reaped is not None:
-            lines.append(f"the agent's container: {self.reaped.get('killed')} agent process(es) "
-                         "killed from outside before the terminal step")
+            lines.append(
+                f"the agent's container: {self.reaped.get('killed')} agent process(es) "
+                "killed from outside before the terminal step"
+            )
         return lines
 
     def grade(self) -> float:
         if not self.pending_judge:
             raise errors.GraderError("nothing to grade: the transport gave no reward")
-        tar = self.env.client.get_archive(self.container.id, VERIFIER_OUT)
+        # pending_judge: the transport finished in this container of a started environment
+        assert self.container is not None and self.env.judge is not None
+        tar = self._client().get_archive(self.container.id, VERIFIER_OUT)
         detail = self.detail = rubric.read_detail(tar)
         self.integrity = rubric.integrity(detail)
         try:
             reward, self.judge_records = rubric.judge_episode(
-                self.env.judge, detail, deadline_s=self.env.settings.judge_deadline_s)
+                self.env.judge, detail, deadline_s=self.env.settings.judge_deadline_s
+            )
         except errors.JudgeError as exc:
             self.judge_failure = {k: v for k, v in exc.details.items()}
             raise
@@ -515,18 +601,24 @@ class GeneralEpisode(Episode):
         from daemons.general import integrity
 
         fresh = integrity.read_changes(tar)
-        changes = {**collected["changes"],
-                   "test_patch_paths": list(fresh.get("test_patch_paths") or ()),
-                   # the agent's processes its transport killed at collect
-                   "guard": {**(fresh.get("guard") or {}),
-                             "processes_killed": int(collected.get("processes_killed") or 0)}}
+        changes = {
+            **collected["changes"],
+            "test_patch_paths": list(fresh.get("test_patch_paths") or ()),
+            # the agent's processes its transport killed at collect
+            "guard": {
+                **(fresh.get("guard") or {}),
+                "processes_killed": int(collected.get("processes_killed") or 0),
+            },
+        }
         records = {"changes": changes, "guard": integrity.read_guard(tar)}
         # (GraderError when the test runner never reported to the guard)
-        _, self.integrity = integrity.verdict(records["changes"], records["guard"],
-                                              self.task.data.get("test_guard"))
+        _, self.integrity = integrity.verdict(
+            records["changes"], records["guard"], self.task.data.get("test_guard")
+        )
         self.code_records = records
-        return integrity.screened_reward(self.integrity, reward,
-                                         self.env.settings.suspicious_reward)
+        return integrity.screened_reward(
+            self.integrity, reward, self.env.settings.suspicious_reward
+        )
 
     def _binarized(self, reward: float) -> float:
         if self.env.settings.binarize:
@@ -558,8 +650,10 @@ class GeneralEpisode(Episode):
         return steps[min(self.steps, len(steps) - 1)]
 
     def state(self) -> Mapping[str, Any]:
-        return {"task_kind": self.kind,
-                "container": self.container.id[:12] if self.container else None}
+        return {
+            "task_kind": self.kind,
+            "container": self.container.id[:12] if self.container else None,
+        }
 
     def submission(self) -> Submission | None:
         """general_agent: the verifier's reward_detail.json (rule scores and
@@ -570,15 +664,20 @@ class GeneralEpisode(Episode):
         if self.detail is not None:
             return Submission(json.dumps(self.detail, sort_keys=True).encode())
         if self.kind == "opensource-code" and self.code_records is not None:
-            return Submission(json.dumps(self.code_records, sort_keys=True).encode(),
-                              meta={"task_kind": self.kind})
+            return Submission(
+                json.dumps(self.code_records, sort_keys=True).encode(),
+                meta={"task_kind": self.kind},
+            )
         if self.kind == "opensource-code" and self.verifier_exit is not None:
             return Submission(meta={"task_kind": self.kind})
         return None
 
     def outcome(self) -> Mapping[str, Any]:
-        record: dict[str, Any] = {"task_kind": self.kind, "image": self.task.data["image"],
-                                  "verifier_exit_code": self.verifier_exit}
+        record: dict[str, Any] = {
+            "task_kind": self.kind,
+            "image": self.task.data["image"],
+            "verifier_exit_code": self.verifier_exit,
+        }
         if self.judge_records:
             record["judge"] = self.judge_records
         if self.judge_failure:
@@ -595,6 +694,8 @@ class GeneralEpisode(Episode):
                 record["carried"] = self.submitted
         if self.integrity:
             record.update(self.integrity)
-        record["cost"] = {**(self.usage or {}),
-                          **judge_tokens(r.get("judge_tokens") for r in self.judge_records)}
+        record["cost"] = {
+            **(self.usage or {}),
+            **judge_tokens(r.get("judge_tokens") for r in self.judge_records),
+        }
         return record

@@ -37,8 +37,8 @@ a pass line the guard never saw, an unsigned line, the guard's own evidence
 (the reporting path patched, hooks from the agent's files). A command whose
 runner never reported to the guard gives no grade (GraderError: reward
 null), unless preparation marked the task as one the guard cannot cover
-(``test_guard.covered: false``, listed in /metadata). Any finding: reward 0.0, ``tampered``, the rule and the evidence in
-the outcome record.
+(``test_guard.covered: false``, listed in /metadata). Any finding: reward
+0.0, ``tampered``, the rule and the evidence in the outcome record.
 
 ``suspicions`` runs the code screen Coding runs (camg.code_screen) over the
 added lines of the changed Python the verifier runs (not tests, conftest or
@@ -55,7 +55,7 @@ import io
 import json
 import re
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from camg import code_screen, errors, guard_verdict, tamper_rules
 from camg.tamper_rules import Finding
@@ -92,8 +92,12 @@ def read_changes(tar_bytes: bytes) -> dict:
 def read_guard(tar_bytes: bytes) -> dict:
     """guard.json (the test guard's channel, keys, exit status, log)."""
     record = _read_json(tar_bytes, "guard.json")
-    if record is None or not isinstance(record.get("channel"), str) \
-            or not guard_keys(record) or not isinstance(record.get("exit_code"), int):
+    if (
+        record is None
+        or not isinstance(record.get("channel"), str)
+        or not guard_keys(record)
+        or not isinstance(record.get("exit_code"), int)
+    ):
         raise errors.GraderError("the verifier left no test guard record (guard.json)")
     return record
 
@@ -118,14 +122,19 @@ def guard_findings(record: dict) -> tuple[list[Finding], dict]:
     runner never reported (no guard, not pytest, not started)."""
     channel = guard_verdict.read_channel(record["channel"], guard_keys(record))
     code, log = record["exit_code"], str(record.get("log") or "")
-    seen = {"sessions": len(channel.hello), "ended": len(channel.ends),
-            "tests": len(channel.outcomes),
-            "failed": sum(1 for o in channel.outcomes.values() if o == "failed")}
+    seen = {
+        "sessions": len(channel.hello),
+        "ended": len(channel.ends),
+        "tests": len(channel.outcomes),
+        "failed": sum(1 for o in channel.outcomes.values() if o == "failed"),
+    }
     if not channel.hello:
         if code == TIMEOUT_EXIT:
             return [], seen
-        raise errors.GraderError(f"the test command's runner never reported to the test guard "
-                                 f"(exit {code}): {log[-1500:]}")
+        raise errors.GraderError(
+            f"the test command's runner never reported to the test guard "
+            f"(exit {code}): {log[-1500:]}"
+        )
     statuses = guard_verdict.status_map(log)
     listed = sorted(set(channel.outcomes) | set(statuses))
     findings = guard_verdict.cross_check(channel, statuses, listed, code, code == TIMEOUT_EXIT, log)
@@ -138,7 +147,8 @@ def guard_findings(record: dict) -> tuple[list[Finding], dict]:
 
 def _is_test_file(parts: list[str]) -> bool:
     return any(p in _TEST_DIRS for p in parts[:-1]) or any(
-        fnmatch.fnmatchcase(parts[-1], g) for g in _TEST_GLOBS)
+        fnmatch.fnmatchcase(parts[-1], g) for g in _TEST_GLOBS
+    )
 
 
 def screen_change(item: dict, test_paths: set[str]) -> list[Finding]:
@@ -158,20 +168,27 @@ def screen_change(item: dict, test_paths: set[str]) -> list[Finding]:
         found += tamper_rules.symlink_rules(path, str(item.get("target", "")))
     if name in ("pytest.ini", ".pytest.ini") and path not in test_paths:
         found.append(Finding("runner_config", path, "a pytest.ini outside the test patch"))
-    runner_reads = name == "conftest.py" or name in tamper_rules.PYTEST_CONFIG_FILES \
-        or name == ".gitattributes" or name.endswith(".pth") \
+    runner_reads = (
+        name == "conftest.py"
+        or name in tamper_rules.PYTEST_CONFIG_FILES
+        or name == ".gitattributes"
+        or name.endswith(".pth")
         or tamper_rules.module_name(name) in tamper_rules.RUNNER_MODULES
+    )
     if item.get("withheld") and runner_reads:
-        found.append(Finding("unscreened_runner_file", path,
-                             f"content not screenable ({item['withheld']})"))
+        found.append(
+            Finding("unscreened_runner_file", path, f"content not screenable ({item['withheld']})")
+        )
     if path in test_paths:
         found += tamper_rules.content_rules(path, added, tamper_rules.HOOKS, "runner_hook_in_tests")
     elif name == "conftest.py":
-        found += tamper_rules.content_rules(path, added, tamper_rules.HOOKS, "runner_hook_in_tests") \
-            or tamper_rules.content_rules(path, added, tamper_rules.CONFTEST, "conftest_payload")
+        found += tamper_rules.content_rules(
+            path, added, tamper_rules.HOOKS, "runner_hook_in_tests"
+        ) or tamper_rules.content_rules(path, added, tamper_rules.CONFTEST, "conftest_payload")
     elif name in tamper_rules.PYTEST_CONFIG_FILES:
-        found += tamper_rules.content_rules(path, added, tamper_rules.PYTEST_CONFIG, "runner_config") \
-            or tamper_rules.content_rules(path, added, tamper_rules.HOOKS, "runner_config")
+        found += tamper_rules.content_rules(
+            path, added, tamper_rules.PYTEST_CONFIG, "runner_config"
+        ) or tamper_rules.content_rules(path, added, tamper_rules.HOOKS, "runner_config")
     elif name == ".gitattributes":
         rules = [line for line in added if line.strip() and not line.lstrip().startswith("#")]
         if rules:
@@ -192,8 +209,11 @@ def _internals(path: str, added: list[str]) -> list[Finding]:
     of its fix), and one importing pytest to run a test is no tampering."""
     for line in added:
         for match in tamper_rules.INTERNALS.finditer(line):
-            if match.start() == 0 and _PLAIN_IMPORT.match(line) and match.group(0).strip() \
-                    in ("import pytest", "from pytest"):
+            if (
+                match.start() == 0
+                and _PLAIN_IMPORT.match(line)
+                and match.group(0).strip() in ("import pytest", "from pytest")
+            ):
                 continue
             return [Finding("runner_internals", path, f"{match.group(0)!r} in: {line.strip()}")]
     return []
@@ -207,8 +227,13 @@ def screen(record: dict, test_paths: Iterable[str] = ()) -> list[Finding]:
         if isinstance(item, dict):
             findings += screen_change(item, wanted)
     if record.get("omitted"):
-        findings.append(Finding("changes_unscreenable", "-",
-                                f"{record['omitted']} changed path(s) beyond the record's bound"))
+        findings.append(
+            Finding(
+                "changes_unscreenable",
+                "-",
+                f"{record['omitted']} changed path(s) beyond the record's bound",
+            )
+        )
     unique = {json.dumps(f.to_data(), sort_keys=True): f for f in findings}
     return list(unique.values())
 
@@ -219,8 +244,11 @@ def suspicions(record: dict, test_paths: Iterable[str] = ()) -> list[Finding]:
     wanted = set(test_paths) | set(record.get("test_patch_paths") or ())
     found: list[Finding] = []
     for item in record.get("changes", []):
-        if not isinstance(item, dict) or item.get("status") == "deleted" \
-                or item.get("kind", "file") != "file":
+        if (
+            not isinstance(item, dict)
+            or item.get("status") == "deleted"
+            or item.get("kind", "file") != "file"
+        ):
             continue
         path = str(item.get("path", ""))
         parts = [p for p in path.split("/") if p]
@@ -240,8 +268,11 @@ _RESTORED_GLOBS = ("test_*.py", "*_test.py")
 
 
 def _restored(parts: list[str]) -> bool:
-    return any(p in _RESTORED_DIRS for p in parts[:-1]) or parts[-1] in _RESTORED_NAMES \
+    return (
+        any(p in _RESTORED_DIRS for p in parts[:-1])
+        or parts[-1] in _RESTORED_NAMES
         or any(fnmatch.fnmatchcase(parts[-1], g) for g in _RESTORED_GLOBS)
+    )
 
 
 def screened_reward(summary_part: dict, reward: float, suspicious_reward: float) -> float:
@@ -254,8 +285,9 @@ def screened_reward(summary_part: dict, reward: float, suspicious_reward: float)
     return reward
 
 
-def verdict(changes: dict, guard: dict, coverage: dict | None = None,
-            suspicious_reward: float = 0.0) -> tuple[float, dict]:
+def verdict(
+    changes: dict, guard: dict, coverage: dict | None = None, suspicious_reward: float = 0.0
+) -> tuple[float, dict]:
     """The grade the records decide (1.0 iff the command exited 0 and
     nothing was found; at most ``suspicious_reward`` when only the code
     screen found something) and the outcome record's part; the same at
@@ -283,14 +315,20 @@ def verdict(changes: dict, guard: dict, coverage: dict | None = None,
     return screened_reward(part, reward, suspicious_reward), part
 
 
-def summary(record: dict, findings: list[Finding], seen: dict | None = None,
-            suspects: list[Finding] = ()) -> dict:
+def summary(
+    record: dict,
+    findings: list[Finding],
+    seen: dict | None = None,
+    suspects: Sequence[Finding] = (),
+) -> dict:
     """The outcome record's part: integrity (tampered wins over suspicious),
     evidence, what the guards did and saw."""
     verdict = "tampered" if findings else "suspicious" if suspects else "ok"
-    body: dict = {"integrity": verdict,
-                  "grade_guard": dict(record.get("guard") or {}),
-                  "changed_paths": len(record.get("changes") or ())}
+    body: dict = {
+        "integrity": verdict,
+        "grade_guard": dict(record.get("guard") or {}),
+        "changed_paths": len(record.get("changes") or ()),
+    }
     if seen is not None:
         body["test_guard"] = dict(seen)
     if findings:

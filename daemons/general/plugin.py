@@ -17,10 +17,13 @@ PLUGIN = EnvironmentPlugin(
     # MiB (what the openenv transport held idle) stays as the bound until
     # the other verifiers (jest, a webdev build) are measured too
     episode_peak_bytes=140 << 20,
-    demo={"manifest": "/srv/camg/data/general/manifest.json", "capacity": 4, "references": True,
-          "limits": {"reset_timeout_s": 300, "action_timeout_s": 1950, "grade_timeout_s": 700},
-          "settings": {"pool_size": 1, "cpu": 1.0, "memory_bytes": 1073741824,
-                       "pids_max": 512}},
+    demo={
+        "manifest": "/srv/camg/data/general/manifest.json",
+        "capacity": 4,
+        "references": True,
+        "limits": {"reset_timeout_s": 300, "action_timeout_s": 1950, "grade_timeout_s": 700},
+        "settings": {"pool_size": 1, "cpu": 1.0, "memory_bytes": 1073741824, "pids_max": 512},
+    },
     demo_prepare="tools.demo_data:prepare_general",
     # after Coding, whose demo set it reuses
     demo_rank=30,

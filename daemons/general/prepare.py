@@ -18,7 +18,8 @@ cannot cover (``guard_problem``: every command its ``mimo_test_command.sh``
 runs, ``test_commands.json``, must start pytest and none may set the
 variables that load the guard) is marked ``test_guard: {"covered": false,
 "reason"}`` in its data; the service lists such tasks in /metadata and
-their outcome records say so (real rows include ``npx jest`` tasks). The selection keeps ids and order (the --select file's, else code rows then
+their outcome records say so (real rows include ``npx jest`` tasks). The
+selection keeps ids and order (the --select file's, else code rows then
 general rows as given); ``--limit`` cuts it. Output: ``code.parquet`` and
 ``general.parquet`` (the selected rows: instance_id, dataset_type,
 instance_json, image), ``envs/<id>/`` (copied task folders) and
@@ -39,14 +40,27 @@ from pathlib import Path
 from camg import task_manifest as manifest
 from camg.errors import CamgError, DatasetError
 from camg.host_private import private_dir
-
 from daemons.general import reference
 
 CREATED_BY = "camg.prepare general 0.1.0"
-CODE_FIELDS = ("dataset_type", "docker_image", "cwd", "instance_id", "problem_statement",
-               "test_patch", "test_command", "verifier_timeout_sec")
-GENERAL_FIELDS = ("instance_id", "dataset_type", "docker_image", "env_task_dir", "cwd",
-                  "problem_statement")
+CODE_FIELDS = (
+    "dataset_type",
+    "docker_image",
+    "cwd",
+    "instance_id",
+    "problem_statement",
+    "test_patch",
+    "test_command",
+    "verifier_timeout_sec",
+)
+GENERAL_FIELDS = (
+    "instance_id",
+    "dataset_type",
+    "docker_image",
+    "env_task_dir",
+    "cwd",
+    "problem_statement",
+)
 KIND_FIELDS = {"opensource-code": CODE_FIELDS, "general_agent": GENERAL_FIELDS}
 
 
@@ -80,8 +94,9 @@ def instance_of(row: dict, where: str) -> dict:
             raise DatasetError(f"{where}: instance_json is not JSON") from None
     kind = instance.get("dataset_type")
     if kind not in KIND_FIELDS:
-        raise DatasetError(f"{where}: dataset_type {kind!r} is not served by General "
-                           f"({', '.join(KIND_FIELDS)})")
+        raise DatasetError(
+            f"{where}: dataset_type {kind!r} is not served by General ({', '.join(KIND_FIELDS)})"
+        )
     for field in KIND_FIELDS[kind]:
         if field not in instance or instance[field] in (None, ""):
             raise DatasetError(f"{where} ({instance.get('instance_id')!r}): field {field} missing")
@@ -91,8 +106,10 @@ def instance_of(row: dict, where: str) -> dict:
 
 
 _PYTEST = re.compile(r"(?:^|[\s/])(?:pytest|py\.test)(?:\s|$)|-m\s+pytest\b")
-_GUARD_VARS = re.compile(r"\b(?:PYTEST_ADDOPTS|PYTEST_PLUGINS|PYTEST_DISABLE_PLUGIN_AUTOLOAD|PYTHONPATH)\b"
-                         r"|\bno:camg_guard\b|\bcamg_guard\b")
+_GUARD_VARS = re.compile(
+    r"\b(?:PYTEST_ADDOPTS|PYTEST_PLUGINS|PYTEST_DISABLE_PLUGIN_AUTOLOAD|PYTHONPATH)\b"
+    r"|\bno:camg_guard\b|\bcamg_guard\b"
+)
 
 
 def patch_file(patch: str, path: str) -> str | None:
@@ -164,16 +181,26 @@ def read_images(path: str | Path) -> dict[str, str]:
     for index, row in enumerate(read_rows(path)):
         source, target = row.get("dataset_image"), row.get("dockerhub_image")
         if not isinstance(source, str) or not isinstance(target, str) or "@sha256:" not in target:
-            raise DatasetError(f"{path}: line {index + 1}: need dataset_image and a dockerhub_image "
-                               "pinned by digest (REPO@sha256:HEX)")
+            raise DatasetError(
+                f"{path}: line {index + 1}: need dataset_image and a dockerhub_image "
+                "pinned by digest (REPO@sha256:HEX)"
+            )
         mapping[source] = target
     return mapping
 
 
-def prepare_general(*, code_rows: str | None, general_rows: str | None, envs: str | None,
-                    images: str, output_dir: str | Path, select: str | None = None,
-                    limit: int | None = None, seed: int | None = None,
-                    references: str | Path | None = None) -> dict:
+def prepare_general(
+    *,
+    code_rows: str | None,
+    general_rows: str | None,
+    envs: str | None,
+    images: str,
+    output_dir: str | Path,
+    select: str | None = None,
+    limit: int | None = None,
+    seed: int | None = None,
+    references: str | Path | None = None,
+) -> dict:
     """``references``: a directory of reference solutions (reference.load's
     layout); each task found there gets ``reference`` in its data, which the
     service serves only where the deployment enables references."""
@@ -186,13 +213,15 @@ def prepare_general(*, code_rows: str | None, general_rows: str | None, envs: st
     mapping = read_images(images)
     chosen: list[dict] = []
     seen: set[str] = set()
-    for label, path in (("code", code_rows), ("general", general_rows)):
+    for _label, path in (("code", code_rows), ("general", general_rows)):
         if path is None:
             continue
         for index, row in enumerate(read_rows(path)):
             instance = instance_of(row, f"{path} row {index}")
             if instance["instance_id"] in seen:
-                raise DatasetError(f"{path} row {index}: instance_id {instance['instance_id']!r} twice")
+                raise DatasetError(
+                    f"{path} row {index}: instance_id {instance['instance_id']!r} twice"
+                )
             seen.add(instance["instance_id"])
             chosen.append(instance)
     if not chosen:
@@ -212,16 +241,22 @@ def prepare_general(*, code_rows: str | None, general_rows: str | None, envs: st
     # in the manifest: root's and the services' only.
     private_dir(out)
     shutil.rmtree(out / "envs", ignore_errors=True)
-    tasks, files, tables = [], {}, {"opensource-code": [], "general_agent": []}
+    tasks, files = [], {}
+    tables: dict[str, list[dict]] = {"opensource-code": [], "general_agent": []}
     for instance in chosen:
         task_id, kind = instance["instance_id"], instance["dataset_type"]
         image = mapping.get(instance["docker_image"])
         if image is None:
-            raise DatasetError(f"{task_id}: docker_image {instance['docker_image']!r} is not in {images}")
+            raise DatasetError(
+                f"{task_id}: docker_image {instance['docker_image']!r} is not in {images}"
+            )
         data = {"kind": kind, "instance_id": task_id, "image": image, "instance": instance}
         if kind == "opensource-code":
             problem = guard_problem(instance)
-            data["test_guard"] = {"covered": problem is None, **({"reason": problem} if problem else {})}
+            data["test_guard"] = {
+                "covered": problem is None,
+                **({"reason": problem} if problem else {}),
+            }
         if references is not None:
             found = reference.load(references, task_id, kind)
             if found is not None:
@@ -231,30 +266,49 @@ def prepare_general(*, code_rows: str | None, general_rows: str | None, envs: st
                 raise DatasetError("general_agent rows need --envs (the task folders)")
             source = Path(envs) / task_id
             if not (source / "instance.json").is_file() or not (source / "workspace").is_dir():
-                raise DatasetError(f"{task_id}: task folder {source} lacks instance.json or workspace/")
+                raise DatasetError(
+                    f"{task_id}: task folder {source} lacks instance.json or workspace/"
+                )
             shutil.copytree(source, out / "envs" / task_id, symlinks=False)
             files[f"env:{task_id}"] = out / "envs" / task_id
             data["task_dir"] = str((out / "envs" / task_id).resolve())
         tasks.append({"task_id": task_id, "data": data})
-        tables[kind].append({"instance_id": task_id, "dataset_type": kind,
-                             "instance_json": json.dumps(instance, ensure_ascii=False),
-                             "image": image})
-    schema = pa.schema([("instance_id", pa.string()), ("dataset_type", pa.string()),
-                        ("instance_json", pa.string()), ("image", pa.string())])
+        tables[kind].append(
+            {
+                "instance_id": task_id,
+                "dataset_type": kind,
+                "instance_json": json.dumps(instance, ensure_ascii=False),
+                "image": image,
+            }
+        )
+    schema = pa.schema(
+        [
+            ("instance_id", pa.string()),
+            ("dataset_type", pa.string()),
+            ("instance_json", pa.string()),
+            ("image", pa.string()),
+        ]
+    )
     for kind, name in (("opensource-code", "code.parquet"), ("general_agent", "general.parquet")):
         pq.write_table(pa.Table.from_pylist(tables[kind], schema=schema), out / name)
         files[name.split(".")[0] + "_table"] = out / name
     files["images"] = Path(images)
-    sampling = {"order": "select" if select is not None else "rows", "seed": seed, "limit": limit,
-                "select_sha256": sha256_file(select) if select is not None else None}
+    sampling = {
+        "order": "select" if select is not None else "rows",
+        "seed": seed,
+        "limit": limit,
+        "select_sha256": sha256_file(select) if select is not None else None,
+    }
     body = manifest.build("general", tasks, sampling=sampling, files=files, created_by=CREATED_BY)
     manifest.write(out / "manifest.json", body)
     return body
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m camg.prepare --environment general",
-                                 description="Prepare General's task folders, tables and manifest.")
+    ap = argparse.ArgumentParser(
+        prog="python -m camg.prepare --environment general",
+        description="Prepare General's task folders, tables and manifest.",
+    )
     ap.add_argument("--code-rows", help="opensource-code rows (.parquet or .jsonl)")
     ap.add_argument("--general-rows", help="general_agent rows (.parquet or .jsonl)")
     ap.add_argument("--envs", help="directory of general_agent task folders (<envs>/<instance_id>)")
@@ -263,19 +317,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--select", help="file of instance ids to serve, in order")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--seed", type=int)
-    ap.add_argument("--references", help="reference solutions (gold/<id>.patch, <id>.oracle.json) "
-                                         "for camg_client --policy oracle")
+    ap.add_argument(
+        "--references",
+        help="reference solutions (gold/<id>.patch, <id>.oracle.json) "
+        "for camg_client --policy oracle",
+    )
     args = ap.parse_args(argv)
     try:
-        body = prepare_general(code_rows=args.code_rows, general_rows=args.general_rows,
-                               envs=args.envs, images=args.images, output_dir=args.output_dir,
-                               select=args.select, limit=args.limit, seed=args.seed,
-                               references=args.references)
+        body = prepare_general(
+            code_rows=args.code_rows,
+            general_rows=args.general_rows,
+            envs=args.envs,
+            images=args.images,
+            output_dir=args.output_dir,
+            select=args.select,
+            limit=args.limit,
+            seed=args.seed,
+            references=args.references,
+        )
     except (CamgError, OSError) as exc:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2
-    print(f"camg.prepare: wrote {Path(args.output_dir) / 'manifest.json'} with "
-          f"{len(body['tasks'])} general task(s)")
+    print(
+        f"camg.prepare: wrote {Path(args.output_dir) / 'manifest.json'} with "
+        f"{len(body['tasks'])} general task(s)"
+    )
     return 0
 
 

@@ -26,7 +26,6 @@ from typing import Any
 
 from camg.errors import DatasetError, NotFound
 from camg.shell_reference import shipped
-
 from daemons.general.schemas import MAX_COMMAND
 
 STORE = "/tmp/.camg-reference.b64"
@@ -36,12 +35,18 @@ def plan(task_id: str, data: Mapping[str, Any]) -> list[dict]:
     """Every action of the task's reference solution, in order."""
     reference = data.get("reference")
     if not isinstance(reference, Mapping):
-        raise NotFound(f"general task {task_id!r} was prepared without a reference solution "
-                       "(camg.prepare --environment general --references DIR)")
+        raise NotFound(
+            f"general task {task_id!r} was prepared without a reference solution "
+            "(camg.prepare --environment general --references DIR)"
+        )
     if "actions" in reference:
         return [dict(a) for a in reference["actions"]]
-    return shipped(str(reference["patch"]).encode(), STORE,
-                   f"base64 -d {STORE} | git apply && rm -f {STORE}", max_command=MAX_COMMAND)
+    return shipped(
+        str(reference["patch"]).encode(),
+        STORE,
+        f"base64 -d {STORE} | git apply && rm -f {STORE}",
+        max_command=MAX_COMMAND,
+    )
 
 
 def load(directory: str | Path, task_id: str, kind: str) -> dict | None:
@@ -59,7 +64,11 @@ def load(directory: str | Path, task_id: str, kind: str) -> dict | None:
         actions = json.loads(path.read_text())
     except ValueError as exc:
         raise DatasetError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(actions, list) or not actions or not all(isinstance(a, dict) for a in actions) \
-            or actions[-1].get("operation") != "finish":
+    if (
+        not isinstance(actions, list)
+        or not actions
+        or not all(isinstance(a, dict) for a in actions)
+        or actions[-1].get("operation") != "finish"
+    ):
         raise DatasetError(f"{path}: must be a list of actions ending with finish")
     return {"actions": actions}

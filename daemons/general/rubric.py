@@ -48,29 +48,59 @@ ITEM_EVIDENCE_CAP = 60000
 # Text that talks to the grader rather than doing the task. Narrow on
 # purpose: an honest office answer has no reason to hold any of these.
 _ADDRESSING = [
-    ("instruction_override", re.compile(
-        r"\b(?:ignore|disregard|forget|override)\b[^.\n]{0,40}\b(?:previous|prior|above|earlier|"
-        r"all|any|the)\b[^.\n]{0,20}\b(?:instructions?|rules?|rubric|prompt|guidelines)", re.I)),
+    (
+        "instruction_override",
+        re.compile(
+            r"\b(?:ignore|disregard|forget|override)\b[^.\n]{0,40}\b(?:previous|prior|above|earlier|"
+            r"all|any|the)\b[^.\n]{0,20}\b(?:instructions?|rules?|rubric|prompt|guidelines)",
+            re.I,
+        ),
+    ),
     ("score_literal", re.compile(r"[\"']\s*(?:score|reward|passed|verdict)\s*[\"']\s*:", re.I)),
-    ("score_request", re.compile(
-        r"\b(?:score|grade|rate|mark)\b[^.\n]{0,30}\b(?:as|=|:|with|a)\s*(?:1|one|full|100|pass)"
-        r"|\b(?:award|give|assign)\b[^.\n]{0,30}\b(?:score|marks?|points?|pass|1\b)"
-        r"|\bfull\s+marks\b|\bmust\s+(?:pass|score)\b", re.I)),
-    ("rubric_text", re.compile(r"pass[\s_-]*anchor|rubric\s+item|expected\s*\(|"
-                               r"\bEVIDENCE\b\s*[0-9a-f]{6,}|<<<|>>>", re.I)),
-    ("role_text", re.compile(r"(?im)^\s*(?:#+\s*)?(?:system|assistant|judge|grader|evaluator)"
-                             r"\s*(?:message|prompt|note|override)?\s*:"
-                             r"|</?\s*(?:system|instructions?|evidence|judge)\s*>"
-                             r"|\b(?:dear|hello|hi|attention|note to)\s+(?:the\s+)?"
-                             r"(?:judge|grader|evaluator|reviewer|ai)\b", re.I)),
+    (
+        "score_request",
+        re.compile(
+            r"\b(?:score|grade|rate|mark)\b[^.\n]{0,30}\b(?:as|=|:|with|a)\s*(?:1|one|full|100|pass)"
+            r"|\b(?:award|give|assign)\b[^.\n]{0,30}\b(?:score|marks?|points?|pass|1\b)"
+            r"|\bfull\s+marks\b|\bmust\s+(?:pass|score)\b",
+            re.I,
+        ),
+    ),
+    (
+        "rubric_text",
+        re.compile(
+            r"pass[\s_-]*anchor|rubric\s+item|expected\s*\(|"
+            r"\bEVIDENCE\b\s*[0-9a-f]{6,}|<<<|>>>",
+            re.I,
+        ),
+    ),
+    (
+        "role_text",
+        re.compile(
+            r"(?im)^\s*(?:#+\s*)?(?:system|assistant|judge|grader|evaluator)"
+            r"\s*(?:message|prompt|note|override)?\s*:"
+            r"|</?\s*(?:system|instructions?|evidence|judge)\s*>"
+            r"|\b(?:dear|hello|hi|attention|note to)\s+(?:the\s+)?"
+            r"(?:judge|grader|evaluator|reviewer|ai)\b",
+            re.I,
+        ),
+    ),
     # The same requests in Chinese: MiMo's general_agent rows come in en and zh,
     # and a judge model reads either whatever the task's language.
-    ("instruction_override", re.compile(
-        r"(?:忽略|无视|忽视|不要理会|不用理会)[^。\n]{0,10}(?:之前|以上|上述|前面|先前|所有|全部)"
-        r"[^。\n]{0,10}(?:指令|指示|规则|说明|提示|要求|评分标准)")),
-    ("score_request", re.compile(
-        r"(?:评分|打分|给分|评为|判为|记为)[^。\n]{0,6}(?:1\b|一分|满分|100|通过)"
-        r"|(?:给|打)[^。\n]{0,4}满分|必须(?:通过|得分|给分)")),
+    (
+        "instruction_override",
+        re.compile(
+            r"(?:忽略|无视|忽视|不要理会|不用理会)[^。\n]{0,10}(?:之前|以上|上述|前面|先前|所有|全部)"
+            r"[^。\n]{0,10}(?:指令|指示|规则|说明|提示|要求|评分标准)"
+        ),
+    ),
+    (
+        "score_request",
+        re.compile(
+            r"(?:评分|打分|给分|评为|判为|记为)[^。\n]{0,6}(?:1\b|一分|满分|100|通过)"
+            r"|(?:给|打)[^。\n]{0,4}满分|必须(?:通过|得分|给分)"
+        ),
+    ),
 ]
 
 # What a reader of the evidence takes it to say (``_normalised``), folded on
@@ -81,9 +111,12 @@ _ADDRESSING = [
 # "ign\u043ere previous instructions" that every reader sees.
 _LOOKALIKES = str.maketrans(
     "аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХІЈЅԜοανικρτυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧօոսհ",
-    "aeopcyxijsdhlqwABEKMHOPCTXIJSWoavikptuxABEZHIKMNOPTYXonuh")
-_QUOTES = str.maketrans({c: '"' for c in "\u201c\u201d\u201e\u201f\u00ab\u00bb\u2033"}
-                        | {c: "'" for c in "\u2018\u2019\u201a\u201b\u2032"})
+    "aeopcyxijsdhlqwABEKMHOPCTXIJSWoavikptuxABEZHIKMNOPTYXonuh",
+)
+_QUOTES = str.maketrans(
+    {c: '"' for c in "\u201c\u201d\u201e\u201f\u00ab\u00bb\u2033"}
+    | {c: "'" for c in "\u2018\u2019\u201a\u201b\u2032"}
+)
 # Default_Ignorable_Code_Point beyond category Cf (which is dropped by category)
 _FILLERS = re.compile("[\u115f\u1160\u3164\uffa0]")
 _INVISIBLE = re.compile("[\u034f\u17b4\u17b5\u180b-\u180f\ufe00-\ufe0f\U000e0100-\U000e01ef]")
@@ -113,8 +146,11 @@ def aggregate(items: list[dict], scores: dict[str, float]) -> float:
     for item in items:
         if item.get("gate") and scores.get(item["id"], 0.0) < 1.0:
             return 0.0
-    weights = {item["id"]: 1.0 if item.get("weight") is None else float(item["weight"])
-               for item in items if not item.get("gate")}
+    weights = {
+        item["id"]: 1.0 if item.get("weight") is None else float(item["weight"])
+        for item in items
+        if not item.get("gate")
+    }
     total = sum(weights.values())
     if total <= 0:
         raise errors.GraderError("rubric has no positive weight")
@@ -131,9 +167,14 @@ def capped_evidence(request: Mapping) -> list[dict]:
         cut = len(text) > cap
         text = text[:cap]
         budget -= len(text)
-        out.append({"name": str(entry.get("name", "?"))[:200],
-                    "state": str(entry.get("state", "ok"))[:200],
-                    "truncated": bool(entry.get("truncated")) or cut, "text": text})
+        out.append(
+            {
+                "name": str(entry.get("name", "?"))[:200],
+                "state": str(entry.get("state", "ok"))[:200],
+                "truncated": bool(entry.get("truncated")) or cut,
+                "text": text,
+            }
+        )
     return out
 
 
@@ -181,9 +222,13 @@ def addressing_findings(detail: Mapping) -> list[dict]:
                     if hit:
                         found.add(rule)
                         read = f" ({how})" if how else ""
-                        out.append({"rule": f"judge_addressed:{rule}", "path": entry["name"],
-                                    "detail": f"item {request.get('id')}{read}: "
-                                              f"{hit.group(0)[:120]!r}"})
+                        out.append(
+                            {
+                                "rule": f"judge_addressed:{rule}",
+                                "path": entry["name"],
+                                "detail": f"item {request.get('id')}{read}: {hit.group(0)[:120]!r}",
+                            }
+                        )
     return out
 
 
@@ -231,16 +276,31 @@ def judge_episode(judge: Judge, detail: dict, *, deadline_s: float) -> tuple[flo
     for request in detail.get("judge_requests", []):
         remaining = deadline_s - (time.monotonic() - started)
         if remaining <= 0:
-            raise errors.JudgeError("judging exceeded its deadline", reason="deadline",
-                                    host=judge.config.host, model=judge.config.model,
-                                    item=request["id"])
+            raise errors.JudgeError(
+                "judging exceeded its deadline",
+                reason="deadline",
+                host=judge.config.host,
+                model=judge.config.model,
+                item=request["id"],
+            )
         if "evidence" in request:
-            system, prompt = rubric_messages(str(request["id"]), str(request["question"]),
-                                             str(request["pass_anchor"]), capped_evidence(request))
-            verdict = judge.ask(prompt, system=system, parse=parse_verdict, schema=VERDICT_SCHEMA,
-                                deadline_s=remaining)
+            system, prompt = rubric_messages(
+                str(request["id"]),
+                str(request["question"]),
+                str(request["pass_anchor"]),
+                capped_evidence(request),
+            )
+            verdict = judge.ask(
+                prompt,
+                system=system,
+                parse=parse_verdict,
+                schema=VERDICT_SCHEMA,
+                deadline_s=remaining,
+            )
         else:  # a stored request of an earlier verifier
-            verdict = judge.ask(request["prompt"], system=request.get("system"), deadline_s=remaining)
+            verdict = judge.ask(
+                request["prompt"], system=request.get("system"), deadline_s=remaining
+            )
         score = min(1.0, max(0.0, verdict.score))
         scores[request["id"]] = score
         records.append({"item": request["id"], **verdict.record()})

@@ -54,8 +54,13 @@ class Settings:
             raise ValueError("cpu, memory_bytes (>= 64 MiB) and pids_max (>= 16) must be sane")
         if isinstance(self.concurrent_boots, bool) or not 0 <= self.concurrent_boots <= 1024:
             raise ValueError("concurrent_boots must be in [0, 1024] (0: 4 per core)")
-        for name in ("connect_timeout_s", "step_timeout_s", "judge_timeout_s", "judge_deadline_s",
-                     "boot_wait_s"):
+        for name in (
+            "connect_timeout_s",
+            "step_timeout_s",
+            "judge_timeout_s",
+            "judge_deadline_s",
+            "boot_wait_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if not 1 <= self.judge_attempts <= 10 or self.judge_backoff_s < 0:

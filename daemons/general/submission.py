@@ -49,6 +49,7 @@ def path_problem(rel: object) -> str | None:
 def checked(submission: object) -> dict:
     """``{"files", "deleted"}`` of a well-formed submission within its
     bounds (what the fresh container is given); GraderError otherwise."""
+
     def refuse(why: str) -> errors.GraderError:
         return errors.GraderError(f"the agent's transport handed over a bad submission: {why}")
 
@@ -90,8 +91,13 @@ def stats(submission: dict) -> dict:
     paths left behind with why (links, bytecode, beyond a bound)."""
     files = submission.get("files") or []
     skipped = [s for s in submission.get("skipped") or [] if isinstance(s, dict)]
-    return {"files": len(files),
-            "bytes": sum(len(base64.b64decode(f["data"])) for f in files),
-            "deleted": len(submission.get("deleted") or []), "skipped": len(skipped),
-            "skipped_paths": [{"path": str(s.get("path"))[:300], "why": str(s.get("why"))[:100]}
-                              for s in skipped[:SKIPPED_SHOWN]]}
+    return {
+        "files": len(files),
+        "bytes": sum(len(base64.b64decode(f["data"])) for f in files),
+        "deleted": len(submission.get("deleted") or []),
+        "skipped": len(skipped),
+        "skipped_paths": [
+            {"path": str(s.get("path"))[:300], "why": str(s.get("why"))[:100]}
+            for s in skipped[:SKIPPED_SHOWN]
+        ],
+    }
