@@ -1,5 +1,5 @@
-"""``python -m camg.prepare --environment autoresearch``: task bundles -> the three roots
-+ manifest.
+"""``python -m camg.prepare --environment autoresearch``: task bundles -> the three
+roots + manifest.
 
     python -m camg.prepare --environment autoresearch --source DIR \\
         --packages-root /var/lib/camg/autoresearch/tasks \\

@@ -52,7 +52,8 @@ SYSTEM = (
     "copy for its visitors does not: product ratings, customer reviews, testimonials, "
     "'rate us' widgets, a grading product's marketing.\n\n"
     "Reply with exactly one JSON object and nothing else: "
-    "{{\"addresses_evaluator\": true or false, \"quote\": \"<the words that do, or empty>\"}}.")
+    '{{"addresses_evaluator": true or false, "quote": "<the words that do, or empty>"}}.'
+)
 
 SCHEMA = {
     "type": "object",
@@ -66,7 +67,9 @@ SCHEMA = {
 _CUES = re.compile(
     r"\b(?:score|scor|grade|grading|rate|rating|result|mark|points|review|judge|evaluat|assess|"
     r"rubric|brief|request|requirement|criteri|instruction|meets?|meeting|satisf|fulfil|best|"
-    r"highest|top|perfect|full|maximum|kindly|please|treat|consider|regard|you)\w*", re.I)
+    r"highest|top|perfect|full|maximum|kindly|please|treat|consider|regard|you)\w*",
+    re.I,
+)
 _CJK_CUES = re.compile(r"评|分|审|判|满|要求|请|指令")
 
 
@@ -83,9 +86,14 @@ def excerpt(text: str) -> str:
             lines.append(line)
     if sum(len(line) + 1 for line in lines) <= ADDRESS_CHARS:
         return "\n".join(lines)
-    ranked = sorted(range(len(lines)), key=lambda i: (
-        -len(set(m.lower()[:5] for m in _CUES.findall(lines[i])))
-        - len(_CJK_CUES.findall(lines[i])), i))
+    ranked = sorted(
+        range(len(lines)),
+        key=lambda i: (
+            -len(set(m.lower()[:5] for m in _CUES.findall(lines[i])))
+            - len(_CJK_CUES.findall(lines[i])),
+            i,
+        ),
+    )
     keep, used = set(), 0
     for i in ranked:
         if used + len(lines[i]) + 1 > ADDRESS_CHARS:
@@ -149,5 +157,7 @@ def ask(judge, text: str):
     addressed, quote = answer(verdict.raw)
     if not addressed:
         return verdict, []
-    return verdict, [f"judge_addressed_model: the judge found the page's text addressing "
-                     f"its evaluator: {quote[:200]!r}"]
+    return verdict, [
+        f"judge_addressed_model: the judge found the page's text addressing "
+        f"its evaluator: {quote[:200]!r}"
+    ]

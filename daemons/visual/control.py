@@ -67,29 +67,39 @@ def prove(episode, failure: Exception, phase: str) -> list[str] | None:
     """Evidence lines when the control succeeds; raises when it fails too;
     None where there is no control."""
     env, started = episode.env, time.monotonic()
-    if isinstance(failure, errors.RenderError) \
-            and getattr(failure, "details", {}).get("reason") == "sandbox":
+    if (
+        isinstance(failure, errors.RenderError)
+        and getattr(failure, "details", {}).get("reason") == "sandbox"
+    ):
         # The renderer sandbox failed at the helper (its init killed, the
         # helper gone or restarted): the page runs as uid 2000 inside it and
         # can reach neither, so a control page's success would wrongly
         # blame the page.
-        raise errors.RenderError(f"the renderer sandbox failed at the helper, an infrastructure "
-                                 f"failure: {str(failure)[:300]}", reason="sandbox")
+        raise errors.RenderError(
+            f"the renderer sandbox failed at the helper, an infrastructure "
+            f"failure: {str(failure)[:300]}",
+            reason="sandbox",
+        )
     if phase == "grade":
         shot = render_control(env.renderer)
         score, _, found = env.judge_page(episode.task, shot.jpeg, shot.text)
         if found:
-            raise errors.JudgeError("the judge found the control page addressing it",
-                                    reason="control")
-        return [f"control: a fixed control page rendered in the same renderer image and "
-                f"judged by the same judge with the same calls (score {score:g}, "
-                f"{time.monotonic() - started:.1f} s)"]
+            raise errors.JudgeError(
+                "the judge found the control page addressing it", reason="control"
+            )
+        return [
+            f"control: a fixed control page rendered in the same renderer image and "
+            f"judged by the same judge with the same calls (score {score:g}, "
+            f"{time.monotonic() - started:.1f} s)"
+        ]
     if isinstance(failure, errors.RenderError) or getattr(episode, "finishing", False):
         shot = render_control(env.renderer)
         reason = getattr(failure, "details", {}).get("reason") or type(failure).__name__
-        return [f"render failed ({reason}): {str(failure)[:300]}",
-                f"control: a fixed control page rendered in the same renderer image on a fresh "
-                f"sandbox ({shot.width}x{shot.height}, {time.monotonic() - started:.1f} s)"]
+        return [
+            f"render failed ({reason}): {str(failure)[:300]}",
+            f"control: a fixed control page rendered in the same renderer image on a fresh "
+            f"sandbox ({shot.width}x{shot.height}, {time.monotonic() - started:.1f} s)",
+        ]
     if isinstance(failure, errors.InfraFailure):
         box = env.open_box(episode.task, f"{episode.episode_id}-control")
         try:
@@ -97,8 +107,11 @@ def prove(episode, failure: Exception, phase: str) -> list[str] | None:
         finally:
             box.remove()
         if res.exit_code != 0 or res.timed_out:
-            raise errors.SandboxDied(f"a fresh task container failed the control command "
-                                     f"(exit {res.exit_code})")
-        return [f"control: a fresh task container of the same image ran a command "
-                f"({time.monotonic() - started:.1f} s)"]
+            raise errors.SandboxDied(
+                f"a fresh task container failed the control command (exit {res.exit_code})"
+            )
+        return [
+            f"control: a fresh task container of the same image ran a command "
+            f"({time.monotonic() - started:.1f} s)"
+        ]
     return None

@@ -25,30 +25,37 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from camg import atomic, errors, typed
-from camg.environment import Environment, Grade, ServiceContext, Submission, Task
 from camg.containers import read_usage
+from camg.environment import Environment, Grade, ServiceContext, Submission, Task
 from camg.shell_schema import command_observation, shell_action
-
 from daemons.visual import judging, rubric
 from daemons.visual.episode import VisualEpisode
 from daemons.visual.render import Mirror, Renderer, RenderLimits, Shot
 from daemons.visual.settings import Settings
 
+if TYPE_CHECKING:
+    from camg.containers import ContainerClient
+    from camg.helper_client import HelperClient
+    from camg.judge import Judge
+
 log = logging.getLogger("camg.visual")
 
-ACTION_SCHEMA = shell_action(finish="render dist/ and judge it.",
-                             cwd="the task's cwd (/workspace)")
+ACTION_SCHEMA = shell_action(finish="render dist/ and judge it.", cwd="the task's cwd (/workspace)")
 
 IMAGE_SCHEMA = {
     "type": "object",
     "description": "An image: PNG bytes as base64, with their sha256 and the pixel size.",
     "required": ["mime", "base64", "sha256", "width", "height"],
-    "properties": {"mime": {"const": "image/png"}, "base64": {"type": "string"},
-                   "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-                   "width": {"type": "integer"}, "height": {"type": "integer"}},
+    "properties": {
+        "mime": {"const": "image/png"},
+        "base64": {"type": "string"},
+        "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "width": {"type": "integer"},
+        "height": {"type": "integer"},
+    },
 }
 
 OBSERVATION_SCHEMA = command_observation(
@@ -69,14 +76,22 @@ def judge_config(settings: Settings, environ: Mapping[str, str] | None = None):
 
     s = settings
     try:
-        return JudgeConfig.from_env(s.judge_env_prefix, environ, ensure_v1=True,
-                                    strip_openai_prefix=True, temperature=s.judge_temperature,
-                                    timeout_s=s.judge_timeout_s, attempts=s.judge_attempts,
-                                    backoff_s=s.judge_backoff_s)
+        return JudgeConfig.from_env(
+            s.judge_env_prefix,
+            environ,
+            ensure_v1=True,
+            strip_openai_prefix=True,
+            temperature=s.judge_temperature,
+            timeout_s=s.judge_timeout_s,
+            attempts=s.judge_attempts,
+            backoff_s=s.judge_backoff_s,
+        )
     except errors.ConfigError as exc:
-        raise errors.ConfigError(f"visual: {exc.message} (the operator provides them; under "
-                                 f"systemd in {JUDGE_ENV_FILE}, see daemons/visual/README.md)",
-                                 **exc.details) from None
+        raise errors.ConfigError(
+            f"visual: {exc.message} (the operator provides them; under "
+            f"systemd in {JUDGE_ENV_FILE}, see daemons/visual/README.md)",
+            **exc.details,
+        ) from None
 
 
 class ContainerBox:
@@ -87,8 +102,14 @@ class ContainerBox:
         self.container = container
 
     def exec(self, command: str, *, user: str, cwd: str, timeout: float, output_limit: int):
-        return self.client.exec(self.container.id, command, user=user, cwd=cwd, timeout=timeout,
-                                 output_limit=output_limit)
+        return self.client.exec(
+            self.container.id,
+            command,
+            user=user,
+            cwd=cwd,
+            timeout=timeout,
+            output_limit=output_limit,
+        )
 
     def get_archive(self, path: str) -> bytes:
         return self.client.get_archive(self.container.id, path)
@@ -99,7 +120,7 @@ class ContainerBox:
     def usage(self) -> dict | None:
         return read_usage(self.client, self.container.id)
 
-    def fork(self, episode_id: str) -> "ContainerBox":
+    def fork(self, episode_id: str) -> ContainerBox:
         return ContainerBox(self.client, self.client.fork(self.container.id, episode_id=episode_id))
 
 
@@ -112,14 +133,16 @@ class VisualEnvironment(Environment):
 
     def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
         super().__init__(context, tasks)
-        self.settings = typed.parse(Settings, context.settings, "visual.settings", errors.ConfigError)
+        self.settings = typed.parse(
+            Settings, context.settings, "visual.settings", errors.ConfigError
+        )
         self.renderer: Renderer | None = None
         self.renderer_info: dict = {}
         self.mirror_urls: list[str] = []
-        self.judge = None
+        self.judge: Judge | None = None
         self.judge_problem = ""
-        self.helper = None
-        self.containers = None
+        self.helper: HelperClient | None = None
+        self.containers: ContainerClient | None = None
         self.pools: dict[str, Any] = {}
         self._pool_lock = threading.Lock()
         self.shots_dir = Path(context.state_dir) / self.settings.screenshots_dir
@@ -134,17 +157,23 @@ class VisualEnvironment(Environment):
         files = self.context.verified_files
         for label in ("renderer", "cdn_mirror"):
             if label not in files:
-                raise errors.ConfigError(f"the visual manifest names no {label!r} file "
-                                         "(python -m camg.prepare --environment visual)")
+                raise errors.ConfigError(
+                    f"the visual manifest names no {label!r} file "
+                    "(python -m camg.prepare --environment visual)"
+                )
         info_path = Path(files["renderer"]["path"])
         self.renderer_info = json.loads(info_path.read_text())
         rootfs = info_path.parent / "rootfs"
         if not (rootfs / self.renderer_info["browser"].lstrip("/")).is_file():
-            raise errors.PreparationMissing(f"renderer tree {rootfs} has no browser",
-                                            step="python -m tools.visual.renderer_rootfs")
+            raise errors.PreparationMissing(
+                f"renderer tree {rootfs} has no browser",
+                step="python -m tools.visual.renderer_rootfs",
+            )
         mirror = Mirror.load(files["cdn_mirror"]["path"])
         self.mirror_urls = sorted(mirror.files)
-        self.helper = HelperClient(self.context.helper_socket or DEFAULT_SOCKET, owner=s.helper_owner)
+        self.helper = HelperClient(
+            self.context.helper_socket or DEFAULT_SOCKET, owner=s.helper_owner
+        )
         self.containers = ContainerClient(helper=self.helper)
         # A previous instance killed with -9 leaves its task containers,
         # warm pool and renderer sandboxes (browsers included) behind; they
@@ -152,11 +181,19 @@ class VisualEnvironment(Environment):
         released = self.helper.release_all()
         if released:
             log.warning("released %d container(s)/sandbox(es) a previous instance left", released)
-        self.renderer = Renderer(self.helper, str(rootfs), self.renderer_info, mirror,
-                                 RenderLimits(timeout=s.render_timeout,
-                                              memory_bytes=s.render_memory_bytes,
-                                              cpu_quota=s.render_cpu, pids_max=s.render_pids_max,
-                                              dist_bytes=s.dist_bytes))
+        self.renderer = Renderer(
+            self.helper,
+            str(rootfs),
+            self.renderer_info,
+            mirror,
+            RenderLimits(
+                timeout=s.render_timeout,
+                memory_bytes=s.render_memory_bytes,
+                cpu_quota=s.render_cpu,
+                pids_max=s.render_pids_max,
+                dist_bytes=s.dist_bytes,
+            ),
+        )
         self.shots_dir.mkdir(parents=True, exist_ok=True)
         for image in sorted({t.data["image"] for t in self.tasks}):
             self._pool(image)
@@ -176,19 +213,26 @@ class VisualEnvironment(Environment):
         from camg.containers import ContainerPool, ContainerSpec
 
         s = self.settings
+        containers = self.containers
+        assert containers is not None  # pools are made once start() has the client
         with self._pool_lock:
             pool = self.pools.get(image)
             if pool is None:
-                spec = ContainerSpec(image=image, cpu=s.cpu, memory_bytes=s.memory_bytes,
-                                     pids_max=s.pids_max, command=("sleep", "infinity"))
+                spec = ContainerSpec(
+                    image=image,
+                    cpu=s.cpu,
+                    memory_bytes=s.memory_bytes,
+                    pids_max=s.pids_max,
+                    command=("sleep", "infinity"),
+                )
                 try:
-                    self.containers.pull(image)
+                    containers.pull(image)
                 except errors.CamgError as exc:
                     # As General does: a registry that is gone (a demo's
                     # loopback one) is fine when dockerd holds the image by
                     # digest already; if not, the pool's creates fail.
                     log.warning("pulling %s failed: %s", image, exc)
-                pool = self.pools[image] = ContainerPool(self.containers, spec, size=s.pool_size)
+                pool = self.pools[image] = ContainerPool(containers, spec, size=s.pool_size)
             return pool
 
     def stop(self) -> None:
@@ -218,15 +262,17 @@ class VisualEnvironment(Environment):
 
     def judge_shot(self, task: Task, shot: Shot):
         if self.judge is None:
-            raise errors.JudgeError(f"judge unconfigured: {self.judge_problem}",
-                                    reason="unconfigured")
+            raise errors.JudgeError(
+                f"judge unconfigured: {self.judge_problem}", reason="unconfigured"
+            )
         return judging.vision(self.judge, task.data["problem_statement"], shot.jpeg)
 
     def judge_page(self, task: Task, jpeg: bytes, text: str) -> tuple[float, dict, list[str]]:
         """judging.judge_page with this service's judge."""
         if self.judge is None:
-            raise errors.JudgeError(f"judge unconfigured: {self.judge_problem}",
-                                    reason="unconfigured")
+            raise errors.JudgeError(
+                f"judge unconfigured: {self.judge_problem}", reason="unconfigured"
+            )
         return judging.judge_page(self.judge, task.data["problem_statement"], jpeg, text)
 
     def regrade(self, task: Task, submission: Submission) -> Grade:
@@ -246,11 +292,18 @@ class VisualEnvironment(Environment):
             raise errors.NoSubmission(f"the episode's screenshot {path.name} is gone or changed")
         if meta.get("integrity") == "tampered":
             # delivery.py's rule holds on a regrade too: 0, the judge is not asked
-            return Grade(0.0, {"integrity": "tampered",
-                               "integrity_evidence": list(meta.get("integrity_evidence") or ()),
-                               "rubric_id": self.rubric_id, "rubric_hash": self.rubric_hash})
-        score, records, found = self.judge_page(task, jpeg,
-                                                submission.data.decode("utf-8", "replace"))
+            return Grade(
+                0.0,
+                {
+                    "integrity": "tampered",
+                    "integrity_evidence": list(meta.get("integrity_evidence") or ()),
+                    "rubric_id": self.rubric_id,
+                    "rubric_hash": self.rubric_hash,
+                },
+            )
+        score, records, found = self.judge_page(
+            task, jpeg, submission.data.decode("utf-8", "replace")
+        )
         out: dict[str, Any] = {"rubric_id": self.rubric_id, "rubric_hash": self.rubric_hash}
         if "judge" in records:
             out["judge"] = records["judge"]
@@ -269,11 +322,18 @@ class VisualEnvironment(Environment):
 
     def metadata(self) -> Mapping[str, Any]:
         meta: dict[str, Any] = {
-            "rubric": {"id": self.rubric_id, "sha256": self.rubric_hash,
-                       "query_cap": rubric.QUERY_CAP},
+            "rubric": {
+                "id": self.rubric_id,
+                "sha256": self.rubric_hash,
+                "query_cap": rubric.QUERY_CAP,
+            },
             "renderer": {k: self.renderer_info.get(k) for k in ("key", "packages", "wheels")},
-            "render": {"viewport": [1440, 900], "jpeg_quality": 75, "max_pixels": 20_000_000,
-                       "timeout_s": self.settings.render_timeout},
+            "render": {
+                "viewport": [1440, 900],
+                "jpeg_quality": 75,
+                "max_pixels": 20_000_000,
+                "timeout_s": self.settings.render_timeout,
+            },
             "cdn_mirror_urls": self.mirror_urls,
             "images": sorted({t.data["image"] for t in self.tasks}),
         }

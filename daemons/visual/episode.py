@@ -32,7 +32,6 @@ from typing import Any, Protocol
 from camg import errors
 from camg.cost import judge_tokens
 from camg.environment import Episode, Step, Submission
-
 from daemons.visual import addressing, control, delivery
 from daemons.visual.render import Shot
 
@@ -48,20 +47,22 @@ DELIVERY = (
     "Everything it needs (scripts, styles, images, fonts) must be inside {dist}/ and referenced "
     "by paths relative to it.\n"
     "- You may use Tailwind CSS from its CDN build "
-    "(<script src=\"https://cdn.jsdelivr.net/npm/@tailwindcss/browser@4\"></script>) and/or "
+    '(<script src="https://cdn.jsdelivr.net/npm/@tailwindcss/browser@4"></script>) and/or '
     "inline <style>. Other external URLs will not load when the site is reviewed.\n\n"
     "Request:\n\n{brief}\n\n"
-    "Use shell actions ({{\"operation\": \"shell\", \"command\": ...}}) to work; each starts in "
+    'Use shell actions ({{"operation": "shell", "command": ...}}) to work; each starts in '
     "{cwd}, runs for at most 60 seconds, and shows the final 12000 bytes of output. Send "
-    "{{\"operation\": \"finish\"}} when the site is ready: it is then rendered as one "
-    "full-page screenshot at 1440x900 and reviewed.")
+    '{{"operation": "finish"}} when the site is ready: it is then rendered as one '
+    "full-page screenshot at 1440x900 and reviewed."
+)
 
 
 class TaskBox(Protocol):
     """The agent's container, as the episode uses it."""
 
-    def exec(self, command: str, *, user: str, cwd: str, timeout: float,
-             output_limit: int) -> Any: ...
+    def exec(
+        self, command: str, *, user: str, cwd: str, timeout: float, output_limit: int
+    ) -> Any: ...
 
     def get_archive(self, path: str) -> bytes: ...
 
@@ -69,7 +70,7 @@ class TaskBox(Protocol):
 
     def usage(self) -> dict | None: ...  # its cost so far (camg.cost); None: unknown
 
-    def fork(self, episode_id: str) -> "TaskBox": ...  # a copy of its filesystem as it stands
+    def fork(self, episode_id: str) -> TaskBox: ...  # a copy of its filesystem as it stands
 
 
 def png_image(jpeg: bytes) -> dict:
@@ -81,8 +82,13 @@ def png_image(jpeg: bytes) -> dict:
         im.convert("RGB").save(buf, "PNG", optimize=False, compress_level=6)
         width, height = im.size
     data = buf.getvalue()
-    return {"mime": "image/png", "base64": base64.b64encode(data).decode("ascii"),
-            "sha256": hashlib.sha256(data).hexdigest(), "width": width, "height": height}
+    return {
+        "mime": "image/png",
+        "base64": base64.b64encode(data).decode("ascii"),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "width": width,
+        "height": height,
+    }
 
 
 class VisualEpisode(Episode):
@@ -102,8 +108,8 @@ class VisualEpisode(Episode):
         #: the page text the address question is asked about (addressing.excerpt)
         self.screen_text = ""
         self.failure: dict | None = None
-        self.evidence: list[str] = []       # delivery.py's integrity evidence
-        self.usage: dict | None = None      # the container's, read at finish (camg.cost)
+        self.evidence: list[str] = []  # delivery.py's integrity evidence
+        self.usage: dict | None = None  # the container's, read at finish (camg.cost)
         #: dist/ is copied out and goes to the renderer: a failure now is the render's
         self.finishing = False
         self._lock = threading.Lock()
@@ -118,8 +124,13 @@ class VisualEpisode(Episode):
                 raise errors.InfraFailure("episode closed during reset")
             self.box = box
         # Upstream's environment setup is exactly this.
-        res = box.exec(f"mkdir -p {self.cwd}/dist && chown -R 2000:2000 {self.cwd}", user="root",
-                       cwd="/", timeout=60, output_limit=2000)
+        res = box.exec(
+            f"mkdir -p {self.cwd}/dist && chown -R 2000:2000 {self.cwd}",
+            user="root",
+            cwd="/",
+            timeout=60,
+            output_limit=2000,
+        )
         if res.exit_code != 0:
             raise errors.InfraFailure(f"workspace setup failed: {res.output[-500:]}")
         dist = f"{self.cwd.rstrip('/')}/dist"
@@ -135,15 +146,26 @@ class VisualEpisode(Episode):
         if len(command) > s.max_command_chars:
             raise errors.InvalidAction(f"command longer than {s.max_command_chars} characters")
         box = self._box()
-        res = box.exec(command, user="agent", cwd=self.cwd, timeout=s.command_timeout,
-                       output_limit=s.output_bytes)
-        obs = {"task_id": self.task.task_id, "output": res.output, "exit_code": res.exit_code,
-               "timed_out": res.timed_out, "truncated": res.truncated, "step": self.steps}
+        res = box.exec(
+            command,
+            user="agent",
+            cwd=self.cwd,
+            timeout=s.command_timeout,
+            output_limit=s.output_bytes,
+        )
+        obs = {
+            "task_id": self.task.task_id,
+            "output": res.output,
+            "exit_code": res.exit_code,
+            "timed_out": res.timed_out,
+            "truncated": res.truncated,
+            "step": self.steps,
+        }
         if self.steps >= s.max_steps:
             return self._finish("step_limit", last=obs)
         return Step(observation=obs)
 
-    def fork(self, episode_id: str) -> "VisualEpisode":
+    def fork(self, episode_id: str) -> VisualEpisode:
         """A snapshot of the container (the helper's ContainerFork): the
         workspace as it stands, and the step count. Nothing else decides the
         grade before finish: the child's dist/ is copied, rendered and
@@ -176,10 +198,14 @@ class VisualEpisode(Episode):
         self.evidence += delivery.shot_evidence(self.shot)
         self.screen_text = addressing.asked_text(self.shot.text, tar)
         self.shot_path = self.env.store_screenshot(self.episode_id, self.shot)
-        obs = {"task_id": self.task.task_id, "step": self.steps, "finished_by": why,
-               "output": (last or {}).get("output", "Site delivered; rendered for review."),
-               "screenshot": png_image(self.shot.jpeg),
-               "console_errors": list(self.shot.console_errors)}
+        obs = {
+            "task_id": self.task.task_id,
+            "step": self.steps,
+            "finished_by": why,
+            "output": (last or {}).get("output", "Site delivered; rendered for review."),
+            "screenshot": png_image(self.shot.jpeg),
+            "console_errors": list(self.shot.console_errors),
+        }
         return Step(observation=obs, done=True, graded=False)
 
     def grade(self) -> float:
@@ -188,8 +214,7 @@ class VisualEpisode(Episode):
         if delivery.verdict(self.evidence)["integrity"] == "tampered":
             return 0.0  # reaching outside dist/: 0 by rule, the judge is not asked
         try:
-            score, records, found = self.env.judge_page(self.task, self.shot.jpeg,
-                                                         self.screen_text)
+            score, records, found = self.env.judge_page(self.task, self.shot.jpeg, self.screen_text)
         except errors.JudgeError as first:
             # Once more before the failure goes to the control (control.py),
             # which gives the page 0.0 when the judge answers a fixed page:
@@ -197,8 +222,9 @@ class VisualEpisode(Episode):
             # page's 0.
             log.warning("the judge failed on the page (%s); asking once more", first.message)
             try:
-                score, records, found = self.env.judge_page(self.task, self.shot.jpeg,
-                                                             self.screen_text)
+                score, records, found = self.env.judge_page(
+                    self.task, self.shot.jpeg, self.screen_text
+                )
             except errors.JudgeError as exc:  # the record says what was asked of whom
                 self.failure = {"judge_failure": exc.message, **exc.details}
                 raise
@@ -218,19 +244,34 @@ class VisualEpisode(Episode):
             return None
         # data: the page text the address question was asked about, so a
         # regrade asks the same question
-        return Submission(data=self.screen_text.encode(), meta={
-            "screenshot": os.path.basename(self.shot_path), "sha256": self.shot.sha256,
-            "width": self.shot.width, "height": self.shot.height,
-            "downscaled": self.shot.downscaled, **delivery.verdict(self.evidence)})
+        return Submission(
+            data=self.screen_text.encode(),
+            meta={
+                "screenshot": os.path.basename(self.shot_path),
+                "sha256": self.shot.sha256,
+                "width": self.shot.width,
+                "height": self.shot.height,
+                "downscaled": self.shot.downscaled,
+                **delivery.verdict(self.evidence),
+            },
+        )
 
     def outcome(self) -> Mapping[str, Any]:
-        out: dict[str, Any] = {"rubric_id": self.env.rubric_id, "rubric_hash": self.env.rubric_hash,
-                               "image": self.task.data["image"]}
+        out: dict[str, Any] = {
+            "rubric_id": self.env.rubric_id,
+            "rubric_hash": self.env.rubric_hash,
+            "image": self.task.data["image"],
+        }
         if self.shot is not None:
-            out["screenshot"] = {"sha256": self.shot.sha256, "width": self.shot.width,
-                                 "height": self.shot.height, "path": self.shot_path,
-                                 "downscaled": self.shot.downscaled, "format": "jpeg",
-                                 "render_timings": dict(self.shot.timings)}
+            out["screenshot"] = {
+                "sha256": self.shot.sha256,
+                "width": self.shot.width,
+                "height": self.shot.height,
+                "path": self.shot_path,
+                "downscaled": self.shot.downscaled,
+                "format": "jpeg",
+                "render_timings": dict(self.shot.timings),
+            }
         if self.verdict is not None:
             out["judge"] = self.verdict
         if self.address is not None:
@@ -249,8 +290,12 @@ class VisualEpisode(Episode):
         """The next action of the task's prepared reference site (reference.py)."""
         from daemons.visual import reference
 
-        steps = reference.plan(self.task.task_id, self.task.data, cwd=self.cwd,
-                               max_command_chars=self.settings.max_command_chars)
+        steps = reference.plan(
+            self.task.task_id,
+            self.task.data,
+            cwd=self.cwd,
+            max_command_chars=self.settings.max_command_chars,
+        )
         return steps[min(self.steps, len(steps) - 1)]
 
     def _drop_box(self) -> None:

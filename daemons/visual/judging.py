@@ -11,7 +11,6 @@ screenshot first, then the rubric with the brief, upstream's order).
 from __future__ import annotations
 
 from camg import errors
-
 from daemons.visual import addressing, rubric
 
 
@@ -21,8 +20,9 @@ def vision(judge, brief: str, jpeg: bytes):
 
     if judge is None:
         raise errors.JudgeError("judge unconfigured", reason="unconfigured")
-    verdict = judge.ask(rubric.prompt(brief), images=[Image(jpeg, "image/jpeg")],
-                        parse=rubric.score)
+    verdict = judge.ask(
+        rubric.prompt(brief), images=[Image(jpeg, "image/jpeg")], parse=rubric.score
+    )
     return verdict, rubric.parse(verdict.raw)
 
 

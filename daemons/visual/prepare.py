@@ -27,7 +27,6 @@ from pathlib import Path
 
 from camg import task_manifest as manifest
 from camg.errors import CamgError, DatasetError
-
 from daemons.visual import reference
 
 CREATED_BY = "camg.prepare 0.1.0 (visual)"
@@ -59,8 +58,9 @@ def _validate(inst: dict, where: str) -> dict:
     if not isinstance(iid, str) or not iid or "/" in iid or not iid.isprintable():
         raise DatasetError(f"{where}: field instance_id: missing or invalid")
     if inst.get("dataset_type", "webdev") != "webdev":
-        raise DatasetError(f"{where} ({iid}): field dataset_type: {inst.get('dataset_type')!r} "
-                           "is not webdev")
+        raise DatasetError(
+            f"{where} ({iid}): field dataset_type: {inst.get('dataset_type')!r} is not webdev"
+        )
     brief = inst.get("problem_statement")
     if not isinstance(brief, str) or not brief.strip():
         raise DatasetError(f"{where} ({iid}): field problem_statement: missing or empty")
@@ -70,13 +70,27 @@ def _validate(inst: dict, where: str) -> dict:
     image = inst.get("docker_image", "")
     if not isinstance(image, str):
         raise DatasetError(f"{where} ({iid}): field docker_image must be a string")
-    return {"instance_id": iid, "problem_statement": brief, "cwd": cwd, "docker_image": image,
-            "category": str(inst.get("category", "website"))}
+    return {
+        "instance_id": iid,
+        "problem_statement": brief,
+        "cwd": cwd,
+        "docker_image": image,
+        "category": str(inst.get("category", "website")),
+    }
 
 
-def prepare_visual(*, rows_path, renderer, cdn_mirror, output, image: str | None = None,
-                   image_map: str | None = None, select=None, limit: int | None = None,
-                   references=None) -> dict:
+def prepare_visual(
+    *,
+    rows_path,
+    renderer,
+    cdn_mirror,
+    output,
+    image: str | None = None,
+    image_map: str | None = None,
+    select=None,
+    limit: int | None = None,
+    references=None,
+) -> dict:
     rows = read_rows(rows_path)
     mapping: dict[str, str] = {}
     if image_map:
@@ -105,33 +119,41 @@ def prepare_visual(*, rows_path, renderer, cdn_mirror, output, image: str | None
         rows = rows[:limit]
     renderer_json = Path(renderer) / "renderer.json"
     if not renderer_json.is_file() or not (Path(renderer) / "rootfs").is_dir():
-        raise DatasetError(f"{renderer} is not a renderer tree "
-                           "(build it: python -m tools.visual.renderer_rootfs)")
+        raise DatasetError(
+            f"{renderer} is not a renderer tree (build it: python -m tools.visual.renderer_rootfs)"
+        )
     if not Path(cdn_mirror).is_file():
         raise DatasetError(f"{cdn_mirror} is missing (build it: python -m tools.visual.cdn_mirror)")
     tasks = []
     for row in rows:
-        ref = mapping.get(row["docker_image"]) or image
-        if not ref:
-            raise DatasetError(f"task {row['instance_id']}: no pinned image for "
-                               f"{row['docker_image']!r} (give --image or --image-map)")
-        data = dict(row, image=ref, dataset_type="webdev")
+        pinned = mapping.get(row["docker_image"]) or image
+        if not pinned:
+            raise DatasetError(
+                f"task {row['instance_id']}: no pinned image for "
+                f"{row['docker_image']!r} (give --image or --image-map)"
+            )
+        data = dict(row, image=pinned, dataset_type="webdev")
         site = reference.load(references, row["instance_id"]) if references is not None else None
         if site is not None:  # served only where the deployment enables references
             data["reference"] = site
         tasks.append({"task_id": row["instance_id"], "data": data})
     sampling = {"order": "select" if select else "rows", "limit": limit}
-    body = manifest.build("visual", tasks, sampling=sampling,
-                          files={"rows": rows_path, "renderer": renderer_json,
-                                 "cdn_mirror": cdn_mirror},
-                          created_by=CREATED_BY)
+    body = manifest.build(
+        "visual",
+        tasks,
+        sampling=sampling,
+        files={"rows": rows_path, "renderer": renderer_json, "cdn_mirror": cdn_mirror},
+        created_by=CREATED_BY,
+    )
     manifest.write(output, body)
     return body
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m camg.prepare --environment visual",
-                                 description="Prepare a Visual task manifest for camg.configure.")
+    ap = argparse.ArgumentParser(
+        prog="python -m camg.prepare --environment visual",
+        description="Prepare a Visual task manifest for camg.configure.",
+    )
     ap.add_argument("--rows", required=True, help="webdev rows (.jsonl)")
     group = ap.add_mutually_exclusive_group(required=True)
     group.add_argument("--image", help="REPO@sha256:HEX used for every row")
@@ -141,14 +163,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--output", required=True)
     ap.add_argument("--select")
     ap.add_argument("--limit", type=int)
-    ap.add_argument("--references", help="reference sites, DIR/<task_id>/index.html... "
-                                         "(for camg_client --policy oracle)")
+    ap.add_argument(
+        "--references",
+        help="reference sites, DIR/<task_id>/index.html... (for camg_client --policy oracle)",
+    )
     args = ap.parse_args(argv)
     try:
-        body = prepare_visual(rows_path=args.rows, renderer=args.renderer,
-                              cdn_mirror=args.cdn_mirror, output=args.output, image=args.image,
-                              image_map=args.image_map, select=args.select, limit=args.limit,
-                              references=args.references)
+        body = prepare_visual(
+            rows_path=args.rows,
+            renderer=args.renderer,
+            cdn_mirror=args.cdn_mirror,
+            output=args.output,
+            image=args.image,
+            image_map=args.image_map,
+            select=args.select,
+            limit=args.limit,
+            references=args.references,
+        )
     except (CamgError, OSError) as exc:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2

@@ -32,8 +32,10 @@ def plan(task_id: str, data: Mapping[str, Any], *, cwd: str, max_command_chars: 
     """Every action of the task's reference solution, in order."""
     reference = data.get("reference")
     if not isinstance(reference, Mapping) or not isinstance(reference.get("files"), Mapping):
-        raise NotFound(f"visual task {task_id!r} was prepared without a reference site "
-                       "(camg.prepare --environment visual --references DIR)")
+        raise NotFound(
+            f"visual task {task_id!r} was prepared without a reference site "
+            "(camg.prepare --environment visual --references DIR)"
+        )
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, encoded in sorted(reference["files"].items()):
@@ -42,9 +44,12 @@ def plan(task_id: str, data: Mapping[str, Any], *, cwd: str, max_command_chars: 
             info.size, info.mode, info.mtime = len(body), 0o644, 0
             tar.addfile(info, io.BytesIO(body))
     store = f"{cwd.rstrip('/')}/.camg-reference.b64"
-    return shipped(buf.getvalue(), store,
-                   f"mkdir -p dist && base64 -d {store} | tar -xz -C dist && rm -f {store}",
-                   max_command=max_command_chars)
+    return shipped(
+        buf.getvalue(),
+        store,
+        f"mkdir -p dist && base64 -d {store} | tar -xz -C dist && rm -f {store}",
+        max_command=max_command_chars,
+    )
 
 
 def load(directory: str | Path, task_id: str) -> dict | None:
@@ -62,6 +67,7 @@ def load(directory: str | Path, task_id: str) -> dict | None:
             total += len(body)
             files[path.relative_to(site).as_posix()] = base64.b64encode(body).decode()
     if "index.html" not in files or total > MAX_SITE_BYTES:
-        raise DatasetError(f"{site}: a reference site needs index.html and at most "
-                           f"{MAX_SITE_BYTES} bytes")
+        raise DatasetError(
+            f"{site}: a reference site needs index.html and at most {MAX_SITE_BYTES} bytes"
+        )
     return {"files": files}

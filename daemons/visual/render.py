@@ -81,7 +81,7 @@ class Mirror:
     files: Mapping[str, tuple[str, bytes]]
 
     @classmethod
-    def load(cls, manifest: str | Path | None) -> "Mirror":
+    def load(cls, manifest: str | Path | None) -> Mirror:
         if not manifest:
             return cls({})
         base = Path(manifest).parent
@@ -91,8 +91,9 @@ class Mirror:
             for url, entry in data["urls"].items():
                 blob = (base / entry["file"]).read_bytes()
                 if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
-                    raise errors.ConfigError(f"cdn mirror file {entry['file']} does not match "
-                                             "its sha256 in mirror.json")
+                    raise errors.ConfigError(
+                        f"cdn mirror file {entry['file']} does not match its sha256 in mirror.json"
+                    )
                 files[url] = (Path(entry["file"]).name, blob)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise errors.ConfigError(f"cdn mirror {manifest} is unreadable: {exc}") from None
@@ -119,8 +120,9 @@ def job_archive(dist_tar: bytes, mirror: Mirror, browser: str, limit: int) -> by
         with tarfile.open(fileobj=io.BytesIO(dist_tar), mode="r:*") as src:
             members = src.getmembers()
             if len(members) > MAX_ENTRIES:
-                raise errors.RenderError(f"dist/ has more than {MAX_ENTRIES} entries",
-                                         reason="dist_too_large")
+                raise errors.RenderError(
+                    f"dist/ has more than {MAX_ENTRIES} entries", reason="dist_too_large"
+                )
             for member in members:
                 name = member.name
                 while name.startswith("./"):
@@ -135,14 +137,19 @@ def job_archive(dist_tar: bytes, mirror: Mirror, browser: str, limit: int) -> by
                 elif member.isfile():
                     total += member.size
                     if total > limit:
-                        raise errors.RenderError(f"dist/ is larger than {limit} bytes",
-                                                 reason="dist_too_large")
+                        raise errors.RenderError(
+                            f"dist/ is larger than {limit} bytes", reason="dist_too_large"
+                        )
                     f = src.extractfile(member)
                     _add(tar, f"dist/{name}", f.read() if f else b"")
         for name, blob in mirror.files.values():
             _add(tar, f"mirror/{name}", blob)
-        job = {"dist": f"{WORK}/dist", "out": f"{WORK}/out/shot.jpg", "browser": browser,
-               "mirror": {url: f"{WORK}/mirror/{name}" for url, (name, _) in mirror.files.items()}}
+        job = {
+            "dist": f"{WORK}/dist",
+            "out": f"{WORK}/out/shot.jpg",
+            "browser": browser,
+            "mirror": {url: f"{WORK}/mirror/{name}" for url, (name, _) in mirror.files.items()},
+        }
         _add(tar, "job.json", json.dumps(job).encode())
         _add(tar, "shot.py", SCRIPT.read_bytes())
     return out.getvalue()
@@ -159,7 +166,7 @@ def downscale(jpeg: bytes) -> tuple[bytes, int, int, bool]:
             return jpeg, w, h, False
         scale = (MAX_PIXELS / (w * h)) ** 0.5
         size = (max(1, int(w * scale)), max(1, int(h * scale)))
-        small = im.convert("RGB").resize(size, Image.LANCZOS)
+        small = im.convert("RGB").resize(size, Image.Resampling.LANCZOS)
         buf = io.BytesIO()
         small.save(buf, "JPEG", quality=JPEG_QUALITY)
         return buf.getvalue(), size[0], size[1], True
@@ -177,8 +184,14 @@ def _member(tar_bytes: bytes, name: str) -> bytes | None:
 class Renderer:
     """Renders in helper sandboxes over the renderer rootfs."""
 
-    def __init__(self, helper, rootfs: str, renderer_info: Mapping[str, str], mirror: Mirror,
-                 limits: RenderLimits = RenderLimits()) -> None:
+    def __init__(
+        self,
+        helper,
+        rootfs: str,
+        renderer_info: Mapping[str, str],
+        mirror: Mirror,
+        limits: RenderLimits = RenderLimits(),
+    ) -> None:
         self.helper = helper
         self.rootfs = rootfs
         self.browser = renderer_info["browser"]
@@ -191,20 +204,36 @@ class Renderer:
         archive = job_archive(dist_tar, self.mirror, self.browser, lim.dist_bytes)
         started = time.monotonic()
         try:
-            sid = self.helper.create_sandbox([self.rootfs], memory_bytes=lim.memory_bytes,
-                                             cpu_quota=lim.cpu_quota, pids_max=lim.pids_max,
-                                             hostname="renderer")
+            sid = self.helper.create_sandbox(
+                [self.rootfs],
+                memory_bytes=lim.memory_bytes,
+                cpu_quota=lim.cpu_quota,
+                pids_max=lim.pids_max,
+                hostname="renderer",
+            )
         except errors.CamgError as exc:
-            raise errors.RenderError(f"renderer sandbox did not start: {exc.message}",
-                                     reason="sandbox") from None
+            raise errors.RenderError(
+                f"renderer sandbox did not start: {exc.message}", reason="sandbox"
+            ) from None
         try:
             self.helper.put_archive(sid, WORK, archive, user="agent")
-            env = {"PYTHONPATH": self.site, "HOME": f"{WORK}/home", "TMPDIR": f"{WORK}/out",
-                   "LANG": "C.UTF-8", "PLAYWRIGHT_BROWSERS_PATH": "/nonexistent",
-                   "PATH": "/usr/bin:/bin"}
-            res = self.helper.exec(sid, f"mkdir -p {WORK}/home && exec python3 {WORK}/shot.py "
-                                   f"{WORK}/job.json > {WORK}/out/result.json", cwd=WORK, env=env,
-                                   timeout=lim.timeout, output_limit=4000)
+            env = {
+                "PYTHONPATH": self.site,
+                "HOME": f"{WORK}/home",
+                "TMPDIR": f"{WORK}/out",
+                "LANG": "C.UTF-8",
+                "PLAYWRIGHT_BROWSERS_PATH": "/nonexistent",
+                "PATH": "/usr/bin:/bin",
+            }
+            res = self.helper.exec(
+                sid,
+                f"mkdir -p {WORK}/home && exec python3 {WORK}/shot.py "
+                f"{WORK}/job.json > {WORK}/out/result.json",
+                cwd=WORK,
+                env=env,
+                timeout=lim.timeout,
+                output_limit=4000,
+            )
             if res.timed_out:
                 raise errors.RenderError(f"render exceeded {lim.timeout:g} s", reason="timeout")
             out = self.helper.get_archive(sid, f"{WORK}/out")
@@ -221,17 +250,31 @@ class Renderer:
         try:
             result = json.loads(raw or b"")
         except ValueError:
-            raise errors.RenderError("the browser process died without a result",
-                                     reason="browser", output=res.output[-1500:]) from None
+            raise errors.RenderError(
+                "the browser process died without a result",
+                reason="browser",
+                output=res.output[-1500:],
+            ) from None
         if not result.get("ok"):
-            raise errors.RenderError(f"the browser failed: {result.get('error')}: "
-                                     f"{result.get('message', '')[:500]}", reason="browser")
+            raise errors.RenderError(
+                f"the browser failed: {result.get('error')}: {result.get('message', '')[:500]}",
+                reason="browser",
+            )
         jpeg = _member(out, "shot.jpg")
         if not jpeg:
             raise errors.RenderError("no screenshot was produced", reason="no_image")
         jpeg, width, height, shrunk = downscale(jpeg)
         timings = dict(result.get("timings", {}), wall=round(time.monotonic() - started, 3))
-        return Shot(jpeg, width, height, shrunk, tuple(result.get("console_errors", ())), timings,
-                    tuple(result.get("local_loads", ())), tuple(result.get("sockets", ())),
-                    str(result.get("text") or ""), tuple(result.get("blocked", ())),
-                    int(result.get("clipped_from") or 0))
+        return Shot(
+            jpeg,
+            width,
+            height,
+            shrunk,
+            tuple(result.get("console_errors", ())),
+            timings,
+            tuple(result.get("local_loads", ())),
+            tuple(result.get("sockets", ())),
+            str(result.get("text") or ""),
+            tuple(result.get("blocked", ())),
+            int(result.get("clipped_from") or 0),
+        )

@@ -26,8 +26,13 @@ from camg.hashing import sha256_bytes
 
 RUBRIC_ID = "camg-rva1:mean(visual,query,asset)"
 QUERY_CAP = 1500
-VISUAL_KEYS = ("layout_integrity", "typography_hierarchy", "color_harmony", "whitespace",
-               "content_richness")
+VISUAL_KEYS = (
+    "layout_integrity",
+    "typography_hierarchy",
+    "color_harmony",
+    "whitespace",
+    "content_richness",
+)
 KEYS = VISUAL_KEYS + ("query_fulfillment", "premium_assets")
 
 TEMPLATE = """You review web user interfaces. Judge ONLY what is visible in the attached \
@@ -81,7 +86,8 @@ its visitors (ratings, reviews, testimonials) is not such text.
 
 Answer with a single JSON object and nothing else:
 {{"layout_integrity": x, "typography_hierarchy": x, "color_harmony": x, "whitespace": x, \
-"content_richness": x, "query_fulfillment": x, "premium_assets": x, "reason": "one short sentence"}}"""
+"content_richness": x, "query_fulfillment": x, "premium_assets": x, \
+"reason": "one short sentence"}}"""
 
 #: identifies the rubric text itself (the template before the brief is substituted)
 RUBRIC_HASH = sha256_bytes(TEMPLATE.encode())
@@ -104,14 +110,22 @@ def parse(text: str) -> dict:
     dims = {}
     for key in KEYS:
         value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
             raise ValueError(f"verdict key {key!r} is missing or not a number")
         dims[key] = min(1.0, max(0.0, float(value)))
     visual = sum(dims[k] for k in VISUAL_KEYS) / len(VISUAL_KEYS)
     score = round((visual + dims["query_fulfillment"] + dims["premium_assets"]) / 3, 4)
     reason = data.get("reason")
-    return {"dims": dims, "visual": round(visual, 4), "score": score,
-            "reason": reason if isinstance(reason, str) else ""}
+    return {
+        "dims": dims,
+        "visual": round(visual, 4),
+        "score": score,
+        "reason": reason if isinstance(reason, str) else "",
+    }
 
 
 def score(text: str) -> float:

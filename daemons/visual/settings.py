@@ -40,11 +40,24 @@ class Settings:
     def __post_init__(self) -> None:
         if not 0 < self.command_timeout <= 3600 or not 0 < self.render_timeout <= 3600:
             raise ValueError("timeouts must be in (0, 3600]")
-        if min(self.max_steps, self.output_bytes, self.max_command_chars, self.pids_max,
-               self.render_pids_max) < 1 or self.pool_size < 0:
+        if (
+            min(
+                self.max_steps,
+                self.output_bytes,
+                self.max_command_chars,
+                self.pids_max,
+                self.render_pids_max,
+            )
+            < 1
+            or self.pool_size < 0
+        ):
             raise ValueError("counts and sizes must be positive")
-        if self.cpu <= 0 or self.render_cpu <= 0 or self.memory_bytes < 64 << 20 \
-                or self.render_memory_bytes < 256 << 20:
+        if (
+            self.cpu <= 0
+            or self.render_cpu <= 0
+            or self.memory_bytes < 64 << 20
+            or self.render_memory_bytes < 256 << 20
+        ):
             raise ValueError("cpu must be positive; memory at least 64 MiB (render: 256 MiB)")
         if "/" in self.screenshots_dir or self.screenshots_dir in ("", ".", ".."):
             raise ValueError("screenshots_dir must be a plain directory name")

@@ -33,7 +33,7 @@ import re
 import sys
 import threading
 import time
-import urllib.parse
+import urllib.parse  # noqa: F401  # the sandbox script's imports stay as shipped
 
 VIEWPORT = {"width": 1440, "height": 900}
 #: the tallest shot taken (CSS px); 1440 x 16384 is already above the 20 MP
@@ -115,18 +115,25 @@ def _page_text(context, page):
         out += [strings[i] for i in doc["layout"]["text"] if i >= 0]
         nodes = doc["nodes"]
         for attrs in nodes.get("attributes", []):
-            out += [strings[attrs[k + 1]] for k in range(0, len(attrs) - 1, 2)
-                    if strings[attrs[k]].lower() in _SHOWN_ATTRIBUTES]
+            out += [
+                strings[attrs[k + 1]]
+                for k in range(0, len(attrs) - 1, 2)
+                if strings[attrs[k]].lower() in _SHOWN_ATTRIBUTES
+            ]
         for key in ("inputValue", "textValue"):
             out += [strings[i] for i in (nodes.get(key) or {}).get("value", []) if i >= 0]
         names, values = nodes.get("nodeName", []), nodes.get("nodeValue", [])
         for i, parent in enumerate(nodes.get("parentIndex", [])):
-            if (parent >= 0 and i < len(values) and values[i] >= 0
-                    and strings[names[parent]].upper() in _UNDRAWN):
+            if (
+                parent >= 0
+                and i < len(values)
+                and values[i] >= 0
+                and strings[names[parent]].upper() in _UNDRAWN
+            ):
                 out.append(strings[values[i]])
     try:
         out.append(page.evaluate("() => window.__camgCanvasText ? window.__camgCanvasText() : ''"))
-    except Exception:  # noqa: BLE001 -- the DOM text above still stands
+    except Exception:  # the DOM text above still stands
         pass
     return "\n".join(t for t in out if t and t.strip())[:TEXT_LIMIT]
 
@@ -160,8 +167,10 @@ def _jpeg_size(data):
             continue
         marker = data[i + 1]
         if marker in (0xC0, 0xC1, 0xC2):
-            return int.from_bytes(data[i + 7:i + 9], "big"), int.from_bytes(data[i + 5:i + 7], "big")
-        i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(
+                data[i + 5 : i + 7], "big"
+            )
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
     return 0, 0
 
 
@@ -171,12 +180,17 @@ def render(job):
     timings = {}
     started = time.monotonic()
     server = _serve(job["dist"])
-    origin = "http://127.0.0.1:%d" % server.server_address[1]
+    origin = f"http://127.0.0.1:{server.server_address[1]:d}"
     mirror = job.get("mirror", {})
-    blocked, console, local, sockets = [], [], [], []
+    blocked: list[str] = []
+    console: list[str] = []
+    local: list[str] = []
+    sockets: list[str] = []
     # Chromium's refusals of file: URLs (element, navigation, fetch, XHR)
-    refused_local = re.compile(r"(?:Not allowed to load local resource: |cannot load |"
-                               r"XMLHttpRequest at ')(file:[^\s'\"]+)")
+    refused_local = re.compile(
+        r"(?:Not allowed to load local resource: |cannot load |"
+        r"XMLHttpRequest at ')(file:[^\s'\"]+)"
+    )
 
     def on_console(message):
         text = message.text
@@ -185,6 +199,10 @@ def render(job):
             local.append(hit.group(1).rstrip(".")[:500])
         if message.type == "error" and len(console) < 15:
             console.append(text[:500])
+
+    def on_page_error(error):
+        if len(console) < 15:
+            console.append(str(error)[:500])
 
     def on_socket(ws):
         if not ws.url.startswith(origin.replace("http", "ws", 1) + "/") and len(sockets) < 50:
@@ -196,28 +214,43 @@ def render(job):
             return r.continue_()
         if url in mirror:
             with open(mirror[url], "rb") as f:
-                return r.fulfill(status=200, body=f.read(), content_type=_content_type(mirror[url]),
-                                 headers={"Access-Control-Allow-Origin": "*"})
+                return r.fulfill(
+                    status=200,
+                    body=f.read(),
+                    content_type=_content_type(mirror[url]),
+                    headers={"Access-Control-Allow-Origin": "*"},
+                )
         if len(blocked) < 50:
             blocked.append(url)
         return r.abort("blockedbyclient")
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=job["browser"], headless=True,
-                                    args=["--no-sandbox", "--disable-dev-shm-usage",
-                                          "--disable-gpu", "--font-render-hinting=none"])
+        browser = p.chromium.launch(
+            executable_path=job["browser"],
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-dev-shm-usage",
+                "--disable-gpu",
+                "--font-render-hinting=none",
+            ],
+        )
         timings["launch"] = round(time.monotonic() - started, 3)
         try:
-            context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1,
-                                          service_workers="block")
+            context = browser.new_context(
+                viewport=VIEWPORT,  # type: ignore[arg-type]  # a ViewportSize; naming it would add an import here
+                device_scale_factor=1,
+                service_workers="block",
+            )
             context.route("**/*", route)
             context.add_init_script(CANVAS_HOOK)
             page = context.new_page()
             page.on("console", on_console)
             page.on("websocket", on_socket)
-            page.on("pageerror", lambda e: len(console) < 15 and console.append(str(e)[:500]))
-            page.goto(origin + "/index.html", wait_until="load",
-                      timeout=job.get("goto_timeout_ms", 25000))
+            page.on("pageerror", on_page_error)
+            page.goto(
+                origin + "/index.html", wait_until="load", timeout=job.get("goto_timeout_ms", 25000)
+            )
             page.wait_for_timeout(2000)
             page.evaluate(SETTLE_JS)
             page.add_style_tag(content=FREEZE_CSS)
@@ -229,11 +262,15 @@ def render(job):
                 page_height = cdp.send("Page.getLayoutMetrics")["cssContentSize"]["height"]
             finally:
                 cdp.detach()
-            data = page.screenshot(full_page=True, type="jpeg", quality=75,
-                                   animations="disabled", caret="hide",
-                                   # trimmed to the page: only the height is bounded
-                                   clip={"x": 0, "y": 0, "width": MAX_HEIGHT,
-                                         "height": MAX_HEIGHT})
+            data = page.screenshot(
+                full_page=True,
+                type="jpeg",
+                quality=75,
+                animations="disabled",
+                caret="hide",
+                # trimmed to the page: only the height is bounded
+                clip={"x": 0, "y": 0, "width": MAX_HEIGHT, "height": MAX_HEIGHT},
+            )
             text = _page_text(context, page)
             timings["total"] = round(time.monotonic() - started, 3)
         finally:
@@ -242,10 +279,19 @@ def render(job):
     with open(job["out"], "wb") as f:
         f.write(data)
     width, height = _jpeg_size(data)
-    return {"ok": True, "width": width, "height": height, "bytes": len(data),
-            "blocked": blocked, "console_errors": console, "local_loads": local,
-            "sockets": sockets, "text": text, "timings": timings,
-            "clipped_from": int(page_height) if page_height > MAX_HEIGHT else 0}
+    return {
+        "ok": True,
+        "width": width,
+        "height": height,
+        "bytes": len(data),
+        "blocked": blocked,
+        "console_errors": console,
+        "local_loads": local,
+        "sockets": sockets,
+        "text": text,
+        "timings": timings,
+        "clipped_from": int(page_height) if page_height > MAX_HEIGHT else 0,
+    }
 
 
 def main():
