@@ -244,7 +244,7 @@ def _run_made_checker(start=_RUN_START_NS, stat=os.stat, isfile=os.path.isfile):
 
 _taint, _run_made, _tainted = _run_made_checker()
 
-import pytest  # noqa: E402
+import pytest  # noqa: E402  # after the audit hook above, which must see pytest load
 
 _emit(
     {
@@ -955,8 +955,8 @@ _emit({"t": "audit", "hooked": _install_audit_hook()})
 # code registering it is the agent's (a library's own shutdown handlers are
 # any callable and stay unflagged).
 
-import atexit  # noqa: E402
-import functools  # noqa: E402
+import atexit  # noqa: E402  # beside the one section that uses it
+import functools  # noqa: E402  # beside the one section that uses it
 
 
 def _process_enders():
