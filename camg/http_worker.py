@@ -43,7 +43,7 @@ def options(name: str) -> dict:
 
 WORKERS: dict[str, dict] = {
     "uvicorn": {"worker_class": _UVICORN_CLASS},
-    # gunicorn's own ASGI worker as camg ran it before issue 25: asyncio and
+    # gunicorn's own ASGI worker as camg first ran it: asyncio and
     # the pure-Python parser, named (its "auto" picks uvloop, which the
     # lock now has, and gunicorn_h1c where installed), so the baseline
     # stays the same.

@@ -48,7 +48,7 @@ def parse(cls: type[T], data: Any, where: str, error: type[Exception]) -> T:
 
 @functools.cache
 def _shape(cls: type) -> tuple[dict, dict]:
-    # get_type_hints re-evaluates annotations on every call (~100 µs); the
+    # get_type_hints re-evaluates annotations on every call; the
     # shape of a dataclass never changes, and requests parse on a hot path.
     return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls) if f.init}
 
@@ -57,7 +57,7 @@ def _shape(cls: type) -> tuple[dict, dict]:
 def _origin_args(tp: Any) -> tuple[Any, tuple]:
     # get_origin/get_args walk the typing object on every call; a request's
     # fields (an action's every key and value included) ask them again each
-    # time, on the hot path of every step (issue 25).
+    # time, on the hot path of every step.
     return typing.get_origin(tp), typing.get_args(tp)
 
 
