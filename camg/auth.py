@@ -212,27 +212,30 @@ def describe(required: bool, trainers: str) -> str:
 # -- the file's writers (camg trainer …) ---------------------------------------
 
 
-def add_trainer(
-    path: str | os.PathLike, name: str, role: str = "trainer", owner: str | None = None
-) -> str:
-    """Add ``name`` and return its token (the only time it is seen)."""
+def _entry(name: str, role: str, token: str) -> dict:
+    """A trainers-file entry: the token's hash only, never the token."""
     if not NAME.fullmatch(name):
         raise ConfigError(f"trainer name must match {NAME.pattern}")
     if role not in ROLES:
         raise ConfigError(f"role must be one of {', '.join(ROLES)}")
+    return {
+        "name": name,
+        "role": role,
+        "token_sha256": token_hash(token),
+        "created_at": round(time.time(), 3),
+    }
+
+
+def add_trainer(
+    path: str | os.PathLike, name: str, role: str = "trainer", owner: str | None = None
+) -> str:
+    """Add ``name`` and return its token (the only time it is seen)."""
+    token = new_token()
+    entry = _entry(name, role, token)
     entries = read_trainers(path)
     if any(e["name"] == name for e in entries):
         raise ConfigError(f"trainer {name!r} exists (revoke it first to issue a new token)")
-    token = new_token()
-    entries.append(
-        {
-            "name": name,
-            "role": role,
-            "token_sha256": token_hash(token),
-            "created_at": round(time.time(), 3),
-        }
-    )
-    _write(path, entries, owner)
+    _write(path, [*entries, entry], owner)
     return token
 
 
@@ -240,16 +243,8 @@ def grant(
     path: str | os.PathLike, name: str, token: str, role: str = "trainer", owner: str | None = None
 ) -> None:
     """Record a token made elsewhere for ``name`` (replacing its old one)."""
-    entries = [e for e in read_trainers(path) if e["name"] != name]
-    entries.append(
-        {
-            "name": name,
-            "role": role,
-            "token_sha256": token_hash(token),
-            "created_at": round(time.time(), 3),
-        }
-    )
-    _write(path, entries, owner)
+    entry = _entry(name, role, token)
+    _write(path, [*(e for e in read_trainers(path) if e["name"] != name), entry], owner)
 
 
 def revoke(path: str | os.PathLike, name: str, owner: str | None = None) -> bool:
