@@ -861,7 +861,9 @@ def test_autoresearch_running_background_job_is_not_forkable(ar_roots):
             episode.fork("ar-fork-bg-child")
         assert refused.value.details["what"] == "background_jobs"
         assert len(env.helper.list_sandboxes()) == 1
-        # the episode goes on: the job still runs
-        assert episode.step(_shell(SLEEPS)).observation["output"].strip() == "1"
+        # the episode goes on: the job still runs (its `sleep` may take a
+        # moment to appear under load: the launcher only waits for its shell)
+        still = f"for i in $(seq 100); do n=$({SLEEPS}); [ $n = 1 ] && break; sleep 0.1; done; echo $n"
+        assert episode.step(_shell(still)).observation["output"].strip() == "1"
     finally:
         episode.close()
