@@ -66,7 +66,7 @@ def pct(values: list[float], q: float) -> float:
 
 def setup(base: Path):
     from camg.oci.images import write_materialized
-    from daemons.autoresearch.prepare import prepare
+    from environments.autoresearch.prepare import prepare
     from tools import oci_demo
     from tools.autoresearch import demo_tasks, image
     try:
@@ -99,9 +99,9 @@ def main() -> int:
         raise SystemExit("run as root (helper, grader uid)")
     from camg import task_manifest as manifest
     from camg.environment import ServiceContext
-    from daemons.autoresearch import grader as grader_mod
-    from daemons.autoresearch import runstate
-    from daemons.autoresearch.environment import ResearchEnvironment
+    from environments.autoresearch import grader as grader_mod
+    from environments.autoresearch import runstate
+    from environments.autoresearch.environment import ResearchEnvironment
     from tools import oci_demo
 
     base = Path(tempfile.mkdtemp(prefix="camg-ar-bench-"))

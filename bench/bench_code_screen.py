@@ -8,7 +8,7 @@ tests/unit/data/swesmith_gold_fixes.jsonl.gz, as Coding screens an agent's
 diff: the non-test Python it adds or changes, hunks alone) and writes
 bench/results/code_screen.json: total, flagged, rate, per-rule counts, each
 flagged instance with its rules and lines, wall and CPU time. The goal: at most 1 %
-flagged (daemons/coding/README.md, "The code screen", lists them).
+flagged (environments/coding/README.md, "The code screen", lists them).
 """
 
 from __future__ import annotations

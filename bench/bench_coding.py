@@ -65,7 +65,7 @@ def du(path: str) -> int:
 
 def make_env(work: Path, prepared: Path, images: Path, mirrors: Path, layers_root: Path,
              socket: str):
-    from daemons.coding.environment import CodingEnvironment
+    from environments.coding.environment import CodingEnvironment
     loaded = manifest.load(prepared)
     context = ServiceContext("coding", str(work / "state"), {
         "mirrors_root": str(mirrors), "images": str(images), "layers_root": str(layers_root)},
@@ -96,7 +96,7 @@ def filler_layer(root: Path) -> Path:
 def bench_reset(env, n: int, image_lowers: list[str]) -> dict:
     task = env.tasks[0]
     prepared = env.prepared[task.task_id]
-    from daemons.coding import episode as episode_mod
+    from environments.coding import episode as episode_mod
     original = episode_mod.CodingEpisode._create
     if len(image_lowers) > 1 or image_lowers[0] != prepared.image.rootfs:
         # Same episode code, other lowers below the task layer.
@@ -118,7 +118,7 @@ def bench_reset(env, n: int, image_lowers: list[str]) -> dict:
 
 
 def bench_grade(env, helper: HelperClient, rounds: int) -> dict:
-    from daemons.coding.environment import WORKDIR
+    from environments.coding.environment import WORKDIR
     task = env.tasks[0]
     prepared = env.prepared[task.task_id]
     grades, alone = [], []
@@ -164,7 +164,7 @@ def main() -> int:
         raise SystemExit("bench_coding needs root (sandboxes, task layers)")
     from tools import oci_demo as demo
     from camg.oci.images import write_materialized
-    from daemons.coding.prepare import prepare_coding
+    from environments.coding.prepare import prepare_coding
     from tools.coding.demo_tasks import fetch_sdist
     from tools.coding.sandbox_runner import ensure_demo_set
 

@@ -183,7 +183,7 @@ def _shop_task() -> str:
 def _shop_prefix() -> list[dict]:
     # search the goal's product by its title and open the first result: a
     # results page, a page stack and a listed set to copy
-    from daemons.shop.store import ProductStore
+    from environments.shop.store import ProductStore
     from tools.harness import shop
     out, settings = shop.prepared()
     task = json.loads((out / "manifest.json").read_text())["tasks"][7]
@@ -195,7 +195,7 @@ def _shop_prefix() -> list[dict]:
 
 def _shop_in_process(tmp: Path) -> tuple[Environment, Task]:
     from camg import task_manifest as manifest
-    from daemons.shop.environment import ShopEnvironment
+    from environments.shop.environment import ShopEnvironment
     from tools.harness import shop
     out, settings = shop.prepared()
     tasks = manifest.load(out / "manifest.json").tasks

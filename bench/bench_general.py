@@ -403,7 +403,7 @@ def main() -> int:
                          "Docker API timeout is the helper's default (60 s)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    from daemons.general.prepare import prepare_general
+    from environments.general.prepare import prepare_general
     from tools.general import agent_env, demo
 
     work = Path(tempfile.mkdtemp(prefix="camg-bench-general-"))

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from camg import task_manifest as manifest  # noqa: E402
 from camg.environment import ServiceContext  # noqa: E402
 from tools.harness import shop as testing  # noqa: E402
-from daemons.shop.environment import ShopEnvironment  # noqa: E402
+from environments.shop.environment import ShopEnvironment  # noqa: E402
 
 CONTROLS = ("back to search", "next >", "< prev")
 

@@ -58,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_shop import percentiles, timed  # noqa: E402
 from camg import task_manifest as manifest  # noqa: E402
-from daemons.shop import catalog, search, store  # noqa: E402
-from daemons.shop import prepare as prepare_shop  # noqa: E402
+from environments.shop import catalog, search, store  # noqa: E402
+from environments.shop import prepare as prepare_shop  # noqa: E402
 from tools.harness import shop as testing  # noqa: E402
 from tools.shop.scale import build_index, index_key, prepare  # noqa: E402
 from tools.harness.auth import deployment_auth  # noqa: E402

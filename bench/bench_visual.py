@@ -7,7 +7,7 @@ Pages: the demo tasks' reference sites (tools/visual/demo_tasks.py; three use
 the mirrored Tailwind build) and a blank page. Measures, in one run:
   * host baseline: the same shot script run directly on the host (host
     playwright + Debian's chromium-headless-shell), no sandbox;
-  * sandboxed render (daemons.visual.render.Renderer through a private
+  * sandboxed render (environments.visual.render.Renderer through a private
     camg-helper over the renderer rootfs): p50/p99 per page, and the ratio to
     the host baseline (the isolation's cost);
   * k renders at once: wall time and peak memory per render, read from each
@@ -83,7 +83,7 @@ def host_render(files: dict[str, bytes], mirror_json: Path) -> float:
                "mirror": {u: str(mirror_json.parent / e["file"]) for u, e in mirror.items()}}
         (Path(tmp) / "job.json").write_text(json.dumps(job))
         t = time.perf_counter()
-        out = subprocess.run([sys.executable, str(ROOT / "daemons/visual/shot_script.py"),
+        out = subprocess.run([sys.executable, str(ROOT / "environments/visual/shot_script.py"),
                               f"{tmp}/job.json"], capture_output=True, check=True, timeout=300)
         took = time.perf_counter() - t
         if not json.loads(out.stdout.splitlines()[-1])["ok"]:
@@ -128,7 +128,7 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (the helper builds sandboxes)")
-    from daemons.visual.render import Mirror, Renderer, RenderLimits
+    from environments.visual.render import Mirror, Renderer, RenderLimits
     from tools.visual.cdn_mirror import build_mirror
     from tools.visual.renderer_rootfs import ensure_renderer_rootfs
 

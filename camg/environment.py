@@ -1,4 +1,4 @@
-"""The interface every environment (daemons/<env>) implements.
+"""The interface every environment (environments/<env>) implements.
 
 The episode manager (camg.episodes) owns ids, leases, deadlines, request
 de-duplication, outcome records and the HTTP/OpenEnv surface. An

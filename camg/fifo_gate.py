@@ -3,7 +3,7 @@ holders at once, the rest wait in arrival order until their own deadline.
 
 The helper's container mediator gates creates and starts with it
 (helper/container_gate.py), the General service its container boots
-(daemons/general/environment.py). Standard library only: the helper may
+(environments/general/environment.py). Standard library only: the helper may
 import it (pyproject's layering contracts).
 
 Why the mediator needs one: dockerd serialises much of a container's

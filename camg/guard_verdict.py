@@ -7,7 +7,7 @@ outcome from the raw call result and checks at the end of the session that
 the reporting path is intact. Its records are lines ``camg-guard MAC JSON``
 signed with a key made for that grade alone.
 
-Coding runs it in a fresh grader sandbox (daemons/coding/grader_scripts.py, whose
+Coding runs it in a fresh grader sandbox (environments/coding/grader_scripts.py, whose
 script sets the variables that load it), General inside the task container
 (mimoagent.transport.verifier_guard.runner_env, the same variables); both read
 the channel and hold it against what the runner reported with this module:

@@ -39,7 +39,7 @@ string); the score is read only from the reply's own ``score`` field
 (``parse_verdict``, strict), and ``VERDICT_SCHEMA`` is sent as the structured
 output format unless ``<prefix>_STRUCTURED=0``. What this cannot do: stop a
 judge that obeys instructions it reads inside the data (see
-daemons/general/README.md, "The judge and text that addresses it").
+environments/general/README.md, "The judge and text that addresses it").
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The registry of environments: one descriptor per environment package.
 
-camg/ knows no environment by name. Each environment package (daemons/<env>)
+camg/ knows no environment by name. Each environment package (environments/<env>)
 declares an ``EnvironmentPlugin`` and registers it as a Python entry point
 in the ``camg.environments`` group (pyproject.toml)::
 
     [project.entry-points."camg.environments"]
-    coding = "daemons.coding.plugin:PLUGIN"
+    coding = "environments.coding.plugin:PLUGIN"
 
 Everything that lists environments — ports, factories, ``camg.configure``'s
 refusal hints, ``python -m camg.prepare --environment NAME``, routes,

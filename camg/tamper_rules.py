@@ -1,6 +1,6 @@
 """The rules that tell a change aimed at the test runner from a fix (pure, shared).
 
-Coding (daemons/coding/integrity.py) and General (daemons/general/integrity.py)
+Coding (environments/coding/integrity.py) and General (environments/general/integrity.py)
 both screen what an agent changed in a repository before trusting a test
 run's verdict. The rules are the same facts about Python and pytest, so they
 live here; each environment decides which files its grader restores (those

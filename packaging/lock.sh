@@ -15,7 +15,7 @@
 #
 # pyserini (requirements/nodeps.in) is installed --no-deps: its declared
 # requirements are its dense-retrieval stack (transformers, onnxruntime,
-# nmslib, ...), which Shop's BM25 search never imports (daemons/shop/search.py).
+# nmslib, ...), which Shop's BM25 search never imports (environments/shop/search.py).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 CAMG_LOG_TAG=lock.sh

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rows_jsonl": str(jsonl), "rows_parquet": str(parquet)}
         (args.output / "build-info.json").write_text(json.dumps(info, indent=1) + "\n")
         if args.images:
-            from daemons.coding.prepare import prepare_coding
+            from environments.coding.prepare import prepare_coding
             prepare_coding(rows_path=parquet, mirrors_root=args.output / "mirrors",
                            images_path=args.images, output=args.manifest,
                            layers_root=args.layers_root)

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from camg.errors import CamgError  # noqa: E402
-from daemons.shop import javahome  # noqa: E402
+from environments.shop import javahome  # noqa: E402
 
 DEFAULT_JDK = "/usr/lib/jvm/java-17-openjdk-amd64"
 

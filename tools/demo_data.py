@@ -75,7 +75,7 @@ def coding_demo_set(data: Path, cache: Path, helper_socket: str) -> Path:
 def prepare_coding(data: Path, cache: Path, helper_socket: str) -> Path:
     from tools import oci_demo as demo
     from camg.oci.images import write_materialized
-    from daemons.coding.prepare import prepare_coding as prepare_manifest
+    from environments.coding.prepare import prepare_coding as prepare_manifest
     from tools.coding.swesmith_demo import rewrite_rows
 
     out = data / "coding"
@@ -96,8 +96,8 @@ def prepare_coding(data: Path, cache: Path, helper_socket: str) -> Path:
 
 
 def prepare_shop(data: Path, cache: Path, helper_socket: str) -> Path:
-    from daemons.shop import prepare as shop
-    from daemons.shop import javahome
+    from environments.shop import prepare as shop
+    from environments.shop import javahome
 
     out = data / "shop"
     java_home = out / "java"
@@ -162,8 +162,8 @@ def _tree_key(*paths: Path) -> str:
 
 def prepare_autoresearch(data: Path, cache: Path, helper_socket: str) -> Path:
     from camg.oci.images import write_materialized
-    from daemons.autoresearch import metrics
-    from daemons.autoresearch.prepare import prepare
+    from environments.autoresearch import metrics
+    from environments.autoresearch.prepare import prepare
     from tools.autoresearch import demo_tasks, image
 
     out = data / "autoresearch"

@@ -321,7 +321,7 @@ def credulous_vision_verdict(jpeg: bytes, page_text: str) -> dict:
 
 
 # -- Visual's second question: does the page's text address its evaluator?
-# (daemons/visual/addressing.py.) Answered as a model reads: an imperative or
+# (environments/visual/addressing.py.) Answered as a model reads: an imperative or
 # a claim aimed at whoever grades the page, about its score, result or the
 # brief, in any words; a site's own copy for its visitors ("rate us 5 stars",
 # "our reviewers loved it") is not one.
@@ -486,7 +486,7 @@ def gullible_verdict(request: Request) -> Reply:
 
 #: letters of other scripts a reader takes for Latin ones (the common
 #: homoglyphs: Cyrillic, Greek, Armenian); written out here on purpose,
-#: independent of the screen's own table (daemons/general/rubric.py)
+#: independent of the screen's own table (environments/general/rubric.py)
 _LOOKALIKE = dict(zip(
     "аеорсухіјѕԁһӏԛԝАВЕКМНОРСТХІЈЅԜοανικρτυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧօոսհ",
     "aeopcyxijsdhlqwABEKMHOPCTXIJSWoavikptuxABEZHIKMNOPTYXonuh"))

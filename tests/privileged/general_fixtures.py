@@ -86,7 +86,7 @@ def general_helper(general_demo, lower_root, rootfs):
 
 @pytest.fixture(scope="session")
 def general_prepared(general_demo, tmp_path_factory):
-    from daemons.general.prepare import prepare_general
+    from environments.general.prepare import prepare_general
 
     out = tmp_path_factory.mktemp("general-prepared")
     prepare_general(code_rows=str(general_demo["code_rows"]),

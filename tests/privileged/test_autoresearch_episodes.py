@@ -51,7 +51,7 @@ def research_image():
 @pytest.fixture(scope="module")
 def roots(research_image):
     from camg.oci.images import write_materialized
-    from daemons.autoresearch.prepare import prepare
+    from environments.autoresearch.prepare import prepare
     from tools.autoresearch import demo_tasks
     ensure_grader_user()
     base = Path(tempfile.mkdtemp(prefix="camg-ar-test-"))
@@ -96,8 +96,8 @@ def settings_for(roots, **extra) -> dict:
 
 def make_env(roots, helper, state: Path, **extra):
     from camg.environment import ServiceContext
-    from daemons.autoresearch import runstate
-    from daemons.autoresearch.environment import ResearchEnvironment
+    from environments.autoresearch import runstate
+    from environments.autoresearch.environment import ResearchEnvironment
     ok, notes = runstate.check_clean(str(state), helper_socket=helper.socket,
                                      owner="autoresearch")
     assert ok, notes
@@ -355,7 +355,7 @@ def test_private_root_refused_as_a_lower(env, ar_helper, roots):
 
 def test_image_carries_no_sklearn_data_and_validate_accepts_the_demo_tasks(env, roots,
                                                                             ar_helper):
-    from daemons.autoresearch import validate
+    from environments.autoresearch import validate
     from tools.autoresearch import image as research
     site = next(Path(roots["image"].rootfs).glob(
         research.VENV.lstrip("/") + "/lib/python3*/site-packages"))
@@ -466,7 +466,7 @@ def test_the_agents_processes_cannot_slow_or_stop_the_collection(env, monkeypatc
     as the agent, and this job kept it past its timeout) is killed from
     outside before the collection starts: the file is read well within a
     5 s probe budget and graded."""
-    from daemons.autoresearch import episode as research
+    from environments.autoresearch import episode as research
     monkeypatch.setattr(research, "PROBE_TIMEOUT_S", 5)
     job = ("python -c \"\nimport os, signal, time\nfd = os.open('/dev/null', os.O_RDONLY)\n"
            "for k in range(10):\n    if os.fork() == 0:\n"

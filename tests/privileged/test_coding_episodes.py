@@ -33,7 +33,7 @@ CACHE = pc.CACHE / "coding"
 @pytest.fixture(scope="module")
 def prepared(demo_set, demo_image, tmp_path_factory):
     from camg.oci.images import write_materialized
-    from daemons.coding.prepare import prepare_coding
+    from environments.coding.prepare import prepare_coding
     work = tmp_path_factory.mktemp("coding-prepared")
     images = work / "materialized-images.json"
     write_materialized(images, (demo_image.image,))
@@ -44,7 +44,7 @@ def prepared(demo_set, demo_image, tmp_path_factory):
 
 
 def make_env(prepared, coding_helper, **settings):
-    from daemons.coding.environment import CodingEnvironment
+    from environments.coding.environment import CodingEnvironment
     loaded = manifest.load(prepared["manifest"])
     state = prepared["work"] / "state"
     state.mkdir(exist_ok=True)
@@ -292,7 +292,7 @@ def test_start_refuses_a_moved_branch_or_a_changed_image(prepared, coding_helper
     import dataclasses
     import subprocess
     from camg.oci.images import load_materialized, write_materialized
-    from daemons.coding import mirrors as mirrors_mod
+    from environments.coding import mirrors as mirrors_mod
     loaded = manifest.load(prepared["manifest"])
     task = loaded.tasks[0]
     copy = tmp_path / "mirrors"
@@ -426,7 +426,7 @@ def test_unprivileged_service_user_can_start(prepared, coding_helper):
     interpreter lives under /root, which nobody cannot exec afresh)."""
     import camg.helper_client  # noqa: F401 - imported before the fork
     import camg.oci.images  # noqa: F401
-    from daemons.coding import log_evaluation
+    from environments.coding import log_evaluation
     log_evaluation.preload()
     work = Path(tempfile.mkdtemp(prefix="camg-coding-unpriv-"))
     work.chmod(0o755)
@@ -450,7 +450,7 @@ def test_unprivileged_service_user_can_start(prepared, coding_helper):
             os.setgroups([services_gid])
             os.setresgid(65534, 65534, 65534)
             os.setresuid(65534, 65534, 65534)
-            from daemons.coding.environment import CodingEnvironment
+            from environments.coding.environment import CodingEnvironment
             env = CodingEnvironment(ServiceContext("coding", "/nonexistent", settings,
                                                    coding_helper.socket), tasks)
             env.start()
@@ -507,8 +507,8 @@ def test_image_workspace_is_masked_but_its_build_artifacts_show(prepared, coding
     layers hide them, none after); the artifacts stay out of the diff, so a
     gold fix still grades 1.0."""
     from camg.oci.images import load_materialized
-    from daemons.coding import layers, leaks, mirrors, prepare_layers
-    from daemons.coding.episode import CodingEpisode
+    from environments.coding import layers, leaks, mirrors, prepare_layers
+    from environments.coding.episode import CodingEpisode
     loaded = manifest.load(prepared["manifest"])
     task = loaded.tasks[0]
     ref = mirrors.TaskRef(**task.data["mirror"])

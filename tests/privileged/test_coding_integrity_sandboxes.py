@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from camg import errors
-from daemons.coding import diff_paths, layers
+from environments.coding import diff_paths, layers
 from tools.coding import canaries
 from test_coding_episodes import CACHE, env, prepared  # noqa: F401  (fixtures)
 
@@ -87,7 +87,7 @@ _INERT_HERE = {"shadow_pytest_module"}
 @pytest.mark.parametrize("technique", sorted(t for t, v in canaries.TECHNIQUES.items()
                                              if v.runtime_rule and t not in _INERT_HERE))
 def test_guard_alone_catches_the_canary_in_the_sandbox(env, technique, monkeypatch):
-    from daemons.coding import integrity
+    from environments.coding import integrity
     monkeypatch.setattr(integrity, "screen", lambda diff: [])
     task = env.tasks[0]
     row = env.prepared[task.task_id].row
@@ -113,7 +113,7 @@ def test_gold_alone_is_one_and_clean(env):
 def test_missing_runner_is_grader_error(env):
     task = env.tasks[0]
     base = env.prepared[task.task_id].profile
-    from daemons.coding import episode as episode_mod
+    from environments.coding import episode as episode_mod
     prepared_task = env.prepared[task.task_id]
     for broken in (base.test_cmd.replace("pytest ", "no-such-pytest ", 1),
                    "/opt/no-such-env/bin/python -m pytest --verbose"):

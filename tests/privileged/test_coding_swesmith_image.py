@@ -22,7 +22,7 @@ import pytest
 
 from camg import task_manifest as manifest
 from camg.environment import ServiceContext
-from daemons.coding import profiles
+from environments.coding import profiles
 from tools.coding import canaries
 from test_coding_episodes import CACHE, FINISH, run_episode, shell
 from test_coding_integrity_sandboxes import grade, reverse_gold, workspace_diff
@@ -43,7 +43,7 @@ def swesmith_image(coding_helper):
 def swesmith_prepared(swesmith_image, demo_set, coding_helper, tmp_path_factory):
     """The demo rows, served from the SWE-smith-shaped image, validated."""
     from camg.oci.images import write_materialized
-    from daemons.coding.prepare import prepare_coding
+    from environments.coding.prepare import prepare_coding
     from tools import oci_demo as demo
     from tools.coding.swesmith_demo import rewrite_rows
     work = tmp_path_factory.mktemp("coding-swesmith")
@@ -60,7 +60,7 @@ def swesmith_prepared(swesmith_image, demo_set, coding_helper, tmp_path_factory)
 
 @pytest.fixture(scope="module")
 def swesmith_env(swesmith_prepared, coding_helper):
-    from daemons.coding.environment import CodingEnvironment
+    from environments.coding.environment import CodingEnvironment
     loaded = manifest.load(swesmith_prepared["manifest"])
     state = swesmith_prepared["work"] / "state"
     state.mkdir(exist_ok=True)
@@ -137,8 +137,8 @@ def test_the_images_clean_bytecode_names_the_fixed_function(swesmith_env):
     with only the sources changed to the buggy ones, as the task layer used
     to leave it. The check must find the clean bytecode of every changed
     module and name the function the bug is in."""
-    from daemons.coding import leaks
-    from daemons.coding.episode import CodingEpisode
+    from environments.coding import leaks
+    from environments.coding.episode import CodingEpisode
     real = swesmith_env.prepared[swesmith_env.tasks[0].task_id]
     clean = leaks.prepared_clean_sources(real)
     episode = CodingEpisode(swesmith_env.settings, swesmith_env.helper, real, "swesmith-leak")

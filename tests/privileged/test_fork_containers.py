@@ -221,8 +221,8 @@ def test_agent_processes_are_refused_and_capacity_checked_first(fc, image_ref): 
 @pytest.fixture(scope="module")
 def visual_env(tmp_path_factory, image_ref, renderer_dir, mirror_manifest, visual_helper,  # noqa: F811
                judge):  # noqa: F811
-    from daemons.visual.environment import VisualEnvironment
-    from daemons.visual.prepare import prepare_visual
+    from environments.visual.environment import VisualEnvironment
+    from environments.visual.prepare import prepare_visual
     from tools.visual import demo_tasks
 
     tmp = tmp_path_factory.mktemp("visual-fork")
@@ -270,7 +270,7 @@ def play(episode, actions):
 
 
 def test_visual_oracle_branch_earns_the_maximum_and_noop_zero(visual_env):
-    from daemons.visual import reference
+    from environments.visual import reference
     from tools.judge_stub import MAX_SCORE
 
     # plain CSS (test_oracle_visual's second task): the stub judge's maximum
@@ -322,7 +322,7 @@ def test_visual_parent_closed_before_child(visual_env):
 
 @pytest.fixture(scope="module")
 def general_env(general_demo, general_helper, general_prepared, tmp_path_factory):
-    from daemons.general.environment import GeneralEnvironment
+    from environments.general.environment import GeneralEnvironment
     from tests.support.fake_judge import FakeJudge
     from tools.judge_stub import anchor_verdict
 

@@ -614,7 +614,7 @@ def coding_env(demo_set, demo_image, coding_helper, tmp_path_factory):
     """test_coding_episodes' environment, built the same way."""
     import test_coding_episodes as tc
     from camg.oci.images import write_materialized
-    from daemons.coding.prepare import prepare_coding
+    from environments.coding.prepare import prepare_coding
     work = tmp_path_factory.mktemp("coding-fork-prepared")
     images = work / "materialized-images.json"
     write_materialized(images, (demo_image.image,))
@@ -750,7 +750,7 @@ def ar_roots(rootfs):
     """test_autoresearch_episodes' roots and helper, built the same way."""
     import test_autoresearch_episodes as ta
     from camg.oci.images import write_materialized
-    from daemons.autoresearch.prepare import prepare
+    from environments.autoresearch.prepare import prepare
     from tools import oci_demo
     from tools.autoresearch import demo_tasks, image
     research_image = image.ensure_image(oci_demo.cache_root_from_env())

@@ -326,7 +326,7 @@ def test_with_references_the_control_is_the_gold_patch(general_demo, general_hel
     """A service prepared with references proves a null with the task's
     gold patch in a fresh container (it must earn 1.0 through the same
     verifier), not with a no-op."""
-    from daemons.general.prepare import prepare_general
+    from environments.general.prepare import prepare_general
     from general_fixtures import configure_general, judge_env
     from tests.support.services import ServiceProcess
 

@@ -3,7 +3,7 @@
 Each episode runs through the real service (per-episode container, the
 transport inside) and tries one class of attack with several variants at
 once, none of which fixes anything; each used to earn 1.0 (see
-daemons/general/README.md, "Grade integrity"). Now: reward 0.0 with the reason
+environments/general/README.md, "Grade integrity"). Now: reward 0.0 with the reason
 in the outcome record. The gold patch still earns 1.0 through the same
 guarded transport (test_general_episodes, every code task); the noise an
 honest agent leaves (a server still running, caches, scratch files, a

@@ -30,7 +30,7 @@ CACHE = pc.CACHE / "coding"
 def service(demo_set, demo_image, coding_helper, tmp_path_factory):
     from camg.configure import configure
     from camg.oci.images import write_materialized
-    from daemons.coding.prepare import prepare_coding
+    from environments.coding.prepare import prepare_coding
     from tests.support.services import ServiceProcess, clean_git_tree, free_port
     work = tmp_path_factory.mktemp("coding-mcp")
     images = work / "materialized-images.json"

@@ -49,7 +49,7 @@ def run_rollout(routes: Path, env: str, policy: str, tasks: list[str], tmp: Path
 @pytest.fixture(scope="module")
 def small_roots(research_image):  # noqa: F811
     from camg.oci.images import write_materialized
-    from daemons.autoresearch.prepare import prepare
+    from environments.autoresearch.prepare import prepare
     from tools.autoresearch import demo_tasks
 
     ensure_grader_user()

@@ -44,7 +44,7 @@ def oracle_helper(oracle_demo, lower_root, rootfs):
 @pytest.fixture(scope="module")
 def oracle_service(oracle_demo, oracle_helper, tmp_path_factory):
     from camg.configure import configure
-    from daemons.general.prepare import prepare_general
+    from environments.general.prepare import prepare_general
     from tests.support.services import ServiceProcess, clean_git_tree, free_port
 
     tmp = tmp_path_factory.mktemp("general-oracle")

@@ -41,7 +41,7 @@ TASKS = ["camg_webdev_demo_002", "camg_webdev_demo_003"]   # Tailwind (dark), pl
 @pytest.fixture(scope="module")
 def oracle_config(tmp_path_factory, image_ref, renderer_dir, mirror_manifest,  # noqa: F811
                   visual_helper):  # noqa: F811
-    from daemons.visual.prepare import prepare_visual
+    from environments.visual.prepare import prepare_visual
     from tools.visual import demo_tasks
 
     tmp = tmp_path_factory.mktemp("visual-oracle")

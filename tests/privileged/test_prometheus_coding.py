@@ -34,7 +34,7 @@ CREATE, EXEC = "io.camg.helper.CreateSandbox", "io.camg.helper.Exec"
 
 def prepare(demo_set, demo_image, work: Path) -> dict:
     from camg.oci.images import write_materialized
-    from daemons.coding.prepare import prepare_coding
+    from environments.coding.prepare import prepare_coding
     images = work / "materialized-images.json"
     write_materialized(images, (demo_image.image,))
     out = work / "manifest.json"

@@ -75,7 +75,7 @@ def judge():
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, image_ref, renderer_dir, mirror_manifest, visual_helper):  # noqa: F811
-    from daemons.visual.prepare import prepare_visual
+    from environments.visual.prepare import prepare_visual
     from tools.visual import demo_tasks
 
     tmp = tmp_path_factory.mktemp("visual")

@@ -68,7 +68,7 @@ def mirror_manifest():
 
 @pytest.fixture
 def renderer(client, renderer_dir, mirror_manifest):
-    from daemons.visual.render import Mirror, Renderer, RenderLimits
+    from environments.visual.render import Mirror, Renderer, RenderLimits
     info = json.loads((renderer_dir / "renderer.json").read_text())
     return Renderer(client, str(renderer_dir / "rootfs"), info, Mirror.load(mirror_manifest),
                     RenderLimits(timeout=90))
@@ -122,7 +122,7 @@ def test_external_asset_outside_mirror_is_refused_and_the_page_shot_without_it(r
 
 
 def test_a_page_taller_than_the_limit_is_shot_to_the_limit(renderer):
-    from daemons.visual.shot_script import MAX_HEIGHT
+    from environments.visual.shot_script import MAX_HEIGHT
     page = ('<!DOCTYPE html><html><head><title>Tall</title></head><body style="margin:0">'
             '<div style="height:65000px;background:linear-gradient(#1d3557,#e63946)"></div>'
             '<nav aria-label="site menu"></nav><noscript>no script here</noscript></body></html>')
@@ -141,8 +141,8 @@ def test_missing_renderer_image_leaves_the_null_standing(client, renderer_dir, m
     episode keeps reward null with failure class render_error."""
     import types
 
-    from daemons.visual import control
-    from daemons.visual.render import Mirror, Renderer, RenderLimits
+    from environments.visual import control
+    from environments.visual.render import Mirror, Renderer, RenderLimits
     info = json.loads((renderer_dir / "renderer.json").read_text())
     gone = Renderer(client, str(renderer_dir.parent / "visual-renderer-missing" / "rootfs"), info,
                     Mirror.load(mirror_manifest), RenderLimits(timeout=60))
@@ -164,7 +164,7 @@ def test_missing_index_renders_the_404_page(renderer):
 
 
 def test_browser_that_cannot_start_is_render_error(client, renderer_dir, mirror_manifest):
-    from daemons.visual.render import Mirror, Renderer, RenderLimits
+    from environments.visual.render import Mirror, Renderer, RenderLimits
     info = dict(json.loads((renderer_dir / "renderer.json").read_text()),
                 browser="/usr/lib/chromium/no-such-browser")
     broken = Renderer(client, str(renderer_dir / "rootfs"), info, Mirror.load(mirror_manifest),
@@ -175,7 +175,7 @@ def test_browser_that_cannot_start_is_render_error(client, renderer_dir, mirror_
 
 
 def test_render_timeout_is_render_error(client, renderer_dir, mirror_manifest):
-    from daemons.visual.render import Mirror, Renderer, RenderLimits
+    from environments.visual.render import Mirror, Renderer, RenderLimits
     info = json.loads((renderer_dir / "renderer.json").read_text())
     slow = Renderer(client, str(renderer_dir / "rootfs"), info, Mirror.load(mirror_manifest),
                     RenderLimits(timeout=3))
@@ -195,7 +195,7 @@ def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, rende
     that never settles -- tampered or obstructed at 0.0, or exactly what the
     page earns without its trick; none ends null; nothing of ref/, etc/ or
     up/ reaches the renderer."""
-    from daemons.visual.render import Mirror, Renderer, RenderLimits
+    from environments.visual.render import Mirror, Renderer, RenderLimits
     from tools.canary_table import render
     from tools.visual import canaries
 

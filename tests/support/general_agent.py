@@ -11,7 +11,7 @@ import types
 
 from camg.environment import ServiceContext, Task
 from camg.judge import Judge, JudgeConfig
-from daemons.general.environment import GeneralEnvironment
+from environments.general.environment import GeneralEnvironment
 
 IMAGE = "r/x@sha256:" + "0" * 64
 

@@ -42,7 +42,7 @@ AUTORESEARCH = "camg-autoresearch.service"
 GRADER_USER = "camg-grader"
 # CAP_SETGID (6) and CAP_SETUID (7).
 SETID = (1 << 6) | (1 << 7)
-# daemons/autoresearch/supervisor.py: "the private grader (pid N) exited ..."
+# environments/autoresearch/supervisor.py: "the private grader (pid N) exited ..."
 GRADER_EXITED = "private grader.*exited"
 
 
@@ -241,7 +241,7 @@ class KillChecks:
         if len(running) != 1:
             return [f"{len(running)} graders run after the restart: {running}"]
         eid = storm.create(env)
-        # The reference is planned from step 0 (daemons/autoresearch/episode.py
+        # The reference is planned from step 0 (environments/autoresearch/episode.py
         # reference_action), so it runs first; the uid probe goes between its
         # last command and the submit it returned.
         finish = storm.to_grading(env, eid)

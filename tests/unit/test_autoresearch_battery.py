@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from camg.errors import DatasetError
-from daemons.autoresearch import battery, grader, validate
+from environments.autoresearch import battery, grader, validate
 from tools.autoresearch import synthetic
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from camg import errors
-from daemons.autoresearch import gradewire, grader, metrics, runstate
-from daemons.autoresearch.environment import load_settings
+from environments.autoresearch import gradewire, grader, metrics, runstate
+from environments.autoresearch.environment import load_settings
 
 
 # -- metrics -------------------------------------------------------------------
@@ -84,7 +84,7 @@ def test_any_line_ending_parses(newline):
 
 
 def test_verdict_tampered_on_evidence_or_unknown_ids_and_reward_zero():
-    from daemons.autoresearch.episode import graded
+    from environments.autoresearch.episode import graded
 
     def grade(task_id, data):
         if b"zz" in data:
@@ -152,8 +152,8 @@ class _CollectHelper:
 
 def _research_episode(helper):
     import types
-    from daemons.autoresearch.episode import Prepared, ResearchEpisode
-    from daemons.autoresearch.settings import Settings
+    from environments.autoresearch.episode import Prepared, ResearchEpisode
+    from environments.autoresearch.settings import Settings
     settings = Settings(packages_root="/p", workspaces_root="/w", private_root="/x", images="/i")
     episode = ResearchEpisode(settings, helper, None,
                               Prepared("t1", "x", "/w", types.SimpleNamespace(env=())), "e")
@@ -201,7 +201,7 @@ def test_a_probe_that_fails_with_no_agent_process_left_is_the_infrastructures():
 
 
 def test_a_command_the_sandbox_cannot_start_is_told_apart_from_infrastructure():
-    from daemons.autoresearch.episode import _not_started
+    from environments.autoresearch.episode import _not_started
     full = errors.InfraFailure("helper: init could not start the command: Resource "
                                "temporarily unavailable", helper_error="internal")
     assert _not_started(full)
@@ -252,7 +252,7 @@ def _ask(sock, credential, seq, task_id, blob):
 
 def test_grader_scores_normalises_and_reports_answers_hash(grader_loop, private):
     sock, credential, hello = grader_loop
-    from daemons.autoresearch.prepare import answers_hash
+    from environments.autoresearch.prepare import answers_hash
     assert hello["hello"] and hello["answers"] == {"t1": answers_hash(private / "t1")}
     perfect = _ask(sock, credential, 1, "t1", b"id,prediction\na,0.9\nb,0.1\nc,0.8\nd,0.2\n")
     assert perfect["ok"] and perfect["valid"] and perfect["reward"] == 1.0

@@ -1,4 +1,4 @@
-"""The answer-lookup check of ``prepare --validate`` (daemons.autoresearch.leakscan/validate).
+"""The answer-lookup check of ``prepare --validate`` (environments.autoresearch.leakscan/validate).
 
 The planted task is the first demo set's digits task (scikit-learn's bundled
 digits, the seeded 70/30 split): against a rootfs that carries scikit-learn's
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from camg.errors import DatasetError
-from daemons.autoresearch import leakscan, validate
+from environments.autoresearch import leakscan, validate
 
 SITE = "opt/research-venv/lib/python3.11/site-packages"
 

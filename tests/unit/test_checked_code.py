@@ -1,5 +1,5 @@
 """The shipped Python is checked: ruff (lint and format) and mypy report
-nothing over camg/, helper/, daemons/ and the client, at the settings of
+nothing over camg/, helper/, environments/ and the client, at the settings of
 pyproject.toml. The checkers come from requirements/lint.txt, in a venv of
 their own under $CAMG_CACHE (built once, never the services' venv); mypy
 reads the installed packages of the interpreter running the tests, so the

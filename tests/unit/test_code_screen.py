@@ -433,7 +433,7 @@ def test_honest_fixes_are_flagged_at_most_one_percent():
             flagged[row["instance_id"]].add(finding.rule)
     elapsed = time.perf_counter() - start
     assert len(flagged) <= 0.01 * len(rows), dict(flagged)
-    readme = (Path(__file__).parents[2] / "daemons" / "coding" / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "environments" / "coding" / "README.md").read_text()
     for instance, found in flagged.items():
         assert instance in readme, f"{instance} ({found}) is not listed in the README"
     # well under a few seconds on an idle core (a loaded CI host is slower)

@@ -5,7 +5,7 @@ import pytest
 
 from camg.environment import ServiceContext
 from camg.errors import ConfigError, Unavailable
-from daemons.coding.environment import ACTION_SCHEMA, INSTRUCTIONS, CodingEnvironment, Settings
+from environments.coding.environment import ACTION_SCHEMA, INSTRUCTIONS, CodingEnvironment, Settings
 from camg import typed
 
 GOOD = {"mirrors_root": "/srv/mirrors", "images": "/srv/materialized-images.json"}

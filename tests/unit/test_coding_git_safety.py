@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daemons.coding import prepare_layers
+from environments.coding import prepare_layers
 
 
 def _hostile_repo(root: Path, marker: Path) -> Path:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from camg.errors import GraderError
-from daemons.coding import (diff_paths, grader_scripts, integrity, layers, log_evaluation, mirrors,
+from environments.coding import (diff_paths, grader_scripts, integrity, layers, log_evaluation, mirrors,
                             profiles, rows)
-from daemons.coding.prepare_layers import build_layers_as_root
+from environments.coding.prepare_layers import build_layers_as_root
 from tools.coding import synthetic
 
 
@@ -372,7 +372,7 @@ def test_tampering_wins_over_suspicion(task_set, task_layers, tmp_path):
 
 
 def test_suspicious_reward_setting_is_validated():
-    from daemons.coding.settings import Settings
+    from environments.coding.settings import Settings
 
     base = {"mirrors_root": "/m", "images": "/i.json"}
     assert Settings(**base).suspicious_reward == 0.0

@@ -1,4 +1,4 @@
-"""The agent-view leak probe (daemons.coding.leaks), run here with this
+"""The agent-view leak probe (environments.coding.leaks), run here with this
 interpreter on a workspace laid out as an image built at the clean commit
 leaves it: each kind of artefact of the clean source is found and named,
 and the same artefacts made from the visible (buggy) source are not."""
@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 
-from daemons.coding import leaks
+from environments.coding import leaks
 
 CLEAN = '''def widen(a, b):
     """Sum of both."""
@@ -129,7 +129,7 @@ def test_general_instance_clean_sources_and_no_bytecode_in_its_workspace(tmp_pat
 
 def test_validation_refuses_a_task_whose_view_leaks():
     from camg.errors import DatasetError
-    from daemons.coding.validate import Result, refuse_bad
+    from environments.coding.validate import Result, refuse_bad
     good = Result("t-good", 1.0, 0.0)
     leaky = Result("t-leaky", 1.0, 0.0, "agent view: bytecode ...", ("bytecode /testbed/x.pyc",))
     assert good.ok and not leaky.ok and good.to_data() == {"gold": 1.0, "noop": 0.0}

@@ -10,9 +10,9 @@ from camg import task_manifest as manifest
 from camg.errors import ConfigError, DatasetError, PreparationMissing
 from camg.oci.images import MaterializedImage, write_materialized
 from camg.prepare import main
-from daemons.coding.prepare import prepare_coding
-from daemons.coding import layers, mirrors, rows
-from daemons.coding.prepare_layers import build_layers_as_root
+from environments.coding.prepare import prepare_coding
+from environments.coding import layers, mirrors, rows
+from environments.coding.prepare_layers import build_layers_as_root
 from tools.coding import synthetic
 
 IMAGE = "camg/demo-apispec-6.8.1"
@@ -168,7 +168,7 @@ def test_cli_reports_errors_and_writes(task_set, images, tmp_path, capsys):
 
 
 def test_swesmith_image_names_match_their_docker_hub_spelling(tmp_path):
-    from daemons.coding import images as images_mod
+    from environments.coding import images as images_mod
     rootfs = tmp_path / "img" / "rootfs"
     rootfs.mkdir(parents=True)
     digest = "sha256:" + "d" * 64
@@ -210,7 +210,7 @@ def test_service_start_refuses_missing_layers_and_builds_none(task_set, images, 
     even started as root, checks them and names the command when one is
     missing, without writing anything under layers_root."""
     from camg.environment import ServiceContext
-    from daemons.coding.environment import CodingEnvironment
+    from environments.coding.environment import CodingEnvironment
     loaded = prep(task_set, images, tmp_path)
     layers_root = tmp_path / "layers"
     env = CodingEnvironment(ServiceContext("coding", str(tmp_path / "state"), {

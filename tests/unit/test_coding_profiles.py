@@ -6,7 +6,7 @@ import random
 import pytest
 
 from camg.errors import DatasetError
-from daemons.coding import profiles
+from environments.coding import profiles
 from tools.coding import bugs
 
 
@@ -83,7 +83,7 @@ def test_mutations_are_deterministic_for_a_seed():
 
 def test_swesmith_shaped_demo_runs_swesmiths_own_python_test_command():
     from swesmith.profiles.python import PythonProfile
-    from daemons.coding import profiles as p
+    from environments.coding import profiles as p
     default = PythonProfile.__dataclass_fields__["test_cmd"].default
     assert p.SWESMITH_PYTHON_TEST_CMD == default
     assert p.for_repo("camg-demo-swesmith/x__y.12345678").test_cmd == default

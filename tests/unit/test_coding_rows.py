@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from camg.errors import DatasetError
-from daemons.coding import rows
+from environments.coding import rows
 
 EXAMPLE = Path(rows.__file__).parent / "testdata" / "example_row_pandas.json"
 PATCH = ("diff --git a/src/x.py b/src/x.py\nindex 1..2 100644\n--- a/src/x.py\n+++ b/src/x.py\n"

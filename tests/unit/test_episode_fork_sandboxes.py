@@ -27,8 +27,8 @@ class FakeHelper:
 
 
 def coding(helper):
-    from daemons.coding.episode import CodingEpisode
-    from daemons.coding.settings import Settings
+    from environments.coding.episode import CodingEpisode
+    from environments.coding.settings import Settings
     prepared = types.SimpleNamespace(row=types.SimpleNamespace(instance_id="t1"),
                                      image=types.SimpleNamespace(env=()))
     episode = CodingEpisode(Settings(mirrors_root="/m", images="/i"), helper, prepared, "parent")
@@ -37,8 +37,8 @@ def coding(helper):
 
 
 def research(helper, ledger=None):
-    from daemons.autoresearch.episode import Prepared, ResearchEpisode
-    from daemons.autoresearch.settings import Settings
+    from environments.autoresearch.episode import Prepared, ResearchEpisode
+    from environments.autoresearch.settings import Settings
     settings = Settings(packages_root="/p", workspaces_root="/w", private_root="/x", images="/i")
     episode = ResearchEpisode(settings, helper, None,
                               Prepared("t1", "x", "/w", types.SimpleNamespace(env=())),

@@ -5,7 +5,7 @@ parser (parse_verdict) against tools.judge_stub's gullible judge model; the
 same answers under the prompt and parser the verifier used before (one user
 message, "Expected (pass anchor):", unfenced evidence, the last score in the
 reply) won -- the "before" half of each case. Also the integrity screen
-(daemons/general/rubric.py) and the verifier's file reads.
+(environments/general/rubric.py) and the verifier's file reads.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from camg.judge import (VERDICT_SCHEMA, Judge, JudgeConfig, parse_score, parse_verdict,
                         rubric_messages)
-from daemons.general import rubric
+from environments.general import rubric
 from tools.general import agent_canaries as ac
 from tools.judge_stub import (FakeJudge, Request, anchor_verdict, credulous_verdict,
                               gullible_verdict)

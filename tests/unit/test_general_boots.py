@@ -1,4 +1,4 @@
-"""General's boot gate (daemons/general/environment.py): a reset the warm
+"""General's boot gate (environments/general/environment.py): a reset the warm
 pool cannot serve boots a container and holds a slot until the transport's
 reset has answered (its setup starts every MCP server once, seconds of
 CPU); at most Settings.concurrent_boots do that at once, in arrival order,
@@ -18,8 +18,8 @@ import pytest
 from camg import errors
 from camg.containers import Container
 from camg.environment import Task
-from daemons.general import environment as ge
-from daemons.general.settings import Settings
+from environments.general import environment as ge
+from environments.general.settings import Settings
 
 IMAGE = "127.0.0.1:5000/camg/t@sha256:" + "b" * 64
 

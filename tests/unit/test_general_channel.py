@@ -20,7 +20,7 @@ import time
 import pytest
 
 from camg import errors
-from daemons.general.channel import TransportChannel, observation_of
+from environments.general.channel import TransportChannel, observation_of
 from tests.support import mimo_tasks
 from tests.support.mimo_tasks import GOLD, world_dir
 

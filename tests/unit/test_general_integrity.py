@@ -3,7 +3,7 @@
 The transport's guard (mimoagent.transport.verifier_guard) runs as root with
 a test agent uid (2931: a reap of uid 2000 on a shared host would reach that
 uid's processes in every container); the service's screen
-(daemons.general.integrity) is pure.
+(environments.general.integrity) is pure.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.support.mimo_tasks import GOLD, world_dir
 
 from camg import guard_verdict
 from camg.guard_verdict import GUARD_DIR
-from daemons.general import integrity, prepare  # noqa: E402
+from environments.general import integrity, prepare  # noqa: E402
 from mimoagent.transport import common, software, verifier_guard  # noqa: E402
 
 UID = 2931
@@ -508,7 +508,7 @@ def test_test_support_is_restored_to_the_base_before_the_run(tmp_path):
     1.0); the paths are Coding's protected ones."""
     import tarfile
 
-    from daemons.coding import diff_paths
+    from environments.coding import diff_paths
 
     base = {"repo/tests/helpers.py": b"def check(got, want):\n    assert got == want\n",
             "repo/tests/conftest.py": b"import pytest\n", "repo/src/pkg.py": b"X = 1\n"}
@@ -544,7 +544,7 @@ def test_regrade_judges_the_stored_records_again(tmp_path):
     """An opensource-code episode's submission is its change record and its
     guard record; a regrade gives the verdict of the current rules on them."""
     from camg.environment import ServiceContext, Task
-    from daemons.general.environment import GeneralEnvironment
+    from environments.general.environment import GeneralEnvironment
 
     image = "registry.invalid/x@sha256:" + "0" * 64
     task = Task("oc", {"kind": "opensource-code", "image": image, "instance_id": "oc"})
@@ -661,7 +661,7 @@ def test_canary_actions_fit_the_action_schema_and_write_the_whole_file(tmp_path)
     exceeded it: the service answered 422 and the suite stopped)."""
     import fastjsonschema
 
-    from daemons.general.schemas import ACTION_SCHEMA
+    from environments.general.schemas import ACTION_SCHEMA
     from tools.general import canaries
 
     validate = fastjsonschema.compile(dict(ACTION_SCHEMA))
@@ -870,7 +870,7 @@ def test_guard_test_files_are_the_paths_both_graders_reset():
     aside (those act before the guard and are screened)."""
     import ast
 
-    from daemons.coding import diff_paths
+    from environments.coding import diff_paths
     source = ast.parse(Path(GUARD_DIR, "camg_guard.py").read_text())
     values = {t.id: ast.literal_eval(n.value) for n in source.body if isinstance(n, ast.Assign)
               for t in n.targets if isinstance(t, ast.Name)
@@ -955,7 +955,7 @@ def test_an_honest_change_is_not_suspicious():
 
 
 def test_suspicious_reward_setting_is_validated():
-    from daemons.general.settings import Settings
+    from environments.general.settings import Settings
 
     assert Settings().suspicious_reward == 0.0 and Settings(suspicious_reward=1).suspicious_reward == 1
     for bad in (-0.1, 1.5, True):

@@ -13,11 +13,11 @@ import pytest
 from camg import errors
 from camg.cost import judge_tokens
 from camg.judge import Judge, JudgeConfig, prompt_hash
-from daemons.general import channel, rubric
-from daemons.general.environment import GeneralEnvironment, judge_config
-from daemons.general.prepare import main as prepare_main, prepare_general
-from daemons.general.schemas import ACTION_SCHEMA, allowed_action
-from daemons.general.settings import Settings
+from environments.general import channel, rubric
+from environments.general.environment import GeneralEnvironment, judge_config
+from environments.general.prepare import main as prepare_main, prepare_general
+from environments.general.schemas import ACTION_SCHEMA, allowed_action
+from environments.general.settings import Settings
 from tests.support.fake_judge import FakeJudge, Reply
 from tools.judge_stub import count_usage
 from tools.harness.auth import deployment_auth
@@ -224,8 +224,8 @@ def test_units_read_the_judge_from_an_operator_file_and_stay_loopback_only():
     loopback-only policy (the operator's drop-in adds the judge's); nothing in
     camg/ (configure included) names the credentials directory or writes a
     judge variable (the demo install's loopback stub files are packaging's)."""
-    from daemons.general.environment import JUDGE_ENV_FILE as GENERAL_FILE
-    from daemons.visual.environment import JUDGE_ENV_FILE as VISUAL_FILE
+    from environments.general.environment import JUDGE_ENV_FILE as GENERAL_FILE
+    from environments.visual.environment import JUDGE_ENV_FILE as VISUAL_FILE
 
     repo = Path(__file__).resolve().parents[2]
 
@@ -242,7 +242,7 @@ def test_units_read_the_judge_from_an_operator_file_and_stay_loopback_only():
         assert path == f"/etc/camg/credentials/{env}-judge.env"
         assert not [v for k, v in lines if k.startswith("IPAddress")], f"{unit}: loopback only"
         assert f"systemctl edit camg-{env}" in unit.read_text()
-        assert f"systemctl edit camg-{env}" in (repo / "daemons" / env / "README.md").read_text()
+        assert f"systemctl edit camg-{env}" in (repo / "environments" / env / "README.md").read_text()
     for source in sorted(repo.glob("camg/**/*.py")):
         text = source.read_text()
         assert "/etc/camg/credentials" not in text and "_JUDGE_KEY=" not in text, source

@@ -1,7 +1,7 @@
 """General's opensource-code grade in a fresh container, in process.
 
 The agent's transport ``collect``s its changes (mimoagent.transport.submission),
-the service checks them (daemons.general.submission), and a second,
+the service checks them (environments.general.submission), and a second,
 untouched world's transport ``grade``s them: only regular files of the
 repository travel. Two worlds stand for the two containers (as in
 test_general_integrity.py: a test agent uid, root runs it).
@@ -20,8 +20,8 @@ import pytest
 from tests.support import mimo_tasks
 from tests.support.mimo_tasks import world_dir
 
-from daemons.general import integrity
-from daemons.general import submission as checked
+from environments.general import integrity
+from environments.general import submission as checked
 from camg import errors
 from camg.guard_verdict import GUARD_DIR
 from mimoagent.transport import common, software, verifier_guard  # noqa: E402

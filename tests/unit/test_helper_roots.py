@@ -14,7 +14,7 @@ from camg import helper_roots
 from camg.configure import main as configure_main
 from camg.errors import ConfigError
 from camg.oci.images import MaterializedImage, write_materialized
-from daemons.coding.prepare import prepare_coding
+from environments.coding.prepare import prepare_coding
 from tools.coding import synthetic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,7 +204,7 @@ def test_default_owner_names_are_unique_per_service(tmp_path, capsys):
 
 
 def test_the_coding_service_gives_the_helper_its_own_name():
-    from daemons.coding.settings import Settings
+    from environments.coding.settings import Settings
     owner = {f.name: f.default for f in dataclasses.fields(Settings)}["helper_owner"]
     assert owner == ""
     with pytest.raises(ValueError):

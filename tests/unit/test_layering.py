@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("camg", "daemons", "helper", "tools")
+PACKAGES = ("camg", "environments", "helper", "tools")
 
 
 def lint(tree: Path) -> subprocess.CompletedProcess:
@@ -60,18 +60,18 @@ def tree_copy(tmp_path_factory):
 
 PLANTED = [
     # (file, line to add, what the report must name)
-    ("camg/hashing.py", "from daemons.coding import rows", "camg.hashing -> daemons.coding.rows"),
+    ("camg/hashing.py", "from environments.coding import rows", "camg.hashing -> environments.coding.rows"),
     ("camg/task_manifest.py", "import tools.oci_demo", "camg.task_manifest -> tools.oci_demo"),
     ("helper/paths.py", "from camg import errors", "helper.paths -> camg.errors"),
     ("helper/ledger.py", "import camg.helper_client", "helper.ledger -> camg.helper_client"),
     ("camg/typed.py", "from camg.errors import ConfigError", "camg.typed -> camg.errors"),
-    ("daemons/coding/rows.py", "from daemons.shop import goals", "daemons.coding.rows -> daemons.shop.goals"),
-    ("daemons/shop/pages.py", "from tools.coding import bugs", "daemons.shop.pages -> tools.coding.bugs"),
+    ("environments/coding/rows.py", "from environments.shop import goals", "environments.coding.rows -> environments.shop.goals"),
+    ("environments/shop/pages.py", "from tools.coding import bugs", "environments.shop.pages -> tools.coding.bugs"),
     ("camg_client/rollout.py", "from camg import errors", "camg_client.rollout -> camg.errors"),
-    ("camg_client/client.py", "import daemons.shop", "camg_client.client -> daemons.shop"),
+    ("camg_client/client.py", "import environments.shop", "camg_client.client -> environments.shop"),
     # the services build nothing: no image tooling, no root-only task layers
-    ("daemons/coding/environment.py", "from daemons.coding import prepare_layers",
-     "daemons.coding.environment -> daemons.coding.prepare_layers"),
+    ("environments/coding/environment.py", "from environments.coding import prepare_layers",
+     "environments.coding.environment -> environments.coding.prepare_layers"),
     # shipped code imports nothing of tests/ or bench/ (the harness lives in tools/harness)
     ("tools/reliability/rig.py", "from tests.support import services",
      "tools.reliability.rig -> tests.support.services"),

@@ -370,7 +370,7 @@ def shop_service(tmp_path_factory):
 
 
 def test_shop_oracle_and_noop_over_mcp(shop_service):
-    from daemons.shop.store import ProductStore
+    from environments.shop.store import ProductStore
     from tests.support import shop_testing
     manifest = json.loads((shop_testing.prepared()[0] / "manifest.json").read_text())
     task = manifest["tasks"][7]

@@ -28,8 +28,8 @@ def _payload(actions: list[dict], store: str) -> bytes:
 
 
 def test_general_code_reference_is_the_gold_patch_in_chunks_then_finish():
-    from daemons.general import reference
-    from daemons.general.schemas import MAX_COMMAND
+    from environments.general import reference
+    from environments.general.schemas import MAX_COMMAND
 
     patch = "diff --git a/x b/x\n" + "+" + "y" * 40000 + "\n"
     plan = reference.plan("t", {"reference": {"patch": patch}})
@@ -40,7 +40,7 @@ def test_general_code_reference_is_the_gold_patch_in_chunks_then_finish():
 
 
 def test_general_agent_reference_is_its_actions(tmp_path):
-    from daemons.general import reference
+    from environments.general import reference
 
     actions = [{"operation": "tool", "server": "crm", "name": "x", "arguments": {}},
                {"operation": "finish", "answer": "done"}]
@@ -60,7 +60,7 @@ def test_general_agent_reference_is_its_actions(tmp_path):
 
 def test_general_episode_plays_the_plan_by_its_step_count():
     from camg.environment import Task
-    from daemons.general.environment import GeneralEpisode
+    from environments.general.environment import GeneralEpisode
 
     actions = [{"operation": "shell", "command": "true"}, {"operation": "finish", "answer": "a"}]
     task = Task("ga1", {"kind": "general_agent", "reference": {"actions": actions}})
@@ -79,7 +79,7 @@ def _site_files(plan: list[dict], store: str) -> dict[str, bytes]:
 
 
 def test_visual_reference_site_unpacks_into_dist(tmp_path):
-    from daemons.visual import reference
+    from environments.visual import reference
 
     site = tmp_path / "t1"
     (site / "img").mkdir(parents=True)
@@ -107,8 +107,8 @@ def test_visual_reference_site_unpacks_into_dist(tmp_path):
 
 def test_visual_prepare_records_the_sites_and_the_episode_plays_them(tmp_path):
     from camg.environment import Task
-    from daemons.visual.episode import VisualEpisode
-    from daemons.visual.prepare import prepare_visual
+    from environments.visual.episode import VisualEpisode
+    from environments.visual.prepare import prepare_visual
     from tools.visual import demo_tasks
 
     rows = demo_tasks.build(tmp_path / "demo")
@@ -135,8 +135,8 @@ def test_visual_prepare_records_the_sites_and_the_episode_plays_them(tmp_path):
 
 
 def test_autoresearch_reference_writes_runs_and_submits_the_packaged_solution(tmp_path):
-    from daemons.autoresearch.episode import Prepared, ResearchEpisode
-    from daemons.autoresearch.settings import Settings
+    from environments.autoresearch.episode import Prepared, ResearchEpisode
+    from environments.autoresearch.settings import Settings
 
     settings = Settings(packages_root=str(tmp_path / "packages"),
                         workspaces_root=str(tmp_path / "workspaces"),

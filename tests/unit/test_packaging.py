@@ -199,7 +199,7 @@ def test_deployment_settings_parse_and_limits_cover_the_budgets(deployment):
         settings = typed.parse(settings_type, entry.get("settings", {}), name, ConfigError) \
             if name != "shop" else None  # Shop's hashes are recorded by its preparation
         limits = typed.parse(Limits, entry.get("limits", {}), name, ConfigError)
-        if name == "general":   # a software finish runs the verifier (daemons/general/README.md)
+        if name == "general":   # a software finish runs the verifier (environments/general/README.md)
             assert limits.action_timeout_s >= max(1900, settings.step_timeout_s)
         if name == "visual":
             assert limits.action_timeout_s > settings.render_timeout + 30

@@ -17,7 +17,7 @@ import sys
 from camg import plugins
 from tests.support import shop_testing as testing
 
-PREFIXES = ("camg", "daemons", "tools", "prepare_demo", "install.sh", "demo.sh", "bootstrap.sh",
+PREFIXES = ("camg", "environments", "tools", "prepare_demo", "install.sh", "demo.sh", "bootstrap.sh",
             "run-foreground.sh", *plugins.all_plugins())
 OURS = re.compile(rf"^({'|'.join(re.escape(p) for p in PREFIXES)})(\.[\w.]+)?(\[\d+\])?: ")
 

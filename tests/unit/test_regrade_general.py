@@ -10,7 +10,7 @@ import pytest
 
 from camg import errors
 from camg.environment import ServiceContext, Submission, Task
-from daemons.general.environment import GeneralEnvironment
+from environments.general.environment import GeneralEnvironment
 from tests.support.fake_judge import FakeJudge, Reply
 from tests.support.general_agent import IMAGE, judged_episode
 

@@ -11,7 +11,7 @@ from camg import task_manifest as manifest
 from camg.environment import ServiceContext, Submission
 from camg.errors import GraderError
 from camg.submissions import SubmissionStore
-from daemons.shop.environment import ShopEnvironment
+from environments.shop.environment import ShopEnvironment
 from tests.support import shop_testing as testing
 
 

@@ -11,11 +11,11 @@ import pytest
 from camg import task_manifest as manifest
 from camg.environment import ServiceContext, Task
 from camg.errors import ConfigError, InvalidAction
-from daemons.shop import rewards, search, store
-from daemons.shop.store import ProductStore
+from environments.shop import rewards, search, store
+from environments.shop.store import ProductStore
 from tests.support import shop_testing as testing
-from daemons.shop.environment import ShopEnvironment
-from daemons.shop.pages import PRODUCT_WINDOW
+from environments.shop.environment import ShopEnvironment
+from environments.shop.pages import PRODUCT_WINDOW
 
 CONTROLS = ("back to search", "next >", "< prev")
 
@@ -96,7 +96,7 @@ def test_oracle_earns_one_and_first_result_clearly_less(env, tasks, capsys):
         goal = task.data["goal"]
         # the most upstream's reward gives for this goal: 1.0 unless its own
         # option term misses a goal option (e.g. colour 'r.brown2070', which
-        # normalises to 'brown'; see daemons/shop/README.md)
+        # normalises to 'brown'; see environments/shop/README.md)
         _, n_option = rewards.option_reward(goal["goal_options"], goal["goal_options"])
         n = len(goal["attributes"]) + len(goal["goal_options"]) + 1
         best = (n - len(goal["goal_options"]) + n_option) / n
@@ -335,7 +335,7 @@ def test_concurrent_episodes_search_consistently(env, tasks):
 
 
 def test_files_the_service_verified_are_not_hashed_again(prepared, tasks, tmp_path, monkeypatch):
-    from daemons.shop import environment as shop_env
+    from environments.shop import environment as shop_env
     out, settings = prepared
     verified = manifest.load(out / "manifest.json").files
     import camg.hashing

@@ -10,7 +10,7 @@ import pytest
 
 from camg import verify
 from camg_client import Client
-from daemons.shop.store import ProductStore
+from environments.shop.store import ProductStore
 from tests.support import shop_testing as testing
 from tests.support.services import ServiceProcess
 

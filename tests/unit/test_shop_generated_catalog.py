@@ -12,8 +12,8 @@ import pytest
 
 from camg import task_manifest as manifest
 from camg_client import Client
-from daemons.shop import rewards, search
-from daemons.shop.store import ProductStore
+from environments.shop import rewards, search
+from environments.shop.store import ProductStore
 from tests.support import shop_testing as testing
 from tests.support.services import ServiceProcess
 from tools.shop import scale

@@ -7,7 +7,7 @@ import pytest
 
 from camg.environment import Task
 from camg.errors import DatasetError
-from daemons.shop import catalog, goals
+from environments.shop import catalog, goals
 from tests.support import shop_testing as testing
 
 

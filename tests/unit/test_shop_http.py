@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from camg_client import Client, ServiceError
-from daemons.shop.store import ProductStore
+from environments.shop.store import ProductStore
 from tests.support import shop_testing as testing
 from tests.support.services import ServiceProcess
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from camg.errors import ConfigError, PreparationMissing
-from daemons.shop import javahome
+from environments.shop import javahome
 from tests.support.shop_testing import DEBIAN_JDK, REPO
 
 

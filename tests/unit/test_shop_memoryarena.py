@@ -13,8 +13,8 @@ import pytest
 from camg import task_manifest as manifest
 from camg.environment import ServiceContext
 from camg.errors import ConfigError, DatasetError, JudgeError
-from daemons.shop import memoryarena
-from daemons.shop.environment import ShopEnvironment
+from environments.shop import memoryarena
+from environments.shop.environment import ShopEnvironment
 from tests.support import shop_testing as testing
 from tests.support.fake_judge import FakeJudge, Reply
 from tools.shop import memoryarena_fixture

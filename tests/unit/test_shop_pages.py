@@ -6,7 +6,7 @@ needs no index."""
 
 import pytest
 
-from daemons.shop.pages import Store
+from environments.shop.pages import Store
 
 INSTRUCTION = "i need a red cotton shirt, and price lower than 30.00 dollars"
 HEAD = f"Instruction: [SEP] {INSTRUCTION} [SEP] Back to Search"

@@ -10,8 +10,8 @@ import pytest
 
 from camg import task_manifest as manifest
 from camg.hashing import sha256_path
-from daemons.shop import store
-from daemons.shop.store import ProductStore
+from environments.shop import store
+from environments.shop.store import ProductStore
 from tests.support import shop_testing as testing
 
 

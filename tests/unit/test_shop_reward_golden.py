@@ -1,7 +1,7 @@
 """The service's reward equals upstream WebShop's get_reward on the golden
 table (tests/support/shop_data/reward_golden.jsonl, upstream's own outputs on
 973 real (goal, purchase) cases), column ``upstream_without_spacy``: see
-daemons/shop/README.md for why that column."""
+environments/shop/README.md for why that column."""
 
 import json
 import subprocess
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from daemons.shop import golden
-from daemons.shop.prepare import DEFAULT_CATALOG
+from environments.shop import golden
+from environments.shop.prepare import DEFAULT_CATALOG
 
 GOLDEN = Path(__file__).resolve().parents[1] / "support" / "shop_data" / "reward_golden.jsonl"
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def test_every_golden_row_equals_upstream(products):
 
 def test_option_counts_are_upstreams(products):
     """The option term alone (independent of spaCy): upstream's counts."""
-    from daemons.shop import rewards
+    from environments.shop import rewards
     for case in _cases():
         _, n_option = rewards.option_reward(case["goal"]["goal_options"],
                                             case["purchase"]["options"])
@@ -54,7 +54,7 @@ def test_option_counts_are_upstreams(products):
 
 
 def test_golden_cli_prints_the_summary_line():
-    proc = subprocess.run([sys.executable, "-m", "daemons.shop.golden", str(GOLDEN)],
+    proc = subprocess.run([sys.executable, "-m", "environments.shop.golden", str(GOLDEN)],
                           cwd=REPO, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "equal 973/973 max_reward 1.0"
@@ -65,7 +65,7 @@ def test_golden_cli_reports_differences_and_bad_files(tmp_path):
     rows[1]["upstream"]["reward"] = 0.5   # a target_correct row really earns 1.0
     changed = tmp_path / "changed.jsonl"
     changed.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = subprocess.run([sys.executable, "-m", "daemons.shop.golden", str(changed),
+    proc = subprocess.run([sys.executable, "-m", "environments.shop.golden", str(changed),
                            "--column", "upstream"],
                           cwd=REPO, capture_output=True, text=True, check=False)
     assert proc.returncode == 1
@@ -73,7 +73,7 @@ def test_golden_cli_reports_differences_and_bad_files(tmp_path):
     assert "line 2 target_correct: reward 1.0 expected 0.5" in proc.stdout
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"goal": 1}\n')
-    proc = subprocess.run([sys.executable, "-m", "daemons.shop.golden", str(bad)],
+    proc = subprocess.run([sys.executable, "-m", "environments.shop.golden", str(bad)],
                           cwd=REPO, capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "'goal' must be an object" in proc.stderr
     assert "Traceback" not in proc.stderr

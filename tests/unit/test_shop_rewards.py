@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from daemons.shop import catalog, goals, rewards
+from environments.shop import catalog, goals, rewards
 from tests.support import shop_testing as testing
 
 

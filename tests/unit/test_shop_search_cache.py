@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from daemons.shop import search
+from environments.shop import search
 from tests.support import shop_testing as testing
 
 GOLDEN = Path(__file__).resolve().parents[1] / "support" / "shop_data" / "search_top50.json.gz"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from daemons.shop import search
+from environments.shop import search
 from tests.support import shop_testing as testing
 
 GOLDEN = Path(__file__).resolve().parents[1] / "support" / "shop_data" / "search_top50.json.gz"
@@ -56,7 +56,7 @@ def test_the_raw_document_is_the_upstream_one(searcher):
 
 def test_search_imports_no_dense_retrieval_module():
     # In a fresh process: the module fixture above already started a JVM here.
-    code = ("import sys; from daemons.shop import search; from tests.support import shop_testing as t;"
+    code = ("import sys; from environments.shop import search; from tests.support import shop_testing as t;"
             "o, s = t.prepared(); search.boot_jvm(s['java_home'], t.TEST_HEAP_MB);"
             "x = search.Searcher(s['index_dir']); assert x.search('red shoes');"
             "print(sorted(m for m in ('torch', 'faiss', 'onnxruntime', 'transformers') if m in sys.modules))")

@@ -1,4 +1,4 @@
-"""The Shop product store (daemons/shop/store.py) on the real 1k pool: it
+"""The Shop product store (environments/shop/store.py) on the real 1k pool: it
 round-trips every record exactly, draws the same prices and regenerates the
 same goals as the pool held as dicts, and writes the same bytes twice (the
 pool hash); the service's gate refuses a store it was not prepared with."""
@@ -13,9 +13,9 @@ from camg.environment import ServiceContext
 from camg.errors import ConfigError, DatasetError
 from camg.hashing import sha256_path
 from camg import task_manifest as manifest
-from daemons.shop import catalog, goals, store
-from daemons.shop.environment import ShopEnvironment
-from daemons.shop.store import ProductStore
+from environments.shop import catalog, goals, store
+from environments.shop.environment import ShopEnvironment
+from environments.shop.store import ProductStore
 from tests.support import shop_testing as testing
 
 

@@ -5,7 +5,7 @@ perturbed and never a real ASIN."""
 import gzip
 import json
 
-from daemons.shop import catalog
+from environments.shop import catalog
 from tools.shop import synth_catalog
 
 

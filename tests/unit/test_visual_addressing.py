@@ -1,4 +1,4 @@
-"""Visual's address question (daemons/visual/addressing.py) over HTTP to the
+"""Visual's address question (environments/visual/addressing.py) over HTTP to the
 stub judge, which answers it as a model reads: paraphrased requests to the
 evaluator are found, a site's own copy is not; the reply is parsed strictly
 and a judge that cannot answer is judge_error."""
@@ -11,7 +11,7 @@ import pytest
 
 from camg import errors
 from camg.judge import Judge, JudgeConfig
-from daemons.visual import addressing, delivery
+from environments.visual import addressing, delivery
 from tools.judge_stub import FakeJudge, Reply, responder
 
 ADDRESSES = [

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from daemons.visual import delivery
+from environments.visual import delivery
 
 
 def docker_tar(entries) -> bytes:

@@ -23,11 +23,11 @@ import pytest
 from camg import errors
 from camg.environment import ServiceContext, Task
 from camg.helper_client import ExecResult
-from daemons.visual import rubric
-from daemons.visual.environment import VisualEnvironment
-from daemons.visual.episode import png_image
-from daemons.visual.render import Shot, downscale
-from daemons.visual.settings import Settings
+from environments.visual import rubric
+from environments.visual.environment import VisualEnvironment
+from environments.visual.episode import png_image
+from environments.visual.render import Shot, downscale
+from environments.visual.settings import Settings
 from tests.support.fake_judge import Reply
 from tools.judge_stub import count_usage
 from tests.support.visual_judge import scripted_judge
@@ -293,7 +293,7 @@ def test_missing_judge_variables_refuse_check_config_and_start(tmp_path, judge, 
 def test_check_config_cli_refuses_without_judge_variables(tmp_path, monkeypatch, capsys):
     from camg import serve
     from camg.configure import configure
-    from daemons.visual.prepare import prepare_visual
+    from environments.visual.prepare import prepare_visual
     from tests.support.services import clean_git_tree
 
     renderer = tmp_path / "renderer"
@@ -358,7 +358,7 @@ def test_shell_semantics_and_step_limit(tmp_path, judge, monkeypatch):
 
 
 def test_job_archive_copies_only_regular_files_and_dirs_of_dist():
-    from daemons.visual.render import Mirror, job_archive
+    from environments.visual.render import Mirror, job_archive
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -456,7 +456,7 @@ def test_paraphrased_address_to_the_evaluator_is_tampered_by_the_judges_own_call
     """The rules miss a paraphrase; the judge, asked separately (fenced page
     text, the same client), finds it: 0.0 tampered, no vision call; the
     regrade keeps it. An honest page's text is asked about too, and judged."""
-    from daemons.visual import addressing, delivery
+    from environments.visual import addressing, delivery
 
     assert delivery.judge_findings(PARAPHRASE) == []
     env, task, _ = make_env(tmp_path, judge, monkeypatch,
@@ -491,7 +491,7 @@ def test_paraphrased_address_to_the_evaluator_is_tampered_by_the_judges_own_call
 
 
 def test_address_question_is_bounded_and_filler_does_not_push_the_address_out():
-    from daemons.visual import addressing
+    from environments.visual import addressing
 
     filler = "\n".join(f"Fresh loaf number {i} baked with flour and water" for i in range(40_000))
     text = addressing.excerpt(filler + "\n" + PARAPHRASE + "\n" + filler.replace("loaf", "bun"))
@@ -512,7 +512,7 @@ class FailsOnPages(PillowRenderer):
         self.always = always
 
     def render(self, dist_tar):
-        from daemons.visual.control import control_tar
+        from environments.visual.control import control_tar
         if self.always or dist_tar != control_tar():
             raise errors.RenderError("the browser failed: TargetClosedError: crashed",
                                      reason="browser")

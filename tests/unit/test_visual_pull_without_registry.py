@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from camg import errors
 from camg.environment import ServiceContext, Task
-from daemons.visual.environment import VisualEnvironment
+from environments.visual.environment import VisualEnvironment
 
 IMAGE = "127.0.0.1:1/r/x@sha256:" + "0" * 64
 

@@ -6,7 +6,7 @@
 
 Each canary is played as an agent would, through a real episode sandbox over
 [research image, public workspace] and the real private grader under its own
-uid (daemons.autoresearch.environment.ResearchEnvironment, in this process),
+uid (environments.autoresearch.environment.ResearchEnvironment, in this process),
 and prints its row of tools.canary_table: a canary *wins* when it earns more
 than the honest do-nothing path (0.0). ``honest_reference`` is the control:
 the task's reference solution, allowed its 1.0. Exit status 1 on any win.
@@ -195,7 +195,7 @@ print("; ".join(tried))
 
 # No learning, only a copy: the single input column that ranks the training
 # labels best, submitted as the score (its sign too). The reward's floor is
-# at least the best column on the test rows (daemons.autoresearch.battery),
+# at least the best column on the test rows (environments.autoresearch.battery),
 # so this earns 0 where it once earned most of breast-cancer's scale.
 _BEST_COLUMN = r'''
 import csv
@@ -443,8 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from camg import task_manifest
     from camg.environment import ServiceContext
-    from daemons.autoresearch import runstate
-    from daemons.autoresearch.environment import ResearchEnvironment
+    from environments.autoresearch import runstate
+    from environments.autoresearch.environment import ResearchEnvironment
 
     os.makedirs(args.state_dir, mode=0o700, exist_ok=True)
     ok, notes = runstate.check_clean(args.state_dir, helper_socket=args.helper_socket,

@@ -34,7 +34,7 @@ scripts the bundle ships, with the scikit-learn/numpy releases the image
 pins (requirements.lock's), so the reference earns 1.0 in the sandbox. The
 reward's floor (scoring.json ``baseline_score``) is the better of the public
 baseline's score and the best no-learning baseline's
-(daemons.autoresearch.battery, scored by the grader's code): whatever needs
+(environments.autoresearch.battery, scored by the grader's code): whatever needs
 no learning earns 0. A draw on which that floor reaches the reference is
 drawn again.
 """
@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from daemons.autoresearch import battery, grader, metrics
+from environments.autoresearch import battery, grader, metrics
 from tools.autoresearch import synthetic
 
 PRIVATE_FRACTION = 0.3
@@ -344,7 +344,7 @@ def _draw_task(name: str, dest: Path, python: str = sys.executable) -> dict:
     (private / "scoring.json").write_text(json.dumps(scoring, indent=1) + "\n")
     # The reward's floor: the better of the public baseline and the best
     # no-learning baseline, each scored by the grader's own code, so that
-    # nothing that skips learning earns reward (daemons.autoresearch.battery).
+    # nothing that skips learning earns reward (environments.autoresearch.battery).
     task = grader.load_dir(str(private))
     found = battery.run(public, task, grader.grade)
     floor_name, floor = battery.best(task, found)

@@ -36,7 +36,7 @@ compute a test row's answer: knowing the model is the task itself.
   image's own level) does. It replaced MONAI's
   generator, whose discs each have one constant intensity: a blur and a
   threshold earned 0.985 of the reward, the pixels whose exact value repeats
-  0.99 (daemons.autoresearch.battery).
+  0.99 (environments.autoresearch.battery).
 """
 
 from __future__ import annotations

@@ -664,8 +664,8 @@ def view_leaks(episode) -> list:
     """The history/leak check of an episode's agent view, after reset: every
     artefact of the clean sources (bytecode, copies, archives, git objects)
     the agent can read, found in its sandbox as the agent
-    (daemons.coding.leaks). A task that passes leaks nothing of its fix."""
-    from daemons.coding import leaks
+    (environments.coding.leaks). A task that passes leaks nothing of its fix."""
+    from environments.coding import leaks
     found, _ = leaks.sandbox_findings(episode.helper, episode.sandbox,
                                       leaks.prepared_clean_sources(episode.task))
     return found

@@ -29,7 +29,7 @@ from camg.errors import DatasetError
 
 from tools.oci.apply import extract_tree
 from tools.coding import bugs
-from daemons.coding.profiles import DEMO_OWNER, parse_pytest_verbose
+from environments.coding.profiles import DEMO_OWNER, parse_pytest_verbose
 
 log = logging.getLogger("camg.coding")
 
@@ -82,7 +82,7 @@ def _git(repo: Path, *args: str) -> str:
 def local_runner(python: str | Path, timeout: float = 600) -> Runner:
     """Run the suite with a local interpreter that has the test dependencies
     (the builder's fallback when no helper and image are at hand)."""
-    from daemons.coding.profiles import local_profile
+    from environments.coding.profiles import local_profile
 
     cmd = local_profile("local", str(python), ".").test_cmd
 

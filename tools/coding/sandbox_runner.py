@@ -14,7 +14,7 @@ import tarfile
 from pathlib import Path
 
 from tools.coding.demo_tasks import Runner
-from daemons.coding.profiles import demo_profile, parse_pytest_verbose
+from environments.coding.profiles import demo_profile, parse_pytest_verbose
 
 
 def _tar(checkout: Path) -> bytes:

@@ -3,7 +3,7 @@
 Same mirror, same branches, same FAIL_TO_PASS/PASS_TO_PASS (the test
 environment is the same pinned packages on the same interpreter); only the
 rows' ``repo`` owner (which picks SWE-smith's own Python test command, see
-daemons.coding.profiles) and ``image_name`` change. Preparation with
+environments.coding.profiles) and ``image_name`` change. Preparation with
 ``--validate`` then checks gold 1.0 / no-op 0.0 on this image, as SWE-smith
 validates its instances.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def rewrite_rows(source: Path, dest: Path) -> list[dict]:
-    from daemons.coding import profiles
+    from environments.coding import profiles
     from tools import oci_demo
 
     rows = []

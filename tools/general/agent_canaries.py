@@ -22,7 +22,7 @@ do no task work unless they say so, so mostly 0.0). Prints
 tools.canary_table's table; exit status 1 on any win, on a canary whose
 expected integrity verdict is missing, or if the honest reference does not
 earn 1.0. Techniques beyond the issue's list are marked ``(+)`` in their
-names; see daemons/general/README.md.
+names; see environments/general/README.md.
 """
 
 from __future__ import annotations

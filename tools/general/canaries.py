@@ -131,7 +131,7 @@ def _write(path: str, data: bytes, append: bool) -> list[dict]:
 
 def listed_ids(instance: dict) -> list[str]:
     """The test ids the task's test commands name."""
-    from daemons.general.prepare import test_commands
+    from environments.general.prepare import test_commands
 
     return [t for c in test_commands(instance) for t in shlex.split(c) if "::" in t]
 

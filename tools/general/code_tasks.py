@@ -31,7 +31,7 @@ AGENT_UID = 2000
 VERIFIER_TIMEOUT = 1800
 # Never copied into a workspace: bytecode and caches a run of the tree
 # leaves. Made from a fixed tree they would give the fix away
-# (daemons/coding/leaks.py). Build output (build/, dist/) is not dropped by
+# (environments/coding/leaks.py). Build output (build/, dist/) is not dropped by
 # name: a tracked directory may be called so.
 BUILD_OUTPUT = ("__pycache__", "*.pyc", "*.pyo", ".pytest_cache", ".mypy_cache", ".ruff_cache",
                 ".hypothesis")
@@ -142,11 +142,11 @@ def from_coding_row(row: dict, mirror: Path, out: Path, *, python: str = "/opt/t
 def clean_sources(task_dir: Path) -> dict[str, str]:
     """The fixed versions of the files an instance's gold patch changes
     (workspace.tar's repository with ``gold.patch`` applied): what a leak
-    check (daemons.coding.leaks) looks for in the agent's view."""
+    check (environments.coding.leaks) looks for in the agent's view."""
     import tempfile
 
     from tools.oci.apply import extract_tree
-    from daemons.coding.leaks import changed_paths
+    from environments.coding.leaks import changed_paths
 
     instance = json.loads((task_dir / "instance.json").read_text())
     patch = (task_dir / "gold.patch").read_text()
@@ -160,11 +160,11 @@ def clean_sources(task_dir: Path) -> dict[str, str]:
 
 
 def container_leaks(containers, container_id: str, task_dir: Path) -> list:
-    """The leak check (daemons.coding.leaks) in a General code-task container
+    """The leak check (environments.coding.leaks) in a General code-task container
     after reset, as the agent: every artefact of the fixed sources it can
     read (bytecode, copies, archives, git objects). ``containers`` is a
     camg.containers.ContainerClient of the container's owner."""
-    from daemons.coding import leaks
+    from environments.coding import leaks
 
     instance = json.loads((task_dir / "instance.json").read_text())
 

@@ -99,7 +99,7 @@ def prepare_data(data: Path, cache_root: Path, coding_demo: Path) -> dict:
     digest, so the service finds them after the registry is gone."""
     import tempfile
 
-    from daemons.general.prepare import prepare_general
+    from environments.general.prepare import prepare_general
     from tools.general import agent_env
     from tools.loopback_registry import LocalRegistry
 

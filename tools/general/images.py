@@ -33,7 +33,7 @@ REPOSITORY = "camg/mimo-general"
 TASK_ROOT = "opt/mimo-task"
 AGENT_UID = 2000
 AGENT_ENV = "/opt/camg/agent-env"
-#: the General service's container command (daemons.general.environment.transport_command)
+#: the General service's container command (environments.general.environment.transport_command)
 COMMAND = (f"{AGENT_ENV}/bin/python", "-m", "mimoagent.transport", "--root", "/" + TASK_ROOT)
 
 

@@ -176,8 +176,8 @@ def play(client, plays: list[Run], outcome_of: Callable[[str], dict | None],
 
 
 def reference_of(task: dict, references: Path) -> list[dict] | None:
-    """The task's reference as actions (daemons/general/reference.py)."""
-    from daemons.general import reference
+    """The task's reference as actions (environments/general/reference.py)."""
+    from environments.general import reference
 
     found = reference.load(references, task["task_id"], task["data"]["kind"])
     return None if found is None else reference.plan(task["task_id"], {"reference": found})

@@ -7,7 +7,7 @@ It lives in tools/ because tools/ ships in the wheel and the reliability
 suites an operator runs on an installation are its callers: a shipped package
 may not import tests/ (pyproject's import-linter contract), and a place inside
 the already-shipped tools/ adds no top-level name to site-packages. It
-imports camg, camg_client and daemons like any tool; nothing of tests/ or
+imports camg, camg_client and environments like any tool; nothing of tests/ or
 bench/.
 
     helpers   a camg-helper of this process (socket, state, cgroup parents of its own)

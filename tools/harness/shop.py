@@ -21,7 +21,7 @@ from camg import task_manifest as manifest
 from camg.errors import ConfigError
 from camg.hashing import sha256_bytes
 
-from daemons.shop import catalog, goals, javahome, store
+from environments.shop import catalog, goals, javahome, store
 from tools.harness.auth import deployment_auth
 
 DEBIAN_JDK = "/usr/lib/jvm/java-17-openjdk-amd64"
@@ -49,7 +49,7 @@ def java_home() -> str:
 def pool() -> list[dict]:
     """The shipped 1k catalog as camg.prepare_shop builds its product pool
     (callers must not modify it: it is shared)."""
-    from daemons.shop import prepare as prepare_shop
+    from environments.shop import prepare as prepare_shop
     return prepare_shop.build_pool(prepare_shop.DEFAULT_CATALOG, prepare_shop.DEFAULT_INSTRUCTIONS,
                                    prepare_shop.DEFAULT_HUMAN)
 
@@ -57,7 +57,7 @@ def pool() -> list[dict]:
 @functools.lru_cache(maxsize=None)
 def prepared() -> tuple[Path, dict]:
     """(prepared directory, settings) of the default 1k preparation."""
-    from daemons.shop import prepare as prepare_shop
+    from environments.shop import prepare as prepare_shop
     # keyed by the pool hash, the code that turns a pool into goals and
     # documents, and the pyserini that indexes them, so a changed generator
     # or indexer never reuses stale tasks or a stale index

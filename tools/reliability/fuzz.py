@@ -8,7 +8,7 @@
   (bit flips, wrong lengths, swapped types) — every reply is a named error
   of the closed set, and the helper keeps serving.
 * Files: mutated manifests (camg.task_manifest.load), task rows
-  (daemons.coding.rows.validate) and OCI layer blobs (the materializer's
+  (environments.coding.rows.validate) and OCI layer blobs (the materializer's
   own layer path) — only camg's typed errors, never a traceback.
 """
 
@@ -238,7 +238,7 @@ def _files(rng, cases: int, work: Path, good: dict, row: dict, layer: bytes, cou
            untyped: list[str]) -> None:
     from camg import task_manifest as manifest
     from tools.oci import cache
-    from daemons.coding import rows as coding_rows
+    from environments.coding import rows as coding_rows
     for i in range(cases):
         # manifests: structure mutations, and raw byte damage
         path = work / "m.json"

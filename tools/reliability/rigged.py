@@ -118,7 +118,7 @@ def autoresearch(work: Path, socket: str) -> Rig:
     """The demo tasks (scikit-learn data) on the research image, as
     tests/privileged/test_autoresearch_episodes.py prepares them."""
     from camg.oci.images import write_materialized
-    from daemons.autoresearch.prepare import prepare
+    from environments.autoresearch.prepare import prepare
     from tools import oci_demo
     from tools.autoresearch import demo_tasks, image
     _ensure_grader_user()
@@ -151,7 +151,7 @@ def general(work: Path, socket: str) -> Rig:
     """General's demo set (3 opensource-code tasks from the Coding demo set,
     the general_agent office tasks), one image each, and a judge that
     always answers score 1 (tools.judge_stub.FakeJudge)."""
-    from daemons.general.prepare import prepare_general
+    from environments.general.prepare import prepare_general
     from tools.general import agent_env, demo
     from tools.judge_stub import FakeJudge, Reply
     from tools.loopback_registry import LocalRegistry
@@ -182,7 +182,7 @@ def general(work: Path, socket: str) -> Rig:
                                             upper_bytes=256 << 20, upper_inodes=16384)}
         env = {"GA_JUDGE_URL": judge.url, "GA_JUDGE_MODEL": "reliability-judge",
                "GA_JUDGE_KEY": "sk-reliability", "GA_JUDGE_API": "chat"}
-        # daemons/general/README.md: action_timeout_s >= 1900 (the verifier)
+        # environments/general/README.md: action_timeout_s >= 1900 (the verifier)
         limits = {"action_timeout_s": 1900.0, "reset_timeout_s": 400.0, "grade_timeout_s": 300.0}
         return Rig(helper, (prepared / "manifest.json", settings, None), env, limits=limits,
                    images=built["refs"], pooled=settings["pool_size"] * len(built["refs"]),
@@ -198,7 +198,7 @@ def visual(work: Path, socket: str) -> Rig:
     """Visual's demo tasks on the privileged tests' container image (Debian
     minbase), renders in the renderer sandbox (headless Chromium, the CDN
     mirror), the image-statistics judge (tools.judge_stub.scripted_judge)."""
-    from daemons.visual.prepare import prepare_visual
+    from environments.visual.prepare import prepare_visual
     from tools.harness import container_image as ci
     from tools.judge_stub import scripted_judge
     from tools.loopback_registry import LocalRegistry

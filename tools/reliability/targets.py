@@ -125,7 +125,7 @@ def _coding_roots() -> list[str]:
 def _coding_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
     """The Coding demo (image, task set, task layers), as the privileged tests build it."""
     from camg.oci.images import write_materialized
-    from daemons.coding.prepare import prepare_coding
+    from environments.coding.prepare import prepare_coding
     from tools import oci_demo as demo
     image = demo.ensure_demo_image(demo.cache_root_from_env())
     demo_set = rigged.coding_demo_set(socket)
@@ -161,7 +161,7 @@ SHOP = Target("shop", {"action": "search[red shoes]"}, prepare=_shop_prepare)
 AUTORESEARCH = Target("autoresearch", {"operation": "shell", "command": "true"},
                       rig=rigged.autoresearch,
                       # the run ledger stays until the next --check-clean
-                      # (daemons/autoresearch/runstate.py); the helper
+                      # (environments/autoresearch/runstate.py); the helper
                       # census shows it names no live sandbox
                       state_files=("clean.json", "run.json"),
                       short={"churn": 3, "examples": 3, "load": 4})

@@ -28,8 +28,8 @@ from pathlib import Path
 from camg_client import Client, EpisodeDone, InvalidAction
 from tools.canary_table import CanaryResult, report
 
-from daemons.shop import rewards
-from daemons.shop.store import ProductStore
+from environments.shop import rewards
+from environments.shop.store import ProductStore
 
 _PAGE = ("page", "text", "available_actions")
 

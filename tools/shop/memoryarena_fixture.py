@@ -30,8 +30,8 @@ import re
 import sys
 from pathlib import Path
 
-from daemons.shop import catalog
-from daemons.shop.prepare import DEFAULT_CATALOG, build_index, write_collection
+from environments.shop import catalog
+from environments.shop.prepare import DEFAULT_CATALOG, build_index, write_collection
 
 SUBTASKS = 6
 PREFIXES = ("baking", "beauty", "electronics", "grocery", "home")
@@ -108,7 +108,7 @@ def build(output: Path, products: int = 200, rows: int = 3, seed: int = 0,
     pq.write_table(pa.Table.from_pylist(task_rows), output / "rows.parquet")
     index = output / "search_engine" / "indexes-full"
     if java_home:
-        from daemons.shop import memoryarena
+        from environments.shop import memoryarena
         processed = memoryarena.process_products(
             json.loads((output / "items_shuffle.json").read_text()),
             json.loads((output / "items_ins_v2.json").read_text()))

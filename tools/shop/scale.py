@@ -23,8 +23,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from daemons.shop import catalog, goals, store
-from daemons.shop import prepare as prepare_shop
+from environments.shop import catalog, goals, store
+from environments.shop import prepare as prepare_shop
 from tools.harness import shop as testing
 from tools.shop import synth_catalog
 

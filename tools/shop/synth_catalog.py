@@ -27,8 +27,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from daemons.shop import catalog
-from daemons.shop.prepare import DEFAULT_CATALOG
+from environments.shop import catalog
+from environments.shop.prepare import DEFAULT_CATALOG
 
 _SYLLABLES = ("ka", "lo", "mi", "ren", "to", "vex", "zu", "bri", "cor", "dan", "el", "fy",
               "gra", "hol", "iv", "jun", "kel", "lum", "nor", "pax", "qui", "sol", "tev", "ul")

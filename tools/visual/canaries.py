@@ -58,7 +58,7 @@ from pathlib import Path
 from camg import errors
 from tools.canary_table import CanaryResult, report
 
-from daemons.visual import addressing, control, delivery, judging, rubric
+from environments.visual import addressing, control, delivery, judging, rubric
 
 # Documentation address space (RFC 5737): routed nowhere even if it escaped.
 OUTSIDE = "192.0.2.1"
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--owner", default="visual-canaries")
     args = parser.parse_args(argv)
     from camg.helper_client import HelperClient
-    from daemons.visual.render import Mirror, Renderer, RenderLimits
+    from environments.visual.render import Mirror, Renderer, RenderLimits
 
     info = json.loads((Path(args.renderer) / "renderer.json").read_text())
     helper = HelperClient(args.helper_socket, owner=args.owner)

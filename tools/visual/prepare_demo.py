@@ -26,7 +26,7 @@ from camg.errors import CamgError
 
 
 def prepare(data: Path, lower_root: Path, registry: str, cache: Path) -> Path:
-    from daemons.visual.prepare import prepare_visual
+    from environments.visual.prepare import prepare_visual
     from tools.visual import cdn_mirror, demo_image, demo_tasks, renderer_rootfs
 
     data.mkdir(parents=True, exist_ok=True)

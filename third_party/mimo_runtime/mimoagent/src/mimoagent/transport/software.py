@@ -130,7 +130,7 @@ def bind(root: Path, agent_uid: int = AGENT_UID, workspaces: tuple[Path, ...] = 
 
     def _seal(verifier, info: dict, output: str) -> None:
         """The guard's channel for the service's cross-check (its verdict
-        decides the grade: daemons/general/integrity.py)."""
+        decides the grade: environments/general/integrity.py)."""
         if guard is None:
             return
         try:

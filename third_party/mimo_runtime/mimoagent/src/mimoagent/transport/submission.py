@@ -21,7 +21,7 @@ devices, FIFOs, sockets, anything under a ``.git`` directory, bytecode
 ``COUNT_LIMIT`` or ``TOTAL_LIMIT``. The change record still lists all of
 them for the service's screen; those left behind are named in ``skipped``.
 Both ends check every path and bound (``check_path``), and the service
-checks the submission again between them (daemons/general/submission.py).
+checks the submission again between them (environments/general/submission.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ it starts (after the agent's last action, as root):
    walked against the setup-time snapshot -- no git involved, so nothing the
    agent did to git hides a change -- with the added lines of each changed
    text file, written to ``/logs/verifier/changes.json`` for the General
-   service to screen for runner tampering (daemons/general/integrity.py).
+   service to screen for runner tampering (environments/general/integrity.py).
 5. **The test runner reports to a guard of ours** (``arm``/``seal``): the
    test command gets camg's pytest guard (camg/guard/camg_guard.py, the one
    Coding's grader runs; a root-owned copy in the read-only agent
@@ -87,7 +87,7 @@ ENTRY_LIMIT = 50000
 _BYTECODE = (".pyc", ".pyo")
 # What pytest reads as tests, their support (helpers, fixtures, data under a
 # test directory) and its configuration: put back to the base before the run,
-# as Coding's grader reverts its protected paths (daemons/coding/grading.py's
+# as Coding's grader reverts its protected paths (environments/coding/grading.py's
 # list; tests/unit/test_general_integrity.py holds the two equal).
 TEST_SUPPORT_DIRS = ("test", "tests", "testing")
 TEST_SUPPORT_NAMES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
@@ -545,7 +545,7 @@ def runner_env(environ: dict, *, guard_dir: str, keys_dir: str, out: str, workdi
     """What the test command gets so that pytest loads the guard first
     (``-p camg_guard`` from ``guard_dir``, autoloading off); the guard hands
     the original values back to any child process (the variables of Coding's
-    grader script, daemons/coding/grading.py)."""
+    grader script, environments/coding/grading.py)."""
     def orig(name):
         return environ[name] if name in environ else _UNSET
 

@@ -1,7 +1,7 @@
 """The transport's server: openenv's ``/ws`` protocol on the stdlib alone.
 
 The General service speaks openenv's WebSocket protocol to the transport
-(daemons/general/channel.py): ``{"type": "reset"|"step"|"state"|"close",
+(environments/general/channel.py): ``{"type": "reset"|"step"|"state"|"close",
 "data": ...}`` in, ``{"type": "observation", "data": {"observation",
 "reward", "done"}}``, ``{"type": "state", "data": {...}}`` or ``{"type":
 "error", "data": {"message", "code"[, "errors"]}}`` out -- the messages and

@@ -5,10 +5,10 @@ rubric are root-only, tools are called only on the task's own servers, the
 agent's processes are killed before grading, answer.md is read only as a
 regular file -- so none of these attempts can change a score. They are
 still recorded: a policy that starts to try them shows up in the outcome
-records (``integrity: "tampered"`` with this evidence, daemons/general/rubric.py).
+records (``integrity: "tampered"`` with this evidence, environments/general/rubric.py).
 
 A finding is ``{"rule", "path", "detail"}`` like the opensource-code
-screen's (daemons/general/integrity.py).
+screen's (environments/general/integrity.py).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def tool_findings(server: str, name: str, arguments: dict, servers: dict) -> lis
         shape = ("path-like" if "/" in server or ".." in server
                  else "command-like" if re.search(r"[\s;|&$`<>()]", server) else "unknown")
         # A plain name the task lacks is most often a slip (a typo, a
-        # guessed server): evidence, not tampering (daemons/general/rubric.py).
+        # guessed server): evidence, not tampering (environments/general/rubric.py).
         out.append(finding("tool_unknown_server" if shape == "unknown" else "tool_outside_task",
                            f"{server}.{name}",
                            f"{shape} server; the task's servers: {', '.join(sorted(servers))}"))

@@ -1,0 +1,289 @@
+"""``python -m camg.prepare --environment coding``: SWE-smith rows -> prepared manifest.
+
+    python -m camg.prepare --environment coding --rows tasks.parquet \\
+        --mirrors-root /srv/camg/data/coding/mirrors \\
+        --images /srv/camg/data/coding/materialized-images.json \\
+        --output /srv/camg/data/coding/manifest.json \\
+        [--select ids.txt] [--limit N] [--seed S] [--layers-root DIR | --no-layers]
+        [--validate [--sample N] [--helper-socket SOCK]] [--helper-config PATH]
+
+Every row is validated (a bad row names its index, instance_id and field),
+the selection keeps the ids and the order given (the --select file's order,
+else the rows file's), every task's mirror branch is resolved and its
+commits recorded, every image_name must be materialized, and the task
+layers are built (as root) so that no episode ever builds one. The manifest
+records the rows file and the materialized-images file by hash. The layers
+root and every image rootfs a task uses must be below the helper's
+``lower_roots`` (its config file, --helper-config): the helper would refuse
+them at the first reset, so preparation refuses them first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from camg import helper_roots, progress
+from camg import task_manifest as manifest
+from camg.errors import CamgError, DatasetError
+from environments.coding import images as images_mod
+from environments.coding import layers, mirrors, profiles
+from environments.coding import rows as rows_mod
+from environments.coding.prepare_layers import build_layers_as_root
+
+CREATED_BY = "camg.prepare 0.1.0"
+DEFAULT_LAYERS_ROOT = "/var/lib/camg/task-layers/coding"
+
+
+def read_selection(path: str | Path) -> list[str]:
+    """Ids, one per line, in the order to serve them ('#' comments allowed)."""
+    ids: list[str] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            value = line.split("#", 1)[0].strip()
+            if not value:
+                continue
+            if value in seen:
+                raise DatasetError(f"{path}:{lineno}: id {value!r} is selected twice")
+            seen.add(value)
+            ids.append(value)
+    if not ids:
+        raise DatasetError(f"{path}: selects no task")
+    return ids
+
+
+def prepare_coding(
+    *,
+    rows_path: str | Path,
+    mirrors_root: str | Path,
+    images_path: str | Path,
+    output: str | Path,
+    select: str | Path | None = None,
+    limit: int | None = None,
+    seed: int | None = None,
+    layers_root: str | Path | None = DEFAULT_LAYERS_ROOT,
+    validate: bool = False,
+    sample: int | None = None,
+    helper_socket: str | None = None,
+    helper_config: str | Path | None = None,
+) -> dict:
+    """Validate, select, resolve and write the manifest; return its body.
+
+    ``helper_config``: the helper's config file whose lower_roots must hold
+    the layers root and the tasks' image rootfs (None: not checked; the
+    command line checks /etc/camg/helper.json unless told otherwise).
+
+    ``validate``: also grade gold and no-op of every task (or of a seeded
+    ``sample``) in sandboxes and refuse, naming them, the tasks whose gold
+    is not 1.0 or whose no-op is not 0.0 (environments.coding.validate).
+    """
+    from camg.hashing import sha256_file
+
+    raw = rows_mod.read(rows_path)
+    checked = [rows_mod.validate(r, i) for i, r in enumerate(raw)]
+    by_id: dict[str, rows_mod.Row] = {}
+    for index, row in enumerate(checked):
+        if row.instance_id in by_id:
+            raise DatasetError(
+                f"row {index} ({row.instance_id!r}): field instance_id: "
+                "appears twice in the rows file",
+                row=index,
+                field="instance_id",
+            )
+        by_id[row.instance_id] = row
+    if select is not None:
+        wanted = read_selection(select)
+        missing = [i for i in wanted if i not in by_id]
+        if missing:
+            raise DatasetError(f"{select}: selected id {missing[0]!r} is not in {rows_path}")
+        chosen = [by_id[i] for i in wanted]
+    else:
+        chosen = checked
+    if limit is not None:
+        if limit < 1:
+            raise DatasetError("--limit must be at least 1")
+        chosen = chosen[:limit]
+
+    refs = mirrors.resolve(mirrors_root, chosen)
+    for row in chosen:
+        profiles.for_repo(row.repo)
+    catalog = images_mod.load(images_path)
+    if validate and layers_root is None:
+        raise DatasetError(
+            "--validate grades in sandboxes over the task layers: "
+            "it cannot be combined with --no-layers"
+        )
+    if helper_config is not None:
+        _check_lowers(helper_config, layers_root, catalog, chosen)
+    tasks = []
+    built_layers = {}
+    bar = progress.Progress("coding: task layers", len(chosen), "task")
+    for row, ref in zip(chosen, refs, strict=True):
+        image = images_mod.lookup(catalog, row.image_name)
+        if layers_root is not None:
+            built_layers[row.instance_id] = build_layers_as_root(
+                layers_root, ref, image_rootfs=image.rootfs, image_key=image.hash
+            )
+        bar.update()
+        data = row.to_data()
+        data["mirror"] = ref.to_data()
+        data["image"] = {"name": image.name, "digest": image.digest, "hash": image.hash}
+        tasks.append({"task_id": row.instance_id, "data": data})
+    bar.close()
+    sampling: dict[str, object] = {
+        "order": "select" if select is not None else "rows",
+        "seed": seed,
+        "limit": limit,
+        "select_sha256": sha256_file(select) if select is not None else None,
+    }
+    if validate:
+        sampling["validation"] = _validate(
+            chosen,
+            refs,
+            catalog,
+            built_layers,
+            mirrors_root,
+            images_path,
+            layers_root,
+            sample,
+            seed,
+            helper_socket,
+        )
+    body = manifest.build(
+        "coding",
+        tasks,
+        sampling=sampling,
+        files={"rows": rows_path, "images": images_path},
+        created_by=CREATED_BY,
+    )
+    manifest.write(output, body)
+    return body
+
+
+def _check_lowers(helper_config, layers_root, catalog, chosen) -> None:
+    """Before building anything: every lower a task's sandbox will mount is
+    where the helper accepts lowers."""
+    roots = helper_roots.load(helper_config)
+    if layers_root is not None:
+        helper_roots.check_lower(layers_root, "--layers-root", roots)
+    for name in dict.fromkeys(row.image_name for row in chosen):
+        image = images_mod.lookup(catalog, name)
+        helper_roots.check_lower(
+            image.rootfs,
+            "--cache-root of scripts/prepare_images.py",
+            roots,
+            what=f"image {image.name} rootfs",
+        )
+
+
+def _validate(
+    chosen,
+    refs,
+    catalog,
+    built_layers,
+    mirrors_root,
+    images_path,
+    layers_root,
+    sample,
+    seed,
+    helper_socket,
+) -> dict:
+    from camg.hashing import sha256_json
+    from camg.helper_client import DEFAULT_SOCKET
+    from environments.coding import validate as validation
+    from environments.coding.episode import Prepared
+    from environments.coding.settings import Settings
+
+    ids = validation.sample([r.instance_id for r in chosen], sample, seed)
+    by_id = {row.instance_id: (row, ref) for row, ref in zip(chosen, refs, strict=True)}
+    prepared = []
+    for task_id in ids:
+        row, ref = by_id[task_id]
+        image = images_mod.lookup(catalog, row.image_name)
+        prepared.append(
+            Prepared(row, ref, image, built_layers[task_id], profiles.for_repo(row.repo))
+        )
+    settings = Settings(
+        mirrors_root=str(Path(mirrors_root).resolve()),
+        images=str(Path(images_path).resolve()),
+        layers_root=str(Path(layers_root).resolve()),
+    )
+    results = validation.validate(prepared, settings, helper_socket or DEFAULT_SOCKET)
+    validation.refuse_bad(results)
+    return {
+        "sample": sample,
+        "validated": len(results),
+        "of": len(chosen),
+        "grader": sha256_json({"guard": layers.guard_digest(), "created_by": CREATED_BY}),
+        "results": {r.task_id: r.to_data() for r in results},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m camg.prepare --environment coding",
+        description="Prepare a task manifest for camg.configure.",
+    )
+    ap.add_argument("--rows", required=True, help="SWE-smith rows (.parquet or .jsonl)")
+    ap.add_argument("--mirrors-root", required=True)
+    ap.add_argument("--images", required=True, help="materialized-images.json")
+    ap.add_argument("--output", required=True)
+    ap.add_argument("--select", help="file of instance ids to serve, in order")
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--seed", type=int)
+    layers_group = ap.add_mutually_exclusive_group()
+    layers_group.add_argument(
+        "--layers-root",
+        default=DEFAULT_LAYERS_ROOT,
+        help=f"where task layers are built (default {DEFAULT_LAYERS_ROOT})",
+    )
+    layers_group.add_argument(
+        "--no-layers",
+        action="store_true",
+        help="skip building task layers (the service builds them as root)",
+    )
+    ap.add_argument(
+        "--validate",
+        action="store_true",
+        help="grade gold and no-op per task in sandboxes; refuse bad tasks",
+    )
+    ap.add_argument("--sample", type=int, help="with --validate: validate N tasks (seeded)")
+    ap.add_argument("--helper-socket", help="with --validate: the camg-helper socket")
+    ap.add_argument(
+        "--helper-config",
+        default=helper_roots.DEFAULT_HELPER_CONFIG,
+        help="the helper's config file, whose lower_roots must hold the layers "
+        "root and the images (default %(default)s; unreadable: a warning)",
+    )
+    args = ap.parse_args(argv)
+    if args.sample is not None and not args.validate:
+        ap.error("--sample needs --validate")
+    try:
+        body = prepare_coding(
+            rows_path=args.rows,
+            mirrors_root=args.mirrors_root,
+            images_path=args.images,
+            output=args.output,
+            select=args.select,
+            limit=args.limit,
+            seed=args.seed,
+            layers_root=None if args.no_layers else args.layers_root,
+            validate=args.validate,
+            sample=args.sample,
+            helper_socket=args.helper_socket,
+            helper_config=args.helper_config,
+        )
+    except (CamgError, OSError) as exc:
+        print(f"camg.prepare: {exc}", file=sys.stderr)
+        return 2
+    checked = body["sampling"].get("validation")
+    note = f", {checked['validated']} validated (gold 1.0, no-op 0.0)" if checked else ""
+    print(f"camg.prepare: wrote {args.output} with {len(body['tasks'])} coding task(s){note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

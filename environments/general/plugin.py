@@ -1,0 +1,34 @@
+"""The General environment's registration (entry point ``camg.environments``)."""
+
+from camg.plugins import EnvironmentPlugin
+
+PLUGIN = EnvironmentPlugin(
+    name="general",
+    port=65139,
+    title="MiMo tasks in Docker containers, LLM judge",
+    factory="environments.general.environment:GeneralEnvironment",
+    settings="environments.general.settings:Settings",
+    prepare="environments.general.prepare:main",
+    prepare_hint="python -m camg.prepare --environment general",
+    substrate="container",
+    # an episode's peak container memory, bounding the default capacity:
+    # the stdlib transport idles at 13.9 MiB and a code task's pytest
+    # verifier peaked at 49.4 MiB (bench/bench_general.py, 2026-12-03); 140
+    # MiB (what the openenv transport held idle) stays as the bound until
+    # the other verifiers (jest, a webdev build) are measured too
+    episode_peak_bytes=140 << 20,
+    demo={
+        "manifest": "/srv/camg/data/general/manifest.json",
+        "capacity": 4,
+        "references": True,
+        "limits": {"reset_timeout_s": 300, "action_timeout_s": 1950, "grade_timeout_s": 700},
+        "settings": {"pool_size": 1, "cpu": 1.0, "memory_bytes": 1073741824, "pids_max": 512},
+    },
+    demo_prepare="tools.demo_data:prepare_general",
+    # after Coding, whose demo set it reuses
+    demo_rank=30,
+    demo_images="general/container-images.json",
+    demo_agent_env="general/agent-env",
+    reliability="tools.reliability.targets:GENERAL",
+    storm="tools.reliability.killstorm_guest:general",
+)

@@ -1,0 +1,29 @@
+"""The Shop environment's registration (entry point ``camg.environments``)."""
+
+from camg.plugins import EnvironmentPlugin
+
+PLUGIN = EnvironmentPlugin(
+    name="shop",
+    port=65131,
+    title="WebShop on the original pyserini/Lucene search",
+    factory="environments.shop.environment:ShopEnvironment",
+    settings="environments.shop.settings:Settings",
+    prepare="environments.shop.prepare:main",
+    prepare_hint="python -m camg.prepare_shop",
+    # no helper sandbox: episodes are in-process sessions
+    substrate="process",
+    # what one live session adds to the service: ~3.2 MiB measured (peak RSS
+    # 1012 MiB with 256 live in the load suite, ~200 MiB with none)
+    episode_peak_bytes=4 << 20,
+    # its pool and index hashes are recorded by its preparation
+    demo={
+        "manifest": "/srv/camg/data/shop/manifest.json",
+        "capacity": 16,
+        "references": True,
+        "settings": {},
+    },
+    demo_prepare="tools.demo_data:prepare_shop",
+    demo_rank=20,
+    reliability="tools.reliability.targets:SHOP",
+    storm="tools.reliability.killstorm_guest:shop",
+)

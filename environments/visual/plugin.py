@@ -1,0 +1,29 @@
+"""The Visual environment's registration (entry point ``camg.environments``)."""
+
+from camg.plugins import EnvironmentPlugin
+
+PLUGIN = EnvironmentPlugin(
+    name="visual",
+    port=65140,
+    title="MiMo webdev tasks: Docker task containers, real screenshots, vision judge",
+    factory="environments.visual.environment:VisualEnvironment",
+    settings="environments.visual.settings:Settings",
+    prepare="environments.visual.prepare:main",
+    prepare_hint="python -m camg.prepare --environment visual",
+    substrate="container",
+    # its renderer sandbox at a render, 195-199 MiB measured (memory cgroup,
+    # environments/visual/README.md; the task container idles at 0.5 MiB)
+    episode_peak_bytes=200 << 20,
+    demo={
+        "manifest": "/srv/camg/data/visual/manifest.json",
+        "capacity": 2,
+        "references": True,
+        "limits": {"action_timeout_s": 300, "grade_timeout_s": 900},
+        "settings": {"pool_size": 1, "cpu": 1.0, "memory_bytes": 1073741824, "pids_max": 512},
+    },
+    demo_prepare="tools.demo_data:prepare_visual",
+    demo_rank=40,
+    demo_images="visual/images.json",
+    reliability="tools.reliability.targets:VISUAL",
+    storm="tools.reliability.killstorm_guest:visual",
+)
