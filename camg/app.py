@@ -38,12 +38,16 @@ class Health:
         self.service = service
 
     async def on_get(self, req, resp):
-        healthy, reasons = self.service.health()
+        blocking = self.service.blocking_reasons()
+        reasons = blocking + self.service.manager.null_proof.health()
+        healthy = not reasons
         reply(
             resp,
             {
                 "status": "healthy" if healthy else "degraded",
                 "reasons": reasons,
+                # degraded by recent unproven nulls alone: it takes episodes
+                "serving": not blocking,
                 "environment": self.service.env.name,
                 # what camg status compares with the config on disk
                 "config_hash": self.service.config.config_hash,

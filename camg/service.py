@@ -141,12 +141,18 @@ class Service:
             await asyncio.sleep(interval)
 
     def health(self) -> tuple[bool, list[str]]:
+        reasons = self.blocking_reasons() + self.manager.null_proof.health()
+        return not reasons, reasons
+
+    def blocking_reasons(self) -> list[str]:
+        """Why the service cannot take episodes now: every health reason but
+        recent unproven nulls, which say its grading path failed a while ago
+        (the service degraded for DEGRADED_FOR_S) and not that it fails now."""
         reasons = [] if self.started else ["starting"]
         try:
             reasons += list(self.env.health())
         except Exception as exc:
             reasons.append(f"health check failed: {exc}")
-        reasons += self.manager.null_proof.health()
         if self.tokens is not None:
             if self.tokens.error is not None:
                 reasons.append(self.tokens.error)
@@ -155,7 +161,7 @@ class Service:
                     f"authentication is on and no trainer holds a token in "
                     f"{self.config.auth.trainers} (camg trainer add NAME)"
                 )
-        return not reasons, reasons
+        return reasons
 
     def auth_summary(self) -> str:
         """What /health and camg status show of the authentication setting."""

@@ -47,7 +47,7 @@ def test_a_failure_whose_control_succeeds_is_the_submissions(counter_service):
         assert record["timings"]["control_s"] >= 0
     assert _metric(svc.url, "obstructed") == 2
     # Disproved nulls are the agent's business, not the operator's.
-    assert client.health()["status"] == "healthy"
+    assert client.health()["status"] == "healthy" and client.health()["serving"] is True
 
 
 def test_a_null_stands_only_when_its_control_fails_or_there_is_none(counter_service):
@@ -67,3 +67,8 @@ def test_a_null_stands_only_when_its_control_fails_or_there_is_none(counter_serv
     assert health["status"] != "healthy"
     assert any("no control disproved it (1 grader_error, 1 infra)" in r
                for r in health["reasons"]), health
+    # Degraded for the operator, yet it takes episodes (what a kill storm
+    # waits for after a kill): those nulls are history, not a broken service.
+    assert health["serving"] is True
+    again = client.create(task_id="plain")["episode_id"]
+    assert client.step(again, {"operation": "guess", "value": 1})["done"]

@@ -122,6 +122,12 @@ class Storm:
         answer = self.guest.http(env.port, "GET", "/health", timeout=10)
         return answer.status == 200 and answer.json.get("status") == "healthy"
 
+    def serving(self, env: Env) -> bool:
+        """Takes episodes: healthy, or degraded only by the nulls a kill
+        caused (camg.null_proof keeps those in /health for minutes)."""
+        answer = self.guest.http(env.port, "GET", "/health", timeout=10)
+        return answer.json.get("serving") is True
+
     def step(self, env: Env, eid: str, action: dict) -> Answer:
         return self.guest.http(env.port, "POST", f"/episodes/{eid}/step", {"action": action})
 
@@ -351,11 +357,11 @@ class Storm:
             states = {u: self.guest.show(u, "ActiveState")["ActiveState"] for u in units}
             kill.problems.append(f"units not back in 300s: {states}")
             return
-        # Back means serving: every service healthy again (the helper's
-        # return included, which a service's /health reports).
+        # Back means serving: every service takes episodes again (the
+        # helper's return included, which a service's /health reports).
         for other in self.envs.values():
-            if not _wait(lambda: self.healthy(other), 300, 0.3):
-                kill.problems.append(f"{other.unit} active but not healthy")
+            if not _wait(lambda: self.serving(other), 300, 0.3):
+                kill.problems.append(f"{other.unit} active but not serving")
         kill.back_s = time.monotonic() - killed_at
 
     def _ended(self, kill: Kill, target: str, env: Env, eid: str, answer: Answer | None) -> None:
