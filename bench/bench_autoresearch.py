@@ -4,7 +4,7 @@
     sudo .venv/bin/python bench/bench_autoresearch.py [--grades 200] [--experiment-s 60]
         [--rounds 2] [--paired] [--json OUT]
 
-Real research image (tools.autoresearch.image, cached under $CAMG_CACHE),
+Real research image (environments.autoresearch.demo.image, cached under $CAMG_CACHE),
 the demo tasks installed into three roots by camg.prepare's code, a private
 camg-helper, and ResearchEnvironment with its private grader child under
 the camg-grader uid, exactly as the service runs it.
@@ -68,7 +68,7 @@ def setup(base: Path):
     from camg.oci.images import write_materialized
     from environments.autoresearch.prepare import prepare
     from tools import oci_demo
-    from tools.autoresearch import demo_tasks, image
+    from environments.autoresearch.demo import demo_tasks, image
     try:
         import pwd
         pwd.getpwnam("camg-grader")

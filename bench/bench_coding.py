@@ -165,8 +165,8 @@ def main() -> int:
     from tools import oci_demo as demo
     from camg.oci.images import write_materialized
     from environments.coding.prepare import prepare_coding
-    from tools.coding.demo_tasks import fetch_sdist
-    from tools.coding.sandbox_runner import ensure_demo_set
+    from environments.coding.demo.demo_tasks import fetch_sdist
+    from environments.coding.demo.sandbox_runner import ensure_demo_set
 
     small_rootfs = CACHE / "helper" / "bookworm-minbase"
     if not (small_rootfs / "bin" / "bash").exists():
@@ -216,7 +216,7 @@ def main() -> int:
             results["grade"] = bench_grade(env, client, args.grades)
             env.stop()
         if args.flavor in ("swesmith", "both"):
-            from tools.coding.swesmith_demo import rewrite_rows
+            from environments.coding.demo.swesmith_demo import rewrite_rows
             note("SWE-smith-shaped demo image")
             swe = demo.ensure_demo_image(demo.cache_root_from_env(), flavor="swesmith")
             swe_images = work / "materialized-swesmith.json"

@@ -404,7 +404,8 @@ def main() -> int:
     ap.add_argument("--json")
     args = ap.parse_args()
     from environments.general.prepare import prepare_general
-    from tools.general import agent_env, demo
+    from environments.general.build import agent_env
+    from environments.general.demo import assemble as demo
 
     work = Path(tempfile.mkdtemp(prefix="camg-bench-general-"))
     registry = LocalRegistry(work / "registry").start()

@@ -8,7 +8,7 @@ catalog to WebShop's full size (1,181,436 products), in one run.
 
 Sizes measured: ``--sizes`` plus ``--products`` (the 1k row is the baseline
 every other is compared with: ``x_1k`` ratios). For each size a catalog is
-synthesised deterministically from the 1k one (tools/shop/synth_catalog.py:
+synthesised deterministically from the 1k one (environments/shop/checks/synth_catalog.py:
 real products first, then perturbed copies), and WebShop's Lucene index is
 built from it once (``index_build_s``, ``index_mb``), cached under
 ``$CAMG_CACHE/shop-scale/index-<size>-s<seed>-<key>`` keyed by the
@@ -61,7 +61,7 @@ from camg import task_manifest as manifest  # noqa: E402
 from environments.shop import catalog, search, store  # noqa: E402
 from environments.shop import prepare as prepare_shop  # noqa: E402
 from tools.harness import shop as testing  # noqa: E402
-from tools.shop.scale import build_index, index_key, prepare  # noqa: E402
+from environments.shop.checks.scale import build_index, index_key, prepare  # noqa: E402
 from tools.harness.auth import deployment_auth  # noqa: E402
 
 FULL = 1_181_436

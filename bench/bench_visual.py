@@ -3,7 +3,7 @@
 
     sudo .venv/bin/python bench/bench_visual.py [--rounds 5] [--concurrency 1,2,4] [--json OUT]
 
-Pages: the demo tasks' reference sites (tools/visual/demo_tasks.py; three use
+Pages: the demo tasks' reference sites (environments/visual/demo/demo_tasks.py; three use
 the mirrored Tailwind build) and a blank page. Measures, in one run:
   * host baseline: the same shot script run directly on the host (host
     playwright + Debian's chromium-headless-shell), no sandbox;
@@ -55,7 +55,7 @@ def summary(samples: list[float]) -> dict:
 
 
 def pages() -> dict[str, dict[str, bytes]]:
-    from tools.visual import demo_tasks
+    from environments.visual.demo import demo_tasks
     out = {t["instance_id"]: demo_tasks.reference_files(t) for t in demo_tasks.TASKS}
     out["blank"] = {"index.html": b"<!DOCTYPE html><html><body></body></html>\n"}
     return out
@@ -129,8 +129,8 @@ def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("run as root (the helper builds sandboxes)")
     from environments.visual.render import Mirror, Renderer, RenderLimits
-    from tools.visual.cdn_mirror import build_mirror
-    from tools.visual.renderer_rootfs import ensure_renderer_rootfs
+    from environments.visual.build.cdn_mirror import build_mirror
+    from environments.visual.build.renderer_rootfs import ensure_renderer_rootfs
 
     lower = CACHE / "helper"
     note("renderer rootfs and CDN mirror (cached)")

@@ -26,12 +26,12 @@ Coding: DATA/coding/{materialized-images.json,demo/,rows-swesmith.jsonl,manifest
   (the SWE-smith-shaped apispec image, task rows and git mirrors; task layers
   under /var/lib/camg/task-layers/coding).
 Shop: DATA/shop/{java,product_pool.sqlite,index/,manifest.json,settings.json}.
-General: DATA/general/{manifest.json,agent-env,...} (tools.general.demo): three
+General: DATA/general/{manifest.json,agent-env,...} (environments.general.demo.assemble): three
   opensource-code tasks from the Coding demo set and the general_agent office
   tasks, one image each, published to a loopback registry and pulled into
   dockerd by digest.
 Visual: DATA/visual/{manifest.json,cdn-mirror,demo,images.json}
-  (tools.visual.prepare_demo), its image likewise pulled into dockerd.
+  (environments.visual.demo.prepare_demo), its image likewise pulled into dockerd.
 AutoResearch: the research image (Debian + numpy/scikit-learn/MONAI on CPU
   torch), its four tasks split over the three roots (packages
   /var/lib/camg/autoresearch-tasks, workspaces /var/lib/camg/task-layers/

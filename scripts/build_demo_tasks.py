@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from camg.errors import CamgError  # noqa: E402
 from camg.hashing import sha256_file  # noqa: E402
-from tools.coding import demo_tasks  # noqa: E402
+from environments.coding.demo import demo_tasks  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sdist = args.sdist or demo_tasks.fetch_sdist(args.output.parent / "sdist")
         if args.helper_socket:
-            from tools.coding.sandbox_runner import sandbox_runner
+            from environments.coding.demo.sandbox_runner import sandbox_runner
             if not args.rootfs:
                 parser.error("--helper-socket needs --rootfs")
             runner = sandbox_runner(args.helper_socket, args.rootfs)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = demo_tasks.build(spec, args.output, runner)
         jsonl, parquet = demo_tasks.write_rows(rows, args.output)
         if args.swesmith_rows:
-            from tools.coding.swesmith_demo import rewrite_rows
+            from environments.coding.demo.swesmith_demo import rewrite_rows
             rewrite_rows(jsonl, args.swesmith_rows)
         info = {"sdist": str(sdist), "sdist_sha256": sha256_file(sdist), "seed": args.seed,
                 "count": len(rows), **how,

@@ -53,8 +53,8 @@ def coding_demo_set(data: Path, cache: Path, helper_socket: str) -> Path:
     """DATA/coding/demo (tasks.jsonl, mirrors/): found with the plain demo
     image in real sandboxes, cached under CACHE/coding."""
     from tools import oci_demo as demo
-    from tools.coding.demo_tasks import fetch_sdist
-    from tools.coding.sandbox_runner import ensure_demo_set
+    from environments.coding.demo.demo_tasks import fetch_sdist
+    from environments.coding.demo.sandbox_runner import ensure_demo_set
 
     out = data / "coding"
     out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ def prepare_coding(data: Path, cache: Path, helper_socket: str) -> Path:
     from tools import oci_demo as demo
     from camg.oci.images import write_materialized
     from environments.coding.prepare import prepare_coding as prepare_manifest
-    from tools.coding.swesmith_demo import rewrite_rows
+    from environments.coding.demo.swesmith_demo import rewrite_rows
 
     out = data / "coding"
     # The task set is found with the plain image; it is served from the image
@@ -130,7 +130,7 @@ def _pull_into_dockerd(refs: list[str]) -> None:
 
 
 def prepare_general(data: Path, cache: Path, helper_socket: str) -> Path:
-    from tools.general import demo
+    from environments.general.demo import assemble as demo
 
     demo_set = data / "coding" / "demo"
     if not (demo_set / "tasks.jsonl").is_file():
@@ -142,7 +142,7 @@ def prepare_general(data: Path, cache: Path, helper_socket: str) -> Path:
 
 def prepare_visual(data: Path, cache: Path, helper_socket: str) -> Path:
     from tools.loopback_registry import LocalRegistry
-    from tools.visual import prepare_demo as visual
+    from environments.visual.demo import prepare_demo as visual
 
     out = data / "visual"
     with tempfile.TemporaryDirectory(prefix="camg-visual-registry.") as state, \
@@ -164,7 +164,7 @@ def prepare_autoresearch(data: Path, cache: Path, helper_socket: str) -> Path:
     from camg.oci.images import write_materialized
     from environments.autoresearch import metrics
     from environments.autoresearch.prepare import prepare
-    from tools.autoresearch import demo_tasks, image
+    from environments.autoresearch.demo import demo_tasks, image
 
     out = data / "autoresearch"
     out.mkdir(parents=True, exist_ok=True)

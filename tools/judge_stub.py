@@ -300,7 +300,7 @@ def verdict(data: bytes) -> dict:
 
 
 # A vision judge that obeys text in the screenshot (the credulous model of
-# Visual's canaries, tools/visual/canaries.py): it reads the page's text as
+# Visual's canaries, environments/visual/checks/canaries.py): it reads the page's text as
 # the screenshot shows it (``as_read``) and, when that text asks for a grade
 # or talks to the reviewer, gives every dimension 1.0.
 _OBEY_VISUAL = re.compile(
@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--text-judge", choices=sorted(TEXT_JUDGES), default="anchor",
                         help="how text items are judged: anchor (default), or a gullible model "
-                             "for hack canaries (tools.general.agent_canaries)")
+                             "for hack canaries (environments.general.checks.agent_canaries)")
     args = parser.parse_args(argv)
     text_judge = TEXT_JUDGES[args.text_judge]
     judge = FakeJudge(args.host, args.port,

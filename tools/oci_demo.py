@@ -292,9 +292,9 @@ def _build_wheels(demo: Path) -> Path:
 
 
 def _base_repo(sdist: Path, dest: Path) -> str:
-    """The demo project's repository as tools.coding.demo_tasks.build makes
+    """The demo project's repository as environments.coding.demo.demo_tasks.build makes
     its mirror's base commit (same files, identity and dates: same commit)."""
-    from tools.coding import demo_tasks
+    from environments.coding.demo import demo_tasks
 
     demo_tasks.extract_sdist(sdist, dest)
     (dest / ".gitignore").write_text(demo_tasks.GITIGNORE)
@@ -306,7 +306,7 @@ def _base_repo(sdist: Path, dest: Path) -> str:
 
 
 def _swesmith(demo: Path, rootfs: Path, base: layout.Layer, wheels: Path) -> layout.Layer:
-    from tools.coding import demo_tasks
+    from environments.coding.demo import demo_tasks
 
     sdist = demo_tasks.fetch_sdist(demo / "sdist")
     build = _build_wheels(demo)

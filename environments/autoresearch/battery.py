@@ -10,7 +10,7 @@ generator paints each disc one constant intensity) 0.99.
 and scores it with the private grader's own ``grader.grade`` (the parse,
 metric and normalisation that score agents). ``prepare --validate`` refuses
 a task on which any of them earns more than ``LIMIT`` of the reward scale;
-the demo builder (tools.autoresearch.demo_tasks) puts the reward's floor at
+the demo builder (environments.autoresearch.demo.demo_tasks) puts the reward's floor at
 the best of them, so the scale starts where learning starts.
 
 Baselines by the task's public files:
@@ -35,7 +35,7 @@ What stays open: a hand-made filter outside this list (an edge detector,
 morphology, a band of two thresholds) is research the battery does not
 attempt; the demo's
 segmentation generator is built so that no single such feature separates
-its foreground (tools.autoresearch.synthetic.textured_objects).
+its foreground (environments.autoresearch.demo.synthetic.textured_objects).
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def _install_private(src: Path, root: Path, task_id: str, uid: int, gid: int) ->
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(mode=0o700)
-    # generator.json: the demo builder's entropy (tools.autoresearch.demo_tasks)
+    # generator.json: the demo builder's entropy (environments.autoresearch.demo.demo_tasks)
     for name in ("answers.csv", "scoring.json", "generator.json"):
         if name == "generator.json" and not (src / name).is_file():
             continue

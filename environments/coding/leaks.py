@@ -23,8 +23,8 @@ bytecode magic matches) and reports every such artefact:
 parses the answer; ``run(command, stdin) -> (exit_code, output)`` wraps the
 helper's Exec or a container's. Preparation's ``--validate`` refuses a task
 whose agent view leaks (environments.coding.validate); Coding's canary suite
-calls ``sandbox_findings`` (tools.coding.canaries.view_leaks), General's
-``tools.general.code_tasks.container_leaks``.
+calls ``sandbox_findings`` (environments.coding.checks.canaries.view_leaks), General's
+``environments.general.demo.code_tasks.container_leaks``.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ class VisualEnvironment(Environment):
         if not (rootfs / self.renderer_info["browser"].lstrip("/")).is_file():
             raise errors.PreparationMissing(
                 f"renderer tree {rootfs} has no browser",
-                step="python -m tools.visual.renderer_rootfs",
+                step="python -m environments.visual.build.renderer_rootfs",
             )
         mirror = Mirror.load(files["cdn_mirror"]["path"])
         self.mirror_urls = sorted(mirror.files)

@@ -1,7 +1,7 @@
 """How a rendered page is judged: the address question, then the rubric.
 
 One function the episode, its regrade, its control (control.py) and the
-canaries (tools/visual/canaries.py) share, so each asks exactly what a
+canaries (environments/visual/checks/canaries.py) share, so each asks exactly what a
 live episode asks: first whether the page's text addresses its evaluator
 (addressing.py; yes is 0.0 with ``judge_addressed_model`` evidence and no
 vision call), then the vision judge for the rubric's score (rubric.py; the

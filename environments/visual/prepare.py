@@ -120,10 +120,13 @@ def prepare_visual(
     renderer_json = Path(renderer) / "renderer.json"
     if not renderer_json.is_file() or not (Path(renderer) / "rootfs").is_dir():
         raise DatasetError(
-            f"{renderer} is not a renderer tree (build it: python -m tools.visual.renderer_rootfs)"
+            f"{renderer} is not a renderer tree "
+            "(build it: python -m environments.visual.build.renderer_rootfs)"
         )
     if not Path(cdn_mirror).is_file():
-        raise DatasetError(f"{cdn_mirror} is missing (build it: python -m tools.visual.cdn_mirror)")
+        raise DatasetError(
+            f"{cdn_mirror} is missing (build it: python -m environments.visual.build.cdn_mirror)"
+        )
     tasks = []
     for row in rows:
         pinned = mapping.get(row["docker_image"]) or image
@@ -159,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     group.add_argument("--image", help="REPO@sha256:HEX used for every row")
     group.add_argument("--image-map", help="JSON map: row docker_image -> REPO@sha256:HEX")
     ap.add_argument("--renderer", required=True, help="visual-renderer-KEY directory")
-    ap.add_argument("--cdn-mirror", required=True, help="mirror.json of tools.visual.cdn_mirror")
+    ap.add_argument(
+        "--cdn-mirror", required=True, help="mirror.json of environments.visual.build.cdn_mirror"
+    )
     ap.add_argument("--output", required=True)
     ap.add_argument("--select")
     ap.add_argument("--limit", type=int)

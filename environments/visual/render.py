@@ -2,7 +2,7 @@
 
 The agent's container is gone by the time this runs; what reaches the
 renderer is a copy of dist/ (a tar stream, regular files and directories
-only). A helper sandbox over the renderer rootfs (tools/visual/
+only). A helper sandbox over the renderer rootfs (environments/visual/build/
 renderer_rootfs.py: Debian's chromium-headless-shell, pinned fonts,
 Playwright) receives that copy, the allowlisted CDN files and the shot
 script; it has loopback only, uid 2000, no capabilities, cgroup limits, and

@@ -46,8 +46,8 @@ def coding_helper(demo_image, rootfs):
 @pytest.fixture(scope="session")
 def demo_set(demo_image, coding_helper):
     """The demo task set, FAIL_TO_PASS/PASS_TO_PASS found in sandboxes (cached)."""
-    from tools.coding.demo_tasks import fetch_sdist
-    from tools.coding.sandbox_runner import ensure_demo_set
+    from environments.coding.demo.demo_tasks import fetch_sdist
+    from environments.coding.demo.sandbox_runner import ensure_demo_set
     return ensure_demo_set(CACHE, demo_image.image, coding_helper.socket, fetch_sdist(CACHE / "sdist"))
 
 

@@ -1,4 +1,4 @@
-"""The general_agent hack canaries (tools/general/agent_canaries.py) through
+"""The general_agent hack canaries (environments/general/checks/agent_canaries.py) through
 the real General service: real task containers, the MiMo transport, the
 verifier, and the module's fake judge switched between the demo's anchor
 verdict and gullible models. Imported by test_general_episodes.py so the
@@ -15,7 +15,7 @@ import time
 
 from camg_client import Client
 from tools.canary_table import render
-from tools.general import agent_canaries
+from environments.general.checks import agent_canaries
 
 
 def test_general_agent_canaries_all_lose(general_service, general_demo, fake_judge, capsys):

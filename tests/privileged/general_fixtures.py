@@ -32,9 +32,10 @@ KEY = "sk-general-test-key-0001"
 
 @contextlib.contextmanager
 def demo_for(demo_set: Path, **options):
-    """General's demo set (``tools.general.demo.build`` options) published to
+    """General's demo set (``environments.general.demo.assemble.build`` options) published to
     a loopback registry of its own, with the agent environment."""
-    from tools.general import agent_env, demo
+    from environments.general.build import agent_env
+    from environments.general.demo import assemble as demo
 
     base = Path(tempfile.mkdtemp(prefix="camg-general-demo-"))
     registry = LocalRegistry(base / "registry").start()

@@ -3,7 +3,7 @@
 The image (Debian + numpy/scipy/scikit-learn from PyPI, scikit-learn's bundled
 data sets stripped) is built, pushed to a loopback registry, pulled back by
 digest and materialized (cached under $CAMG_CACHE/oci); the demo bundles are
-simulated data drawn fresh per build (tools.autoresearch.synthetic); the
+simulated data drawn fresh per build (environments.autoresearch.demo.synthetic); the
 three roots are installed by camg.prepare's code as root with the private
 answers owned by camg-grader (created here when missing). The environment
 runs in this process with its private grader as a real child under the
@@ -44,7 +44,7 @@ def ensure_grader_user() -> None:
 @pytest.fixture(scope="module")
 def research_image():
     from tools import oci_demo
-    from tools.autoresearch import image
+    from environments.autoresearch.demo import image
     return image.ensure_image(oci_demo.cache_root_from_env())
 
 
@@ -52,7 +52,7 @@ def research_image():
 def roots(research_image):
     from camg.oci.images import write_materialized
     from environments.autoresearch.prepare import prepare
-    from tools.autoresearch import demo_tasks
+    from environments.autoresearch.demo import demo_tasks
     ensure_grader_user()
     base = Path(tempfile.mkdtemp(prefix="camg-ar-test-"))
     base.chmod(0o711)
@@ -356,7 +356,7 @@ def test_private_root_refused_as_a_lower(env, ar_helper, roots):
 def test_image_carries_no_sklearn_data_and_validate_accepts_the_demo_tasks(env, roots,
                                                                             ar_helper):
     from environments.autoresearch import validate
-    from tools.autoresearch import image as research
+    from environments.autoresearch.demo import image as research
     site = next(Path(roots["image"].rootfs).glob(
         research.VENV.lstrip("/") + "/lib/python3*/site-packages"))
     for relative in research.STRIPPED:
@@ -386,7 +386,7 @@ TAMPERED = {"symlink_to_test", "symlink_to_answers", "fifo_submission", "directo
 
 def test_canaries_all_lose(env, roots):
     from camg.hashing import sha256_tree
-    from tools.autoresearch import canaries
+    from environments.autoresearch.checks import canaries
     from tools.canary_table import render
     task = env.tasks[0]
     assert task.task_id == "breast-cancer"
@@ -438,7 +438,7 @@ def test_a_full_process_table_is_the_agents_result_not_null(env):
     and the finish earns 0.0, never reward null. (Whether a given command
     starts is a race between the job and the freed pid of the one before;
     a loaded host lets some through.)"""
-    from tools.autoresearch import canaries
+    from environments.autoresearch.checks import canaries
     episode = env.create_episode(env.tasks[0], seed=None, episode_id="full")
     try:
         episode.reset()

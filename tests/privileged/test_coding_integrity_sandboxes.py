@@ -1,6 +1,6 @@
 """Tamper resistance and no silent zeros, graded in real grader sandboxes on the demo image.
 
-Each canary of tools/coding/canaries.py is applied to a copy of a task's
+Each canary of environments/coding/checks/canaries.py is applied to a copy of a task's
 agent layer, the agent diff is taken with the service's command, and the
 episode grades it exactly as the service does (fresh grader sandbox over
 [image, grader layer], the root-owned guard plugin, swebench's parse, the
@@ -21,7 +21,7 @@ import pytest
 
 from camg import errors
 from environments.coding import diff_paths, layers
-from tools.coding import canaries
+from environments.coding.checks import canaries
 from test_coding_episodes import CACHE, env, prepared  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
@@ -193,7 +193,7 @@ def test_validate_refuses_planted_bad_tasks_and_records_good_ones(demo_set, prep
 
 
 def test_agent_view_leaks_nothing_of_the_fix(env):
-    """The history/leak check of the canary suite (tools.coding.canaries.view_leaks)
+    """The history/leak check of the canary suite (environments.coding.checks.canaries.view_leaks)
     on every demo task: no bytecode, copy, archive or git object of the clean
     sources is readable by the agent."""
     leaked = {}
@@ -208,7 +208,7 @@ def test_agent_view_leaks_nothing_of_the_fix(env):
 
 
 # -- A null is a claim the service proves ------------------------------------
-# tools/coding/canaries.py's OBSTRUCTIONS: ways an agent could make its own
+# environments/coding/checks/canaries.py's OBSTRUCTIONS: ways an agent could make its own
 # episode end with reward null (masked by the trainer). Played as the service
 # plays them: the finish's failure or the grade's goes to the episode's
 # control (camg.null_proof), which reruns the same path on fresh sandboxes of

@@ -23,7 +23,7 @@ import pytest
 from camg import task_manifest as manifest
 from camg.environment import ServiceContext
 from environments.coding import profiles
-from tools.coding import canaries
+from environments.coding.checks import canaries
 from test_coding_episodes import CACHE, FINISH, run_episode, shell
 from test_coding_integrity_sandboxes import grade, reverse_gold, workspace_diff
 from tools.harness.auth import deployment_auth
@@ -45,7 +45,7 @@ def swesmith_prepared(swesmith_image, demo_set, coding_helper, tmp_path_factory)
     from camg.oci.images import write_materialized
     from environments.coding.prepare import prepare_coding
     from tools import oci_demo as demo
-    from tools.coding.swesmith_demo import rewrite_rows
+    from environments.coding.demo.swesmith_demo import rewrite_rows
     work = tmp_path_factory.mktemp("coding-swesmith")
     rows = rewrite_rows(demo_set / "tasks.jsonl", work / "rows.jsonl")
     images = work / "materialized-images.json"

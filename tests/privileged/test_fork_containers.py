@@ -223,7 +223,7 @@ def visual_env(tmp_path_factory, image_ref, renderer_dir, mirror_manifest, visua
                judge):  # noqa: F811
     from environments.visual.environment import VisualEnvironment
     from environments.visual.prepare import prepare_visual
-    from tools.visual import demo_tasks
+    from environments.visual.demo import demo_tasks
 
     tmp = tmp_path_factory.mktemp("visual-fork")
     rows = demo_tasks.build(tmp / "demo")

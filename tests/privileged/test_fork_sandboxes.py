@@ -752,7 +752,7 @@ def ar_roots(rootfs):
     from camg.oci.images import write_materialized
     from environments.autoresearch.prepare import prepare
     from tools import oci_demo
-    from tools.autoresearch import demo_tasks, image
+    from environments.autoresearch.demo import demo_tasks, image
     research_image = image.ensure_image(oci_demo.cache_root_from_env())
     ta.ensure_grader_user()
     base = Path(tempfile.mkdtemp(prefix="camg-ar-fork-test-"))

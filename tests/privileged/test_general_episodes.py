@@ -298,11 +298,11 @@ def test_warm_pool_serves_resets_and_everything_goes_at_stop(general_prepared, g
 
 def test_code_task_view_leaks_nothing_of_the_fix(general_service, general_demo, general_helper,
                                                  general_prepared):
-    """The agent-view leak check (tools.general.code_tasks.container_leaks) in
+    """The agent-view leak check (environments.general.demo.code_tasks.container_leaks) in
     each code task's container after reset, as the agent: no bytecode, copy,
     archive or git object of the fixed sources (the fix's history is gone)."""
     from camg.containers import ContainerClient
-    from tools.general import code_tasks
+    from environments.general.demo import code_tasks
     client = Client(general_service.url)
     containers = ContainerClient(general_helper.socket, owner="general")
     leaked = {}

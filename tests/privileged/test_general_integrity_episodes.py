@@ -112,13 +112,13 @@ def test_planted_hooks_config_and_git_tricks_earn_zero(general_service, general_
 
 
 def test_canaries_lose_alone_and_with_gold(general_service, general_demo, general_prepared):
-    """tools/general/canaries.py through the service: Coding's techniques and
+    """environments/general/checks/canaries.py through the service: Coding's techniques and
     in-package report rewriting that no content screen sees, each 0.0 alone
     and next to the gold fix; the gold fix alone 1.0. Before the guard ran in
     General's verifier, the obfuscated variants earned 1.0 with integrity ok."""
 
     from tools.canary_table import render
-    from tools.general import canaries
+    from environments.general.checks import canaries
 
     task = tasks_of(general_prepared, "opensource-code")[0]
     gold = (general_demo["out"] / "gold" / f"{task['task_id']}.patch").read_text()
@@ -141,7 +141,7 @@ def test_canaries_lose_alone_and_with_gold(general_service, general_demo, genera
 def _null_canaries(general_service, general_demo, general_prepared, fake_judge, names=None,
                    with_reference=None, kinds=("opensource-code", "general_agent")):
     from tools.canary_table import render
-    from tools.general import null_canaries
+    from environments.general.checks import null_canaries
     from tools.judge_stub import TEXT_JUDGES, demo_responder
 
     def outcome_of(episode_id):
@@ -171,13 +171,13 @@ def _null_canaries(general_service, general_demo, general_prepared, fake_judge, 
 
 def test_null_forcing_canaries_end_zero_never_null(general_service, general_demo, general_prepared,
                                                    fake_judge, capsys):
-    """tools/general/null_canaries.py through the service, on both kinds:
+    """environments/general/checks/null_canaries.py through the service, on both kinds:
     each way an agent could make its own grade fail (pids limit filled
     before finish, the disk's bytes or inodes filled, the repository or
     workspace and HOME unreadable, the transport's port hogged, a memory
     hog) earns 0.0 alone and the honest grade or 0.0 obstructed next to the
     reference, never null; the reference alone earns 1.0."""
-    from tools.general import null_canaries
+    from environments.general.checks import null_canaries
 
     with_reference = None if FULL else null_canaries.CI_WITH_REFERENCE
     with capsys.disabled():

@@ -18,7 +18,7 @@ from oci_fixtures import REPO_ROOT, registry, run_prepare  # noqa: E402
 
 from tools import oci_demo as demo  # noqa: E402
 from camg.oci.images import load_materialized  # noqa: E402
-from tools.coding.demo_tasks import extract_sdist, fetch_sdist  # noqa: E402
+from environments.coding.demo.demo_tasks import extract_sdist, fetch_sdist  # noqa: E402
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 _ = registry

@@ -50,7 +50,7 @@ def run_rollout(routes: Path, env: str, policy: str, tasks: list[str], tmp: Path
 def small_roots(research_image):  # noqa: F811
     from camg.oci.images import write_materialized
     from environments.autoresearch.prepare import prepare
-    from tools.autoresearch import demo_tasks
+    from environments.autoresearch.demo import demo_tasks
 
     ensure_grader_user()
     base = Path(tempfile.mkdtemp(prefix="camg-ar-oracle-"))

@@ -42,7 +42,7 @@ TASKS = ["camg_webdev_demo_002", "camg_webdev_demo_003"]   # Tailwind (dark), pl
 def oracle_config(tmp_path_factory, image_ref, renderer_dir, mirror_manifest,  # noqa: F811
                   visual_helper):  # noqa: F811
     from environments.visual.prepare import prepare_visual
-    from tools.visual import demo_tasks
+    from environments.visual.demo import demo_tasks
 
     tmp = tmp_path_factory.mktemp("visual-oracle")
     rows = demo_tasks.build(tmp / "demo")

@@ -40,13 +40,13 @@ OWNER = f"visual-t{os.getpid()}"
 
 @pytest.fixture(scope="module")
 def renderer_dir(lower_root):
-    from tools.visual.renderer_rootfs import ensure_renderer_rootfs
+    from environments.visual.build.renderer_rootfs import ensure_renderer_rootfs
     return ensure_renderer_rootfs(lower_root)
 
 
 @pytest.fixture(scope="module")
 def mirror_manifest():
-    from tools.visual.cdn_mirror import build_mirror
+    from environments.visual.build.cdn_mirror import build_mirror
     return build_mirror(pc.CACHE / "visual" / "cdn-mirror")
 
 
@@ -76,7 +76,7 @@ def judge():
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, image_ref, renderer_dir, mirror_manifest, visual_helper):  # noqa: F811
     from environments.visual.prepare import prepare_visual
-    from tools.visual import demo_tasks
+    from environments.visual.demo import demo_tasks
 
     tmp = tmp_path_factory.mktemp("visual")
     rows = demo_tasks.build(tmp / "demo")
@@ -197,7 +197,7 @@ def test_external_asset_crash_judge_failure_and_their_controls(service, prepared
         {"operation": "shell", "command": f"echo '{page}' > /workspace/dist/index.html"},
         {"operation": "finish"}])
     assert ext["final"]["reward"] > 0 and ext["final"]["failure_class"] is None
-    from tools.visual.canaries import CRASH
+    from environments.visual.checks.canaries import CRASH
     crash = base64.b64encode(f"<!DOCTYPE html><p>x</p><script>{CRASH}</script>".encode()).decode()
     crashed = play(service.url, task_id, [
         {"operation": "shell", "command": f"echo {crash} | base64 -d > /workspace/dist/index.html"},

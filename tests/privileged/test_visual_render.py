@@ -1,7 +1,7 @@
 """Visual renderer: real headless Chromium in a real helper sandbox over the renderer rootfs.
 
-The rootfs (tools/visual/renderer_rootfs.py) and the CDN mirror
-(tools/visual/cdn_mirror.py, npm registry) are built once and cached under
+The rootfs (environments/visual/build/renderer_rootfs.py) and the CDN mirror
+(environments/visual/build/cdn_mirror.py, npm registry) are built once and cached under
 $CAMG_CACHE. Every test ends with the conftest's leak check (no sandbox,
 cgroup, mount or process left), and the renderer sandbox itself has
 loopback only.
@@ -56,13 +56,13 @@ def dist_tar(files: dict[str, str]) -> bytes:
 
 @pytest.fixture(scope="module")
 def renderer_dir(lower_root):
-    from tools.visual.renderer_rootfs import ensure_renderer_rootfs
+    from environments.visual.build.renderer_rootfs import ensure_renderer_rootfs
     return ensure_renderer_rootfs(lower_root)
 
 
 @pytest.fixture(scope="module")
 def mirror_manifest():
-    from tools.visual.cdn_mirror import build_mirror
+    from environments.visual.build.cdn_mirror import build_mirror
     return build_mirror(pc.CACHE / "visual" / "cdn-mirror")
 
 
@@ -186,7 +186,7 @@ def test_render_timeout_is_render_error(client, renderer_dir, mirror_manifest):
 
 def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, renderer_dir,
                                                         mirror_manifest):
-    """tools/visual/canaries.py: external and file: loads, symlinks out of
+    """environments/visual/checks/canaries.py: external and file: loads, symlinks out of
     dist/, a DOM rewritten after the screenshot, a WebSocket beyond loopback,
     fifos and devices, huge and crowded dist/ trees, text addressing the
     judge (plain, faint, CSS content, canvas, split over boxes, an SVG image)
@@ -197,7 +197,7 @@ def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, rende
     up/ reaches the renderer."""
     from environments.visual.render import Mirror, Renderer, RenderLimits
     from tools.canary_table import render
-    from tools.visual import canaries
+    from environments.visual.checks import canaries
 
     info = json.loads((renderer_dir / "renderer.json").read_text())
     slow = Renderer(client, str(renderer_dir / "rootfs"), info, Mirror.load(mirror_manifest),

@@ -34,7 +34,7 @@ def world_dir(prefix: str) -> Path:
 
 
 def code_task(root: Path, *, cwd: Path, test_command_lines: list[str] | None = None) -> dict:
-    from tools.general.code_tasks import build_instance
+    from environments.general.demo.code_tasks import build_instance
 
     source = root / "src-tree"
     source.mkdir(parents=True)
@@ -55,7 +55,7 @@ def general_task(base: Path, which: int = 0) -> tuple[Path, list[dict], dict]:
     (task root, oracle actions with the host's python, bind() path overrides)."""
     import json
 
-    from tools.general import agent_tasks
+    from environments.general.demo import agent_tasks
 
     roots = agent_tasks.build_all(base / "tasks")
     root = roots[which]

@@ -23,7 +23,7 @@ unaffordable):
   Coding, AutoResearch, General and Visual image layouts and materialized
   trees, Visual's renderer tree). The privileged tier builds exactly these
   with the same code and the same content keys (tools.oci_demo,
-  tools.autoresearch.image, tools.general, tools.visual), so what is skipped
+  environments.autoresearch.demo.image, environments.general.demo, environments.visual.demo), so what is skipped
   here is proven there; everything else — apt, both venvs from the wheel
   cache, users, units, Coding's task set found in sandboxes, Shop's index,
   AutoResearch's task bundles and its three roots, the registry

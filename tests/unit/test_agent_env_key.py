@@ -6,7 +6,7 @@ running")."""
 
 import shutil
 
-from tools.general import agent_env
+from environments.general.build import agent_env
 
 
 def test_build_leftovers_in_the_runtime_do_not_change_the_key(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ import pytest
 
 from camg.errors import DatasetError
 from environments.autoresearch import battery, grader, validate
-from tools.autoresearch import synthetic
+from environments.autoresearch.demo import synthetic
 
 
 def _table(path: Path, head: list[str], rows) -> None:
@@ -134,7 +134,7 @@ def test_constant_intensity_discs_are_refused_by_repeats_and_filters(tmp_path):
 
 def test_demo_segmentation_data_is_beyond_every_no_learning_baseline(tmp_path):
     # Raw Dice of the battery's best on the demo generator, against the
-    # reference's ~0.8 (tools.autoresearch.demo_tasks); no exact value
+    # reference's ~0.8 (environments.autoresearch.demo.demo_tasks); no exact value
     # repeats in a continuous image.
     images, masks = synthetic.textured_objects(5, 48)
     assert masks.mean() > 0.05 and images.dtype == np.float32
@@ -152,7 +152,7 @@ def test_demo_builder_puts_the_reward_floor_at_the_best_no_learning_baseline(tmp
     # regression on two columns) and its best no-learning baseline (once its
     # best single column, AUC 0.97 against the public baseline's 0.90): every
     # no-learning baseline earns 0, the reference still the top of the scale.
-    from tools.autoresearch import demo_tasks
+    from environments.autoresearch.demo import demo_tasks
     monkeypatch.setenv("CAMG_CACHE", str(tmp_path / "cache"))
     demo_tasks.build_task("breast-cancer", tmp_path / "bundles")
     bundle = tmp_path / "bundles" / "breast-cancer"
@@ -171,7 +171,7 @@ def test_demo_builder_puts_the_reward_floor_at_the_best_no_learning_baseline(tmp
 
 def test_a_draw_whose_floor_reaches_the_reference_is_drawn_again_then_refused(tmp_path,
                                                                               monkeypatch):
-    from tools.autoresearch import demo_tasks
+    from environments.autoresearch.demo import demo_tasks
     monkeypatch.setenv("CAMG_CACHE", str(tmp_path / "cache"))
     calls, draws = [], []
 

@@ -210,7 +210,7 @@ def test_a_command_the_sandbox_cannot_start_is_told_apart_from_infrastructure():
 
 
 def test_canaries_fail_on_a_null_reward_unless_not_set_up():
-    from tools.autoresearch.canaries import null_rewards
+    from environments.autoresearch.checks.canaries import null_rewards
     from tools.canary_table import CanaryResult
     rows = [CanaryResult("masked", None, None, 0.0, "infrastructure: the probe failed"),
             CanaryResult("unset", None, None, 0.0, "canary not set up: the writer never wrote"),

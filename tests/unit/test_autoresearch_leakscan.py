@@ -57,7 +57,7 @@ def _old_digits(workspaces: Path) -> None:
 
 def _new_task(workspaces: Path, name: str) -> Path:
     """A new demo task's public files (the generator and split of the builder)."""
-    from tools.autoresearch import synthetic
+    from environments.autoresearch.demo import synthetic
     # digits: 300 images, not 1797 (rendering is the slow part)
     X, y, features = synthetic.GENERATORS[name](0x5EED_0F_7E57, *([300] if name == "digits" else []))
     private, public_idx = synthetic.split(0x5EED_0F_7E57, len(y), 0.3)

@@ -19,7 +19,7 @@ from camg.errors import GraderError
 from environments.coding import (diff_paths, grader_scripts, integrity, layers, log_evaluation, mirrors,
                             profiles, rows)
 from environments.coding.prepare_layers import build_layers_as_root
-from tools.coding import synthetic
+from environments.coding.checks import synthetic
 
 
 # One key per guard session of a script: the eval script probes, then runs.

@@ -20,7 +20,7 @@ import pytest
 
 from camg.errors import GraderError
 from environments.coding import diff_paths, grader_scripts, integrity, log_evaluation, profiles
-from tools.coding import canaries
+from environments.coding.checks import canaries
 from test_coding_grading import (GUARD, KEYS, agent_diff, agent_workspace, gold,  # noqa: F401
                                  local_eval, reverse, task_layers, task_set)
 

@@ -107,7 +107,7 @@ def test_general_instance_clean_sources_and_no_bytecode_in_its_workspace(tmp_pat
     workspace.tar carries none of them; clean_sources gives the fixed file."""
     import tarfile
 
-    from tools.general import code_tasks
+    from environments.general.demo import code_tasks
     source = tmp_path / "source"
     (source / "src/pkg/__pycache__").mkdir(parents=True)
     (source / REL).write_text(BUGGY)

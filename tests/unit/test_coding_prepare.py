@@ -13,7 +13,7 @@ from camg.prepare import main
 from environments.coding.prepare import prepare_coding
 from environments.coding import layers, mirrors, rows
 from environments.coding.prepare_layers import build_layers_as_root
-from tools.coding import synthetic
+from environments.coding.checks import synthetic
 
 IMAGE = "camg/demo-apispec-6.8.1"
 

@@ -7,7 +7,7 @@ import pytest
 
 from camg.errors import DatasetError
 from environments.coding import profiles
-from tools.coding import bugs
+from environments.coding.demo import bugs
 
 
 def test_swesmith_profile_comes_from_the_registry_and_is_registered_on_swebench():

@@ -18,7 +18,7 @@ import pytest
 from camg.judge import (VERDICT_SCHEMA, Judge, JudgeConfig, parse_score, parse_verdict,
                         rubric_messages)
 from environments.general import rubric
-from tools.general import agent_canaries as ac
+from environments.general.checks import agent_canaries as ac
 from tools.judge_stub import (FakeJudge, Request, anchor_verdict, credulous_verdict,
                               gullible_verdict)
 

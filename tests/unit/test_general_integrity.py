@@ -573,7 +573,7 @@ def _guarded_run(repo, payload, keys=2, args=("-v",)):
     (channel record)."""
     import sys
 
-    from tools.general import canaries  # noqa: F401 -- (the payloads' home)
+    from environments.general.checks import canaries  # noqa: F401 -- (the payloads' home)
 
     init = repo / "src" / "pkg" / "__init__.py"
     init.write_text("def f():\n    return 1\n" + ("\n" + payload if payload else ""))
@@ -597,7 +597,7 @@ def test_screen_dodging_report_rewrites_pass_the_screen_not_the_guard(tmp_path):
     """The finding (General, main 49763d8): in-package code that builds the
     runner's names at run time makes pytest exit 0 over a failing test and
     no content rule sees it. The guard's channel does."""
-    from tools.general import canaries
+    from environments.general.checks import canaries
 
     repo = tmp_path / "repo"
     (repo / "src" / "pkg").mkdir(parents=True)
@@ -621,7 +621,7 @@ def _forged_lines(ids):
     import tempfile
     from types import SimpleNamespace
 
-    from tools.coding import canaries as coding
+    from environments.coding.checks import canaries as coding
 
     with tempfile.TemporaryDirectory() as tmp:
         coding.apply("forged_log_lines", Path(tmp), SimpleNamespace(fail_to_pass=ids, pass_to_pass=[]),
@@ -634,7 +634,7 @@ def test_techniques_next_to_the_gold_fix_are_still_tampering(tmp_path, args):
     """Issue 29's gaps: next to a real fix these change no outcome and no
     exit status (every test passes), and are flagged all the same; the fix
     alone is not, verbose or not."""
-    from tools.general import canaries
+    from environments.general.checks import canaries
 
     repo = tmp_path / "repo"
     (repo / "src" / "pkg").mkdir(parents=True)
@@ -662,7 +662,7 @@ def test_canary_actions_fit_the_action_schema_and_write_the_whole_file(tmp_path)
     import fastjsonschema
 
     from environments.general.schemas import ACTION_SCHEMA
-    from tools.general import canaries
+    from environments.general.checks import canaries
 
     validate = fastjsonschema.compile(dict(ACTION_SCHEMA))
     ids = [f"tests/test_module_{n}.py::TestClass::test_some_long_case_name_{n}" for n in range(200)]
@@ -722,7 +722,7 @@ def test_transport_and_service_verdict_with_real_pytest(world):
     service's verdict on the records is 0.0 tampered."""
     import sys
 
-    from tools.general import canaries
+    from environments.general.checks import canaries
 
     base, config = world
     pytest_cmd = [f"{sys.executable} -m pytest -q -p no:cacheprovider test_calc.py"]

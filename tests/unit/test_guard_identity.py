@@ -29,7 +29,7 @@ from tests.support import mimo_tasks  # noqa: F401 (the transport on sys.path)
 from camg import guard_verdict
 from camg.guard_verdict import GUARD_DIR, GUARD_FILE
 from mimoagent.transport import verifier_guard
-from tools.coding import canaries
+from environments.coding.checks import canaries
 
 _TESTS = '''
 import functools

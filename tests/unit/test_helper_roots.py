@@ -15,7 +15,7 @@ from camg.configure import main as configure_main
 from camg.errors import ConfigError
 from camg.oci.images import MaterializedImage, write_materialized
 from environments.coding.prepare import prepare_coding
-from tools.coding import synthetic
+from environments.coding.checks import synthetic
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))

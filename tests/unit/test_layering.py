@@ -66,7 +66,10 @@ PLANTED = [
     ("helper/ledger.py", "import camg.helper_client", "helper.ledger -> camg.helper_client"),
     ("camg/typed.py", "from camg.errors import ConfigError", "camg.typed -> camg.errors"),
     ("environments/coding/rows.py", "from environments.shop import goals", "environments.coding.rows -> environments.shop.goals"),
-    ("environments/shop/pages.py", "from tools.coding import bugs", "environments.shop.pages -> tools.coding.bugs"),
+    ("environments/shop/pages.py", "from tools.harness import shop", "environments.shop.pages -> tools.harness.shop"),
+    # the service reaches none of its own checks, demo or build code
+    ("environments/shop/environment.py", "from environments.shop.checks import canaries",
+     "environments.shop.environment -> environments.shop.checks.canaries"),
     ("camg_client/rollout.py", "from camg import errors", "camg_client.rollout -> camg.errors"),
     ("camg_client/client.py", "import environments.shop", "camg_client.client -> environments.shop"),
     # the services build nothing: no image tooling, no root-only task layers

@@ -109,7 +109,7 @@ def test_visual_prepare_records_the_sites_and_the_episode_plays_them(tmp_path):
     from camg.environment import Task
     from environments.visual.episode import VisualEpisode
     from environments.visual.prepare import prepare_visual
-    from tools.visual import demo_tasks
+    from environments.visual.demo import demo_tasks
 
     rows = demo_tasks.build(tmp_path / "demo")
     renderer = tmp_path / "renderer"

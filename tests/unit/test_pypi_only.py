@@ -128,8 +128,8 @@ def pypi():
 
 def image_pins() -> list[str]:
     from tools import oci_demo
-    from tools.autoresearch import image as autoresearch_image
-    from tools.visual import renderer_rootfs
+    from environments.autoresearch.demo import image as autoresearch_image
+    from environments.visual.build import renderer_rootfs
     return [*oci_demo.REQUIREMENTS, *oci_demo.BUILD_REQUIREMENTS, *renderer_rootfs.WHEELS,
             *(p for p in autoresearch_image.REQUIREMENTS if not p.startswith("torch=="))]
 
@@ -142,7 +142,7 @@ def test_every_lock_pin_is_on_pypi_for_311_and_312(pypi):
 
 def test_every_image_pin_is_on_pypi(pypi):
     # The images run Debian bookworm's python3 (3.11.2). Their torch is the
-    # CPU build from the PyTorch CPU index (tools/autoresearch/image.py).
+    # CPU build from the PyTorch CPU index (environments/autoresearch/demo/image.py).
     assert unservable(image_pins(), (CP311,)) == []
 
 

@@ -1,4 +1,4 @@
-"""A generated 20k-product catalog (tools/shop/scale.py: synthesised,
+"""A generated 20k-product catalog (environments/shop/checks/scale.py: synthesised,
 indexed with WebShop's command, prepared into a product store; cached)
 served end to end by a real ``camg.serve`` Shop service over HTTP: the
 oracle buys the goal's product, a synthetic product found by its title is
@@ -16,7 +16,7 @@ from environments.shop import rewards, search
 from environments.shop.store import ProductStore
 from tests.support import shop_testing as testing
 from tests.support.services import ServiceProcess
-from tools.shop import scale
+from environments.shop.checks import scale
 
 SIZE = 20_000
 

@@ -167,14 +167,14 @@ def test_sigterm_is_a_graceful_stop_despite_the_jvm(services):
 
 
 def test_shop_canaries_lose_through_the_service(services):
-    """tools/shop/canaries.py on the real service: every unreachable click,
+    """environments/shop/checks/canaries.py on the real service: every unreachable click,
     malformed target, injection-like search, action after done, replayed
     request_id and cross-episode click earns exactly what upstream's reward
     gives the accepted page path (replayed in a fresh episode and recomputed
     in process), refused actions carry an error and change nothing, and the
     outcome records say integrity ok."""
     from tools.canary_table import render
-    from tools.shop import canaries
+    from environments.shop.checks import canaries
 
     service = services[0]
     results, checks = canaries.run(Client(service.url), testing.prepared()[0], service.outcomes)

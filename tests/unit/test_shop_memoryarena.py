@@ -1,5 +1,5 @@
 """MemoryArena's bundled-shopping tasks on a product DB and rows our own
-builder generates in MemoryArena's shape (tools/shop/memoryarena_fixture.py;
+builder generates in MemoryArena's shape (environments/shop/demo/memoryarena_fixture.py;
 no upstream row is copied): preparation from that layout, one task per
 subtask in order, the step instruction, its score with the substring rule
 and through the judge client (a local fake judge), and its limits."""
@@ -17,7 +17,7 @@ from environments.shop import memoryarena
 from environments.shop.environment import ShopEnvironment
 from tests.support import shop_testing as testing
 from tests.support.fake_judge import FakeJudge, Reply
-from tools.shop import memoryarena_fixture
+from environments.shop.demo import memoryarena_fixture
 
 REPO = testing.REPO
 

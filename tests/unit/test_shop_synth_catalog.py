@@ -6,7 +6,7 @@ import gzip
 import json
 
 from environments.shop import catalog
-from tools.shop import synth_catalog
+from environments.shop.checks import synth_catalog
 
 
 def test_synthesis_is_deterministic_valid_and_perturbed(tmp_path):

@@ -112,7 +112,7 @@ def probes(secret: Path, helper_socket: str, port: int) -> list[tuple[str, str, 
 
 def _spec(image: str, memory: int = 256 << 20, pids: int = 128):
     from camg.containers import ContainerSpec
-    from tools.general.images import COMMAND
+    from environments.general.demo.images import COMMAND
     return ContainerSpec(image=image, command=COMMAND, cpu=0.5, memory_bytes=memory,
                          pids_max=pids, mount_agent_env=True)
 

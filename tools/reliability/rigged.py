@@ -34,8 +34,8 @@ def coding_demo_set(socket: str) -> Path:
     """The Coding demo task set (cached; built in sandboxes of ``socket``):
     Coding's target and General's (its opensource-code tasks) share it."""
     from tools import oci_demo as demo
-    from tools.coding.demo_tasks import fetch_sdist
-    from tools.coding.sandbox_runner import ensure_demo_set
+    from environments.coding.demo.demo_tasks import fetch_sdist
+    from environments.coding.demo.sandbox_runner import ensure_demo_set
     image = demo.ensure_demo_image(demo.cache_root_from_env())
     return ensure_demo_set(CACHE / "coding", image.image, socket,
                            fetch_sdist(CACHE / "coding" / "sdist"))
@@ -120,7 +120,7 @@ def autoresearch(work: Path, socket: str) -> Rig:
     from camg.oci.images import write_materialized
     from environments.autoresearch.prepare import prepare
     from tools import oci_demo
-    from tools.autoresearch import demo_tasks, image
+    from environments.autoresearch.demo import demo_tasks, image
     _ensure_grader_user()
     research = image.ensure_image(oci_demo.cache_root_from_env())
     work.mkdir(parents=True, exist_ok=True)
@@ -152,7 +152,8 @@ def general(work: Path, socket: str) -> Rig:
     the general_agent office tasks), one image each, and a judge that
     always answers score 1 (tools.judge_stub.FakeJudge)."""
     from environments.general.prepare import prepare_general
-    from tools.general import agent_env, demo
+    from environments.general.build import agent_env
+    from environments.general.demo import assemble as demo
     from tools.judge_stub import FakeJudge, Reply
     from tools.loopback_registry import LocalRegistry
     demo_set = coding_demo_set(socket)
@@ -203,9 +204,9 @@ def visual(work: Path, socket: str) -> Rig:
     from tools.judge_stub import scripted_judge
     from tools.loopback_registry import LocalRegistry
     from tools.reliability.rig import minbase
-    from tools.visual import demo_tasks
-    from tools.visual.cdn_mirror import build_mirror
-    from tools.visual.renderer_rootfs import ensure_renderer_rootfs
+    from environments.visual.demo import demo_tasks
+    from environments.visual.build.cdn_mirror import build_mirror
+    from environments.visual.build.renderer_rootfs import ensure_renderer_rootfs
     renderer = ensure_renderer_rootfs(CACHE / "helper")
     mirror = build_mirror(CACHE / "visual" / "cdn-mirror")
     rig_stack = contextlib.ExitStack()

@@ -15,7 +15,7 @@ tested. A venv finds its packages from ``pyvenv.cfg`` next to its ``bin/``,
 so it works at any mount point (``/opt/camg/agent-env`` by default) as long
 as scripts are started as ``<env>/bin/python -m ...``.
 
-    python -m tools.general.agent_env --output /srv/camg/mimo-agent-env
+    python -m environments.general.build.agent_env --output /srv/camg/mimo-agent-env
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from camg import guard_verdict
 from camg.errors import DatasetError
 from camg.hashing import sha256_file, sha256_json
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RUNTIME = REPO / "third_party" / "mimo_runtime" / "mimoagent"
 PYTHON = "/usr/bin/python3"
 PACKAGES = ("mcp", "openpyxl")

@@ -1,6 +1,6 @@
 """Everything the Visual demo serves, prepared in one step (root).
 
-    python -m tools.visual.prepare_demo --data /srv/camg/data/visual \\
+    python -m environments.visual.demo.prepare_demo --data /srv/camg/data/visual \\
         --lower-root /var/lib/camg/oci-rootfs --registry 127.0.0.1:5000 [--cache DIR]
 
 1. the renderer tree under ``--lower-root`` (one of the helper's lower_roots);
@@ -27,7 +27,8 @@ from camg.errors import CamgError
 
 def prepare(data: Path, lower_root: Path, registry: str, cache: Path) -> Path:
     from environments.visual.prepare import prepare_visual
-    from tools.visual import cdn_mirror, demo_image, demo_tasks, renderer_rootfs
+    from environments.visual.build import cdn_mirror, renderer_rootfs
+    from environments.visual.demo import demo_image, demo_tasks
 
     data.mkdir(parents=True, exist_ok=True)
     renderer = renderer_rootfs.ensure_renderer_rootfs(lower_root)
@@ -43,7 +44,7 @@ def prepare(data: Path, lower_root: Path, registry: str, cache: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.visual.prepare_demo", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m environments.visual.demo.prepare_demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--lower-root", type=Path, required=True)

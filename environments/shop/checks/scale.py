@@ -26,9 +26,9 @@ from pathlib import Path
 from environments.shop import catalog, goals, store
 from environments.shop import prepare as prepare_shop
 from tools.harness import shop as testing
-from tools.shop import synth_catalog
+from environments.shop.checks import synth_catalog
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def timed(fn, *args):

@@ -21,7 +21,7 @@ concurrent builders and a crashed build never leave a half tree. Operators
 put it under the helper's lower_roots (``/var/lib/camg/oci-rootfs``); tests
 under ``$CAMG_CACHE/helper``.
 
-    python -m tools.visual.renderer_rootfs --output /var/lib/camg/oci-rootfs
+    python -m environments.visual.build.renderer_rootfs --output /var/lib/camg/oci-rootfs
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def ensure_renderer_rootfs(output: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.visual.renderer_rootfs", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m environments.visual.build.renderer_rootfs", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--output", type=Path, required=True,
                     help="directory under one of the helper's lower_roots")

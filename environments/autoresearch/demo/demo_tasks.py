@@ -1,4 +1,4 @@
-"""The AutoResearch demo task set: simulated data drawn fresh per build (tools.autoresearch.synthetic).
+"""The AutoResearch demo task set: simulated data drawn fresh per build (environments.autoresearch.demo.synthetic).
 
 Four tasks, each with a public/private split, a baseline (public,
 /task/baseline.py) and a reference solution (kept in the task package,
@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from environments.autoresearch import battery, grader, metrics
-from tools.autoresearch import synthetic
+from environments.autoresearch.demo import synthetic
 
 PRIVATE_FRACTION = 0.3
 
@@ -320,7 +320,7 @@ def _draw_task(name: str, dest: Path, python: str = sys.executable) -> dict:
     else:
         _write_tabular(name, public, private, entropy)
     (private / "generator.json").write_text(json.dumps(
-        {"entropy": f"{entropy:#034x}", "generator": "tools.autoresearch.synthetic"}) + "\n")
+        {"entropy": f"{entropy:#034x}", "generator": "environments.autoresearch.demo.synthetic"}) + "\n")
     (public / "baseline.py").write_text(SCRIPTS[name]["baseline"].lstrip())
     (reference / "solve.py").write_text(SCRIPTS[name]["reference"].lstrip())
     title, metric, statement = STATEMENTS[name]

@@ -38,7 +38,7 @@ stub answers as a model reads. The stub's vision verdict stays credulous
 (it gives 1.0 to a screenshot showing such text): ``undefended`` in each
 row's detail is what the paraphrase would have earned without the question.
 
-    python -m tools.visual.canaries --helper-socket SOCK --renderer DIR --mirror mirror.json
+    python -m environments.visual.checks.canaries --helper-socket SOCK --renderer DIR --mirror mirror.json
 
 (as root, beside a running helper whose lower_roots hold the renderer).
 """
@@ -413,8 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     info = json.loads((Path(args.renderer) / "renderer.json").read_text())
     helper = HelperClient(args.helper_socket, owner=args.owner)
     try:
-        make = lambda timeout: Renderer(helper, str(Path(args.renderer) / "rootfs"), info,  # noqa: E731
-                                        Mirror.load(args.mirror), RenderLimits(timeout=timeout))
+        def make(timeout: float) -> Renderer:
+            return Renderer(helper, str(Path(args.renderer) / "rootfs"), info,
+                            Mirror.load(args.mirror), RenderLimits(timeout=timeout))
+
         results, checks = run(make(90).render, make(20).render)
     finally:
         helper.close()

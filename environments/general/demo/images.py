@@ -10,7 +10,7 @@ dependencies from PyPI) and adds one task layer:
 * ``/home/arena-agent`` owned by the agent uid 2000; ``/work``, ``/logs``.
 
 The transport itself and its Python come from the agent environment the
-helper mounts read-only at /opt/camg/agent-env (tools.general.agent_env).
+helper mounts read-only at /opt/camg/agent-env (environments.general.build.agent_env).
 Layouts are cached under ``<cache>/general/images``; ``publish`` pushes
 each to a registry with skopeo and returns ``REPO@sha256:...`` refs, which
 the service pulls back by digest through the helper.

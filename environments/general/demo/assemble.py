@@ -1,10 +1,10 @@
 """General's demo task set, end to end: rows, task folders, images by digest.
 
 * opensource-code: the first ``code_count`` rows of the Coding demo set
-  (apispec 6.8.1 from PyPI with SWE-smith-style bugs; tools.coding) turned
-  into MiMo instances (tools.general.code_tasks);
-* general_agent: the office tasks of tools.general.agent_tasks;
-* one image per task (tools.general.images), pushed to ``registry`` and
+  (apispec 6.8.1 from PyPI with SWE-smith-style bugs; environments.coding.demo) turned
+  into MiMo instances (environments.general.demo.code_tasks);
+* general_agent: the office tasks of environments.general.demo.agent_tasks;
+* one image per task (environments.general.demo.images), pushed to ``registry`` and
   named by digest in ``image-mapping.jsonl`` (upstream's format);
 * ``code.jsonl`` / ``general.jsonl`` rows in NeMo-Gym's shape
   (``{"instance": ...}``) and ``envs/<id>`` task folders, ready for
@@ -13,7 +13,7 @@
 Oracle material for tests and the demo stays beside it: ``gold/<id>.patch``
 for code tasks, ``<id>.oracle.json`` action lists for general_agent tasks;
 ``build`` also returns each code task's folder (``code_tasks``, by instance
-id) for the agent-view leak check (tools.general.code_tasks.container_leaks).
+id) for the agent-view leak check (environments.general.demo.code_tasks.container_leaks).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from camg.host_private import private_dir
 from tools import oci_demo
-from tools.general import agent_tasks, code_tasks, images
+from environments.general.demo import agent_tasks, code_tasks, images
 
 IMAGE_NAME = "camg/mimo-general"
 
@@ -100,7 +100,7 @@ def prepare_data(data: Path, cache_root: Path, coding_demo: Path) -> dict:
     import tempfile
 
     from environments.general.prepare import prepare_general
-    from tools.general import agent_env
+    from environments.general.build import agent_env
     from tools.loopback_registry import LocalRegistry
 
     out = Path(data) / "general"

@@ -1,6 +1,6 @@
 """Null-forcing canaries of General, played through a service as an agent would.
 
-    python -m tools.general.null_canaries --url http://127.0.0.1:PORT \\
+    python -m environments.general.checks.null_canaries --url http://127.0.0.1:PORT \\
         --manifest M.json --references DIR [--outcomes STATE/outcomes.jsonl]
 
 A trainer masks every episode whose reward is null, so an agent that can
@@ -200,7 +200,7 @@ def _outcomes(path: str | None) -> Callable[[str], dict | None]:
 def main(argv: list[str] | None = None) -> int:
     from camg_client import Client
 
-    ap = argparse.ArgumentParser(prog="python -m tools.general.null_canaries",
+    ap = argparse.ArgumentParser(prog="python -m environments.general.checks.null_canaries",
                                  description="Play General's null-forcing canaries.")
     ap.add_argument("--url", required=True, help="a General service")
     ap.add_argument("--manifest", required=True, help="the service's prepared manifest.json")

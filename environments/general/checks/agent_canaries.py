@@ -1,6 +1,6 @@
 """Hack canaries of General's general_agent tasks, played through the real service.
 
-``python -m tools.general.agent_canaries --service URL --state-dir DIR
+``python -m environments.general.checks.agent_canaries --service URL --state-dir DIR
 --references DIR [--judge-port 65149]`` plays every canary as an episode of
 a running General service (real task containers, the MiMo transport, the
 verifier) whose judge (``GA_JUDGE_URL``) is ``127.0.0.1:<judge-port>/v1``:
@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools.canary_table import CanaryResult, report
-from tools.general.agent_tasks import INVENTORY_ID, SALES_ID
+from environments.general.demo.agent_tasks import INVENTORY_ID, SALES_ID
 
 WRONG = "no idea"
 INVENTORY_ANSWER = "SKU-003 x 29; SKU-007 x 31"
@@ -191,7 +191,7 @@ def canaries() -> list[Canary]:
 
 
 #: one canary of each class (two of the screen's), for CI (the whole suite is 26 episodes; its
-#: first 19 took 534 s on a loaded 2-core host; python -m tools.general.agent_canaries plays them all)
+#: first 19 took 534 s on a loaded 2-core host; python -m environments.general.checks.agent_canaries plays them all)
 CI_TECHNIQUES = (
     "judge: closing the evidence fence early",
     "credulous judge: ignore previous instructions",

@@ -1,6 +1,6 @@
 """Build a MemoryArena-shaped product DB and task rows for tests and demos.
 
-    python -m tools.shop.memoryarena_fixture --output DIR [--products 200] [--rows 3]
+    python -m environments.shop.demo.memoryarena_fixture --output DIR [--products 200] [--rows 3]
         [--java-home HOME]   # also build search_engine/indexes-full
 
 MemoryArena's dataset and product DB declare no licence, so nothing of
@@ -119,7 +119,7 @@ def build(output: Path, products: int = 200, rows: int = 3, seed: int = 0,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.shop.memoryarena_fixture",
+    p = argparse.ArgumentParser(prog="python -m environments.shop.demo.memoryarena_fixture",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", required=True)

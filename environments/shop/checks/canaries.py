@@ -10,7 +10,7 @@ recomputed in process with ``rewards.webshop_reward`` (upstream's
 and every refused action must carry an ``error`` and leave the page exactly
 as it was; a breach of either is a failed check, reported under the table.
 
-    python -m tools.shop.canaries [--url URL --state-dir DIR]
+    python -m environments.shop.checks.canaries [--url URL --state-dir DIR]
 
 Without ``--url`` it prepares (cached) and starts its own service.
 """

@@ -1,6 +1,6 @@
 """AutoResearch canaries: ways an agent could try to earn a reward without modelling.
 
-    sudo .venv/bin/python -m tools.autoresearch.canaries --manifest prepared/manifest.json \\
+    sudo .venv/bin/python -m environments.autoresearch.checks.canaries --manifest prepared/manifest.json \\
         --packages-root … --workspaces-root … --private-root … --images materialized-images.json \\
         --helper-socket /run/camg/helper.sock [--state-dir DIR] [--task breast-cancer]
 
@@ -431,7 +431,7 @@ def play(env, task, packages_root: str, private_root: str,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.autoresearch.canaries",
+    ap = argparse.ArgumentParser(prog="python -m environments.autoresearch.checks.canaries",
                                  description="Play the AutoResearch canaries; exit 1 on any win.")
     for name in ("manifest", "packages-root", "workspaces-root", "private-root", "images",
                  "helper-socket"):

@@ -1,7 +1,7 @@
 """Larger WebShop catalogs synthesised from the shipped 1k catalog, for the
 scale benchmark (bench/bench_shop_scale.py).
 
-    python -m tools.shop.synth_catalog --products 10000 --output docs.jsonl.gz [--seed 0]
+    python -m environments.shop.checks.synth_catalog --products 10000 --output docs.jsonl.gz [--seed 0]
 
 The output is a documents.jsonl(.gz) catalog (``{id, contents, product}``
 rows) holding the 1,000 real products first, unchanged (so their goals and
@@ -111,7 +111,7 @@ def real_products(path: str | Path = DEFAULT_CATALOG) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.shop.synth_catalog", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m environments.shop.checks.synth_catalog", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--products", type=int, required=True)
     p.add_argument("--output", required=True)

@@ -123,7 +123,7 @@ def task_set(python: str, count: int = 4) -> Path:
     import shutil
     import tempfile
 
-    from tools.coding import bugs, demo_tasks
+    from environments.coding.demo import bugs, demo_tasks
 
     sources = "".join(Path(m.__file__).read_text() for m in (bugs, demo_tasks))
     key = hashlib.sha256(json.dumps([FILES, sources, python, count]).encode()).hexdigest()[:16]

@@ -28,7 +28,7 @@ from camg import progress
 from camg.errors import DatasetError
 
 from tools.oci.apply import extract_tree
-from tools.coding import bugs
+from environments.coding.demo import bugs
 from environments.coding.profiles import DEMO_OWNER, parse_pytest_verbose
 
 log = logging.getLogger("camg.coding")

@@ -8,7 +8,7 @@ something real to score and the demo exercises the CDN mirror. The oracle
 of a task is one shell action that unpacks its reference site into
 /workspace/dist.
 
-    python -m tools.visual.demo_tasks --output DIR
+    python -m environments.visual.demo.demo_tasks --output DIR
       -> DIR/rows.jsonl, DIR/reference/<task_id>/index.html, DIR/oracle.json
 """
 
@@ -173,7 +173,7 @@ def build(output: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.visual.demo_tasks", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m environments.visual.demo.demo_tasks", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--output", type=Path, required=True)
     args = ap.parse_args(argv)

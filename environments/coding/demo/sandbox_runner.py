@@ -13,7 +13,7 @@ import io
 import tarfile
 from pathlib import Path
 
-from tools.coding.demo_tasks import Runner
+from environments.coding.demo.demo_tasks import Runner
 from environments.coding.profiles import demo_profile, parse_pytest_verbose
 
 
@@ -71,7 +71,7 @@ def ensure_demo_set(cache_dir: Path, image, helper_socket: str, sdist: Path) -> 
     import os
     import shutil
 
-    from tools.coding import demo_tasks
+    from environments.coding.demo import demo_tasks
     from tools.oci_demo import locked
 
     here = Path(__file__).resolve().parent

@@ -1,11 +1,11 @@
 """Tampering canaries of General's opensource-code grade, played through a service.
 
-    python -m tools.general.canaries --url http://127.0.0.1:PORT --manifest M.json \\
+    python -m environments.general.checks.canaries --url http://127.0.0.1:PORT --manifest M.json \\
         --gold-dir DIR [--outcomes STATE/outcomes.jsonl] [--task TASK_ID]
 
 Each technique is a fix-free way to make the verifier's test command exit 0,
 played as a real agent would: shell actions in the task's container, then
-``finish``. They are Coding's suite (tools/coding/canaries.py, every
+``finish``. They are Coding's suite (environments/coding/checks/canaries.py, every
 technique: the files it writes are replayed into the General workspace) and
 in-package report rewriting written so that no added line holds a literal
 camg/tamper_rules.py looks for (names built from pieces, importlib, gc
@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 from camg_client import Client
 from tools.canary_table import CanaryResult, report
-from tools.coding import canaries as coding
+from environments.coding.checks import canaries as coding
 
 # Installs a plugin object whose make-report wrapper turns every report into
 # a pass; the hook's and the runner's names are assembled at run time.
@@ -279,7 +279,7 @@ def _outcomes(path: str | None) -> Callable[[str], dict | None]:
 def main(argv: list[str] | None = None) -> int:
     from camg_client import Client
 
-    ap = argparse.ArgumentParser(prog="python -m tools.general.canaries",
+    ap = argparse.ArgumentParser(prog="python -m environments.general.checks.canaries",
                                  description="Play General's opensource-code canaries.")
     ap.add_argument("--url", required=True, help="a General service")
     ap.add_argument("--manifest", required=True, help="the service's prepared manifest.json")
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     code = [t for t in manifest["tasks"] if t["data"]["kind"] == "opensource-code"
             and (args.task is None or t["task_id"] == args.task)]
     if not code:
-        print("tools.general.canaries: no opensource-code task", file=sys.stderr)
+        print("environments.general.checks.canaries: no opensource-code task", file=sys.stderr)
         return 2
     task = code[0]
     gold = Path(args.gold_dir, f"{task['task_id']}.patch").read_text()

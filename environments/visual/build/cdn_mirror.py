@@ -12,7 +12,7 @@ version and the tarball's integrity string. ``camg.configure``
 hashes mirror.json and every file it names; the renderer answers exactly
 these URLs and aborts every other external request.
 
-    python -m tools.visual.cdn_mirror --output DIR [--allowlist FILE]
+    python -m environments.visual.build.cdn_mirror --output DIR [--allowlist FILE]
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def _load_allowlist(path: Path) -> tuple[Entry, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.visual.cdn_mirror", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m environments.visual.build.cdn_mirror", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--output", type=Path, required=True)
     ap.add_argument("--allowlist", type=Path,
