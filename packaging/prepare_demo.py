@@ -40,8 +40,8 @@ AutoResearch: the research image (Debian + numpy/scikit-learn/MONAI on CPU
 
 Which environments have demo data, in which order, and how each is
 prepared, is its plugin's (camg.plugins: ``demo_prepare``, ``demo_rank``;
-the preparers are in tools/demo_data.py). With --deployment-out, the demo
-deployment is written there: the template's service-wide keys
+each preparer is its environments/<env>/demo/data.py). With
+--deployment-out, the demo deployment is written there: the template's service-wide keys
 (packaging/demo-deployment.json) and each prepared environment's plugin
 ``demo`` entry, with the settings its preparation recorded merged in (Shop's
 pool and index hashes change with every index build, so no plugin can say

@@ -28,8 +28,8 @@ PLUGIN = EnvironmentPlugin(
             "episode_minutes": 60,
         },
     },
-    demo_prepare="tools.demo_data:prepare_autoresearch",
+    demo_prepare="environments.autoresearch.demo.data:prepare",
     demo_rank=50,
-    reliability="tools.reliability.targets:AUTORESEARCH",
-    storm="tools.reliability.killstorm_guest:autoresearch",
+    reliability="environments.autoresearch.checks.reliability:TARGET",
+    storm="environments.autoresearch.checks.reliability:storm",
 )

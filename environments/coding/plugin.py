@@ -22,8 +22,8 @@ PLUGIN = EnvironmentPlugin(
             "images": "/srv/camg/data/coding/materialized-images.json",
         },
     },
-    demo_prepare="tools.demo_data:prepare_coding",
+    demo_prepare="environments.coding.demo.data:prepare",
     demo_rank=10,
-    reliability="tools.reliability.targets:CODING",
-    storm="tools.reliability.killstorm_guest:coding",
+    reliability="environments.coding.checks.reliability:TARGET",
+    storm="environments.coding.checks.reliability:storm",
 )

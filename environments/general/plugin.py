@@ -24,11 +24,11 @@ PLUGIN = EnvironmentPlugin(
         "limits": {"reset_timeout_s": 300, "action_timeout_s": 1950, "grade_timeout_s": 700},
         "settings": {"pool_size": 1, "cpu": 1.0, "memory_bytes": 1073741824, "pids_max": 512},
     },
-    demo_prepare="tools.demo_data:prepare_general",
+    demo_prepare="environments.general.demo.data:prepare",
     # after Coding, whose demo set it reuses
     demo_rank=30,
     demo_images="general/container-images.json",
     demo_agent_env="general/agent-env",
-    reliability="tools.reliability.targets:GENERAL",
-    storm="tools.reliability.killstorm_guest:general",
+    reliability="environments.general.checks.reliability:TARGET",
+    storm="environments.general.checks.reliability:storm",
 )

@@ -22,8 +22,8 @@ PLUGIN = EnvironmentPlugin(
         "references": True,
         "settings": {},
     },
-    demo_prepare="tools.demo_data:prepare_shop",
+    demo_prepare="environments.shop.demo.data:prepare",
     demo_rank=20,
-    reliability="tools.reliability.targets:SHOP",
-    storm="tools.reliability.killstorm_guest:shop",
+    reliability="environments.shop.checks.reliability:TARGET",
+    storm="environments.shop.checks.reliability:storm",
 )

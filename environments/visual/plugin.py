@@ -21,9 +21,9 @@ PLUGIN = EnvironmentPlugin(
         "limits": {"action_timeout_s": 300, "grade_timeout_s": 900},
         "settings": {"pool_size": 1, "cpu": 1.0, "memory_bytes": 1073741824, "pids_max": 512},
     },
-    demo_prepare="tools.demo_data:prepare_visual",
+    demo_prepare="environments.visual.demo.data:prepare",
     demo_rank=40,
     demo_images="visual/images.json",
-    reliability="tools.reliability.targets:VISUAL",
-    storm="tools.reliability.killstorm_guest:visual",
+    reliability="environments.visual.checks.reliability:TARGET",
+    storm="environments.visual.checks.reliability:storm",
 )

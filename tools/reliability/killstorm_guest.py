@@ -191,43 +191,6 @@ def first_task(guest: Guest, env: Env) -> dict:
                                 check=True).stdout)["tasks"][0]
 
 
-def coding(guest: Guest, env: Env) -> Env:
-    task = first_task(guest, env)
-    fix = f"git apply -R - <<'CAMG_EOF'\n{task['data']['patch']}\nCAMG_EOF"
-    return dataclasses.replace(env, create={"task_id": task["task_id"]}, slow_step=SLEEP,
-                               to_grading=[{"operation": "shell", "command": fix}],
-                               finish=FINISH, grader="sandbox")
-
-
-def shop(guest: Guest, env: Env) -> Env:
-    return dataclasses.replace(env, create={"task_id": first_task(guest, env)["task_id"]},
-                               slow_step={"action": "search[wireless bluetooth headphones with "
-                                                    "noise cancelling long battery life]"})
-
-
-# The rest are driven to their finish by the deployment's reference solution
-# (the demo enables references), so an undisturbed finish earns the maximum,
-# never 0, and a fake zero cannot pass for "unaffected".
-
-def autoresearch(guest: Guest, env: Env) -> Env:
-    return dataclasses.replace(env, create={"task_id": first_task(guest, env)["task_id"]},
-                               slow_step=SLEEP, reference=True, finish={"operation": "submit"},
-                               grader="process", grader_user="camg-grader")
-
-
-def general(guest: Guest, env: Env) -> Env:
-    return dataclasses.replace(env, create={"task_id": first_task(guest, env)["task_id"]},
-                               slow_step=SLEEP, reference=True, finish=FINISH, grader="container")
-
-
-def visual(guest: Guest, env: Env) -> Env:
-    # The finish copies dist/ out, removes the container and renders in the
-    # helper's renderer sandbox.
-    return dataclasses.replace(env, create={"task_id": first_task(guest, env)["task_id"]},
-                               slow_step=SLEEP, reference=True, finish=FINISH, grader="sandbox",
-                               grader_what="renderer sandbox")
-
-
 class Background(threading.Thread):
     """One HTTP request outstanding while the kill happens."""
 

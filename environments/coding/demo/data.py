@@ -1,0 +1,62 @@
+"""The Coding demo's data: the task set found in real sandboxes, served
+from the SWE-smith-shaped demo image.
+
+What the plugin's ``demo_prepare`` names (camg.plugins), run by
+packaging/prepare_demo.py as root: takes (DATA, CACHE, helper socket) and
+returns the manifest it wrote.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tools import demo_data
+
+
+def find_demo_set(data: Path, cache: Path, helper_socket: str) -> Path:
+    """DATA/coding/demo (tasks.jsonl, mirrors/): found with the plain demo
+    image in real sandboxes, cached under CACHE/coding."""
+    from environments.coding.demo.demo_tasks import fetch_sdist
+    from environments.coding.demo.sandbox_runner import ensure_demo_set
+    from tools import oci_demo as demo
+
+    out = data / "coding"
+    out.mkdir(parents=True, exist_ok=True)
+    image = demo.ensure_demo_image(cache / "oci")
+    built = ensure_demo_set(
+        cache / "coding", image.image, helper_socket, fetch_sdist(cache / "coding" / "sdist")
+    )
+    # The cache may be shared or pruned; the service reads its own copy.
+    demo_set = out / "demo"
+    if not demo_data.same_tree(built, demo_set):
+        staging = out / ".demo.new"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(built, staging, symlinks=True)
+        shutil.rmtree(demo_set, ignore_errors=True)
+        staging.rename(demo_set)
+    return demo_set
+
+
+def prepare(data: Path, cache: Path, helper_socket: str) -> Path:
+    from camg.oci.images import write_materialized
+    from environments.coding.demo.swesmith_demo import rewrite_rows
+    from environments.coding.prepare import prepare_coding as prepare_manifest
+    from tools import oci_demo as demo
+
+    out = data / "coding"
+    # The task set is found with the plain image; it is served from the image
+    # laid out like SWE-smith's (clone at /testbed, conda-style activation,
+    # SWE-smith's own test command), as real SWE-smith tasks are.
+    demo_set = find_demo_set(data, cache, helper_socket)
+    served = demo.ensure_demo_image(cache / "oci", flavor="swesmith")
+    images_json = out / "materialized-images.json"
+    write_materialized(images_json, (served.image,))
+    manifest = out / "manifest.json"
+    rows = out / "rows-swesmith.jsonl"
+    rewrite_rows(demo_set / "tasks.jsonl", rows)
+    prepare_manifest(
+        rows_path=rows, mirrors_root=demo_set / "mirrors", images_path=images_json, output=manifest
+    )
+    demo_data.readable(out)
+    return manifest
