@@ -268,8 +268,11 @@ def test_a_toy_package_is_first_class(toy_path, tmp_path):
     assert probe.returncode == 0, probe.stderr
     got = json.loads(probe.stdout.splitlines()[-1])  # after the toy preparation's line
     # the demo: prepared in its rank's place, its plugin's entry deployed
-    assert got["preparers"] == ["coding", "toy", "shop", "general", "visual", "autoresearch"]
-    assert got["containers"] == ["general", "visual"]
+    found = plugins.all_plugins()
+    ranked = sorted([(p.demo_rank, n) for n, p in found.items() if p.demo_prepare] + [(15, "toy")])
+    assert got["preparers"] == [n for _, n in ranked]
+    assert got["containers"] == [n for _, n in ranked if n in found
+                                 and found[n].substrate == "container"]
     assert got["prepared"] == str(tmp_path / "toy" / "manifest.json")
     assert json.loads((tmp_path / "toy" / "manifest.json").read_text())["tasks"]
     assert list(got["deployment"]["environments"]) == ["toy", "shop"]
