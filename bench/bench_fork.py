@@ -39,8 +39,8 @@ reliability suites do (tools/reliability/targets.py and rigged.py: the
 demo data from $CAMG_CACHE, a private helper of this run, General's and
 Visual's images in dockerd by digest and their local judges), with
 ``pool_size`` 0, so the fresh baseline is a cold create, as a fork is; the
-pooled reset and the helper-level forks are bench_general.py's,
-bench_visual.py's, bench_fork_sandbox.py's and bench_fork_containers.py's.
+pooled reset and the helper-level forks are environments/general/checks/bench.py's,
+environments/visual/checks/bench.py's, bench_fork_sandbox.py's and bench_fork_containers.py's.
 Needs root for those (not for shop and counter).
 
 An environment is one ``Subject`` in ``SUBJECTS``: how to serve it (and

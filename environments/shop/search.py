@@ -145,7 +145,7 @@ class _TopIds:
             )
             if len(searcher.getSlices()) < 2:
                 # one slice (the 1k and 100k indexes): the executor's path
-                # only cost more (bench_shop_scale: 100k 6.5 against 5.2 ms)
+                # only cost more (the scale benchmark: 100k 6.5 against 5.2 ms)
                 self._pool.shutdown()
                 self._pool = searcher = None
         if searcher is None:

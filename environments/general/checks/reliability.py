@@ -19,7 +19,7 @@ from tools.reliability.targets import Target
 
 #: General's load: every episode is a container running the MiMo transport.
 #: The load suite asks 256 with --full or --load 256 (the measurements are
-#: bench/bench_general.py's); too long for every CI run, so CI's short run
+#: environments/general/checks/bench.py's); too long for every CI run, so CI's short run
 #: asks 2 (Target.short). The suite sets the capacity: the plugin's
 #: episode_peak_bytes gives a default below 256 on a 2-core host.
 GENERAL_LOAD = 256

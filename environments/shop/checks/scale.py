@@ -1,5 +1,5 @@
 """Synthesised Shop catalogs at scale, indexed and prepared once and cached,
-for bench/bench_shop_scale.py and the unit tier's generated-catalog test.
+for environments/shop/checks/bench_scale.py and the unit tier's generated-catalog test.
 
 An index is a function of the generator's parameters only (size, seed, the
 synthesiser's and the document function's code, the indexing command,

@@ -1,5 +1,5 @@
 """Larger WebShop catalogs synthesised from the shipped 1k catalog, for the
-scale benchmark (bench/bench_shop_scale.py).
+scale benchmark (environments/shop/checks/bench_scale.py).
 
     python -m environments.shop.checks.synth_catalog --products 10000 --output docs.jsonl.gz [--seed 0]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the Visual renderer: render time per page and memory per concurrent render.
 
-    sudo .venv/bin/python bench/bench_visual.py [--rounds 5] [--concurrency 1,2,4] [--json OUT]
+    sudo .venv/bin/python environments/visual/checks/bench.py [--rounds 5] [--concurrency 1,2,4] [--json OUT]
 
 Pages: the demo tasks' reference sites (environments/visual/demo/demo_tasks.py; three use
 the mirrored Tailwind build) and a blank page. Measures, in one run:
@@ -31,10 +31,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[3]
 
-from tools.harness.helpers import start_private  # noqa: E402
+from tools.harness.helpers import start_private
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 HOST_BROWSER = "/usr/lib/chromium/chromium-headless-shell"

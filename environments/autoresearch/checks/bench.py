@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """AutoResearch benchmark: grading latency and the sandbox's overhead on an experiment.
 
-    sudo .venv/bin/python bench/bench_autoresearch.py [--grades 200] [--experiment-s 60]
+    sudo .venv/bin/python environments/autoresearch/checks/bench.py [--grades 200] [--experiment-s 60]
         [--rounds 2] [--paired] [--json OUT]
 
 Real research image (environments.autoresearch.demo.image, cached under $CAMG_CACHE),
@@ -38,10 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[3]
 
-from tools.harness.helpers import start_private  # noqa: E402
+from tools.harness.helpers import start_private
 
 EXPERIMENT = r'''
 import csv, sys, time

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Coding benchmark: episode reset latency and grading overhead, in one run.
 
-    sudo .venv/bin/python bench/bench_coding.py [--resets 200] [--grades 3] [--json OUT]
+    sudo .venv/bin/python environments/coding/checks/bench.py [--resets 200] [--grades 3] [--json OUT]
         [--flavor plain|swesmith|both]
 
 Uses the real demo image (built/pulled through tools.oci_demo, cached under
@@ -37,13 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[3]
 
-from camg import task_manifest as manifest  # noqa: E402
-from camg.environment import ServiceContext  # noqa: E402
-from camg.helper_client import HelperClient  # noqa: E402
-from tools.harness.helpers import start_private  # noqa: E402
+from camg import task_manifest as manifest
+from camg.environment import ServiceContext
+from camg.helper_client import HelperClient
+from tools.harness.helpers import start_private
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the General service against plain Docker, in one run.
 
-    sudo .venv/bin/python bench/bench_general.py [--n 30] [--interval 3] [--memory-episodes 3]
+    sudo .venv/bin/python environments/general/checks/bench.py [--n 30] [--interval 3] [--memory-episodes 3]
         [--live 256] [--concurrent-starts N] [--json OUT]
 
 Needs the Coding demo set cached under $CAMG_CACHE/coding (the Coding tests
@@ -48,17 +48,16 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[3]
 
-from camg_client import AsyncClient, Client, ServiceError  # noqa: E402
-from tools.harness import census  # noqa: E402
-from tools.harness import container_image as ci  # noqa: E402
-from tools.harness.helpers import HelperProcess, helper_config, private_base  # noqa: E402
-from tools.harness.services import ServiceProcess, clean_git_tree, free_port  # noqa: E402
-from tools.judge_stub import FakeJudge  # noqa: E402
-from tools.loopback_registry import LocalRegistry  # noqa: E402
-from tools.harness.auth import deployment_auth  # noqa: E402
+from camg_client import AsyncClient, Client, ServiceError
+from tools.harness import census
+from tools.harness import container_image as ci
+from tools.harness.helpers import HelperProcess, helper_config, private_base
+from tools.harness.services import ServiceProcess, clean_git_tree, free_port
+from tools.judge_stub import FakeJudge
+from tools.loopback_registry import LocalRegistry
+from tools.harness.auth import deployment_auth
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 

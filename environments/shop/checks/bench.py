@@ -2,7 +2,7 @@
 """Shop benchmark: search and step latency (p50/p99) on the 1k catalog, and
 the resident memory of a process serving it.
 
-    .venv/bin/python bench/bench_shop.py [--queries 500] [--episodes 100] [--json out.json]
+    .venv/bin/python environments/shop/checks/bench.py [--queries 500] [--episodes 100] [--json out.json]
 
 Search is measured two ways in the same run, on the same queries:
 * ``webshop_baseline`` — upstream WebShop's procedure: LuceneSearcher.search
@@ -31,19 +31,20 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from camg import task_manifest as manifest  # noqa: E402
-from camg.environment import ServiceContext  # noqa: E402
-from tools.harness import shop as testing  # noqa: E402
-from environments.shop.environment import ShopEnvironment  # noqa: E402
+from camg import task_manifest as manifest
+from camg.environment import ServiceContext
+from tools.harness import shop as testing
+from environments.shop.environment import ShopEnvironment
 
 CONTROLS = ("back to search", "next >", "< prev")
 
 
 def percentiles(samples: list[float]) -> dict:
     ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
     return {"n": len(ordered), "p50_ms": round(pick(0.50) * 1e3, 3),
             "p99_ms": round(pick(0.99) * 1e3, 3), "mean_ms": round(statistics.mean(ordered) * 1e3, 3)}
 

@@ -2,7 +2,7 @@
 """Shop at scale: service memory, start time and search latency from the 1k
 catalog to WebShop's full size (1,181,436 products), in one run.
 
-    .venv/bin/python bench/bench_shop_scale.py [--products 1181436]
+    .venv/bin/python environments/shop/checks/bench_scale.py [--products 1181436]
         [--sizes 1000,100000] [--queries 300] [--threads 2] [--heap-mb 1024]
         [--json out.json]
 
@@ -54,15 +54,14 @@ import time
 import tracemalloc
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_shop import percentiles, timed  # noqa: E402
-from camg import task_manifest as manifest  # noqa: E402
-from environments.shop import catalog, search, store  # noqa: E402
-from environments.shop import prepare as prepare_shop  # noqa: E402
-from tools.harness import shop as testing  # noqa: E402
-from environments.shop.checks.scale import build_index, index_key, prepare  # noqa: E402
-from tools.harness.auth import deployment_auth  # noqa: E402
+from environments.shop.checks.bench import percentiles, timed
+from camg import task_manifest as manifest
+from environments.shop import catalog, search, store
+from environments.shop import prepare as prepare_shop
+from tools.harness import shop as testing
+from environments.shop.checks.scale import build_index, index_key, prepare
+from tools.harness.auth import deployment_auth
 
 FULL = 1_181_436
 GIB = 2**30
