@@ -41,6 +41,8 @@ GROUP = "camg.environments"
 SUBSTRATES = ("sandbox", "container", "process")
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+_DIRECTIVE = re.compile(r"[A-Z][A-Za-z]+=.*")
+_DROPIN = re.compile(r"[0-9]{2}-[a-z0-9-]+\.conf")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +64,9 @@ class EnvironmentPlugin:
     settings: str
     #: one line for listings (camg status, the README table)
     title: str = ""
-    #: its systemd unit (units/<unit>, installed by install.sh, read by camg
-    #: status and the kill storm); "" is camg-<name>.service
+    #: its systemd unit's name (the unit is made by camg.unit_files and
+    #: installed by install.sh; camg status and the kill storm read it);
+    #: "" is camg-<name>.service
     unit: str = ""
     #: what its episodes run in: "sandbox" (helper sandboxes), "container"
     #: (task containers through the helper's mediator: needs a Docker
@@ -101,6 +104,12 @@ class EnvironmentPlugin:
     #: this plugin's unit and substrate) -> that Env completed: how a kill
     #: storm drives its episodes; None: reset and idle only
     storm: str | None = None
+    #: its unit's own [Service] lines (comments kept), after the frame every
+    #: environment unit has (camg.unit_files)
+    unit_service: tuple[str, ...] = ("MemoryDenyWriteExecute=yes", "ProcSubset=pid")
+    #: its unit's own drop-ins, (file name, text), installed after the
+    #: shared 10-environment.conf
+    unit_dropins: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -130,6 +139,18 @@ class EnvironmentPlugin:
                 f"environment plugin {self.name}: demo_images and "
                 "demo_agent_env are for substrate 'container'"
             )
+        for line in self.unit_service:
+            if "\n" in line or not (line.startswith("#") or _DIRECTIVE.fullmatch(line)):
+                raise ConfigError(
+                    f"environment plugin {self.name}: unit_service line {line!r} is "
+                    "neither a comment nor one Key=value"
+                )
+        for dropin, _ in self.unit_dropins:
+            if not _DROPIN.fullmatch(dropin) or dropin.startswith("10-"):
+                raise ConfigError(
+                    f"environment plugin {self.name}: unit drop-in {dropin!r} must look "
+                    "like 20-name.conf (10- is the shared one)"
+                )
         # Derived defaults, set once here so every reader sees one value.
         if not self.unit:
             object.__setattr__(self, "unit", default_unit(self.name))

@@ -159,24 +159,11 @@ install_system_files() {
     for unit in camg-helper.socket camg-helper.service camg.target; do
         install -m 0644 "$SRC/units/$unit" "$UNITDIR/$unit"
     done
-    for env in "${ENVIRONMENTS[@]}"; do
-        unit=${UNITS[$env]}
-        [ -f "$SRC/units/$unit" ] \
-            || die "environment $env is registered but units/$unit does not exist"
-        install -m 0644 "$SRC/units/$unit" "$UNITDIR/$unit"
-        install -D -m 0644 "$SRC/units/camg-environment.conf" \
-            "$UNITDIR/$unit.d/10-environment.conf"
-        # An environment's own drop-ins: units/camg-<env>-NAME.conf (the
-        # unit's name without .service) is installed as
-        # camg-<env>.service.d/20-NAME.conf (after the shared one).
-        local extra
-        for extra in "$SRC/units/${unit%.service}"-*.conf; do
-            [ -f "$extra" ] || continue
-            extra=$(basename "$extra" .conf)
-            install -m 0644 "$SRC/units/$extra.conf" \
-                "$UNITDIR/$unit.d/20-${extra#"${unit%.service}"-}.conf"
-        done
-    done
+    # Each environment's unit and drop-ins are made from its plugin, with the
+    # shared drop-in units/camg-environment.conf (camg.unit_files).
+    "$VENV/bin/python" -m camg.unit_files --unitdir "$UNITDIR" \
+        --shared "$SRC/units/camg-environment.conf" "${ENVIRONMENTS[@]}" \
+        || die "could not write the environments' units"
     install -d -m 0755 "$ETC"
     install -m 0644 "$helper_config" "$ETC/helper.json"
 }

@@ -2,6 +2,27 @@
 
 from camg.plugins import EnvironmentPlugin
 
+# Its unit's drop-in 20-grader.conf (camg.unit_files).
+GRADER_DROPIN = """\
+# After 10-environment.conf, whose settings it relaxes for this one service.
+#
+# The service starts its private grader as a supervised child under the
+# camg-grader uid, the only account that can read the private answers. That
+# setuid needs CAP_SETUID/CAP_SETGID and the real uid mapping; the worker
+# that serves episodes drops both from its effective, permitted, inheritable
+# and ambient sets as soon as the grader runs (before any episode is
+# admitted), and the grader's child environment is fixed. The gunicorn
+# master, which accepts no request, keeps them to start the grader of a
+# worker it respawns.
+[Service]
+PrivateUsers=no
+CapabilityBoundingSet=CAP_SETUID CAP_SETGID
+AmbientCapabilities=CAP_SETUID CAP_SETGID
+# @privileged (denied by 10-environment.conf) holds the set*id calls and
+# capset; allow exactly those back.
+SystemCallFilter=@setuid capset
+"""
+
 PLUGIN = EnvironmentPlugin(
     name="autoresearch",
     port=65133,
@@ -32,4 +53,15 @@ PLUGIN = EnvironmentPlugin(
     demo_rank=50,
     reliability="environments.autoresearch.checks.reliability:TARGET",
     storm="environments.autoresearch.checks.reliability:storm",
+    unit_service=(
+        "# Fresh state per invocation: nothing of the previous run (sandboxes, their",
+        "# disk uppers, the grader) may remain. The check releases what the run",
+        "# ledger names and marks the state directory clean; the service refuses to",
+        "# start on a directory that is not marked clean.",
+        "ExecStartPre=/srv/camg/service-venv/bin/python -m camg.serve "
+        "--config /etc/camg/prepared/autoresearch.json --check-clean",
+        "MemoryDenyWriteExecute=yes",
+        "ProcSubset=pid",
+    ),
+    unit_dropins=(("20-grader.conf", GRADER_DROPIN),),
 )

@@ -26,4 +26,10 @@ PLUGIN = EnvironmentPlugin(
     demo_rank=20,
     reliability="environments.shop.checks.reliability:TARGET",
     storm="environments.shop.checks.reliability:storm",
+    unit_service=(
+        "# The Lucene index runs in a JVM (pyserini): its JIT needs writable",
+        "# executable memory and its sizing reads /proc/meminfo.",
+        "MemoryDenyWriteExecute=no",
+        "ProcSubset=all",
+    ),
 )

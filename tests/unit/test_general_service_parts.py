@@ -224,6 +224,7 @@ def test_units_read_the_judge_from_an_operator_file_and_stay_loopback_only():
     loopback-only policy (the operator's drop-in adds the judge's); nothing in
     camg/ (configure included) names the credentials directory or writes a
     judge variable (the demo install's loopback stub files are packaging's)."""
+    from camg import plugins, unit_files
     from environments.general.environment import JUDGE_ENV_FILE as GENERAL_FILE
     from environments.visual.environment import JUDGE_ENV_FILE as VISUAL_FILE
 
@@ -236,12 +237,13 @@ def test_units_read_the_judge_from_an_operator_file_and_stay_loopback_only():
     shared = directives(repo / "units" / "camg-environment.conf")
     assert ("IPAddressAllow", "localhost") in shared and ("IPAddressDeny", "any") in shared
     for env, path in (("general", GENERAL_FILE), ("visual", VISUAL_FILE)):
-        unit = repo / "units" / f"camg-{env}.service"
-        lines = directives(unit)
+        unit = unit_files.unit_text(plugins.get(env))
+        lines = [tuple(line.split("=", 1)) for line in unit.splitlines()
+                 if line and not line.startswith("#") and "=" in line]
         assert ("EnvironmentFile", f"-{path}") in lines
         assert path == f"/etc/camg/credentials/{env}-judge.env"
-        assert not [v for k, v in lines if k.startswith("IPAddress")], f"{unit}: loopback only"
-        assert f"systemctl edit camg-{env}" in unit.read_text()
+        assert not [v for k, v in lines if k.startswith("IPAddress")], f"{env}: loopback only"
+        assert f"systemctl edit camg-{env}" in unit
         assert f"systemctl edit camg-{env}" in (repo / "environments" / env / "README.md").read_text()
     for source in sorted(repo.glob("camg/**/*.py")):
         text = source.read_text()

@@ -254,8 +254,9 @@ env = killstorm_guest.describe(killstorm_guest.Guest(run, dict), "toy", 1234)
 out["env"] = dataclasses.asdict(env)
 out["plan"] = [[t, e.name, p] for t, e, p in killstorm_report.plan([env], 2, random.Random(0))]
 
-from camg import status
+from camg import plugins, status, unit_files
 out["unit"] = status.unit_name("toy")
+out["unit_text"] = unit_files.unit_text(plugins.get("toy"))
 print(json.dumps(out))
 """
 
@@ -291,6 +292,9 @@ def test_a_toy_package_is_first_class(toy_path, tmp_path):
     assert {t for t, _ in plan} == {"helper", "service", "worker", "grader"}
     assert {p for t, p in plan if t == "service"} <= {"reset", "step", "grading", "idle"}
     assert got["unit"] == "camg-toy-env.service"
+    # its unit, made from the descriptor (install.sh writes it)
+    assert "Environment=CAMG_ENV=toy HOME=/var/lib/camg/toy" in got["unit_text"]
+    assert "SyslogIdentifier=camg-toy-env" in got["unit_text"]
 
     # the reliability table: its recipe, with its own short-run budget
     table = run(toy_path, "-m", "tools.reliability", "--list")
