@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark of the General service against plain Docker, in one run.
 
-    sudo .venv/bin/python environments/general/checks/bench.py [--n 30] [--interval 3] [--memory-episodes 3]
+    sudo .venv/bin/python -m environments.general.checks.bench \
+        [--n 30] [--interval 3] [--memory-episodes 3]
         [--live 256] [--concurrent-starts N] [--json OUT]
 
 Needs the Coding demo set cached under $CAMG_CACHE/coding (the Coding tests
@@ -48,16 +49,17 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-
 from camg_client import AsyncClient, Client, ServiceError
+
 from tools.harness import census
 from tools.harness import container_image as ci
+from tools.harness.auth import deployment_auth
 from tools.harness.helpers import HelperProcess, helper_config, private_base
 from tools.harness.services import ServiceProcess, clean_git_tree, free_port
 from tools.judge_stub import FakeJudge
 from tools.loopback_registry import LocalRegistry
-from tools.harness.auth import deployment_auth
+
+ROOT = Path(__file__).resolve().parents[3]
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 
@@ -79,39 +81,76 @@ def coding_demo() -> Path:
     return found[-1].parent
 
 
-def start_helper(refs: list[str], agent_env: Path, containers: int = 64,
-                 concurrent_starts: int = 0) -> HelperProcess:
+def start_helper(
+    refs: list[str], agent_env: Path, containers: int = 64, concurrent_starts: int = 0
+) -> HelperProcess:
     """A private helper with the container mediator, its own scope and cgroup
     parents, holding up to ``containers`` of ours; ``concurrent_starts``
     creates/starts at once (0: the helper's default)."""
     extra = {"concurrent_starts": concurrent_starts} if concurrent_starts else {}
     base = private_base("bench-general")
     manifest = ci.write_manifest(base / "images.json", refs)
-    cfg = helper_config(base, [str(CACHE / "helper")], [], name="bench-general",
-                        probe_on_start=False,
-                        containers=ci.containers_config(
-                            manifest, scope=f"bench-{os.getpid()}", agent_env_source=str(agent_env),
-                            containers_per_peer=containers, containers_total=max(512, containers),
-                            max_memory_bytes=2 << 30, **extra))
+    cfg = helper_config(
+        base,
+        [str(CACHE / "helper")],
+        [],
+        name="bench-general",
+        probe_on_start=False,
+        containers=ci.containers_config(
+            manifest,
+            scope=f"bench-{os.getpid()}",
+            agent_env_source=str(agent_env),
+            containers_per_peer=containers,
+            containers_total=max(512, containers),
+            max_memory_bytes=2 << 30,
+            **extra,
+        ),
+    )
     return HelperProcess.start(base, cfg, wait_probes=False, owner="bench", owns_base=True)
 
 
-def start_service(work: Path, prepared: Path, helper: HelperProcess, judge: FakeJudge, pool: int,
-                  capacity: int = 16):
+def start_service(
+    work: Path,
+    prepared: Path,
+    helper: HelperProcess,
+    judge: FakeJudge,
+    pool: int,
+    capacity: int = 16,
+):
     from camg.configure import configure
 
     work.mkdir(parents=True)
     lock = work / "requirements.lock"
     lock.write_text("openai==3.57.0\n")
-    (work / "deployment.json").write_text(json.dumps({
-        "auth": deployment_auth(),
-        "runtime_lock": str(lock), "state_root": str(work / "state"), "helper_socket": helper.socket,
-        "environments": {"general": {
-            "manifest": str(prepared / "manifest.json"), "port": free_port(), "capacity": capacity,
-            # a finish runs the verifier; --live containers boot together on 2 cores
-            "limits": {"action_timeout_s": 1900.0, "reset_timeout_s": 1800.0, "idle_ttl_s": 3600.0},
-            "settings": {"pool_size": pool, "cpu": 1.0, "memory_bytes": 1 << 30,
-                         "connect_timeout_s": 1200.0}}}}))
+    (work / "deployment.json").write_text(
+        json.dumps(
+            {
+                "auth": deployment_auth(),
+                "runtime_lock": str(lock),
+                "state_root": str(work / "state"),
+                "helper_socket": helper.socket,
+                "environments": {
+                    "general": {
+                        "manifest": str(prepared / "manifest.json"),
+                        "port": free_port(),
+                        "capacity": capacity,
+                        # a finish runs the verifier; --live containers boot together on 2 cores
+                        "limits": {
+                            "action_timeout_s": 1900.0,
+                            "reset_timeout_s": 1800.0,
+                            "idle_ttl_s": 3600.0,
+                        },
+                        "settings": {
+                            "pool_size": pool,
+                            "cpu": 1.0,
+                            "memory_bytes": 1 << 30,
+                            "connect_timeout_s": 1200.0,
+                        },
+                    }
+                },
+            }
+        )
+    )
     configure(work / "deployment.json", work / "prepared", source_tree=clean_git_tree(work / "src"))
     env = {"GA_JUDGE_URL": judge.url, "GA_JUDGE_MODEL": "bench", "GA_JUDGE_KEY": "bench-key"}
     return ServiceProcess(work / "prepared" / "general.json", env=env).wait_ready(timeout=600)
@@ -132,9 +171,12 @@ def bench_service(service, task_id: str, n: int, interval: float, steps: int) ->
         client.close(episode["episode_id"])
         time.sleep(interval)
     meta = client.metadata()
-    return {"reset": summary(resets), "step": summary(step_times) if step_times else None,
-            # the environment's metadata is merged under "hashes" (camg/service.py)
-            "pool": meta.get("pool") or (meta.get("hashes") or {}).get("pool")}
+    return {
+        "reset": summary(resets),
+        "step": summary(step_times) if step_times else None,
+        # the environment's metadata is merged under "hashes" (camg/service.py)
+        "pool": meta.get("pool") or (meta.get("hashes") or {}).get("pool"),
+    }
 
 
 # -- memory per live episode ------------------------------------------------------
@@ -165,18 +207,28 @@ def cgroup_memory(cg: Path) -> dict | None:
     high-water mark since the last reset_peak); None once it is gone."""
     v1 = (cg / "memory.usage_in_bytes").exists()
     try:
-        stat = dict((k, int(v)) for k, v in (line.split() for line in
-                                             (cg / "memory.stat").read_text().splitlines()))
+        stat = dict(
+            (k, int(v))
+            for k, v in (line.split() for line in (cg / "memory.stat").read_text().splitlines())
+        )
     except (OSError, ValueError):
         return None
     if v1:
         usage = _read_int(cg / "memory.usage_in_bytes")
-        return {"usage": usage, "rss": stat.get("rss", 0) + stat.get("rss_huge", 0),
-                "cache": stat.get("cache", 0), "kernel": _read_int(cg / "memory.kmem.usage_in_bytes"),
-                "peak": _read_int(cg / "memory.max_usage_in_bytes")}
-    return {"usage": _read_int(cg / "memory.current"), "rss": stat.get("anon", 0),
-            "cache": stat.get("file", 0), "kernel": stat.get("kernel", 0),
-            "peak": _read_int(cg / "memory.peak")}
+        return {
+            "usage": usage,
+            "rss": stat.get("rss", 0) + stat.get("rss_huge", 0),
+            "cache": stat.get("cache", 0),
+            "kernel": _read_int(cg / "memory.kmem.usage_in_bytes"),
+            "peak": _read_int(cg / "memory.max_usage_in_bytes"),
+        }
+    return {
+        "usage": _read_int(cg / "memory.current"),
+        "rss": stat.get("anon", 0),
+        "cache": stat.get("file", 0),
+        "kernel": stat.get("kernel", 0),
+        "peak": _read_int(cg / "memory.peak"),
+    }
 
 
 def reset_peak(cg: Path) -> bool:
@@ -270,9 +322,12 @@ def bench_memory(service, task_id: str, episodes: int) -> dict:
         time.sleep(1.0)  # settled: the reset's answer is out
         idle = cgroup_memory(cg)
         procs = processes(cg)
-        _, step_top, step_peak, _ = _during(cg, service.url, eid, {"operation": "shell",
-                                                                   "command": "sleep 1"}, 0.05)
-        answer, fin_top, fin_peak, fin_s = _during(cg, service.url, eid, {"operation": "finish"}, 0.02)
+        _, step_top, step_peak, _ = _during(
+            cg, service.url, eid, {"operation": "shell", "command": "sleep 1"}, 0.05
+        )
+        answer, fin_top, fin_peak, fin_s = _during(
+            cg, service.url, eid, {"operation": "finish"}, 0.02
+        )
         try:  # the helper's reading at the terminal step (the container's whole life)
             cost = client.get(eid).get("cost") or {}
         except ServiceError:
@@ -281,27 +336,45 @@ def bench_memory(service, task_id: str, episodes: int) -> dict:
             client.close(eid)
         except ServiceError:
             pass  # ended by its finish
-        rows.append({"idle": idle, "step_sampled": step_top, "step_peak": step_peak,
-                     "verifier_peak": fin_peak, "verifier_sampled": fin_top,
-                     "finish_s": round(fin_s, 1),
-                     "lifetime_peak_helper": cost.get("memory_peak_bytes"),
-                     "finish": {k: answer.get(k) for k in ("reward", "done", "failure_class")}
-                     if isinstance(answer, dict) else answer,
-                     "processes": procs})
-        note(f"memory episode {i + 1}/{episodes}: idle {_mib(idle['usage'])} MiB, step peak "
-             f"{_mib(step_peak)} MiB, verifier peak {_mib(fin_peak)} MiB")
+        rows.append(
+            {
+                "idle": idle,
+                "step_sampled": step_top,
+                "step_peak": step_peak,
+                "verifier_peak": fin_peak,
+                "verifier_sampled": fin_top,
+                "finish_s": round(fin_s, 1),
+                "lifetime_peak_helper": cost.get("memory_peak_bytes"),
+                "finish": {k: answer.get(k) for k in ("reward", "done", "failure_class")}
+                if isinstance(answer, dict)
+                else answer,
+                "processes": procs,
+            }
+        )
+        note(
+            f"memory episode {i + 1}/{episodes}: idle {_mib(idle['usage'])} MiB, step peak "
+            f"{_mib(step_peak)} MiB, verifier peak {_mib(fin_peak)} MiB"
+        )
 
     def med(key, sub=None):
         values = [(r[key][sub] if sub else r[key]) or 0 for r in rows]
         return {"median_mib": _mib(int(statistics.median(values))), "max_mib": _mib(max(values))}
-    return {"episodes": episodes,
-            "idle_usage": med("idle", "usage"), "idle_rss": med("idle", "rss"),
-            "idle_cache": med("idle", "cache"), "idle_kernel": med("idle", "kernel"),
-            "step_usage_sampled": med("step_sampled"), "step_peak": med("step_peak"),
-            "verifier_peak": med("verifier_peak"), "verifier_usage_sampled": med("verifier_sampled"),
-            "lifetime_peak_helper_mib": [_mib(r["lifetime_peak_helper"]) for r in rows],
-            "finish_s": [r["finish_s"] for r in rows], "finish": rows[0]["finish"],
-            "processes_first_episode": rows[0]["processes"]}
+
+    return {
+        "episodes": episodes,
+        "idle_usage": med("idle", "usage"),
+        "idle_rss": med("idle", "rss"),
+        "idle_cache": med("idle", "cache"),
+        "idle_kernel": med("idle", "kernel"),
+        "step_usage_sampled": med("step_sampled"),
+        "step_peak": med("step_peak"),
+        "verifier_peak": med("verifier_peak"),
+        "verifier_usage_sampled": med("verifier_sampled"),
+        "lifetime_peak_helper_mib": [_mib(r["lifetime_peak_helper"]) for r in rows],
+        "finish_s": [r["finish_s"] for r in rows],
+        "finish": rows[0]["finish"],
+        "processes_first_episode": rows[0]["processes"],
+    }
 
 
 def host_available() -> int:
@@ -319,6 +392,7 @@ def bench_live(service, scope: str, task_id: str, n: int) -> dict:
 
     async def run() -> dict:
         async with AsyncClient(service.url, timeout=1800, max_connections=n + 8) as client:
+
             async def create() -> tuple[str | None, float]:
                 t0 = time.perf_counter()
                 try:
@@ -345,33 +419,73 @@ def bench_live(service, scope: str, task_id: str, n: int) -> dict:
                 except (ServiceError, OSError) as exc:
                     errors.append(f"step: {type(exc).__name__}: {exc}"[:300])
                     return None
+
             steps = [s for s in await asyncio.gather(*(step(eid) for eid in ids)) if s is not None]
             await asyncio.gather(*(client.close(eid) for eid in ids), return_exceptions=True)
         total = {k: sum(m[k] or 0 for m in held) for k in ("usage", "rss", "cache", "kernel")}
         each = {f"{k}_mib_each": _mib(v // max(1, len(held))) for k, v in total.items()}
-        return {"asked": n, "live": len(ids), "errors": len(errors), "first_errors": errors[:3],
-                "resets_wall_s": round(wall, 1), "reset": summary([s for e, s in made if e]) if ids else None,
-                "containers": len(held), "containers_total_mib": _mib(total["usage"]), **each,
-                "host_memavailable_drop_mib_each": _mib(
-                    (available_before - available_live) // max(1, len(ids))),
-                "step_each_once": summary(steps) if steps else None}
+        return {
+            "asked": n,
+            "live": len(ids),
+            "errors": len(errors),
+            "first_errors": errors[:3],
+            "resets_wall_s": round(wall, 1),
+            "reset": summary([s for e, s in made if e]) if ids else None,
+            "containers": len(held),
+            "containers_total_mib": _mib(total["usage"]),
+            **each,
+            "host_memavailable_drop_mib_each": _mib(
+                (available_before - available_live) // max(1, len(ids))
+            ),
+            "step_each_once": summary(steps) if steps else None,
+        }
+
     return asyncio.run(run())
 
 
 def bench_docker(image: str, agent_env: Path, scope: str, n: int) -> dict:
     label = f"camg.helper={scope}"
     mount = f"{agent_env}:/opt/camg/agent-env:ro"
-    run = ["docker", "run", "--rm", "--init", "--network", "none", "--label", label, "-v", mount,
-           image, "true"]
+    run = [
+        "docker",
+        "run",
+        "--rm",
+        "--init",
+        "--network",
+        "none",
+        "--label",
+        label,
+        "-v",
+        mount,
+        image,
+        "true",
+    ]
     subprocess.run(run, check=True, capture_output=True)
     runs = []
     for _ in range(n):
         t0 = time.perf_counter()
         subprocess.run(run, check=True, capture_output=True)
         runs.append(time.perf_counter() - t0)
-    cid = subprocess.run(["docker", "run", "-d", "--init", "--network", "none", "--label", label,
-                          "-v", mount, image, "sleep", "infinity"], check=True, capture_output=True,
-                         text=True).stdout.strip()
+    cid = subprocess.run(
+        [
+            "docker",
+            "run",
+            "-d",
+            "--init",
+            "--network",
+            "none",
+            "--label",
+            label,
+            "-v",
+            mount,
+            image,
+            "sleep",
+            "infinity",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     try:
         execs = []
         for _ in range(n):
@@ -383,9 +497,12 @@ def bench_docker(image: str, agent_env: Path, scope: str, n: int) -> dict:
         bare = cgroup_memory(cg) if cg else None
     finally:
         subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
-    return {"docker_run_rm_true": summary(runs), "docker_exec_true": summary(execs),
-            # the same image's container doing nothing (docker-init, sleep)
-            "bare_container_mib": _mib_dict(bare)}
+    return {
+        "docker_run_rm_true": summary(runs),
+        "docker_exec_true": summary(execs),
+        # the same image's container doing nothing (docker-init, sleep)
+        "bare_container_mib": _mib_dict(bare),
+    }
 
 
 def main() -> int:
@@ -393,18 +510,26 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--interval", type=float, default=3.0)
     ap.add_argument("--steps", type=int, default=10, help="episodes whose 5 steps are timed")
-    ap.add_argument("--memory-episodes", type=int, default=3,
-                    help="episodes whose container memory is read idle, stepping and finishing")
+    ap.add_argument(
+        "--memory-episodes",
+        type=int,
+        default=3,
+        help="episodes whose container memory is read idle, stepping and finishing",
+    )
     ap.add_argument("--live", type=int, default=256, help="episodes live at once (0: skip)")
     ap.add_argument("--live-pool", type=int, default=2, help="the --live service's pool_size")
-    ap.add_argument("--concurrent-starts", type=int, default=0,
-                    help="the helper's containers.concurrent_starts (0: its default, 8); the "
-                         "Docker API timeout is the helper's default (60 s)")
+    ap.add_argument(
+        "--concurrent-starts",
+        type=int,
+        default=0,
+        help="the helper's containers.concurrent_starts (0: its default, 8); the "
+        "Docker API timeout is the helper's default (60 s)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
-    from environments.general.prepare import prepare_general
     from environments.general.build import agent_env
     from environments.general.demo import assemble as demo
+    from environments.general.prepare import prepare_general
 
     work = Path(tempfile.mkdtemp(prefix="camg-bench-general-"))
     registry = LocalRegistry(work / "registry").start()
@@ -415,11 +540,20 @@ def main() -> int:
         built = demo.build(CACHE, coding_demo(), registry.address, work / "demo")
         env_dir = agent_env.cached(CACHE)
         prepared = work / "prepared"
-        prepare_general(code_rows=str(built["code_rows"]), general_rows=None, envs=None,
-                        images=str(built["images"]), output_dir=prepared)
+        prepare_general(
+            code_rows=str(built["code_rows"]),
+            general_rows=None,
+            envs=None,
+            images=str(built["images"]),
+            output_dir=prepared,
+        )
         task = json.loads((prepared / "manifest.json").read_text())["tasks"][0]
-        helper = start_helper(built["refs"], env_dir, containers=max(64, args.live + 16),
-                              concurrent_starts=args.concurrent_starts)
+        helper = start_helper(
+            built["refs"],
+            env_dir,
+            containers=max(64, args.live + 16),
+            concurrent_starts=args.concurrent_starts,
+        )
         judge = FakeJudge().start()
         results = {}
         for pool, label in ((2, "with_pool"), (0, "without_pool")):
@@ -427,8 +561,9 @@ def main() -> int:
             service = start_service(work / label, prepared, helper, judge, pool)
             services.append(service)
             time.sleep(10 if pool else 0)  # let the pool fill and prewarm
-            results[label] = bench_service(service, task["task_id"], args.n,
-                                           args.interval if pool else 0.0, args.steps)
+            results[label] = bench_service(
+                service, task["task_id"], args.n, args.interval if pool else 0.0, args.steps
+            )
             if pool and args.memory_episodes:
                 note(f"memory of {args.memory_episodes} episodes (idle, stepping, finishing)")
                 time.sleep(10)  # the pool refilled and prewarmed again
@@ -436,34 +571,48 @@ def main() -> int:
             service.stop()
         if args.live:
             note(f"{args.live} live episodes at once")
-            service = start_service(work / "live", prepared, helper, judge, args.live_pool,
-                                    capacity=max(16, args.live))
+            service = start_service(
+                work / "live", prepared, helper, judge, args.live_pool, capacity=max(16, args.live)
+            )
             services.append(service)
             time.sleep(10 if args.live_pool else 0)
             results["live"] = bench_live(service, helper.scope, task["task_id"], args.live)
             with helper.client() as h:  # the gate's peak and slots taken over the whole run
                 results["live"]["helper_container_starts"] = h.ping().get("container_starts")
-            note(f"live: {results['live']['live']}/{args.live}, errors {results['live']['errors']}, "
-                 f"resets {results['live']['resets_wall_s']} s, "
-                 f"{results['live']['usage_mib_each']} MiB each")
+            note(
+                f"live: {results['live']['live']}/{args.live}, errors {results['live']['errors']}, "
+                f"resets {results['live']['resets_wall_s']} s, "
+                f"{results['live']['usage_mib_each']} MiB each"
+            )
             service.stop()
         note("docker baselines")
         results["docker"] = bench_docker(task["data"]["image"], env_dir, helper.scope, args.n)
         results["ratios"] = {
             "reset_pool_p50_over_docker_run_p50": round(
-                results["with_pool"]["reset"]["p50_ms"] / results["docker"]["docker_run_rm_true"]["p50_ms"], 3),
+                results["with_pool"]["reset"]["p50_ms"]
+                / results["docker"]["docker_run_rm_true"]["p50_ms"],
+                3,
+            ),
             "reset_nopool_p50_over_docker_run_p50": round(
-                results["without_pool"]["reset"]["p50_ms"] / results["docker"]["docker_run_rm_true"]["p50_ms"], 3),
+                results["without_pool"]["reset"]["p50_ms"]
+                / results["docker"]["docker_run_rm_true"]["p50_ms"],
+                3,
+            ),
             "step_p50_over_docker_exec_p50": round(
-                results["with_pool"]["step"]["p50_ms"] / results["docker"]["docker_exec_true"]["p50_ms"], 3),
+                results["with_pool"]["step"]["p50_ms"]
+                / results["docker"]["docker_exec_true"]["p50_ms"],
+                3,
+            ),
         }
         bare = (results["docker"].get("bare_container_mib") or {}).get("usage")
         if bare and "memory" in results:
             results["ratios"]["idle_memory_median_over_bare_container"] = round(
-                results["memory"]["idle_usage"]["median_mib"] / bare, 2)
+                results["memory"]["idle_usage"]["median_mib"] / bare, 2
+            )
         if bare and "live" in results:
             results["ratios"]["live_memory_each_over_bare_container"] = round(
-                results["live"]["usage_mib_each"] / bare, 2)
+                results["live"]["usage_mib_each"] / bare, 2
+            )
         print(json.dumps(results, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
@@ -476,7 +625,7 @@ def main() -> int:
         if helper is not None:
             helper.stop()
         api = ci.docker_api()
-        for ref in (built["refs"] if "built" in locals() else []):
+        for ref in built["refs"] if "built" in locals() else []:
             ci.remove_image(api, ref)
         api.close()
         registry.stop()

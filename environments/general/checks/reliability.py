@@ -93,7 +93,7 @@ def rig(work: Path, socket: str) -> Rig:
             env,
             limits=limits,
             images=built["refs"],
-            pooled=settings["pool_size"] * len(built["refs"]),
+            pooled=int(settings["pool_size"]) * len(built["refs"]),
             stack=rig_stack,
         )
     except BaseException:

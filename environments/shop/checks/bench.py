@@ -2,7 +2,8 @@
 """Shop benchmark: search and step latency (p50/p99) on the 1k catalog, and
 the resident memory of a process serving it.
 
-    .venv/bin/python environments/shop/checks/bench.py [--queries 500] [--episodes 100] [--json out.json]
+    .venv/bin/python -m environments.shop.checks.bench \
+        [--queries 500] [--episodes 100] [--json out.json]
 
 Search is measured two ways in the same run, on the same queries:
 * ``webshop_baseline`` — upstream WebShop's procedure: LuceneSearcher.search
@@ -31,22 +32,26 @@ import sys
 import time
 from pathlib import Path
 
-
 from camg import task_manifest as manifest
 from camg.environment import ServiceContext
-from tools.harness import shop as testing
 from environments.shop.environment import ShopEnvironment
+from tools.harness import shop as testing
 
 CONTROLS = ("back to search", "next >", "< prev")
 
 
 def percentiles(samples: list[float]) -> dict:
     ordered = sorted(samples)
+
     def pick(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    return {"n": len(ordered), "p50_ms": round(pick(0.50) * 1e3, 3),
-            "p99_ms": round(pick(0.99) * 1e3, 3), "mean_ms": round(statistics.mean(ordered) * 1e3, 3)}
+    return {
+        "n": len(ordered),
+        "p50_ms": round(pick(0.50) * 1e3, 3),
+        "p99_ms": round(pick(0.99) * 1e3, 3),
+        "mean_ms": round(statistics.mean(ordered) * 1e3, 3),
+    }
 
 
 def rss_mb(pid: str = "self") -> dict:
@@ -83,7 +88,9 @@ def bench_search(env: ShopEnvironment, queries: list[str]) -> dict:
         base.append(t_base)
         ours.append(t_ours)
     result = {"webshop_baseline": percentiles(base), "shop_search": percentiles(ours)}
-    result["ratio_p50"] = round(result["shop_search"]["p50_ms"] / result["webshop_baseline"]["p50_ms"], 3)
+    result["ratio_p50"] = round(
+        result["shop_search"]["p50_ms"] / result["webshop_baseline"]["p50_ms"], 3
+    )
     return result
 
 
@@ -124,7 +131,9 @@ def bench_service(queries: list[str], episodes: int) -> dict:
     import tempfile
 
     from camg_client import Client
+
     from tools.harness.services import ServiceProcess
+
     with tempfile.TemporaryDirectory(prefix="bench-shop-") as tmp:
         service = ServiceProcess(testing.configure_service(Path(tmp), jvm_heap_mb=1024))
         try:
@@ -140,9 +149,12 @@ def bench_service(queries: list[str], episodes: int) -> dict:
                 client.close(eid)
             workers = Path(f"/proc/{service.proc.pid}/task/{service.proc.pid}/children")
             worker = workers.read_text().split()[0]
-            return {"ready_s": round(ready_s, 1), "http_search_step": percentiles(samples),
-                    "worker_memory_mb": rss_mb(worker),
-                    "arbiter_memory_mb": rss_mb(str(service.proc.pid))}
+            return {
+                "ready_s": round(ready_s, 1),
+                "http_search_step": percentiles(samples),
+                "worker_memory_mb": rss_mb(worker),
+                "arbiter_memory_mb": rss_mb(str(service.proc.pid)),
+            }
         finally:
             service.stop()
 
@@ -152,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--service", action="store_true",
-                        help="also measure a real camg.serve process over HTTP")
+    parser.add_argument(
+        "--service", action="store_true", help="also measure a real camg.serve process over HTTP"
+    )
     args = parser.parse_args(argv)
     rng = random.Random(0)
     out, settings = testing.prepared()

@@ -2,7 +2,7 @@
 """Shop at scale: service memory, start time and search latency from the 1k
 catalog to WebShop's full size (1,181,436 products), in one run.
 
-    .venv/bin/python environments/shop/checks/bench_scale.py [--products 1181436]
+    .venv/bin/python -m environments.shop.checks.bench_scale [--products 1181436]
         [--sizes 1000,100000] [--queries 300] [--threads 2] [--heap-mb 1024]
         [--json out.json]
 
@@ -54,13 +54,12 @@ import time
 import tracemalloc
 from pathlib import Path
 
-
-from environments.shop.checks.bench import percentiles, timed
 from camg import task_manifest as manifest
 from environments.shop import catalog, search, store
 from environments.shop import prepare as prepare_shop
-from tools.harness import shop as testing
+from environments.shop.checks.bench import percentiles, timed
 from environments.shop.checks.scale import build_index, index_key, prepare
+from tools.harness import shop as testing
 from tools.harness.auth import deployment_auth
 
 FULL = 1_181_436
@@ -78,22 +77,33 @@ def memory(pid: int | str) -> dict:
 
 def serve(prepared: Path, heap_mb: int, queries: list[str]) -> dict:
     from camg_client import Client
+
     from camg.configure import configure
     from tools.harness.services import ServiceProcess, clean_git_tree, free_port
+
     settings = json.loads((prepared / "settings.json").read_text())
     with tempfile.TemporaryDirectory(prefix="bench-shop-scale-") as tmp:
         tmp = Path(tmp)
         (tmp / "requirements.lock").write_text("pyserini==0.24.0\n")
         deployment = {
             "auth": deployment_auth(),
-            "runtime_lock": str(tmp / "requirements.lock"), "state_root": str(tmp / "state"),
-            "helper_socket": str(tmp / "helper.sock"), "executables": {},
-            "environments": {"shop": {
-                "manifest": str(prepared / "manifest.json"), "port": free_port(), "capacity": 4,
-                "settings": dict(settings, jvm_heap_mb=heap_mb, verify_index_full=False)}}}
+            "runtime_lock": str(tmp / "requirements.lock"),
+            "state_root": str(tmp / "state"),
+            "helper_socket": str(tmp / "helper.sock"),
+            "executables": {},
+            "environments": {
+                "shop": {
+                    "manifest": str(prepared / "manifest.json"),
+                    "port": free_port(),
+                    "capacity": 4,
+                    "settings": dict(settings, jvm_heap_mb=heap_mb, verify_index_full=False),
+                }
+            },
+        }
         (tmp / "deployment.json").write_text(json.dumps(deployment))
-        configure(tmp / "deployment.json", tmp / "prepared",
-                  source_tree=clean_git_tree(tmp / "src"))
+        configure(
+            tmp / "deployment.json", tmp / "prepared", source_tree=clean_git_tree(tmp / "src")
+        )
         service = ServiceProcess(tmp / "prepared" / "shop.json")
         try:
             started = time.perf_counter()
@@ -109,9 +119,13 @@ def serve(prepared: Path, heap_mb: int, queries: list[str]) -> dict:
                 elapsed, _ = timed(client.step, eid, {"action": f"search[{query}]"})
                 samples.append(elapsed)
                 client.close(eid)
-            return {"start_s": round(start_s, 1), "http_search_step": percentiles(samples),
-                    "worker_at_ready": ready, "worker": memory(worker),
-                    "served_products": _find(client.metadata(), "products")}
+            return {
+                "start_s": round(start_s, 1),
+                "http_search_step": percentiles(samples),
+                "worker_at_ready": ready,
+                "worker": memory(worker),
+                "served_products": _find(client.metadata(), "products"),
+            }
         finally:
             service.stop()
 
@@ -130,8 +144,14 @@ def _find(body, key: str):
     return None
 
 
-def search_latency(prepared: Path, queries: list[str], *, threads: int | None = None,
-                   cached: bool = False, agreement: bool = False) -> dict:
+def search_latency(
+    prepared: Path,
+    queries: list[str],
+    *,
+    threads: int | None = None,
+    cached: bool = False,
+    agreement: bool = False,
+) -> dict:
     """Wall time per search, and the calling thread's CPU time (the JVM's
     search runs on it, and on the search pool's threads when the index has
     several slices): on a shared machine the wall time waits for a core.
@@ -144,8 +164,12 @@ def search_latency(prepared: Path, queries: list[str], *, threads: int | None = 
     SimpleSearcher.search on every query (one thread, stored documents)."""
     settings = json.loads((prepared / "settings.json").read_text())
     products = store.ProductStore(settings["product_pool"])
-    searcher = search.Searcher(settings["index_dir"], products, threads=threads,
-                               cache_entries=len(queries) + 30 if cached else 0)
+    searcher = search.Searcher(
+        settings["index_dir"],
+        products,
+        threads=threads,
+        cache_entries=len(queries) + 30 if cached else 0,
+    )
     try:
         for query in queries[:30]:  # JIT warm-up, not measured
             searcher.search(query)
@@ -159,14 +183,18 @@ def search_latency(prepared: Path, queries: list[str], *, threads: int | None = 
             samples.append(timed(searcher.search, query)[0])
             cpu.append(time.thread_time() - started)
             process_cpu.append(time.process_time() - process_started)
-        out = dict(percentiles(samples), cpu_p50_ms=percentiles(cpu)["p50_ms"],
-                   cpu_p99_ms=percentiles(cpu)["p99_ms"],
-                   # every thread of this process: the search pool's too (and the JVM's own)
-                   process_cpu_p50_ms=percentiles(process_cpu)["p50_ms"],
-                   queries=len(queries),
-                   distinct=len(set(queries)), segments=searcher.segments,
-                   threads=searcher.threads,
-                   from_cache=searcher.cache.hits - hits_before if cached else 0)
+        out = dict(
+            percentiles(samples),
+            cpu_p50_ms=percentiles(cpu)["p50_ms"],
+            cpu_p99_ms=percentiles(cpu)["p99_ms"],
+            # every thread of this process: the search pool's too (and the JVM's own)
+            process_cpu_p50_ms=percentiles(process_cpu)["p50_ms"],
+            queries=len(queries),
+            distinct=len(set(queries)),
+            segments=searcher.segments,
+            threads=searcher.threads,
+            from_cache=searcher.cache.hits - hits_before if cached else 0,
+        )
         if agreement:
             differing = [q for q in queries if searcher.search(q) != searcher.simple_search(q)]
             out["equal_to_simple_searcher"] = f"{len(queries) - len(differing)}/{len(queries)}"
@@ -185,7 +213,7 @@ def pool_python_mb(prepared: Path, index_dir: Path, dict_baseline: bool) -> dict
     products = store.ProductStore(settings["product_pool"])
     prices = products.prices(random.Random(0))
     for asin in list(products)[:: max(1, len(products) // 5000)]:
-        products[asin]    # fill the LRU as pages would
+        products[asin]  # fill the LRU as pages would
     held = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     out = {"store": round(held / 2**20, 1)}
@@ -194,9 +222,13 @@ def pool_python_mb(prepared: Path, index_dir: Path, dict_baseline: bool) -> dict
     if dict_baseline:
         gc.collect()
         tracemalloc.start()
-        pool = list(prepare_shop.iter_pool(index_dir / "catalog" / "documents.jsonl",
-                                           prepare_shop.DEFAULT_INSTRUCTIONS,
-                                           prepare_shop.DEFAULT_HUMAN))
+        pool = list(
+            prepare_shop.iter_pool(
+                index_dir / "catalog" / "documents.jsonl",
+                prepare_shop.DEFAULT_INSTRUCTIONS,
+                prepare_shop.DEFAULT_HUMAN,
+            )
+        )
         by_asin = {p["asin"]: p for p in pool}
         option_values = frozenset(v for p in pool for vs in p["options"].values() for v in vs)
         known = frozenset(by_asin)
@@ -229,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     short = [t.data["goal"]["query"].lower() for t in sample]
     search.boot_jvm(testing.java_home(), args.heap_mb)
     rows = {}
-    key = index_key(args.seed)   # once: the sources may change while a long run goes on
+    key = index_key(args.seed)  # once: the sources may change while a long run goes on
     for size in sizes:
         index_dir, facts = build_index(size, args.seed, args.threads, key)
         prepared, prep_facts = prepare(index_dir, args.heap_mb)
@@ -249,21 +281,27 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({size: row}), flush=True)
     base = rows.get(1000)
     if base:
-        for size, row in rows.items():
+        for row in rows.values():
             row["x_1k"] = {
                 "index_mb": round(row["index_mb"] / base["index_mb"], 2),
                 "start_s": round(row["start_s"] / base["start_s"], 2),
                 "worker_rss": round(row["worker"]["VmRSS_mb"] / base["worker"]["VmRSS_mb"], 2),
                 "search_p50": round(row["search"]["p50_ms"] / base["search"]["p50_ms"], 2),
-                "search_p99": round(row["search"]["p99_ms"] / base["search"]["p99_ms"], 2)}
+                "search_p99": round(row["search"]["p99_ms"] / base["search"]["p99_ms"], 2),
+            }
     largest = rows[max(rows)]
-    result = {"sizes": rows, "heap_mb": args.heap_mb, "goals_at_largest": {
-        "rss_le_3gib": largest["worker"]["VmHWM_mb"] * 2**20 <= 3 * GIB,
-        "search_p50_le_15ms": largest["search"]["p50_ms"] <= 15.0,
-        "search_p99_le_50ms": largest["search"]["p99_ms"] <= 50.0,
-        "start_le_60s": largest["start_s"] <= 60.0,
-        # the goals are read on cold searches of distinct queries
-        "cold_queries_distinct": largest["search"]["distinct"] == largest["search"]["queries"]}}
+    result = {
+        "sizes": rows,
+        "heap_mb": args.heap_mb,
+        "goals_at_largest": {
+            "rss_le_3gib": largest["worker"]["VmHWM_mb"] * 2**20 <= 3 * GIB,
+            "search_p50_le_15ms": largest["search"]["p50_ms"] <= 15.0,
+            "search_p99_le_50ms": largest["search"]["p99_ms"] <= 50.0,
+            "start_le_60s": largest["start_s"] <= 60.0,
+            # the goals are read on cold searches of distinct queries
+            "cold_queries_distinct": largest["search"]["distinct"] == largest["search"]["queries"],
+        },
+    }
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:

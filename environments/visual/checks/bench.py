@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark of the Visual renderer: render time per page and memory per concurrent render.
 
-    sudo .venv/bin/python environments/visual/checks/bench.py [--rounds 5] [--concurrency 1,2,4] [--json OUT]
+    sudo .venv/bin/python -m environments.visual.checks.bench \
+        [--rounds 5] [--concurrency 1,2,4] [--json OUT]
 
 Pages: the demo tasks' reference sites (environments/visual/demo/demo_tasks.py; three use
 the mirrored Tailwind build) and a blank page. Measures, in one run:
@@ -31,9 +32,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-
 from tools.harness.helpers import start_private
+
+ROOT = Path(__file__).resolve().parents[3]
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 HOST_BROWSER = "/usr/lib/chromium/chromium-headless-shell"
@@ -49,12 +50,17 @@ def pct(samples: list[float], q: float) -> float:
 
 
 def summary(samples: list[float]) -> dict:
-    return {"n": len(samples), "p50_s": round(pct(samples, 0.5), 3),
-            "p99_s": round(pct(samples, 0.99), 3), "mean_s": round(statistics.mean(samples), 3)}
+    return {
+        "n": len(samples),
+        "p50_s": round(pct(samples, 0.5), 3),
+        "p99_s": round(pct(samples, 0.99), 3),
+        "mean_s": round(statistics.mean(samples), 3),
+    }
 
 
 def pages() -> dict[str, dict[str, bytes]]:
     from environments.visual.demo import demo_tasks
+
     out = {t["instance_id"]: demo_tasks.reference_files(t) for t in demo_tasks.TASKS}
     out["blank"] = {"index.html": b"<!DOCTYPE html><html><body></body></html>\n"}
     return out
@@ -78,12 +84,20 @@ def host_render(files: dict[str, bytes], mirror_json: Path) -> float:
         dist.mkdir()
         for name, data in files.items():
             (dist / name).write_bytes(data)
-        job = {"dist": str(dist), "out": f"{tmp}/shot.jpg", "browser": HOST_BROWSER,
-               "mirror": {u: str(mirror_json.parent / e["file"]) for u, e in mirror.items()}}
+        job = {
+            "dist": str(dist),
+            "out": f"{tmp}/shot.jpg",
+            "browser": HOST_BROWSER,
+            "mirror": {u: str(mirror_json.parent / e["file"]) for u, e in mirror.items()},
+        }
         (Path(tmp) / "job.json").write_text(json.dumps(job))
         t = time.perf_counter()
-        out = subprocess.run([sys.executable, str(ROOT / "environments/visual/shot_script.py"),
-                              f"{tmp}/job.json"], capture_output=True, check=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "environments/visual/shot_script.py"), f"{tmp}/job.json"],
+            capture_output=True,
+            check=True,
+            timeout=300,
+        )
         took = time.perf_counter() - t
         if not json.loads(out.stdout.splitlines()[-1])["ok"]:
             raise SystemExit(f"host render failed: {out.stdout[-500:]}")
@@ -127,9 +141,9 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (the helper builds sandboxes)")
-    from environments.visual.render import Mirror, Renderer, RenderLimits
     from environments.visual.build.cdn_mirror import build_mirror
     from environments.visual.build.renderer_rootfs import ensure_renderer_rootfs
+    from environments.visual.render import Mirror, Renderer, RenderLimits
 
     lower = CACHE / "helper"
     note("renderer rootfs and CDN mirror (cached)")
@@ -140,8 +154,9 @@ def main() -> int:
     result: dict = {"renderer": info["packages"], "rounds": args.rounds, "pages": {}}
     try:
         client = helper.client(owner="bench-visual", pool_size=16)
-        renderer = Renderer(client, str(rdir / "rootfs"), info, Mirror.load(mirror_json),
-                            RenderLimits(timeout=300))
+        renderer = Renderer(
+            client, str(rdir / "rootfs"), info, Mirror.load(mirror_json), RenderLimits(timeout=300)
+        )
         site = pages()
         renderer.render(tar_of(site["blank"]))  # warm page cache of the rootfs
         host_render(site["blank"], mirror_json)
@@ -153,11 +168,16 @@ def main() -> int:
                 shot = renderer.render(tar_of(files))
                 boxed.append(time.perf_counter() - t)
                 height = shot.height
-            result["pages"][name] = {"height": height, "host": summary(host),
-                                     "sandbox": summary(boxed),
-                                     "ratio_p50": round(pct(boxed, .5) / pct(host, .5), 3)}
-            note(f"{name}: sandbox {result['pages'][name]['sandbox']} host p50 "
-                 f"{result['pages'][name]['host']['p50_s']}")
+            result["pages"][name] = {
+                "height": height,
+                "host": summary(host),
+                "sandbox": summary(boxed),
+                "ratio_p50": round(pct(boxed, 0.5) / pct(host, 0.5), 3),
+            }
+            note(
+                f"{name}: sandbox {result['pages'][name]['sandbox']} host p50 "
+                f"{result['pages'][name]['host']['p50_s']}"
+            )
         result["concurrent"] = {}
         ref = tar_of(site[sorted(site)[0]])
         for k in [int(x) for x in args.concurrency.split(",")]:
@@ -165,7 +185,7 @@ def main() -> int:
             times: list[float] = []
             errors: list[Exception] = []
 
-            def one() -> None:
+            def one(times: list[float] = times, errors: list[Exception] = errors) -> None:
                 t = time.perf_counter()
                 try:
                     renderer.render(ref)
@@ -182,9 +202,14 @@ def main() -> int:
             wall = time.perf_counter() - t0
             peaks = sampler.close()
             result["concurrent"][str(k)] = {
-                "wall_s": round(wall, 3), "per_render": summary(times), "errors": len(errors),
+                "wall_s": round(wall, 3),
+                "per_render": summary(times),
+                "errors": len(errors),
                 "peak_mib_per_render_max": round(max(peaks) / 2**20, 1) if peaks else None,
-                "peak_mib_per_render_mean": round(statistics.mean(peaks) / 2**20, 1) if peaks else None}
+                "peak_mib_per_render_mean": round(statistics.mean(peaks) / 2**20, 1)
+                if peaks
+                else None,
+            }
             note(f"{k} at once: {result['concurrent'][str(k)]}")
         client.close()
     finally:

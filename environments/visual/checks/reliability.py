@@ -81,7 +81,7 @@ def rig(work: Path, socket: str) -> Rig:
             env,
             limits=limits,
             images=[ref],
-            pooled=settings["pool_size"],
+            pooled=int(settings["pool_size"]),
             stack=rig_stack,
         )
     except BaseException:
