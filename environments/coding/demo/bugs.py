@@ -15,26 +15,44 @@ import dataclasses
 import random
 from collections.abc import Callable, Iterator
 
-_FLIP = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt,
-         ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
-         ast.In: ast.NotIn, ast.NotIn: ast.In}
-_CHANGE = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult,
-           ast.Div: ast.Mult, ast.Mod: ast.FloorDiv, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd,
-           ast.And: ast.Or, ast.Or: ast.And}
+_FLIP = {
+    ast.Lt: ast.GtE,
+    ast.GtE: ast.Lt,
+    ast.Gt: ast.LtE,
+    ast.LtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+_CHANGE = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.FloorDiv,
+    ast.FloorDiv: ast.Mult,
+    ast.Div: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+    ast.BitAnd: ast.BitOr,
+    ast.BitOr: ast.BitAnd,
+    ast.And: ast.Or,
+    ast.Or: ast.And,
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Mutation:
-    modifier: str          # SWE-smith modifier name
-    path: str              # file, relative to the repository
-    function: str          # qualified name of the enclosing function
+    modifier: str  # SWE-smith modifier name
+    path: str  # file, relative to the repository
+    function: str  # qualified name of the enclosing function
     line: int
-    source: str            # the whole file after the change
+    source: str  # the whole file after the change
 
 
 @dataclasses.dataclass(frozen=True)
 class _Edit:
-    start: tuple[int, int]     # (line, col) 1-based line, 0-based col
+    start: tuple[int, int]  # (line, col) 1-based line, 0-based col
     end: tuple[int, int]
     text: str
 
@@ -67,6 +85,7 @@ def _functions(tree: ast.AST) -> Iterator[tuple[ast.AST, str]]:
                 yield from walk(child, prefix + child.name + ".")
             elif isinstance(child, ast.ClassDef):
                 yield from walk(child, prefix + child.name + ".")
+
     yield from walk(tree, "")
 
 
@@ -92,10 +111,15 @@ def _op_swap(func, source):
     for node in _own_nodes(func):
         if isinstance(node, ast.BinOp) and ast.dump(node.left) != ast.dump(node.right):
             yield _expr_edit(node, ast.BinOp(node.right, node.op, node.left)), node.lineno
-        elif isinstance(node, ast.Compare) and len(node.ops) == 1 \
-                and isinstance(node.ops[0], (ast.Lt, ast.Gt, ast.LtE, ast.GtE)):
-            yield _expr_edit(node, ast.Compare(node.comparators[0], node.ops,
-                                               [node.left])), node.lineno
+        elif (
+            isinstance(node, ast.Compare)
+            and len(node.ops) == 1
+            and isinstance(node.ops[0], (ast.Lt, ast.Gt, ast.LtE, ast.GtE))
+        ):
+            yield (
+                _expr_edit(node, ast.Compare(node.comparators[0], node.ops, [node.left])),
+                node.lineno,
+            )
 
 
 def _op_change(func, source):
@@ -139,8 +163,12 @@ def _remove_cond(func, source):
     lines = _lines(source)
     for block in _statement_blocks(func):
         for stmt in block:
-            if isinstance(stmt, ast.If) and not stmt.orelse and len(block) > 1 \
-                    and _whole_lines(stmt, lines):
+            if (
+                isinstance(stmt, ast.If)
+                and not stmt.orelse
+                and len(block) > 1
+                and _whole_lines(stmt, lines)
+            ):
                 yield _Edit((stmt.lineno, 0), (stmt.end_lineno + 1, 0), ""), stmt.lineno
 
 
@@ -148,8 +176,11 @@ def _remove_assign(func, source):
     lines = _lines(source)
     for block in _statement_blocks(func):
         for stmt in block:
-            if isinstance(stmt, (ast.Assign, ast.AugAssign)) and len(block) > 1 \
-                    and _whole_lines(stmt, lines):
+            if (
+                isinstance(stmt, (ast.Assign, ast.AugAssign))
+                and len(block) > 1
+                and _whole_lines(stmt, lines)
+            ):
                 yield _Edit((stmt.lineno, 0), (stmt.end_lineno + 1, 0), ""), stmt.lineno
 
 
@@ -160,11 +191,14 @@ def _ctrl_shuffle(func, source):
         for first, second in zip(block, block[1:]):
             if not (_whole_lines(first, lines) and _whole_lines(second, lines)):
                 continue
-            if second.lineno != first.end_lineno + 1 or isinstance(first, ast.Return) \
-                    or isinstance(second, ast.Return):
+            if (
+                second.lineno != first.end_lineno + 1
+                or isinstance(first, ast.Return)
+                or isinstance(second, ast.Return)
+            ):
                 continue
-            a = "".join(lines[first.lineno - 1:first.end_lineno])
-            b = "".join(lines[second.lineno - 1:second.end_lineno])
+            a = "".join(lines[first.lineno - 1 : first.end_lineno])
+            b = "".join(lines[second.lineno - 1 : second.end_lineno])
             if a.strip() == b.strip():
                 continue
             yield _Edit((first.lineno, 0), (second.end_lineno + 1, 0), b + a), first.lineno
@@ -173,9 +207,12 @@ def _ctrl_shuffle(func, source):
 def _invert_if(func, source):
     lines = _lines(source)
     for node in _own_nodes(func):
-        if isinstance(node, ast.If) and node.orelse and not (
-                len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If)) \
-                and _whole_lines(node, lines):
+        if (
+            isinstance(node, ast.If)
+            and node.orelse
+            and not (len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If))
+            and _whole_lines(node, lines)
+        ):
             new = ast.If(ast.UnaryOp(ast.Not(), node.test), node.body, node.orelse)
             # Keep the bodies' text: only the test is negated.
             yield _expr_edit(node.test, new.test), node.lineno
@@ -185,7 +222,10 @@ def _whole_lines(stmt: ast.stmt, lines: list[str]) -> bool:
     """The statement owns its lines alone (no `a; b`, no trailing code)."""
     first = lines[stmt.lineno - 1]
     last = lines[stmt.end_lineno - 1]
-    return first[:stmt.col_offset].strip() == "" and last[stmt.end_col_offset:].strip() in ("", "\\")
+    return first[: stmt.col_offset].strip() == "" and last[stmt.end_col_offset :].strip() in (
+        "",
+        "\\",
+    )
 
 
 def _splice(source: str, edit: _Edit) -> str:
