@@ -1,7 +1,8 @@
 """AutoResearch canaries: ways an agent could try to earn a reward without modelling.
 
-    sudo .venv/bin/python -m environments.autoresearch.checks.canaries --manifest prepared/manifest.json \\
-        --packages-root … --workspaces-root … --private-root … --images materialized-images.json \\
+    sudo .venv/bin/python -m environments.autoresearch.checks.canaries \\
+        --manifest prepared/manifest.json --packages-root … --workspaces-root … \\
+        --private-root … --images materialized-images.json \\
         --helper-socket /run/camg/helper.sock [--state-dir DIR] [--task breast-cancer]
 
 Each canary is played as an agent would, through a real episode sandbox over
@@ -135,7 +136,7 @@ with open("/workspace/submission.csv", "w") as f:
     for i in ids:
         f.write(f"{i},{found.get(i, 1.0)}\n")
 print("lookup:", files, "files,", len(found), "of", len(ids), "rows found")
-"""
+"""  # noqa: E501  (payload text kept verbatim)
 
 # Anything the agent can read that names a test id next to a number.
 _ANYWHERE = r"""
@@ -165,7 +166,7 @@ with open("/workspace/submission.csv", "w") as f:
     for i in sorted(ids):
         f.write(f"{i},{found.get(i, '1')}\n")
 print("anywhere:", len(texts), "texts,", len(found), "ids found")
-"""
+"""  # noqa: E501  (payload text kept verbatim)
 
 # Regenerate the data: scikit-learn's bundled loaders (stripped from the
 # image), then MONAI's generator with guessable seeds against the public
@@ -193,7 +194,7 @@ try:
 except Exception as exc:
     tried.append(f"monai: {type(exc).__name__}")
 print("; ".join(tried))
-"""
+"""  # noqa: E501  (payload text kept verbatim)
 
 # No learning, only a copy: the single input column that ranks the training
 # labels best, submitted as the score (its sign too). The reward's floor is
@@ -460,7 +461,7 @@ class Played(CanaryResult):
 def play_one(env, task, name: str, actions: list[dict], allowed: float) -> Played:
     """One canary through a real episode: its reward, verdict and what it saw."""
     episode = env.create_episode(task, seed=None, episode_id=f"canary-{name}")
-    outputs = []
+    outputs: list[str] = []
     try:
         episode.reset()
         done = False

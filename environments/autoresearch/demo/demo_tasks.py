@@ -1,4 +1,5 @@
-"""The AutoResearch demo task set: simulated data drawn fresh per build (environments.autoresearch.demo.synthetic).
+"""The AutoResearch demo task set: simulated data drawn fresh per build
+(environments.autoresearch.demo.synthetic).
 
 Four tasks, each with a public/private split, a baseline (public,
 /task/baseline.py) and a reference solution (kept in the task package,

@@ -1,4 +1,5 @@
-"""The AutoResearch demo image: Debian bookworm + a research virtualenv from PyPI, built without Docker.
+"""The AutoResearch demo image: Debian bookworm + a research virtualenv from PyPI,
+built without Docker.
 
 Layers (each cached under ``<cache_root>/autoresearch``, keyed by its inputs):
 
@@ -213,7 +214,9 @@ def _venv(
                 tree, work / "layer.tar.gz", include=(VENV.lstrip("/"), WORKSPACE.lstrip("/"))
             )
             base_demo._finish_layer(work, layer)
-    return base_demo._cached_layer(final)
+    built = base_demo._cached_layer(final)
+    assert built is not None  # written by _finish_layer, moved to final by _building just above
+    return built
 
 
 def _strip_datasets(tree: Path) -> None:
@@ -282,7 +285,9 @@ def ensure_image(cache_root: str | Path, *, skopeo: str = "skopeo") -> Image:
     cache_root = Path(cache_root).absolute()
     built = build(cache_root)
     marker = cache.read_marker(cache_root, built.digest)
-    if cache.marker_matches(marker, cache_root, built.digest, default_options()):
+    if marker is not None and cache.marker_matches(
+        marker, cache_root, built.digest, default_options()
+    ):
         spec = spec_for(marker["repository"].rsplit("/", 2)[0], built.digest)
         return _materialize(spec, cache_root, skopeo)
     with (

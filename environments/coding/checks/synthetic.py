@@ -126,7 +126,7 @@ def task_set(python: str, count: int = 4) -> Path:
 
     from environments.coding.demo import bugs, demo_tasks
 
-    sources = "".join(Path(m.__file__).read_text() for m in (bugs, demo_tasks))
+    sources = Path(bugs.__file__).read_text() + Path(demo_tasks.__file__).read_text()
     key = hashlib.sha256(json.dumps([FILES, sources, python, count]).encode()).hexdigest()[:16]
     final = cache_root() / f"synthetic-{key}"
     if (final / "tasks.jsonl").is_file():

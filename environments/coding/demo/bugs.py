@@ -27,7 +27,8 @@ _FLIP = {
     ast.In: ast.NotIn,
     ast.NotIn: ast.In,
 }
-_CHANGE = {
+# Two tables, one per operator kind: a BinOp takes an ast.operator, a BoolOp an ast.boolop.
+_CHANGE_OP: dict[type[ast.operator], type[ast.operator]] = {
     ast.Add: ast.Sub,
     ast.Sub: ast.Add,
     ast.Mult: ast.FloorDiv,
@@ -36,6 +37,8 @@ _CHANGE = {
     ast.Mod: ast.FloorDiv,
     ast.BitAnd: ast.BitOr,
     ast.BitOr: ast.BitAnd,
+}
+_CHANGE_BOOL: dict[type[ast.boolop], type[ast.boolop]] = {
     ast.And: ast.Or,
     ast.Or: ast.And,
 }
@@ -100,11 +103,18 @@ def _own_nodes(func: ast.AST) -> Iterator[ast.AST]:
         stack.extend(ast.iter_child_nodes(node))
 
 
+def _end_line(node: ast.expr | ast.stmt) -> int:
+    """The last line of a parsed node."""
+    assert node.end_lineno is not None  # ast.parse sets it on every expr and stmt
+    return node.end_lineno
+
+
 def _expr_edit(node: ast.expr, replacement: ast.expr) -> _Edit:
+    assert node.end_col_offset is not None  # a parsed node: ast.parse sets it
     text = ast.unparse(replacement)
     if node.lineno != node.end_lineno:
         text = f"({text})"
-    return _Edit((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset), text)
+    return _Edit((node.lineno, node.col_offset), (_end_line(node), node.end_col_offset), text)
 
 
 def _op_swap(func, source):
@@ -124,11 +134,14 @@ def _op_swap(func, source):
 
 def _op_change(func, source):
     for node in _own_nodes(func):
-        if isinstance(node, ast.BinOp) and type(node.op) in _CHANGE:
-            new = ast.BinOp(node.left, _CHANGE[type(node.op)](), node.right)
+        if isinstance(node, ast.BinOp) and type(node.op) in _CHANGE_OP:
+            new = ast.BinOp(node.left, _CHANGE_OP[type(node.op)](), node.right)
             yield _expr_edit(node, new), node.lineno
-        elif isinstance(node, ast.BoolOp) and type(node.op) in _CHANGE:
-            yield _expr_edit(node, ast.BoolOp(_CHANGE[type(node.op)](), node.values)), node.lineno
+        elif isinstance(node, ast.BoolOp) and type(node.op) in _CHANGE_BOOL:
+            yield (
+                _expr_edit(node, ast.BoolOp(_CHANGE_BOOL[type(node.op)](), node.values)),
+                node.lineno,
+            )
 
 
 def _op_flip(func, source):
@@ -169,7 +182,7 @@ def _remove_cond(func, source):
                 and len(block) > 1
                 and _whole_lines(stmt, lines)
             ):
-                yield _Edit((stmt.lineno, 0), (stmt.end_lineno + 1, 0), ""), stmt.lineno
+                yield _Edit((stmt.lineno, 0), (_end_line(stmt) + 1, 0), ""), stmt.lineno
 
 
 def _remove_assign(func, source):
@@ -181,18 +194,18 @@ def _remove_assign(func, source):
                 and len(block) > 1
                 and _whole_lines(stmt, lines)
             ):
-                yield _Edit((stmt.lineno, 0), (stmt.end_lineno + 1, 0), ""), stmt.lineno
+                yield _Edit((stmt.lineno, 0), (_end_line(stmt) + 1, 0), ""), stmt.lineno
 
 
 def _ctrl_shuffle(func, source):
     """Swap two adjacent statements of one block (SWE-smith shuffles a block)."""
     lines = _lines(source)
     for block in _statement_blocks(func):
-        for first, second in zip(block, block[1:]):
+        for first, second in zip(block, block[1:], strict=False):
             if not (_whole_lines(first, lines) and _whole_lines(second, lines)):
                 continue
             if (
-                second.lineno != first.end_lineno + 1
+                second.lineno != _end_line(first) + 1
                 or isinstance(first, ast.Return)
                 or isinstance(second, ast.Return)
             ):
@@ -201,7 +214,7 @@ def _ctrl_shuffle(func, source):
             b = "".join(lines[second.lineno - 1 : second.end_lineno])
             if a.strip() == b.strip():
                 continue
-            yield _Edit((first.lineno, 0), (second.end_lineno + 1, 0), b + a), first.lineno
+            yield _Edit((first.lineno, 0), (_end_line(second) + 1, 0), b + a), first.lineno
 
 
 def _invert_if(func, source):
@@ -221,7 +234,7 @@ def _invert_if(func, source):
 def _whole_lines(stmt: ast.stmt, lines: list[str]) -> bool:
     """The statement owns its lines alone (no `a; b`, no trailing code)."""
     first = lines[stmt.lineno - 1]
-    last = lines[stmt.end_lineno - 1]
+    last = lines[_end_line(stmt) - 1]
     return first[: stmt.col_offset].strip() == "" and last[stmt.end_col_offset :].strip() in (
         "",
         "\\",

@@ -67,7 +67,7 @@ def set_tier(customer_id: str, tier: str) -> str:
 
 if __name__ == "__main__":
     app.run()
-'''
+'''  # noqa: E501  (the task's server source, kept as shipped)
 
 TICKETS_SERVER = '''"""Ticket tools over the task's SQLite state (MIMO_STATE_DB)."""
 import os
@@ -133,7 +133,7 @@ def _sales_rows() -> list[dict]:
     rows, n = [], 0
     for month in (7, 8, 9):
         for i, region in enumerate(REGIONS):
-            for j, (sku, (_, price)) in enumerate(sorted(PRODUCTS.items())):
+            for j, (sku, (_, _price)) in enumerate(sorted(PRODUCTS.items())):
                 n += 1
                 qty = 1 + (month * 7 + i * 5 + j * 3) % 9
                 rows.append(
@@ -194,7 +194,7 @@ def sales_task(out: Path) -> Path:
     for row in sales:
         revenue[row["region"]] += row["quantity"] * PRODUCTS[row["sku"]][1]
     revenue = {r: round(v, 2) for r, v in revenue.items()}
-    top = max(revenue, key=revenue.get)
+    top = max(revenue, key=revenue.__getitem__)
     tools = root / "tools"
     tools.mkdir()
     (tools / "crm.py").write_text(CRM_SERVER)
@@ -217,7 +217,8 @@ def sales_task(out: Path) -> Path:
     top_customers = [c[0] for c in customers if c[2] == top]
     statement = (
         "You are helping the sales operations team close the quarter.\n"
-        f"1. Using sales.csv (orders: quantity per sku) and pricing.xlsx (unit prices), compute the "
+        f"1. Using sales.csv (orders: quantity per sku) and pricing.xlsx (unit prices), "
+        "compute the "
         "Q3 revenue of each region. Write summary.xlsx in the workspace with a sheet named "
         "'Summary': header row 'region','revenue', then one row per region in the order North, "
         "South, East, West, revenue rounded to 2 decimals.\n"
@@ -292,12 +293,14 @@ def sales_task(out: Path) -> Path:
         "import openpyxl, csv\nprices = {r[0]: r[2] for r in openpyxl.load_workbook('pricing.xlsx')"
         "['Prices'].iter_rows(min_row=2, values_only=True)}\n"
         "rev = {}\nfor row in csv.DictReader(open('sales.csv')):\n"
-        "    rev[row['region']] = rev.get(row['region'], 0) + int(row['quantity']) * prices[row['sku']]\n"
-        "b = openpyxl.Workbook(); s = b.active; s.title = 'Summary'; s.append(['region', 'revenue'])\n"
+        "    rev[row['region']] = rev.get(row['region'], 0) "
+        "+ int(row['quantity']) * prices[row['sku']]\n"
+        "b = openpyxl.Workbook(); s = b.active; s.title = 'Summary'; "
+        "s.append(['region', 'revenue'])\n"
         "for r in ('North', 'South', 'East', 'West'):\n    s.append([r, round(rev[r], 2)])\n"
         "b.save('summary.xlsx')\n"
     )
-    oracle = [{"operation": "shell", "command": f"{AGENT_PY} - <<'PY'\n{script}PY"}]
+    oracle: list[dict] = [{"operation": "shell", "command": f"{AGENT_PY} - <<'PY'\n{script}PY"}]
     oracle += [
         {
             "operation": "tool",
@@ -327,14 +330,15 @@ def inventory_task(out: Path) -> Path:
     ws = root / "workspace"
     ws.mkdir(parents=True)
     stock = [
-        ("SKU-%03d" % n, name, (n * 37) % 50, 20 if n % 2 else 15)
+        (f"SKU-{n:03d}", name, (n * 37) % 50, 20 if n % 2 else 15)
         for n, name in enumerate(
             ("bolts", "nuts", "washers", "screws", "rivets", "hinges", "brackets", "clamps"), 1
         )
     ]
     _db(
         ws / "inventory.sqlite",
-        "CREATE TABLE stock (sku TEXT PRIMARY KEY, name TEXT, on_hand INTEGER, reorder_level INTEGER);",
+        "CREATE TABLE stock "
+        "(sku TEXT PRIMARY KEY, name TEXT, on_hand INTEGER, reorder_level INTEGER);",
         {"stock": stock},
     )
     low = sorted((sku, level * 2 - on_hand) for sku, _, on_hand, level in stock if on_hand < level)
@@ -381,7 +385,7 @@ def inventory_task(out: Path) -> Path:
     ]
     (root / "verifier_meta.json").write_text(json.dumps({"items": items}, indent=1))
     (root / "instance.json").write_text(json.dumps(_instance(task_id, statement), indent=1))
-    oracle = [
+    oracle: list[dict] = [
         {
             "operation": "shell",
             "command": 'python3 -c "import sqlite3; print(sqlite3.connect('

@@ -48,7 +48,7 @@ def _stage(task_dir: Path, kind: str, stage: Path) -> None:
         shutil.copytree(task_dir, root, symlinks=False)
     else:
         raise DatasetError(f"unknown task kind {kind!r}")
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chown(dirpath, 0, 0)
         os.chmod(dirpath, 0o700 if dirpath == str(root) else 0o755)
         for name in filenames:

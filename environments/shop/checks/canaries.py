@@ -89,7 +89,7 @@ class Suite:
         (rules from the errors), purchase}."""
         eid = episode_id or self.client.create(task_id=self.task_id)["episode_id"]
         prev = self.last.get(eid, {})
-        run = {
+        run: dict = {
             "eid": eid,
             "reward": None,
             "done": False,
@@ -303,7 +303,7 @@ class Suite:
         self.checks.expect(
             again["refused"] == 3 and not again["accepted"], "an action after done was accepted"
         )
-        for rid, body in zip(("r-open", "r-buy"), run["bodies"][1:]):
+        for rid, body in zip(("r-open", "r-buy"), run["bodies"][1:], strict=False):
             replayed = self.client.step(
                 run["eid"], {"action": f"click[{self.goal['asin']}]"}, request_id=rid
             )

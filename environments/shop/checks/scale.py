@@ -68,7 +68,12 @@ def index_key(seed: int) -> str:
 
 
 def prepare_key() -> str:
-    return _hash(*(Path(m.__file__).read_bytes() for m in (prepare_shop, store, goals, catalog)))
+    return _hash(
+        Path(prepare_shop.__file__).read_bytes(),
+        Path(store.__file__).read_bytes(),
+        Path(goals.__file__).read_bytes(),
+        Path(catalog.__file__).read_bytes(),
+    )
 
 
 def build_index(

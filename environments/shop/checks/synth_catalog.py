@@ -1,7 +1,8 @@
 """Larger WebShop catalogs synthesised from the shipped 1k catalog, for the
 scale benchmark (bench/bench_shop_scale.py).
 
-    python -m environments.shop.checks.synth_catalog --products 10000 --output docs.jsonl.gz [--seed 0]
+    python -m environments.shop.checks.synth_catalog --products 10000 \\
+        --output docs.jsonl.gz [--seed 0]
 
 The output is a documents.jsonl(.gz) catalog (``{id, contents, product}``
 rows) holding the 1,000 real products first, unchanged (so their goals and

@@ -89,9 +89,9 @@ def build(
         json.dumps({p["asin"]: {"attributes": p["Attributes"]} for p in pool})
     )
     files: dict[str, list] = {}
-    for index, p in enumerate(pool):
+    for n, p in enumerate(pool):
         segments = [s.strip() for s in p["product_category"].split("›")] + ["other", "other"]
-        entry = {"asin": p["asin"]} if index % 2 else {"product_information": {"ASIN": p["asin"]}}
+        entry = {"asin": p["asin"]} if n % 2 else {"product_information": {"ASIN": p["asin"]}}
         entry.update(product_category=p["product_category"], name=p["Title"])
         files.setdefault(f"{_slug(segments[0])}_{_slug(segments[1])}.json", []).append(entry)
     (output / "product_catalog").mkdir(exist_ok=True)

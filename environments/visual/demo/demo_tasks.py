@@ -31,7 +31,7 @@ LOGO = (
     'fill="#fff"/></svg>'
 )
 
-TASKS = [
+TASKS: list[dict] = [
     {
         "instance_id": "camg_webdev_demo_001",
         "problem_statement": (
@@ -111,7 +111,6 @@ TASKS = [
 
 def _site(task: dict) -> str:
     a, b = task["palette"]
-    logo = LOGO.format(a=a, b=b)
     dark = task.get("dark", False)
     if task["tailwind"]:
         body_cls = "bg-slate-900 text-slate-100" if dark else "bg-amber-50 text-stone-800"
