@@ -45,29 +45,42 @@ import math
 
 import numpy as np
 
-TUMOUR_MEASURES = ("radius", "texture", "perimeter", "area", "smoothness", "compactness",
-                   "concavity", "concave_points", "symmetry", "fractal_dimension")
+TUMOUR_MEASURES = (
+    "radius",
+    "texture",
+    "perimeter",
+    "area",
+    "smoothness",
+    "compactness",
+    "concavity",
+    "concave_points",
+    "symmetry",
+    "fractal_dimension",
+)
 TUMOUR_FEATURES = [f"{kind}_{m}" for kind in ("mean", "se", "worst") for m in TUMOUR_MEASURES]
 PATIENT_FEATURES = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
 
 
 def streams(entropy: int, n: int) -> list[np.random.Generator]:
     """One independent generator per row (SeedSequence children)."""
-    return [np.random.Generator(np.random.PCG64(child))
-            for child in np.random.SeedSequence(entropy).spawn(n)]
+    return [
+        np.random.Generator(np.random.PCG64(child))
+        for child in np.random.SeedSequence(entropy).spawn(n)
+    ]
 
 
 def split(entropy: int, n: int, private_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """(private indices, public indices): a permutation from its own stream."""
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy, spawn_key=(1 << 30,))))
+    rng = np.random.Generator(
+        np.random.PCG64(np.random.SeedSequence(entropy, spawn_key=(1 << 30,)))
+    )
     order = rng.permutation(n)
     n_private = int(round(n * private_fraction))
     return order[:n_private], order[n_private:]
 
 
-
-
 # -- tumours -------------------------------------------------------------------
+
 
 def _tumour(rng: np.random.Generator) -> tuple[list[float], int]:
     # Three independent traits (size, texture, shape), each shifting one
@@ -88,15 +101,22 @@ def _tumour(rng: np.random.Generator) -> tuple[list[float], int]:
     irr = irregular * np.exp(rng.normal(0.0, 0.3, k))
     con = concave * np.exp(rng.normal(0.0, 0.5, k))
     perimeter = 2 * np.pi * r * (1 + irr + 0.5 * con)
-    area = np.pi * r ** 2 * (1 - 0.6 * np.minimum(con, 0.8))
-    cells = np.stack([
-        r, t, perimeter, area,
-        0.08 + 0.4 * irr + rng.normal(0.0, 0.006, k),
-        perimeter ** 2 / (4 * np.pi * area) - 1 + rng.normal(0.0, 0.01, k),
-        con,
-        con * perimeter / (2 * np.pi * 10) + rng.normal(0.0, 0.003, k),
-        0.15 + asymmetry * np.exp(rng.normal(0.0, 0.2, k)) * 0.3,
-        0.055 + 0.08 * irr + rng.normal(0.0, 0.003, k)], axis=1)
+    area = np.pi * r**2 * (1 - 0.6 * np.minimum(con, 0.8))
+    cells = np.stack(
+        [
+            r,
+            t,
+            perimeter,
+            area,
+            0.08 + 0.4 * irr + rng.normal(0.0, 0.006, k),
+            perimeter**2 / (4 * np.pi * area) - 1 + rng.normal(0.0, 0.01, k),
+            con,
+            con * perimeter / (2 * np.pi * 10) + rng.normal(0.0, 0.003, k),
+            0.15 + asymmetry * np.exp(rng.normal(0.0, 0.2, k)) * 0.3,
+            0.055 + 0.08 * irr + rng.normal(0.0, 0.003, k),
+        ],
+        axis=1,
+    )
     worst = np.sort(cells, axis=0)[-3:].mean(axis=0)
     features = np.concatenate([cells.mean(axis=0), cells.std(axis=0) / math.sqrt(k), worst])
     return [float(f"{v:.5g}") for v in features], malignant
@@ -104,44 +124,97 @@ def _tumour(rng: np.random.Generator) -> tuple[list[float], int]:
 
 def tumours(entropy: int, n: int = 569) -> tuple[np.ndarray, np.ndarray, list[str]]:
     rows = [_tumour(rng) for rng in streams(entropy, n)]
-    return (np.array([r for r, _ in rows]), np.array([y for _, y in rows]),
-            list(TUMOUR_FEATURES))
+    return (np.array([r for r, _ in rows]), np.array([y for _, y in rows]), list(TUMOUR_FEATURES))
 
 
 # -- digits --------------------------------------------------------------------
 
-def _loop(cx: float, cy: float, rx: float, ry: float, start: float = 0.0,
-          end: float = 2 * math.pi, n: int = 14) -> list[tuple[float, float]]:
-    return [(cx + rx * math.cos(a), cy + ry * math.sin(a))
-            for a in np.linspace(start, end, n)]
+
+def _loop(
+    cx: float,
+    cy: float,
+    rx: float,
+    ry: float,
+    start: float = 0.0,
+    end: float = 2 * math.pi,
+    n: int = 14,
+) -> list[tuple[float, float]]:
+    return [(cx + rx * math.cos(a), cy + ry * math.sin(a)) for a in np.linspace(start, end, n)]
 
 
 # Strokes in a unit box (x right, y down): each digit a few polylines.
 GLYPHS: dict[int, list[list[tuple[float, float]]]] = {
     0: [_loop(0.5, 0.5, 0.28, 0.4, n=18)],
     1: [[(0.35, 0.25), (0.52, 0.1), (0.52, 0.9)]],
-    2: [[(0.22, 0.3), (0.32, 0.13), (0.5, 0.08), (0.7, 0.13), (0.78, 0.3), (0.68, 0.5),
-         (0.22, 0.9), (0.8, 0.9)]],
-    3: [[(0.22, 0.15), (0.5, 0.08), (0.78, 0.2), (0.74, 0.4), (0.45, 0.5), (0.76, 0.6),
-         (0.8, 0.8), (0.5, 0.92), (0.2, 0.84)]],
+    2: [
+        [
+            (0.22, 0.3),
+            (0.32, 0.13),
+            (0.5, 0.08),
+            (0.7, 0.13),
+            (0.78, 0.3),
+            (0.68, 0.5),
+            (0.22, 0.9),
+            (0.8, 0.9),
+        ]
+    ],
+    3: [
+        [
+            (0.22, 0.15),
+            (0.5, 0.08),
+            (0.78, 0.2),
+            (0.74, 0.4),
+            (0.45, 0.5),
+            (0.76, 0.6),
+            (0.8, 0.8),
+            (0.5, 0.92),
+            (0.2, 0.84),
+        ]
+    ],
     4: [[(0.66, 0.9), (0.66, 0.1), (0.2, 0.65), (0.85, 0.65)]],
-    5: [[(0.8, 0.1), (0.3, 0.1), (0.26, 0.45), (0.6, 0.4), (0.8, 0.6), (0.7, 0.85),
-         (0.45, 0.92), (0.2, 0.8)]],
-    6: [[(0.7, 0.1), (0.42, 0.25), (0.26, 0.6), (0.35, 0.86), (0.6, 0.9), (0.75, 0.7),
-         (0.6, 0.52), (0.36, 0.55), (0.26, 0.66)]],
+    5: [
+        [
+            (0.8, 0.1),
+            (0.3, 0.1),
+            (0.26, 0.45),
+            (0.6, 0.4),
+            (0.8, 0.6),
+            (0.7, 0.85),
+            (0.45, 0.92),
+            (0.2, 0.8),
+        ]
+    ],
+    6: [
+        [
+            (0.7, 0.1),
+            (0.42, 0.25),
+            (0.26, 0.6),
+            (0.35, 0.86),
+            (0.6, 0.9),
+            (0.75, 0.7),
+            (0.6, 0.52),
+            (0.36, 0.55),
+            (0.26, 0.66),
+        ]
+    ],
     7: [[(0.2, 0.1), (0.8, 0.1), (0.45, 0.9)]],
     8: [_loop(0.5, 0.28, 0.21, 0.19), _loop(0.5, 0.7, 0.26, 0.22)],
     9: [_loop(0.5, 0.32, 0.24, 0.22), [(0.74, 0.32), (0.62, 0.9)]],
 }
-_GRID = np.stack(np.meshgrid((np.arange(32) + 0.5) / 32, (np.arange(32) + 0.5) / 32),
-                 axis=-1).reshape(-1, 2)  # (x, y) of each pixel centre, row-major
+_GRID = np.stack(
+    np.meshgrid((np.arange(32) + 0.5) / 32, (np.arange(32) + 0.5) / 32), axis=-1
+).reshape(-1, 2)  # (x, y) of each pixel centre, row-major
 
 
 def _segments_distance(points: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Distance of each point to the nearest of the segments a[i]-b[i]."""
     ab = b - a
-    t = np.clip(((points[:, None, :] - a[None]) * ab[None]).sum(-1) /
-                np.maximum((ab ** 2).sum(-1), 1e-12)[None], 0.0, 1.0)
+    t = np.clip(
+        ((points[:, None, :] - a[None]) * ab[None]).sum(-1)
+        / np.maximum((ab**2).sum(-1), 1e-12)[None],
+        0.0,
+        1.0,
+    )
     nearest = a[None] + t[..., None] * ab[None]
     return np.sqrt(((points[:, None, :] - nearest) ** 2).sum(-1)).min(axis=1)
 
@@ -160,7 +233,7 @@ def _digit(rng: np.random.Generator) -> tuple[list[int], int]:
         starts.append(p[:-1])
         ends.append(p[1:])
     width = rng.uniform(0.04, 0.11)
-    bitmap = (_segments_distance(_GRID, np.concatenate(starts), np.concatenate(ends)) < width)
+    bitmap = _segments_distance(_GRID, np.concatenate(starts), np.concatenate(ends)) < width
     bitmap ^= rng.random(bitmap.shape) < 0.03  # scanner specks
     blocks = bitmap.reshape(8, 4, 8, 4).sum(axis=(1, 3))
     return [int(v) for v in blocks.ravel()], digit
@@ -168,14 +241,18 @@ def _digit(rng: np.random.Generator) -> tuple[list[int], int]:
 
 def digits(entropy: int, n: int = 1797) -> tuple[np.ndarray, np.ndarray, list[str]]:
     rows = [_digit(rng) for rng in streams(entropy, n)]
-    return (np.array([r for r, _ in rows]), np.array([y for _, y in rows]),
-            [f"pixel_{i}" for i in range(64)])
+    return (
+        np.array([r for r, _ in rows]),
+        np.array([y for _, y in rows]),
+        [f"pixel_{i}" for i in range(64)],
+    )
 
 
 # -- patients ------------------------------------------------------------------
 
+
 def _patient(rng: np.random.Generator) -> tuple[list[float], float]:
-    m = rng.normal()                            # latent metabolic state
+    m = rng.normal()  # latent metabolic state
     age = float(np.clip(rng.normal(48.5, 13.1), 19, 79))
     age_z = (age - 48.5) / 13.1
     sex = int(rng.random() < 0.47) + 1
@@ -187,20 +264,42 @@ def _patient(rng: np.random.Generator) -> tuple[list[float], float]:
     s4 = s1 / s3
     s5 = 4.64 + 0.52 * (0.55 * m + 0.83 * rng.normal())
     s6 = 91.3 + 11.5 * (0.45 * m + 0.3 * age_z + 0.84 * rng.normal())
-    z = {"bmi": (bmi - 26.4) / 4.4, "bp": (bp - 94.6) / 13.8, "s3": (s3 - 49.8) / 12.9,
-         "s5": (s5 - 4.64) / 0.52, "s6": (s6 - 91.3) / 11.5}
-    target = (152.0 + 27.0 * z["bmi"] + 22.0 * z["s5"] + 13.0 * z["bp"] - 9.0 * z["s3"]
-              + 5.0 * z["s6"] - 6.0 * (sex - 1.5) + 6.0 * z["bmi"] * z["s5"]
-              + 42.0 * rng.normal())
-    row = [round(age), sex, round(bmi, 1), round(bp, 2), round(s1), round(s2, 1), round(s3),
-           round(s4, 2), round(s5, 4), round(s6)]
+    z = {
+        "bmi": (bmi - 26.4) / 4.4,
+        "bp": (bp - 94.6) / 13.8,
+        "s3": (s3 - 49.8) / 12.9,
+        "s5": (s5 - 4.64) / 0.52,
+        "s6": (s6 - 91.3) / 11.5,
+    }
+    target = (
+        152.0
+        + 27.0 * z["bmi"]
+        + 22.0 * z["s5"]
+        + 13.0 * z["bp"]
+        - 9.0 * z["s3"]
+        + 5.0 * z["s6"]
+        - 6.0 * (sex - 1.5)
+        + 6.0 * z["bmi"] * z["s5"]
+        + 42.0 * rng.normal()
+    )
+    row = [
+        round(age),
+        sex,
+        round(bmi, 1),
+        round(bp, 2),
+        round(s1),
+        round(s2, 1),
+        round(s3),
+        round(s4, 2),
+        round(s5, 4),
+        round(s6),
+    ]
     return [float(v) for v in row], float(np.clip(round(target), 25, 346))
 
 
 def patients(entropy: int, n: int = 442) -> tuple[np.ndarray, np.ndarray, list[str]]:
     rows = [_patient(rng) for rng in streams(entropy, n)]
-    return (np.array([r for r, _ in rows]), np.array([y for _, y in rows]),
-            list(PATIENT_FEATURES))
+    return (np.array([r for r, _ in rows]), np.array([y for _, y in rows]), list(PATIENT_FEATURES))
 
 
 # -- textured objects (segmentation) ---------------------------------------------
@@ -210,16 +309,19 @@ IMAGE_SIZE = 64
 
 def _objects_image(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     from scipy import ndimage
+
     yy, xx = np.mgrid[:IMAGE_SIZE, :IMAGE_SIZE].astype(float)
     field = ndimage.gaussian_filter(rng.normal(size=(IMAGE_SIZE, IMAGE_SIZE)), 6.0)
     image = 0.4 + 0.08 * field / max(float(field.std()), 1e-9)
     mask = np.zeros((IMAGE_SIZE, IMAGE_SIZE), np.uint8)
     # (brightness offset range, texture amplitude, radius range) per kind: a
     # target is mid-bright AND textured; each distractor shares one of the two
-    kinds = {"target": ((0.15, 0.25), 0.2, (5.0, 10.0)),
-             "smooth": ((0.15, 0.25), 0.03, (4.0, 8.5)),
-             "hot": ((0.4, 0.55), 0.2, (4.0, 8.5)),
-             "dim": ((-0.15, -0.05), 0.2, (4.0, 8.5))}
+    kinds = {
+        "target": ((0.15, 0.25), 0.2, (5.0, 10.0)),
+        "smooth": ((0.15, 0.25), 0.03, (4.0, 8.5)),
+        "hot": ((0.4, 0.55), 0.2, (4.0, 8.5)),
+        "dim": ((-0.15, -0.05), 0.2, (4.0, 8.5)),
+    }
     # distractors first, then one or two targets, so no target is covered
     order = [k for k in ("smooth", "hot", "dim") for _ in range(int(rng.integers(1, 3)))]
     order += ["target"] * int(rng.integers(1, 3))

@@ -14,8 +14,8 @@ from pathlib import Path
 
 FILES = {
     "PKG-INFO": "Metadata-Version: 2.1\nName: calc\nVersion: 1.0\n",
-    "pyproject.toml": "[project]\nname = \"calc\"\nversion = \"1.0\"\n\n"
-                      "[tool.pytest.ini_options]\ntestpaths = [\"tests\"]\n",
+    "pyproject.toml": '[project]\nname = "calc"\nversion = "1.0"\n\n'
+    '[tool.pytest.ini_options]\ntestpaths = ["tests"]\n',
     "src/calc/__init__.py": '''"""Small arithmetic helpers."""
 
 
@@ -48,8 +48,8 @@ def window(values, size):
 ''',
     "tests/__init__.py": "",
     "tests/conftest.py": "import pytest\n\n\n@pytest.fixture\ndef numbers():\n"
-                         "    return [1, 2, 3, 4]\n",
-    "tests/test_clamp.py": '''import pytest
+    "    return [1, 2, 3, 4]\n",
+    "tests/test_clamp.py": """import pytest
 
 from calc import clamp
 
@@ -62,8 +62,8 @@ def test_clamp(value, expected):
 def test_clamp_edges():
     assert clamp(0, 0, 10) == 0
     assert clamp(10, 0, 10) == 10
-''',
-    "tests/test_stats.py": '''from calc import mean, scale
+""",
+    "tests/test_stats.py": """from calc import mean, scale
 
 
 def test_mean(numbers):
@@ -76,8 +76,8 @@ def test_scale(numbers):
 
 def test_scale_empty():
     assert scale([], 3) == []
-''',
-    "tests/test_window.py": '''import pytest
+""",
+    "tests/test_window.py": """import pytest
 
 from calc import window
 
@@ -89,7 +89,7 @@ def test_window(numbers):
 def test_window_rejects_zero():
     with pytest.raises(ValueError):
         window([1], 0)
-''',
+""",
 }
 
 
@@ -111,6 +111,7 @@ def write_sdist(directory: str | Path, name: str = "calc-1.0") -> Path:
 
 def cache_root() -> Path:
     import os
+
     return Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test")) / "coding"
 
 
@@ -125,7 +126,7 @@ def task_set(python: str, count: int = 4) -> Path:
 
     from environments.coding.demo import bugs, demo_tasks
 
-    sources = "".join(Path(m.__file__).read_text() for m in (bugs, demo_tasks))
+    sources = Path(bugs.__file__).read_text() + Path(demo_tasks.__file__).read_text()
     key = hashlib.sha256(json.dumps([FILES, sources, python, count]).encode()).hexdigest()[:16]
     final = cache_root() / f"synthetic-{key}"
     if (final / "tasks.jsonl").is_file():
@@ -134,9 +135,14 @@ def task_set(python: str, count: int = 4) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".synthetic.", dir=final.parent))
     try:
         sdist = write_sdist(tmp / "sdist")
-        spec = demo_tasks.DemoSpec(sdist=sdist, owner="acme", project="calc",
-                                   image_name="camg/demo-apispec-6.8.1", count=count,
-                                   per_modifier=1)
+        spec = demo_tasks.DemoSpec(
+            sdist=sdist,
+            owner="acme",
+            project="calc",
+            image_name="camg/demo-apispec-6.8.1",
+            count=count,
+            per_modifier=1,
+        )
         rows = demo_tasks.build(spec, tmp / "set", demo_tasks.local_runner(python))
         demo_tasks.write_rows(rows, tmp / "set")
         try:

@@ -26,18 +26,23 @@ from pathlib import Path
 
 from camg import progress
 from camg.errors import DatasetError
-
-from tools.oci.apply import extract_tree
 from environments.coding.demo import bugs
 from environments.coding.profiles import DEMO_OWNER, parse_pytest_verbose
+from tools.oci.apply import extract_tree
 
 log = logging.getLogger("camg.coding")
 
 GITIGNORE = "__pycache__/\n*.py[cod]\n*.egg-info/\n.pytest_cache/\nbuild/\ndist/\n.tox/\n"
-_ENV = {"GIT_AUTHOR_NAME": "camg demo", "GIT_AUTHOR_EMAIL": "demo@camg.invalid",
-        "GIT_COMMITTER_NAME": "camg demo", "GIT_COMMITTER_EMAIL": "demo@camg.invalid",
-        "GIT_AUTHOR_DATE": "2025-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2025-01-01T00:00:00Z",
-        "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+_ENV = {
+    "GIT_AUTHOR_NAME": "camg demo",
+    "GIT_AUTHOR_EMAIL": "demo@camg.invalid",
+    "GIT_COMMITTER_NAME": "camg demo",
+    "GIT_COMMITTER_EMAIL": "demo@camg.invalid",
+    "GIT_AUTHOR_DATE": "2025-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2025-01-01T00:00:00Z",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+}
 
 # A suite runner: checkout dir -> {test id: status} (pytest verbose parse).
 Runner = Callable[[Path], dict[str, str]]
@@ -52,8 +57,22 @@ def fetch_sdist(directory: Path) -> Path:
     path = Path(directory) / DEMO_SDIST_FILE
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-qq", "--no-deps",
-                        "--no-binary", ":all:", DEMO_SDIST, "-d", str(path.parent)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-qq",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                DEMO_SDIST,
+                "-d",
+                str(path.parent),
+            ],
+            check=True,
+        )
     return path
 
 
@@ -63,7 +82,7 @@ class DemoSpec:
     owner: str = "marshmallow-code"
     project: str = "apispec"
     package_dir: str = "src"
-    image_name: str = "camg/demo-apispec-6.8.1"      # tools.oci_demo.NAME
+    image_name: str = "camg/demo-apispec-6.8.1"  # tools.oci_demo.NAME
     count: int = 12
     per_modifier: int = 3
     max_f2p: int = 60
@@ -71,11 +90,17 @@ class DemoSpec:
 
 
 def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True,
-                          env={**os.environ, **_ENV}, check=False)
+    proc = subprocess.run(
+        ["git", "-C", str(repo), *args],
+        capture_output=True,
+        env={**os.environ, **_ENV},
+        check=False,
+    )
     if proc.returncode != 0:
-        raise DatasetError(f"git {' '.join(args[:3])} failed in {repo}: "
-                           f"{proc.stderr.decode(errors='replace').strip()}")
+        raise DatasetError(
+            f"git {' '.join(args[:3])} failed in {repo}: "
+            f"{proc.stderr.decode(errors='replace').strip()}"
+        )
     return proc.stdout.decode()
 
 
@@ -89,9 +114,16 @@ def local_runner(python: str | Path, timeout: float = 600) -> Runner:
     def run(checkout: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-        proc = subprocess.run(["bash", "-c", cmd], cwd=checkout, env=env, capture_output=True,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(
+            ["bash", "-c", cmd],
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
         return parse_pytest_verbose(proc.stdout.decode("utf-8", "replace"))
+
     return run
 
 
@@ -107,7 +139,7 @@ def extract_sdist(sdist: Path, dest: Path) -> None:
         inner = []
         for member in members:
             if member.name.startswith(prefix) and member.name != prefix:
-                member.name = member.name[len(prefix):]
+                member.name = member.name[len(prefix) :]
                 inner.append(member)
         extract_tree(tar, dest, what=str(sdist), members=inner)
 
@@ -195,8 +227,15 @@ def _candidates(mirror: Path, spec: DemoSpec, rng: random.Random):
                 yield pools[name].pop()
 
 
-def _commit_task(mirror: Path, base: str, repo_name: str, mutation: bugs.Mutation,
-                 f2p: list[str], p2p: list[str], spec: DemoSpec) -> dict:
+def _commit_task(
+    mirror: Path,
+    base: str,
+    repo_name: str,
+    mutation: bugs.Mutation,
+    f2p: list[str],
+    p2p: list[str],
+    spec: DemoSpec,
+) -> dict:
     digest = hashlib.sha256(f"{mutation.path}\n{mutation.source}".encode()).hexdigest()[:8]
     instance_id = f"{repo_name}.{mutation.modifier}__{digest}"
     _git(mirror, "checkout", "-q", "-B", instance_id, base)
@@ -224,12 +263,14 @@ def _statement(mutation: bugs.Mutation, f2p: list[str]) -> str:
     module = mutation.path.removeprefix("src/").removesuffix(".py").replace("/", ".")
     shown = "\n".join(f"- `{t}`" for t in f2p[:10])
     more = f"\n- ... and {len(f2p) - 10} more" if len(f2p) > 10 else ""
-    return (f"# Regression in `{module}`\n\n"
-            f"Since the last change to `{mutation.path}`, part of the library misbehaves. "
-            f"These tests of the project's suite now fail (they are not in your checkout):\n\n"
-            f"{shown}{more}\n\n"
-            "Find the defect in the library code and fix it, without changing the tests. "
-            "Every other test must keep passing.\n")
+    return (
+        f"# Regression in `{module}`\n\n"
+        f"Since the last change to `{mutation.path}`, part of the library misbehaves. "
+        f"These tests of the project's suite now fail (they are not in your checkout):\n\n"
+        f"{shown}{more}\n\n"
+        "Find the defect in the library code and fix it, without changing the tests. "
+        "Every other test must keep passing.\n"
+    )
 
 
 def write_rows(rows: list[dict], out: Path) -> tuple[Path, Path]:
@@ -242,9 +283,16 @@ def write_rows(rows: list[dict], out: Path) -> tuple[Path, Path]:
         for row in rows:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     parquet = out / "tasks.parquet"
-    schema = pa.schema([("instance_id", pa.string()), ("repo", pa.string()),
-                        ("patch", pa.string()), ("FAIL_TO_PASS", pa.list_(pa.string())),
-                        ("PASS_TO_PASS", pa.list_(pa.string())), ("image_name", pa.string()),
-                        ("problem_statement", pa.string())])
+    schema = pa.schema(
+        [
+            ("instance_id", pa.string()),
+            ("repo", pa.string()),
+            ("patch", pa.string()),
+            ("FAIL_TO_PASS", pa.list_(pa.string())),
+            ("PASS_TO_PASS", pa.list_(pa.string())),
+            ("image_name", pa.string()),
+            ("problem_statement", pa.string()),
+        ]
+    )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), parquet)
     return jsonl, parquet

@@ -35,30 +35,41 @@ def _tar(checkout: Path) -> bytes:
     return buffer.getvalue()
 
 
-def sandbox_runner(helper_socket: str, rootfs: str, *, timeout: float = 600,
-                   memory_bytes: int = 2 << 30) -> Runner:
+def sandbox_runner(
+    helper_socket: str, rootfs: str, *, timeout: float = 600, memory_bytes: int = 2 << 30
+) -> Runner:
     from camg.helper_client import HelperClient
 
     client = HelperClient(helper_socket, owner="coding-builder")
     command = demo_profile("builder").test_cmd
 
     def run(checkout: Path) -> dict[str, str]:
-        sandbox = client.create_sandbox([str(rootfs)], memory_bytes=memory_bytes, cpu_quota=1.0,
-                                        pids_max=512)
+        sandbox = client.create_sandbox(
+            [str(rootfs)], memory_bytes=memory_bytes, cpu_quota=1.0, pids_max=512
+        )
         try:
             client.put_archive(sandbox, "/testbed", _tar(checkout), user="root")
-            result = client.exec(sandbox, command, user="agent", cwd="/testbed",
-                                 timeout=timeout, output_limit=1 << 20)
+            result = client.exec(
+                sandbox,
+                command,
+                user="agent",
+                cwd="/testbed",
+                timeout=timeout,
+                output_limit=1 << 20,
+            )
         finally:
             client.destroy(sandbox)
         if result.truncated or result.timed_out:
-            raise RuntimeError(f"suite run unusable (truncated={result.truncated}, "
-                               f"timed_out={result.timed_out})")
+            raise RuntimeError(
+                f"suite run unusable (truncated={result.truncated}, timed_out={result.timed_out})"
+            )
         status = parse_pytest_verbose(result.output)
         if not status:
-            raise RuntimeError(f"suite run reported no test (exit {result.exit_code}): "
-                               f"{result.output[-3000:]}")
+            raise RuntimeError(
+                f"suite run reported no test (exit {result.exit_code}): {result.output[-3000:]}"
+            )
         return status
+
     return run
 
 
@@ -75,10 +86,12 @@ def ensure_demo_set(cache_dir: Path, image, helper_socket: str, sdist: Path) -> 
     from tools.oci_demo import locked
 
     here = Path(__file__).resolve().parent
-    sources = "".join((here / name).read_text()
-                      for name in ("bugs.py", "demo_tasks.py", "sandbox_runner.py"))
-    key = hashlib.sha256(json.dumps([image.digest, sources, hashlib.sha256(
-        sdist.read_bytes()).hexdigest()]).encode()).hexdigest()[:16]
+    sources = "".join(
+        (here / name).read_text() for name in ("bugs.py", "demo_tasks.py", "sandbox_runner.py")
+    )
+    key = hashlib.sha256(
+        json.dumps([image.digest, sources, hashlib.sha256(sdist.read_bytes()).hexdigest()]).encode()
+    ).hexdigest()[:16]
     final = Path(cache_dir) / f"demo-{key}"
     if (final / "tasks.jsonl").is_file():
         return final

@@ -45,8 +45,11 @@ GUARD_DIR = "camg-guard"
 def _pins() -> list[str]:
     lock = (REPO / "requirements.lock").read_text().splitlines()
     wanted = {p.lower().replace("_", "-") for p in PACKAGES}
-    pins = [line.strip() for line in lock
-            if "==" in line and line.split("==")[0].lower().replace("_", "-") in wanted]
+    pins = [
+        line.strip()
+        for line in lock
+        if "==" in line and line.split("==")[0].lower().replace("_", "-") in wanted
+    ]
     if len(pins) != len(wanted):
         raise DatasetError(f"requirements.lock lacks one of {', '.join(PACKAGES)}")
     return pins
@@ -55,17 +58,30 @@ def _pins() -> list[str]:
 def _sources() -> list:
     """The runtime's sources: not the __pycache__ tests leave in the tree, nor
     the build/ and *.egg-info a pip install of the tree in place leaves."""
-    return [[str(p.relative_to(RUNTIME)), sha256_file(p)]
-            for p in sorted(RUNTIME.rglob("*")) if p.is_file() and not p.name.endswith(".pyc")
-            and not any(part in ("__pycache__", "build") or part.endswith(".egg-info")
-                        for part in p.relative_to(RUNTIME).parts)]
+    return [
+        [str(p.relative_to(RUNTIME)), sha256_file(p)]
+        for p in sorted(RUNTIME.rglob("*"))
+        if p.is_file()
+        and not p.name.endswith(".pyc")
+        and not any(
+            part in ("__pycache__", "build") or part.endswith(".egg-info")
+            for part in p.relative_to(RUNTIME).parts
+        )
+    ]
 
 
 def key() -> str:
     """Inputs of the build: pins, lock, runtime sources."""
-    return sha256_json({"pins": _pins(), "lock": (REPO / "requirements.lock").read_text(),
-                        "runtime": _sources(), "python": PYTHON,
-                        "guard": sha256_file(guard_verdict.GUARD_FILE), "v": 1}).split(":", 1)[1][:16]
+    return sha256_json(
+        {
+            "pins": _pins(),
+            "lock": (REPO / "requirements.lock").read_text(),
+            "runtime": _sources(),
+            "python": PYTHON,
+            "guard": sha256_file(guard_verdict.GUARD_FILE),
+            "v": 1,
+        }
+    ).split(":", 1)[1][:16]
 
 
 def build(output: Path) -> Path:
@@ -78,6 +94,7 @@ def build(output: Path) -> Path:
     # this cache, and a second builder would remove the first one's output
     # from under the containers that mount it.
     from tools.oci_demo import locked
+
     with locked(output.with_name(f".{output.name}.lock")):
         if _built(output, want):
             return output
@@ -97,31 +114,56 @@ def _build(output: Path, want: str) -> Path:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
 
     def run(argv: list[str], what: str) -> None:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                              timeout=1800, check=False)
+        proc = subprocess.run(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=1800,
+            check=False,
+        )
         if proc.returncode != 0:
-            raise DatasetError(f"agent env: {what} failed: {proc.stdout.decode(errors='replace')[-3000:]}")
+            raise DatasetError(
+                f"agent env: {what} failed: {proc.stdout.decode(errors='replace')[-3000:]}"
+            )
 
     run([PYTHON, "-m", "venv", str(work)], "venv")
-    pip = [str(work / "bin" / "python"), "-m", "pip", "install", "--quiet",
-           "--disable-pip-version-check", "--no-cache-dir"]
+    pip = [
+        str(work / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-cache-dir",
+    ]
     constraints = work / "constraints.txt"
-    constraints.write_text("\n".join(line for line in (REPO / "requirements.lock").read_text().splitlines()
-                                     if "==" in line and not line.startswith("torch")) + "\n")
+    constraints.write_text(
+        "\n".join(
+            line
+            for line in (REPO / "requirements.lock").read_text().splitlines()
+            if "==" in line and not line.startswith("torch")
+        )
+        + "\n"
+    )
     run([*pip, "-c", str(constraints), *_pins()], "pip install")
     # pip builds a local directory in place (setuptools writes build/ and
     # *.egg-info into it), and build/ would change key() for the next caller,
     # which then rebuilt this tree from under running containers: build a copy.
     source = work.with_name(work.name + ".src")
     shutil.rmtree(source, ignore_errors=True)
-    shutil.copytree(RUNTIME, source, ignore=shutil.ignore_patterns("build", "__pycache__", "*.egg-info"))
+    shutil.copytree(
+        RUNTIME, source, ignore=shutil.ignore_patterns("build", "__pycache__", "*.egg-info")
+    )
     try:
         run([*pip, "--no-deps", str(source)], "install mimoagent")
     finally:
         shutil.rmtree(source, ignore_errors=True)
     constraints.unlink()
     (work / GUARD_DIR).mkdir()
-    shutil.copyfile(guard_verdict.GUARD_FILE, work / GUARD_DIR / Path(guard_verdict.GUARD_FILE).name)
+    shutil.copyfile(
+        guard_verdict.GUARD_FILE, work / GUARD_DIR / Path(guard_verdict.GUARD_FILE).name
+    )
     # Readable by the agent uid inside the container; nothing writable.
     subprocess.run(["chmod", "-R", "a+rX,go-w", str(work)], check=True)
     (work / "camg-agent-env.json").write_text(json.dumps({"key": want, "pins": _pins()}) + "\n")

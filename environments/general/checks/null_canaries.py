@@ -37,19 +37,25 @@ from tools.canary_table import CanaryResult, report
 
 # Forks until the pids limit refuses, and keeps retrying (a shell gives up
 # at its first failed fork): every fork in the container fails meanwhile.
-PIDS_FILL = ("while (1) { my $p = fork; if (defined $p && !$p) { sleep 100000; exit } "
-             "select(undef, undef, undef, 0.01) unless defined $p }")
+PIDS_FILL = (
+    "while (1) { my $p = fork; if (defined $p && !$p) { sleep 100000; exit } "
+    "select(undef, undef, undef, 0.01) unless defined $p }"
+)
 # Holds as many connections to the transport as it is given: its Unix
 # socket (root-only: refused) and the TCP port it listened on before it
 # moved there (nothing listens).
-PORT_HOG = ("use IO::Socket::INET; use IO::Socket::UNIX; my @s; while (1) { "
-            "my $c = IO::Socket::UNIX->new(Peer => '/run/mimo-transport/transport.sock') || "
-            "IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => 8000, Timeout => 1); "
-            "if ($c) { push @s, $c; print $c \"GET /ws HTTP/1.1\\r\\nHost: x\\r\\n\" } "
-            "else { sleep 1 } }")
+PORT_HOG = (
+    "use IO::Socket::INET; use IO::Socket::UNIX; my @s; while (1) { "
+    "my $c = IO::Socket::UNIX->new(Peer => '/run/mimo-transport/transport.sock') || "
+    "IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => 8000, Timeout => 1); "
+    'if ($c) { push @s, $c; print $c "GET /ws HTTP/1.1\\r\\nHost: x\\r\\n" } '
+    "else { sleep 1 } }"
+)
 # Files until the writable layer has no inode left.
-INODE_FILL = ("mkdir \"$ENV{HOME}/.i\"; for (my $i = 0; ; $i++) { "
-              "open(my $f, '>', \"$ENV{HOME}/.i/$i\") or last } print \"inodes gone\\n\"")
+INODE_FILL = (
+    'mkdir "$ENV{HOME}/.i"; for (my $i = 0; ; $i++) { '
+    'open(my $f, \'>\', "$ENV{HOME}/.i/$i") or last } print "inodes gone\\n"'
+)
 MEMORY_HOG = "my $x = 'a' x (700 * 1024 * 1024); sleep 100000"
 
 
@@ -59,33 +65,47 @@ def shell(command: str) -> dict:
 
 def _detached(perl: str, settle: float = 2.0) -> dict:
     data = base64.b64encode(perl.encode()).decode()
-    return shell(f"echo {data} | base64 -d > /tmp/.n.pl && setsid nohup perl /tmp/.n.pl "
-                 f">/dev/null 2>&1 < /dev/null & sleep {settle}; echo started")
+    return shell(
+        f"echo {data} | base64 -d > /tmp/.n.pl && setsid nohup perl /tmp/.n.pl "
+        f">/dev/null 2>&1 < /dev/null & sleep {settle}; echo started"
+    )
 
 
 #: technique -> shell actions (kind-agnostic: each starts in the repository
 #: or the workspace, as uid 2000)
 TECHNIQUES: dict[str, list[dict]] = {
     "pids fill at finish": [_detached(PIDS_FILL)],
-    "disk bytes filled": [shell("avail=$(df --output=avail -B1 \"$HOME\" | tail -1); "
-                                "fallocate -l \"$avail\" \"$HOME/.fill\" || "
-                                "fallocate -l $((avail - (1 << 20))) \"$HOME/.fill\"; "
-                                "dd if=/dev/zero of=\"$HOME/.fill2\" bs=64k 2>/dev/null; "
-                                "df -h \"$HOME\" | tail -1")],
-    "disk inodes filled": [shell(f"echo {base64.b64encode(INODE_FILL.encode()).decode()} | "
-                                 "base64 -d > /tmp/.i.pl && perl /tmp/.i.pl; df -i \"$HOME\" | "
-                                 "tail -1")],
-    "grader scratch made unwritable": [shell("chmod -R a-rwx \"$HOME\" 2>/dev/null; "
-                                             "chmod 000 .; echo locked")],
+    "disk bytes filled": [
+        shell(
+            'avail=$(df --output=avail -B1 "$HOME" | tail -1); '
+            'fallocate -l "$avail" "$HOME/.fill" || '
+            'fallocate -l $((avail - (1 << 20))) "$HOME/.fill"; '
+            'dd if=/dev/zero of="$HOME/.fill2" bs=64k 2>/dev/null; '
+            'df -h "$HOME" | tail -1'
+        )
+    ],
+    "disk inodes filled": [
+        shell(
+            f"echo {base64.b64encode(INODE_FILL.encode()).decode()} | "
+            'base64 -d > /tmp/.i.pl && perl /tmp/.i.pl; df -i "$HOME" | '
+            "tail -1"
+        )
+    ],
+    "grader scratch made unwritable": [
+        shell('chmod -R a-rwx "$HOME" 2>/dev/null; chmod 000 .; echo locked')
+    ],
     "transport port hogged": [_detached(PORT_HOG, settle=5.0)],
     "memory hog beside the grade": [_detached(MEMORY_HOG)],
     # (the transport and its MCP servers are root's: the agent uid may not
     # signal them; a detached loop keeps trying through the finish)
-    "transport signalled": [shell(
-        "setsid nohup sh -c 'while :; do for p in /proc/[0-9]*; do "
-        "[ \"$(stat -c %u $p)\" = 0 ] && kill -STOP ${p#/proc/} 2>/dev/null; done; "
-        "sleep 0.05; done' "
-        ">/dev/null 2>&1 < /dev/null & sleep 1; kill -9 1 2>&1 | head -1; echo tried")],
+    "transport signalled": [
+        shell(
+            "setsid nohup sh -c 'while :; do for p in /proc/[0-9]*; do "
+            '[ "$(stat -c %u $p)" = 0 ] && kill -STOP ${p#/proc/} 2>/dev/null; done; '
+            "sleep 0.05; done' "
+            ">/dev/null 2>&1 < /dev/null & sleep 1; kill -9 1 2>&1 | head -1; echo tried"
+        )
+    ],
 }
 
 #: played next to the reference by CI too (every one plays alone)
@@ -100,13 +120,20 @@ class Run:
     allowed: float
 
 
-def runs(task: dict, reference: list[dict] | None, names: Iterable[str] | None = None,
-         with_reference: Iterable[str] | None = None) -> list[Run]:
+def runs(
+    task: dict,
+    reference: list[dict] | None,
+    names: Iterable[str] | None = None,
+    with_reference: Iterable[str] | None = None,
+) -> list[Run]:
     """Each technique alone on ``task`` (a manifest task) and, where named,
     before the reference's last action (its finish); the reference alone."""
     kind = task["data"]["kind"]
-    noop = {"operation": "finish"} if kind == "opensource-code" else \
-        {"operation": "finish", "answer": "no idea"}
+    noop = (
+        {"operation": "finish"}
+        if kind == "opensource-code"
+        else {"operation": "finish", "answer": "no idea"}
+    )
     chosen = list(TECHNIQUES if names is None else names)
     out = []
     if reference:
@@ -114,8 +141,14 @@ def runs(task: dict, reference: list[dict] | None, names: Iterable[str] | None =
     for name in chosen:
         out.append(Run(f"{kind}: {name}", task["task_id"], TECHNIQUES[name] + [noop], 0.0))
         if reference and name in (chosen if with_reference is None else with_reference):
-            out.append(Run(f"{kind}: {name} + reference", task["task_id"],
-                           reference[:-1] + TECHNIQUES[name] + reference[-1:], 1.0))
+            out.append(
+                Run(
+                    f"{kind}: {name} + reference",
+                    task["task_id"],
+                    reference[:-1] + TECHNIQUES[name] + reference[-1:],
+                    1.0,
+                )
+            )
     return out
 
 
@@ -137,8 +170,9 @@ def _episode(client, run: Run) -> dict:
     return {**reply, "episode_id": episode["episode_id"]}
 
 
-def play(client, plays: list[Run], outcome_of: Callable[[str], dict | None],
-         workers: int = 3) -> tuple[list[CanaryResult], list[str]]:
+def play(
+    client, plays: list[Run], outcome_of: Callable[[str], dict | None], workers: int = 3
+) -> tuple[list[CanaryResult], list[str]]:
     """The table's rows and the problems beyond a win: a null, a reference
     alone below 1.0, a 0.0 from a failure whose record is not obstructed."""
     local = threading.local()
@@ -160,12 +194,19 @@ def play(client, plays: list[Run], outcome_of: Callable[[str], dict | None],
         reaped = record.get("reaped")
         if reaped:
             notes.append(f"reaped {reaped['killed']} in {reaped['duration'] * 1000:.0f} ms")
-        row = CanaryResult(run.technique, reply.get("reward"), record.get("integrity"), run.allowed,
-                           "; ".join(notes))
+        row = CanaryResult(
+            run.technique,
+            reply.get("reward"),
+            record.get("integrity"),
+            run.allowed,
+            "; ".join(notes),
+        )
         trouble = []
         if reply.get("reward") is None:
-            trouble.append(f"{run.technique}: null ({reply.get('failure_class')}): "
-                           f"{record.get('grade_reason') or reply.get('observation')}")
+            trouble.append(
+                f"{run.technique}: null ({reply.get('failure_class')}): "
+                f"{record.get('grade_reason') or reply.get('observation')}"
+            )
         if run.technique.endswith("reference alone") and reply.get("reward") != 1.0:
             trouble.append(f"{run.technique}: the reference earned {reply.get('reward')}")
         return row, trouble
@@ -194,18 +235,24 @@ def _outcomes(path: str | None) -> Callable[[str], dict | None]:
                     return json.loads(line)
             time.sleep(0.2)
         return None
+
     return find
 
 
 def main(argv: list[str] | None = None) -> int:
     from camg_client import Client
 
-    ap = argparse.ArgumentParser(prog="python -m environments.general.checks.null_canaries",
-                                 description="Play General's null-forcing canaries.")
+    ap = argparse.ArgumentParser(
+        prog="python -m environments.general.checks.null_canaries",
+        description="Play General's null-forcing canaries.",
+    )
     ap.add_argument("--url", required=True, help="a General service")
     ap.add_argument("--manifest", required=True, help="the service's prepared manifest.json")
-    ap.add_argument("--references", required=True,
-                    help="the references directory (gold/<id>.patch, <id>.oracle.json)")
+    ap.add_argument(
+        "--references",
+        required=True,
+        help="the references directory (gold/<id>.patch, <id>.oracle.json)",
+    )
     ap.add_argument("--outcomes", help="the service's outcomes.jsonl")
     args = ap.parse_args(argv)
     client = Client(args.url)

@@ -24,8 +24,12 @@ INVENTORY_ID = "s3k_demo_inventory_reorder_en_t1_rl_002"
 AGENT_PY = "/opt/camg/agent-env/bin/python"
 
 REGIONS = ("North", "South", "East", "West")
-PRODUCTS = {"P-100": ("Desk lamp", 24.5), "P-200": ("Office chair", 149.0),
-            "P-300": ("Monitor stand", 39.9), "P-400": ("Cable tray", 12.25)}
+PRODUCTS = {
+    "P-100": ("Desk lamp", 24.5),
+    "P-200": ("Office chair", 149.0),
+    "P-300": ("Monitor stand", 39.9),
+    "P-400": ("Cable tray", 12.25),
+}
 
 CRM_SERVER = '''"""CRM tools over the task's SQLite state (MIMO_STATE_DB)."""
 import os
@@ -63,7 +67,7 @@ def set_tier(customer_id: str, tier: str) -> str:
 
 if __name__ == "__main__":
     app.run()
-'''
+'''  # noqa: E501  (the task's server source, kept as shipped)
 
 TICKETS_SERVER = '''"""Ticket tools over the task's SQLite state (MIMO_STATE_DB)."""
 import os
@@ -129,11 +133,18 @@ def _sales_rows() -> list[dict]:
     rows, n = [], 0
     for month in (7, 8, 9):
         for i, region in enumerate(REGIONS):
-            for j, (sku, (_, price)) in enumerate(sorted(PRODUCTS.items())):
+            for j, (sku, (_, _price)) in enumerate(sorted(PRODUCTS.items())):
                 n += 1
                 qty = 1 + (month * 7 + i * 5 + j * 3) % 9
-                rows.append({"order_id": f"O-{n:04d}", "month": f"2025-{month:02d}",
-                             "region": region, "sku": sku, "quantity": qty})
+                rows.append(
+                    {
+                        "order_id": f"O-{n:04d}",
+                        "month": f"2025-{month:02d}",
+                        "region": region,
+                        "sku": sku,
+                        "quantity": qty,
+                    }
+                )
     return rows
 
 
@@ -147,9 +158,16 @@ def _db(path: Path, script: str, rows: dict[str, list[tuple]] | None = None) -> 
 
 
 def _instance(task_id: str, statement: str, image: str = "") -> dict:
-    return {"instance_id": task_id, "dataset_type": "general_agent", "docker_image": image,
-            "env_task_dir": f"envs/{task_id}", "cwd": CWD, "problem_statement": statement,
-            "num_turns": 1, "verifier_timeout_sec": 300}
+    return {
+        "instance_id": task_id,
+        "dataset_type": "general_agent",
+        "docker_image": image,
+        "env_task_dir": f"envs/{task_id}",
+        "cwd": CWD,
+        "problem_statement": statement,
+        "num_turns": 1,
+        "verifier_timeout_sec": 300,
+    }
 
 
 def sales_task(out: Path) -> Path:
@@ -176,23 +194,31 @@ def sales_task(out: Path) -> Path:
     for row in sales:
         revenue[row["region"]] += row["quantity"] * PRODUCTS[row["sku"]][1]
     revenue = {r: round(v, 2) for r, v in revenue.items()}
-    top = max(revenue, key=revenue.get)
+    top = max(revenue, key=revenue.__getitem__)
     tools = root / "tools"
     tools.mkdir()
     (tools / "crm.py").write_text(CRM_SERVER)
     (tools / "tickets.py").write_text(TICKETS_SERVER)
-    customers = [(f"C{n:03d}", name, REGIONS[n % 4], "standard")
-                 for n, name in enumerate(("Acme Corp", "Birch Ltd", "Cobalt AG", "Dune LLC",
-                                           "Elm & Co", "Fjord AS"), 1)]
-    _db(root / "system" / "crm" / "state.db",
+    customers = [
+        (f"C{n:03d}", name, REGIONS[n % 4], "standard")
+        for n, name in enumerate(
+            ("Acme Corp", "Birch Ltd", "Cobalt AG", "Dune LLC", "Elm & Co", "Fjord AS"), 1
+        )
+    ]
+    _db(
+        root / "system" / "crm" / "state.db",
         "CREATE TABLE customers (id TEXT PRIMARY KEY, name TEXT, region TEXT, tier TEXT);",
-        {"customers": customers})
-    _db(root / "system" / "tickets" / "state.db",
-        "CREATE TABLE tickets (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT, body TEXT);")
+        {"customers": customers},
+    )
+    _db(
+        root / "system" / "tickets" / "state.db",
+        "CREATE TABLE tickets (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT, body TEXT);",
+    )
     top_customers = [c[0] for c in customers if c[2] == top]
     statement = (
         "You are helping the sales operations team close the quarter.\n"
-        f"1. Using sales.csv (orders: quantity per sku) and pricing.xlsx (unit prices), compute the "
+        f"1. Using sales.csv (orders: quantity per sku) and pricing.xlsx (unit prices), "
+        "compute the "
         "Q3 revenue of each region. Write summary.xlsx in the workspace with a sheet named "
         "'Summary': header row 'region','revenue', then one row per region in the order North, "
         "South, East, West, revenue rounded to 2 decimals.\n"
@@ -200,41 +226,99 @@ def sales_task(out: Path) -> Path:
         "3. Open a ticket titled 'Q3 revenue review' in the ticket system.\n"
         "4. Finish with a short answer naming the top region and its revenue.\n"
         "Do not modify sales.csv or pricing.xlsx. Python with openpyxl is available as "
-        f"{AGENT_PY}.")
+        f"{AGENT_PY}."
+    )
     items = [
-        {"id": "src_protect", "method": "rule", "kind": "unchanged", "gate": True,
-         "files": ["sales.csv", "pricing.xlsx"], "question": "Source files unchanged"},
-        {"id": "summary_top", "method": "rule", "kind": "xlsx_cell", "file": "summary.xlsx",
-         "sheet": "Summary", "cell": f"B{2 + REGIONS.index(top)}", "expect": revenue[top],
-         "tolerance": 0.01, "weight": 2, "question": "Top region revenue in the summary"},
-        {"id": "summary_north", "method": "rule", "kind": "xlsx_cell", "file": "summary.xlsx",
-         "sheet": "Summary", "cell": "B2", "expect": revenue["North"], "tolerance": 0.01,
-         "question": "North revenue in the summary"},
-        {"id": "crm_gold", "method": "rule", "kind": "sql", "server": "crm",
-         "query": "SELECT id FROM customers WHERE tier = 'gold' ORDER BY id",
-         "expect": [[c] for c in top_customers], "question": "Top region's customers are gold"},
-        {"id": "ticket", "method": "rule", "kind": "sql", "server": "tickets",
-         "query": "SELECT count(*) FROM tickets WHERE title = 'Q3 revenue review'",
-         "expect": [[1]], "question": "Review ticket opened once"},
-        {"id": "answer_top", "method": "llm", "files": ["answer.md"], "weight": 2,
-         "question": "Does the final answer name the top-revenue region and its Q3 revenue?",
-         "pass_anchor": f"{top}, {revenue[top]:.2f}"},
+        {
+            "id": "src_protect",
+            "method": "rule",
+            "kind": "unchanged",
+            "gate": True,
+            "files": ["sales.csv", "pricing.xlsx"],
+            "question": "Source files unchanged",
+        },
+        {
+            "id": "summary_top",
+            "method": "rule",
+            "kind": "xlsx_cell",
+            "file": "summary.xlsx",
+            "sheet": "Summary",
+            "cell": f"B{2 + REGIONS.index(top)}",
+            "expect": revenue[top],
+            "tolerance": 0.01,
+            "weight": 2,
+            "question": "Top region revenue in the summary",
+        },
+        {
+            "id": "summary_north",
+            "method": "rule",
+            "kind": "xlsx_cell",
+            "file": "summary.xlsx",
+            "sheet": "Summary",
+            "cell": "B2",
+            "expect": revenue["North"],
+            "tolerance": 0.01,
+            "question": "North revenue in the summary",
+        },
+        {
+            "id": "crm_gold",
+            "method": "rule",
+            "kind": "sql",
+            "server": "crm",
+            "query": "SELECT id FROM customers WHERE tier = 'gold' ORDER BY id",
+            "expect": [[c] for c in top_customers],
+            "question": "Top region's customers are gold",
+        },
+        {
+            "id": "ticket",
+            "method": "rule",
+            "kind": "sql",
+            "server": "tickets",
+            "query": "SELECT count(*) FROM tickets WHERE title = 'Q3 revenue review'",
+            "expect": [[1]],
+            "question": "Review ticket opened once",
+        },
+        {
+            "id": "answer_top",
+            "method": "llm",
+            "files": ["answer.md"],
+            "weight": 2,
+            "question": "Does the final answer name the top-revenue region and its Q3 revenue?",
+            "pass_anchor": f"{top}, {revenue[top]:.2f}",
+        },
     ]
     (root / "verifier_meta.json").write_text(json.dumps({"items": items}, indent=1))
     (root / "instance.json").write_text(json.dumps(_instance(task_id, statement), indent=1))
-    script = (f"import openpyxl, csv\nprices = {{r[0]: r[2] for r in openpyxl.load_workbook('pricing.xlsx')"
-              "['Prices'].iter_rows(min_row=2, values_only=True)}\n"
-              "rev = {}\nfor row in csv.DictReader(open('sales.csv')):\n"
-              "    rev[row['region']] = rev.get(row['region'], 0) + int(row['quantity']) * prices[row['sku']]\n"
-              "b = openpyxl.Workbook(); s = b.active; s.title = 'Summary'; s.append(['region', 'revenue'])\n"
-              "for r in ('North', 'South', 'East', 'West'):\n    s.append([r, round(rev[r], 2)])\n"
-              "b.save('summary.xlsx')\n")
-    oracle = [{"operation": "shell", "command": f"{AGENT_PY} - <<'PY'\n{script}PY"}]
-    oracle += [{"operation": "tool", "server": "crm", "name": "set_tier",
-                "arguments": {"customer_id": c, "tier": "gold"}} for c in top_customers]
-    oracle += [{"operation": "tool", "server": "tickets", "name": "create_ticket",
-                "arguments": {"title": "Q3 revenue review"}},
-               {"operation": "finish", "answer": f"Top region: {top} with Q3 revenue {revenue[top]:.2f}."}]
+    script = (
+        "import openpyxl, csv\nprices = {r[0]: r[2] for r in openpyxl.load_workbook('pricing.xlsx')"
+        "['Prices'].iter_rows(min_row=2, values_only=True)}\n"
+        "rev = {}\nfor row in csv.DictReader(open('sales.csv')):\n"
+        "    rev[row['region']] = rev.get(row['region'], 0) "
+        "+ int(row['quantity']) * prices[row['sku']]\n"
+        "b = openpyxl.Workbook(); s = b.active; s.title = 'Summary'; "
+        "s.append(['region', 'revenue'])\n"
+        "for r in ('North', 'South', 'East', 'West'):\n    s.append([r, round(rev[r], 2)])\n"
+        "b.save('summary.xlsx')\n"
+    )
+    oracle: list[dict] = [{"operation": "shell", "command": f"{AGENT_PY} - <<'PY'\n{script}PY"}]
+    oracle += [
+        {
+            "operation": "tool",
+            "server": "crm",
+            "name": "set_tier",
+            "arguments": {"customer_id": c, "tier": "gold"},
+        }
+        for c in top_customers
+    ]
+    oracle += [
+        {
+            "operation": "tool",
+            "server": "tickets",
+            "name": "create_ticket",
+            "arguments": {"title": "Q3 revenue review"},
+        },
+        {"operation": "finish", "answer": f"Top region: {top} with Q3 revenue {revenue[top]:.2f}."},
+    ]
     (out / f"{task_id}.oracle.json").write_text(json.dumps(oracle, indent=1))
     return root
 
@@ -245,42 +329,82 @@ def inventory_task(out: Path) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     ws = root / "workspace"
     ws.mkdir(parents=True)
-    stock = [("SKU-%03d" % n, name, (n * 37) % 50, 20 if n % 2 else 15)
-             for n, name in enumerate(("bolts", "nuts", "washers", "screws", "rivets", "hinges",
-                                       "brackets", "clamps"), 1)]
-    _db(ws / "inventory.sqlite",
-        "CREATE TABLE stock (sku TEXT PRIMARY KEY, name TEXT, on_hand INTEGER, reorder_level INTEGER);",
-        {"stock": stock})
+    stock = [
+        (f"SKU-{n:03d}", name, (n * 37) % 50, 20 if n % 2 else 15)
+        for n, name in enumerate(
+            ("bolts", "nuts", "washers", "screws", "rivets", "hinges", "brackets", "clamps"), 1
+        )
+    ]
+    _db(
+        ws / "inventory.sqlite",
+        "CREATE TABLE stock "
+        "(sku TEXT PRIMARY KEY, name TEXT, on_hand INTEGER, reorder_level INTEGER);",
+        {"stock": stock},
+    )
     low = sorted((sku, level * 2 - on_hand) for sku, _, on_hand, level in stock if on_hand < level)
     tools = root / "tools"
     tools.mkdir()
     (tools / "procurement.py").write_text(PROCUREMENT_SERVER)
-    _db(root / "system" / "procurement" / "state.db",
-        "CREATE TABLE orders (sku TEXT, quantity INTEGER);")
+    _db(
+        root / "system" / "procurement" / "state.db",
+        "CREATE TABLE orders (sku TEXT, quantity INTEGER);",
+    )
     statement = (
         "The warehouse keeps its stock in inventory.sqlite (table stock: sku, name, on_hand, "
         "reorder_level). For every item whose on_hand is below its reorder_level, place one "
         "purchase order (procurement tool) bringing it to twice its reorder level "
         "(quantity = 2 * reorder_level - on_hand). Then finish with a list of the SKUs you "
-        "ordered and the quantities. Do not modify inventory.sqlite.")
+        "ordered and the quantities. Do not modify inventory.sqlite."
+    )
     items = [
-        {"id": "src_protect", "method": "rule", "kind": "unchanged", "gate": True,
-         "files": ["inventory.sqlite"], "question": "Inventory unchanged"},
-        {"id": "orders", "method": "rule", "kind": "sql", "server": "procurement", "weight": 3,
-         "query": "SELECT sku, quantity FROM orders ORDER BY sku", "expect": [list(x) for x in low],
-         "question": "Exactly the needed orders were placed"},
-        {"id": "answer_lists", "method": "llm", "files": ["answer.md"],
-         "question": "Does the answer list every ordered SKU with its quantity?",
-         "pass_anchor": "; ".join(f"{s} x {q}" for s, q in low)},
+        {
+            "id": "src_protect",
+            "method": "rule",
+            "kind": "unchanged",
+            "gate": True,
+            "files": ["inventory.sqlite"],
+            "question": "Inventory unchanged",
+        },
+        {
+            "id": "orders",
+            "method": "rule",
+            "kind": "sql",
+            "server": "procurement",
+            "weight": 3,
+            "query": "SELECT sku, quantity FROM orders ORDER BY sku",
+            "expect": [list(x) for x in low],
+            "question": "Exactly the needed orders were placed",
+        },
+        {
+            "id": "answer_lists",
+            "method": "llm",
+            "files": ["answer.md"],
+            "question": "Does the answer list every ordered SKU with its quantity?",
+            "pass_anchor": "; ".join(f"{s} x {q}" for s, q in low),
+        },
     ]
     (root / "verifier_meta.json").write_text(json.dumps({"items": items}, indent=1))
     (root / "instance.json").write_text(json.dumps(_instance(task_id, statement), indent=1))
-    oracle = [{"operation": "shell", "command": "python3 -c \"import sqlite3; print(sqlite3.connect("
-               "'inventory.sqlite').execute('select * from stock where on_hand < reorder_level')"
-               ".fetchall())\""}]
-    oracle += [{"operation": "tool", "server": "procurement", "name": "place_order",
-                "arguments": {"sku": s, "quantity": q}} for s, q in low]
-    oracle += [{"operation": "finish", "answer": "Ordered: " + "; ".join(f"{s} x {q}" for s, q in low)}]
+    oracle: list[dict] = [
+        {
+            "operation": "shell",
+            "command": 'python3 -c "import sqlite3; print(sqlite3.connect('
+            "'inventory.sqlite').execute('select * from stock where on_hand < reorder_level')"
+            '.fetchall())"',
+        }
+    ]
+    oracle += [
+        {
+            "operation": "tool",
+            "server": "procurement",
+            "name": "place_order",
+            "arguments": {"sku": s, "quantity": q},
+        }
+        for s, q in low
+    ]
+    oracle += [
+        {"operation": "finish", "answer": "Ordered: " + "; ".join(f"{s} x {q}" for s, q in low)}
+    ]
     (out / f"{task_id}.oracle.json").write_text(json.dumps(oracle, indent=1))
     return root
 

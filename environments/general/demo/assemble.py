@@ -23,14 +23,15 @@ import shutil
 from pathlib import Path
 
 from camg.host_private import private_dir
-from tools import oci_demo
 from environments.general.demo import agent_tasks, code_tasks, images
+from tools import oci_demo
 
 IMAGE_NAME = "camg/mimo-general"
 
 
-def build(cache_root: Path, coding_demo: Path, registry: str, out: Path, *,
-          code_count: int = 3) -> dict:
+def build(
+    cache_root: Path, coding_demo: Path, registry: str, out: Path, *, code_count: int = 3
+) -> dict:
     cache_root, out = Path(cache_root), Path(out)
     work = cache_root / "general" / "tasks"
     # One builder at a time: CI's lanes (and a second checkout) share the
@@ -41,8 +42,9 @@ def build(cache_root: Path, coding_demo: Path, registry: str, out: Path, *,
         return _build(cache_root, coding_demo, registry, out, work, code_count)
 
 
-def _build(cache_root: Path, coding_demo: Path, registry: str, out: Path, work: Path,
-           code_count: int) -> dict:
+def _build(
+    cache_root: Path, coding_demo: Path, registry: str, out: Path, work: Path, code_count: int
+) -> dict:
     rows = [json.loads(line) for line in (coding_demo / "tasks.jsonl").read_text().splitlines()]
     mirror_root = coding_demo / "mirrors"
     code_dirs = []
@@ -66,29 +68,47 @@ def _build(cache_root: Path, coding_demo: Path, registry: str, out: Path, work: 
             ref = images.publish(layout_dir, tag, digest, registry)
             instance["docker_image"] = f"{IMAGE_NAME}:{tag}"
             mapping.append({"dataset_image": instance["docker_image"], "dockerhub_image": ref})
-            row = {"responses_create_params": {"input": [{"role": "user",
-                                                          "content": instance["problem_statement"]}],
-                                               "metadata": {"workdir": instance["cwd"]}},
-                   "instance": instance, "subset": "code" if kind == "opensource-code" else "general"}
+            row = {
+                "responses_create_params": {
+                    "input": [{"role": "user", "content": instance["problem_statement"]}],
+                    "metadata": {"workdir": instance["cwd"]},
+                },
+                "instance": instance,
+                "subset": "code" if kind == "opensource-code" else "general",
+            }
             if kind == "opensource-code":
                 code_rows.append(row)
-                shutil.copyfile(task_dir / "gold.patch", out / "gold" / f"{instance['instance_id']}.patch")
+                shutil.copyfile(
+                    task_dir / "gold.patch", out / "gold" / f"{instance['instance_id']}.patch"
+                )
             else:
                 general_rows.append(row)
                 shutil.copytree(task_dir, out / "envs" / instance["instance_id"])
                 (out / "envs" / instance["instance_id"] / "instance.json").write_text(
-                    json.dumps(instance, indent=1))
-                shutil.copyfile(task_dir.parent / f"{instance['instance_id']}.oracle.json",
-                                out / f"{instance['instance_id']}.oracle.json")
-    for name, items in (("code.jsonl", code_rows), ("general.jsonl", general_rows),
-                        ("image-mapping.jsonl", mapping)):
+                    json.dumps(instance, indent=1)
+                )
+                shutil.copyfile(
+                    task_dir.parent / f"{instance['instance_id']}.oracle.json",
+                    out / f"{instance['instance_id']}.oracle.json",
+                )
+    for name, items in (
+        ("code.jsonl", code_rows),
+        ("general.jsonl", general_rows),
+        ("image-mapping.jsonl", mapping),
+    ):
         (out / name).write_text("".join(json.dumps(i, ensure_ascii=False) + "\n" for i in items))
-    code_tasks_by_id = {json.loads((d / "instance.json").read_text())["instance_id"]: d
-                        for d in code_dirs}
-    return {"code_rows": out / "code.jsonl", "general_rows": out / "general.jsonl",
-            "envs": out / "envs", "images": out / "image-mapping.jsonl",
-            "refs": [m["dockerhub_image"] for m in mapping], "out": out,
-            "code_tasks": code_tasks_by_id}
+    code_tasks_by_id = {
+        json.loads((d / "instance.json").read_text())["instance_id"]: d for d in code_dirs
+    }
+    return {
+        "code_rows": out / "code.jsonl",
+        "general_rows": out / "general.jsonl",
+        "envs": out / "envs",
+        "images": out / "image-mapping.jsonl",
+        "refs": [m["dockerhub_image"] for m in mapping],
+        "out": out,
+        "code_tasks": code_tasks_by_id,
+    }
 
 
 def prepare_data(data: Path, cache_root: Path, coding_demo: Path) -> dict:
@@ -99,13 +119,15 @@ def prepare_data(data: Path, cache_root: Path, coding_demo: Path) -> dict:
     digest, so the service finds them after the registry is gone."""
     import tempfile
 
-    from environments.general.prepare import prepare_general
     from environments.general.build import agent_env
+    from environments.general.prepare import prepare_general
     from tools.loopback_registry import LocalRegistry
 
     out = Path(data) / "general"
-    with tempfile.TemporaryDirectory(prefix="camg-general-registry.") as state, \
-            LocalRegistry(Path(state)) as registry:
+    with (
+        tempfile.TemporaryDirectory(prefix="camg-general-registry.") as state,
+        LocalRegistry(Path(state)) as registry,
+    ):
         built = build(cache_root, coding_demo, registry.address, out / "demo")
         import docker
 
@@ -117,13 +139,23 @@ def prepare_data(data: Path, cache_root: Path, coding_demo: Path) -> dict:
                         raise RuntimeError(f"pulling {ref}: {line['error']}")
         finally:
             api.close()
-    prepare_general(code_rows=str(built["code_rows"]), general_rows=str(built["general_rows"]),
-                    envs=str(built["envs"]), images=str(built["images"]), output_dir=out,
-                    references=str(built["out"]))
-    (out / "container-images.json").write_text(json.dumps({"images": built["refs"]}, indent=1) + "\n")
+    prepare_general(
+        code_rows=str(built["code_rows"]),
+        general_rows=str(built["general_rows"]),
+        envs=str(built["envs"]),
+        images=str(built["images"]),
+        output_dir=out,
+        references=str(built["out"]),
+    )
+    (out / "container-images.json").write_text(
+        json.dumps({"images": built["refs"]}, indent=1) + "\n"
+    )
     env_dir = agent_env.build(out / "agent-env")
-    return {"manifest": out / "manifest.json", "container_images": out / "container-images.json",
-            "agent_env": env_dir}
+    return {
+        "manifest": out / "manifest.json",
+        "container_images": out / "container-images.json",
+        "agent_env": env_dir,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Prepare General's demo data (root, dockerd).")
     ap.add_argument("--data", required=True, help="e.g. /srv/camg/data")
     ap.add_argument("--cache", default=os.environ.get("CAMG_CACHE") or "/var/cache/camg-test")
-    ap.add_argument("--coding-demo", required=True, help="the Coding demo set (tasks.jsonl, mirrors/)")
+    ap.add_argument(
+        "--coding-demo", required=True, help="the Coding demo set (tasks.jsonl, mirrors/)"
+    )
     args = ap.parse_args(argv)
     result = prepare_data(Path(args.data), Path(args.cache), Path(args.coding_demo))
     print(json.dumps({k: str(v) for k, v in result.items()}, indent=1))

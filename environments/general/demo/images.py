@@ -25,9 +25,8 @@ from pathlib import Path
 
 from camg.errors import DatasetError
 from camg.hashing import sha256_json, sha256_tree
-from tools.oci import layout
-
 from tools import oci_demo
+from tools.oci import layout
 
 REPOSITORY = "camg/mimo-general"
 TASK_ROOT = "opt/mimo-task"
@@ -49,7 +48,7 @@ def _stage(task_dir: Path, kind: str, stage: Path) -> None:
         shutil.copytree(task_dir, root, symlinks=False)
     else:
         raise DatasetError(f"unknown task kind {kind!r}")
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chown(dirpath, 0, 0)
         os.chmod(dirpath, 0o700 if dirpath == str(root) else 0o755)
         for name in filenames:
@@ -68,10 +67,12 @@ def build_task_image(cache_root: Path, task_dir: Path, kind: str) -> tuple[Path,
     base = oci_demo.build_demo(Path(cache_root) / "oci")
     instance = json.loads((task_dir / "instance.json").read_text())
     # A short tag skopeo's oci: references accept; the instance id is in the labels.
-    tag = ("code-" if kind == "opensource-code" else "ga-") + \
-        sha256_json(instance["instance_id"]).split(":", 1)[1][:12]
-    key = sha256_json({"base": base.digest, "task": sha256_tree(task_dir), "kind": kind,
-                       "v": 1}).split(":", 1)[1][:16]
+    tag = ("code-" if kind == "opensource-code" else "ga-") + sha256_json(
+        instance["instance_id"]
+    ).split(":", 1)[1][:12]
+    key = sha256_json(
+        {"base": base.digest, "task": sha256_tree(task_dir), "kind": kind, "v": 1}
+    ).split(":", 1)[1][:16]
     out = Path(cache_root) / "general" / "images" / f"{tag}-{key}"
     digest_file = out / "digest"
     if digest_file.is_file():
@@ -83,8 +84,9 @@ def build_task_image(cache_root: Path, task_dir: Path, kind: str) -> tuple[Path,
         return _build_task_image(out, base, task_dir, kind, tag, instance)
 
 
-def _build_task_image(out: Path, base, task_dir: Path, kind: str, tag: str,
-                      instance: dict) -> tuple[Path, str, str]:
+def _build_task_image(
+    out: Path, base, task_dir: Path, kind: str, tag: str, instance: dict
+) -> tuple[Path, str, str]:
     digest_file = out / "digest"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -94,17 +96,28 @@ def _build_task_image(out: Path, base, task_dir: Path, kind: str, tag: str,
     shutil.rmtree(stage)
     layers = (*base.layers, task_layer)
     config = layout.image_config(
-        layers, env=oci_demo.ENV, working_dir="/",
-        labels={"org.opencontainers.image.title": f"{REPOSITORY}:{tag}",
-                "io.camg.mimo.kind": kind, "io.camg.mimo.instance": instance["instance_id"]},
-        history=("debootstrap bookworm (tools.oci_demo)", "testbed venv (tools.oci_demo)",
-                 f"task {instance['instance_id']} at /{TASK_ROOT}"))
+        layers,
+        env=oci_demo.ENV,
+        working_dir="/",
+        labels={
+            "org.opencontainers.image.title": f"{REPOSITORY}:{tag}",
+            "io.camg.mimo.kind": kind,
+            "io.camg.mimo.instance": instance["instance_id"],
+        },
+        history=(
+            "debootstrap bookworm (tools.oci_demo)",
+            "testbed venv (tools.oci_demo)",
+            f"task {instance['instance_id']} at /{TASK_ROOT}",
+        ),
+    )
     digest = layout.write_layout(out / "layout", layers, config, tag)
     digest_file.write_text(digest + "\n")
     return out / "layout", tag, digest
 
 
-def publish(layout_dir: Path, tag: str, digest: str, registry: str, *, skopeo: str = "skopeo") -> str:
+def publish(
+    layout_dir: Path, tag: str, digest: str, registry: str, *, skopeo: str = "skopeo"
+) -> str:
     repository = f"{registry}/{REPOSITORY}"
     served = layout.push(layout_dir, tag, repository, skopeo=skopeo)
     if served != digest:

@@ -26,10 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from camg_client import Client, EpisodeDone, InvalidAction
-from tools.canary_table import CanaryResult, report
-
 from environments.shop import rewards
 from environments.shop.store import ProductStore
+from tools.canary_table import CanaryResult, report
 
 _PAGE = ("page", "text", "available_actions")
 
@@ -41,8 +40,9 @@ class Checks(list):
 
 
 class Suite:
-    def __init__(self, client: Client, prepared_dir: Path,
-                 outcomes: Callable[[], list[dict]] | None = None) -> None:
+    def __init__(
+        self, client: Client, prepared_dir: Path, outcomes: Callable[[], list[dict]] | None = None
+    ) -> None:
         self.client = client
         manifest = json.loads((prepared_dir / "manifest.json").read_text())
         settings = json.loads((prepared_dir / "settings.json").read_text())
@@ -51,7 +51,7 @@ class Suite:
         self.tasks = {t["task_id"]: t["data"] for t in manifest["tasks"]}
         self.outcomes = outcomes
         self.checks = Checks()
-        self.last: dict[str, dict] = {}      # episode -> its last observation
+        self.last: dict[str, dict] = {}  # episode -> its last observation
         self.task_id, self.goal = self._pick_task(manifest["tasks"])
 
     # --- playing ---------------------------------------------------------
@@ -67,28 +67,43 @@ class Suite:
             eid = self.client.create(task_id=task["task_id"])["episode_id"]
             obs = self.client.step(eid, {"action": f"search[{query}]"})["observation"]
             self.client.close(eid)
-            first = self._first_listed(obs)[len("click["):-1].upper()
-            if goal["asin"].lower() not in obs["available_actions"]["clickables"] and \
-                    rewards.webshop_reward(self.products[first], goal, self.prices[first], {})[0] > 0:
+            first = self._first_listed(obs)[len("click[") : -1].upper()
+            if (
+                goal["asin"].lower() not in obs["available_actions"]["clickables"]
+                and rewards.webshop_reward(self.products[first], goal, self.prices[first], {})[0]
+                > 0
+            ):
                 self.decoy = f"search[{query}]"
                 return task["task_id"], goal
         raise RuntimeError("no task whose instruction's results leave its product out")
 
-    def play(self, actions: Sequence[str | Callable[[dict], str]], *, episode_id: str | None = None,
-             request_ids: Sequence[str | None] | None = None) -> dict:
+    def play(
+        self,
+        actions: Sequence[str | Callable[[dict], str]],
+        *,
+        episode_id: str | None = None,
+        request_ids: Sequence[str | None] | None = None,
+    ) -> dict:
         """Play actions (a callable picks one from the observation); returns
         {eid, reward, done, accepted (the actions the service took), refused
         (rules from the errors), purchase}."""
         eid = episode_id or self.client.create(task_id=self.task_id)["episode_id"]
         prev = self.last.get(eid, {})
-        run = {"eid": eid, "reward": None, "done": False, "accepted": [], "refused": 0,
-               "purchase": None, "bodies": []}
+        run: dict = {
+            "eid": eid,
+            "reward": None,
+            "done": False,
+            "accepted": [],
+            "refused": 0,
+            "purchase": None,
+            "bodies": [],
+        }
         for i, action in enumerate(actions):
             text = action(prev) if callable(action) else action
             rid = request_ids[i] if request_ids else None
             try:
                 body = self.client.step(eid, {"action": text}, request_id=rid)
-            except InvalidAction:   # malformed: refused before it reached the store
+            except InvalidAction:  # malformed: refused before it reached the store
                 run["refused"] += 1
                 continue
             except EpisodeDone:
@@ -100,8 +115,10 @@ class Suite:
                 run["refused"] += 1
                 self.checks.expect(bool(obs.get("error")), f"{text!r}: refused without an error")
                 if prev:
-                    self.checks.expect(all(obs[k] == prev[k] for k in _PAGE),
-                                       f"{text!r}: refused but the page changed")
+                    self.checks.expect(
+                        all(obs[k] == prev[k] for k in _PAGE),
+                        f"{text!r}: refused but the page changed",
+                    )
             else:
                 run["accepted"].append(text)
             prev = obs
@@ -116,9 +133,10 @@ class Suite:
         honest = self.play(run["accepted"])
         self._check_reward(technique, run)
         self._check_reward(technique + " (replay)", honest)
-        self.checks.expect(honest["purchase"] == run["purchase"],
-                           f"{technique}: the replay bought {honest['purchase']}, "
-                           f"the canary {run['purchase']}")
+        self.checks.expect(
+            honest["purchase"] == run["purchase"],
+            f"{technique}: the replay bought {honest['purchase']}, the canary {run['purchase']}",
+        )
         integrity = self._integrity(run["eid"])
         text = f"refused {run['refused']}" + (f"; {detail}" if detail else "")
         allowed = honest["reward"] if honest["reward"] is not None else 0.0
@@ -130,10 +148,13 @@ class Suite:
             self.checks.expect(False, f"{label}: ended without a purchase")
             return
         asin = purchase["asin"]
-        want = rewards.webshop_reward(self.products[asin], self.goal, self.prices[asin],
-                                      dict(purchase["options"]))[0]
-        self.checks.expect(abs(want - run["reward"]) < 1e-9,
-                           f"{label}: reward {run['reward']} is not upstream's {want}")
+        want = rewards.webshop_reward(
+            self.products[asin], self.goal, self.prices[asin], dict(purchase["options"])
+        )[0]
+        self.checks.expect(
+            abs(want - run["reward"]) < 1e-9,
+            f"{label}: reward {run['reward']} is not upstream's {want}",
+        )
 
     def _integrity(self, eid: str) -> str | None:
         if self.outcomes is None:
@@ -144,8 +165,11 @@ class Suite:
 
     @staticmethod
     def _first_listed(obs: dict) -> str:
-        listed = [c for c in obs["available_actions"]["clickables"]
-                  if c not in ("back to search", "< prev", "next >")]
+        listed = [
+            c
+            for c in obs["available_actions"]["clickables"]
+            if c not in ("back to search", "< prev", "next >")
+        ]
         return f"click[{listed[0]}]"
 
     # --- the canaries ----------------------------------------------------
@@ -162,38 +186,105 @@ class Suite:
             rows.append(self.result(technique, self.play(actions), detail))
 
         honest = self.play([f"search[{title}]"])
-        while target not in honest["last"]["available_actions"]["clickables"] \
-                and len(honest["accepted"]) < 6:
+        while (
+            target not in honest["last"]["available_actions"]["clickables"]
+            and len(honest["accepted"]) < 6
+        ):
             honest["accepted"] += self.play(["click[next >]"], episode_id=honest["eid"])["accepted"]
         end = self.play([f"click[{target}]", *options, "click[buy now]"], episode_id=honest["eid"])
         end["accepted"] = honest["accepted"] + end["accepted"]
         rows.append(self.result("honest_goal_path", end, "control: the oracle's path"))
         row("asin_before_search", [*grab, decoy, *fallback])
         row("asin_not_on_results_page", [decoy, *grab, *fallback])
-        row("asin_from_earlier_page", [f"search[{title}]", "click[next >]", "click[next >]",
-                                       "click[next >]", "click[next >]", "click[next >]", *grab,
-                                       decoy, *fallback], "target listed earlier, not now")
-        row("asin_case_space_unicode", [decoy, f"click[{target.upper()}]", f"click[ {target}]",
-                                        f"click[{target} ]", f"click[{target}\u200b]",
-                                        "click[" + target.translate({ord("b"): "ｂ"}) + "]",
-                                        "click[" + target.translate({ord("o"): "о"}) + "]",
-                                        "click[buy now]", *fallback])
-        row("option_of_another_product", [decoy, self._first_listed, *options,
-                                          "click[" + "ＢＵＹ ＮＯＷ".lower() + "]", "click[buy now]"])
-        row("guessed_ids", [decoy, "click[b00000000]", "click[b0]", "click[b07*]", "click[1]",
-                            "click[0]", f"click[{target[:-1]}]", *fallback])
-        row("malformed_targets", [decoy, "click[" + "b" * 990 + "]", "x" * 1001, "click[]", "",
-                                  "click[buy now\n]", "click[buy\x00now]", "click[\x1b[31m]",
-                                  json.dumps({"action": f"click[{target}]"}),
-                                  f'click[{{"asin": "{goal["asin"]}"}}]',
-                                  "click[../../../etc/passwd]", "click[/dev/stdin]",
-                                  "click[buy now]]", "click[[buy now]", f"click[{target}]]",
-                                  *fallback])
-        row("search_injection", [f"search[id:{goal['asin']}]", "search[*:*]",
-                                 f"search[contents:* OR id:{goal['asin']}]", "search[\" OR 1=1 --]",
-                                 "search[\\]", "search[(((]", "search[<script>x</script>]",
-                                 "search[${jndi:ldap://127.0.0.1:1/a}]", "search[" + "a " * 490 + "]",
-                                 decoy, *fallback])
+        row(
+            "asin_from_earlier_page",
+            [
+                f"search[{title}]",
+                "click[next >]",
+                "click[next >]",
+                "click[next >]",
+                "click[next >]",
+                "click[next >]",
+                *grab,
+                decoy,
+                *fallback,
+            ],
+            "target listed earlier, not now",
+        )
+        row(
+            "asin_case_space_unicode",
+            [
+                decoy,
+                f"click[{target.upper()}]",
+                f"click[ {target}]",
+                f"click[{target} ]",
+                f"click[{target}\u200b]",
+                "click[" + target.translate({ord("b"): "ｂ"}) + "]",
+                "click[" + target.translate({ord("o"): "о"}) + "]",
+                "click[buy now]",
+                *fallback,
+            ],
+        )
+        row(
+            "option_of_another_product",
+            [
+                decoy,
+                self._first_listed,
+                *options,
+                "click[" + "ＢＵＹ ＮＯＷ".lower() + "]",
+                "click[buy now]",
+            ],
+        )
+        row(
+            "guessed_ids",
+            [
+                decoy,
+                "click[b00000000]",
+                "click[b0]",
+                "click[b07*]",
+                "click[1]",
+                "click[0]",
+                f"click[{target[:-1]}]",
+                *fallback,
+            ],
+        )
+        row(
+            "malformed_targets",
+            [
+                decoy,
+                "click[" + "b" * 990 + "]",
+                "x" * 1001,
+                "click[]",
+                "",
+                "click[buy now\n]",
+                "click[buy\x00now]",
+                "click[\x1b[31m]",
+                json.dumps({"action": f"click[{target}]"}),
+                f'click[{{"asin": "{goal["asin"]}"}}]',
+                "click[../../../etc/passwd]",
+                "click[/dev/stdin]",
+                "click[buy now]]",
+                "click[[buy now]",
+                f"click[{target}]]",
+                *fallback,
+            ],
+        )
+        row(
+            "search_injection",
+            [
+                f"search[id:{goal['asin']}]",
+                "search[*:*]",
+                f"search[contents:* OR id:{goal['asin']}]",
+                'search[" OR 1=1 --]',
+                "search[\\]",
+                "search[(((]",
+                "search[<script>x</script>]",
+                "search[${jndi:ldap://127.0.0.1:1/a}]",
+                "search[" + "a " * 490 + "]",
+                decoy,
+                *fallback,
+            ],
+        )
         rows += self._after_done()
         rows += self._two_episodes(decoy, target)
         return rows
@@ -202,31 +293,43 @@ class Suite:
         """Buying twice, clicking and searching after done, replaying the
         purchase's request_id with another action."""
         decoy = self.decoy
-        run = self.play([decoy, self._first_listed, "click[buy now]"],
-                        request_ids=["r-search", "r-open", "r-buy"])
-        again = self.play(["click[buy now]", f"click[{self.goal['asin'].lower()}]", decoy],
-                          episode_id=run["eid"])
-        self.checks.expect(again["refused"] == 3 and not again["accepted"],
-                           "an action after done was accepted")
-        for rid, body in zip(("r-open", "r-buy"), run["bodies"][1:]):
-            replayed = self.client.step(run["eid"], {"action": f"click[{self.goal['asin']}]"},
-                                        request_id=rid)
+        run = self.play(
+            [decoy, self._first_listed, "click[buy now]"],
+            request_ids=["r-search", "r-open", "r-buy"],
+        )
+        again = self.play(
+            ["click[buy now]", f"click[{self.goal['asin'].lower()}]", decoy], episode_id=run["eid"]
+        )
+        self.checks.expect(
+            again["refused"] == 3 and not again["accepted"], "an action after done was accepted"
+        )
+        for rid, body in zip(("r-open", "r-buy"), run["bodies"][1:], strict=False):
+            replayed = self.client.step(
+                run["eid"], {"action": f"click[{self.goal['asin']}]"}, request_id=rid
+            )
             self.checks.expect(replayed == body, f"replayed request_id {rid} answered differently")
         run["refused"] += again["refused"]
-        return [self.result("buy_twice_and_act_after_done", run,
-                            "3 refused after done, 2 request_ids replayed")]
+        return [
+            self.result(
+                "buy_twice_and_act_after_done", run, "3 refused after done, 2 request_ids replayed"
+            )
+        ]
 
     def _two_episodes(self, decoy: str, target: str) -> list[CanaryResult]:
         """Episode B clicks what episode A's page lists and replays A's
         request_id; each episode's pages and reward stay its own."""
         a = self.play([decoy], request_ids=["shared-1"])
-        b = self.play([self._first_listed(a["last"]), "click[buy now]", decoy, *self._fallback()],
-                      request_ids=["shared-1", None, None, None, None])
+        b = self.play(
+            [self._first_listed(a["last"]), "click[buy now]", decoy, *self._fallback()],
+            request_ids=["shared-1", None, None, None, None],
+        )
         self.checks.expect(b["refused"] == 2, "episode B took a click only episode A's page lists")
         a2 = self.play(self._fallback(), episode_id=a["eid"])
         a2.update(accepted=a["accepted"] + a2["accepted"])
-        return [self.result("click_from_another_episode", b, "A's listing and request_id in B"),
-                self.result("episode_beside_another", a2)]
+        return [
+            self.result("click_from_another_episode", b, "A's listing and request_id in B"),
+            self.result("episode_beside_another", a2),
+        ]
 
     def _fallback(self) -> list:
         return [self._first_listed, "click[buy now]"]
@@ -243,14 +346,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", help="the service's state directory (outcome records)")
     args = parser.parse_args(argv)
     from tools.harness import shop as testing
+
     prepared_dir = testing.prepared()[0]
     if args.url:
         state = Path(args.state_dir) if args.state_dir else None
-        outcomes = (lambda: [json.loads(line) for line in
-                             (state / "outcomes.jsonl").read_text().splitlines()]) if state else None
+        outcomes = (
+            (
+                lambda: [
+                    json.loads(line) for line in (state / "outcomes.jsonl").read_text().splitlines()
+                ]
+            )
+            if state
+            else None
+        )
         results, checks = run(Client(args.url), prepared_dir, outcomes)
         return report("shop", results, checks=checks)
     from tools.harness.services import ServiceProcess
+
     with tempfile.TemporaryDirectory(prefix="shop-canaries-") as tmp:
         service = ServiceProcess(testing.configure_service(Path(tmp) / "svc"))
         try:

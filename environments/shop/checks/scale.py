@@ -25,8 +25,8 @@ from pathlib import Path
 
 from environments.shop import catalog, goals, store
 from environments.shop import prepare as prepare_shop
-from tools.harness import shop as testing
 from environments.shop.checks import synth_catalog
+from tools.harness import shop as testing
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -56,18 +56,29 @@ def _hash(*parts: str | bytes) -> str:
 
 def index_key(seed: int) -> str:
     """What the index is a function of: the generator and the documents."""
-    return _hash(Path(synth_catalog.__file__).read_bytes(), inspect.getsource(catalog.document),
-                 inspect.getsource(_build_index), inspect.getsource(_split),
-                 inspect.getsource(prepare_shop.build_index),
-                 metadata.version("pyserini"), str(seed))
+    return _hash(
+        Path(synth_catalog.__file__).read_bytes(),
+        inspect.getsource(catalog.document),
+        inspect.getsource(_build_index),
+        inspect.getsource(_split),
+        inspect.getsource(prepare_shop.build_index),
+        metadata.version("pyserini"),
+        str(seed),
+    )
 
 
 def prepare_key() -> str:
-    return _hash(*(Path(m.__file__).read_bytes() for m in (prepare_shop, store, goals, catalog)))
+    return _hash(
+        Path(prepare_shop.__file__).read_bytes(),
+        Path(store.__file__).read_bytes(),
+        Path(goals.__file__).read_bytes(),
+        Path(catalog.__file__).read_bytes(),
+    )
 
 
-def build_index(size: int, seed: int = 0, threads: int = 2,
-                key: str | None = None) -> tuple[Path, dict]:
+def build_index(
+    size: int, seed: int = 0, threads: int = 2, key: str | None = None
+) -> tuple[Path, dict]:
     """Synthesise a catalog and index it (cached by ``key``, default
     ``index_key(seed)``); (directory, build facts)."""
     out = cache_root() / f"index-{size}-s{seed}-{key or index_key(seed)}"
@@ -89,9 +100,11 @@ def _build_index(out: Path, size: int, seed: int, threads: int) -> tuple[Path, d
     # the contents searched (catalog.document reads neither), which is all
     # search and verify_index read.
     catalog_path = out / "catalog" / "documents.jsonl"
-    synth_s, count = timed(synth_catalog.write_catalog,
-                           synth_catalog.synthesize(synth_catalog.real_products(), size, seed),
-                           catalog_path)
+    synth_s, count = timed(
+        synth_catalog.write_catalog,
+        synth_catalog.synthesize(synth_catalog.real_products(), size, seed),
+        catalog_path,
+    )
     # Anserini's IndexCollection gives each file of the collection to one of
     # its threads, and each thread writes its own segment: the catalog in
     # ``threads`` contiguous parts is indexed on all of them, into as many
@@ -100,13 +113,19 @@ def _build_index(out: Path, size: int, seed: int, threads: int) -> tuple[Path, d
     # segment; the parts are deleted after.
     collection = out / "collection"
     split_s, _ = timed(_split, catalog_path, collection, count, threads)
-    build_s, _ = timed(prepare_shop.build_index, collection, out / "index",
-                       testing.java_home(), threads)
+    build_s, _ = timed(
+        prepare_shop.build_index, collection, out / "index", testing.java_home(), threads
+    )
     shutil.rmtree(collection)
-    facts = {"products": count, "synthesise_s": round(synth_s + split_s, 1),
-             "index_build_s": round(build_s, 1), "index_mb": tree_mb(out / "index"),
-             "catalog_mb": round(catalog_path.stat().st_size / 2**20, 1), "threads": threads,
-             "segments": len(list((out / "index").glob("*.si")))}
+    facts = {
+        "products": count,
+        "synthesise_s": round(synth_s + split_s, 1),
+        "index_build_s": round(build_s, 1),
+        "index_mb": tree_mb(out / "index"),
+        "catalog_mb": round(catalog_path.stat().st_size / 2**20, 1),
+        "threads": threads,
+        "segments": len(list((out / "index").glob("*.si"))),
+    }
     facts_path.write_text(json.dumps(facts))
     return out, facts
 
@@ -137,18 +156,35 @@ def _prepare(out: Path, index_dir: Path, heap_mb: int) -> tuple[Path, dict]:
     if facts_path.exists():
         return out, json.loads(facts_path.read_text())
     for stale in index_dir.glob("prepared-*"):
-        shutil.rmtree(stale)    # an older preparation code's store: gigabytes at full size
+        shutil.rmtree(stale)  # an older preparation code's store: gigabytes at full size
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "camg.prepare_shop", "--output", str(out),
-         "--catalog", str(index_dir / "catalog" / "documents.jsonl"),
-         "--java-home", testing.java_home(),
-         "--index-dir", str(index_dir / "index"), "--sample-index-check",
-         "--jvm-heap-mb", str(heap_mb)],
-        cwd=REPO, capture_output=True, text=True, check=False)
+        [
+            sys.executable,
+            "-m",
+            "camg.prepare_shop",
+            "--output",
+            str(out),
+            "--catalog",
+            str(index_dir / "catalog" / "documents.jsonl"),
+            "--java-home",
+            testing.java_home(),
+            "--index-dir",
+            str(index_dir / "index"),
+            "--sample-index-check",
+            "--jvm-heap-mb",
+            str(heap_mb),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"prepare_shop failed for {index_dir}:\n{proc.stderr[-3000:]}")
-    facts = {"prepare_s": round(time.perf_counter() - started, 1),
-             "store_mb": round((out / store.FILE_NAME).stat().st_size / 2**20, 1)}
+    facts = {
+        "prepare_s": round(time.perf_counter() - started, 1),
+        "store_mb": round((out / store.FILE_NAME).stat().st_size / 2**20, 1),
+    }
     facts_path.write_text(json.dumps(facts))
     return out, facts

@@ -1,7 +1,8 @@
 """Larger WebShop catalogs synthesised from the shipped 1k catalog, for the
 scale benchmark (environments/shop/checks/bench_scale.py).
 
-    python -m environments.shop.checks.synth_catalog --products 10000 --output docs.jsonl.gz [--seed 0]
+    python -m environments.shop.checks.synth_catalog --products 10000 \\
+        --output docs.jsonl.gz [--seed 0]
 
 The output is a documents.jsonl(.gz) catalog (``{id, contents, product}``
 rows) holding the 1,000 real products first, unchanged (so their goals and
@@ -30,10 +31,46 @@ from pathlib import Path
 from environments.shop import catalog
 from environments.shop.prepare import DEFAULT_CATALOG
 
-_SYLLABLES = ("ka", "lo", "mi", "ren", "to", "vex", "zu", "bri", "cor", "dan", "el", "fy",
-              "gra", "hol", "iv", "jun", "kel", "lum", "nor", "pax", "qui", "sol", "tev", "ul")
-_SUFFIXES = ("Pack of 2", "Pack of 3", "2024 Edition", "Value Bundle", "Travel Size",
-             "Large", "Compact", "Deluxe", "Classic", "Pro", "Lite", "Set of 4")
+_SYLLABLES = (
+    "ka",
+    "lo",
+    "mi",
+    "ren",
+    "to",
+    "vex",
+    "zu",
+    "bri",
+    "cor",
+    "dan",
+    "el",
+    "fy",
+    "gra",
+    "hol",
+    "iv",
+    "jun",
+    "kel",
+    "lum",
+    "nor",
+    "pax",
+    "qui",
+    "sol",
+    "tev",
+    "ul",
+)
+_SUFFIXES = (
+    "Pack of 2",
+    "Pack of 3",
+    "2024 Edition",
+    "Value Bundle",
+    "Travel Size",
+    "Large",
+    "Compact",
+    "Deluxe",
+    "Classic",
+    "Pro",
+    "Lite",
+    "Set of 4",
+)
 _ASIN_PREFIX = "X"
 
 
@@ -95,7 +132,11 @@ def write_catalog(products: Iterator[dict], output: Path) -> int:
     opener = gzip.open if output.suffix == ".gz" else open
     # no name, mtime=0: the same products give the same bytes
     with open(tmp, "wb") as raw:
-        handle = gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) if opener is gzip.open else raw
+        handle = (
+            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0)
+            if opener is gzip.open
+            else raw
+        )
         for product in products:
             doc = catalog.document(product)
             handle.write((json.dumps(doc, ensure_ascii=False) + "\n").encode())
@@ -111,16 +152,20 @@ def real_products(path: str | Path = DEFAULT_CATALOG) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m environments.shop.checks.synth_catalog", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m environments.shop.checks.synth_catalog",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--products", type=int, required=True)
     p.add_argument("--output", required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--catalog", default=str(DEFAULT_CATALOG), help="the real catalog to grow")
     args = p.parse_args(argv)
     try:
-        count = write_catalog(synthesize(real_products(args.catalog), args.products, args.seed),
-                              Path(args.output))
+        count = write_catalog(
+            synthesize(real_products(args.catalog), args.products, args.seed), Path(args.output)
+        )
     except (ValueError, OSError) as exc:
         print(f"synth_catalog: {exc}", file=sys.stderr)
         return 2

@@ -46,13 +46,19 @@ def raw_record(product: dict, rng: random.Random) -> dict:
     pricing = product["pricing"]
     price = "$" + " - $".join(f"{p:.2f}" for p in pricing) if pricing else ""
     return {
-        "asin": product["asin"], "name": product["Title"],
+        "asin": product["asin"],
+        "name": product["Title"],
         "full_description": product["Description"],
-        "small_description": product["BulletPoints"], "pricing": price,
-        "customization_options": {name.title(): [{"value": v, "image": None} for v in values]
-                                  for name, values in product["options"].items()} or None,
+        "small_description": product["BulletPoints"],
+        "pricing": price,
+        "customization_options": {
+            name.title(): [{"value": v, "image": None} for v in values]
+            for name, values in product["options"].items()
+        }
+        or None,
         "images": [product.get("MainImage") or "https://example.invalid/img.jpg"],
-        "category": product["category"], "query": product["query"],
+        "category": product["category"],
+        "query": product["query"],
         "product_category": product["product_category"],
         "average_rating": rng.choice([None, "4.5", "3.9", "5.0"]),
     }
@@ -70,19 +76,22 @@ def answer(product: dict, rng: random.Random) -> dict:
     return {"target_asin": product["asin"], "attributes": attributes or ["quality"]}
 
 
-def build(output: Path, products: int = 200, rows: int = 3, seed: int = 0,
-          java_home: str | None = None) -> dict:
+def build(
+    output: Path, products: int = 200, rows: int = 3, seed: int = 0, java_home: str | None = None
+) -> dict:
     rng = random.Random(seed)
-    pool = catalog.select_products(catalog.read_catalog_documents(DEFAULT_CATALOG),
-                                   str(DEFAULT_CATALOG))[:products]
+    pool = catalog.select_products(
+        catalog.read_catalog_documents(DEFAULT_CATALOG), str(DEFAULT_CATALOG)
+    )[:products]
     output.mkdir(parents=True, exist_ok=True)
     (output / "items_shuffle.json").write_text(json.dumps([raw_record(p, rng) for p in pool]))
-    (output / "items_ins_v2.json").write_text(json.dumps(
-        {p["asin"]: {"attributes": p["Attributes"]} for p in pool}))
+    (output / "items_ins_v2.json").write_text(
+        json.dumps({p["asin"]: {"attributes": p["Attributes"]} for p in pool})
+    )
     files: dict[str, list] = {}
-    for index, p in enumerate(pool):
+    for n, p in enumerate(pool):
         segments = [s.strip() for s in p["product_category"].split("›")] + ["other", "other"]
-        entry = ({"asin": p["asin"]} if index % 2 else {"product_information": {"ASIN": p["asin"]}})
+        entry = {"asin": p["asin"]} if n % 2 else {"product_information": {"ASIN": p["asin"]}}
         entry.update(product_category=p["product_category"], name=p["Title"])
         files.setdefault(f"{_slug(segments[0])}_{_slug(segments[1])}.json", []).append(entry)
     (output / "product_catalog").mkdir(exist_ok=True)
@@ -91,45 +100,62 @@ def build(output: Path, products: int = 200, rows: int = 3, seed: int = 0,
     task_rows = []
     for row_id in range(rows):
         targets = rng.sample(pool, SUBTASKS)
-        preamble = (f"You are a shopper buying {SUBTASKS} products for one project.\n"
-                    f"GLOBAL RULES: total budget ${rng.randint(100, 900)}; every product "
-                    "must work with the others.")
-        task_rows.append({"id": row_id,
-                          "category": f"{PREFIXES[row_id % len(PREFIXES)]}_item_{row_id}",
-                          "questions": [question(preamble, k, t) for k, t in enumerate(targets, 1)],
-                          "answers": [answer(t, rng) for t in targets]})
-    (output / "domain_data.json").write_text(json.dumps(
-        [{"chain_id": r["category"], "path": [{"product_category": ""}]} for r in task_rows]))
+        preamble = (
+            f"You are a shopper buying {SUBTASKS} products for one project.\n"
+            f"GLOBAL RULES: total budget ${rng.randint(100, 900)}; every product "
+            "must work with the others."
+        )
+        task_rows.append(
+            {
+                "id": row_id,
+                "category": f"{PREFIXES[row_id % len(PREFIXES)]}_item_{row_id}",
+                "questions": [question(preamble, k, t) for k, t in enumerate(targets, 1)],
+                "answers": [answer(t, rng) for t in targets],
+            }
+        )
+    (output / "domain_data.json").write_text(
+        json.dumps(
+            [{"chain_id": r["category"], "path": [{"product_category": ""}]} for r in task_rows]
+        )
+    )
     with open(output / "rows.jsonl", "w", encoding="utf-8") as handle:
         for row in task_rows:
             handle.write(json.dumps(row) + "\n")
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     pq.write_table(pa.Table.from_pylist(task_rows), output / "rows.parquet")
     index = output / "search_engine" / "indexes-full"
     if java_home:
         from environments.shop import memoryarena
+
         processed = memoryarena.process_products(
             json.loads((output / "items_shuffle.json").read_text()),
-            json.loads((output / "items_ins_v2.json").read_text()))
+            json.loads((output / "items_ins_v2.json").read_text()),
+        )
         write_collection(processed, output / "search_engine" / "resources")
         build_index(output / "search_engine" / "resources", index, java_home)
-    return {"output": str(output), "products": len(pool), "rows": len(task_rows),
-            "index": str(index) if java_home else None}
+    return {
+        "output": str(output),
+        "products": len(pool),
+        "rows": len(task_rows),
+        "index": str(index) if java_home else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m environments.shop.demo.memoryarena_fixture",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m environments.shop.demo.memoryarena_fixture",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--output", required=True)
     p.add_argument("--products", type=int, default=200)
     p.add_argument("--rows", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--java-home", help="Conda-style JAVA_HOME: also build the index")
     args = p.parse_args(argv)
-    print(json.dumps(build(Path(args.output), args.products, args.rows, args.seed,
-                           args.java_home)))
+    print(json.dumps(build(Path(args.output), args.products, args.rows, args.seed, args.java_home)))
     return 0
 
 

@@ -48,9 +48,16 @@ class Entry:
 # exact version and the explicit file path all map to the same bytes.
 TAILWIND_VERSION = "4.3.4"
 DEFAULT_ALLOWLIST = (
-    Entry("@tailwindcss/browser", TAILWIND_VERSION, "dist/index.global.js", tuple(
-        f"https://cdn.jsdelivr.net/npm/@tailwindcss/browser@{ver}{suffix}"
-        for ver in ("4", TAILWIND_VERSION) for suffix in ("", "/", "/dist/index.global.js"))),
+    Entry(
+        "@tailwindcss/browser",
+        TAILWIND_VERSION,
+        "dist/index.global.js",
+        tuple(
+            f"https://cdn.jsdelivr.net/npm/@tailwindcss/browser@{ver}{suffix}"
+            for ver in ("4", TAILWIND_VERSION)
+            for suffix in ("", "/", "/dist/index.global.js")
+        ),
+    ),
 )
 
 
@@ -109,13 +116,19 @@ def build_mirror(output: Path, allowlist: tuple[Entry, ...] = DEFAULT_ALLOWLIST)
             path.write_bytes(data)
             os.chmod(path, 0o644)
         for url in entry.urls:
-            urls[url] = {"file": name, "sha256": digest, "package": entry.package,
-                         "version": entry.version, "path": entry.file,
-                         "tarball_integrity": integrity}
+            urls[url] = {
+                "file": name,
+                "sha256": digest,
+                "package": entry.package,
+                "version": entry.version,
+                "path": entry.file,
+                "tarball_integrity": integrity,
+            }
     manifest = output / "mirror.json"
     tmp_manifest = manifest.with_suffix(".json.tmp")
-    tmp_manifest.write_text(json.dumps({"format": FORMAT, "urls": urls}, indent=2,
-                                       sort_keys=True) + "\n")
+    tmp_manifest.write_text(
+        json.dumps({"format": FORMAT, "urls": urls}, indent=2, sort_keys=True) + "\n"
+    )
     os.replace(tmp_manifest, manifest)
     return manifest
 
@@ -129,11 +142,17 @@ def _load_allowlist(path: Path) -> tuple[Entry, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m environments.visual.build.cdn_mirror", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m environments.visual.build.cdn_mirror",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--output", type=Path, required=True)
-    ap.add_argument("--allowlist", type=Path,
-                    help="JSON list of {package, version, file, urls}; default: the Tailwind build")
+    ap.add_argument(
+        "--allowlist",
+        type=Path,
+        help="JSON list of {package, version, file, urls}; default: the Tailwind build",
+    )
     args = ap.parse_args(argv)
     try:
         allow = _load_allowlist(args.allowlist) if args.allowlist else DEFAULT_ALLOWLIST

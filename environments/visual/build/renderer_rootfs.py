@@ -49,14 +49,26 @@ WHEELS = ("playwright==1.65.2", "greenlet==3.5.6")
 SITE = "opt/camg-render/site"
 BROWSER = "/usr/lib/chromium/chromium-headless-shell"
 LAYOUT_VERSION = 1
-CHROOT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-              "HOME": "/root", "LANG": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
+CHROOT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+    "DEBIAN_FRONTEND": "noninteractive",
+}
 
 
 def key() -> str:
-    return sha256_json({"suite": SUITE, "mirror": MIRROR, "security": SECURITY,
-                        "browser": BROWSER_PACKAGES, "fonts": FONT_PACKAGES, "wheels": WHEELS,
-                        "layout": LAYOUT_VERSION}).split(":", 1)[1][:16]
+    return sha256_json(
+        {
+            "suite": SUITE,
+            "mirror": MIRROR,
+            "security": SECURITY,
+            "browser": BROWSER_PACKAGES,
+            "fonts": FONT_PACKAGES,
+            "wheels": WHEELS,
+            "layout": LAYOUT_VERSION,
+        }
+    ).split(":", 1)[1][:16]
 
 
 def target_for(output: Path) -> Path:
@@ -64,11 +76,19 @@ def target_for(output: Path) -> Path:
 
 
 def _run(argv: list[str], what: str, timeout: float = 3600, env: dict | None = None) -> str:
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
-                          env=env, check=False)
+    proc = subprocess.run(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
     out = proc.stdout.decode(errors="replace")
     if proc.returncode != 0:
-        raise DatasetError(f"renderer rootfs: {what} failed (exit {proc.returncode}): {out[-3000:]}")
+        raise DatasetError(
+            f"renderer rootfs: {what} failed (exit {proc.returncode}): {out[-3000:]}"
+        )
     return out
 
 
@@ -76,20 +96,41 @@ def _chroot(rootfs: Path, command: str, what: str) -> str:
     # A private mount namespace: the /proc apt's maintainer scripts want
     # disappears with it, even when the command fails.
     script = f"mount -t proc proc {rootfs}/proc && exec chroot {rootfs} /bin/sh -c '{command}'"
-    return _run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script],
-                what, env=CHROOT_ENV)
+    return _run(
+        ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script],
+        what,
+        env=CHROOT_ENV,
+    )
 
 
 def _build(work: Path) -> dict:
     rootfs = work / "rootfs"
-    _run(["unshare", "--mount", "--propagation", "private", "debootstrap", "--variant=minbase",
-          "--include=python3,ca-certificates", SUITE, str(rootfs), MIRROR], "debootstrap")
+    _run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3,ca-certificates",
+            SUITE,
+            str(rootfs),
+            MIRROR,
+        ],
+        "debootstrap",
+    )
     (rootfs / "etc/apt/sources.list").write_text(
         f"deb {MIRROR} {SUITE} main\ndeb {MIRROR} {SUITE}-updates main\n"
-        f"deb {SECURITY} {SUITE}-security main\n")
+        f"deb {SECURITY} {SUITE}-security main\n"
+    )
     packages = " ".join(BROWSER_PACKAGES + FONT_PACKAGES)
-    _chroot(rootfs, "apt-get update -q && apt-get install -y -q --no-install-recommends "
-            f"{packages} && apt-get clean && fc-cache -f", "apt-get install")
+    _chroot(
+        rootfs,
+        "apt-get update -q && apt-get install -y -q --no-install-recommends "
+        f"{packages} && apt-get clean && fc-cache -f",
+        "apt-get install",
+    )
     for junk in ("var/lib/apt/lists", "var/cache/apt/archives"):
         for entry in (rootfs / junk).glob("*"):
             if entry.is_file() and entry.name != "lock":
@@ -98,18 +139,52 @@ def _build(work: Path) -> dict:
     site.mkdir(parents=True)
     # Same interpreter family as the rootfs (bookworm's 3.11, glibc 2.36):
     # binary wheels only, no dependency resolution beyond the pins.
-    _run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-          "--no-deps", "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-          "--abi", "cp311", "--platform", "manylinux_2_17_x86_64", "--platform",
-          "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64", "--platform",
-          "manylinux1_x86_64", "--target", str(site), *WHEELS], "pip install --target")
-    versions = _chroot(rootfs, "dpkg-query -W -f \"\\${Package}=\\${Version}\\n\" "
-                       + " ".join(BROWSER_PACKAGES + FONT_PACKAGES + ("python3", "chromium-common")),
-                       "dpkg-query")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp311",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--platform",
+            "manylinux2014_x86_64",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--platform",
+            "manylinux1_x86_64",
+            "--target",
+            str(site),
+            *WHEELS,
+        ],
+        "pip install --target",
+    )
+    versions = _chroot(
+        rootfs,
+        'dpkg-query -W -f "\\${Package}=\\${Version}\\n" '
+        + " ".join(BROWSER_PACKAGES + FONT_PACKAGES + ("python3", "chromium-common")),
+        "dpkg-query",
+    )
     if not (rootfs / BROWSER.lstrip("/")).is_file():
         raise DatasetError(f"renderer rootfs: {BROWSER} missing after install")
-    return {"key": key(), "suite": SUITE, "packages": sorted(versions.split()),
-            "wheels": list(WHEELS), "browser": BROWSER, "site": "/" + SITE}
+    return {
+        "key": key(),
+        "suite": SUITE,
+        "packages": sorted(versions.split()),
+        "wheels": list(WHEELS),
+        "browser": BROWSER,
+        "site": "/" + SITE,
+    }
 
 
 def ensure_renderer_rootfs(output: Path) -> Path:
@@ -132,10 +207,14 @@ def ensure_renderer_rootfs(output: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m environments.visual.build.renderer_rootfs", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--output", type=Path, required=True,
-                    help="directory under one of the helper's lower_roots")
+    ap = argparse.ArgumentParser(
+        prog="python -m environments.visual.build.renderer_rootfs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--output", type=Path, required=True, help="directory under one of the helper's lower_roots"
+    )
     args = ap.parse_args(argv)
     try:
         path = ensure_renderer_rootfs(args.output)

@@ -20,9 +20,8 @@ from pathlib import Path
 
 from camg.errors import DatasetError
 from camg.hashing import sha256_json
-from tools.oci import layout
-
 from tools import oci_demo
+from tools.oci import layout
 
 REPOSITORY = "camg/visual-webdev"
 TAG = "demo"
@@ -48,17 +47,24 @@ def build(cache_root: Path) -> tuple[Path, str, str]:
     shutil.rmtree(stage)
     layers = (*base.layers, workspace_layer)
     config = layout.image_config(
-        layers, env=oci_demo.ENV, working_dir="/workspace",
+        layers,
+        env=oci_demo.ENV,
+        working_dir="/workspace",
         labels={"org.opencontainers.image.title": f"{REPOSITORY}:{TAG}"},
-        history=("debootstrap bookworm (tools.oci_demo)", "testbed venv (tools.oci_demo)",
-                 "/workspace/dist for uid 2000"))
+        history=(
+            "debootstrap bookworm (tools.oci_demo)",
+            "testbed venv (tools.oci_demo)",
+            "/workspace/dist for uid 2000",
+        ),
+    )
     digest = layout.write_layout(out / "layout", layers, config, TAG)
     digest_file.write_text(digest + "\n")
     return out / "layout", TAG, digest
 
 
-def publish(layout_dir: Path, tag: str, digest: str, registry: str, *,
-            skopeo: str = "skopeo") -> str:
+def publish(
+    layout_dir: Path, tag: str, digest: str, registry: str, *, skopeo: str = "skopeo"
+) -> str:
     repository = f"{registry}/{REPOSITORY}"
     served = layout.push(layout_dir, tag, repository, skopeo=skopeo)
     if served != digest:

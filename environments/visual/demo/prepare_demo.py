@@ -26,9 +26,9 @@ from camg.errors import CamgError
 
 
 def prepare(data: Path, lower_root: Path, registry: str, cache: Path) -> Path:
-    from environments.visual.prepare import prepare_visual
     from environments.visual.build import cdn_mirror, renderer_rootfs
     from environments.visual.demo import demo_image, demo_tasks
+    from environments.visual.prepare import prepare_visual
 
     data.mkdir(parents=True, exist_ok=True)
     renderer = renderer_rootfs.ensure_renderer_rootfs(lower_root)
@@ -38,19 +38,29 @@ def prepare(data: Path, lower_root: Path, registry: str, cache: Path) -> Path:
     ref = demo_image.publish(layout_dir, tag, digest, registry)
     (data / "images.json").write_text(json.dumps({"images": [ref]}, indent=1) + "\n")
     out = data / "manifest.json"
-    prepare_visual(rows_path=rows, renderer=renderer, cdn_mirror=mirror, output=out, image=ref,
-                   references=data / "demo" / "reference")
+    prepare_visual(
+        rows_path=rows,
+        renderer=renderer,
+        cdn_mirror=mirror,
+        output=out,
+        image=ref,
+        references=data / "demo" / "reference",
+    )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m environments.visual.demo.prepare_demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m environments.visual.demo.prepare_demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--lower-root", type=Path, required=True)
     ap.add_argument("--registry", required=True, help="host:port of the loopback registry")
-    ap.add_argument("--cache", type=Path,
-                    default=Path(os.environ.get("CAMG_CACHE") or "/var/cache/camg-test"))
+    ap.add_argument(
+        "--cache", type=Path, default=Path(os.environ.get("CAMG_CACHE") or "/var/cache/camg-test")
+    )
     args = ap.parse_args(argv)
     try:
         print(prepare(args.data, args.lower_root, args.registry, args.cache))
