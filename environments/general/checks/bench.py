@@ -50,7 +50,6 @@ import time
 from pathlib import Path
 
 from camg_client import AsyncClient, Client, ServiceError
-
 from tools.harness import census
 from tools.harness import container_image as ci
 from tools.harness.auth import deployment_auth

@@ -131,7 +131,6 @@ def bench_service(queries: list[str], episodes: int) -> dict:
     import tempfile
 
     from camg_client import Client
-
     from tools.harness.services import ServiceProcess
 
     with tempfile.TemporaryDirectory(prefix="bench-shop-") as tmp:

@@ -76,9 +76,8 @@ def memory(pid: int | str) -> dict:
 
 
 def serve(prepared: Path, heap_mb: int, queries: list[str]) -> dict:
-    from camg_client import Client
-
     from camg.configure import configure
+    from camg_client import Client
     from tools.harness.services import ServiceProcess, clean_git_tree, free_port
 
     settings = json.loads((prepared / "settings.json").read_text())
