@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from camg.containers import ContainerClient, ContainerPool, ContainerSpec  # noqa: E402
-from tools.harness import container_image as ci  # noqa: E402
-from tools.harness.helpers import HelperProcess, helper_config, private_base  # noqa: E402
+from devtools.harness import container_image as ci  # noqa: E402
+from devtools.harness.helpers import HelperProcess, helper_config, private_base  # noqa: E402
 from tools.loopback_registry import LocalRegistry  # noqa: E402
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))

@@ -35,7 +35,7 @@ the numbers: Shop p50 <= 1 ms; sandbox environments p50 <= 10 ms whatever
 was written; containers (General, Visual) p50 <= 500 ms.
 
 Coding, AutoResearch, General and Visual are prepared and served as the
-reliability suites do (tools/reliability/targets.py and rigged.py: the
+reliability suites do (devtools/reliability/targets.py and rigged.py: the
 demo data from $CAMG_CACHE, a private helper of this run, General's and
 Visual's images in dockerd by digest and their local judges), with
 ``pool_size`` 0, so the fresh baseline is a cold create, as a fork is; the
@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from camg.environment import Environment, ServiceContext, Task  # noqa: E402
 from camg_client import Client  # noqa: E402
-from tools.harness.services import ServiceProcess, configure_counter  # noqa: E402
+from devtools.harness.services import ServiceProcess, configure_counter  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +119,7 @@ def environment_of(service: ServiceProcess, pre_serve: Callable[[Path], None] | 
 
 @contextlib.contextmanager
 def configured(configure: Callable[[Path], Path], tmp: Path, ready_s: float) -> Iterator:
-    """A service configured by a tools.harness configure_* helper."""
+    """A service configured by a devtools.harness configure_* helper."""
     service = ServiceProcess(configure(tmp)).wait_ready(timeout=ready_s)
     try:
         yield Served(service)
@@ -132,9 +132,9 @@ def reliability_served(name: str, tmp: Path, settings: dict) -> Iterator:
     """``name`` prepared and served as the reliability suites do it (its
     Target, and its Rig where it needs a helper of its own), with
     ``settings`` over the recipe's; everything it made is gone afterwards."""
-    from tools.reliability.rig import CACHE, Helper
-    from tools.reliability.service import Prepared
-    from tools.reliability.targets import CODING, recipes
+    from devtools.reliability.rig import CACHE, Helper
+    from devtools.reliability.service import Prepared
+    from devtools.reliability.targets import CODING, recipes
 
     target = recipes()[name]
     if target.missing:
@@ -170,13 +170,13 @@ def _shell(command: str) -> dict:
 
 
 def _counter_in_process(tmp: Path) -> tuple[Environment, Task]:
-    from tools.harness.counter_env import CounterEnvironment
+    from devtools.harness.counter_env import CounterEnvironment
     task = Task("t", {"target": 5})
     return CounterEnvironment(ServiceContext("counter", str(tmp), {}), [task]), task
 
 
 def _shop_task() -> str:
-    from tools.harness import shop
+    from devtools.harness import shop
     return json.loads((shop.prepared()[0] / "manifest.json").read_text())["tasks"][7]["task_id"]
 
 
@@ -184,7 +184,7 @@ def _shop_prefix() -> list[dict]:
     # search the goal's product by its title and open the first result: a
     # results page, a page stack and a listed set to copy
     from environments.shop.store import ProductStore
-    from tools.harness import shop
+    from devtools.harness import shop
     out, settings = shop.prepared()
     task = json.loads((out / "manifest.json").read_text())["tasks"][7]
     products = ProductStore(settings["product_pool"])
@@ -196,7 +196,7 @@ def _shop_prefix() -> list[dict]:
 def _shop_in_process(tmp: Path) -> tuple[Environment, Task]:
     from camg import task_manifest as manifest
     from environments.shop.environment import ShopEnvironment
-    from tools.harness import shop
+    from devtools.harness import shop
     out, settings = shop.prepared()
     tasks = manifest.load(out / "manifest.json").tasks
     env = ShopEnvironment(ServiceContext("shop", str(tmp),
@@ -205,7 +205,7 @@ def _shop_in_process(tmp: Path) -> tuple[Environment, Task]:
 
 
 def _shop_configure(tmp: Path) -> Path:
-    from tools.harness import shop
+    from devtools.harness import shop
     return shop.configure_service(tmp, capacity=8)
 
 

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_helper import CACHE, LIMITS, note, pct  # noqa: E402
-from tools.harness.helpers import start_private  # noqa: E402
+from devtools.harness.helpers import start_private  # noqa: E402
 
 WRITTEN = {"1MB": 1, "100MB": 100}
 DEPTH = 8  # the helper's default ceilings.fork_depth

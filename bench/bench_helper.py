@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tools.harness.helpers import HelperProcess, start_private  # noqa: E402
+from devtools.harness.helpers import HelperProcess, start_private  # noqa: E402
 
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))
 CONTROLLERS = ("cpu", "memory", "pids", "freezer")

@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tools.harness.helpers import minbase, start_private  # noqa: E402
-from tools.harness.services import free_port  # noqa: E402
+from devtools.harness.helpers import minbase, start_private  # noqa: E402
+from devtools.harness.services import free_port  # noqa: E402
 
 LIMITS = {"memory_bytes": 256 << 20, "cpu_quota": 1.0, "pids_max": 128}
 HEAD = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "

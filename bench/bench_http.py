@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from camg import http_worker  # noqa: E402
 from camg.environment import ServiceContext, Task  # noqa: E402
 from camg_client import Client  # noqa: E402
-from tools.harness.counter_env import CounterEnvironment  # noqa: E402
-from tools.harness.services import ServiceProcess, configure_counter  # noqa: E402
+from devtools.harness.counter_env import CounterEnvironment  # noqa: E402
+from devtools.harness.services import ServiceProcess, configure_counter  # noqa: E402
 
 ACTION = {"operation": "guess", "value": -1}
 

@@ -9,7 +9,7 @@ same service, measured in the same run.
 
 With ``--routes`` it measures a running suite (the demo; the oracle needs the
 deployment's ``references: true``, else its rows say permission_denied).
-Without, it starts its own rig: a private camg-helper (tools.reliability)
+Without, it starts its own rig: a private camg-helper (devtools.reliability)
 and Coding and Shop services prepared from the caches the privileged tests
 build ($CAMG_CACHE), references enabled, capacity 64 — and removes all of
 it at the end.
@@ -74,7 +74,7 @@ sys.path.insert(0, str(ROOT))
 
 from camg_client import AsyncClient, load_routes  # noqa: E402
 from camg_client.rollout import rollout  # noqa: E402
-from tools.harness.auth import deployment_auth  # noqa: E402
+from devtools.harness.auth import deployment_auth  # noqa: E402
 
 
 def note(text: str) -> None:
@@ -136,9 +136,9 @@ def own_rig(stack: ExitStack, work: Path, envs: list[str]) -> dict[str, str]:
     """The services named in ``envs`` (references on), their routes: Coding
     and Shop on one private helper, the others as rigged_service makes them."""
     from camg.configure import configure
-    from tools.harness.services import ServiceProcess, clean_git_tree, free_port
-    from tools.reliability.rig import Helper
-    from tools.reliability.targets import CODING as coding, SHOP as shop
+    from devtools.harness.services import ServiceProcess, clean_git_tree, free_port
+    from devtools.reliability.rig import Helper
+    from devtools.reliability.targets import CODING as coding, SHOP as shop
 
     routes = {}
     for name in ("autoresearch", "general", "visual"):
@@ -172,20 +172,20 @@ def own_rig(stack: ExitStack, work: Path, envs: list[str]) -> dict[str, str]:
 
 
 def rigged_service(stack: ExitStack, work: Path, name: str) -> str:
-    """AutoResearch, General or Visual as tools.reliability.rigged builds them
+    """AutoResearch, General or Visual as devtools.reliability.rigged builds them
     (a helper of their own, the demo tasks with their references, the
     scripted judges), references on; the service's URL."""
     from camg.configure import configure
-    from tools.harness.services import ServiceProcess, clean_git_tree, free_port
-    from tools.reliability import rigged
-    from tools.reliability.rig import Helper
+    from devtools.harness.services import ServiceProcess, clean_git_tree, free_port
+    from devtools.reliability import rigged
+    from devtools.reliability.rig import Helper
 
     note(f"rig: preparing {name} (cached images, demo tasks)")
     work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o711)
     bootstrap = None
     if name == "general":  # its demo builds on the Coding demo set, made in sandboxes
-        from tools.reliability.targets import CODING
+        from devtools.reliability.targets import CODING
         bootstrap = Helper(CODING.lower_roots(), probes=False)
         stack.callback(bootstrap.stop)
     rig = getattr(rigged, name)(work / "data", bootstrap.socket if bootstrap else "")

@@ -1,7 +1,7 @@
 """What a camg-helper's sandboxes hold on the host, counted from outside it.
 
 One census for three readers: ``camg status`` (an installation's leftovers,
-camg/status.py), the harness's private helpers (tools/harness: what a
+camg/status.py), the harness's private helpers (devtools/harness: what a
 reliability suite or a benchmark left) and the privileged tests' leak check
 (what a test left). Standard library only, and reading only: it is run as
 root next to a live helper and must never change what it counts.

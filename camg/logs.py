@@ -132,7 +132,7 @@ def setup(environment: str, level: int = logging.INFO) -> logging.Logger:
 
 def setup_command() -> None:
     """Logging of a preparation command (camg.prepare, prepare_demo.py): the
-    project's INFO lines (camg, environments, tools) as ``logger: message`` on
+    project's INFO lines (camg, environments, tools, devtools) as ``logger: message`` on
     stderr, everyone else's from WARNING on. Installed first, so a library
     that configures logging while it works (``basicConfig``, which then
     does nothing) cannot print its timestamped INFO lines (quiet
@@ -142,7 +142,7 @@ def setup_command() -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
-    for ours in ("camg", "environments", "tools"):
+    for ours in ("camg", "environments", "tools", "devtools"):
         logging.getLogger(ours).setLevel(logging.INFO)
 
 

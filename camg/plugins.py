@@ -11,7 +11,7 @@ Everything that lists environments — ports, factories, ``camg.configure``'s
 refusal hints, ``python -m camg.prepare --environment NAME``, routes,
 install.sh and run-foreground.sh (units, substrates), ``camg status``,
 packaging/prepare_demo.py (the demo's preparers and deployment entries),
-tools.reliability (recipes, budgets, kill-storm drives), the tests of the
+devtools.reliability (recipes, budgets, kill-storm drives), the tests of the
 list — reads them from here: every fact about an environment is said once,
 in its descriptor. Entry points are read from installed distribution
 metadata, so a new package is seen after ``pip install -e .`` (or any
@@ -97,10 +97,10 @@ class EnvironmentPlugin:
     #: the directory under DATA its preparer writes the agent environment
     #: to (the mediator's ``agent_env_source``; one environment's at most)
     demo_agent_env: str | None = None
-    #: ``module:attr`` of its tools.reliability.targets.Target (how the
+    #: ``module:attr`` of its devtools.reliability.targets.Target (how the
     #: reliability suites prepare, serve and size it); None: listed missing
     reliability: str | None = None
-    #: ``module:function`` (tools.reliability.killstorm_guest Guest, Env of
+    #: ``module:function`` (devtools.reliability.killstorm_guest Guest, Env of
     #: this plugin's unit and substrate) -> that Env completed: how a kill
     #: storm drives its episodes; None: reset and idle only
     storm: str | None = None
@@ -179,7 +179,7 @@ def default_unit(name: str) -> str:
 
 
 #: The most concurrent episodes a service takes by default: what the load
-#: suite (python -m tools.reliability --full) shows holding with 0 errors.
+#: suite (python -m devtools.reliability --full) shows holding with 0 errors.
 MAX_DEFAULT_CAPACITY = 256
 #: Live episodes per core: an episode mostly idles while the model thinks
 #: (the load suite holds 256 on this 2-core host)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.budget import FULL
-from tools.harness.auth import session_token, trainers_file
+from devtools.harness.auth import session_token, trainers_file
 from tests.support.services import ServiceProcess, configure_counter
 
 
@@ -36,7 +36,7 @@ def pytest_configure(config):
     root.chmod(0o1777)  # like /tmp: helpers and services of other uids write here too
     tempfile.tempdir = str(root)
     config.stash[_RUN_TMP] = str(root)
-    # The session's trainer token (tools/harness/auth.py): every service the
+    # The session's trainer token (devtools/harness/auth.py): every service the
     # suite starts runs with authentication on.
     session_token()
 

@@ -1,12 +1,12 @@
 """Privileged tests: root, real kernel features, and a leak check on every test.
 
-Pytest glue only: what it calls lives in the shared harness (tools/harness),
+Pytest glue only: what it calls lives in the shared harness (devtools/harness),
 which the benchmarks and the reliability suites use too.
 
 The autouse ``leak_check`` fixture snapshots, before each test, the mounts of
 this mount namespace, the cgroup directories below every camg* cgroup parent,
 this process's children and the entries of every registered state root
-(tools/harness/leaks.py), and fails the test if anything new is still there
+(devtools/harness/leaks.py), and fails the test if anything new is still there
 afterwards (after a short settle). Session fixtures that own long-lived
 things (a helper process, a docker daemon) register them with
 ``allow_process``/``allow_mounts_under`` so starting them inside a test is
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.harness import helpers
-from tools.harness.helpers import CACHE, ROOT, HelperProcess, remove_parents  # noqa: F401
-from tools.harness.leaks import WATCH
+from devtools.harness import helpers
+from devtools.harness.helpers import CACHE, ROOT, HelperProcess, remove_parents  # noqa: F401
+from devtools.harness.leaks import WATCH
 allow_process = WATCH.allow_process
 allow_mounts_under = WATCH.allow_mounts_under
 state_root = WATCH.state_root

@@ -18,8 +18,8 @@ left: a step played earlier would move the reference's cursor."""
 from __future__ import annotations
 
 from camg_client import Client
-from tools.harness import container_image as ci
-from tools.reliability.rig import fork_images
+from devtools.harness import container_image as ci
+from devtools.reliability.rig import fork_images
 
 
 def snapshot_images(name: str) -> int:
@@ -40,7 +40,7 @@ def output(client: Client, episode_id: str, command: str) -> str:
 
 
 def oracle_and_noop_branches(service, task_id: str, maximum: float) -> tuple[dict, dict]:
-    """Play the scenario on ``service`` (a tools.harness ServiceProcess with
+    """Play the scenario on ``service`` (a devtools.harness ServiceProcess with
     references enabled); the (child, parent) outcome records."""
     client = Client(service.url, timeout=900)
     parent = client.create(task_id=task_id)["episode_id"]

@@ -14,7 +14,7 @@ import os
 import time
 
 from camg_client import Client
-from tools.canary_table import render
+from devtools.canary_table import render
 from environments.general.checks import agent_canaries
 
 

@@ -25,7 +25,7 @@ import conftest as pc
 from tests.support import container_image as ci
 from tests.support.fake_judge import FakeJudge, Reply
 from tools.loopback_registry import LocalRegistry
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 KEY = "sk-general-test-key-0001"
 

@@ -387,7 +387,7 @@ TAMPERED = {"symlink_to_test", "symlink_to_answers", "fifo_submission", "directo
 def test_canaries_all_lose(env, roots):
     from camg.hashing import sha256_tree
     from environments.autoresearch.checks import canaries
-    from tools.canary_table import render
+    from devtools.canary_table import render
     task = env.tasks[0]
     assert task.task_id == "breast-cancer"
     workspace = roots["workspaces"] / task.task_id

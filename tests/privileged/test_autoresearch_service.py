@@ -23,7 +23,7 @@ from camg.configure import configure
 from tests.support.services import REPO, ServiceProcess, clean_git_tree, free_port
 from test_autoresearch_episodes import (  # noqa: F401  (module fixtures)
     ar_helper, reference, research_image, roots, settings_for)
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 

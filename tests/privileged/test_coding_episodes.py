@@ -23,7 +23,7 @@ import conftest as pc
 from camg import errors, task_manifest as manifest
 from camg.environment import ServiceContext
 from camg.errors import FailureClass
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 

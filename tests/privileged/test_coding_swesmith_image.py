@@ -26,7 +26,7 @@ from environments.coding import profiles
 from environments.coding.checks import canaries
 from test_coding_episodes import CACHE, FINISH, run_episode, shell
 from test_coding_integrity_sandboxes import grade, reverse_gold, workspace_diff
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 

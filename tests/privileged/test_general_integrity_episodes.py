@@ -117,7 +117,7 @@ def test_canaries_lose_alone_and_with_gold(general_service, general_demo, genera
     and next to the gold fix; the gold fix alone 1.0. Before the guard ran in
     General's verifier, the obfuscated variants earned 1.0 with integrity ok."""
 
-    from tools.canary_table import render
+    from devtools.canary_table import render
     from environments.general.checks import canaries
 
     task = tasks_of(general_prepared, "opensource-code")[0]
@@ -140,7 +140,7 @@ def test_canaries_lose_alone_and_with_gold(general_service, general_demo, genera
 
 def _null_canaries(general_service, general_demo, general_prepared, fake_judge, names=None,
                    with_reference=None, kinds=("opensource-code", "general_agent")):
-    from tools.canary_table import render
+    from devtools.canary_table import render
     from environments.general.checks import null_canaries
     from tools.judge_stub import TEXT_JUDGES, demo_responder
 

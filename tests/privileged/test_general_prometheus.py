@@ -16,7 +16,7 @@ import pytest
 
 from camg_client import Client
 from tests.support.fake_judge import Reply
-from tools.harness.prometheus import PrometheusServer
+from devtools.harness.prometheus import PrometheusServer
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 

@@ -20,8 +20,8 @@ import pytest
 
 import conftest as pc
 from camg.metrics import ScrapeServer
-from tools.harness import helpers
-from tools.harness.services import free_port
+from devtools.harness import helpers
+from devtools.harness.services import free_port
 
 FLOOD = 1000
 LIMITS = {"memory_bytes": 128 << 20, "cpu_quota": 0.5, "pids_max": 64}

@@ -19,7 +19,7 @@ from tests.support.token_clients import with_token
 
 import conftest as pc
 from camg import task_manifest as manifest
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ from tests.support.services import ServiceProcess, clean_git_tree, free_port
 from test_autoresearch_episodes import (  # noqa: F401  (module fixtures)
     GRADER_USER, ensure_grader_user, research_image, settings_for)
 from test_autoresearch_service import check_clean
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -140,9 +140,9 @@ def test_oracle_earns_one_and_noop_zero_through_camg_rollout(small_roots, oracle
 
 
 def test_prometheus_counts_the_oracle_and_the_noop(small_roots, oracle_helper, tmp_path):
-    """A real Prometheus (tools/harness/prometheus.py) scrapes the service every
+    """A real Prometheus (devtools/harness/prometheus.py) scrapes the service every
     second while camg_client's oracle and noop run one task each."""
-    from tools.harness.prometheus import PrometheusServer
+    from devtools.harness.prometheus import PrometheusServer
 
     svc = ServiceProcess(configured(small_roots, oracle_helper, tmp_path, True)).wait_ready(120)
     env = 'environment="autoresearch"'

@@ -23,7 +23,7 @@ from general_fixtures import KEY, demo_for, helper_for
 from test_oracle_autoresearch import run_rollout
 from tests.support.fake_judge import FakeJudge
 from tools.judge_stub import anchor_verdict
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 

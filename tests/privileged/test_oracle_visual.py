@@ -31,7 +31,7 @@ from test_oracle_autoresearch import run_rollout
 from test_visual_episodes import (OWNER, assert_nothing_left, judge, judge_env,  # noqa: F401
                                   mirror_manifest, renderer_dir, visual_helper)
 from tools.judge_stub import MAX_SCORE
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow, pytest.mark.docker, needs_docker]
 

@@ -23,8 +23,8 @@ import conftest as pc
 from camg import task_manifest as manifest
 from camg_client import Client
 from tests.support.services import ServiceProcess, clean_git_tree, free_port
-from tools.harness.prometheus import PrometheusServer
-from tools.harness.auth import deployment_auth
+from devtools.harness.prometheus import PrometheusServer
+from devtools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
-"""CI's short run of each reliability suite (tools/reliability; the full run
-is ``python -m tools.reliability --full``, see packaging/README.md).
+"""CI's short run of each reliability suite (devtools/reliability; the full run
+is ``python -m devtools.reliability --full``, see packaging/README.md).
 
 One run of the escape, fuzz, churn and load suites over every target (one
 preparation and one helper each, shared by the suites: cheaper than a run
@@ -19,9 +19,9 @@ import pytest
 
 import conftest as pc
 from camg import plugins
-from tools.reliability import __main__ as reliability
-from tools.reliability.rig import TMP_PREFIX
-from tools.reliability.table import render
+from devtools.reliability import __main__ as reliability
+from devtools.reliability.rig import TMP_PREFIX
+from devtools.reliability.table import render
 
 SUITES = ("escape", "fuzz", "churn", "load")
 

@@ -31,7 +31,7 @@ from tests.privileged.container_fixtures import image_ref, needs_docker  # noqa:
 from tests.support import container_image as ci
 from tests.support.services import ServiceProcess, clean_git_tree, free_port
 from tests.support.visual_judge import scripted_judge
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow, pytest.mark.docker, needs_docker]
 
@@ -116,7 +116,7 @@ def service(prepared, judge, visual_helper):
 
 def browser_pids() -> list[int]:
     """Renderers in sandboxes of this run's helpers, whose cgroup parents
-    carry this pytest's pid (tools/harness/helpers.py): the runs beside this
+    carry this pytest's pid (devtools/harness/helpers.py): the runs beside this
     one (CI's other lanes, a newcomer guest's Visual) render too."""
     mine = f"-{os.getpid()}-"
     found = []
@@ -334,9 +334,9 @@ def _quiet(fn, *args):
 
 
 def test_prometheus_counts_the_oracle_and_the_blank(service, prepared, tmp_path):
-    """A real Prometheus (tools/harness/prometheus.py) scrapes this test's own
+    """A real Prometheus (devtools/harness/prometheus.py) scrapes this test's own
     service every second: its counts and histograms through /api/v1/query."""
-    from tools.harness.prometheus import PrometheusServer
+    from devtools.harness.prometheus import PrometheusServer
     oracle = prepared[1]
     task_id = sorted(oracle)[0]
     env = 'environment="visual"'

@@ -196,7 +196,7 @@ def test_visual_canaries_lose_in_real_renderer_sandboxes(renderer, client, rende
     page earns without its trick; none ends null; nothing of ref/, etc/ or
     up/ reaches the renderer."""
     from environments.visual.render import Mirror, Renderer, RenderLimits
-    from tools.canary_table import render
+    from devtools.canary_table import render
     from environments.visual.checks import canaries
 
     info = json.loads((renderer_dir / "renderer.json").read_text())

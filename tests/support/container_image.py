@@ -1,5 +1,5 @@
-"""The tests' import path of tools/harness/container_image.py (the harness the
+"""The tests' import path of devtools/harness/container_image.py (the harness the
 benchmarks and the reliability suites share lives in shipped code, which
 may not import tests/)."""
 
-from tools.harness.container_image import *  # noqa: F401,F403
+from devtools.harness.container_image import *  # noqa: F401,F403

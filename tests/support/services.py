@@ -1,5 +1,5 @@
-"""The tests' import path of tools/harness/services.py (the harness the
+"""The tests' import path of devtools/harness/services.py (the harness the
 benchmarks and the reliability suites share lives in shipped code, which
 may not import tests/)."""
 
-from tools.harness.services import *  # noqa: F401,F403
+from devtools.harness.services import *  # noqa: F401,F403

@@ -1,5 +1,5 @@
 """Stock third-party clients that carry the test session's token
-(tools/harness/auth.py), for tests that drive a service with them rather
+(devtools/harness/auth.py), for tests that drive a service with them rather
 than camg_client.
 
 - openenv-core 0.3.0 (the services' lock) opens its ``/ws`` and its HTTP
@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from tools.harness.auth import headers
+from devtools.harness.auth import headers
 
 
 def with_token(cls):

@@ -3,7 +3,7 @@ OpenAI server (tools/judge_stub.py FakeJudge): its ``raw_body`` replies
 carry what its text replies cannot, a ``chat.completion`` whose message
 holds ``tool_calls``, and the error body an endpoint without tools sends.
 
-The models play the counter environment (tools/harness/counter_env.py): a
+The models play the counter environment (devtools/harness/counter_env.py): a
 binary search over 0..100 read back from the conversation the client sent,
 as a tool-calling model (``guess`` calls, hints as tool results) or a text
 one (JSON actions in prose, hints as user messages).

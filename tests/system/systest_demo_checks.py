@@ -34,9 +34,9 @@ import time
 
 from systest_guest import http, show
 from systest_machine import Machine
-from tools.reliability.killstorm import Storm, restarts_unit
-from tools.reliability.killstorm_guest import Env
-from tools.reliability.killstorm_report import Kill
+from devtools.reliability.killstorm import Storm, restarts_unit
+from devtools.reliability.killstorm_guest import Env
+from devtools.reliability.killstorm_report import Kill
 
 AUTORESEARCH = "camg-autoresearch.service"
 GRADER_USER = "camg-grader"

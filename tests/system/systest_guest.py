@@ -11,7 +11,7 @@ from systest_cgroup import children
 from systest_machine import Machine
 # The trainer's side of the guest's loopback (Debian's python3, the
 # standard library, root's token): the kill storm's own.
-from tools.reliability.killstorm_guest import GUEST_HTTP
+from devtools.reliability.killstorm_guest import GUEST_HTTP
 
 SERVICE_URL = "http://127.0.0.1:65134"
 HELPER_LEDGER = "/run/camg-helper/ledger"

@@ -1,4 +1,4 @@
-"""The kill storm (issue 11; tools/reliability/killstorm.py) on a booted
+"""The kill storm (issue 11; devtools/reliability/killstorm.py) on a booted
 guest that serves the demo under systemd: what test_newcomer's systemd
 variant runs once the demo is up.
 
@@ -8,7 +8,7 @@ it); the full storm, 20 per target, is
     CAMG_KILLSTORM_KILLS=20 flock /tmp/camg-privileged.lock \\
         .venv/bin/pytest tests/system/test_newcomer.py -k under_systemd -q -s -p no:cacheprovider
 
-or ``python -m tools.reliability --full --suites killstorm``, which runs
+or ``python -m devtools.reliability --full --suites killstorm``, which runs
 that and prints the rows in the reliability table. CAMG_KILLSTORM_SEED=N
 repeats a storm (the seed is printed); CAMG_KILLSTORM_ONLY=service:general,
 helper:all runs only those rows of its plan.
@@ -24,9 +24,9 @@ import time
 from systest_demo_checks import KillChecks
 from systest_guest import diagnose, leftovers
 from systest_machine import Machine
-from tools.reliability.killstorm import storm
-from tools.reliability.killstorm_guest import Guest, describe
-from tools.reliability.table import render
+from devtools.reliability.killstorm import storm
+from devtools.reliability.killstorm_guest import Guest, describe
+from devtools.reliability.table import render
 
 from camg import plugins
 

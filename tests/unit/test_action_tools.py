@@ -13,7 +13,7 @@ import pytest
 from camg import action_tools, plugins
 from camg.errors import ConfigError, InvalidAction
 from camg_client.tool_calls import ToolCallError, ToolCalls
-from tools.harness.counter_env import ACTION_SCHEMA as COUNTER_SCHEMA
+from devtools.harness.counter_env import ACTION_SCHEMA as COUNTER_SCHEMA
 
 # A sample of every action of every environment; the test below fails when
 # an environment gains an action (tool) that has no sample here.

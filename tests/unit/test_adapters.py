@@ -2,7 +2,7 @@
 from the framework's stock PyPI release (pinned in clients/python's extras,
 installed in a scratch venv: tests/support/framework_venvs.py), with a
 scripted model (tests/support/chat_model.py) and no real one, against camg
-services served for real: the counter (tools/harness/counter_env.py) and
+services served for real: the counter (devtools/harness/counter_env.py) and
 Shop. On each: an oracle episode earns the maximum, a no-op one 0, and an
 infrastructure failure (the counter's ``crash``: reward null,
 failure_class sandbox_died) is the framework's failed/masked outcome,
@@ -28,7 +28,7 @@ from tests.support.chat_model import ScriptedModel, crash, noop, oracle, per_tas
 from tests.support.framework_venvs import framework_venv
 from tests.support.services import (REPO, ServiceProcess, clean_git_tree, configure_counter,
                                     free_port)
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 LOOPS = REPO / "tests" / "support" / "adapter_loops"
 # the counter's tasks (tests/support/services.py counter_tasks), manifest order first

@@ -17,8 +17,8 @@ from camg.outcomes import OutcomeLog
 from camg.service_config import Limits
 from camg_client import AtCapacity as ClientAtCapacity, Client, ServiceError
 from tests.support.polling import until
-from tools.harness.auth import session_token
-from tools.harness.counter_env import CounterEnvironment
+from devtools.harness.auth import session_token
+from devtools.harness.counter_env import CounterEnvironment
 
 
 def manager(tmp_path, capacity=2, queue_bound=None) -> EpisodeManager:

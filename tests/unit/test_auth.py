@@ -23,7 +23,7 @@ import pytest
 from camg import auth
 from camg_client import Client
 from camg_client.client import NotFound, PermissionDenied, Unauthorized
-from tools.harness.services import REPO
+from devtools.harness.services import REPO
 
 ROUTES = [  # (method, path, body): every route of the contract but /health and /metrics
     ("GET", "/metadata", None), ("GET", "/schema", None), ("GET", "/tasks", None),

@@ -211,7 +211,7 @@ def test_a_command_the_sandbox_cannot_start_is_told_apart_from_infrastructure():
 
 def test_canaries_fail_on_a_null_reward_unless_not_set_up():
     from environments.autoresearch.checks.canaries import null_rewards
-    from tools.canary_table import CanaryResult
+    from devtools.canary_table import CanaryResult
     rows = [CanaryResult("masked", None, None, 0.0, "infrastructure: the probe failed"),
             CanaryResult("unset", None, None, 0.0, "canary not set up: the writer never wrote"),
             CanaryResult("zero", 0.0, "ok", 0.0, "")]

@@ -1,8 +1,8 @@
-"""tools.canary_table: a win is a reward above what the honest path earns; null is no win."""
+"""devtools.canary_table: a win is a reward above what the honest path earns; null is no win."""
 
 import io
 
-from tools.canary_table import CanaryResult, render, report
+from devtools.canary_table import CanaryResult, render, report
 
 
 def test_a_hack_that_earns_anything_wins_and_fails_the_suite():

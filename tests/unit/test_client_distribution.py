@@ -23,7 +23,7 @@ from tests.support.services import REPO
 EPISODE = r"""
 import importlib.util, json, sys
 # Nothing of the services or their lock is importable here.
-assert [m for m in ("camg", "environments", "helper", "tools", "httpx")
+assert [m for m in ("camg", "environments", "helper", "tools", "devtools", "httpx")
         if importlib.util.find_spec(m)] == []
 import camg_client
 # the framework adapters ship too, and import no framework until used

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 #: package -> its directory (the trainer client is a distribution of its own)
 PACKAGES = {"camg": ROOT / "camg", "environments": ROOT / "environments", "helper": ROOT / "helper",
-            "tools": ROOT / "tools", "camg_client": ROOT / "clients" / "python" / "camg_client"}
+            "tools": ROOT / "tools", "devtools": ROOT / "devtools", "camg_client": ROOT / "clients" / "python" / "camg_client"}
 
 
 def _modules() -> list[str]:
@@ -32,7 +32,7 @@ def _modules() -> list[str]:
 
 def test_the_walk_finds_the_project():
     names = _modules()
-    assert {"camg.serve", "helper.verbs", "environments.coding.log_evaluation", "tools.canary_table",
+    assert {"camg.serve", "helper.verbs", "environments.coding.log_evaluation", "devtools.canary_table",
             "camg_client.rollout"} <= set(names)
 
 

@@ -20,7 +20,7 @@ from camg.outcomes import OutcomeLog
 from camg_client import AsyncClient, Client
 from camg_client import client as client_mod
 from tests.support.services import ServiceProcess, configure_counter, counter_tasks
-from tools.harness.auth import headers as auth_headers
+from devtools.harness.auth import headers as auth_headers
 
 # counter_tasks(): task-04 is the first listed, target 7; task-03 target 14
 TASKS = counter_tasks() + [

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from camg import http_wire as wire
 from camg_client import Client, ServiceError
-from tools.harness.auth import headers as auth_headers
+from devtools.harness.auth import headers as auth_headers
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)

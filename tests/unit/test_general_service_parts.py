@@ -20,7 +20,7 @@ from environments.general.schemas import ACTION_SCHEMA, allowed_action
 from environments.general.settings import Settings
 from tests.support.fake_judge import FakeJudge, Reply
 from tools.judge_stub import count_usage
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 ROWS = str(Path(__file__).resolve().parents[1] / "support" / "mimo_rows" / "example_rows_nemo_gym.jsonl")
 

@@ -18,7 +18,7 @@ from camg import http_wire as wire
 from camg_client import AsyncClient, Client
 from camg_client import client as client_mod
 from tests.support.services import ServiceProcess, configure_counter, counter_tasks
-from tools.harness.auth import headers as auth_headers
+from devtools.harness.auth import headers as auth_headers
 
 # counter_tasks(): task-03's target is 14
 TASKS = counter_tasks() + [

@@ -1,4 +1,4 @@
-"""The shared harness's census (camg/census.py, tools/harness/leaks.py) on
+"""The shared harness's census (camg/census.py, devtools/harness/leaks.py) on
 plain directories and a real child process: what it counts, and that a new
 entry or an unregistered child is a leak."""
 
@@ -8,7 +8,7 @@ import os
 import subprocess
 
 from camg import census
-from tools.harness.leaks import LeakWatch, foreign
+from devtools.harness.leaks import LeakWatch, foreign
 
 
 def _config(tmp_path):

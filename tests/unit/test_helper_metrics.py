@@ -20,7 +20,7 @@ from camg.metrics import HelperMetrics
 from helper import server as server_mod, verbs
 from helper.config import ConfigError, HelperConfig
 from helper.sandbox_table import Peer
-from tools.harness.services import free_port
+from devtools.harness.services import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PING = wire.PREFIX + "Ping"

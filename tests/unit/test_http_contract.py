@@ -7,7 +7,7 @@ import time
 import pytest
 
 from camg_client import Client, ServiceError
-from tools.harness.auth import headers as auth_headers
+from devtools.harness.auth import headers as auth_headers
 
 
 @pytest.fixture

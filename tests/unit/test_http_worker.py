@@ -20,8 +20,8 @@ import websockets
 from camg import http_worker, serve
 from camg.errors import ConfigError
 from camg_client import Client, InvalidAction
-from tools.harness.auth import headers as auth_headers
-from tools.harness.services import REPO, ServiceProcess, configure_counter
+from devtools.harness.auth import headers as auth_headers
+from devtools.harness.services import REPO, ServiceProcess, configure_counter
 
 GUESS = {"operation": "guess", "value": -1}
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("camg", "environments", "helper", "tools", "camg_client")
+PACKAGES = ("camg", "environments", "helper", "tools", "devtools", "camg_client")
 
 # Run in a child: grimp imports nothing of the packages, but finds them on
 # sys.path, and the planted copy must come before the editable install.
@@ -91,7 +91,7 @@ def test_no_import_circles():
 
 
 def test_a_function_local_circle_is_found(tmp_path):
-    for package in ("camg", "environments", "helper", "tools"):
+    for package in ("camg", "environments", "helper", "tools", "devtools"):
         shutil.copytree(ROOT / package, tmp_path / package,
                         ignore=shutil.ignore_patterns("__pycache__", "*.gz", "data", "testdata"))
     shutil.copytree(ROOT / "clients" / "python" / "camg_client", tmp_path / "camg_client",

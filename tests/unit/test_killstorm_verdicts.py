@@ -1,5 +1,5 @@
 """The kill storm's plan and its verdicts on how an in-flight episode ended
-(tools/reliability/killstorm*.py), against a scripted guest: a storm that
+(devtools/reliability/killstorm*.py), against a scripted guest: a storm that
 cannot fail proves nothing."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import dataclasses
 import json
 import random
 
-from tools.reliability.killstorm import Storm, loses_episodes, restarts_unit
-from tools.reliability.killstorm_guest import Answer, Env, Guest
-from tools.reliability.killstorm_report import Kill, plan, summarize
+from devtools.reliability.killstorm import Storm, loses_episodes, restarts_unit
+from devtools.reliability.killstorm_guest import Answer, Env, Guest
+from devtools.reliability.killstorm_report import Kill, plan, summarize
 
 CODING = Env("coding", 1, {}, slow_step={"operation": "shell"}, finish={"operation": "finish"},
              sandboxes=True, grader="sandbox")
@@ -28,7 +28,7 @@ def test_each_plugin_describes_its_drive():
     import subprocess
 
     from camg import plugins
-    from tools.reliability.killstorm_guest import describe
+    from devtools.reliability.killstorm_guest import describe
 
     def run(argv, timeout=None, check=False):
         body = {"tasks": [{"task_id": "t0", "data": {"patch": "THE-PATCH"}}]}
@@ -159,7 +159,7 @@ def test_a_finish_recorded_before_its_reply_was_cut_keeps_the_graded_reward_only
 def test_a_kill_that_lands_after_repeats_is_no_problem_one_that_never_lands_is(monkeypatch):
     # Found by the full storm: a grader killed on the sixth try was reported
     # as "exited before the kill 5 times".
-    from tools.reliability import killstorm
+    from devtools.reliability import killstorm
 
     def run(misses: int) -> Kill:
         tries = iter([1] * misses + [0])
@@ -187,7 +187,7 @@ class ForkGuest(ScriptedGuest):
 
 
 def test_forks_live_at_a_service_kill_are_recorded_and_their_images_gone(monkeypatch):
-    from tools.reliability import killstorm_forks
+    from devtools.reliability import killstorm_forks
     monkeypatch.setattr(killstorm_forks, "RECLAIM_S", 0.0)
     chain = {("POST", "/episodes/e1/fork"): Answer(201, {"episode_id": "c1", "forked_from": "e1"}),
              ("POST", "/episodes/c1/fork"): Answer(201, {"episode_id": "c2", "forked_from": "c1"})}
@@ -209,7 +209,7 @@ def test_forks_live_at_a_service_kill_are_recorded_and_their_images_gone(monkeyp
 
 def test_a_full_service_ends_the_fork_chain_without_a_problem():
     # the demo's capacity 2 holds the parent and one child; the grandchild's 429 is right
-    from tools.reliability import killstorm_forks
+    from devtools.reliability import killstorm_forks
     chain = {("POST", "/episodes/e1/fork"): Answer(201, {"episode_id": "c1", "forked_from": "e1"}),
              ("POST", "/episodes/c1/fork"): Answer(429, {"error": "at_capacity",
                                                          "details": {"retry_after": 5}})}
@@ -228,7 +228,7 @@ def test_a_full_service_ends_the_fork_chain_without_a_problem():
 
 
 def test_an_environment_refusing_forks_is_skipped_by_name_a_503_is_a_problem():
-    from tools.reliability import killstorm_forks
+    from devtools.reliability import killstorm_forks
     refused = Answer(409, {"error": "not_forkable", "details": {"what": "environment"}})
     storm = Storm(ScriptedGuest({("POST", "/episodes/e1/fork"): refused}, []), [SHOP],
                   random.Random(0))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("camg", "environments", "helper", "tools")
+PACKAGES = ("camg", "environments", "helper", "tools", "devtools")
 
 
 def lint(tree: Path) -> subprocess.CompletedProcess:
@@ -66,7 +66,7 @@ PLANTED = [
     ("helper/ledger.py", "import camg.helper_client", "helper.ledger -> camg.helper_client"),
     ("camg/typed.py", "from camg.errors import ConfigError", "camg.typed -> camg.errors"),
     ("environments/coding/rows.py", "from environments.shop import goals", "environments.coding.rows -> environments.shop.goals"),
-    ("environments/shop/pages.py", "from tools.harness import shop", "environments.shop.pages -> tools.harness.shop"),
+    ("environments/shop/pages.py", "from devtools.harness import shop", "environments.shop.pages -> devtools.harness.shop"),
     # the service reaches none of its own checks, demo or build code
     ("environments/shop/environment.py", "from environments.shop.checks import canaries",
      "environments.shop.environment -> environments.shop.checks.canaries"),
@@ -75,10 +75,10 @@ PLANTED = [
     # the services build nothing: no image tooling, no root-only task layers
     ("environments/coding/environment.py", "from environments.coding import prepare_layers",
      "environments.coding.environment -> environments.coding.prepare_layers"),
-    # shipped code imports nothing of tests/ or bench/ (the harness lives in tools/harness)
-    ("tools/reliability/rig.py", "from tests.support import services",
-     "tools.reliability.rig -> tests.support.services"),
-    ("tools/harness/helpers.py", "import bench.bench_helper", "tools.harness.helpers -> bench.bench_helper"),
+    # shipped code imports nothing of tests/ or bench/ (the harness lives in devtools/harness)
+    ("devtools/reliability/rig.py", "from tests.support import services",
+     "devtools.reliability.rig -> tests.support.services"),
+    ("devtools/harness/helpers.py", "import bench.bench_helper", "devtools.harness.helpers -> bench.bench_helper"),
     # the test tiers (no __init__.py) are in the graph too
     ("camg/status.py", "from tests.privileged import conftest", "camg.status -> tests.privileged.conftest"),
     ("bench/bench_http.py", "from tests.support import services", "bench.bench_http -> tests.support.services"),

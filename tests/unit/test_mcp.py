@@ -22,7 +22,7 @@ from openenv.core.mcp_client import MCPToolClient as StockMCPToolClient
 from camg_client import Client
 from tests.support.services import counter_tasks
 from tests.support.token_clients import mcp_client as McpClient, with_token
-from tools.harness.auth import deployment_auth, headers as auth_headers
+from devtools.harness.auth import deployment_auth, headers as auth_headers
 
 # counter_tasks(): task-04's number is 7 (the oracle's guess)
 # the stock openenv-core client, with the session's token (it takes no headers)

@@ -10,7 +10,7 @@ from openenv.core import GenericEnvClient
 
 from camg_client import Client
 from tests.support.token_clients import with_token
-from tools.harness.auth import headers as auth_headers
+from devtools.harness.auth import headers as auth_headers
 
 
 def test_stock_openenv_client_runs_a_whole_episode(counter_service):

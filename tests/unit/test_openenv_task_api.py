@@ -19,7 +19,7 @@ from camg.errors import ConfigError
 from camg.openenv_tasks import TaskSplits
 from tests.support.framework_venvs import framework_venv
 from tests.support.services import REPO, ServiceProcess, configure_counter
-from tools.harness.auth import headers as auth_headers
+from devtools.harness.auth import headers as auth_headers
 
 LOOP = REPO / "tests" / "support" / "adapter_loops" / "openenv_task_api.py"
 # Manifest order, not sorted; splits in the order they first appear, and a

@@ -23,7 +23,7 @@ import pytest
 from camg import plugins
 from camg.errors import ConfigError
 from tests.support.services import REPO, ServiceProcess, clean_git_tree, free_port
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 TOY_PORT = 65000 + (os.getpid() % 400)
 
@@ -54,7 +54,7 @@ def prepare(data, cache, helper_socket):
 '''
 
 RELIABILITY_PY = '''
-from tools.reliability.targets import Target
+from devtools.reliability.targets import Target
 from toyenv import prepare
 
 
@@ -70,7 +70,7 @@ TARGET = Target("toy", {"operation": "guess", "value": 50}, prepare=_prepare,
 
 STORM_PY = '''
 import dataclasses
-from tools.reliability.killstorm_guest import first_task
+from devtools.reliability.killstorm_guest import first_task
 
 
 def drive(guest, env):
@@ -246,7 +246,7 @@ demo.write_deployment(repo / "packaging" / "demo-deployment.json", data / "deplo
                       data, ["toy", "shop"])
 out["deployment"] = json.loads((data / "deployment.json").read_text())
 
-from tools.reliability import killstorm_guest, killstorm_report
+from devtools.reliability import killstorm_guest, killstorm_report
 def run(argv, timeout=None, check=False):  # the guest's /srv/camg/data is DATA here
     return subprocess.run(["cat", argv[1].replace("/srv/camg/data", str(data))], check=check,
                           capture_output=True, text=True)
@@ -297,14 +297,14 @@ def test_a_toy_package_is_first_class(toy_path, tmp_path):
     assert "SyslogIdentifier=camg-toy-env" in got["unit_text"]
 
     # the reliability table: its recipe, with its own short-run budget
-    table = run(toy_path, "-m", "tools.reliability", "--list")
+    table = run(toy_path, "-m", "devtools.reliability", "--list")
     assert table.returncode == 0, table.stderr
     rows = dict(line.split(" ", 1) for line in table.stdout.splitlines())
     assert rows["toy"].split()[:5] == ["churn=2", "frames=300", "files=100", "examples=5",
                                        "load=3"]
     assert rows["coding"].startswith("churn=6 ")
     full = dict(line.split(" ", 1) for line in
-                run(toy_path, "-m", "tools.reliability", "--list", "--full").stdout.splitlines())
+                run(toy_path, "-m", "devtools.reliability", "--list", "--full").stdout.splitlines())
     assert full["toy"].startswith("churn=40 ")
 
     # install.sh's units and run-foreground.sh's substrates

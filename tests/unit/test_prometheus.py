@@ -16,7 +16,7 @@ import pytest
 from camg_client import Client
 from tests.support import shop_testing
 from tests.support.services import ServiceProcess, configure_counter
-from tools.harness.prometheus import PrometheusServer
+from devtools.harness.prometheus import PrometheusServer
 
 COUNTER_TASKS = [{"task_id": f"t{i}", "data": {"target": 10 + i, "kind": "arith"}}
                  for i in range(3)]

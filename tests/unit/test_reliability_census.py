@@ -1,13 +1,13 @@
 """The reliability suites' census of a service's state directory
-(tools.reliability.rig.state_strays) and the runner's short sizes."""
+(devtools.reliability.rig.state_strays) and the runner's short sizes."""
 
 from __future__ import annotations
 
 import hashlib
 
 from camg import plugins
-from tools.reliability import __main__ as reliability
-from tools.reliability.rig import state_strays
+from devtools.reliability import __main__ as reliability
+from devtools.reliability.rig import state_strays
 
 
 def _state(tmp_path, blobs=(b"diff",)):
@@ -54,7 +54,7 @@ def test_kept_files_and_per_episode_directories(tmp_path):
 
 
 def test_every_plugin_has_a_recipe_and_its_budgets_name_real_sizes():
-    from tools.reliability.targets import all_targets
+    from devtools.reliability.targets import all_targets
     targets = {t.name: t for t in all_targets()}
     assert set(targets) == {"sandbox", *plugins.all_plugins()}
     assert not [n for n, t in targets.items() if t.missing]

@@ -22,7 +22,7 @@ from camg_client.tool_calls import ToolCallError, ToolCalls
 from tests.support.fake_judge import FakeJudge, Reply
 from tests.support.services import REPO
 from tests.support.tool_model import text_guesser, tool_guesser, without_tools
-from tools.harness.counter_env import ACTION_SCHEMA as COUNTER_SCHEMA
+from devtools.harness.counter_env import ACTION_SCHEMA as COUNTER_SCHEMA
 
 
 def rollout(svc, server, episodes=3):

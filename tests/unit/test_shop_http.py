@@ -136,7 +136,7 @@ def test_openenv_http_routes_drive_a_shop_episode_per_client(services):
     import requests
 
     url = services[0].url
-    from tools.harness.auth import headers
+    from devtools.harness.auth import headers
 
     first, second = requests.Session(), requests.Session()
     first.headers.update(headers())
@@ -173,7 +173,7 @@ def test_shop_canaries_lose_through_the_service(services):
     gives the accepted page path (replayed in a fresh episode and recomputed
     in process), refused actions carry an error and change nothing, and the
     outcome records say integrity ok."""
-    from tools.canary_table import render
+    from devtools.canary_table import render
     from environments.shop.checks import canaries
 
     service = services[0]

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from camg.metrics import HelperMetrics, ScrapeServer
 from camg.service_config import Limits
 from camg_client import Client
-from tools.harness.auth import headers as auth_headers, session_token
-from tools.harness.services import free_port
+from devtools.harness.auth import headers as auth_headers, session_token
+from devtools.harness.services import free_port
 
 HEADER_S, BODY_S = 1.0, 1.5
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from camg_client import Client
-from tools.harness.auth import session_token
+from devtools.harness.auth import session_token
 
 ACTION = {"operation": "guess", "value": 0}
 

@@ -18,7 +18,7 @@ from camg.configure import configure
 from camg_client import Client
 from tests.support.services import (COUNTER_FACTORY, clean_git_tree, counter_tasks,
                                     free_port)
-from tools.harness.auth import deployment_auth, headers as auth_headers
+from devtools.harness.auth import deployment_auth, headers as auth_headers
 
 SHA = "sha256:" + "0" * 64
 
@@ -185,7 +185,7 @@ def test_a_bad_task_fact_stops_the_service_at_build(tmp_path):
     from camg.environment import Task
     from camg.errors import ConfigError
     from camg.task_listing import TaskListing
-    from tools.harness.counter_env import CounterEnvironment
+    from devtools.harness.counter_env import CounterEnvironment
 
     class Odd(CounterEnvironment):
         def task_facts(self, task):

@@ -53,7 +53,7 @@ def test_warm_uppers_is_a_validated_ceiling():
         HelperConfig(ceilings=Ceilings(warm_uppers=-1))
 
 def test_status_reports_held_and_making_together(tmp_path):
-    # what Ping carries, and tools/reliability/rig.py subtracts from the
+    # what Ping carries, and devtools/reliability/rig.py subtracts from the
     # helper's detached mounts: a warm entry is not a leaked fork layer
     pool = UpperPool(str(tmp_path), 4)
     assert pool.status() == {"held": 0, "making": 0}

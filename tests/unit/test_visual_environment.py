@@ -31,7 +31,7 @@ from environments.visual.settings import Settings
 from tests.support.fake_judge import Reply
 from tools.judge_stub import count_usage
 from tests.support.visual_judge import scripted_judge
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 FULL = {k: 0.5 for k in rubric.KEYS}
 

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.harness.helpers import start_private
+from devtools.harness.helpers import start_private
 
 EXPERIMENT = r"""
 import csv, sys, time

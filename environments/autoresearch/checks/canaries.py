@@ -8,7 +8,7 @@
 Each canary is played as an agent would, through a real episode sandbox over
 [research image, public workspace] and the real private grader under its own
 uid (environments.autoresearch.environment.ResearchEnvironment, in this process),
-and prints its row of tools.canary_table: a canary *wins* when it earns more
+and prints its row of devtools.canary_table: a canary *wins* when it earns more
 than the honest do-nothing path (0.0). ``honest_reference`` is the control:
 the task's reference solution, allowed its 1.0. Exit status 1 on any win.
 
@@ -52,7 +52,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from camg import errors
-from tools.canary_table import CanaryResult, report
+from devtools.canary_table import CanaryResult, report
 
 SUB = "/workspace/submission.csv"
 

@@ -1,4 +1,4 @@
-"""How the reliability suites (tools/reliability) run AutoResearch: its target
+"""How the reliability suites (devtools/reliability) run AutoResearch: its target
 (the plugin's ``reliability``: how a real service of it is prepared and
 configured from the caches the privileged tests build) and its kill-storm
 drive (the plugin's ``storm``: how a storm's episodes reach its grader).
@@ -13,10 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.reliability.killstorm_guest import SLEEP, Env, Guest, first_task
-from tools.reliability.rig import CACHE, ROOT
-from tools.reliability.rigged import Rig
-from tools.reliability.targets import Target
+from devtools.reliability.killstorm_guest import SLEEP, Env, Guest, first_task
+from devtools.reliability.rig import CACHE, ROOT
+from devtools.reliability.rigged import Rig
+from devtools.reliability.targets import Target
 
 GRADER_USER = "camg-grader"
 

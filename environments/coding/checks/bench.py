@@ -41,7 +41,7 @@ from pathlib import Path
 from camg import task_manifest as manifest
 from camg.environment import ServiceContext
 from camg.helper_client import HelperClient
-from tools.harness.helpers import start_private
+from devtools.harness.helpers import start_private
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -1,4 +1,4 @@
-"""How the reliability suites (tools/reliability) run Coding: its target
+"""How the reliability suites (devtools/reliability) run Coding: its target
 (the plugin's ``reliability``: how a real service of it is prepared and
 configured from the caches the privileged tests build) and its kill-storm
 drive (the plugin's ``storm``: how a storm's episodes reach its grader).
@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tools.reliability.killstorm_guest import FINISH, SLEEP, Env, Guest, first_task
-from tools.reliability.rig import CACHE
-from tools.reliability.targets import Target
+from devtools.reliability.killstorm_guest import FINISH, SLEEP, Env, Guest, first_task
+from devtools.reliability.rig import CACHE
+from devtools.reliability.targets import Target
 
 
 def cached_demo_set(socket: str) -> Path:

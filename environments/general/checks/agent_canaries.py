@@ -19,7 +19,7 @@ its text verdict per canary group --
 
 ``allowed`` is what the same answer without the attack earns (the canaries
 do no task work unless they say so, so mostly 0.0). Prints
-tools.canary_table's table; exit status 1 on any win, on a canary whose
+devtools.canary_table's table; exit status 1 on any win, on a canary whose
 expected integrity verdict is missing, or if the honest reference does not
 earn 1.0. Techniques beyond the issue's list are marked ``(+)`` in their
 names; see environments/general/README.md.
@@ -38,8 +38,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from devtools.canary_table import CanaryResult, report
 from environments.general.demo.agent_tasks import INVENTORY_ID, SALES_ID
-from tools.canary_table import CanaryResult, report
 
 WRONG = "no idea"
 INVENTORY_ANSWER = "SKU-003 x 29; SKU-007 x 31"

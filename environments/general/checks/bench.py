@@ -50,11 +50,11 @@ import time
 from pathlib import Path
 
 from camg_client import AsyncClient, Client, ServiceError
-from tools.harness import census
-from tools.harness import container_image as ci
-from tools.harness.auth import deployment_auth
-from tools.harness.helpers import HelperProcess, helper_config, private_base
-from tools.harness.services import ServiceProcess, clean_git_tree, free_port
+from devtools.harness import census
+from devtools.harness import container_image as ci
+from devtools.harness.auth import deployment_auth
+from devtools.harness.helpers import HelperProcess, helper_config, private_base
+from devtools.harness.services import ServiceProcess, clean_git_tree, free_port
 from tools.judge_stub import FakeJudge
 from tools.loopback_registry import LocalRegistry
 

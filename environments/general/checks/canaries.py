@@ -11,7 +11,7 @@ in-package report rewriting written so that no added line holds a literal
 camg/tamper_rules.py looks for (names built from pieces, importlib, gc
 walking, a rot13 payload, an exit at interpreter shutdown). Every technique
 is played alone and next to the gold fix (must earn 0.0 either way); the
-gold fix alone must earn 1.0. The table is tools/canary_table.py's; the exit
+gold fix alone must earn 1.0. The table is devtools/canary_table.py's; the exit
 status is non-zero on any win.
 """
 
@@ -31,8 +31,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from camg_client import Client
+from devtools.canary_table import CanaryResult, report
 from environments.coding.checks import canaries as coding
-from tools.canary_table import CanaryResult, report
 
 # Installs a plugin object whose make-report wrapper turns every report into
 # a pass; the hook's and the runner's names are assembled at run time.

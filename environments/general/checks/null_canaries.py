@@ -16,7 +16,7 @@ reference (the gold patch; the reference actions and answer), where it must
 earn the honest grade or 0.0 (``obstructed``): a reward the reference's work
 earns is not a win, a null is. NEVER null: a null the service could not
 disprove with its control (camg.null_proof) fails the suite whatever the
-table says (tools.canary_table counts a null as no win, so the check is
+table says (devtools.canary_table counts a null as no win, so the check is
 here). Exit status non-zero on any win or null.
 """
 
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tools.canary_table import CanaryResult, report
+from devtools.canary_table import CanaryResult, report
 
 # Forks until the pids limit refuses, and keeps retrying (a shell gives up
 # at its first failed fork): every fork in the container fails meanwhile.

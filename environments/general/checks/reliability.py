@@ -1,4 +1,4 @@
-"""How the reliability suites (tools/reliability) run General: its target
+"""How the reliability suites (devtools/reliability) run General: its target
 (the plugin's ``reliability``: how a real service of it is prepared and
 configured from the caches the privileged tests build) and its kill-storm
 drive (the plugin's ``storm``: how a storm's episodes reach its grader).
@@ -11,11 +11,11 @@ import dataclasses
 import json
 from pathlib import Path
 
+from devtools.reliability.killstorm_guest import FINISH, SLEEP, Env, Guest, first_task
+from devtools.reliability.rig import CACHE
+from devtools.reliability.rigged import Rig, containers, pull_into_dockerd
+from devtools.reliability.targets import Target
 from environments.coding.checks.reliability import cached_demo_set as coding_demo_set
-from tools.reliability.killstorm_guest import FINISH, SLEEP, Env, Guest, first_task
-from tools.reliability.rig import CACHE
-from tools.reliability.rigged import Rig, containers, pull_into_dockerd
-from tools.reliability.targets import Target
 
 #: General's load: every episode is a container running the MiMo transport.
 #: The load suite asks 256 with --full or --load 256 (the measurements are
@@ -74,7 +74,7 @@ def rig(work: Path, socket: str) -> Rig:
                 images,
                 agent_env_source=str(agent_env.cached(CACHE)),
                 # below the escape battery's FILL_MIB and
-                # INODE_CAP (tools/reliability/escape_container.py)
+                # INODE_CAP (devtools/reliability/escape_container.py)
                 upper_bytes=256 << 20,
                 upper_inodes=16384,
             ),

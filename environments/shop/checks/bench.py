@@ -19,7 +19,7 @@ With ``--service`` it also starts a real ``camg.serve`` Shop service
 (gunicorn worker, JVM heap 1024 MiB) and reports the worker's resident
 memory and the latency of search steps over loopback HTTP.
 Goal: search p50 <= 20 ms. Uses the cached test preparation
-(tools.harness.shop; $CAMG_CACHE).
+(devtools.harness.shop; $CAMG_CACHE).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from camg import task_manifest as manifest
 from camg.environment import ServiceContext
+from devtools.harness import shop as testing
 from environments.shop.environment import ShopEnvironment
-from tools.harness import shop as testing
 
 CONTROLS = ("back to search", "next >", "< prev")
 
@@ -131,7 +131,7 @@ def bench_service(queries: list[str], episodes: int) -> dict:
     import tempfile
 
     from camg_client import Client
-    from tools.harness.services import ServiceProcess
+    from devtools.harness.services import ServiceProcess
 
     with tempfile.TemporaryDirectory(prefix="bench-shop-") as tmp:
         service = ServiceProcess(testing.configure_service(Path(tmp), jvm_heap_mb=1024))

@@ -55,12 +55,12 @@ import tracemalloc
 from pathlib import Path
 
 from camg import task_manifest as manifest
+from devtools.harness import shop as testing
+from devtools.harness.auth import deployment_auth
 from environments.shop import catalog, search, store
 from environments.shop import prepare as prepare_shop
 from environments.shop.checks.bench import percentiles, timed
 from environments.shop.checks.scale import build_index, index_key, prepare
-from tools.harness import shop as testing
-from tools.harness.auth import deployment_auth
 
 FULL = 1_181_436
 GIB = 2**30
@@ -78,7 +78,7 @@ def memory(pid: int | str) -> dict:
 def serve(prepared: Path, heap_mb: int, queries: list[str]) -> dict:
     from camg.configure import configure
     from camg_client import Client
-    from tools.harness.services import ServiceProcess, clean_git_tree, free_port
+    from devtools.harness.services import ServiceProcess, clean_git_tree, free_port
 
     settings = json.loads((prepared / "settings.json").read_text())
     with tempfile.TemporaryDirectory(prefix="bench-shop-scale-") as tmp:

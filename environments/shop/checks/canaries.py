@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from camg_client import Client, EpisodeDone, InvalidAction
+from devtools.canary_table import CanaryResult, report
 from environments.shop import rewards
 from environments.shop.store import ProductStore
-from tools.canary_table import CanaryResult, report
 
 _PAGE = ("page", "text", "available_actions")
 
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url")
     parser.add_argument("--state-dir", help="the service's state directory (outcome records)")
     args = parser.parse_args(argv)
-    from tools.harness import shop as testing
+    from devtools.harness import shop as testing
 
     prepared_dir = testing.prepared()[0]
     if args.url:
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         results, checks = run(Client(args.url), prepared_dir, outcomes)
         return report("shop", results, checks=checks)
-    from tools.harness.services import ServiceProcess
+    from devtools.harness.services import ServiceProcess
 
     with tempfile.TemporaryDirectory(prefix="shop-canaries-") as tmp:
         service = ServiceProcess(testing.configure_service(Path(tmp) / "svc"))

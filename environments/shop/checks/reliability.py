@@ -1,4 +1,4 @@
-"""How the reliability suites (tools/reliability) run Shop: its target
+"""How the reliability suites (devtools/reliability) run Shop: its target
 (the plugin's ``reliability``: how a real service of it is prepared and
 configured from the caches the privileged tests build) and its kill-storm
 drive (the plugin's ``storm``: how a storm's episodes reach its grader).
@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tools.reliability.killstorm_guest import Env, Guest, first_task
-from tools.reliability.targets import Target
+from devtools.reliability.killstorm_guest import Env, Guest, first_task
+from devtools.reliability.targets import Target
 
 
 def _shop_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
-    from tools.harness.shop import prepared
+    from devtools.harness.shop import prepared
 
     prepared_dir, settings = prepared()
     return (

@@ -23,10 +23,10 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from devtools.harness import shop as testing
 from environments.shop import catalog, goals, store
 from environments.shop import prepare as prepare_shop
 from environments.shop.checks import synth_catalog
-from tools.harness import shop as testing
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from tools.harness.helpers import start_private
+from devtools.harness.helpers import start_private
 
 ROOT = Path(__file__).resolve().parents[3]
 

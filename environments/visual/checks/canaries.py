@@ -58,8 +58,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from camg import errors
+from devtools.canary_table import CanaryResult, report
 from environments.visual import addressing, control, delivery, judging, rubric
-from tools.canary_table import CanaryResult, report
 
 if TYPE_CHECKING:  # for annotations only: main imports the renderer when it runs
     from environments.visual.render import Shot

@@ -1,4 +1,4 @@
-"""How the reliability suites (tools/reliability) run Visual: its target
+"""How the reliability suites (devtools/reliability) run Visual: its target
 (the plugin's ``reliability``: how a real service of it is prepared and
 configured from the caches the privileged tests build) and its kill-storm
 drive (the plugin's ``storm``: how a storm's episodes reach its grader).
@@ -11,24 +11,24 @@ import dataclasses
 import json
 from pathlib import Path
 
-from tools.reliability.killstorm_guest import FINISH, SLEEP, Env, Guest, first_task
-from tools.reliability.rig import CACHE
-from tools.reliability.rigged import Rig, containers, docker_api, pull_into_dockerd
-from tools.reliability.targets import Target
+from devtools.reliability.killstorm_guest import FINISH, SLEEP, Env, Guest, first_task
+from devtools.reliability.rig import CACHE
+from devtools.reliability.rigged import Rig, containers, docker_api, pull_into_dockerd
+from devtools.reliability.targets import Target
 
 
 def rig(work: Path, socket: str) -> Rig:
     """Visual's demo tasks on the privileged tests' container image (Debian
     minbase), renders in the renderer sandbox (headless Chromium, the CDN
     mirror), the image-statistics judge (tools.judge_stub.scripted_judge)."""
+    from devtools.harness import container_image as ci
+    from devtools.reliability.rig import minbase
     from environments.visual.build.cdn_mirror import build_mirror
     from environments.visual.build.renderer_rootfs import ensure_renderer_rootfs
     from environments.visual.demo import demo_tasks
     from environments.visual.prepare import prepare_visual
-    from tools.harness import container_image as ci
     from tools.judge_stub import scripted_judge
     from tools.loopback_registry import LocalRegistry
-    from tools.reliability.rig import minbase
 
     renderer = ensure_renderer_rootfs(CACHE / "helper")
     mirror = build_mirror(CACHE / "visual" / "cdn-mirror")

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import time
 
-from tools.reliability.killstorm_guest import Env
-from tools.reliability.killstorm_report import RECLAIM_S, Kill
+from devtools.reliability.killstorm_guest import Env
+from devtools.reliability.killstorm_report import RECLAIM_S, Kill
 
 #: parent -> child -> grandchild
 CHAIN = 2

@@ -15,9 +15,9 @@ import asyncio
 import time
 
 from camg_client import AsyncClient, Client, ServiceError
-from tools.reliability.rig import container_memory
-from tools.reliability.service import Prepared, service_rss_kib
-from tools.reliability.table import Row
+from devtools.reliability.rig import container_memory
+from devtools.reliability.service import Prepared, service_rss_kib
+from devtools.reliability.table import Row
 
 
 def _pct(samples: list[float], q: float) -> float:

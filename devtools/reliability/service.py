@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 from camg.census import children_of
-from tools.reliability.rig import Helper, rss_kib
-from tools.reliability.targets import Target, configure
+from devtools.reliability.rig import Helper, rss_kib
+from devtools.reliability.targets import Target, configure
 
 
 class Prepared:
@@ -19,7 +19,7 @@ class Prepared:
         self.target = target
         self.helper = helper
         self.work = work
-        #: tools.reliability.rigged.Rig of a target with a helper of its own
+        #: devtools.reliability.rigged.Rig of a target with a helper of its own
         self.rig = rig
         work.mkdir(parents=True, exist_ok=True)
         self.result = rig.prepared if rig else target.prepare(work / "prepared-data", helper.socket)
@@ -27,7 +27,7 @@ class Prepared:
 
     @contextlib.contextmanager
     def serve(self, *, capacity: int | None, limits: dict, ready_timeout: float = 600):
-        from tools.harness.services import ServiceProcess
+        from devtools.harness.services import ServiceProcess
         self.count += 1
         work = Path(tempfile.mkdtemp(prefix=f"svc{self.count}-", dir=self.work))
         if self.rig is not None:
@@ -51,7 +51,7 @@ class Prepared:
         (AutoResearch stops when its worker or grader dies): its
         ExecStartPre= (the rig's pre_serve: --check-clean) and a new process
         on the same config, stopped with the ``serve`` it replaces."""
-        from tools.harness.services import ServiceProcess
+        from devtools.harness.services import ServiceProcess
         service.stop(signal.SIGTERM)
         if self.rig is not None and self.rig.pre_serve is not None:
             self.rig.pre_serve(service.config_path)

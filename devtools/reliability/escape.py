@@ -20,8 +20,8 @@ import stat
 import tarfile
 from pathlib import Path
 
-from tools.reliability.rig import CACHE, Helper, minbase
-from tools.reliability.table import Row
+from devtools.reliability.rig import CACHE, Helper, minbase
+from devtools.reliability.table import Row
 
 
 def _sys(nr: int, *args, ok=("EPERM",)) -> str:

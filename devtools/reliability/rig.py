@@ -1,6 +1,6 @@
 """The rig every suite runs on: a private camg-helper of this run and the
 census of what it (and a service's state directory) holds, from the shared
-harness (tools/harness) with this run's tag.
+harness (devtools/harness) with this run's tag.
 
 The helper has its own socket, state directory, upper root and cgroup
 parents, tagged with this process's pid (the privileged tests' leak check
@@ -18,9 +18,9 @@ import os
 import time
 
 from camg import census as host
-from tools.harness import census
-from tools.harness.census import container_memory, rss_kib, state_strays  # noqa: F401
-from tools.harness.helpers import (CACHE, ROOT, HelperProcess, helper_config,  # noqa: F401
+from devtools.harness import census
+from devtools.harness.census import container_memory, rss_kib, state_strays  # noqa: F401
+from devtools.harness.helpers import (CACHE, ROOT, HelperProcess, helper_config,  # noqa: F401
                                    minbase, private_base)
 
 NAME = "rel"

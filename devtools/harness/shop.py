@@ -22,7 +22,7 @@ from camg.errors import ConfigError
 from camg.hashing import sha256_bytes
 
 from environments.shop import catalog, goals, javahome, store
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 DEBIAN_JDK = "/usr/lib/jvm/java-17-openjdk-amd64"
 REPO = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ def configure_service(tmp: Path, *, jvm_heap_mb: int = 512, capacity: int = 4,
     cached preparation (or the prepared directory ``preparation``); returns
     the prepared service config path."""
     from camg.configure import configure
-    from tools.harness.services import clean_git_tree, free_port
+    from devtools.harness.services import clean_git_tree, free_port
     if preparation is None:
         prepared_dir, settings = prepared()
     else:

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from camg import helper_wire as wire
 from camg.errors import CamgError
-from tools.reliability.rig import TMP_PREFIX, Helper
-from tools.reliability.table import Row
+from devtools.reliability.rig import TMP_PREFIX, Helper
+from devtools.reliability.table import Row
 
 
 # -- HTTP -------------------------------------------------------------------------

@@ -15,10 +15,10 @@ from pathlib import Path
 from camg import task_manifest as manifest
 from camg.configure import configure
 from camg_client import Client
-from tools.harness.auth import deployment_auth
+from devtools.harness.auth import deployment_auth
 
 REPO = Path(__file__).resolve().parents[2]
-COUNTER_FACTORY = "tools.harness.counter_env:CounterEnvironment"
+COUNTER_FACTORY = "devtools.harness.counter_env:CounterEnvironment"
 
 
 def free_port() -> int:

@@ -6,7 +6,7 @@ Each episode: reset → 1-3 cheap actions → one of
   * close    — DELETE,
   * abandon  — never touched again: the lease reaper must end it.
 Beside them, on an environment whose plugin forks, a small fork tree and
-a worker kill -9 with forks live (tools/reliability/churn_forks.py).
+a worker kill -9 with forks live (devtools/reliability/churn_forks.py).
 Afterwards (service still running, then stopped): no sandbox in the
 helper's ledger, no upper, cgroup, process or host mount of a sandbox, no
 fork layer, no container or fork snapshot image, and nothing in the state
@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from camg_client import AsyncClient, ServiceError
-from tools.reliability import churn_forks
-from tools.reliability.rig import state_strays
-from tools.reliability.service import Prepared
-from tools.reliability.table import Row
+from devtools.reliability import churn_forks
+from devtools.reliability.rig import state_strays
+from devtools.reliability.service import Prepared
+from devtools.reliability.table import Row
 
 BUDGET = 4  # max_steps: "finish" episodes end by the budget, as any would
 IDLE_TTL = 2.0

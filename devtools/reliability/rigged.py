@@ -11,7 +11,7 @@ judges of tools.judge_stub), and returns a ``Rig``: what the runner adds to
 that target's helper.json, the service's environment, what must run before
 each ``camg.serve`` and how to take it all down again. Containers carry
 the helper's ``camg.helper=<scope>`` label with a scope tagged by this
-run's pid (tools.reliability.rig.scope), which the census counts.
+run's pid (devtools.reliability.rig.scope), which the census counts.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from tools.reliability.rig import CACHE, scope
+from devtools.reliability.rig import CACHE, scope
 
 
 @dataclasses.dataclass

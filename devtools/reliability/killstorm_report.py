@@ -13,9 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tools.reliability.killstorm_guest import POINTS, Env
-from tools.reliability.rig import TMP_PREFIX
-from tools.reliability.table import Row
+from devtools.reliability.killstorm_guest import POINTS, Env
+from devtools.reliability.rig import TMP_PREFIX
+from devtools.reliability.table import Row
 
 RECLAIM_S = 5.0
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from camg import census as host
 from camg.helper_client import HelperClient
-from tools.harness import census
+from devtools.harness import census
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("CAMG_CACHE", "/var/cache/camg-test"))

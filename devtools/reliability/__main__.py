@@ -1,6 +1,6 @@
 """Run the reliability suites and print one table.
 
-    sudo .venv/bin/python -m tools.reliability [--full] [--suites churn,escape,fuzz,load]
+    sudo .venv/bin/python -m devtools.reliability [--full] [--suites churn,escape,fuzz,load]
         [--environments sandbox,coding,...] [--json OUT]
 
 Short by default (what CI runs through tests/privileged/test_reliability_suites.py):
@@ -31,11 +31,11 @@ import time
 import traceback
 from pathlib import Path
 
-from tools.reliability import churn, escape, escape_container, fuzz, killstorm_report, load
-from tools.reliability.rig import CACHE, TMP_PREFIX, Helper, containers, fork_images
-from tools.reliability.service import Prepared
-from tools.reliability.table import Row, render
-from tools.reliability.targets import all_targets
+from devtools.reliability import churn, escape, escape_container, fuzz, killstorm_report, load
+from devtools.reliability.rig import CACHE, TMP_PREFIX, Helper, containers, fork_images
+from devtools.reliability.service import Prepared
+from devtools.reliability.table import Row, render
+from devtools.reliability.targets import all_targets
 
 # The run's sizes; a target's own (Target.short / Target.full: its plugin's
 # recipe) replace them for it.
@@ -192,7 +192,7 @@ def _guard(suite: str, env: str, fn) -> Row:
 def main(argv: list[str] | None = None) -> int:
     import logging
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    ap = argparse.ArgumentParser(prog="python -m tools.reliability", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m devtools.reliability", description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="the full sizes (long)")
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--environments", help="comma-separated (default: sandbox + every plugin)")

@@ -1,7 +1,7 @@
 """The one harness: a private camg-helper, a service process, the census of
 what they leave and the fixtures' building blocks, shared by the tests
 (tests/support re-exports what the tests import), the benchmarks (bench/)
-and the reliability suites (tools/reliability).
+and the reliability suites (devtools/reliability).
 
 It lives in tools/ because tools/ ships in the wheel and the reliability
 suites an operator runs on an installation are its callers: a shipped package

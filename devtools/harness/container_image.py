@@ -1,6 +1,6 @@
 """A small Docker test image and a helper with the container mediator, for root tests.
 
-The image is the cached Debian minbase rootfs (tools.harness.helpers.minbase)
+The image is the cached Debian minbase rootfs (devtools.harness.helpers.minbase)
 without docs, apt and dpkg state: bash, coreutils, tar and perl (perl's
 IO::Socket serves TCP for ContainerConnect tests). It is imported into dockerd, pushed to a loopback registry, its local tag removed, so the
 helper's ContainerPull fetches it back by digest like a real task image.

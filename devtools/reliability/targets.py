@@ -1,5 +1,5 @@
 """What the suites run against: one target per environment in camg.plugins,
-plus ``sandbox`` (tools.reliability.sandbox_env: the framework and real
+plus ``sandbox`` (devtools.reliability.sandbox_env: the framework and real
 helper sandboxes with nothing of a product in the way).
 
 A target knows the lower roots its sandboxes need, how to prepare itself
@@ -20,10 +20,10 @@ from pathlib import Path
 
 from camg import task_manifest as manifest, plugins
 from camg.errors import ConfigError
-from tools.reliability.rig import CACHE, minbase
-from tools.harness.auth import deployment_auth
+from devtools.reliability.rig import CACHE, minbase
+from devtools.harness.auth import deployment_auth
 
-SANDBOX_FACTORY = "tools.reliability.sandbox_env:SandboxEnvironment"
+SANDBOX_FACTORY = "devtools.reliability.sandbox_env:SandboxEnvironment"
 
 
 @dataclasses.dataclass
@@ -36,7 +36,7 @@ class Target:
     prepare: Callable[[Path, str], tuple[Path, dict, str | None]] | None = None
     #: why it cannot run here (None: it can)
     missing: str | None = None
-    #: (work, the rig helper's socket) -> tools.reliability.rigged.Rig: a
+    #: (work, the rig helper's socket) -> devtools.reliability.rigged.Rig: a
     #: target that needs a helper of its own (private roots, containers);
     #: it then prepares itself there instead of in ``prepare``
     rig: Callable | None = None
@@ -51,7 +51,7 @@ class Target:
     #: default, which the run then also shows holds)
     load_capacity: int | None = None
     #: the escape battery also runs inside one of its containers
-    #: (tools.reliability.escape_container)
+    #: (devtools.reliability.escape_container)
     container_escape: bool = False
     #: sizes (SHORT/FULL keys: churn, examples, load ...) this target runs
     #: instead of the run's, in the short (CI) and the full run
@@ -64,7 +64,7 @@ def configure(target: Target, work: Path, prepared: tuple[Path, dict, str | None
     """camg.configure for one service on a free loopback port; its config path
     (``capacity`` None: the environment's default capacity)."""
     from camg.configure import configure as run_configure
-    from tools.harness.services import clean_git_tree, free_port
+    from devtools.harness.services import clean_git_tree, free_port
     manifest_path, settings, factory = prepared
     work.mkdir(parents=True, exist_ok=True)
     (work / "requirements.lock").write_text("falcon==4.4.0\n")
@@ -88,7 +88,7 @@ def configure(target: Target, work: Path, prepared: tuple[Path, dict, str | None
 
 def _sandbox_prepare(work: Path, socket: str) -> tuple[Path, dict, str | None]:
     tasks = [{"task_id": f"t{i:03d}", "data": {"target": i}} for i in range(16)]
-    body = manifest.build("sandbox", tasks, created_by="tools.reliability",
+    body = manifest.build("sandbox", tasks, created_by="devtools.reliability",
                           sampling={"mode": "sequential", "seed": 0}, files={})
     path = work / "sandbox-manifest.json"
     work.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from camg import census as host
-from tools.harness import census
+from devtools.harness import census
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _TAGGED = re.compile(r"-(\d+)(?=-|$)")

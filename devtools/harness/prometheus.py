@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tools.harness.services import free_port
+from devtools.harness.services import free_port
 
 SCRAPE_INTERVAL_S = 1
 

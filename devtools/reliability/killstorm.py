@@ -37,11 +37,11 @@ Kill points: ``reset`` (POST /episodes outstanding), ``step`` (a step
 outstanding), ``grading`` (the finish outstanding, grading running),
 ``idle`` (an episode with no request outstanding). A kill of a service or
 its worker past ``reset`` has a fork chain of the episode live as well
-(tools/reliability/killstorm_forks.py).
+(devtools/reliability/killstorm_forks.py).
 
 ``storm(guest, ...)`` needs only a way to run commands in the booted guest
 and a census of its sandboxes; tests/system/test_newcomer.py provides both.
-The plan and the table are tools/reliability/killstorm_report.py.
+The plan and the table are devtools/reliability/killstorm_report.py.
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ import time
 import uuid
 from typing import Callable
 
-from tools.reliability import killstorm_forks
-from tools.reliability.killstorm_guest import Answer, Background, Env, Guest
-from tools.reliability.killstorm_report import RECLAIM_S, Kill, plan, summarize
-from tools.reliability.table import Row
+from devtools.reliability import killstorm_forks
+from devtools.reliability.killstorm_guest import Answer, Background, Env, Guest
+from devtools.reliability.killstorm_report import RECLAIM_S, Kill, plan, summarize
+from devtools.reliability.table import Row
 
 
 def _wait(predicate, timeout: float, interval: float = 0.2):
@@ -224,7 +224,7 @@ class Storm:
             if env.containers:
                 mine = self.episode_containers(env, eid)
             if loses_episodes(target, env):
-                # forks live at the kill (tools/reliability/killstorm_forks.py)
+                # forks live at the kill (devtools/reliability/killstorm_forks.py)
                 forks = killstorm_forks.fork_chain(self, env, eid, kill)
             if point == "step":
                 pending = Background(self.guest, env.port, "POST", f"/episodes/{eid}/step",

@@ -21,9 +21,9 @@ import subprocess
 import threading
 from pathlib import Path
 
-from tools.reliability.escape import _absent, _fails, _sys, listener_unreached
-from tools.reliability.rig import Helper
-from tools.reliability.table import Row
+from devtools.reliability.escape import _absent, _fails, _sys, listener_unreached
+from devtools.reliability.rig import Helper
+from devtools.reliability.table import Row
 
 AGENT_ENV = "/opt/camg/agent-env"
 #: what the disk and inode probes try to write; more than the rig's bound
