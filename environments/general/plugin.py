@@ -12,10 +12,9 @@ PLUGIN = EnvironmentPlugin(
     prepare_hint="python -m camg.prepare --environment general",
     substrate="container",
     # an episode's peak container memory, bounding the default capacity:
-    # the stdlib transport idles at 13.9 MiB and a code task's pytest
-    # verifier peaked at 49.4 MiB (environments/general/checks/bench.py, 2026-12-03); 140
-    # MiB (what the openenv transport held idle) stays as the bound until
-    # the other verifiers (jest, a webdev build) are measured too
+    # the transport and a code task's pytest verifier stay well below it
+    # (measured by environments/general/checks/bench.py); the bound stays
+    # until the other verifiers (jest, a webdev build) are measured too
     episode_peak_bytes=140 << 20,
     demo={
         "manifest": "/srv/camg/data/general/manifest.json",

@@ -11,8 +11,8 @@ PLUGIN = EnvironmentPlugin(
     prepare="environments.visual.prepare:main",
     prepare_hint="python -m camg.prepare --environment visual",
     substrate="container",
-    # its renderer sandbox at a render, 195-199 MiB measured (memory cgroup,
-    # environments/visual/README.md; the task container idles at 0.5 MiB)
+    # its renderer sandbox's memory cgroup at a render, which dominates (the
+    # task container idles far below it; environments/visual/checks/bench.py)
     episode_peak_bytes=200 << 20,
     demo={
         "manifest": "/srv/camg/data/visual/manifest.json",
