@@ -2,7 +2,7 @@
 """Pull the Coding environment's images by digest and materialize their root filesystems.
 
     python scripts/prepare_images.py --cache-root DIR --crane PATH \\
-        --output materialized-images.json [--images camg/data/coding/images.json] \\
+        --output materialized-images.json [--images environments/coding/data/images.json] \\
         [--registry HOST:PORT] [--skopeo PATH] [--insecure-registry] [--setuid-policy keep|strip]
         [--helper-config /etc/camg/helper.json]
 
@@ -30,7 +30,8 @@ from camg.errors import CamgError  # noqa: E402
 from camg.oci.images import load_specs, write_materialized  # noqa: E402
 from tools.oci.prepare import choose_puller, default_options, prepare_images  # noqa: E402
 
-DEFAULT_IMAGES = Path(__file__).resolve().parent.parent / "camg" / "data" / "coding" / "images.json"
+DEFAULT_IMAGES = (Path(__file__).resolve().parent.parent / "environments" / "coding" / "data"
+                  / "images.json")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -414,7 +414,7 @@ def _messages(request: Request) -> list[tuple[str, str]]:
 
 def rubric_parts(request: Request) -> tuple[str, str, str]:
     """(anchor, evidence text, text read as instructions) of a rubric request
-    as camg.judge.rubric_messages builds it: the anchor from the system
+    as environments.general.judge_prompt.rubric_messages builds it: the anchor from the system
     message, the evidence decoded from the fenced JSON lines. Older prompts
     (one user message, "Expected (pass anchor):" then "Evidence:") read as a
     plain reader would: the first anchor line, everything after "Evidence:"."""

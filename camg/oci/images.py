@@ -1,6 +1,6 @@
 """The two image files: the list to prepare and the materialized result.
 
-images.json (input; camg/data/coding/images.json is the product list)::
+images.json (input; environments/coding/data/images.json is the product list)::
 
     {"version": 1,
      "images": [{"name": "camg/demo-apispec-6.8.1",

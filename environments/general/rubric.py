@@ -8,10 +8,10 @@ weight counting 1, a failed gate making it 0 (gates themselves earn no
 credit). Any judge failure raises
 JudgeError (reward null, class judge_error), never a 0.
 
-The prompt is built here (camg.judge.rubric_messages) from the request's
+The prompt is built here (judge_prompt.rubric_messages) from the request's
 fields -- the item and its pass anchor in the system message, the evidence
 as JSON strings in a self-named fence -- and the score is the judge's own
-``score`` field (camg.judge.parse_verdict). Requests of verifiers before
+``score`` field (judge_prompt.parse_verdict). Requests of verifiers before
 that (a stored ``prompt``/``system`` pair) are asked as they were.
 
 Integrity (``integrity`` / ``integrity_evidence``, as on opensource-code):
@@ -38,7 +38,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from camg import errors
-from camg.judge import VERDICT_SCHEMA, Judge, parse_verdict, rubric_messages
+from camg.judge import Judge
+from environments.general.judge_prompt import VERDICT_SCHEMA, parse_verdict, rubric_messages
 
 DETAIL = "reward_detail.json"
 #: the service's own caps on what a judge is shown (the verifier caps too)

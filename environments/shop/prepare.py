@@ -24,7 +24,7 @@ writes into OUTPUT:
   exact-product rows), sampling settings, and the pool and index hashes;
 * ``settings.json`` — the ``settings`` object for the deployment JSON.
 
-The default catalog is the WebShop 1k catalog shipped in camg/data/shop.
+The default catalog is the WebShop 1k catalog shipped in environments/shop/data.
 For the full catalog (e.g. a MemoryArena checkout's WebShop data) pass
 ``--catalog .../search_engine/resources/documents.jsonl --instructions
 .../data/items_ins_v2.json --human-instructions .../data/items_human_ins.json

@@ -1,6 +1,6 @@
 """General general_agent judging against text that addresses the judge.
 
-The prompt camg builds (camg.judge.rubric_messages) and its strict reply
+The prompt General builds (environments.general.judge_prompt.rubric_messages) and its strict reply
 parser (parse_verdict) against tools.judge_stub's gullible judge model; the
 same answers under the prompt and parser the verifier used before (one user
 message, "Expected (pass anchor):", unfenced evidence, the last score in the
@@ -15,8 +15,8 @@ import os
 
 import pytest
 
-from camg.judge import (VERDICT_SCHEMA, Judge, JudgeConfig, parse_score, parse_verdict,
-                        rubric_messages)
+from camg.judge import Judge, JudgeConfig, parse_score
+from environments.general.judge_prompt import VERDICT_SCHEMA, parse_verdict, rubric_messages
 from environments.general import rubric
 from environments.general.checks import agent_canaries as ac
 from tools.judge_stub import (FakeJudge, Request, anchor_verdict, credulous_verdict,

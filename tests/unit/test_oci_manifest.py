@@ -113,7 +113,7 @@ def test_duplicate_names_rejected(tmp_path):
 
 def test_product_list_is_valid():
     from pathlib import Path
-    load_specs(Path(__file__).resolve().parents[2] / "camg/data/coding/images.json")
+    load_specs(Path(__file__).resolve().parents[2] / "environments/coding/data/images.json")
 
 
 def test_with_registry():

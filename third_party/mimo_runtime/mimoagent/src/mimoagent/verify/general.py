@@ -12,7 +12,7 @@ Reads ``verifier_meta.json`` from the task directory: a list of rubric
   plus the extracted text of its workspace files as data (``evidence``:
   name, state, truncated, text; each capped at 20,000 characters, 60,000
   for the item). The prompt is built by whoever asks the judge
-  (camg.judge.rubric_messages), never from text written here.
+  (environments.general.judge_prompt.rubric_messages), never from text written here.
 
 Every workspace file is read as root from a tree the agent wrote, after the
 transport has killed the agent's processes: only regular files inside the
