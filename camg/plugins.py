@@ -178,8 +178,9 @@ def default_unit(name: str) -> str:
     return f"camg-{name}.service"
 
 
-#: The most concurrent episodes a service takes by default: what the load
-#: suite (python -m devtools.reliability --full) shows holding with 0 errors.
+#: The most concurrent episodes a service of sandboxes or containers takes
+#: by default: what the load suite (python -m devtools.reliability --full)
+#: shows holding with 0 errors.
 MAX_DEFAULT_CAPACITY = 256
 #: Live episodes per core: an episode mostly idles while the model thinks
 #: (the load suite holds 256 on this 2-core host)
@@ -187,6 +188,15 @@ EPISODES_PER_CORE = 128
 #: The share of the host's memory one service's episodes may hold at their
 #: peaks; the rest is the kernel, page cache and the other services
 MEMORY_SHARE = 0.5
+#: The most concurrent episodes any service takes (a deployment's
+#: ``capacity`` included), and the default of an environment whose episodes
+#: are sessions in the service's own process (substrate "process"): such a
+#: session is kilobytes and no helper object, and bench/bench_sessions.py
+#: holds this many on a 2-core host with no error
+MAX_CAPACITY = 4096
+#: In-process sessions per core (substrate "process"): an idle session costs
+#: no CPU, so the bound is what one core serves as their steps arrive
+PROCESS_SESSIONS_PER_CORE = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,25 +220,35 @@ class Host:
 
 
 def default_capacity(plugin: EnvironmentPlugin | None, host: Host | None = None) -> int:
-    """Episodes a service takes when its deployment names no ``capacity``::
+    """Episodes a service takes when its deployment names no ``capacity``.
+    Episodes in helper sandboxes or containers::
 
         min(256, SANDBOXES_PER_PEER // sandboxes_per_episode,
             cores * EPISODES_PER_CORE,
             memory * MEMORY_SHARE // episode_peak_bytes)   (at least 1)
 
-    The helper's per-peer sandbox ceiling (camg.helper_wire.SANDBOXES_PER_PEER)
+    the helper's per-peer sandbox ceiling (camg.helper_wire.SANDBOXES_PER_PEER)
     over the sandboxes an episode holds at its peak; the host's cores; and
     its memory over the episode's measured peak (no bound where the plugin
-    has none measured). ``host``: this machine's, unless given.
+    has none measured). Sessions in the service's own process (substrate
+    "process") hold no helper object::
+
+        min(MAX_CAPACITY, cores * PROCESS_SESSIONS_PER_CORE,
+            memory * MEMORY_SHARE // episode_peak_bytes)
+
+    ``host``: this machine's, unless given.
     """
     host = host or Host.detect()
-    per = plugin.sandboxes_per_episode if plugin is not None else 1
-    assert per is not None  # __post_init__ fills in a plugin's default
-    bounds = [
-        MAX_DEFAULT_CAPACITY,
-        SANDBOXES_PER_PEER // max(1, per),
-        host.cores * EPISODES_PER_CORE,
-    ]
+    if plugin is not None and plugin.substrate == "process":
+        bounds = [MAX_CAPACITY, host.cores * PROCESS_SESSIONS_PER_CORE]
+    else:
+        per = plugin.sandboxes_per_episode if plugin is not None else 1
+        assert per is not None  # __post_init__ fills in a plugin's default
+        bounds = [
+            MAX_DEFAULT_CAPACITY,
+            SANDBOXES_PER_PEER // max(1, per),
+            host.cores * EPISODES_PER_CORE,
+        ]
     if plugin is not None and plugin.episode_peak_bytes:
         bounds.append(int(host.memory_bytes * MEMORY_SHARE) // plugin.episode_peak_bytes)
     return max(1, min(bounds))

@@ -84,8 +84,8 @@ class EnvironmentDeployment:
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.capacity is not None and not 1 <= self.capacity <= 4096:
-            raise ValueError("capacity must be between 1 and 4096")
+        if self.capacity is not None and not 1 <= self.capacity <= plugins.MAX_CAPACITY:
+            raise ValueError(f"capacity must be between 1 and {plugins.MAX_CAPACITY}")
         if self.queue_bound is not None and not 0 <= self.queue_bound <= 65536:
             raise ValueError("queue_bound must be between 0 and 65536")
         if self.port is not None and not 1 <= self.port <= 65535:

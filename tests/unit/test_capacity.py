@@ -62,7 +62,31 @@ def test_general_and_visual_are_bounded_by_their_measured_peaks():
     # 12 GiB over 140 MiB and 200 MiB
     assert plugins.default_capacity(installed["general"], host) == 87
     assert plugins.default_capacity(installed["visual"], host) == 61
-    assert plugins.default_capacity(installed["shop"], host) == 256
+    # Shop's sessions live in the service's process: kilobytes each
+    assert plugins.default_capacity(installed["shop"], host) == plugins.MAX_CAPACITY == 4096
+
+
+def test_in_process_sessions_are_bound_by_cores_memory_and_the_maximum():
+    one_core = plugins.Host(cores=1, memory_bytes=1 << 40)
+    assert plugins.default_capacity(toy(substrate="process"), one_core) \
+        == plugins.PROCESS_SESSIONS_PER_CORE == 2048
+    roomy = plugins.Host(cores=64, memory_bytes=1 << 40)
+    assert plugins.default_capacity(toy(substrate="process"), roomy) == plugins.MAX_CAPACITY
+    # no helper sandbox, so the helper's per-peer ceiling does not bound it
+    assert plugins.MAX_CAPACITY > helper_wire.SANDBOXES_PER_PEER
+    tight = plugins.Host(cores=64, memory_bytes=2 * GiB)
+    assert plugins.default_capacity(toy(substrate="process", episode_peak_bytes=MiB), tight) \
+        == 1024
+
+
+def test_no_deployment_may_ask_more_than_the_maximum(tmp_path):
+    from camg.errors import ConfigError
+    from camg.service_config import EnvironmentDeployment
+    from camg import typed
+
+    with pytest.raises(ConfigError, match="capacity must be between 1 and 4096"):
+        typed.parse(EnvironmentDeployment, {"manifest": "m", "capacity": 4097}, "e",
+                    ConfigError)
 
 
 @pytest.mark.parametrize("name", [n for n, p in plugins.all_plugins().items() if p.demo])
