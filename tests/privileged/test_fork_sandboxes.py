@@ -706,11 +706,16 @@ def test_coding_child_is_graded_on_what_its_whole_path_did(coding_env):
             child.close()
 
 
+#: a GRPO group's breadth and a tree search's depth a trainer may ask
+GROUP_BREADTH = 64
+CHAIN_DEPTH = 64
+
+
 def test_coding_group_and_deep_chain_keep_their_rewards(coding_env):
-    """A trainer's group (12 forks of one untouched parent: past the 8 a
+    """A trainer's group (64 forks of one untouched parent: far past the 8 a
     parent once allowed) and a tree search's chain (a fork of the last
-    fork 12 times, each level stepping: squashed past the bound), from a
-    parent that applied the gold fix. The deepest node finishing earns 1.0,
+    fork 64 times, each level stepping: squashed each time it reaches the
+    stacking bound), from a parent that applied the gold fix. The deepest node finishing earns 1.0,
     integrity ok; a group member that reverts the fix earns 0.0: squash and
     reuse carry the files, not a reward."""
     env = coding_env
@@ -722,10 +727,10 @@ def test_coding_group_and_deep_chain_keep_their_rewards(coding_env):
         parent.reset()
         fixed = parent.step(_shell(f"git apply -R - <<'CAMG_EOF'\n{patch}\nCAMG_EOF"))
         assert fixed.observation["exit_code"] == 0, fixed.observation
-        for i in range(12):
+        for i in range(GROUP_BREADTH):
             made.append(parent.fork(f"fork-group-{i}"))
         node = made[0]
-        for level in range(12):
+        for level in range(CHAIN_DEPTH):
             shown = node.step(_shell(f"echo {level} > /tmp/level-{level} && ls /tmp | "
                                      "grep -c level-")).observation["output"].split()
             assert shown == [str(level + 1)], shown
