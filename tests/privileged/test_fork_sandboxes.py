@@ -714,8 +714,8 @@ CHAIN_DEPTH = 64
 def test_coding_group_and_deep_chain_keep_their_rewards(coding_env):
     """A trainer's group (64 forks of one untouched parent: far past the 8 a
     parent once allowed) and a tree search's chain (a fork of the last
-    fork 64 times, each level stepping: squashed each time it reaches the
-    stacking bound), from a parent that applied the gold fix. The deepest node finishing earns 1.0,
+    fork 64 times, writing every 4th level: squashed each time it reaches
+    the stacking bound), from a parent that applied the gold fix. The deepest node finishing earns 1.0,
     integrity ok; a group member that reverts the fix earns 0.0: squash and
     reuse carry the files, not a reward."""
     env = coding_env
@@ -730,10 +730,15 @@ def test_coding_group_and_deep_chain_keep_their_rewards(coding_env):
         for i in range(GROUP_BREADTH):
             made.append(parent.fork(f"fork-group-{i}"))
         node = made[0]
+        stepped = 0
         for level in range(CHAIN_DEPTH):
-            shown = node.step(_shell(f"echo {level} > /tmp/level-{level} && ls /tmp | "
-                                     "grep -c level-")).observation["output"].split()
-            assert shown == [str(level + 1)], shown
+            # a step every 4th level: 16 writes stack past the bound twice,
+            # within the episode's step budget (Coding's max_steps)
+            if level % 4 == 0:
+                stepped += 1
+                shown = node.step(_shell(f"echo {level} > /tmp/level-{level} && ls /tmp | "
+                                         "grep -c level-")).observation["output"].split()
+                assert shown == [str(stepped)], shown
             node = node.fork(f"fork-chain-{level}")
             made.append(node)
         assert node.step(FINISH).done and node.grade() == 1.0, node.state()
