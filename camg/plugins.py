@@ -310,8 +310,24 @@ def get(name: str) -> EnvironmentPlugin:
         raise ConfigError(f"no environment named {name!r} is installed (known: {known})") from None
 
 
+def markdown_table(plugins: Mapping[str, EnvironmentPlugin]) -> str:
+    """The README's table of environments, by port: what ``--table`` prints
+    and tests/unit/test_plugins.py holds the README to."""
+    rows = [
+        "| environment | port | what it serves | code |",
+        "|---|---|---|---|",
+    ]
+    for name, plugin in sorted(plugins.items(), key=lambda item: item[1].port):
+        package = "/".join(plugin.factory.split(":")[0].split(".")[:-1])
+        rows.append(
+            f"| `{name}` | {plugin.port} | {plugin.title or name} | "
+            f"[{package}]({package}/README.md) |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m camg.plugins [--names | --field F]``: list the registered
+    """``python -m camg.plugins [--names | --field F | --table]``: list the registered
     environments (install.sh, run-foreground.sh and the system tests read
     this); JSON of every descriptor without an option."""
     import argparse
@@ -325,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("unit", "substrate", "port"),
         help="'NAME VALUE' a line (install.sh: units, run-foreground.sh: substrates)",
     )
+    parser.add_argument("--table", action="store_true", help="the README's Markdown table")
     args = parser.parse_args(argv)
     try:
         plugins = all_plugins()
@@ -337,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.field:
         for name, plugin in plugins.items():
             print(name, getattr(plugin, args.field))
+    elif args.table:
+        print(markdown_table(plugins), end="")
     else:
         print(json.dumps({n: dataclasses.asdict(p) for n, p in plugins.items()}, indent=1))
     return 0

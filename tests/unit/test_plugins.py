@@ -161,11 +161,19 @@ def test_the_product_environments_are_registered():
         assert isinstance(plugin.load_settings_type(), type)
 
 
+def test_the_readme_table_is_the_registry():
+    """The README lists exactly the registered environments, as the plugins
+    describe them (python -m camg.plugins --table prints it)."""
+    assert plugins.markdown_table(plugins.all_plugins()) in (REPO / "README.md").read_text()
+
+
 def test_a_toy_package_appears_in_every_listing(toy_path, tmp_path):
     listed = run(toy_path, "-m", "camg.plugins", "--names")
     assert listed.returncode == 0, listed.stderr
     assert "toy" in listed.stdout.split() and "coding" in listed.stdout.split()
 
+    table = run(toy_path, "-m", "camg.plugins", "--table").stdout
+    assert "| `toy` | " in table and "[toyenv](toyenv/README.md)" in table
     usage = run(toy_path, "-m", "camg.prepare", "--list")
     assert "python -m camg.prepare --environment toy" in usage.stdout
 
