@@ -188,6 +188,15 @@ def test_the_demo_serves_every_registered_environment():
         n for _, n in ranked if found[n].substrate == "container")
 
 
+def test_the_example_deployment_names_every_registered_environment():
+    import json
+
+    body = json.loads((CHECKOUT / "deployment.example.json").read_text())
+    assert sorted(body["environments"]) == sorted(plugins.all_plugins())
+    for name, entry in body["environments"].items():
+        assert entry.get("port", plugins.get(name).port) == plugins.get(name).port, name
+
+
 @pytest.mark.parametrize("deployment", ["packaging/demo-deployment.json", "deployment.example.json"])
 def test_deployment_settings_parse_and_limits_cover_the_budgets(deployment):
     import json
