@@ -38,16 +38,14 @@ class Health:
         self.service = service
 
     async def on_get(self, req, resp):
-        blocking = self.service.blocking_reasons()
-        reasons = blocking + self.service.manager.null_proof.health()
-        healthy = not reasons
+        healthy, reasons, serving = self.service.health_report()
         reply(
             resp,
             {
                 "status": "healthy" if healthy else "degraded",
                 "reasons": reasons,
                 # degraded by recent unproven nulls alone: it takes episodes
-                "serving": not blocking,
+                "serving": serving,
                 "environment": self.service.env.name,
                 # what camg status compares with the config on disk
                 "config_hash": self.service.config.config_hash,

@@ -141,8 +141,15 @@ class Service:
             await asyncio.sleep(interval)
 
     def health(self) -> tuple[bool, list[str]]:
-        reasons = self.blocking_reasons() + self.manager.null_proof.health()
-        return not reasons, reasons
+        healthy, reasons, _ = self.health_report()
+        return healthy, reasons
+
+    def health_report(self) -> tuple[bool, list[str], bool]:
+        """(healthy, reasons, serving): serving while only recent unproven
+        nulls degrade it."""
+        blocking = self.blocking_reasons()
+        reasons = blocking + self.manager.null_proof.health()
+        return not reasons, reasons, not blocking
 
     def blocking_reasons(self) -> list[str]:
         """Why the service cannot take episodes now: every health reason but
