@@ -15,16 +15,11 @@ from devtools.reliability.targets import Target
 
 
 def cached_demo_set(socket: str) -> Path:
-    """The Coding demo task set (cached; built in sandboxes of ``socket``):
+    """The Coding demo task set as the privileged tests build it ($CAMG_CACHE):
     Coding's target and General's (its opensource-code tasks) share it."""
-    from environments.coding.demo.demo_tasks import fetch_sdist
-    from environments.coding.demo.sandbox_runner import ensure_demo_set
-    from tools import oci_demo as demo
+    from environments.coding.demo.data import built_demo_set
 
-    image = demo.ensure_demo_image(demo.cache_root_from_env())
-    return ensure_demo_set(
-        CACHE / "coding", image.image, socket, fetch_sdist(CACHE / "coding" / "sdist")
-    )
+    return built_demo_set(CACHE, socket)
 
 
 def _coding_roots() -> list[str]:

@@ -14,19 +14,24 @@ from pathlib import Path
 from tools import demo_data
 
 
-def find_demo_set(data: Path, cache: Path, helper_socket: str) -> Path:
-    """DATA/coding/demo (tasks.jsonl, mirrors/): found with the plain demo
-    image in real sandboxes, cached under CACHE/coding."""
+def built_demo_set(cache: Path, helper_socket: str) -> Path:
+    """The demo task set found with the plain demo image (CACHE/oci) in real
+    sandboxes of ``helper_socket``, built once under CACHE/coding."""
     from environments.coding.demo.demo_tasks import fetch_sdist
     from environments.coding.demo.sandbox_runner import ensure_demo_set
     from tools import oci_demo as demo
 
-    out = data / "coding"
-    out.mkdir(parents=True, exist_ok=True)
     image = demo.ensure_demo_image(cache / "oci")
-    built = ensure_demo_set(
+    return ensure_demo_set(
         cache / "coding", image.image, helper_socket, fetch_sdist(cache / "coding" / "sdist")
     )
+
+
+def find_demo_set(data: Path, cache: Path, helper_socket: str) -> Path:
+    """DATA/coding/demo (tasks.jsonl, mirrors/): the built set, copied."""
+    out = data / "coding"
+    out.mkdir(parents=True, exist_ok=True)
+    built = built_demo_set(cache, helper_socket)
     # The cache may be shared or pruned; the service reads its own copy.
     demo_set = out / "demo"
     if not demo_data.same_tree(built, demo_set):
