@@ -2,7 +2,7 @@
 
 The service never holds the Docker socket: every operation is a helper verb
 (helper/containers.py), checked against the allowed-images manifest, the
-project's labels and the configured ceilings. See /work/notes/containers-api.md.
+project's labels and the configured ceilings (helper/containers.py holds the verbs' parameters).
 
     cc = ContainerClient("/run/camg/helper.sock", owner="general")
     spec = ContainerSpec(image="127.0.0.1:5000/camg/x@sha256:...", command=("python3", "-m", "t"),

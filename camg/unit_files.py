@@ -11,7 +11,7 @@ environment package gets a unit without a file outside its package.
     python -m camg.unit_files --unitdir DIR --shared units/camg-environment.conf [NAME ...]
 
 writes each named (default: every registered) environment's unit and its
-drop-ins under DIR (install.sh does, into /etc/systemd/system).
+drop-ins under DIR (install.sh does, into /usr/local/lib/systemd/system).
 """
 
 from __future__ import annotations

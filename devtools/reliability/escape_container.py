@@ -8,9 +8,10 @@ Probes run as the agent (uid 2000, what a General shell action runs as)
 and, where it matters, as the container's root (what a hostile image or a
 transport bug would hold). Each prints BLOCKED when the attempt failed the
 way it must; fork bomb and memory hog are checked from the host as well
-(the container's pids cgroup, the container still running). One known
-gap is reported as such, never as blocked: Docker's overlay2 writable
-layer has no size limit on this host (that needs xfs project quotas).
+(the container's pids cgroup, the container still running). A probe the
+rig cannot decide is reported as a known gap, never as blocked; disk
+exhaustion is decided, since each container's writable layer is a bounded
+ext4 of its own (helper/container_disk.py).
 """
 
 from __future__ import annotations

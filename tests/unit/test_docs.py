@@ -240,6 +240,5 @@ def test_shipped_files_name_no_document_outside_the_repository():
     assert mentions(FORBIDDEN) == {}
 
 
-@pytest.mark.xfail(reason="camg/containers.py still cites a note outside the repository")
 def test_shipped_files_cite_no_notes_outside_the_repository():
     assert mentions(("/work/notes/",)) == {}
