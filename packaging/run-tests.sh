@@ -3,18 +3,14 @@
 # tier again on Python 3.12) as root on a Debian machine, installing what
 # it needs first. Fails on any failure, including a tier that ran no test.
 #
-# With no arguments the tiers run in four lanes at once (the suite is
-# mostly waits on containers, sandboxes and nspawn guests, not CPU):
-#   sandboxes   the privileged modules on the helper's sandboxes (Coding,
-#               AutoResearch, the helper itself, the reliability suites),
-#               then half of the unit tier
-#   containers  the privileged modules on Docker containers (General,
-#               Visual, the container mediator, the OCI demo)
-#   system      systemd in nspawn guests, then the unit tier's other half
-#               (packaging/split_tests.py deals the halves), each half in a
-#               PID namespace of its own (packaging/reaper.py says why)
-#   py312       beside them at a lower CPU weight: the unit tier and the
-#               helper's exec module on the seed's Python 3.12
+# With no arguments the tiers run in lanes at once (the suite is mostly
+# waits on containers, sandboxes and nspawn guests, not CPU):
+#   lane0..N-1  packaging/split_tests.py deals every module of the system,
+#               privileged and unit tiers into $CAMG_TEST_LANES (default 6)
+#               lanes of about equal recorded time; the unit share of a
+#               lane runs in a PID namespace of its own
+#   py312       beside them at a lower CPU weight: the unit tier's light
+#               modules and the helper's exec module on the seed's Python 3.12
 # The lanes keep out of each other's way the way parallel runs on a shared
 # machine already must: every helper scope, cgroup and container a test
 # makes is tagged with its pytest's pid, and the leak check ignores what
@@ -52,18 +48,6 @@ fi
 out="${CAMG_TEST_OUT:-$here/.test-results}"
 rm -rf "$out"
 mkdir -p "$out"
-
-# Privileged modules by substrate: what runs Docker containers goes to the
-# containers lane, everything else to the sandboxes lane.
-container_modules=() sandbox_modules=()
-for f in tests/privileged/test_*.py; do
-    case "${f##*/}" in
-        test_general_*|test_oracle_general.py|test_visual_*|test_oracle_visual.py|\
-        test_containers*|test_fork_containers*|test_mcp_general*|test_oci_demo.py)
-            container_modules+=("$f") ;;
-        *) sandbox_modules+=("$f") ;;
-    esac
-done
 
 # tier NAME CMD...: run one pytest tier, its output to $out/NAME.log and
 # JUnit to $out/NAME.xml; its status and wall seconds to $out/NAME.rc; its
@@ -117,37 +101,45 @@ py312_tier() {
     tier py312-helper nice -n 10 "$venv312/bin/pytest" tests/privileged/test_helper_exec.py -q
 }
 
-# Half the unit tier (packaging/split_tests.py deals its modules into two
-# halves of about equal time) in a PID namespace of its own, under a reaping
-# PID 1. Run whole after the system tier it was CI's critical path.
-unit_tier() {
-    local half=$1 files
-    mapfile -t files < <(.venv/bin/python packaging/split_tests.py 2 "$half" tests/unit)
-    if [ "${#files[@]}" = 0 ]; then
-        echo "1 0" >"$out/unit$half.rc"
-        echo "run-tests.sh: unit$half: no modules dealt" >&2
-        return 0
-    fi
-    tier "unit$half" unshare --pid --fork --mount-proc .venv/bin/python packaging/reaper.py \
-        .venv/bin/pytest "${files[@]}"
+# The lanes: packaging/split_tests.py deals every module of the system,
+# privileged and unit tiers into $CAMG_TEST_LANES lanes of about equal
+# recorded time (each tier's .durations.json); a lane runs its share of each
+# tier in turn, one pytest per tier. The unit share runs in a PID namespace
+# of its own under a reaping PID 1 (packaging/reaper.py says why).
+lanes=${CAMG_TEST_LANES:-6}
+case $lanes in ''|*[!0-9]*|0) echo "run-tests.sh: CAMG_TEST_LANES must be a positive number" >&2; exit 2 ;; esac
+.venv/bin/python packaging/split_tests.py --lanes "$lanes" --plan >&2
+expected=()
+lane() {
+    local i=$1 tier files
+    for tier in system privileged unit; do
+        mapfile -t files < <(.venv/bin/python packaging/split_tests.py --lanes "$lanes" \
+            --lane "$i" --tier "$tier")
+        [ "${#files[@]}" = 0 ] && continue
+        case $tier in
+            unit) tier "lane$i-unit" unshare --pid --fork --mount-proc .venv/bin/python \
+                      packaging/reaper.py .venv/bin/pytest "${files[@]}" ;;
+            *) tier "lane$i-$tier" .venv/bin/pytest "${files[@]}" ;;
+        esac
+    done
 }
-
-# A unit half follows the sandboxes tier, not the containers one: the
-# containers tier grew past it this round (forks, Prometheus and MCP on
-# General and Visual).
-( tier sandboxes .venv/bin/pytest "${sandbox_modules[@]}"; unit_tier 0 ) &
-lane_sandboxes=$!
-( tier containers .venv/bin/pytest "${container_modules[@]}" ) &
-lane_containers=$!
-( tier system .venv/bin/pytest tests/system; unit_tier 1 ) &
-lane_system=$!
+pids=()
+for ((i = 0; i < lanes; i++)); do
+    for t in system privileged unit; do
+        if [ -n "$(.venv/bin/python packaging/split_tests.py --lanes "$lanes" --lane "$i" --tier "$t")" ]; then
+            expected+=("lane$i-$t")
+        fi
+    done
+    lane "$i" &
+    pids+=($!)
+done
 py312_tier &
-lane_py312=$!
-wait "$lane_sandboxes" "$lane_containers" "$lane_system" "$lane_py312" || true
+pids+=($!)
+wait "${pids[@]}" || true
 echo "run-tests.sh: all lanes ended after $SECONDS s" >&2
 
 status=0 reports=()
-for name in sandboxes containers system unit0 unit1 py312 py312-helper; do
+for name in "${expected[@]}" py312 py312-helper; do
     if [ ! -f "$out/$name.rc" ]; then
         case $name in py312*) continue ;; esac  # no 3.12 here, or CAMG_SKIP_PY312
         echo "run-tests.sh: $name did not run" >&2
