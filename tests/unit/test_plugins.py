@@ -7,8 +7,9 @@ in ``camg.prepare``'s dispatch, in ``camg.configure`` (port, factory,
 refusal hint) and in routes.json, and serve; and in the demo (its
 preparer, its deployment entry), the reliability suites' table, the kill
 storm's plan, its generated unit, ``camg status``, the canary runner (its
-suite played against it, every canary lost) and the benchmark runner (its
-results file), from its descriptor alone. The last test counts what that
+suite played against it, every canary lost), the benchmark runner (its
+results file) and the fork and session benchmarks' subjects, from its
+descriptor alone. The last test counts what that
 took: its package and its entry point, no file of the checkout.
 """
 
@@ -414,7 +415,8 @@ def test_the_canary_runner_plays_the_toys_suite(toy_path, served_toy):
 
 def test_the_bench_runner_runs_the_toys_benchmark(toy_path, tmp_path):
     """bench/environment_bench.py: the toy's benchmark, from its descriptor,
-    writes one JSON object that bench/table.py renders as it does the others."""
+    writes one JSON object that bench/table.py renders as it does the others;
+    the fork and session benchmarks list it."""
     listed = run(toy_path, "-m", "bench.environment_bench", "--list")
     assert listed.returncode == 0, listed.stderr
     benches = dict(line.split(" ", 1) for line in listed.stdout.splitlines())
@@ -428,6 +430,12 @@ def test_the_bench_runner_runs_the_toys_benchmark(toy_path, tmp_path):
     assert results["episodes"] == 30 and 0 <= results["step_ms"]["p50"] <= results["step_ms"]["p99"]
     from bench import table
     assert [key for key, _ in table.rows(results)] == ["episodes", "step_ms.p50", "step_ms.p99"]
+    # the benchmarks of every environment take it as a subject too: forks
+    # (any environment) and light sessions (its episodes run in process)
+    for bench in (str(REPO / "bench" / "bench_fork.py"), "-m bench.bench_sessions"):
+        usage = run(toy_path, *bench.split(), "--help")
+        choices = re.search(r"--env \{([\w,-]+)\}", usage.stdout)
+        assert choices and {"counter", "toy", "shop"} <= set(choices[1].split(",")), usage
 
 
 # What packaging and the reliability tools make of the registry, run where
