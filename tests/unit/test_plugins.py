@@ -432,8 +432,8 @@ def test_the_bench_runner_runs_the_toys_benchmark(toy_path, tmp_path):
     assert [key for key, _ in table.rows(results)] == ["episodes", "step_ms.p50", "step_ms.p99"]
     # the benchmarks of every environment take it as a subject too: forks
     # (any environment) and light sessions (its episodes run in process)
-    for bench in (str(REPO / "bench" / "bench_fork.py"), "-m bench.bench_sessions"):
-        usage = run(toy_path, *bench.split(), "--help")
+    for bench in ((str(REPO / "bench" / "bench_fork.py"),), ("-m", "bench.bench_sessions")):
+        usage = run(toy_path, *bench, "--help")
         choices = re.search(r"--env \{([\w,-]+)\}", usage.stdout)
         assert choices and {"counter", "toy", "shop"} <= set(choices[1].split(",")), usage
 
