@@ -5,9 +5,8 @@ creating a fresh episode of the same task in the same run.
     sudo .venv/bin/python bench/bench_fork.py [--env shop --env coding ...] [--n N]
         [--written 0 --written 1000000 --written 100000000] [--json out.json]
 
-Every environment of camg.plugins (shop, coding, autoresearch, general,
-visual) plus ``counter`` (the framework alone, no environment cost). Two
-levels, each a ratio against its own baseline:
+Every environment of camg.plugins plus ``counter`` (the framework alone,
+no environment cost). Two levels, each a ratio against its own baseline:
 
 * ``episode`` (where the environment runs in this process): ``Episode.fork``
   against ``create_episode`` + ``reset``, the environment's own cost;
@@ -43,9 +42,11 @@ pooled reset and the helper-level forks are environments/general/checks/bench.py
 environments/visual/checks/bench.py's, bench_fork_sandbox.py's and bench_fork_containers.py's.
 Needs root for those (not for shop and counter).
 
-An environment is one ``Subject`` in ``SUBJECTS``: how to serve it (and
-optionally build it in process), which task, which actions before the
-fork. Adding one is a few lines.
+An environment's ``Subject`` says how to serve it (and optionally build it
+in process), which task, which actions before the fork. The products' are
+in ``TUNED``; any other registered environment is served by its
+reliability recipe (its plugin's ``reliability``) and forked from its
+first state, with no goal.
 """
 
 from __future__ import annotations
@@ -218,11 +219,13 @@ def _sandbox_depth() -> int:
 SANDBOX_PREFIX = lambda: [_shell("echo before-fork > .bench-prefix && git status --short | head")]  # noqa: E731
 CONTAINER_PREFIX = lambda: [_shell("echo before-fork > /tmp/bench-prefix && ls")]  # noqa: E731
 
-SUBJECTS: dict[str, Subject] = {
-    "counter": Subject(serve=lambda tmp: configured(
-                           lambda t: configure_counter(t, capacity=8), tmp, 60.0),
-                       prefix=lambda: [{"operation": "guess", "value": 1}],
-                       in_process=_counter_in_process),
+COUNTER = Subject(serve=lambda tmp: configured(
+                      lambda t: configure_counter(t, capacity=8), tmp, 60.0),
+                  prefix=lambda: [{"operation": "guess", "value": 1}],
+                  in_process=_counter_in_process)
+
+#: The product environments' own states, sizes and goals
+TUNED: dict[str, Subject] = {
     "shop": Subject(serve=lambda tmp: configured(
                         _shop_configure, tmp, 300.0),
                     task_id=_shop_task, prefix=_shop_prefix, in_process=_shop_in_process,
@@ -241,6 +244,18 @@ SUBJECTS: dict[str, Subject] = {
     "visual": Subject(serve=lambda tmp: reliability_served("visual", tmp, {"pool_size": 0}),
                       prefix=CONTAINER_PREFIX, n=10, goal_p50_ms=500.0),
 }
+
+
+def subjects() -> dict[str, Subject]:
+    """``counter``, then every registered environment (camg.plugins), so a
+    new one is measured without an edit here."""
+    from camg import plugins
+
+    out = {"counter": COUNTER}
+    for name in plugins.all_plugins():
+        out[name] = TUNED.get(name) or Subject(
+            serve=lambda tmp, name=name: reliability_served(name, tmp, {}))
+    return out
 
 
 def percentiles(samples: list[float]) -> dict:
@@ -416,8 +431,9 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    known = subjects()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", action="append", choices=sorted(SUBJECTS),
+    parser.add_argument("--env", action="append", choices=sorted(known),
                         help="environments to measure (default: all)")
     parser.add_argument("--n", type=int, help="samples of each, per level (default: the "
                                               "environment's own, 200 to 10)")
@@ -433,8 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-fork-") as tmp:
         Path(tmp).chmod(0o711)  # AutoResearch's grader uid reaches its private root below
-        for name in args.env or list(SUBJECTS):
-            subject, here = SUBJECTS[name], Path(tmp) / name
+        for name in args.env or list(known):
+            subject, here = known[name], Path(tmp) / name
             n = args.n or subject.n
             here.mkdir()
             print(f"[bench {time.strftime('%H:%M:%S')}] {name}", file=sys.stderr, flush=True)

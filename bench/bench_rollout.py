@@ -133,24 +133,34 @@ def measure(url: str, env: str, policies: list[str], levels: list[int],
 
 
 def own_rig(stack: ExitStack, work: Path, envs: list[str]) -> dict[str, str]:
-    """The services named in ``envs`` (references on), their routes: Coding
-    and Shop on one private helper, the others as rigged_service makes them."""
+    """The services named in ``envs`` (references on), their routes, as
+    their reliability recipes (their plugins' ``reliability``) prepare them:
+    one whose recipe needs a helper of its own (its ``rig``: AutoResearch,
+    General, Visual) as rigged_service makes it, the others (Coding, Shop)
+    on one private helper."""
     from camg.configure import configure
     from devtools.harness.services import ServiceProcess, clean_git_tree, free_port
     from devtools.reliability.rig import Helper
-    from devtools.reliability.targets import CODING as coding, SHOP as shop
+    from devtools.reliability.targets import CODING as coding, recipes
 
+    targets = recipes()
+    for name in envs:
+        if name not in targets or targets[name].missing:
+            raise SystemExit(f"{name}: {targets[name].missing if name in targets else 'unknown'}")
     routes = {}
-    for name in ("autoresearch", "general", "visual"):
-        if name in envs:
-            routes[name] = rigged_service(stack, work / name, name)
-    if "coding" not in envs and "shop" not in envs:
+    for name in envs:
+        if targets[name].rig is not None:
+            routes[name] = rigged_service(stack, work / name, targets[name])
+    shared = [targets[name] for name in envs if targets[name].rig is None]
+    if not shared:
         return routes
     note("rig: helper")
-    helper = Helper(coding.lower_roots(), probes=False)
+    # Coding's roots whatever is asked: its demo set is made in sandboxes
+    roots = {*coding.lower_roots(), *(root for t in shared for root in t.lower_roots())}
+    helper = Helper(sorted(roots), probes=False)
     stack.callback(helper.stop)
     environments = {}
-    for target in (t for t in (coding, shop) if t.name in envs):
+    for target in shared:
         note(f"rig: preparing {target.name} (cached)")
         manifest, settings, factory = target.prepare(work / f"{target.name}-data", helper.socket)
         environments[target.name] = {
@@ -171,24 +181,26 @@ def own_rig(stack: ExitStack, work: Path, envs: list[str]) -> dict[str, str]:
     return {**routes, **load_routes(str(work / "prepared" / "routes.json"))}
 
 
-def rigged_service(stack: ExitStack, work: Path, name: str) -> str:
-    """AutoResearch, General or Visual as devtools.reliability.rigged builds them
-    (a helper of their own, the demo tasks with their references, the
-    scripted judges), references on; the service's URL."""
+def rigged_service(stack: ExitStack, work: Path, target) -> str:
+    """An environment whose recipe needs a helper of its own (AutoResearch,
+    General, Visual) as its ``rig`` builds it (devtools.reliability.rigged: that
+    helper, the demo tasks with their references, the scripted judges),
+    references on; the service's URL."""
     from camg.configure import configure
     from devtools.harness.services import ServiceProcess, clean_git_tree, free_port
-    from devtools.reliability import rigged
     from devtools.reliability.rig import Helper
+    from devtools.reliability.targets import CODING
 
+    name = target.name
     note(f"rig: preparing {name} (cached images, demo tasks)")
     work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o711)
-    bootstrap = None
-    if name == "general":  # its demo builds on the Coding demo set, made in sandboxes
-        from devtools.reliability.targets import CODING
-        bootstrap = Helper(CODING.lower_roots(), probes=False)
-        stack.callback(bootstrap.stop)
-    rig = getattr(rigged, name)(work / "data", bootstrap.socket if bootstrap else "")
+    # The rig prepares through a helper over the Coding roots too (General's
+    # demo builds on the Coding demo set, made in sandboxes), as
+    # bench_fork.reliability_served does.
+    bootstrap = Helper(sorted({*CODING.lower_roots(), *target.lower_roots()}), probes=False)
+    stack.callback(bootstrap.stop)
+    rig = target.rig(work / "data", bootstrap.socket)
     stack.callback(rig.close)
     extra = {k: v for k, v in rig.helper.items() if k != "lower_roots"}
     helper = Helper(rig.helper["lower_roots"], probes=False, extra=extra)

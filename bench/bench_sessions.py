@@ -5,9 +5,10 @@ each costs in memory, and how steps answer while many stream at once.
     .venv/bin/python -m bench.bench_sessions [--sessions 4096] [--steppers 256]
         [--seconds 20] [--env counter --env shop] [--json bench/results/sessions.json]
 
-Per environment (the counter environment and Shop: both run their episodes
-in the service's own process), one real ``camg.serve`` service with
-``capacity`` = ``--sessions``:
+Per environment (the counter environment and every registered one whose
+episodes run in the service's own process, its plugin's substrate
+"process": Shop), one real ``camg.serve`` service with ``capacity`` =
+``--sessions``:
 
 * ``hold``: ``--sessions`` episodes created over loopback HTTP (64 creates
   in flight), all live at once; errors counted, the service's resident
@@ -20,7 +21,9 @@ in the service's own process), one real ``camg.serve`` service with
 
 Shop's steps alternate a search (four queries, so the searcher's cache
 answers most: what search itself costs is environments/shop/checks/bench.py's)
-and the way back to the search page.
+and the way back to the search page. Any other such environment is
+prepared and served by its reliability recipe (its plugin's
+``reliability``) and steps the recipe's cheap action.
 
 ``sessions_per_core`` is the sessions held over the host's cores, beside
 OpenEnv's published 256 per core (2,048 concurrent sessions on 8 cores).
@@ -253,7 +256,38 @@ def _shop(tmp: Path, capacity: int) -> tuple[Path, dict, Callable[[int], dict]]:
     return config, {}, action
 
 
-SUBJECTS = {"counter": _counter, "shop": _shop}
+def _from_recipe(name: str) -> Callable[[Path, int], tuple[Path, dict, Callable[[int], dict]]]:
+    """``name`` as its reliability recipe prepares and configures it, stepping
+    the recipe's cheap action (one that never ends the episode)."""
+    def subject(tmp: Path, capacity: int) -> tuple[Path, dict, Callable[[int], dict]]:
+        from devtools.reliability.targets import configure, recipes
+
+        target = recipes()[name]
+        if target.missing or target.prepare is None:
+            raise SystemExit(f"{name}: {target.missing or 'its recipe prepares nothing'}")
+        prepared = target.prepare(tmp / "data", "")
+        config = configure(target, tmp / "service", prepared, "", capacity=capacity,
+                           limits={"idle_ttl_s": 3600.0})
+        return config, {}, lambda i: target.action
+
+    return subject
+
+
+#: The subjects with steps of their own (the counter's guesses, Shop's pages)
+TUNED = {"counter": _counter, "shop": _shop}
+
+
+def subjects() -> dict[str, Callable[[Path, int], tuple[Path, dict, Callable[[int], dict]]]]:
+    """The counter, then every registered environment whose episodes run in
+    the service's process (camg.plugins), so a new one is measured without an
+    edit here."""
+    from camg import plugins
+
+    out = {"counter": TUNED["counter"]}
+    for name, plugin in plugins.all_plugins().items():
+        if plugin.substrate == "process":
+            out[name] = TUNED.get(name) or _from_recipe(name)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,13 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=4096)
     ap.add_argument("--steppers", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--env", action="append", choices=sorted(SUBJECTS))
+    known = subjects()
+    ap.add_argument("--env", action="append", choices=sorted(known))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     results: dict = {"host": {"cores": os.cpu_count(), "loadavg_start": os.getloadavg()}}
-    for name in args.env or ["counter", "shop"]:
+    for name in args.env or list(known):
         with tempfile.TemporaryDirectory(prefix=f"camg-bench-sessions-{name}.") as tmp:
-            config, create, action = SUBJECTS[name](Path(tmp), args.sessions)
+            config, create, action = known[name](Path(tmp), args.sessions)
             service = ServiceProcess(config).wait_ready(timeout=300)
             try:
                 results[name] = asyncio.run(_measure(

@@ -11,7 +11,8 @@ Everything that lists environments — ports, factories, ``camg.configure``'s
 refusal hints, ``python -m camg.prepare --environment NAME``, routes,
 install.sh and run-foreground.sh (units, substrates), ``camg status``,
 packaging/prepare_demo.py (the demo's preparers and deployment entries),
-devtools.reliability (recipes, budgets, kill-storm drives), the tests of the
+devtools.reliability (recipes, budgets, kill-storm drives), devtools.canaries
+(canary suites), bench/environment_bench.py (benchmarks), the tests of the
 list — reads them from here: every fact about an environment is said once,
 in its descriptor. Entry points are read from installed distribution
 metadata, so a new package is seen after ``pip install -e .`` (or any
@@ -19,9 +20,10 @@ install that writes its entry points).
 
 Loading a descriptor imports only the package's small ``plugin`` module:
 its factory, settings type, preparation entry point and the tools' hooks
-(demo preparer, reliability recipe, storm drive) are ``module:attr``
-strings resolved on use, so listing environments never imports an
-environment's stack (pyserini, docker, swebench ...).
+(demo preparer, reliability recipe, storm drive, canary suite, benchmark)
+are ``module:attr`` strings resolved on use (``HOOKS``), so listing
+environments never imports an environment's stack (pyserini, docker,
+swebench ...).
 """
 
 from __future__ import annotations
@@ -43,6 +45,18 @@ _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _DIRECTIVE = re.compile(r"[A-Z][A-Za-z]+=.*")
 _DROPIN = re.compile(r"[0-9]{2}-[a-z0-9-]+\.conf")
+#: The descriptor's ``module:attr`` fields: what the service and the tools
+#: import from the environment's package, each resolved on use
+HOOKS = (
+    "factory",
+    "prepare",
+    "settings",
+    "demo_prepare",
+    "reliability",
+    "storm",
+    "canaries",
+    "bench",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +118,17 @@ class EnvironmentPlugin:
     #: this plugin's unit and substrate) -> that Env completed: how a kill
     #: storm drives its episodes; None: reset and idle only
     storm: str | None = None
+    #: ``module:function`` taking argv (list[str]) and returning an exit
+    #: status: its canary suite's command line (the ways an agent could earn
+    #: a reward without the work, played against what argv names, each row
+    #: printed in devtools.canary_table's table; non-zero on any win): what
+    #: ``python -m devtools.canaries NAME`` runs; None: listed as having none
+    canaries: str | None = None
+    #: ``module:function`` taking argv (list[str]) and returning an exit
+    #: status: its benchmark's command line, which writes its results as one
+    #: JSON object to ``--json PATH``: what ``bench/environment_bench.py NAME``
+    #: runs (bench/results/NAME.json by default); None: listed as having none
+    bench: str | None = None
     #: its unit's own [Service] lines (comments kept), after the frame every
     #: environment unit has (camg.unit_files)
     unit_service: tuple[str, ...] = ("MemoryDenyWriteExecute=yes", "ProcSubset=pid")
@@ -116,7 +141,7 @@ class EnvironmentPlugin:
             raise ConfigError(f"environment plugin name {self.name!r} is invalid")
         if not 1024 <= self.port <= 65535:
             raise ConfigError(f"environment plugin {self.name}: port {self.port} out of range")
-        for field in ("factory", "prepare", "settings", "demo_prepare", "reliability", "storm"):
+        for field in HOOKS:
             value = getattr(self, field)
             if value is not None and not _SPEC.fullmatch(value):
                 raise ConfigError(

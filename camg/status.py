@@ -3,8 +3,9 @@
     camg status [--etc /etc/camg] [--json]
 
 One row per configured environment (``<etc>/prepared/<env>.json``): its
-unit's state (under systemd), READY (the unit is active, which Type=notify
-grants only after READY=1; without systemd: the service answers), /health,
+unit's state (under systemd; ``--json`` also names the unit, its plugin's),
+READY (the unit is active, which Type=notify grants only after READY=1;
+without systemd: the service answers), /health,
 episodes active/capacity, the creates waiting in its admission line
 (queued/bound), and whether the configuration hash the service serves is
 the one on disk. Then the helper (its isolation probes' verdict)
@@ -93,6 +94,8 @@ def environment_row(config_path: Path) -> dict:
     row: dict[str, Any] = {"environment": env, "port": port, "problems": []}
     unit = unit_name(env)
     state = unit_state(unit)
+    # named even where no systemd gives its state: what to ask systemctl about
+    row["unit_name"] = unit
     row["unit"] = state or "-"
     base = f"http://127.0.0.1:{port}"
     status, health = get_json(base + "/health")

@@ -80,7 +80,10 @@ class ServiceProcess:
         self.config = json.loads(config_path.read_text())
         self.url = f"http://127.0.0.1:{self.config['port']}"
         self.log_path = config_path.parent / "service.log"
-        environ = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        # the checkout first, then what the caller's environment puts on the
+        # path (a package installed there, as tests/unit/test_plugins.py's toy)
+        path = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        environ = {**os.environ, "PYTHONPATH": os.pathsep.join(path), **(env or {})}
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "camg.serve", "--config",
                                       str(config_path)], env=environ, cwd=REPO,

@@ -53,6 +53,8 @@ PLUGIN = EnvironmentPlugin(
     demo_rank=50,
     reliability="environments.autoresearch.checks.reliability:TARGET",
     storm="environments.autoresearch.checks.reliability:storm",
+    canaries="environments.autoresearch.checks.canaries:main",
+    bench="environments.autoresearch.checks.bench:main",
     unit_service=(
         "# Fresh state per invocation: nothing of the previous run (sandboxes, their",
         "# disk uppers, the grader) may remain. The check releases what the run",

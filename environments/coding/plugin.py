@@ -26,4 +26,6 @@ PLUGIN = EnvironmentPlugin(
     demo_rank=10,
     reliability="environments.coding.checks.reliability:TARGET",
     storm="environments.coding.checks.reliability:storm",
+    canaries="environments.coding.checks.canaries:main",
+    bench="environments.coding.checks.bench:main",
 )

@@ -26,6 +26,8 @@ PLUGIN = EnvironmentPlugin(
     demo_rank=20,
     reliability="environments.shop.checks.reliability:TARGET",
     storm="environments.shop.checks.reliability:storm",
+    canaries="environments.shop.checks.canaries:main",
+    bench="environments.shop.checks.bench:main",
     unit_service=(
         "# The Lucene index runs in a JVM (pyserini): its JIT needs writable",
         "# executable memory and its sizing reads /proc/meminfo.",

@@ -34,6 +34,7 @@ import time
 
 from systest_guest import http, show
 from systest_machine import Machine
+from camg import plugins
 from devtools.reliability.killstorm import Storm, restarts_unit
 from devtools.reliability.killstorm_guest import Env
 from devtools.reliability.killstorm_report import Kill
@@ -148,7 +149,8 @@ class KillChecks:
 
     def __init__(self, machine: Machine, names: list[str]) -> None:
         self.machine = machine
-        self.docker = any(n in names for n in ("general", "visual"))
+        # task containers: the guest's dockerd must end the storm as it began
+        self.docker = any(plugins.get(n).substrate == "container" for n in names)
         self.networks, self.volumes = self._docker() if self.docker else (set(), set())
         labelled = self._run("docker network ls -q --filter label=camg.helper") if self.docker else ""
         assert not labelled.split(), f"camg networks before the storm: {labelled}"

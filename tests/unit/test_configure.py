@@ -46,14 +46,17 @@ def test_outputs_preserve_ids_order_and_sampling(tmp_path):
 
 
 def test_product_ports(tmp_path):
-    # The seed's ports; each environment that exists registers its own.
+    # The seed's ports stay where trainers' routes point; an environment
+    # registered since brings its own (the registry refuses two on one port).
     from camg.plugins import all_plugins
     seed_ports = {"shop": 65131, "coding": 65134, "autoresearch": 65133,
                   "general": 65139, "visual": 65140}
     plugins = all_plugins()
     assert {"shop", "coding"} <= set(plugins)
-    for name, plugin in plugins.items():
-        assert plugin.port == seed_ports[name], name
+    for name, port in seed_ports.items():
+        if name in plugins:
+            assert plugins[name].port == port, name
+    assert len({plugin.port for plugin in plugins.values()}) == len(plugins)
 
 
 def test_dirty_checkout_is_refused_naming_paths(tmp_path):

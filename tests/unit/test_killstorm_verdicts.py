@@ -35,27 +35,40 @@ def test_each_plugin_describes_its_drive():
         return subprocess.CompletedProcess(argv, 0, json.dumps(body), "")
 
     guest = Guest(run, dict)
-    envs = {n: describe(guest, n, p.port) for n, p in plugins.all_plugins().items()}
-    assert {n for n, e in envs.items() if e.sandboxes} == {"coding", "autoresearch"}
-    assert {n for n, e in envs.items() if e.containers} == {"general", "visual"}
-    assert {n: e.grader_name for n, e in envs.items()} == {
-        "coding": "grader sandbox", "autoresearch": "private grader", "shop": "",
-        "general": "task container (verifier running)", "visual": "renderer sandbox"}
-    assert all(e.unit == f"camg-{n}.service" and e.create == {"task_id": "t0"}
-               for n, e in envs.items())
+    found = plugins.all_plugins()
+    envs = {n: describe(guest, n, p.port) for n, p in found.items()}
+    # every registered environment: its unit and substrate, its first task
+    # where its plugin names a drive
+    for n, e in envs.items():
+        assert (e.sandboxes, e.containers) == (found[n].substrate == "sandbox",
+                                               found[n].substrate == "container"), n
+        assert e.unit == found[n].unit, n
+        assert e.create == ({"task_id": "t0"} if found[n].storm else {}), n
+    # the products' own drives
+    products = {"coding": ("sandbox", "grader sandbox"),
+                "autoresearch": ("sandbox", "private grader"),
+                "shop": ("process", ""),
+                "general": ("container", "task container (verifier running)"),
+                "visual": ("container", "renderer sandbox")}
+    assert {"coding", "shop"} <= set(envs)
+    for n, (substrate, grader) in products.items():
+        if n in envs:
+            assert (found[n].substrate, envs[n].grader_name, envs[n].unit) == (
+                substrate, grader, f"camg-{n}.service"), n
     assert "THE-PATCH" in envs["coding"].to_grading[0]["command"]
     fields = ("sandboxes", "containers", "grader", "grader_user", "reference", "finish")
-    for mine in (CODING, SHOP, RESEARCH, GENERAL):
+    for mine in (m for m in (CODING, SHOP, RESEARCH, GENERAL) if m.name in envs):
         assert [getattr(mine, f) for f in fields] == [getattr(envs[mine.name], f) for f in fields]
         assert mine.points == envs[mine.name].points
 
 
 def test_plan_covers_every_target_and_the_helper_once_per_environment_that_needs_it():
-    work = plan([CODING, SHOP, RESEARCH, GENERAL], 1, random.Random(0))
+    envs = [CODING, SHOP, RESEARCH, GENERAL]
+    work = plan(envs, 1, random.Random(0))
     targets = [(t, e.name) for t, e, _ in work]
     assert sorted(e for t, e in targets if t == "helper") == ["autoresearch", "coding", "general"]
-    for name in ("coding", "shop", "autoresearch", "general"):
-        assert ("service", name) in targets and ("worker", name) in targets
+    for env in envs:
+        assert ("service", env.name) in targets and ("worker", env.name) in targets
     assert {e for t, e in targets if t == "grader"} == {"coding", "autoresearch", "general"}
     # A grading child exists only while grading; a standing grader any time.
     assert all(p == "grading" for t, e, p in work if t == "grader" and e.grader != "process")

@@ -227,17 +227,23 @@ def test_demo_helper_config_adds_lower_roots_and_the_mediator_only_for_container
     demo = _prepare_demo()
     base = json.loads((CHECKOUT / "units" / "helper.json").read_text())
     cache, data = tmp_path / "cache", tmp_path / "data"
-    plain = demo.helper_config(base, data, cache, ["coding", "shop", "autoresearch"])
+    # the demo's environments, by whether their preparation lists task images
+    served = {n: p for n, p in plugins.all_plugins().items() if p.demo_prepare}
+    listings = {n: p.demo_images for n, p in served.items() if p.demo_images}
+    assert {"general", "visual"} <= set(listings)
+    plain = demo.helper_config(base, data, cache, [n for n in served if n not in listings])
     assert plain["lower_roots"][:len(base["lower_roots"])] == base["lower_roots"]
     assert {str(cache / "oci"), str(cache / "helper")} <= set(plain["lower_roots"])
     assert "containers" not in plain and plain["private_roots"] == base["private_roots"]
-    for name, listing in (("general", "container-images.json"), ("visual", "images.json")):
-        (data / name).mkdir(parents=True)
-        (data / name / listing).write_text(json.dumps({"images": [f"r/{name}@sha256:{'a' * 64}"]}))
-    full = demo.helper_config(base, data, cache, ["general", "visual"])
+    for name, listing in listings.items():
+        (data / listing).parent.mkdir(parents=True, exist_ok=True)
+        (data / listing).write_text(json.dumps({"images": [f"r/{name}@sha256:{'a' * 64}"]}))
+    full = demo.helper_config(base, data, cache, list(listings))
     allowed = json.loads(Path(full["containers"]["images_manifest"]).read_text())["images"]
-    assert sorted(allowed) == [f"r/general@sha256:{'a' * 64}", f"r/visual@sha256:{'a' * 64}"]
-    assert full["containers"]["agent_env_source"] == str(data / "general" / "agent-env")
+    assert sorted(allowed) == sorted(f"r/{name}@sha256:{'a' * 64}" for name in listings)
+    [agent_env] = [p.demo_agent_env for p in served.values() if p.demo_agent_env]
+    assert agent_env == "general/agent-env"
+    assert full["containers"]["agent_env_source"] == str(data / agent_env)
     # The helper's mediator accepts it.
     from camg import typed
     from helper.container_config import ContainerConfig

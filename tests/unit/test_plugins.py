@@ -6,16 +6,22 @@ the path and a ``*.dist-info/entry_points.txt`` naming its descriptor in the
 in ``camg.prepare``'s dispatch, in ``camg.configure`` (port, factory,
 refusal hint) and in routes.json, and serve; and in the demo (its
 preparer, its deployment entry), the reliability suites' table, the kill
-storm's plan and camg status's unit, from its descriptor alone.
+storm's plan, its generated unit, ``camg status``, the canary runner (its
+suite played against it, every canary lost), the benchmark runner (its
+results file) and the fork and session benchmarks' subjects, from its
+descriptor alone. The last test counts what that
+took: its package and its entry point, no file of the checkout.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -38,6 +44,7 @@ PLUGIN = EnvironmentPlugin(
     demo={{"manifest": "/srv/camg/data/toy/manifest.json", "capacity": 3, "references": False}},
     demo_prepare="toyenv.demo:prepare", demo_rank=15,
     reliability="toyenv.reliability:TARGET", storm="toyenv.storm:drive",
+    canaries="toyenv.canaries:main", bench="toyenv.bench:main",
 )
 '''
 
@@ -80,6 +87,95 @@ def drive(guest, env):
                                grader_user="toy")
 '''
 
+# Its canary suite, played against the served toy: claiming the reward
+# without the work must lose; the honest bisection is the control, allowed
+# its 1.0, and must earn it (a suite whose honest path earns nothing proves
+# nothing).
+CANARIES_PY = '''
+import argparse
+from camg_client import Client, InvalidAction
+from devtools.canary_table import CanaryResult, report
+
+
+class Bisect:
+    def __init__(self):
+        self.low, self.high, self.guess = 0, 100, None
+
+    def __call__(self, observation):
+        if observation.get("text") == "higher":
+            self.low = self.guess + 1
+        elif observation.get("text") == "lower":
+            self.high = self.guess - 1
+        self.guess = (self.low + self.high) // 2
+        return {"operation": "guess", "value": self.guess}
+
+
+def play(client, actions):
+    episode_id = client.create(task_id="toy-3")["episode_id"]
+    observation, refused = {}, 0
+    for action in actions:
+        try:
+            body = client.step(episode_id, action(observation) if callable(action) else action)
+        except InvalidAction:
+            refused += 1
+            continue
+        if body["done"]:
+            return body["reward"], refused
+        observation = body["observation"]
+    client.close(episode_id)
+    return None, refused
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="toy canaries")
+    parser.add_argument("--url", required=True)
+    client = Client(parser.parse_args(argv).url)
+    honest, _ = play(client, [Bisect()] * 8)
+    rows = [CanaryResult("honest_bisection", honest, allowed=1.0, detail="control")]
+    checks = [] if honest == 1.0 else [f"the honest bisection earned {honest}"]
+    reward, _ = play(client, [{"operation": "finish"}])
+    rows.append(CanaryResult("finish_without_guessing", reward))
+    claims = [{"operation": "finish", "reward": 1.0}, {"operation": "guess", "value": "3"},
+              {"operation": "finish"}]
+    reward, refused = play(client, claims)
+    rows.append(CanaryResult("reward_claimed_in_the_action", reward, detail=f"refused {refused}"))
+    if refused != 2:
+        checks.append(f"a claim in the action was taken ({2 - refused} of 2)")
+    return report("toy", rows, checks=checks)
+'''
+
+# Its benchmark: step latency in process, its results as one JSON object.
+BENCH_PY = '''
+import argparse, json, tempfile, time
+from camg.environment import ServiceContext, Task
+from toyenv.environment import ToyEnvironment
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="toy bench")
+    parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args(argv)
+    tasks = [Task(f"toy-{i}", {"target": i}) for i in (3, 1, 2)]
+    steps = []
+    with tempfile.TemporaryDirectory() as state:
+        env = ToyEnvironment(ServiceContext("toy", state, {}), tasks)
+        for i in range(args.episodes):
+            task = tasks[i % len(tasks)]
+            episode = env.create_episode(task, seed=None, episode_id=f"e{i}")
+            episode.reset()
+            started = time.perf_counter()
+            episode.step({"operation": "guess", "value": task.data["target"]})
+            steps.append(time.perf_counter() - started)
+            episode.close()
+    steps.sort()
+    at = lambda q: round(steps[int(q * (len(steps) - 1))] * 1e3, 4)
+    results = {"episodes": args.episodes, "step_ms": {"p50": at(0.5), "p99": at(0.99)}}
+    with open(args.json, "w") as out:
+        out.write(json.dumps(results, indent=1) + "\\n")
+    return 0
+'''
+
 ENVIRONMENT_PY = '''
 import dataclasses
 from tests.support.counter_env import CounterEnvironment
@@ -111,6 +207,23 @@ def main(argv):
 '''
 
 
+def checkout_state() -> dict:
+    """What the checkout holds beyond its commit: the paths git reports
+    (untracked ones too) and the uncommitted changes' content."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True,
+                              text=True).stdout
+    diff = git("diff", "HEAD", "--binary")
+    return {"status": git("status", "--porcelain=v1", "--untracked-files=all"),
+            "tracked": git("ls-files"), "diff": hashlib.sha256(diff.encode()).hexdigest()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def checkout_before() -> dict:
+    """The checkout as this module found it (the last test compares)."""
+    return checkout_state()
+
+
 @pytest.fixture(scope="module")
 def toy_path(tmp_path_factory):
     """A directory holding the toy package and its installed metadata."""
@@ -124,6 +237,8 @@ def toy_path(tmp_path_factory):
     (package / "demo.py").write_text(DEMO_PY)
     (package / "reliability.py").write_text(RELIABILITY_PY)
     (package / "storm.py").write_text(STORM_PY)
+    (package / "canaries.py").write_text(CANARIES_PY)
+    (package / "bench.py").write_text(BENCH_PY)
     dist = root / "toyenv-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyenv\nVersion: 1.0\n")
@@ -159,6 +274,9 @@ def test_the_product_environments_are_registered():
         assert plugin.name == name
         assert plugin.load_factory().name == name          # the factory implements it
         assert isinstance(plugin.load_settings_type(), type)
+        # its canary suite and benchmark: command lines the runners call
+        assert callable(plugins.resolve(plugin.canaries)), name
+        assert callable(plugins.resolve(plugin.bench)), name
 
 
 def test_the_readme_table_is_the_registry():
@@ -210,32 +328,114 @@ def test_a_toy_package_appears_in_every_listing(toy_path, tmp_path):
     assert "python -m camg.prepare --environment toy" in refused.stderr
 
 
-def test_a_toy_package_serves(toy_path, tmp_path):
-    manifest_path = tmp_path / "toy-manifest.json"
+@dataclasses.dataclass
+class Served:
+    service: ServiceProcess
+    #: the installation's configuration directory (ETC/prepared: what camg
+    #: status reads)
+    etc: Path
+    port: int
+
+
+@pytest.fixture(scope="module")
+def served_toy(toy_path, tmp_path_factory):
+    """The toy prepared, configured as an installation is (ETC/prepared) and
+    served."""
+    base = tmp_path_factory.mktemp("toy-served")
+    manifest_path = base / "toy-manifest.json"
     assert run(toy_path, "-m", "camg.prepare", "--environment", "toy",
                "--output", str(manifest_path)).returncode == 0
-    lock = tmp_path / "requirements.lock"
+    lock = base / "requirements.lock"
     lock.write_text("falcon==4.4.0\n")
     port = free_port()
-    deployment = {"runtime_lock": str(lock), "state_root": str(tmp_path / "state"),
+    deployment = {"runtime_lock": str(lock), "state_root": str(base / "state"),
                   "auth": deployment_auth(),
                   "environments": {"toy": {"manifest": str(manifest_path), "port": port}}}
-    (tmp_path / "deployment.json").write_text(json.dumps(deployment))
-    src = clean_git_tree(tmp_path / "src")
-    assert run(toy_path, "-c", CONFIGURE, str(tmp_path / "deployment.json"),
-               str(tmp_path / "prepared"), str(src)).returncode == 0
-    service = ServiceProcess(tmp_path / "prepared" / "toy.json",
+    (base / "deployment.json").write_text(json.dumps(deployment))
+    src = clean_git_tree(base / "src")
+    etc = base / "etc"
+    assert run(toy_path, "-c", CONFIGURE, str(base / "deployment.json"),
+               str(etc / "prepared"), str(src)).returncode == 0
+    service = ServiceProcess(etc / "prepared" / "toy.json",
                              env={"PYTHONPATH": os.pathsep.join([str(toy_path), str(REPO)])})
     try:
         service.wait_ready()
-        from camg_client import Client
-        client = Client(service.url)
-        assert client.metadata()["environment"] == "toy"
-        created = client.create(task_id="toy-2")
-        assert created["task_id"] == "toy-2"
-        client.close(created["episode_id"])
+        yield Served(service, etc, port)
     finally:
         assert service.stop() == 0
+
+
+def test_a_toy_package_serves(served_toy):
+    from camg_client import Client
+    client = Client(served_toy.service.url)
+    assert client.metadata()["environment"] == "toy"
+    created = client.create(task_id="toy-2")
+    assert created["task_id"] == "toy-2"
+    client.close(created["episode_id"])
+
+
+def test_camg_status_lists_the_toy(toy_path, served_toy, tmp_path):
+    """camg status: its row, on its port, under the unit its plugin names."""
+    args = ("-m", "camg.status", "--etc", str(served_toy.etc), "--sample-s", "0",
+            "--state", str(tmp_path / "samples.json"))
+    shown = run(toy_path, *args, "--json")
+    report = json.loads(shown.stdout)
+    [row] = [r for r in report["environments"] if r["environment"] == "toy"]
+    assert (row["port"], row["unit_name"]) == (served_toy.port, "camg-toy-env.service")
+    assert row["health"] == "healthy" and row["config"] == "matches disk"
+    if not report["systemd"]:  # under systemd its unit (not started here) is a problem
+        assert row["ready"] and not row["problems"], row
+    table = run(toy_path, *args).stdout.splitlines()
+    assert [line.split()[:2] for line in table if line.startswith("toy ")] == [
+        ["toy", str(served_toy.port)]]
+
+
+def test_the_canary_runner_plays_the_toys_suite(toy_path, served_toy):
+    """python -m devtools.canaries: the toy's suite, from its descriptor,
+    against the served toy: the claims lose, the honest path earns its 1.0."""
+    listed = run(toy_path, "-m", "devtools.canaries", "--list")
+    assert listed.returncode == 0, listed.stderr
+    suites = dict(line.split(" ", 1) for line in listed.stdout.splitlines())
+    assert suites["toy"] == "toyenv.canaries:main"
+    assert suites["shop"] == "environments.shop.checks.canaries:main"
+    played = run(toy_path, "-m", "devtools.canaries", "toy", "--url", served_toy.service.url)
+    assert played.returncode == 0, played.stdout + played.stderr
+    table = played.stdout
+    assert table.startswith("canaries: toy\n") and "CHECK FAILED" not in table, table
+    for technique, reward, allowed in (("honest_bisection", "1.0000", "1.0000"),
+                                       ("finish_without_guessing", "0.0000", "0.0000"),
+                                       ("reward_claimed_in_the_action", "0.0000", "0.0000")):
+        assert re.search(rf"^  {technique} +{reward} +{allowed} +- +lost", table, re.M), table
+    assert table.rstrip().endswith("3 canaries, 0 won")
+    # a suite that fails is the runner's failure: here, a URL with nothing behind it
+    refused = run(toy_path, "-m", "devtools.canaries", "toy", "--url",
+                  f"http://127.0.0.1:{free_port()}")
+    assert refused.returncode != 0
+
+
+def test_the_bench_runner_runs_the_toys_benchmark(toy_path, tmp_path):
+    """bench/environment_bench.py: the toy's benchmark, from its descriptor,
+    writes one JSON object that bench/table.py renders as it does the others;
+    the fork and session benchmarks list it."""
+    listed = run(toy_path, "-m", "bench.environment_bench", "--list")
+    assert listed.returncode == 0, listed.stderr
+    benches = dict(line.split(" ", 1) for line in listed.stdout.splitlines())
+    assert benches["toy"] == "toyenv.bench:main"
+    assert benches["coding"] == "environments.coding.checks.bench:main"
+    out = tmp_path / "results" / "toy.json"
+    ran = run(toy_path, "-m", "bench.environment_bench", "--json", str(out), "toy",
+              "--episodes", "30")
+    assert ran.returncode == 0, ran.stderr
+    results = json.loads(out.read_text())
+    assert results["episodes"] == 30 and 0 <= results["step_ms"]["p50"] <= results["step_ms"]["p99"]
+    from bench import table
+    assert [key for key, _ in table.rows(results)] == ["episodes", "step_ms.p50", "step_ms.p99"]
+    # the benchmarks of every environment take it as a subject too: forks
+    # (any environment) and light sessions (its episodes run in process)
+    for bench in ((str(REPO / "bench" / "bench_fork.py"),), ("-m", "bench.bench_sessions")):
+        usage = run(toy_path, *bench, "--help")
+        choices = re.search(r"--env \{([\w,-]+)\}", usage.stdout)
+        assert choices and {"counter", "toy", "shop"} <= set(choices[1].split(",")), usage
 
 
 # What packaging and the reliability tools make of the registry, run where
@@ -346,6 +546,7 @@ def test_descriptor_fields_are_validated():
     plugins.EnvironmentPlugin(**good)
     for field, bad in (("name", "Bad Name"), ("port", 80), ("factory", "a.b.C"),
                        ("prepare", "main"), ("substrate", "vm"), ("storm", "drive"),
+                       ("canaries", "a.b.main"), ("bench", "bench"),
                        ("demo_prepare", "a.b:prep")):
         with pytest.raises(ConfigError, match=field if field != "demo_prepare" else "demo"):
             plugins.EnvironmentPlugin(**{**good, field: bad})
@@ -355,3 +556,36 @@ def test_descriptor_fields_are_validated():
     plain = plugins.EnvironmentPlugin(**good)
     assert (plain.unit, plain.sandboxes_per_episode) == ("camg-x.service", 1)
     assert plugins.EnvironmentPlugin(**good, substrate="process").sandboxes_per_episode == 0
+
+
+# The toy's identifiers: its package, its unit, its name as a string or an
+# entry point's key. A tool that had to be told about the toy would name it.
+TOY_NAMED = "toyenv|camg-toy-env|[\"'`]toy[\"'`]|^[[:space:]]*toy[[:space:]]*="
+
+
+def test_making_the_toy_first_class_took_its_package_and_entry_point_alone(toy_path,
+                                                                           checkout_before):
+    """Everything above the toy does (served, demo, status, unit, canaries,
+    reliability, storm, bench) it does from files under its own package and
+    its one entry point: no file outside them was edited or written. Last in
+    the module, so it sees the checkout after every test above."""
+    # installed: its package and its dist-info, whose one entry point is it
+    assert sorted(p.name for p in toy_path.iterdir()) == ["toyenv", "toyenv-1.0.dist-info"]
+    dist = toy_path / "toyenv-1.0.dist-info"
+    assert sorted(p.name for p in dist.iterdir()) == ["METADATA", "entry_points.txt"]
+    assert (dist / "entry_points.txt").read_text() == \
+        "[camg.environments]\ntoy = toyenv.plugin:PLUGIN\n"
+    # it fills every hook of a descriptor, each from its own package
+    described = json.loads(run(toy_path, "-m", "camg.plugins").stdout)["toy"]
+    hooks = {field: described[field] for field in plugins.HOOKS}
+    assert all(spec and spec.startswith("toyenv.") for spec in hooks.values()), hooks
+    # no list learned its name: nothing in the checkout names it but this
+    # module. Other test modules are left out: the toy is installed for
+    # this module's subprocesses alone, and some name toys of their own.
+    named = subprocess.run(
+        ["git", "-C", str(REPO), "grep", "--untracked", "-l", "-E", TOY_NAMED, "--", ".",
+         ":(exclude)tests/*/test_*.py", ":(exclude)tests/*/systest_*.py"],
+        capture_output=True, text=True)
+    assert named.returncode == 1 and not named.stdout, named.stdout + named.stderr
+    # and making it first-class wrote nothing into the checkout
+    assert checkout_state() == checkout_before

@@ -104,7 +104,7 @@ def setup(base: Path):
     return research, images
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--grades", type=int, default=200)
     ap.add_argument("--episodes", type=int, default=10)
@@ -114,7 +114,7 @@ def main() -> int:
         "--paired", action="store_true", help="run each round inside and outside at the same time"
     )
     ap.add_argument("--json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("run as root (helper, grader uid)")
     from camg import task_manifest as manifest

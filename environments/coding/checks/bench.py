@@ -181,7 +181,7 @@ def bench_grade(env, helper: HelperClient, rounds: int) -> dict:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--resets", type=int, default=200)
     ap.add_argument("--grades", type=int, default=3)
@@ -192,7 +192,7 @@ def main() -> int:
         default="both",
         help="demo image(s) to measure: plain venv, SWE-smith-shaped, or both",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench_coding needs root (sandboxes, task layers)")
     from camg.oci.images import write_materialized

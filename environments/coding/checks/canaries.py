@@ -8,11 +8,19 @@ and next to the gold fix. ``rule_class`` groups them by the issue's classes;
 ``runtime_rule`` is the rule the guard / cross-check raises when the diff
 screen is switched off (None where the runtime simply does not load the
 thing, which also earns 0.0).
+
+    python -m environments.coding.checks.canaries [--sandboxes] [PYTEST ARGS ...]
+
+plays them (its plugin's ``canaries``: ``python -m devtools.canaries coding``
+runs this) through those tests, from a source tree.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -880,3 +888,37 @@ OBSTRUCTIONS: dict[str, Obstruction] = {
         "finish", commands=("truncate -s 1T zz-big && ls -ls zz-big",)
     ),
 }
+
+
+#: Where the suite is played: every technique applied to a task's workspace
+#: and graded with the service's own grading, run locally (no root); and, as
+#: root, in sandboxes on the demo images, with the obstructions.
+PLAYED_BY = (
+    "tests/unit/test_coding_integrity.py",
+    "tests/privileged/test_coding_integrity_sandboxes.py",
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Play the suite: a technique edits a workspace, so it is played where
+    a grade runs, by the tests above (the second with ``--sandboxes``). The
+    exit status is pytest's: non-zero when any technique earned more than
+    0.0 or went uncaught."""
+    parser = argparse.ArgumentParser(
+        prog="python -m environments.coding.checks.canaries",
+        description="Play Coding's tampering canaries through the tests that grade them.",
+    )
+    parser.add_argument(
+        "--sandboxes",
+        action="store_true",
+        help="also in sandboxes on the demo images (root; the privileged tier's caches)",
+    )
+    args, pytest_args = parser.parse_known_args(argv)
+    root = Path(__file__).resolve().parents[3]
+    modules = PLAYED_BY if args.sandboxes else PLAYED_BY[:1]
+    command = [sys.executable, "-m", "pytest", "-q", *modules, *pytest_args]
+    return subprocess.run(command, cwd=root, check=False).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

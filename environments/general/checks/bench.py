@@ -504,7 +504,7 @@ def bench_docker(image: str, agent_env: Path, scope: str, n: int) -> dict:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--interval", type=float, default=3.0)
@@ -525,7 +525,7 @@ def main() -> int:
         "Docker API timeout is the helper's default (60 s)",
     )
     ap.add_argument("--json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from environments.general.build import agent_env
     from environments.general.demo import assemble as demo
     from environments.general.prepare import prepare_general

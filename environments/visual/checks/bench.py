@@ -133,12 +133,12 @@ class MemorySampler:
         return list(self.peaks.values())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--concurrency", default="1,2,4")
     ap.add_argument("--json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("run as root (the helper builds sandboxes)")
     from environments.visual.build.cdn_mirror import build_mirror
