@@ -173,7 +173,7 @@ def _check_lowers(helper_config, layers_root, catalog, chosen) -> None:
         image = images_mod.lookup(catalog, name)
         helper_roots.check_lower(
             image.rootfs,
-            "--cache-root of scripts/prepare_images.py",
+            "--cache-root of scripts/prepare_images.py or tools.prepare_image",
             roots,
             what=f"image {image.name} rootfs",
         )

@@ -4,7 +4,10 @@ Real SWE-smith rows take theirs from SWE-smith's profile registry (swesmith
 0.0.9, imported lazily: it is slow to import and pulls docker/ghapi). The
 demo task set this project builds from apispec's sdist has a profile of its
 own, registered here, because its image is not a SWE-smith image (no conda;
-the test environment is the venv /opt/testbed-venv).
+the test environment is the venv /opt/testbed-venv). Rows of owner
+``camg-built`` (a repository whose image tools.prepare_image built, laid
+out like SWE-smith's) and ``camg-demo-swesmith`` run SWE-smith's own Python
+test command.
 
 Every profile is registered on the installed swebench through
 third_party/swebench_shim, so log_evaluation.py parses logs with swebench itself.
@@ -24,6 +27,10 @@ from camg.errors import DatasetError
 DEMO_OWNER = "camg-demo"
 #: rows of the demo project served from the SWE-smith-shaped demo image
 DEMO_SWESMITH_OWNER = "camg-demo-swesmith"
+#: rows of any repository served from an image the image builder made
+#: (``python -m tools.prepare_image``, laid out like SWE-smith's): graded with
+#: SWE-smith's own Python test command, which the image spec must name
+BUILT_OWNER = "camg-built"
 # SWE-smith's PythonProfile.test_cmd (swesmith 0.0.9), verbatim: the
 # SWE-smith-shaped demo image is graded with it unmodified.
 SWESMITH_PYTHON_TEST_CMD = (
@@ -109,13 +116,13 @@ def for_repo(repo: str) -> Profile:
     owner, _, name = repo.partition("/")
     if owner == DEMO_OWNER:
         profile = demo_profile(name)
-    elif owner == DEMO_SWESMITH_OWNER:
+    elif owner in (DEMO_SWESMITH_OWNER, BUILT_OWNER):
         profile = Profile(
             key=name,
             test_cmd=SWESMITH_PYTHON_TEST_CMD,
             parser=parse_pytest_verbose,
             timeout=300.0,
-            source="demo-swesmith",
+            source="demo-swesmith" if owner == DEMO_SWESMITH_OWNER else "built",
         )
     else:
         registry = _swesmith_registry()

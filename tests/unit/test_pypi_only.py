@@ -128,9 +128,12 @@ def pypi():
 
 def image_pins() -> list[str]:
     from tools import oci_demo
+    from tools.oci.build import load_spec
     from environments.autoresearch.demo import image as autoresearch_image
     from environments.visual.build import renderer_rootfs
+    second = load_spec(CHECKOUT / "environments/coding/demo/parse.json")
     return [*oci_demo.REQUIREMENTS, *oci_demo.BUILD_REQUIREMENTS, *renderer_rootfs.WHEELS,
+            *second.pip_packages, *second.build_packages,
             *(p for p in autoresearch_image.REQUIREMENTS if not p.startswith("torch=="))]
 
 
