@@ -217,3 +217,12 @@ def test_the_test_command_must_run_in_the_built_image(result, ok):
         with pytest.raises(DatasetError, match="does not run in the built image"):
             builder.check_test_run(result, "pytest")
 
+
+def test_the_task_builder_refuses_an_image_graded_otherwise(tmp_path):
+    from environments.coding.build import tasks
+    record = {"name": "camg/x", "digest": "sha256:" + "a" * 64, "sdist": "/x/p-1.0.tar.gz",
+              "sdist_sha256": "sha256:" + "b" * 64, "commit": "c" * 40, "test_cmd": "pytest"}
+    image = type("Image", (), {"hash": "sha256:" + "d" * 64, "name": "camg/x", "rootfs": "/"})()
+    with pytest.raises(DatasetError, match="is not the command"):
+        tasks.build_tasks(record, image, "/nonexistent.sock", tmp_path, owner="o",
+                          package_dir="p")
