@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from camg.http_wire import COST_SCHEMA
+from camg.web.http_wire import COST_SCHEMA
 
-#: the measured fields (the wire's schema names them, camg/http_wire.py)
+#: the measured fields (the wire's schema names them, camg/web/http_wire.py)
 MEASURES = tuple(k for k in COST_SCHEMA["properties"] if k != "phases")
 
 

@@ -20,8 +20,6 @@ from typing import Any, cast
 
 import fastjsonschema
 
-from camg import auth
-from camg import http_wire as wire
 from camg.admission import Admission, default_queue_bound
 from camg.cost import episode_cost
 from camg.environment import Environment, Episode, Step, Task
@@ -48,6 +46,8 @@ from camg.outcomes import OutcomeLog
 from camg.regrading import REGRADE_FIELDS, Regrader
 from camg.service_config import Limits
 from camg.submissions import SubmissionStore
+from camg.web import auth
+from camg.web import http_wire as wire
 from camg.worker_threads import Call, WorkerThreads
 
 log = logging.getLogger("camg.episodes")
@@ -64,7 +64,7 @@ class Record:
     ) -> None:
         now = time.monotonic()
         self.episode_id = episode_id
-        #: the principal whose request made it (camg.auth; None: authentication off)
+        #: the principal whose request made it (camg.web.auth; None: authentication off)
         self.owner = auth.caller_name()
         self.task = task
         self.seed = seed

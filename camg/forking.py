@@ -48,7 +48,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from camg import http_wire as wire
 from camg.admission import RETRY_AFTER_S
 from camg.environment import Environment, Episode, Task
 from camg.errors import (
@@ -65,6 +64,7 @@ from camg.errors import (
 )
 from camg.metrics import task_kind
 from camg.outcomes import OutcomeLog
+from camg.web import http_wire as wire
 from camg.worker_threads import WorkerThreads
 
 log = logging.getLogger("camg.episodes")

@@ -94,7 +94,7 @@ class EnvironmentDeployment:
 
 @dataclasses.dataclass(frozen=True)
 class Auth:
-    """Who may use the services (camg.auth). On unless a deployment says
+    """Who may use the services (camg.web.auth). On unless a deployment says
     ``"required": false``, which only a single-user machine should."""
 
     required: bool = True

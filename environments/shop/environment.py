@@ -59,7 +59,7 @@ class ShopEnvironment(Environment):
         },
         "required": ["action"],
         "additionalProperties": False,
-        # The two forms as tools (/schema's tools, MCP's; camg.action_tools).
+        # The two forms as tools (/schema's tools, MCP's; camg.web.action_tools).
         "x-camg-tools": {
             "property": "action",
             "tools": {

@@ -394,7 +394,7 @@ def test_service_records_an_obstructing_episode_as_zero_obstructed(env, tmp_path
     its honest 0.0 (the loop is killed before the diff)."""
     import asyncio
 
-    from camg import http_wire as wire
+    from camg.web import http_wire as wire
     from camg.episodes import EpisodeManager
     from camg.outcomes import OutcomeLog
     from camg.service_config import Limits

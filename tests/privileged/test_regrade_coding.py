@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from camg import http_wire as wire
+from camg.web import http_wire as wire
 from camg.episodes import EpisodeManager
 from camg.outcomes import OutcomeLog
 from camg.service_config import Limits

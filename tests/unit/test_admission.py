@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from camg import http_wire as wire
+from camg.web import http_wire as wire
 from camg.environment import ServiceContext, Task
 from camg.episodes import EpisodeManager
 from camg.errors import AtCapacity, BadRequest, Unavailable

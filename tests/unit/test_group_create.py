@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from camg import http_wire as wire
+from camg.web import http_wire as wire
 from camg_client import AsyncClient, Client
 from camg_client import client as client_mod
 from tests.support.services import ServiceProcess, configure_counter, counter_tasks

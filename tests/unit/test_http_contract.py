@@ -329,7 +329,7 @@ def _gated_manager(tmp_path, gate: str):
 @pytest.mark.parametrize("gate", ["create", "reset"])
 def test_close_during_creation_is_not_lost(tmp_path, gate):
     import asyncio
-    from camg import http_wire as wire
+    from camg.web import http_wire as wire
     from camg.errors import EpisodeDone
 
     manager, env = _gated_manager(tmp_path, gate)

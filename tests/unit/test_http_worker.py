@@ -1,4 +1,4 @@
-"""The gunicorn worker class camg.serve runs (camg/http_worker.py): chosen
+"""The gunicorn worker class camg.serve runs (camg/serving/http_worker.py): chosen
 from a closed table, refused before the arbiter starts when unknown, and
 every class in the table serves the same contract (HTTP episode, OpenEnv
 WebSocket, graceful shutdown) under a real ``python -m camg.serve``."""
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import websockets
 
-from camg import http_worker, serve
+from camg import serve
+from camg.serving import http_worker
 from camg.errors import ConfigError
 from camg_client import Client, InvalidAction
 from devtools.harness.auth import headers as auth_headers

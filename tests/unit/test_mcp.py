@@ -1,4 +1,4 @@
-"""MCP on a served environment (camg.mcp_server): the ``mcp`` SDK's own
+"""MCP on a served environment (camg.web.mcp_server): the ``mcp`` SDK's own
 client over streamable HTTP ``/mcp``, and openenv-core's own MCPToolClient
 over ``/ws`` and over its HTTP ``/mcp`` session methods, each list /schema's
 tools and play whole episodes through the episode manager; then the edges

@@ -1,6 +1,6 @@
 """Slow and many peers against the listeners any local user can reach: a
 service's HTTP port (limits.header_timeout_s, body_timeout_s,
-max_connections; camg.http_worker.bounded_protocol) and the helper's
+max_connections; camg.serving.http_worker.bounded_protocol) and the helper's
 metrics port (camg.metrics.ScrapeServer). Each must drop the slow peer in
 the documented time, keep answering everyone else, and stay healthy."""
 

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from camg import http_wire as wire
+from camg.web import http_wire as wire
 from camg.environment import Step, Task
 from camg.episodes import EpisodeManager
 from camg.errors import EpisodeBusy

@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import camg
-from camg import auth, metrics, signing
+from camg import metrics, signing
 from camg.environment import Environment
 from camg.episodes import EpisodeManager
-from camg.notify import Notifier
 from camg.outcomes import OutcomeLog
 from camg.service_config import ServiceConfig
+from camg.serving.notify import Notifier
+from camg.web import auth
 
 log = logging.getLogger("camg.service")
 

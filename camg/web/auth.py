@@ -51,7 +51,7 @@ class Principal:
         return self.role == "operator"
 
 
-#: the principal a request acts for, set by the HTTP gate (camg.http_auth)
+#: the principal a request acts for, set by the HTTP gate (camg.web.http_auth)
 #: for the request's task and everything it starts. None: authentication
 #: is off, or the service itself acts (leases, shutdown): no owner check.
 CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(

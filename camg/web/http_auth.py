@@ -6,15 +6,15 @@ and ``/metrics`` stay open: a supervisor and a scraper hold no token and
 learn nothing about anyone's episodes there. A request without a token the
 trainers file knows is answered 401 ``unauthorized`` (a WebSocket before
 its handshake is accepted); one with a token runs as its principal
-(``camg.auth.CALLER``), which is what the episode manager checks ownership
+(``camg.web.auth.CALLER``), which is what the episode manager checks ownership
 against.
 """
 
 from __future__ import annotations
 
-from camg import auth
 from camg.errors import Unauthorized
-from camg.http import dumps
+from camg.web import auth
+from camg.web.http import dumps
 
 #: routes that answer without a token
 OPEN_PATHS = frozenset({"/health", "/metrics"})

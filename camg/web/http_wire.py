@@ -385,7 +385,7 @@ TASKS_SCHEMA = {
 
 
 # OpenEnv's Task API bodies (its GetTaskRequest and siblings: split required,
-# unknown fields refused); camg.openenv_tasks serves them. "" is the first split.
+# unknown fields refused); camg.web.openenv_tasks serves them. "" is the first split.
 @dataclasses.dataclass(frozen=True)
 class OpenEnvSplitRequest:
     """``POST /{env}/tasks`` and ``/{env}/num_tasks``."""

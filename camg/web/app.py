@@ -1,4 +1,4 @@
-"""The falcon ASGI application: thin resources over ``camg.service.Service``.
+"""The falcon ASGI application: thin resources over ``camg.serving.service.Service``.
 
 Domain errors map to HTTP once (``_handle_camg_error``); resources never
 choose status codes for failures. Anything unexpected is logged and becomes
@@ -14,21 +14,20 @@ from typing import cast
 import falcon
 import falcon.asgi
 
-from camg import (
+from camg import admission, metrics
+from camg.errors import CamgError, PermissionDenied
+from camg.serving.service import Service
+from camg.web import (
     action_tools,
-    admission,
     http_auth,
     mcp_server,
-    metrics,
     openenv_compat,
     openenv_tasks,
     step_route,
     task_listing,
 )
-from camg import http_wire as wire
-from camg.errors import CamgError, PermissionDenied
-from camg.http import INTERNAL_ERROR, dumps, error_headers, read_body, reply
-from camg.service import Service
+from camg.web import http_wire as wire
+from camg.web.http import INTERNAL_ERROR, dumps, error_headers, read_body, reply
 
 log = logging.getLogger("camg.http")
 
@@ -134,7 +133,7 @@ class EpisodeReference:
 
 
 class EpisodeStep:
-    """The step route's every form but the plain one, which camg/step_route.py
+    """The step route's every form but the plain one, which camg/web/step_route.py
     answers ahead of falcon with the same parsing, call and errors."""
 
     def __init__(self, service: Service) -> None:

@@ -38,11 +38,11 @@ from typing import cast
 import falcon
 import falcon.asgi
 
-from camg import http_wire as wire
-from camg import mcp_server
 from camg.errors import AtCapacity, BadRequest, CamgError, EpisodeDone, EpisodeNotFound
-from camg.http import read_body, reply
-from camg.service import Service
+from camg.serving.service import Service
+from camg.web import http_wire as wire
+from camg.web import mcp_server
+from camg.web.http import read_body, reply
 
 log = logging.getLogger("camg.openenv")
 
@@ -56,7 +56,7 @@ _WS_KEYS = {
     "state": ({"type"}, set()),
     "close": ({"type"}, set()),
     "mcp": ({"type", "data"}, set()),
-}  # a JSON-RPC request (camg.mcp_server)
+}  # a JSON-RPC request (camg.web.mcp_server)
 
 
 @dataclasses.dataclass(frozen=True)

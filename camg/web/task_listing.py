@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from camg import http_wire as wire
 from camg.environment import Environment
 from camg.errors import ConfigError
-from camg.http import reply
+from camg.web import http_wire as wire
+from camg.web.http import reply
 
 FACTS = ("kind", "split")
 
@@ -53,7 +53,7 @@ def _facts(environment: Environment, task) -> dict:
 
 
 class Tasks:
-    """The resource; ``camg.app`` routes ``/tasks`` here."""
+    """The resource; ``camg.web.app`` routes ``/tasks`` here."""
 
     def __init__(self, service) -> None:
         self.listing = TaskListing(service.env, service.config.task_selection_hash)

@@ -26,7 +26,7 @@ from camg.errors import ConfigError
 ENV = "CAMG_HTTP_WORKER"
 DEFAULT = "uvicorn"
 
-_UVICORN_CLASS = "camg.http_worker.UvicornWorker"
+_UVICORN_CLASS = "camg.serving.http_worker.UvicornWorker"
 
 
 def selected() -> str:
@@ -104,7 +104,7 @@ def _uvicorn_worker_class():
             from uvicorn.server import Server
 
             self.config.app = self.wsgi
-            # The service's own bounds on slow peers (camg.step_route
+            # The service's own bounds on slow peers (camg.web.step_route
             # carries its config's limits); uvicorn itself has no header or
             # body read timeout and no connection bound by default.
             limits = getattr(self.wsgi, "http_limits", None)
@@ -347,7 +347,7 @@ def _not_a_quick_stop(record: logging.LogRecord) -> bool:
 
 def __getattr__(name: str):
     # gunicorn resolves worker_class by import path in the arbiter and the
-    # worker; building the class lazily keeps ``import camg.http_worker``
+    # worker; building the class lazily keeps ``import camg.serving.http_worker``
     # free of uvicorn.
     if name == "UvicornWorker":
         worker = _uvicorn_worker_class()

@@ -1,5 +1,5 @@
 """``/mcp``'s streamable HTTP sessions, with the ``mcp`` SDK's session
-manager and low-level server (camg.mcp_server imports this module on the
+manager and low-level server (camg.web.mcp_server imports this module on the
 first request that needs it; the contract is described there).
 
 The handshake era only: ``initialize`` opens a session, and here it also
@@ -26,9 +26,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 import camg
-from camg import auth
 from camg.errors import AtCapacity, CamgError, EpisodeNotFound
-from camg.mcp_server import (
+from camg.web import auth
+from camg.web.mcp_server import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     SESSION_HEADER,

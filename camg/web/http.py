@@ -55,7 +55,7 @@ INTERNAL_ERROR = {"error": "internal", "message": "internal error; see the servi
 def error_headers(exc: CamgError) -> dict[str, str]:
     """The headers a deliberate error's answer carries besides its JSON body
     (``exc.http_status``, ``exc.to_dict()``): the one mapping, for falcon's
-    error handler and the step route (camg/step_route.py) alike."""
+    error handler and the step route (camg/web/step_route.py) alike."""
     return {"Retry-After": str(exc.retry_after)} if isinstance(exc, AtCapacity) else {}
 
 

@@ -1,7 +1,7 @@
 """MCP on every service: the environment's actions as MCP tools, one MCP
 session as one episode.
 
-The tools are ``/schema``'s ``tools`` (camg.action_tools, made from the
+The tools are ``/schema``'s ``tools`` (camg.web.action_tools, made from the
 action schema): name, description, and the function's parameters as the
 MCP ``inputSchema``. A tool call is turned back into the action by the same
 ActionTools and stepped through ``EpisodeManager.step``, exactly as
@@ -35,7 +35,7 @@ Three forms, one episode table (the manager's):
   episode (params: ``POST /episodes``'s fields), ``tools/list``,
   ``tools/call`` (``session_id``, ``name``, ``arguments``; the result is
   the step's reply), ``openenv/session/close`` closes it.
-* ``/ws`` (camg.openenv_compat) — openenv's ``{"type": "mcp", "data":
+* ``/ws`` (camg.web.openenv_compat) — openenv's ``{"type": "mcp", "data":
   <JSON-RPC>}`` messages, and the steps its ``MCPToolClient`` sends
   (``{"type": "list_tools"}``, ``{"type": "call_tool", "tool_name",
   "arguments"}`` as the step's data, whenever the action schema itself
@@ -62,8 +62,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 from urllib.parse import parse_qsl
 
-from camg import action_tools, auth
-from camg import http_wire as wire
 from camg.errors import (
     BadRequest,
     CamgError,
@@ -72,6 +70,8 @@ from camg.errors import (
     InvalidAction,
     PayloadTooLarge,
 )
+from camg.web import action_tools, auth
+from camg.web import http_wire as wire
 
 #: JSON-RPC codes (JSON-RPC 2.0; -32000 is openenv's SERVER_ERROR)
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
@@ -209,7 +209,7 @@ class EpisodeTools:
 
 
 class Sessions:
-    """Session id → episode id and the principal that opened it (camg.auth),
+    """Session id → episode id and the principal that opened it (camg.web.auth),
     for sessions that ended kept a while (their calls answer the sticky
     terminal, not 'unknown session'). Another principal's session is
     absent to ``get`` and ``pop``, as its episode is to the manager."""
@@ -251,7 +251,7 @@ class OpenEnvRpc:
 
     async def answer(self, message: Any, ws_session=None) -> dict:
         """The JSON-RPC response to ``message``; ``ws_session`` is a /ws
-        connection's session (camg.openenv_compat.Session), else HTTP."""
+        connection's session (camg.web.openenv_compat.Session), else HTTP."""
         if (
             not isinstance(message, dict)
             or message.get("jsonrpc") != "2.0"
@@ -364,7 +364,7 @@ class _MethodNotFound(CamgError):
 
 class Endpoint:
     """``/mcp``: openenv's HTTP session methods here, everything else to the
-    SDK's streamable HTTP sessions (camg.mcp_streamable, imported by the
+    SDK's streamable HTTP sessions (camg.web.mcp_streamable, imported by the
     first request that needs it: importing the SDK takes about 2 s and 30 MB,
     which a service no MCP client talks to, and every test start, should
     not pay)."""
@@ -382,7 +382,7 @@ class Endpoint:
         async with self._lock:
             if self._streamable is None:
                 # on a thread: the import must not stall the event loop
-                module = await asyncio.to_thread(importlib.import_module, "camg.mcp_streamable")
+                module = await asyncio.to_thread(importlib.import_module, "camg.web.mcp_streamable")
                 self._streamable = module.Streamable(self.service, self.tools, self.sessions)
         return self._streamable
 

@@ -6,7 +6,7 @@ and response objects cost about 45 us of each one on this 2-core host
 plain form of the route -- POST, exactly ``/episodes/<id>/step``, one
 Content-Length within the body limit, no Transfer-Encoding or Expect --
 with what falcon's ``app.EpisodeStep`` does: the same body parse, the same
-manager call, the same error mapping (camg/http.py) and the same headers
+manager call, the same error mapping (camg/web/http.py) and the same headers
 (uvicorn adds Date). Every other form (a trailing slash, a chunked or
 oversized body, another method) goes to falcon, which answers it as before;
 tests/unit/test_step_route.py holds the two answers side by side.
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 
-from camg import http_wire as wire
 from camg.errors import CamgError
-from camg.http import INTERNAL_ERROR, dumps, error_headers
+from camg.web import http_wire as wire
+from camg.web.http import INTERNAL_ERROR, dumps, error_headers
 
 log = logging.getLogger("camg.http")
 
@@ -36,7 +36,7 @@ class StepRoute:
         self.manager = service.manager
         self.limit = service.config.limits.max_body_bytes
         #: the service's bounds on slow peers, which the HTTP worker applies
-        #: (camg.http_worker.bounded_protocol)
+        #: (camg.serving.http_worker.bounded_protocol)
         self.http_limits = service.config.limits
 
     def __getattr__(self, name: str):

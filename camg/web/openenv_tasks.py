@@ -4,7 +4,7 @@ stock ``openenv`` 0.10.0 serves it (``openenv.core.env_server.http_server``)
 and its one client of it calls it (``openenv.harbor.client.HarborEnv``).
 
 Everything is read from the listing ``GET /tasks`` serves
-(camg.task_listing), so both views agree: manifest order, the ids, kind and
+(camg.web.task_listing), so both views agree: manifest order, the ids, kind and
 split, never a task's data. A split is a dataset split the rows name, in
 order of first appearance; rows naming none (all of them, for a dataset
 without splits) form one split named for the environment, as OpenEnv's
@@ -25,10 +25,10 @@ from typing import Any
 
 import falcon.asgi
 
-from camg import http_wire as wire
 from camg.errors import BadRequest, ConfigError, NotFound
-from camg.http import read_body, reply
-from camg.task_listing import TaskListing
+from camg.web import http_wire as wire
+from camg.web.http import read_body, reply
+from camg.web.task_listing import TaskListing
 
 #: the ``{env}`` segment openenv.harbor.client.HarborEnv puts in every path
 HARBOR_CLIENT_ENV = "harbor_env"
