@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import cast
 
 import camg
-from camg import admission, atomic, helper_roots, plugins, signing, typed
+from camg import atomic, helper_roots, plugins, typed
 from camg import service_config as cfg
 from camg import task_manifest as manifest_mod
+from camg.episodes import admission, signing
 from camg.errors import CamgError, ConfigError, PreparationMissing
 from camg.hashing import sha256_json
 from camg.web import auth

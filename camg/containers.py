@@ -412,7 +412,7 @@ class ContainerPool:
 
 
 def read_usage(client: ContainerClient | None, container_id: str) -> dict | None:
-    """A container's usage for its episode's cost (camg.cost), read before
+    """A container's usage for its episode's cost (camg.episodes.cost), read before
     it is removed; None when the helper cannot say (a lost measurement is
     logged and never costs the episode its grade)."""
     if client is None:

@@ -93,7 +93,7 @@ class HeldSandbox:
             log.warning("reading sandbox %s usage failed: %s", sandbox, exc)
 
     def _cost(self) -> dict:
-        """The outcome() field camg.cost completes with the phases."""
+        """The outcome() field camg.episodes.cost completes with the phases."""
         return {"cost": dict(self.usage)} if self.usage else {}
 
     def _fork_sandbox(self, sandbox: str, processes: str = "processes") -> str:

@@ -71,7 +71,7 @@ class EnvironmentDeployment:
     #: helper can hold for one service, at most 256)
     capacity: int | None = None
     #: creates that may wait for a slot at once (POST /episodes wait_s);
-    #: None: camg.admission.default_queue_bound (4 per slot); 0: none wait
+    #: None: camg.episodes.admission.default_queue_bound (4 per slot); 0: none wait
     queue_bound: int | None = None
     port: int | None = None
     factory: str | None = None
@@ -124,7 +124,7 @@ class HashedFile:
 
 @dataclasses.dataclass(frozen=True)
 class OutcomeKey:
-    """The deployment's outcome signing key (camg.signing): where the private
+    """The deployment's outcome signing key (camg.episodes.signing): where the private
     half is, and the public half it must have."""
 
     path: str

@@ -105,7 +105,7 @@ def environment_row(config_path: Path) -> dict:
         if episodes
         else f"-/{config.get('capacity', '?')}"
     )
-    # creates waiting for a slot / the line's bound (camg.admission)
+    # creates waiting for a slot / the line's bound (camg.episodes.admission)
     row["queue"] = (
         f"{episodes['queued']}/{episodes['queue_bound']}" if "queued" in episodes else "-"
     )

@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import camg
-from camg import metrics, signing
+from camg import metrics
 from camg.environment import Environment
-from camg.episodes import EpisodeManager
-from camg.outcomes import OutcomeLog
+from camg.episodes import signing
+from camg.episodes.manager import EpisodeManager
+from camg.episodes.outcomes import OutcomeLog
 from camg.service_config import ServiceConfig
 from camg.serving.notify import Notifier
 from camg.web import auth

@@ -14,7 +14,8 @@ from typing import cast
 import falcon
 import falcon.asgi
 
-from camg import admission, metrics
+from camg import metrics
+from camg.episodes import admission
 from camg.errors import CamgError, PermissionDenied
 from camg.serving.service import Service
 from camg.web import (
@@ -146,7 +147,7 @@ class EpisodeStep:
 
 
 class EpisodeRegrade:
-    """Grade a finished episode's stored submission again (camg.regrading)."""
+    """Grade a finished episode's stored submission again (camg.episodes.regrading)."""
 
     def __init__(self, service: Service) -> None:
         self.manager = service.manager
@@ -158,7 +159,7 @@ class EpisodeRegrade:
 
 
 class EpisodeFork:
-    """A running, idle episode's child (camg.forking)."""
+    """A running, idle episode's child (camg.episodes.forking)."""
 
     def __init__(self, service: Service) -> None:
         self.manager = service.manager

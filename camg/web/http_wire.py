@@ -18,9 +18,9 @@ from camg.errors import BadRequest, FailureClass
 
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 REQUEST_ID_MAX = 255
-#: the longest a POST /episodes may wait in the admission line (camg.admission)
+#: the longest a POST /episodes may wait in the admission line (camg.episodes.admission)
 WAIT_MAX_S = 600.0
-#: the largest GRPO group one POST /episodes may ask for (camg.forking)
+#: the largest GRPO group one POST /episodes may ask for (camg.episodes.forking)
 GROUP_MAX = 64
 # Derived from the one taxonomy so a new class is never missing from /schema.
 FAILURE_CLASSES = [c.value for c in FailureClass]
@@ -210,12 +210,12 @@ def step_response_schema(observation_schema: Mapping[str, Any]) -> dict:
             "step": {"type": "integer"},
             # on a terminal reply: the outcome record's seq in the signed log
             "outcome_seq": {"type": "integer"},
-            "cost": COST_SCHEMA,  # on a terminal reply (camg.cost)
+            "cost": COST_SCHEMA,  # on a terminal reply (camg.episodes.cost)
         },
     }
 
 
-#: an episode's cost (camg.cost): measures an environment could not take are absent
+#: an episode's cost (camg.episodes.cost): measures an environment could not take are absent
 COST_SCHEMA = {
     "type": "object",
     "required": ["phases"],

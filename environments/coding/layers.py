@@ -72,7 +72,9 @@ def guard_digest() -> str:
 
 
 def guard_source() -> Path:
-    return Path(__file__).resolve().parents[2] / "camg" / "guard" / "camg_guard.py"
+    from camg.grading.guard_verdict import GUARD_FILE
+
+    return Path(GUARD_FILE)
 
 
 def layer_dir(root: str | os.PathLike, ref: TaskRef, image_key: str = "") -> Path:

@@ -143,7 +143,7 @@ def test_commands(instance: dict) -> list[str]:
 
 
 def guard_problem(instance: dict) -> str | None:
-    """Why the verifier's test guard (camg/guard/camg_guard.py, a pytest
+    """Why the verifier's test guard (camg/grading/guard/camg_guard.py, a pytest
     plugin) cannot decide this task's grade, or None: a command that does
     not start pytest would never report to it (every grade null), one that
     sets the guard's variables would run without it."""

@@ -35,7 +35,7 @@ from environments.shop.settings import Settings
 from environments.shop.store import ProductStore
 
 if TYPE_CHECKING:
-    from camg.judge import Judge
+    from camg.grading.judge import Judge
 
 log = logging.getLogger("camg.shop")
 
@@ -138,7 +138,7 @@ class ShopEnvironment(Environment):
         if s.memoryarena_attributes == "judge" and any(
             t.data.get("kind") == "memoryarena" for t in self.tasks
         ):
-            from camg.judge import Judge, JudgeConfig
+            from camg.grading.judge import Judge, JudgeConfig
 
             # refuses to start (naming the variables) when credentials are missing
             self.judge = Judge(
@@ -472,7 +472,7 @@ class ShopEpisode(Episode):
         if "attribute_method" in self.reward_info:
             out["attribute_method"] = self.reward_info["attribute_method"]
         out.update(integrity_verdict(self.evidence, self.rejected))
-        out["cost"] = {"cpu_s": round(self.cpu_s, 6)}  # camg.cost adds the phases
+        out["cost"] = {"cpu_s": round(self.cpu_s, 6)}  # camg.episodes.cost adds the phases
         return out
 
     def state(self) -> Mapping[str, Any]:

@@ -38,8 +38,8 @@ from environments.visual.settings import Settings
 
 if TYPE_CHECKING:
     from camg.containers import ContainerClient
+    from camg.grading.judge import Judge
     from camg.helper_client import HelperClient
-    from camg.judge import Judge
 
 log = logging.getLogger("camg.visual")
 
@@ -72,7 +72,7 @@ def judge_config(settings: Settings, environ: Mapping[str, str] | None = None):
     """The vision judge from WD_JUDGE_URL/MODEL/KEY with upstream's webdev
     client rules (/v1 appended, "openai/" stripped, temperature 1.0, no
     max_tokens). A missing variable is a ConfigError naming it (never a value)."""
-    from camg.judge import JudgeConfig
+    from camg.grading.judge import JudgeConfig
 
     s = settings
     try:
@@ -204,7 +204,7 @@ class VisualEnvironment(Environment):
         judge_config(typed.parse(Settings, config.settings, "visual.settings", errors.ConfigError))
 
     def _start_judge(self) -> None:
-        from camg.judge import Judge
+        from camg.grading.judge import Judge
 
         # No judge, no service: a degraded Visual would only mask episodes.
         self.judge = Judge(judge_config(self.settings))

@@ -129,5 +129,5 @@ def parse(text: str) -> dict:
 
 
 def score(text: str) -> float:
-    """The parser handed to camg.judge.Judge.ask."""
+    """The parser handed to camg.grading.judge.Judge.ask."""
     return parse(text)["score"]

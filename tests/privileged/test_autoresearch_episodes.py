@@ -490,7 +490,7 @@ def test_the_agents_processes_cannot_slow_or_stop_the_collection(env, monkeypatc
 # -- null proof: a failed step or grade is re-run on fresh resources ------------
 
 def test_control_grades_the_reference_in_a_fresh_sandbox_never_the_agents(env, ar_helper):
-    """Episode.control (camg.null_proof): after a failure the agent could
+    """Episode.control (camg.episodes.null_proof): after a failure the agent could
     have caused, the reference solution in a fresh sandbox, collected and
     graded by the same path, earns 1.0: the evidence that makes the episode
     0.0 ``obstructed`` rather than a null the trainer masks. The agent's

@@ -211,11 +211,11 @@ def test_agent_view_leaks_nothing_of_the_fix(env):
 # environments/coding/checks/canaries.py's OBSTRUCTIONS: ways an agent could make its own
 # episode end with reward null (masked by the trainer). Played as the service
 # plays them: the finish's failure or the grade's goes to the episode's
-# control (camg.null_proof), which reruns the same path on fresh sandboxes of
+# control (camg.episodes.null_proof), which reruns the same path on fresh sandboxes of
 # the pristine image; it succeeding makes the episode 0.0 "obstructed".
 
 def proved(episode, exc, phase):
-    """camg.null_proof's verdict on ``exc`` from ``phase``: (0.0, "obstructed",
+    """camg.episodes.null_proof's verdict on ``exc`` from ``phase``: (0.0, "obstructed",
     evidence) when the control succeeds, else (None, failure class, why)."""
     failure = getattr(exc, "failure_class", errors.FailureClass.INFRA).value
     try:
@@ -395,8 +395,8 @@ def test_service_records_an_obstructing_episode_as_zero_obstructed(env, tmp_path
     import asyncio
 
     from camg.web import http_wire as wire
-    from camg.episodes import EpisodeManager
-    from camg.outcomes import OutcomeLog
+    from camg.episodes.manager import EpisodeManager
+    from camg.episodes.outcomes import OutcomeLog
     from camg.service_config import Limits
 
     task = env.tasks[0]

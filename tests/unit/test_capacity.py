@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from camg import admission, helper_wire, plugins
+from camg import helper_wire, plugins
+from camg.episodes import admission
 from tests.support.services import configure_counter
 
 GiB = 1 << 30

@@ -1,4 +1,4 @@
-"""POST /episodes with ``group: N`` (camg/forking.py, a GRPO group) over real
+"""POST /episodes with ``group: N`` (camg/episodes/forking.py, a GRPO group) over real
 HTTP: a camg.serve of the framework's counter environment. One reset and
 N-1 forks of it, all slots or none, a failing fork closes the whole group,
 and a create without ``group`` answers exactly as before."""

@@ -298,8 +298,8 @@ def _gated_manager(tmp_path, gate: str):
     import threading
     from camg.service_config import Limits
     from camg.environment import Task
-    from camg.episodes import EpisodeManager
-    from camg.outcomes import OutcomeLog
+    from camg.episodes.manager import EpisodeManager
+    from camg.episodes.outcomes import OutcomeLog
 
     class Env:
         name = "gated"

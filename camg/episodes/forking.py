@@ -48,8 +48,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from camg.admission import RETRY_AFTER_S
 from camg.environment import Environment, Episode, Task
+from camg.episodes.admission import RETRY_AFTER_S
+from camg.episodes.outcomes import OutcomeLog
+from camg.episodes.worker_threads import WorkerThreads
 from camg.errors import (
     AtCapacity,
     BadRequest,
@@ -63,15 +65,13 @@ from camg.errors import (
     Unavailable,
 )
 from camg.metrics import task_kind
-from camg.outcomes import OutcomeLog
 from camg.web import http_wire as wire
-from camg.worker_threads import WorkerThreads
 
 log = logging.getLogger("camg.episodes")
 
 
 class Episodes(Protocol):
-    """What a fork uses of the episode manager (camg.episodes)."""
+    """What a fork uses of the episode manager (camg.episodes.manager)."""
 
     env: Environment
     outcomes: OutcomeLog

@@ -1,8 +1,8 @@
-"""The code screen's rules over a parsed fragment (camg.code_screen).
+"""The code screen's rules over a parsed fragment (camg.grading.code_screen).
 
 A ``Visitor`` walks one parsed window of a submission's Python and flags
 what is on its added lines: names and attributes of the capabilities
-(camg.code_screen_names), their string spellings folded from constants,
+(camg.grading.code_screen_names), their string spellings folded from constants,
 calls that build or reach them, and writes to objects the file does not own.
 """
 
@@ -13,7 +13,7 @@ import bisect
 from collections.abc import Set
 from typing import cast
 
-from camg.code_screen_names import (
+from camg.grading.code_screen_names import (
     ATTR_CALLS,
     BUILTINS,
     CODE_DUNDERS,
@@ -39,7 +39,7 @@ from camg.code_screen_names import (
     SENSITIVE_STRINGS,
     WATCHED_MODULES,
 )
-from camg.tamper_rules import Finding
+from camg.grading.tamper_rules import Finding
 
 
 def _fold(node) -> str | None:

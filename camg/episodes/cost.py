@@ -43,7 +43,7 @@ def add_tokens(total: dict[str, int], usage: Any) -> None:
 
 def judge_tokens(reported: Any) -> dict:
     """``{"judge_tokens": {...}}`` summed over the judge verdicts' reported
-    usages (camg.judge.Verdict.record's judge_tokens), or {} when none
+    usages (camg.grading.judge.Verdict.record's judge_tokens), or {} when none
     reported any."""
     total: dict[str, int] = {}
     for usage in reported:

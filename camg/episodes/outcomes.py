@@ -13,7 +13,7 @@ null``, ``failure_class: infra``, ``recovered: true``. Episodes live in the
 process, so the restarted service answers 404 for them, and the record is
 what a trainer finds.
 
-With a ``camg.signing.Signer`` every record is numbered (``seq``), chained
+With a ``camg.episodes.signing.Signer`` every record is numbered (``seq``), chained
 to the line before it (``prev``) and signed; ``stamp`` fields (the task
 selection hash) are added to each record that lacks them. The chain's tail
 is read under an flock of the log, so two writers never fork it.
@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from camg import atomic, signing
+from camg import atomic
+from camg.episodes import signing
 
 # One encoder for every line: json.dumps with options builds a new one per
 # call, and a trajectory line is written on every step's hot path.
@@ -163,7 +164,7 @@ class OutcomeLog:
             eid = marker.name.removesuffix(".open")
             if eid not in recorded:
                 entries = self._entries(eid)
-                # a fork's child begins with its fork event (camg.forking)
+                # a fork's child begins with its fork event (camg.episodes.forking)
                 reset = next((e for e in entries if e.get("event") in ("reset", "fork")), {})
                 reason = (
                     "the service process ended while the episode ran (killed or "

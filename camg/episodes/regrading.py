@@ -2,7 +2,7 @@
 
 The episode is gone by then (its sandbox, container or page state): what
 is left is its outcome record and the submission the record names
-(camg.submissions). The environment grades that submission with its
+(camg.episodes.submissions). The environment grades that submission with its
 current grader (``Environment.regrade``) and a second outcome record is
 appended: ``status: "regraded"``, the new ``reward``/``failure_class``,
 the current ``grader_hash``, ``regrade_of`` (the original reward, failure
@@ -24,6 +24,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
 from camg.environment import Environment, Task
+from camg.episodes.outcomes import OutcomeLog
+from camg.episodes.submissions import SubmissionStore
+from camg.episodes.worker_threads import WorkerThreads
 from camg.errors import (
     EpisodeBusy,
     EpisodeNotFound,
@@ -35,10 +38,7 @@ from camg.errors import (
     TaskNotFound,
 )
 from camg.logs import episode_fields
-from camg.outcomes import OutcomeLog
 from camg.service_config import Limits
-from camg.submissions import SubmissionStore
-from camg.worker_threads import WorkerThreads
 
 log = logging.getLogger("camg.episodes")
 
@@ -59,7 +59,7 @@ REGRADE_FIELDS = (
 
 
 class Episodes(Protocol):
-    """What a regrade reads of the episode manager (camg.episodes), all public."""
+    """What a regrade reads of the episode manager (camg.episodes.manager), all public."""
 
     env: Environment
     limits: Limits

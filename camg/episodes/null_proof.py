@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from camg.errors import FailureClass
 
 if TYPE_CHECKING:
-    from camg.episodes import EpisodeManager, Record
+    from camg.episodes.manager import EpisodeManager, Record
 
 log = logging.getLogger("camg.episodes")
 

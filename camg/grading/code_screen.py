@@ -3,7 +3,7 @@
 The agent's code runs inside the test process it is graded by, so whatever
 it can reach there -- the runner's frames, its collected items, the
 interpreter's import machinery, exit paths -- it can bend. The tamper rules
-(camg.tamper_rules) name the runner; this screen names the *capabilities*
+(camg.grading.tamper_rules) name the runner; this screen names the *capabilities*
 every such trick needs, whatever it names: frame and traceback
 introspection, code objects and dynamic code, ``gc`` object walks, import
 machinery, native code, process-exit hooks, builtins and assertion patching,
@@ -29,8 +29,8 @@ on an object that is not a module, and any capability reached through an
 object the screen cannot tell apart from an honest one.
 
 This module reads diffs and parses fragments; the rules over a parsed
-fragment are camg/code_screen_ast.py, the names and the token screen
-camg/code_screen_names.py.
+fragment are camg/grading/code_screen_ast.py, the names and the token screen
+camg/grading/code_screen_names.py.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ import re
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from camg.code_screen_ast import Visitor
-from camg.code_screen_names import token_screen
-from camg.tamper_rules import Finding
+from camg.grading.code_screen_ast import Visitor
+from camg.grading.code_screen_names import token_screen
+from camg.grading.tamper_rules import Finding
 
 # The closed table: rule -> what it flags.
 RULES = {

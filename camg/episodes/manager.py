@@ -20,9 +20,15 @@ from typing import Any, cast
 
 import fastjsonschema
 
-from camg.admission import Admission, default_queue_bound
-from camg.cost import episode_cost
 from camg.environment import Environment, Episode, Step, Task
+from camg.episodes.admission import Admission, default_queue_bound
+from camg.episodes.cost import episode_cost
+from camg.episodes.forking import Forker
+from camg.episodes.null_proof import NullProof
+from camg.episodes.outcomes import OutcomeLog
+from camg.episodes.regrading import REGRADE_FIELDS, Regrader
+from camg.episodes.submissions import SubmissionStore
+from camg.episodes.worker_threads import Call, WorkerThreads
 from camg.errors import (
     AtCapacity,
     BadRequest,
@@ -38,17 +44,11 @@ from camg.errors import (
     TaskNotFound,
     Unavailable,
 )
-from camg.forking import Forker
 from camg.logs import episode_fields
 from camg.metrics import Metrics, NoMetrics, task_kind
-from camg.null_proof import NullProof
-from camg.outcomes import OutcomeLog
-from camg.regrading import REGRADE_FIELDS, Regrader
 from camg.service_config import Limits
-from camg.submissions import SubmissionStore
 from camg.web import auth
 from camg.web import http_wire as wire
-from camg.worker_threads import Call, WorkerThreads
 
 log = logging.getLogger("camg.episodes")
 
@@ -87,12 +87,12 @@ class Record:
         self.timings = {"reset_s": 0.0, "steps_s": 0.0, "grade_s": 0.0}
         #: the outcome record's fields a regrade needs (set when it is written)
         self.outcome: dict | None = None
-        self.cost: dict | None = None  # the record's cost (camg.cost), once finished
-        #: the latest observation, which a fork's child starts from (camg.forking)
+        self.cost: dict | None = None  # the record's cost (camg.episodes.cost), once finished
+        #: the latest observation, which a fork's child starts from (camg.episodes.forking)
         self.observation: Any = None
         self.forked_from: str | None = None  # a fork's parent and its step count then
         self.fork_step: int | None = None
-        #: evidence of a failure its control proved the submission's (camg.null_proof)
+        #: evidence of a failure its control proved the submission's (camg.episodes.null_proof)
         self.obstructed: list[str] | None = None
 
     @property
@@ -207,7 +207,7 @@ class EpisodeManager:
 
     # -- the contract ----------------------------------------------------
     async def create(self, request: wire.CreateEpisode, hangup=None) -> dict:
-        """``hangup``: completes when the trainer hangs up (camg.admission)."""
+        """``hangup``: completes when the trainer hangs up (camg.episodes.admission)."""
         if request.group is not None:
             # the other ways in (OpenEnv's reset, MCP sessions) drive one episode each
             raise BadRequest("group is answered by POST /episodes only")
@@ -580,7 +580,7 @@ class EpisodeManager:
             "config_hash": self.config_hash,
             "grader_hash": self.grader_hash(),
         }
-        if rec.forked_from is not None:  # signed where present (camg.signing)
+        if rec.forked_from is not None:  # signed where present (camg.episodes.signing)
             record.update(forked_from=rec.forked_from, fork_step=rec.fork_step)
         if rec.obstructed is not None:
             # The control proved the failure the submission's: this verdict
@@ -675,15 +675,15 @@ class EpisodeManager:
         return self._grader_hash
 
     async def create_group(self, request: wire.CreateEpisode, hangup=None) -> dict:
-        """A GRPO group: one reset and its forks, all or none (camg.forking)."""
+        """A GRPO group: one reset and its forks, all or none (camg.episodes.forking)."""
         return await self.forker.group(request, hangup)
 
     async def fork(self, episode_id: str, request: wire.ForkEpisode, hangup=None) -> dict:
-        """A running, idle episode's child (camg.forking)."""
+        """A running, idle episode's child (camg.episodes.forking)."""
         return await self.forker.fork(episode_id, request, hangup)
 
     async def regrade(self, episode_id: str) -> dict:
-        """Grade a finished episode's stored submission again (camg.regrading)."""
+        """Grade a finished episode's stored submission again (camg.episodes.regrading)."""
         # operators only, whoever owns it: the same 403 for any id, and the
         # regrader finds an episode a restart left in the outcome log alone
         self._operator_only("a regrade")

@@ -20,7 +20,7 @@ new ones.
 A ``Call`` keeps its outcome when whoever awaits it is cancelled, so the
 episode manager can run a step in the trainer's own request task and, if
 that task is cancelled mid-step, hand the step's bookkeeping to a task of
-its own without losing what the environment answered (camg/episodes.py).
+its own without losing what the environment answered (camg/episodes/manager.py).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ SIGNED_FIELDS: dict[str, tuple[str, ...]] = {
     "signing_key": ("signing_key",),
 }
 
-#: Signed only where a record has them (a fork's child: camg.forking), so
+#: Signed only where a record has them (a fork's child: camg.episodes.forking), so
 #: the canonical form, and every signature, of a record without them is
 #: what it was before they existed; a record that has them loses its
 #: signature when they are removed, and one that lacks them when they are added.

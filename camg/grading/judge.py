@@ -202,7 +202,7 @@ class Verdict:
             "judge_latency_s": round(self.latency_s, 3),
         }
         if self.usage:
-            out["judge_tokens"] = dict(self.usage)  # summed by camg.cost.judge_tokens
+            out["judge_tokens"] = dict(self.usage)  # summed by camg.episodes.cost.judge_tokens
         return out
 
 

@@ -1,7 +1,7 @@
 """The capabilities the code screen looks for, by name, and its token screen.
 
-camg.code_screen parses what it can of a submission's added Python and
-walks the tree (camg.code_screen_ast); a fragment that does not parse (a
+camg.grading.code_screen parses what it can of a submission's added Python and
+walks the tree (camg.grading.code_screen_ast); a fragment that does not parse (a
 hunk cut inside a call or a string) is screened here by its tokens: the
 same names, a plain call of ``exec``/``eval``/``compile``, a computed
 ``import_module``, a subscript write of ``sys.modules``.
@@ -14,7 +14,7 @@ import io
 import re
 import tokenize
 
-from camg.tamper_rules import Finding
+from camg.grading.tamper_rules import Finding
 
 FRAME_ATTRS = frozenset(
     {

@@ -1,6 +1,6 @@
 """The test guard both code environments run, and what its channel proves.
 
-camg/guard/camg_guard.py is a stdlib-only pytest plugin (Python 3.6+) that a
+camg/grading/guard/camg_guard.py is a stdlib-only pytest plugin (Python 3.6+) that a
 grader loads first, from a path the agent cannot write, with plugin
 autoloading off: it loads the image's own plugins, records each test's
 outcome from the raw call result and checks at the end of the session that
@@ -31,7 +31,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
-from camg.tamper_rules import Finding
+from camg.grading.tamper_rules import Finding
 
 GUARD_MODULE = "camg_guard"
 #: the directory holding camg_guard.py (what goes on the runner's PYTHONPATH)
