@@ -61,7 +61,7 @@ def direct(steps: int) -> list[float]:
 
 def in_service(steps: int, tmp: Path) -> list[float]:
     import uvloop
-    from camg import service_config as cfg
+    from camg.config import service_config as cfg
     from camg.web import http_wire as wire
     from camg.serve import build_service
     path = configure_counter(tmp, limits={"max_steps": steps + 10})

@@ -30,8 +30,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from camg.config.hashing import sha256_json
 from camg.errors import NotForkable, NotFound, RegradeUnsupported
-from camg.hashing import sha256_json
 
 
 @dataclasses.dataclass(frozen=True)

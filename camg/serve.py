@@ -17,7 +17,7 @@ import sys
 from gunicorn.app.base import BaseApplication
 
 from camg import logs, plugins
-from camg import service_config as cfg
+from camg.config import service_config as cfg
 from camg.environment import ServiceContext
 from camg.errors import CamgError
 from camg.serving import http_worker, notify

@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from camg import census
+from camg.sandboxes import census
 from camg.serving import activity
 
 HELPER_DEFAULTS = {

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from camg.errors import DatasetError
-from camg.hashing import sha256_json
+from camg.config.hashing import sha256_json
 from camg.oci.images import ImageSpec, MaterializedImage, FORMAT_VERSION
 from tools.oci import cache, layout
 from tools.oci.prepare import default_options, prepare_images

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import fastjsonschema
 
+from camg.config.service_config import Limits
 from camg.environment import Environment, Episode, Step, Task
 from camg.episodes.admission import Admission, default_queue_bound
 from camg.episodes.cost import episode_cost
@@ -46,7 +47,6 @@ from camg.errors import (
 )
 from camg.logs import episode_fields
 from camg.metrics import Metrics, NoMetrics, task_kind
-from camg.service_config import Limits
 from camg.web import auth
 from camg.web import http_wire as wire
 

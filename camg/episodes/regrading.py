@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
+from camg.config.service_config import Limits
 from camg.environment import Environment, Task
 from camg.episodes.outcomes import OutcomeLog
 from camg.episodes.submissions import SubmissionStore
@@ -38,7 +39,6 @@ from camg.errors import (
     TaskNotFound,
 )
 from camg.logs import episode_fields
-from camg.service_config import Limits
 
 log = logging.getLogger("camg.episodes")
 

@@ -51,8 +51,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
+from camg.config.hashing import sha256_bytes, sha256_json
 from camg.errors import ConfigError, JudgeError
-from camg.hashing import sha256_bytes, sha256_json
 
 if TYPE_CHECKING:  # openai is imported only where a judge is used
     from openai.types.chat import ChatCompletion, ChatCompletionMessageParam

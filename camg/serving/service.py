@@ -14,11 +14,11 @@ from typing import Any
 
 import camg
 from camg import metrics
+from camg.config.service_config import ServiceConfig
 from camg.environment import Environment
 from camg.episodes import signing
 from camg.episodes.manager import EpisodeManager
 from camg.episodes.outcomes import OutcomeLog
-from camg.service_config import ServiceConfig
 from camg.serving.notify import Notifier
 from camg.web import auth
 

@@ -1,4 +1,4 @@
-"""What a run left beyond a helper's own holdings (camg/census.py counts
+"""What a run left beyond a helper's own holdings (camg/sandboxes/census.py counts
 those): Docker containers carrying a helper's ``camg.helper`` label, the
 memory they use, a process's RSS, and the files of a service's state
 directory that its records do not explain."""

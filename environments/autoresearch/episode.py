@@ -23,8 +23,8 @@ from typing import Any, cast
 
 from camg import errors
 from camg.environment import Episode, Step, Submission
-from camg.sandbox_calls import HeldSandbox
-from camg.shell_reference import shipped
+from camg.sandboxes.sandbox_calls import HeldSandbox
+from camg.sandboxes.shell_reference import shipped
 from environments.autoresearch.settings import Settings
 
 log = logging.getLogger("camg.autoresearch")

@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from camg import errors, typed
+from camg.config.hashing import sha256_bytes, sha256_json
 from camg.environment import Environment, Episode, Grade, ServiceContext, Submission, Task
 from camg.grading import code_screen
-from camg.hashing import sha256_bytes, sha256_json
-from camg.shell_schema import command_observation, shell_action
+from camg.sandboxes.shell_schema import command_observation, shell_action
 from environments.coding import images, layers, log_evaluation, mirrors, profiles, rows
 from environments.coding.episode import INSTRUCTIONS, WORKDIR, CodingEpisode, Prepared
 from environments.coding.settings import Settings

@@ -66,7 +66,7 @@ class TaskLayers:
 
 
 def guard_digest() -> str:
-    from camg.hashing import sha256_file
+    from camg.config.hashing import sha256_file
 
     return sha256_file(guard_source()).split(":")[-1]
 
@@ -135,7 +135,7 @@ def _verify(base: Path, ref: TaskRef, privileged: bool, image_key: str) -> TaskL
     if git(grader / WORKDIR, "rev-parse", "HEAD").strip() != ref.tests:
         raise ConfigError(f"{base}: grader layer is not at {ref.tests}")
     guard = grader / GUARD_FILE
-    from camg.hashing import sha256_file
+    from camg.config.hashing import sha256_file
 
     if not guard.is_file() or sha256_file(guard).split(":")[-1] != guard_digest():
         raise ConfigError(f"{base}: the grader layer's guard plugin is missing or changed")

@@ -25,10 +25,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from camg import errors, typed
-from camg.containers import ENDPOINT, Container, ContainerClient, read_usage
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
 from camg.episodes.cost import judge_tokens
 from camg.fifo_gate import Gate
+from camg.sandboxes.containers import ENDPOINT, Container, ContainerClient, read_usage
 from environments.general import rubric, submission
 from environments.general.channel import TransportChannel, observation_of
 from environments.general.schemas import ACTION_SCHEMA, OBSERVATION_SCHEMA, allowed_action
@@ -127,9 +127,9 @@ class GeneralEnvironment(Environment):
 
     # -- service life cycle ------------------------------------------------------
     def start(self) -> None:
-        from camg.containers import ContainerClient, ContainerPool
         from camg.grading.judge import Judge
         from camg.helper_client import DEFAULT_SOCKET
+        from camg.sandboxes.containers import ContainerClient, ContainerPool
 
         s = self.settings
         self.judge = Judge(judge_config(s))
@@ -152,7 +152,7 @@ class GeneralEnvironment(Environment):
             self.pools[image] = ContainerPool(self.client, self.spec(image), s.pool_size)
 
     def spec(self, image: str):
-        from camg.containers import ContainerSpec
+        from camg.sandboxes.containers import ContainerSpec
 
         s = self.settings
         return ContainerSpec(

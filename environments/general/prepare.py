@@ -37,9 +37,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
+from camg.config.host_private import private_dir
 from camg.errors import CamgError, DatasetError
-from camg.host_private import private_dir
 from environments.general import reference
 
 CREATED_BY = "camg.prepare general 0.1.0"
@@ -207,7 +207,7 @@ def prepare_general(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from camg.hashing import sha256_file
+    from camg.config.hashing import sha256_file
 
     out = Path(output_dir)
     mapping = read_images(images)

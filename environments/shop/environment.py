@@ -18,6 +18,7 @@ from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from camg.config.hashing import sha256_bytes, verify_recorded
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
 from camg.errors import (
     ConfigError,
@@ -27,7 +28,6 @@ from camg.errors import (
     InvalidAction,
     NotForkable,
 )
-from camg.hashing import sha256_bytes, verify_recorded
 from camg.typed import parse
 from environments.shop import goals, javahome, memoryarena, rewards, search
 from environments.shop.pages import PRODUCT_WINDOW, Store

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 
-from camg.hashing import sha256_json
+from camg.config.hashing import sha256_json
 from environments.visual.delivery import _as_read
 
 #: characters of page text sent with the question

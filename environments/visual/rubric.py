@@ -22,7 +22,7 @@ import json
 import math
 import re
 
-from camg.hashing import sha256_bytes
+from camg.config.hashing import sha256_bytes
 
 RUBRIC_ID = "camg-rva1:mean(visual,query,asset)"
 QUERY_CAP = 1500

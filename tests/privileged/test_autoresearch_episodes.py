@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -235,7 +235,7 @@ def test_background_job_log_read_by_a_later_action(env):
 
 
 def test_sandbox_killed_from_outside_is_sandbox_died(env, ar_helper):
-    """camg.sandbox_calls, as Coding's: the helper's own view of the sandbox
+    """camg.sandboxes.sandbox_calls, as Coding's: the helper's own view of the sandbox
     (its init reaped) turns whatever the call answered into sandbox_died."""
     from camg import errors
     before = ar_helper.sandbox_inits()
@@ -385,7 +385,7 @@ TAMPERED = {"symlink_to_test", "symlink_to_answers", "fifo_submission", "directo
 
 
 def test_canaries_all_lose(env, roots):
-    from camg.hashing import sha256_tree
+    from camg.config.hashing import sha256_tree
     from environments.autoresearch.checks import canaries
     from devtools.canary_table import render
     task = env.tasks[0]

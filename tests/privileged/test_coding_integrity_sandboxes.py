@@ -157,7 +157,7 @@ def test_validate_refuses_planted_bad_tasks_and_records_good_ones(demo_set, prep
     no-op already passes (a passing test planted in FAIL_TO_PASS) are refused
     by name; the good tasks' results are recorded in the manifest."""
     import json
-    from camg import task_manifest as manifest
+    from camg.config import task_manifest as manifest
     from camg.prepare import main
 
     rows = [json.loads(line) for line in (demo_set / "tasks.jsonl").read_text().splitlines()]
@@ -397,7 +397,7 @@ def test_service_records_an_obstructing_episode_as_zero_obstructed(env, tmp_path
     from camg.web import http_wire as wire
     from camg.episodes.manager import EpisodeManager
     from camg.episodes.outcomes import OutcomeLog
-    from camg.service_config import Limits
+    from camg.config.service_config import Limits
 
     task = env.tasks[0]
     outcomes = OutcomeLog(tmp_path)

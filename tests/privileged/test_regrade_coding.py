@@ -11,7 +11,7 @@ import pytest
 from camg.web import http_wire as wire
 from camg.episodes.manager import EpisodeManager
 from camg.episodes.outcomes import OutcomeLog
-from camg.service_config import Limits
+from camg.config.service_config import Limits
 # The demo task set, its helper and environment, as the Coding acceptance builds them.
 from test_coding_episodes import FINISH, env, prepared, shell, write_file  # noqa: F401  (fixtures)
 

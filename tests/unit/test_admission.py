@@ -14,7 +14,7 @@ from camg.environment import ServiceContext, Task
 from camg.episodes.manager import EpisodeManager
 from camg.errors import AtCapacity, BadRequest, Unavailable
 from camg.episodes.outcomes import OutcomeLog
-from camg.service_config import Limits
+from camg.config.service_config import Limits
 from camg_client import AtCapacity as ClientAtCapacity, Client, ServiceError
 from tests.support.polling import until
 from devtools.harness.auth import session_token

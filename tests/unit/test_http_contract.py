@@ -296,7 +296,7 @@ class _GatedEpisode:
 def _gated_manager(tmp_path, gate: str):
     """An EpisodeManager whose environment blocks in ``gate``."""
     import threading
-    from camg.service_config import Limits
+    from camg.config.service_config import Limits
     from camg.environment import Task
     from camg.episodes.manager import EpisodeManager
     from camg.episodes.outcomes import OutcomeLog

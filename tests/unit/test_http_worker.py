@@ -44,7 +44,7 @@ def test_an_unknown_worker_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("name", sorted(http_worker.WORKERS))
 def test_every_worker_keeps_gunicorns_process_settings(tmp_path, name):
-    from camg import service_config as cfg
+    from camg.config import service_config as cfg
     config = cfg.load_service_config(str(configure_counter(tmp_path)))
     options = serve.gunicorn_options(config, name)
     assert options["workers"] == 1 and options["bind"] == [f"127.0.0.1:{config.port}"]

@@ -438,7 +438,7 @@ def configure_tooly(tmp):
     """A service of tests/support/tool_env.py (General's tool shape)."""
     import sys
 
-    from camg import task_manifest as manifest
+    from camg.config import task_manifest as manifest
     from camg.configure import configure
     from tests.support.services import clean_git_tree, free_port
     tmp.mkdir(parents=True)

@@ -141,7 +141,7 @@ def test_rollout_regrades_a_run(regrading, tmp_path):
 def test_an_environment_without_regrade_answers_501(tmp_path):
     from camg.episodes.manager import EpisodeManager
     from camg.environment import ServiceContext
-    from camg.service_config import Limits
+    from camg.config.service_config import Limits
     from tests.support.counter_env import PlainCounterEnvironment
 
     env = PlainCounterEnvironment(ServiceContext("counter", str(tmp_path), {}),

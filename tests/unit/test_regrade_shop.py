@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.environment import ServiceContext, Submission
 from camg.errors import GraderError
 from camg.episodes.submissions import SubmissionStore

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from camg.metrics import HelperMetrics, ScrapeServer
-from camg.service_config import Limits
+from camg.config.service_config import Limits
 from camg_client import Client
 from devtools.harness.auth import headers as auth_headers, session_token
 from devtools.harness.services import free_port

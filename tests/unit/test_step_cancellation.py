@@ -18,7 +18,7 @@ from camg.environment import Step, Task
 from camg.episodes.manager import EpisodeManager
 from camg.errors import EpisodeBusy
 from camg.episodes.outcomes import OutcomeLog
-from camg.service_config import Limits
+from camg.config.service_config import Limits
 from tests.support.polling import until
 
 

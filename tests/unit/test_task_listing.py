@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from falcon import testing
 
-from camg import serve, service_config as cfg, task_manifest as manifest
+from camg import serve
+from camg.config import service_config as cfg, task_manifest as manifest
 from camg.web import action_tools
 from camg.web.app import create_app
 from camg.configure import configure

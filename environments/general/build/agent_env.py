@@ -28,9 +28,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from camg.config.hashing import sha256_file, sha256_json
 from camg.errors import DatasetError
 from camg.grading import guard_verdict
-from camg.hashing import sha256_file, sha256_json
 
 REPO = Path(__file__).resolve().parents[3]
 RUNTIME = REPO / "third_party" / "mimo_runtime" / "mimoagent"

@@ -3,7 +3,7 @@
 The environments whose agents run commands (Coding, AutoResearch, General,
 Visual) play a task's reference (``GET /episodes/{id}/reference``) through
 the agent's own action space: the payload, base64, appended to a file in
-chunks that each fit one command (seed 001's bound, camg.shell_schema), then
+chunks that each fit one command (seed 001's bound, camg.sandboxes.shell_schema), then
 one command that decodes and applies it, then the environment's finishing
 action. Nothing but the actions an agent could send reaches the episode.
 """

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from camg import atomic
+from camg.config.hashing import sha256_json, sha256_path, verify_recorded
 from camg.environment import Task
 from camg.errors import ConfigError, DatasetError
-from camg.hashing import sha256_json, sha256_path, verify_recorded
 
 FORMAT = "camg-manifest/1"
 _TASK_ID_MAX = 256
@@ -97,7 +97,7 @@ def write(path: str | os.PathLike, body: Mapping[str, Any]) -> None:
     services' group's only. Its directory is the caller's to close (it may
     also be the way to, say, AutoResearch's answers for the grader's uid).
     """
-    from camg.host_private import to_services
+    from camg.config.host_private import to_services
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from camg import plugins, typed
-from camg import task_manifest as manifest_mod
+from camg.config import task_manifest as manifest_mod
+from camg.config.hashing import sha256_json, sha256_path, verify_recorded
 from camg.errors import ConfigError, PreparationMissing
-from camg.hashing import sha256_json, sha256_path, verify_recorded
 
 SERVICE_FORMAT = "camg-service/1"
 SCHEDULE_FORMAT = "camg-schedule/1"
