@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_code_screen.py [--corpus FILE] [--json OUT]
 
-Runs camg.code_screen over every gold fix of the corpus (default: the 877
+Runs camg.grading.code_screen over every gold fix of the corpus (default: the 877
 honest fixes of three real SWE-smith repositories in
 tests/unit/data/swesmith_gold_fixes.jsonl.gz, as Coding screens an agent's
 diff: the non-test Python it adds or changes, hunks alone) and writes
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from camg import code_screen  # noqa: E402
+from camg.grading import code_screen  # noqa: E402
 
 CORPUS = ROOT / "tests" / "unit" / "data" / "swesmith_gold_fixes.jsonl.gz"
 OUT = ROOT / "bench" / "results" / "code_screen.json"

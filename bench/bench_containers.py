@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from camg.containers import ContainerClient, ContainerPool, ContainerSpec  # noqa: E402
+from camg.sandboxes.containers import ContainerClient, ContainerPool, ContainerSpec  # noqa: E402
 from devtools.harness import container_image as ci  # noqa: E402
 from devtools.harness.helpers import HelperProcess, helper_config, private_base  # noqa: E402
 from tools.loopback_registry import LocalRegistry  # noqa: E402

@@ -106,7 +106,7 @@ def environment_of(service: ServiceProcess, pre_serve: Callable[[Path], None] | 
     """``service``'s environment as camg.serve builds it, here, once the
     service has stopped (its state directory is then free again); ``env``:
     what the service's own environment carried (General's judge endpoint)."""
-    from camg import service_config as cfg
+    from camg.config import service_config as cfg
     from camg.serve import build_service
     service.stop()
     if pre_serve is not None:
@@ -195,7 +195,7 @@ def _shop_prefix() -> list[dict]:
 
 
 def _shop_in_process(tmp: Path) -> tuple[Environment, Task]:
-    from camg import task_manifest as manifest
+    from camg.config import task_manifest as manifest
     from environments.shop.environment import ShopEnvironment
     from devtools.harness import shop
     out, settings = shop.prepared()

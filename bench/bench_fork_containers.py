@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_containers import (CACHE, PORT, bench_no_pool, bench_pool, note, request,  # noqa: E402
                               start_helper, summary)
-from camg.containers import ContainerClient, ContainerSpec  # noqa: E402
+from camg.sandboxes.containers import ContainerClient, ContainerSpec  # noqa: E402
 from devtools.harness import container_image as ci  # noqa: E402
 from tools.loopback_registry import LocalRegistry  # noqa: E402
 

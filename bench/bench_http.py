@@ -5,7 +5,7 @@ in-process call of the same environment step, measured in the same run.
         [--worker uvicorn --worker gunicorn-asgi] [--rounds 2]
 
 Prints p50/p99 of both and the overhead (HTTP minus direct) for each
-gunicorn worker class (camg/http_worker.py), in the same run: the rounds
+gunicorn worker class (camg/serving/http_worker.py), in the same run: the rounds
 alternate the workers so a busy host slows each alike. Goal (issue 25):
 the default worker's overhead p50 <= 0.25 ms.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from camg import http_worker  # noqa: E402
+from camg.serving import http_worker  # noqa: E402
 from camg.environment import ServiceContext, Task  # noqa: E402
 from camg_client import Client  # noqa: E402
 from devtools.harness.counter_env import CounterEnvironment  # noqa: E402
@@ -61,7 +61,8 @@ def direct(steps: int) -> list[float]:
 
 def in_service(steps: int, tmp: Path) -> list[float]:
     import uvloop
-    from camg import http_wire as wire, service_config as cfg
+    from camg.config import service_config as cfg
+    from camg.web import http_wire as wire
     from camg.serve import build_service
     path = configure_counter(tmp, limits={"max_steps": steps + 10})
     config = cfg.load_service_config(str(path))

@@ -7,10 +7,10 @@ on a shared host is larger than what is measured here).
 
 * ``protocol_us``: one keep-alive request (head and a step's body in one
   chunk) through uvicorn's httptools protocol to a minimal ASGI app and its
-  answer, as uvicorn ships it (``base``) and with camg.http_worker's read
+  answer, as uvicorn ships it (``base``) and with camg.serving.http_worker's read
   deadlines, head bound and connection bound (``bounded``); medians of
   ``--requests`` per round, rounds alternated.
-* ``parse_us``: the depth bound (camg.http_wire.json_too_deep, which
+* ``parse_us``: the depth bound (camg.web.http_wire.json_too_deep, which
   parse_json runs first) on a step body, beside json.loads of it.
 
 The HTTP step overhead budget (bench/bench_http.py) is p50 <= 0.25 ms.
@@ -34,8 +34,8 @@ from uvicorn.config import Config  # noqa: E402
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
 from uvicorn.server import ServerState  # noqa: E402
 
-from camg import http_wire  # noqa: E402
-from camg.http_worker import bounded_protocol  # noqa: E402
+from camg.web import http_wire  # noqa: E402
+from camg.serving.http_worker import bounded_protocol  # noqa: E402
 
 BODY = b'{"action":{"operation":"guess","value":-1}}'
 REQUEST = (b"POST /episodes/e1/step HTTP/1.1\r\nHost: 127.0.0.1:1\r\n"

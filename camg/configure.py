@@ -6,7 +6,7 @@ executables and the prepared manifests (and every file they name), and
 writes ``<env>.json`` per enabled service, ``routes.json`` and
 ``schedule.json``. It reads no environment variables, so no credential can
 reach its output. First it refuses what the helper would refuse at the first
-reset (camg.helper_roots): a layers root outside the helper's lower_roots,
+reset (camg.sandboxes.helper_roots): a layers root outside the helper's lower_roots,
 two services with one helper owner name; ``--check-config`` checks only that.
 """
 
@@ -22,11 +22,14 @@ from pathlib import Path
 from typing import cast
 
 import camg
-from camg import admission, atomic, auth, helper_roots, plugins, signing, typed
-from camg import service_config as cfg
-from camg import task_manifest as manifest_mod
+from camg import atomic, plugins, typed
+from camg.config import service_config as cfg
+from camg.config import task_manifest as manifest_mod
+from camg.config.hashing import sha256_json
+from camg.episodes import admission, signing
 from camg.errors import CamgError, ConfigError, PreparationMissing
-from camg.hashing import sha256_json
+from camg.sandboxes import helper_roots
+from camg.web import auth
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The interface every environment (environments/<env>) implements.
 
-The episode manager (camg.episodes) owns ids, leases, deadlines, request
+The episode manager (camg.episodes.manager) owns ids, leases, deadlines, request
 de-duplication, outcome records and the HTTP/OpenEnv surface. An
 environment only knows how to start an episode for a task, apply an action,
 grade a finished episode and release what it holds. All four calls are
@@ -8,7 +8,7 @@ synchronous and run on worker threads, so they may block on the helper, a
 JVM or a test run; they must be safe to call from a thread other than the
 one that created the episode.
 
-Optional capability, regrading (camg.regrading): ``Episode.submission()``
+Optional capability, regrading (camg.episodes.regrading): ``Episode.submission()``
 hands the manager what the episode submitted (stored content-addressed
 before its outcome record), and ``Environment.regrade(task, submission)``
 grades it again later, without the episode. An environment without
@@ -20,7 +20,7 @@ Errors an environment raises:
   honestly; the manager ends it with ``reward: null`` and the failure class.
 Anything else is treated as ``InfraFailure`` (class ``infra``) and logged.
 Before a step's or a grade's failure becomes a null, the manager asks
-``Episode.control`` to prove it (camg.null_proof).
+``Episode.control`` to prove it (camg.episodes.null_proof).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from camg.config.hashing import sha256_json
 from camg.errors import NotForkable, NotFound, RegradeUnsupported
-from camg.hashing import sha256_json
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ GetArchive), or ``{"ok": false, "error": NAME, "message": TEXT}``.
 
 Each verb's ``params`` is one frozen dataclass below (``PARAMS``), defaults
 included: the helper parses requests into it strictly, the clients
-(camg.helper_client, camg.containers) build requests from it (``request``),
+(camg.helper_client, camg.sandboxes.containers) build requests from it (``request``),
 so a default or a field exists once. Error names are a closed set
 (``ERRORS``); the client maps each onto the camg.errors class it resembles,
 so no class path ever crosses the socket. Both sides import this module; it

@@ -125,7 +125,7 @@ class Metrics:
         )
         self.admission_queued = Gauge(
             "camg_admission_queued",
-            "Creates waiting in the admission line now (camg.admission).",
+            "Creates waiting in the admission line now (camg.episodes.admission).",
             env,
             registry=r,
         )
@@ -488,7 +488,7 @@ class MetricsResource:
 
 def observe_judge(environment: object, metrics: Metrics | NoMetrics) -> None:
     """Count the environment's judge requests (General's, Visual's, Shop's
-    MemoryArena judge: a ``camg.judge.Judge`` at ``environment.judge``,
+    MemoryArena judge: a ``camg.grading.judge.Judge`` at ``environment.judge``,
     set once the environment has started)."""
     judge = getattr(environment, "judge", None)
     if isinstance(metrics, Metrics) and judge is not None and hasattr(type(judge), "observer"):

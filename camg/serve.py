@@ -2,7 +2,7 @@
 
 Verifies the prepared configuration (every recorded hash, the schedule's
 configuration hash), then serves the environment under gunicorn (worker
-class: camg.http_worker) on 127.0.0.1 only. One worker: episodes live in process memory,
+class: camg.serving.http_worker) on 127.0.0.1 only. One worker: episodes live in process memory,
 and a second worker would be a second, inconsistent episode table.
 """
 
@@ -16,10 +16,12 @@ import sys
 
 from gunicorn.app.base import BaseApplication
 
-from camg import auth, http_worker, logs, notify, plugins
-from camg import service_config as cfg
+from camg import logs, plugins
+from camg.config import service_config as cfg
 from camg.environment import ServiceContext
 from camg.errors import CamgError
+from camg.serving import http_worker, notify
+from camg.web import auth
 
 log = logging.getLogger("camg.serve")
 
@@ -27,7 +29,7 @@ log = logging.getLogger("camg.serve")
 def build_service(config: cfg.ServiceConfig, manifest):
     """The Service for a config ``cfg.verify`` has just checked (environment
     constructed, not started)."""
-    from camg.service import Service
+    from camg.serving.service import Service
 
     env_class = plugins.resolve(config.factory)
     context = ServiceContext(
@@ -59,7 +61,7 @@ class GunicornService(BaseApplication):
     def load(self):
         # Runs in the worker after fork: the environment (JVM, sockets,
         # threads) must be created here, not in the arbiter.
-        from camg.app import create_app
+        from camg.web.app import create_app
 
         logs.setup(self.config_obj.environment)
         return create_app(build_service(self.config_obj, self.manifest))

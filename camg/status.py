@@ -14,7 +14,7 @@ processes that no live sandbox explains. Exit status 0 when everything is
 as it should be, 1 otherwise (each problem is named), 2 on bad usage.
 Below the table, each service's episodes per minute and the failure classes
 they ended with over the last minutes, from its /metrics counters
-(camg.activity; the samples are kept in ``--state``).
+(camg.serving.activity; the samples are kept in ``--state``).
 
 Reading only: it never starts a unit (the helper is asked only when it
 already runs, so socket activation is not triggered) and changes nothing.
@@ -32,7 +32,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from camg import activity, census
+from camg.sandboxes import census
+from camg.serving import activity
 
 HELPER_DEFAULTS = {
     "socket": "/run/camg/helper.sock",
@@ -107,7 +108,7 @@ def environment_row(config_path: Path) -> dict:
         if episodes
         else f"-/{config.get('capacity', '?')}"
     )
-    # creates waiting for a slot / the line's bound (camg.admission)
+    # creates waiting for a slot / the line's bound (camg.episodes.admission)
     row["queue"] = (
         f"{episodes['queued']}/{episodes['queue_bound']}" if "queued" in episodes else "-"
     )

@@ -1,4 +1,4 @@
-"""``camg trainer add|list|revoke``: the principals of a deployment (camg.auth).
+"""``camg trainer add|list|revoke``: the principals of a deployment (camg.web.auth).
 
     camg trainer add NAME [--role trainer|operator] [--replace] [--token-file PATH]
                           [--file PATH]
@@ -21,8 +21,8 @@ import pwd
 import sys
 import time
 
-from camg import auth
 from camg.errors import CamgError
+from camg.web import auth
 
 SERVICE_USER = "camg"
 

@@ -1,7 +1,7 @@
 """python -m camg.verify outcomes.jsonl [--public-key FILE]
 
 Checks an outcome record file offline: every line's Ed25519 signature
-(camg.signing) and the chain (``seq`` one more than the line before,
+(camg.episodes.signing) and the chain (``seq`` one more than the line before,
 ``prev`` the SHA-256 of the line before). Names each line that fails and
 exits 1; 0 when every line holds. Without ``--public-key`` it uses
 ``outcomes.pub`` beside the file, which proves the file is intact but not
@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from camg import signing
+from camg.episodes import signing
 from camg.errors import ConfigError
 
 

@@ -62,7 +62,7 @@ class ContainerConfig:
     # (not counted against api_timeout: no Docker call is made meanwhile).
     # ContainerCreate and ContainerFork carry no deadline of the caller's:
     # this is a backstop for a queue that stopped moving, twice the
-    # services' default reset_timeout_s (camg/service_config.py) so a burst
+    # services' default reset_timeout_s (camg/config/service_config.py) so a burst
     # their own deadlines allow is never refused by it.
     start_wait_timeout: float = 600.0
 

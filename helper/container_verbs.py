@@ -22,7 +22,7 @@ log = logging.getLogger("camg.helper")
 # This helper process's id, in Ping's and ContainerCreate's replies. A
 # container outlives its helper's death in dockerd (a sandbox does not), and
 # the next helper's start-up sweep removes it: a client holding containers
-# made under another instance knows they are gone (camg/containers.py
+# made under another instance knows they are gone (camg/sandboxes/containers.py
 # ContainerPool drops them instead of handing them out).
 INSTANCE = secrets.token_hex(8)
 

@@ -64,7 +64,7 @@ MIN_UPPER = 1 << 20
 # Overlay options fit one page with the upper and work paths (sandbox_table).
 _LOWERDIR_BYTES = 3584
 # A squash past this is refused (helper/squash.py): well within the
-# services' reset deadline (camg.service_config reset_timeout_s, 300 s by
+# services' reset deadline (camg.config.service_config reset_timeout_s, 300 s by
 # default), past which a fork is a failed reset with a null reward.
 _SQUASH_SECONDS = 60.0
 

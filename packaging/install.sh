@@ -282,7 +282,7 @@ configure_services() {
     chmod -R a+rX "$ETC/prepared"
 }
 
-# The services answer only trainers with a token (camg/auth.py). The user
+# The services answer only trainers with a token (camg/web/auth.py). The user
 # who ran this gets one, with the operator role, where camg_client looks
 # by default (~/.config/camg/token); each run replaces it. More trainers:
 # camg trainer add NAME.

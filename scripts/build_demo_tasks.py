@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from camg.errors import CamgError  # noqa: E402
-from camg.hashing import sha256_file  # noqa: E402
+from camg.config.hashing import sha256_file  # noqa: E402
 from environments.coding.demo import demo_tasks  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:

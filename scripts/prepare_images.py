@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from camg import helper_roots  # noqa: E402
+from camg.sandboxes import helper_roots  # noqa: E402
 from camg.errors import CamgError  # noqa: E402
 from camg.oci.images import load_specs, write_materialized  # noqa: E402
 from tools.oci.prepare import choose_puller, default_options, prepare_images  # noqa: E402

@@ -9,7 +9,7 @@ import filecmp
 import subprocess
 from pathlib import Path
 
-from camg.host_private import private_dir
+from camg.config.host_private import private_dir
 
 DOCKER_SOCKET = "unix:///var/run/docker.sock"
 

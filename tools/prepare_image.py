@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from camg import helper_roots
+from camg.sandboxes import helper_roots
 from camg.errors import CamgError, ConfigError, DatasetError
 from camg.oci.images import FORMAT_VERSION, ImageSpec, write_materialized
 from tools.oci import build as builder

@@ -27,8 +27,8 @@ import re
 from pathlib import Path
 
 from camg import atomic
+from camg.config.hashing import check_digest, sha256_json
 from camg.errors import ConfigError, PreparationMissing
-from camg.hashing import check_digest, sha256_json
 from camg.typed import parse, to_json
 
 FORMAT_VERSION = 1

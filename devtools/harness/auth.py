@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from camg import auth
+from camg.web import auth
 
 PRINCIPAL = "tests"
 

@@ -1,4 +1,4 @@
-"""What a run left beyond a helper's own holdings (camg/census.py counts
+"""What a run left beyond a helper's own holdings (camg/sandboxes/census.py counts
 those): Docker containers carrying a helper's ``camg.helper`` label, the
 memory they use, a process's RSS, and the files of a service's state
 directory that its records do not explain."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from camg.signing import PUBLIC_FILE
+from camg.episodes.signing import PUBLIC_FILE
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 _api = None
@@ -80,13 +80,13 @@ def state_strays(state_dir: Path, episode_ids: set[str], files: tuple[str, ...] 
                  dirs: tuple[str, ...] = (), records: list[dict] = ()) -> list[str]:
     """Files of a service's state directory beyond its records: outcomes.jsonl
     (and outcomes.pub beside it), one trajectory per episode and the submissions the records name
-    (``submissions/<aa>/<sha256>``, camg/submissions.py); ``files`` the
+    (``submissions/<aa>/<sha256>``, camg/episodes/submissions.py); ``files`` the
     environment keeps (e.g. AutoResearch's clean.json), ``dirs`` whose files
     must each be named for an episode of the run (Visual's screenshots)."""
     named = {(r.get("submission") or {}).get("sha256") for r in records}
     strays = []
     for entry in sorted(os.listdir(state_dir)) if state_dir.exists() else []:
-        # the outcome log and the public key it is checked against (camg/outcomes.py)
+        # the outcome log and the public key it is checked against (camg/episodes/outcomes.py)
         if entry in ("outcomes.jsonl", PUBLIC_FILE) or entry in files:
             continue
         if entry == "trajectories" or entry in dirs:

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from camg import census as host
+from camg.sandboxes import census as host
 from camg.helper_client import HelperClient
 from devtools.harness import census
 

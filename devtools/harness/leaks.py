@@ -22,7 +22,7 @@ import re
 import time
 from pathlib import Path
 
-from camg import census as host
+from camg.sandboxes import census as host
 from devtools.harness import census
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

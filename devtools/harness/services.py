@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.configure import configure
 from camg_client import Client
 from devtools.harness.auth import deployment_auth

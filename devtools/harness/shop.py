@@ -17,9 +17,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.errors import ConfigError
-from camg.hashing import sha256_bytes
+from camg.config.hashing import sha256_bytes
 
 from environments.shop import catalog, goals, javahome, store
 from devtools.harness.auth import deployment_auth

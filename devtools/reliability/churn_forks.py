@@ -30,7 +30,7 @@ import time
 
 import httpx
 
-from camg.census import children_of
+from camg.sandboxes.census import children_of
 from camg_client import AsyncClient, ServiceError
 
 KILL_WAIT_S = 300.0

@@ -112,7 +112,7 @@ def probes(secret: Path, helper_socket: str, port: int) -> list[tuple[str, str, 
 
 
 def _spec(image: str, memory: int = 256 << 20, pids: int = 128):
-    from camg.containers import ContainerSpec
+    from camg.sandboxes.containers import ContainerSpec
     from environments.general.demo.images import COMMAND
     return ContainerSpec(image=image, command=COMMAND, cpu=0.5, memory_bytes=memory,
                          pids_max=pids, mount_agent_env=True)
@@ -168,7 +168,7 @@ def _running(cid: str) -> bool:
 
 
 def run(helper: Helper, image: str) -> tuple[Row, list[tuple[str, bool | None, str]]]:
-    from camg.containers import ContainerClient
+    from camg.sandboxes.containers import ContainerClient
     secret = helper.base / f"host-secret-{secrets.token_hex(4)}"
     secret.write_text(f"CAMG-HOST-SECRET-{secrets.token_hex(8)}")
     listener = socket.socket()

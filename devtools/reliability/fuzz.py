@@ -7,7 +7,7 @@
 * The helper socket: random bytes, torn frames, mutated valid frames
   (bit flips, wrong lengths, swapped types) — every reply is a named error
   of the closed set, and the helper keeps serving.
-* Files: mutated manifests (camg.task_manifest.load), task rows
+* Files: mutated manifests (camg.config.task_manifest.load), task rows
   (environments.coding.rows.validate) and OCI layer blobs (the materializer's
   own layer path) — only camg's typed errors, never a traceback.
 """
@@ -214,7 +214,7 @@ def _mutations(rng: random.Random, obj):
 
 
 def files(cases: int, seed: int = 0) -> Row:
-    from camg import task_manifest as manifest
+    from camg.config import task_manifest as manifest
     rng = random.Random(seed)
     untyped: list[str] = []
     counts = {"manifest": 0, "task row": 0, "OCI layer": 0}
@@ -236,7 +236,7 @@ def files(cases: int, seed: int = 0) -> Row:
 
 def _files(rng, cases: int, work: Path, good: dict, row: dict, layer: bytes, counts: dict,
            untyped: list[str]) -> None:
-    from camg import task_manifest as manifest
+    from camg.config import task_manifest as manifest
     from tools.oci import cache
     from environments.coding import rows as coding_rows
     for i in range(cases):

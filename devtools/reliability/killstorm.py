@@ -30,7 +30,7 @@ kill) is driven to the kill point, the target is killed, and then
     death stops the service): episodes live in the worker's memory; the
     trainer sees a dropped connection (or the episode's masked end), then
     404 from the restarted service, and the restarted service has recorded
-    the episode ``reward: null``, ``failure_class: infra`` (camg/outcomes.py
+    the episode ``reward: null``, ``failure_class: infra`` (camg/episodes/outcomes.py
     ``recover``). A reset the kill cut short made no episode and no record.
 
 Kill points: ``reset`` (POST /episodes outstanding), ``step`` (a step
@@ -124,7 +124,7 @@ class Storm:
 
     def serving(self, env: Env) -> bool:
         """Takes episodes: healthy, or degraded only by the nulls a kill
-        caused (camg.null_proof keeps those in /health for minutes)."""
+        caused (camg.episodes.null_proof keeps those in /health for minutes)."""
         answer = self.guest.http(env.port, "GET", "/health", timeout=10)
         return answer.json.get("serving") is True
 

@@ -5,7 +5,7 @@ sandbox where the environment uses them), then each steps a cheap action
 in a loop until the deadline. Counted: errors (any HTTP error or
 failure_class), step latency p50/p99, the service's and helper's peak
 memory. The service runs at its default capacity when that is at least N
-(see camg.service_config: the default derives from what the helper can hold), so
+(see camg.config.service_config: the default derives from what the helper can hold), so
 the run also shows the default holds.
 """
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 
-from camg import census as host
+from camg.sandboxes import census as host
 from devtools.harness import census
 from devtools.harness.census import container_memory, rss_kib, state_strays  # noqa: F401
 from devtools.harness.helpers import (CACHE, ROOT, HelperProcess, helper_config,  # noqa: F401

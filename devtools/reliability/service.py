@@ -7,7 +7,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from camg.census import children_of
+from camg.sandboxes.census import children_of
 from devtools.reliability.rig import Helper, rss_kib
 from devtools.reliability.targets import Target, configure
 

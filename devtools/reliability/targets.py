@@ -18,7 +18,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from camg import task_manifest as manifest, plugins
+from camg import plugins
+from camg.config import task_manifest as manifest
 from camg.errors import ConfigError
 from devtools.reliability.rig import CACHE, minbase
 from devtools.harness.auth import deployment_auth

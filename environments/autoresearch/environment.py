@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from camg import errors, typed
+from camg.config.hashing import sha256_bytes, sha256_json, sha256_tree
 from camg.environment import Environment, Episode, Grade, ServiceContext, Submission, Task
-from camg.hashing import sha256_bytes, sha256_json, sha256_tree
-from camg.shell_schema import command_observation
+from camg.sandboxes.shell_schema import command_observation
 from environments.autoresearch import runstate
 from environments.autoresearch.episode import Prepared, ResearchEpisode, graded
 from environments.autoresearch.settings import Settings

@@ -23,8 +23,8 @@ from typing import Any, cast
 
 from camg import errors
 from camg.environment import Episode, Step, Submission
-from camg.sandbox_calls import HeldSandbox
-from camg.shell_reference import shipped
+from camg.sandboxes.sandbox_calls import HeldSandbox
+from camg.sandboxes.shell_reference import shipped
 from environments.autoresearch.settings import Settings
 
 log = logging.getLogger("camg.autoresearch")
@@ -542,7 +542,7 @@ class ResearchEpisode(HeldSandbox, Episode):
         return None
 
     def control(self, failure: Exception, phase: str) -> Sequence[str] | None:
-        """Prove a null (camg.null_proof): a fresh sandbox over the same
+        """Prove a null (camg.episodes.null_proof): a fresh sandbox over the same
         [image, public workspace] runs the task's reference solution as the
         agent, the same collection (``_collect``) takes its submission and
         the same grader scores it. A control that collects a valid,

@@ -39,10 +39,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
+from camg.config.hashing import sha256_tree
+from camg.config.host_private import private_dir
 from camg.errors import CamgError, DatasetError
-from camg.hashing import sha256_tree
-from camg.host_private import private_dir
 from camg.oci.images import by_name, load_materialized
 
 CREATED_BY = "camg.prepare 0.1.0 (autoresearch)"

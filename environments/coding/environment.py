@@ -18,10 +18,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from camg import code_screen, errors, typed
+from camg import errors, typed
+from camg.config.hashing import sha256_bytes, sha256_json
 from camg.environment import Environment, Episode, Grade, ServiceContext, Submission, Task
-from camg.hashing import sha256_bytes, sha256_json
-from camg.shell_schema import command_observation, shell_action
+from camg.grading import code_screen
+from camg.sandboxes.shell_schema import command_observation, shell_action
 from environments.coding import images, layers, log_evaluation, mirrors, profiles, rows
 from environments.coding.episode import INSTRUCTIONS, WORKDIR, CodingEpisode, Prepared
 from environments.coding.settings import Settings
@@ -160,7 +161,7 @@ class CodingEnvironment(Environment):
             try:
                 return Grade(episode.grade(), episode.outcome())
             except errors.InfraFailure as exc:
-                # As the episode's own grade was proved (camg.null_proof): a
+                # As the episode's own grade was proved (camg.episodes.null_proof): a
                 # failure a control on fresh sandboxes does not share is the
                 # submission's. The control failing too re-raises it (null).
                 try:

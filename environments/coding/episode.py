@@ -7,7 +7,7 @@ the workspace's git directory; grading runs SWE-smith's procedure in a
 fresh sandbox over [image, grader layer] and parses the log with the
 installed swebench. Every follow-up check runs in a sandbox of its own, and
 a failure of the finish or the grade is proved by ``control`` on fresh
-sandboxes before it can become a null (camg.null_proof).
+sandboxes before it can become a null (camg.episodes.null_proof).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any, cast
 from camg import errors
 from camg.environment import Episode, Step, Submission
 from camg.helper_client import HelperClient
-from camg.sandbox_calls import HeldSandbox
-from camg.shell_reference import shipped
+from camg.sandboxes.sandbox_calls import HeldSandbox
+from camg.sandboxes.shell_reference import shipped
 from environments.coding import (
     diff_paths,
     grader_scripts,
@@ -351,7 +351,7 @@ class CodingEpisode(HeldSandbox, Episode):
             if not self._destroy_quietly(grader):
                 self._grader_lost = True
 
-    # -- proving a null (camg.null_proof) ---------------------------------
+    # -- proving a null (camg.episodes.null_proof) ---------------------------------
 
     def control(self, failure: Exception, phase: str) -> Sequence[str] | None:
         """The same path on fresh sandboxes of the pristine image with a
@@ -466,7 +466,7 @@ class CodingEpisode(HeldSandbox, Episode):
 
     def outcome(self) -> Mapping[str, Any]:
         # The image the sandbox was built from, signed into the record
-        # (camg.signing), graded or not.
+        # (camg.episodes.signing), graded or not.
         out: dict[str, Any] = {"image": self.task.image.reference, **self._cost()}
         if self.report is not None:
             out.update(self.report.outcome())

@@ -26,7 +26,7 @@ import re
 import secrets
 import shlex
 
-from camg import guard_verdict
+from camg.grading import guard_verdict
 from environments.coding.diff_paths import PROTECTED_DIRS, PROTECTED_GLOBS, PROTECTED_NAMES
 from environments.coding.profiles import Profile
 
@@ -43,7 +43,7 @@ GUARD_OUT = '"$camg_tmp/guard.jsonl"'
 CHANGED_LIST = '"$camg_tmp/changed"'
 #: where grader layers hold guard/camg_guard.py (root-owned)
 GUARD_DIR = "/opt/camg-grader"
-#: the guard's source (shared with General: camg.guard_verdict)
+#: the guard's source (shared with General: camg.grading.guard_verdict)
 GUARD_SOURCE = guard_verdict.GUARD_DIR
 
 

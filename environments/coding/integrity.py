@@ -12,11 +12,11 @@ inside the test process, so three independent checks decide together:
    outside the protected names, and added lines that touch the runner's
    internals (``_pytest``, pluggy, hook implementations, ``os._exit``,
    import hooks, tracers, the log markers).
-2. The grader's own pytest plugin (camg/guard/camg_guard.py, loaded first from a
+2. The grader's own pytest plugin (camg/grading/guard/camg_guard.py, loaded first from a
    root-owned path with autoloading off) checks at the end of the session
    that the reporting path is intact, and records each test's outcome from
    the raw call result on an HMAC-signed channel.
-3. The verdict (camg.guard_verdict, shared with General, whose verifier runs
+3. The verdict (camg.grading.guard_verdict, shared with General, whose verifier runs
    the same guard; environments.coding.log_evaluation applies it) — the log
    parsed by swebench and the guard's channel must agree; a PASSED line the
    guard never saw pass is a forged line, a process that exits 0 before the
@@ -25,7 +25,7 @@ inside the test process, so three independent checks decide together:
 Any finding is ``tampered``: reward 0.0 whatever else the diff does, with
 the rule and the evidence in the outcome record.
 
-``screen`` also runs the code screen (camg.code_screen, shared with
+``screen`` also runs the code screen (camg.grading.code_screen, shared with
 General) over the non-test Python the diff adds or changes: capabilities a
 bug fix does not need (frames, code objects, ``gc`` walks, the import
 system, native code, exit hooks, builtins, foreign dunder writes). Its
@@ -36,9 +36,9 @@ tamper finding makes the grade ``tampered``.
 
 from __future__ import annotations
 
-# The rules themselves are shared with General (camg.tamper_rules).
-from camg import code_screen, tamper_rules
-from camg.tamper_rules import HOOKS, INTERNALS, Finding, content_rules, path_rules
+# The rules themselves are shared with General (camg.grading.tamper_rules).
+from camg.grading import code_screen, tamper_rules
+from camg.grading.tamper_rules import HOOKS, INTERNALS, Finding, content_rules, path_rules
 from environments.coding import diff_paths
 
 # --- 1. the diff screen ---------------------------------------------------------

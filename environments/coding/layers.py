@@ -66,13 +66,15 @@ class TaskLayers:
 
 
 def guard_digest() -> str:
-    from camg.hashing import sha256_file
+    from camg.config.hashing import sha256_file
 
     return sha256_file(guard_source()).split(":")[-1]
 
 
 def guard_source() -> Path:
-    return Path(__file__).resolve().parents[2] / "camg" / "guard" / "camg_guard.py"
+    from camg.grading.guard_verdict import GUARD_FILE
+
+    return Path(GUARD_FILE)
 
 
 def layer_dir(root: str | os.PathLike, ref: TaskRef, image_key: str = "") -> Path:
@@ -133,7 +135,7 @@ def _verify(base: Path, ref: TaskRef, privileged: bool, image_key: str) -> TaskL
     if git(grader / WORKDIR, "rev-parse", "HEAD").strip() != ref.tests:
         raise ConfigError(f"{base}: grader layer is not at {ref.tests}")
     guard = grader / GUARD_FILE
-    from camg.hashing import sha256_file
+    from camg.config.hashing import sha256_file
 
     if not guard.is_file() or sha256_file(guard).split(":")[-1] != guard_digest():
         raise ConfigError(f"{base}: the grader layer's guard plugin is missing or changed")

@@ -4,9 +4,9 @@ against the guard's channel: the Coding grade (a Report) or GraderError.
 swebench's get_logs_eval, get_eval_tests_report and get_resolution_status
 parse the test output between the markers grader_scripts prints; the
 guard's signed channel after the end marker must agree with that parse
-(camg.guard_verdict), and the diff screen's findings make the grade
+(camg.grading.guard_verdict), and the diff screen's findings make the grade
 ``tampered`` whatever the tests did. The code screen's findings alone
-(camg.code_screen) make it ``suspicious``: the tests still decide whether
+(camg.grading.code_screen) make it ``suspicious``: the tests still decide whether
 it is resolved, and a resolved suspicious grade earns the deployment's
 ``suspicious_reward``.
 """
@@ -17,8 +17,8 @@ import dataclasses
 import json
 import tempfile
 
-from camg import code_screen, guard_verdict
 from camg.errors import GraderError
+from camg.grading import code_screen, guard_verdict
 from environments.coding.grader_scripts import EXIT_RUNNER, EXIT_SETUP, EXIT_STATE
 from environments.coding.profiles import SWEBENCH_VERSION
 from environments.coding.rows import Row

@@ -25,9 +25,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from camg import helper_roots, progress
-from camg import task_manifest as manifest
+from camg.config import progress
+from camg.config import task_manifest as manifest
 from camg.errors import CamgError, DatasetError
+from camg.sandboxes import helper_roots
 from environments.coding import images as images_mod
 from environments.coding import layers, mirrors, profiles
 from environments.coding import rows as rows_mod
@@ -80,7 +81,7 @@ def prepare_coding(
     ``sample``) in sandboxes and refuse, naming them, the tasks whose gold
     is not 1.0 or whose no-op is not 0.0 (environments.coding.validate).
     """
-    from camg.hashing import sha256_file
+    from camg.config.hashing import sha256_file
 
     raw = rows_mod.read(rows_path)
     checked = [rows_mod.validate(r, i) for i, r in enumerate(raw)]
@@ -191,7 +192,7 @@ def _validate(
     seed,
     helper_socket,
 ) -> dict:
-    from camg.hashing import sha256_json
+    from camg.config.hashing import sha256_json
     from camg.helper_client import DEFAULT_SOCKET
     from environments.coding import validate as validation
     from environments.coding.episode import Prepared

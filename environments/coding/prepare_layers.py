@@ -22,8 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from camg.config.host_private import SERVICE_GROUP, group_id, private_dir
 from camg.errors import ConfigError, PreparationMissing
-from camg.host_private import SERVICE_GROUP, group_id, private_dir
 from environments.coding.layers import (
     AGENT_GID,
     AGENT_UID,

@@ -26,7 +26,7 @@ class Settings:
     #: release-all uses, so two services on one helper never share it
     helper_owner: str = ""
     #: what a resolved submission the code screen flags earns (integrity
-    #: "suspicious", camg/code_screen.py): 0.0 pays nothing for a fix that
+    #: "suspicious", camg/grading/code_screen.py): 0.0 pays nothing for a fix that
     #: reaches for frames, exit hooks or the import system; 1.0 trusts the tests
     suspicious_reward: float = 0.0
 

@@ -1,7 +1,7 @@
 """One episode's channel to the transport inside its container.
 
 The container has no network; the helper connects, as root, to the
-transport's Unix socket inside the container (camg.containers ``connect``
+transport's Unix socket inside the container (camg.sandboxes.containers ``connect``
 to ``ENDPOINT``: a root-only directory, and the transport serves only
 root's connections) and hands the service the socket. Over it we speak the OpenEnv WebSocket
 protocol of the transport's ``/ws`` endpoint, the only stateful one (its

@@ -25,17 +25,17 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from camg import errors, typed
-from camg.containers import ENDPOINT, Container, ContainerClient, read_usage
-from camg.cost import judge_tokens
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
+from camg.episodes.cost import judge_tokens
 from camg.fifo_gate import Gate
+from camg.sandboxes.containers import ENDPOINT, Container, ContainerClient, read_usage
 from environments.general import rubric, submission
 from environments.general.channel import TransportChannel, observation_of
 from environments.general.schemas import ACTION_SCHEMA, OBSERVATION_SCHEMA, allowed_action
 from environments.general.settings import Settings
 
 if TYPE_CHECKING:
-    from camg.judge import Judge
+    from camg.grading.judge import Judge
 
 log = logging.getLogger("camg.general")
 
@@ -76,7 +76,7 @@ def boot_limit(settings: Settings, cores: int | None = None) -> int:
 def judge_config(settings: Settings, environ: Mapping[str, str] | None = None):
     """GA_JUDGE_URL/MODEL/KEY (+ optional GA_JUDGE_API). A missing variable
     is a ConfigError naming it (never a value): no judge, no service."""
-    from camg.judge import JudgeConfig
+    from camg.grading.judge import JudgeConfig
 
     try:
         return JudgeConfig.from_env(
@@ -127,9 +127,9 @@ class GeneralEnvironment(Environment):
 
     # -- service life cycle ------------------------------------------------------
     def start(self) -> None:
-        from camg.containers import ContainerClient, ContainerPool
+        from camg.grading.judge import Judge
         from camg.helper_client import DEFAULT_SOCKET
-        from camg.judge import Judge
+        from camg.sandboxes.containers import ContainerClient, ContainerPool
 
         s = self.settings
         self.judge = Judge(judge_config(s))
@@ -152,7 +152,7 @@ class GeneralEnvironment(Environment):
             self.pools[image] = ContainerPool(self.client, self.spec(image), s.pool_size)
 
     def spec(self, image: str):
-        from camg.containers import ContainerSpec
+        from camg.sandboxes.containers import ContainerSpec
 
         s = self.settings
         return ContainerSpec(
@@ -293,7 +293,7 @@ class GeneralEpisode(Episode):
         self.integrity: dict | None = None  # the tamper screen's part of the outcome
         self.code_records: dict | None = None  # opensource-code: changes + guard (regrade)
         self.steps = 0  # actions the transport took (the reference's position)
-        self.usage: dict | None = None  # the container's, at the terminal step (camg.cost)
+        self.usage: dict | None = None  # the container's, at the terminal step (camg.episodes.cost)
         self.reaped: dict | None = None  # ContainerReap's reply before the terminal step
         # opensource-code: the fresh container the verifier ran in, what
         # travelled there, and why it was lost when it was (not the agent's doing)
@@ -513,7 +513,7 @@ class GeneralEpisode(Episode):
             time.sleep(0.25)
 
     def control(self, failure: Exception, phase: str) -> list[str]:
-        """Prove a null (camg.null_proof): the same path, from reset through
+        """Prove a null (camg.episodes.null_proof): the same path, from reset through
         the terminal step and the judge, in a fresh container of the task's
         pristine image (a never-used one from the pool, or a new one),
         never the agent's, playing the task's reference (the gold patch;

@@ -6,7 +6,7 @@ verifier a clean HOME/TMP and records what the agent changed in the
 repository -- walked against a setup-time snapshot, so nothing the agent did
 to git hides a change -- in ``/logs/verifier/changes.json``. This module
 reads that record and screens it with the rules Coding uses
-(camg.tamper_rules). The transport puts every test, test-support and
+(camg.grading.tamper_rules). The transport puts every test, test-support and
 pytest configuration file back to the base before the run (Coding's
 protected paths: verifier_guard.is_test_support), after taking this record,
 so what the agent did to them still shows its intent and is screened as such:
@@ -29,9 +29,9 @@ cannot be shown harmless.
 
 The screen sees only what a line says; a payload that builds its names at
 run time passes it. So the verifier's test command also runs under camg's
-pytest guard (the one Coding's grader runs: camg/guard/camg_guard.py), and
+pytest guard (the one Coding's grader runs: camg/grading/guard/camg_guard.py), and
 ``guard_findings`` holds its signed channel (``/logs/verifier/guard.json``)
-against the command's exit status and log with camg.guard_verdict: a 0 exit
+against the command's exit status and log with camg.grading.guard_verdict: a 0 exit
 with a test the guard saw fail, a session that did not end or ended non-zero,
 a pass line the guard never saw, an unsigned line, the guard's own evidence
 (the reporting path patched, hooks from the agent's files). A command whose
@@ -40,7 +40,7 @@ null), unless preparation marked the task as one the guard cannot cover
 (``test_guard.covered: false``, listed in /metadata). Any finding: reward
 0.0, ``tampered``, the rule and the evidence in the outcome record.
 
-``suspicions`` runs the code screen Coding runs (camg.code_screen) over the
+``suspicions`` runs the code screen Coding runs (camg.grading.code_screen) over the
 added lines of the changed Python the verifier runs (not tests, conftest or
 configuration, which the transport restores or the tamper rules cover):
 capabilities a fix does not need. Its findings alone make the grade
@@ -57,8 +57,9 @@ import re
 import tarfile
 from collections.abc import Iterable, Sequence
 
-from camg import code_screen, errors, guard_verdict, tamper_rules
-from camg.tamper_rules import Finding
+from camg import errors
+from camg.grading import code_screen, guard_verdict, tamper_rules
+from camg.grading.tamper_rules import Finding
 
 CHANGES = "/logs/verifier/changes.json"
 GUARD = "/logs/verifier/guard.json"

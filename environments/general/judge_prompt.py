@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
-from camg.hashing import sha256_json
+from camg.config.hashing import sha256_json
 
 #: the one reply a rubric item accepts: its own score field, 0 or 1
 VERDICT_SCHEMA = {

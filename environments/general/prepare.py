@@ -37,9 +37,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
+from camg.config.host_private import private_dir
 from camg.errors import CamgError, DatasetError
-from camg.host_private import private_dir
 from environments.general import reference
 
 CREATED_BY = "camg.prepare general 0.1.0"
@@ -143,7 +143,7 @@ def test_commands(instance: dict) -> list[str]:
 
 
 def guard_problem(instance: dict) -> str | None:
-    """Why the verifier's test guard (camg/guard/camg_guard.py, a pytest
+    """Why the verifier's test guard (camg/grading/guard/camg_guard.py, a pytest
     plugin) cannot decide this task's grade, or None: a command that does
     not start pytest would never report to it (every grade null), one that
     sets the guard's variables would run without it."""
@@ -207,7 +207,7 @@ def prepare_general(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from camg.hashing import sha256_file
+    from camg.config.hashing import sha256_file
 
     out = Path(output_dir)
     mapping = read_images(images)

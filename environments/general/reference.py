@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from camg.errors import DatasetError, NotFound
-from camg.shell_reference import shipped
+from camg.sandboxes.shell_reference import shipped
 from environments.general.schemas import MAX_COMMAND
 
 STORE = "/tmp/.camg-reference.b64"

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from camg import errors
-from camg.judge import Judge
+from camg.grading.judge import Judge
 from environments.general.judge_prompt import VERDICT_SCHEMA, parse_verdict, rubric_messages
 
 DETAIL = "reward_detail.json"

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 # MAX_COMMAND is re-exported: the reference plans are checked against it.
-from camg.shell_schema import MAX_COMMAND as MAX_COMMAND
-from camg.shell_schema import command_observation, shell_action
+from camg.sandboxes.shell_schema import MAX_COMMAND as MAX_COMMAND
+from camg.sandboxes.shell_schema import command_observation, shell_action
 
 MAX_ANSWER = 100000
 

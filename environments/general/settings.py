@@ -42,7 +42,7 @@ class Settings:
     #: upstream's REWARD_BINARIZE: 1 iff the rubric score reaches 1 - 1e-6
     binarize: bool = False
     #: the most an opensource-code grade the code screen flags earns
-    #: (integrity "suspicious", camg/code_screen.py)
+    #: (integrity "suspicious", camg/grading/code_screen.py)
     suspicious_reward: float = 0.0
 
     def __post_init__(self) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from camg.config.hashing import sha256_bytes, verify_recorded
 from camg.environment import Environment, Episode, Grade, ServiceContext, Step, Submission, Task
 from camg.errors import (
     ConfigError,
@@ -27,7 +28,6 @@ from camg.errors import (
     InvalidAction,
     NotForkable,
 )
-from camg.hashing import sha256_bytes, verify_recorded
 from camg.typed import parse
 from environments.shop import goals, javahome, memoryarena, rewards, search
 from environments.shop.pages import PRODUCT_WINDOW, Store
@@ -35,7 +35,7 @@ from environments.shop.settings import Settings
 from environments.shop.store import ProductStore
 
 if TYPE_CHECKING:
-    from camg.judge import Judge
+    from camg.grading.judge import Judge
 
 log = logging.getLogger("camg.shop")
 
@@ -59,7 +59,7 @@ class ShopEnvironment(Environment):
         },
         "required": ["action"],
         "additionalProperties": False,
-        # The two forms as tools (/schema's tools, MCP's; camg.action_tools).
+        # The two forms as tools (/schema's tools, MCP's; camg.web.action_tools).
         "x-camg-tools": {
             "property": "action",
             "tools": {
@@ -138,7 +138,7 @@ class ShopEnvironment(Environment):
         if s.memoryarena_attributes == "judge" and any(
             t.data.get("kind") == "memoryarena" for t in self.tasks
         ):
-            from camg.judge import Judge, JudgeConfig
+            from camg.grading.judge import Judge, JudgeConfig
 
             # refuses to start (naming the variables) when credentials are missing
             self.judge = Judge(
@@ -472,7 +472,7 @@ class ShopEpisode(Episode):
         if "attribute_method" in self.reward_info:
             out["attribute_method"] = self.reward_info["attribute_method"]
         out.update(integrity_verdict(self.evidence, self.rejected))
-        out["cost"] = {"cpu_s": round(self.cpu_s, 6)}  # camg.cost adds the phases
+        out["cost"] = {"cpu_s": round(self.cpu_s, 6)}  # camg.episodes.cost adds the phases
         return out
 
     def state(self) -> Mapping[str, Any]:

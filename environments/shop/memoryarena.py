@@ -15,7 +15,7 @@ Its score (``compute_reward.py``), computed here exactly:
 
 * no purchase: 0.0; the target ASIN: 1.0 whatever the options;
 * otherwise r_type * m / |A|: m = attributes of A found in the bought
-  product's *name* by the attribute judge (an LLM, through camg.judge), or,
+  product's *name* by the attribute judge (an LLM, through camg.grading.judge), or,
   with the documented ``substring`` setting, by normalised substring match
   (lower-case, ``-`` and ``/`` to spaces, whitespace collapsed). r_type
   compares name tokens and category segments (``name_score``,

@@ -54,10 +54,10 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from camg import progress
-from camg import task_manifest as manifest
+from camg.config import progress
+from camg.config import task_manifest as manifest
+from camg.config.host_private import private_dir
 from camg.errors import CamgError, ConfigError, DatasetError
-from camg.host_private import private_dir
 from environments.shop import catalog, goals, javahome, memoryarena, search, store
 
 DATA = Path(__file__).resolve().parent / "data"

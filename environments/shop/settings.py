@@ -19,7 +19,7 @@ class Settings:
     #: camg.prepare_shop, and its sha256 ("sha256:<hex>"): the pool hash
     product_pool: str
     product_pool_sha256: str
-    #: the Lucene index directory, and its tree hash (camg.hashing.sha256_tree)
+    #: the Lucene index directory, and its tree hash (camg.config.hashing.sha256_tree)
     index_dir: str
     index_sha256: str
     #: the seed prices and goal price caps were drawn with at preparation

@@ -1,4 +1,4 @@
-"""Visual's control: a null is a claim the service proves (camg.null_proof).
+"""Visual's control: a null is a claim the service proves (camg.episodes.null_proof).
 
 A trainer masks every episode whose reward is null, so a page that can make
 its own render or judging fail would hide every episode it expects to lose:

@@ -1,6 +1,6 @@
 """The Visual environment: web-development tasks scored from real screenshots by a vision judge.
 
-Per episode: a task container (the container substrate, camg/containers.py:
+Per episode: a task container (the container substrate, camg/sandboxes/containers.py:
 manifest image by digest, no network, helper-mediated) where the agent
 builds a site under /workspace/dist with shell actions; at the end the
 container is removed, a copy of dist/ is rendered by headless Chromium in a
@@ -28,18 +28,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from camg import atomic, errors, typed
-from camg.containers import read_usage
 from camg.environment import Environment, Grade, ServiceContext, Submission, Task
-from camg.shell_schema import command_observation, shell_action
+from camg.sandboxes.containers import read_usage
+from camg.sandboxes.shell_schema import command_observation, shell_action
 from environments.visual import judging, rubric
 from environments.visual.episode import VisualEpisode
 from environments.visual.render import Mirror, Renderer, RenderLimits, Shot
 from environments.visual.settings import Settings
 
 if TYPE_CHECKING:
-    from camg.containers import ContainerClient
+    from camg.grading.judge import Judge
     from camg.helper_client import HelperClient
-    from camg.judge import Judge
+    from camg.sandboxes.containers import ContainerClient
 
 log = logging.getLogger("camg.visual")
 
@@ -72,7 +72,7 @@ def judge_config(settings: Settings, environ: Mapping[str, str] | None = None):
     """The vision judge from WD_JUDGE_URL/MODEL/KEY with upstream's webdev
     client rules (/v1 appended, "openai/" stripped, temperature 1.0, no
     max_tokens). A missing variable is a ConfigError naming it (never a value)."""
-    from camg.judge import JudgeConfig
+    from camg.grading.judge import JudgeConfig
 
     s = settings
     try:
@@ -149,8 +149,8 @@ class VisualEnvironment(Environment):
 
     # -- start / stop ------------------------------------------------------------
     def start(self) -> None:
-        from camg.containers import ContainerClient
         from camg.helper_client import DEFAULT_SOCKET, HelperClient
+        from camg.sandboxes.containers import ContainerClient
 
         s = self.settings
         self._start_judge()  # first: a missing judge fails before anything is touched
@@ -204,13 +204,13 @@ class VisualEnvironment(Environment):
         judge_config(typed.parse(Settings, config.settings, "visual.settings", errors.ConfigError))
 
     def _start_judge(self) -> None:
-        from camg.judge import Judge
+        from camg.grading.judge import Judge
 
         # No judge, no service: a degraded Visual would only mask episodes.
         self.judge = Judge(judge_config(self.settings))
 
     def _pool(self, image: str):
-        from camg.containers import ContainerPool, ContainerSpec
+        from camg.sandboxes.containers import ContainerPool, ContainerSpec
 
         s = self.settings
         containers = self.containers

@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from camg import errors
-from camg.cost import judge_tokens
 from camg.environment import Episode, Step, Submission
+from camg.episodes.cost import judge_tokens
 from environments.visual import addressing, control, delivery
 from environments.visual.render import Shot
 
@@ -68,7 +68,7 @@ class TaskBox(Protocol):
 
     def remove(self) -> None: ...
 
-    def usage(self) -> dict | None: ...  # its cost so far (camg.cost); None: unknown
+    def usage(self) -> dict | None: ...  # its cost so far (camg.episodes.cost); None: unknown
 
     def fork(self, episode_id: str) -> TaskBox: ...  # a copy of its filesystem as it stands
 
@@ -109,7 +109,7 @@ class VisualEpisode(Episode):
         self.screen_text = ""
         self.failure: dict | None = None
         self.evidence: list[str] = []  # delivery.py's integrity evidence
-        self.usage: dict | None = None  # the container's, read at finish (camg.cost)
+        self.usage: dict | None = None  # the container's, read at finish (camg.episodes.cost)
         #: dist/ is copied out and goes to the renderer: a failure now is the render's
         self.finishing = False
         self._lock = threading.Lock()

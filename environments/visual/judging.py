@@ -16,7 +16,7 @@ from environments.visual import addressing, rubric
 
 def vision(judge, brief: str, jpeg: bytes):
     """(Verdict, parsed rubric) of one screenshot; JudgeError on failure."""
-    from camg.judge import Image
+    from camg.grading.judge import Image
 
     if judge is None:
         raise errors.JudgeError("judge unconfigured", reason="unconfigured")

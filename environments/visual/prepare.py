@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.errors import CamgError, DatasetError
 from environments.visual import reference
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from camg.errors import DatasetError, NotFound
-from camg.shell_reference import shipped
+from camg.sandboxes.shell_reference import shipped
 
 MAX_SITE_BYTES = 8 << 20
 

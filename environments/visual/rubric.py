@@ -22,7 +22,7 @@ import json
 import math
 import re
 
-from camg.hashing import sha256_bytes
+from camg.config.hashing import sha256_bytes
 
 RUBRIC_ID = "camg-rva1:mean(visual,query,asset)"
 QUERY_CAP = 1500
@@ -129,5 +129,5 @@ def parse(text: str) -> dict:
 
 
 def score(text: str) -> float:
-    """The parser handed to camg.judge.Judge.ask."""
+    """The parser handed to camg.grading.judge.Judge.ask."""
     return parse(text)["score"]

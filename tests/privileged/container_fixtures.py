@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from camg.containers import ContainerClient, ContainerSpec
+from camg.sandboxes.containers import ContainerClient, ContainerSpec
 from tests.privileged.conftest import allow_process, helper_config, start_helper, stop_helper
 from tests.support import container_image as ci
 from tools.loopback_registry import LocalRegistry

@@ -12,7 +12,7 @@ no-op branch, finishes and earns 0. Before the finishes each branch writes
 a file in /tmp and looks for the other's: absent both ways. Each branch has
 its own outcome record; the child's carries ``forked_from`` and
 ``fork_step``. The reference's finishing action is the last one
-(camg.shell_reference), so the isolation checks wait until only it is
+(camg.sandboxes.shell_reference), so the isolation checks wait until only it is
 left: a step played earlier would move the reference's cursor."""
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def general_service(general_prepared, general_helper, fake_judge, tmp_path_facto
     finally:
         code = service.stop()
         assert code == 0, service.output()[-3000:]
-        from camg.containers import ContainerClient
+        from camg.sandboxes.containers import ContainerClient
         left = ContainerClient(general_helper.socket, owner="general").list()
         assert left == [], f"containers left after the service stopped: {left}"
 

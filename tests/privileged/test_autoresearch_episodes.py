@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -235,7 +235,7 @@ def test_background_job_log_read_by_a_later_action(env):
 
 
 def test_sandbox_killed_from_outside_is_sandbox_died(env, ar_helper):
-    """camg.sandbox_calls, as Coding's: the helper's own view of the sandbox
+    """camg.sandboxes.sandbox_calls, as Coding's: the helper's own view of the sandbox
     (its init reaped) turns whatever the call answered into sandbox_died."""
     from camg import errors
     before = ar_helper.sandbox_inits()
@@ -385,7 +385,7 @@ TAMPERED = {"symlink_to_test", "symlink_to_answers", "fifo_submission", "directo
 
 
 def test_canaries_all_lose(env, roots):
-    from camg.hashing import sha256_tree
+    from camg.config.hashing import sha256_tree
     from environments.autoresearch.checks import canaries
     from devtools.canary_table import render
     task = env.tasks[0]
@@ -490,7 +490,7 @@ def test_the_agents_processes_cannot_slow_or_stop_the_collection(env, monkeypatc
 # -- null proof: a failed step or grade is re-run on fresh resources ------------
 
 def test_control_grades_the_reference_in_a_fresh_sandbox_never_the_agents(env, ar_helper):
-    """Episode.control (camg.null_proof): after a failure the agent could
+    """Episode.control (camg.episodes.null_proof): after a failure the agent could
     have caused, the reference solution in a fresh sandbox, collected and
     graded by the same path, earns 1.0: the evidence that makes the episode
     0.0 ``obstructed`` rather than a null the trainer masks. The agent's

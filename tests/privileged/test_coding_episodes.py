@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from camg import errors, task_manifest as manifest
+from camg import errors
+from camg.config import task_manifest as manifest
 from camg.environment import ServiceContext
 from camg.errors import FailureClass
 from devtools.harness.auth import deployment_auth
@@ -437,7 +438,7 @@ def test_unprivileged_service_user_can_start(prepared, coding_helper):
     settings = {"mirrors_root": str(prepared["mirrors"]),
                 "images": str(work / prepared["images"].name),
                 "layers_root": str(CACHE / "layers")}
-    # The layers are private to the services' group (camg/host_private.py:
+    # The layers are private to the services' group (camg/config/host_private.py:
     # camg where the accounts exist, else root's): the service user is a
     # member of it, nobody else is.
     services_gid = (CACHE / "layers").stat().st_gid

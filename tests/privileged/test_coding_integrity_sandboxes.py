@@ -157,7 +157,7 @@ def test_validate_refuses_planted_bad_tasks_and_records_good_ones(demo_set, prep
     no-op already passes (a passing test planted in FAIL_TO_PASS) are refused
     by name; the good tasks' results are recorded in the manifest."""
     import json
-    from camg import task_manifest as manifest
+    from camg.config import task_manifest as manifest
     from camg.prepare import main
 
     rows = [json.loads(line) for line in (demo_set / "tasks.jsonl").read_text().splitlines()]
@@ -211,11 +211,11 @@ def test_agent_view_leaks_nothing_of_the_fix(env):
 # environments/coding/checks/canaries.py's OBSTRUCTIONS: ways an agent could make its own
 # episode end with reward null (masked by the trainer). Played as the service
 # plays them: the finish's failure or the grade's goes to the episode's
-# control (camg.null_proof), which reruns the same path on fresh sandboxes of
+# control (camg.episodes.null_proof), which reruns the same path on fresh sandboxes of
 # the pristine image; it succeeding makes the episode 0.0 "obstructed".
 
 def proved(episode, exc, phase):
-    """camg.null_proof's verdict on ``exc`` from ``phase``: (0.0, "obstructed",
+    """camg.episodes.null_proof's verdict on ``exc`` from ``phase``: (0.0, "obstructed",
     evidence) when the control succeeds, else (None, failure class, why)."""
     failure = getattr(exc, "failure_class", errors.FailureClass.INFRA).value
     try:
@@ -394,10 +394,10 @@ def test_service_records_an_obstructing_episode_as_zero_obstructed(env, tmp_path
     its honest 0.0 (the loop is killed before the diff)."""
     import asyncio
 
-    from camg import http_wire as wire
-    from camg.episodes import EpisodeManager
-    from camg.outcomes import OutcomeLog
-    from camg.service_config import Limits
+    from camg.web import http_wire as wire
+    from camg.episodes.manager import EpisodeManager
+    from camg.episodes.outcomes import OutcomeLog
+    from camg.config.service_config import Limits
 
     task = env.tasks[0]
     outcomes = OutcomeLog(tmp_path)

@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg_client import Client
 from devtools.harness.auth import deployment_auth, trainers_file
 from devtools.harness.services import ServiceProcess, clean_git_tree, free_port

@@ -20,7 +20,7 @@ import shlex
 
 import pytest
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.environment import ServiceContext
 from environments.coding import profiles
 from environments.coding.checks import canaries

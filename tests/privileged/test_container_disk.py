@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from camg.containers import ContainerClient
+from camg.sandboxes.containers import ContainerClient
 from tests.privileged.conftest import helper_config, start_helper, stop_helper
 from tests.privileged.container_fixtures import image_ref, needs_docker, spec  # noqa: F401
 from tests.support import container_image as ci

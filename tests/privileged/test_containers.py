@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from camg import errors
-from camg.containers import ContainerClient
+from camg.sandboxes.containers import ContainerClient
 from camg.helper_client import HelperClient
 from tests.privileged.conftest import stop_helper
 from tests.privileged.container_fixtures import (  # noqa: F401  (fixtures)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest  # noqa: F401
 
-from camg.containers import ContainerClient, ContainerPool
+from camg.sandboxes.containers import ContainerClient, ContainerPool
 from tests.privileged.conftest import ROOT, stop_helper
 from tests.privileged.container_fixtures import (  # noqa: F401  (fixtures)
     cc, container_helper, image_ref, needs_docker, spec, start_container_helper)
@@ -68,7 +68,7 @@ def test_empty_pool_claim_creates_on_the_spot(cc, image_ref):
 
 SERVICE = textwrap.dedent("""
     import sys, time
-    from camg.containers import ContainerClient, ContainerPool, ContainerSpec
+    from camg.sandboxes.containers import ContainerClient, ContainerPool, ContainerSpec
     cc = ContainerClient(sys.argv[1], owner=sys.argv[2])
     spec = ContainerSpec(image=sys.argv[3], cpu=0.5, memory_bytes=128 << 20, pids_max=64)
     cc.create(spec, episode_id="ep-a")

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from camg import errors
-from camg import task_manifest
-from camg.containers import ContainerClient
+from camg.config import task_manifest
+from camg.sandboxes.containers import ContainerClient
 from camg.environment import ServiceContext, Task
 from tests.privileged.container_fixtures import (container_helper, image_ref, needs_docker,  # noqa: F401
                                                  spec)

@@ -254,7 +254,7 @@ def test_warm_pool_serves_resets_and_everything_goes_at_stop(general_prepared, g
     import time
     from pathlib import Path
 
-    from camg.containers import ContainerClient
+    from camg.sandboxes.containers import ContainerClient
     from general_fixtures import configure_general, judge_env
     from tests.support.services import ServiceProcess
 
@@ -301,7 +301,7 @@ def test_code_task_view_leaks_nothing_of_the_fix(general_service, general_demo, 
     """The agent-view leak check (environments.general.demo.code_tasks.container_leaks) in
     each code task's container after reset, as the agent: no bytecode, copy,
     archive or git object of the fixed sources (the fix's history is gone)."""
-    from camg.containers import ContainerClient
+    from camg.sandboxes.containers import ContainerClient
     from environments.general.demo import code_tasks
     client = Client(general_service.url)
     containers = ContainerClient(general_helper.socket, owner="general")

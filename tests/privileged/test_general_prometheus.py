@@ -5,7 +5,7 @@ episode run: the ended counts per outcome, the judge's requests and latency
 histogram move by what the episodes asked, read through Prometheus' query
 API. The service is shared with the other General modules, so the test
 reads increases over its own episodes. Each record's cost carries the
-judge's reported tokens (camg.judge.Verdict.usage), summed over its items.
+judge's reported tokens (camg.grading.judge.Verdict.usage), summed over its items.
 """
 
 from __future__ import annotations

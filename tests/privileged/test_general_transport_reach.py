@@ -120,7 +120,7 @@ def _tagged(output: str, tag: str) -> str:
 
 def test_agent_cannot_reach_the_transport(general_service, general_demo, general_helper,
                                           general_prepared):
-    from camg.containers import ContainerClient
+    from camg.sandboxes.containers import ContainerClient
 
     client = Client(general_service.url)
     containers = ContainerClient(general_helper.socket, owner="general")

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from camg import auth
+from camg.web import auth
 from camg.helper_client import HelperClient
 from camg_client import Client
 

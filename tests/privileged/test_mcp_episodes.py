@@ -18,7 +18,7 @@ from openenv.core.mcp_client import MCPToolClient
 from tests.support.token_clients import with_token
 
 import conftest as pc
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from devtools.harness.auth import deployment_auth
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]

@@ -1,5 +1,5 @@
 """General over MCP: a general_agent task's own MCP tools, passed through
-as ``<server>__<name>`` tools of its session (camg.mcp_server), listed with
+as ``<server>__<name>`` tools of its session (camg.web.mcp_server), listed with
 the task's input schemas and played by the mcp SDK's client to the judged
 1.0 on the session's General service, and a code task's no-op to 0.0 over
 both the SDK's and openenv's MCP clients (general_fixtures.py; shared with

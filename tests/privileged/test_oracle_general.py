@@ -80,7 +80,7 @@ def oracle_service(oracle_demo, oracle_helper, tmp_path_factory):
                    "tasks": tasks, "judge": judge, "tmp": tmp}
         finally:
             assert service.stop() == 0, service.output()[-3000:]
-            from camg.containers import ContainerClient
+            from camg.sandboxes.containers import ContainerClient
             left = ContainerClient(oracle_helper.socket, owner="general").list()
             assert left == [], f"containers left after the service stopped: {left}"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg_client import Client
 from tests.support.services import ServiceProcess, clean_git_tree, free_port
 from devtools.harness.prometheus import PrometheusServer

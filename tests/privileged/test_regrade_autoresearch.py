@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from camg.submissions import SubmissionStore
+from camg.episodes.submissions import SubmissionStore
 # The research image, roots, helper and environment as the acceptance builds them.
 from test_autoresearch_episodes import (SUBMIT, ar_helper, env, reference,  # noqa: F401
                                         research_image, roots, run_episode, shell, write_file)

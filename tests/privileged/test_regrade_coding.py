@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from camg import http_wire as wire
-from camg.episodes import EpisodeManager
-from camg.outcomes import OutcomeLog
-from camg.service_config import Limits
+from camg.web import http_wire as wire
+from camg.episodes.manager import EpisodeManager
+from camg.episodes.outcomes import OutcomeLog
+from camg.config.service_config import Limits
 # The demo task set, its helper and environment, as the Coding acceptance builds them.
 from test_coding_episodes import FINISH, env, prepared, shell, write_file  # noqa: F401  (fixtures)
 

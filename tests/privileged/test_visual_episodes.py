@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 import conftest as pc
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.configure import configure
-from camg.containers import ContainerClient
+from camg.sandboxes.containers import ContainerClient
 from camg_client import Client
 from tests.privileged.container_fixtures import image_ref, needs_docker  # noqa: F401 (fixture)
 from tests.support import container_image as ci

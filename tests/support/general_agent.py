@@ -10,7 +10,7 @@ import tarfile
 import types
 
 from camg.environment import ServiceContext, Task
-from camg.judge import Judge, JudgeConfig
+from camg.grading.judge import Judge, JudgeConfig
 from environments.general.environment import GeneralEnvironment
 
 IMAGE = "r/x@sha256:" + "0" * 64

@@ -1,6 +1,6 @@
 """A toy environment shaped like General's general_agent tasks: a ``tool``
 action (server, name, arguments) and a first observation that lists the
-task's own MCP tools, so camg.mcp_server's pass-through is tested without
+task's own MCP tools, so camg.web.mcp_server's pass-through is tested without
 a container. The task: look a customer's id up with crm.lookup, finish
 with it as the answer (1.0; anything else 0.0)."""
 

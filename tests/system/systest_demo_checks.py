@@ -210,7 +210,7 @@ class KillChecks:
 
     def _recovered(self, storm: Storm, env: Env, eid: str) -> list[str]:
         """An episode the killed run left running is recorded by the next
-        start as the infrastructure's failure (camg/outcomes.py recover)."""
+        start as the infrastructure's failure (camg/episodes/outcomes.py recover)."""
         found = storm._found(env, eid)
         if not found or found[-1]["reward"] is not None:
             return []  # no episode (a reset cut short), or graded before the kill

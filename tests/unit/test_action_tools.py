@@ -10,7 +10,8 @@ import fastjsonschema
 import jsonschema
 import pytest
 
-from camg import action_tools, plugins
+from camg import plugins
+from camg.web import action_tools
 from camg.errors import ConfigError, InvalidAction
 from camg_client.tool_calls import ToolCallError, ToolCalls
 from devtools.harness.counter_env import ACTION_SCHEMA as COUNTER_SCHEMA

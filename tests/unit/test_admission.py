@@ -1,4 +1,4 @@
-"""The admission line (camg.admission): POST /episodes with wait_s queues in
+"""The admission line (camg.episodes.admission): POST /episodes with wait_s queues in
 FIFO order for a slot, bounded, on the framework's counter environment in
 this process, and over HTTP against a real camg.serve."""
 
@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from camg import http_wire as wire
+from camg.web import http_wire as wire
 from camg.environment import ServiceContext, Task
-from camg.episodes import EpisodeManager
+from camg.episodes.manager import EpisodeManager
 from camg.errors import AtCapacity, BadRequest, Unavailable
-from camg.outcomes import OutcomeLog
-from camg.service_config import Limits
+from camg.episodes.outcomes import OutcomeLog
+from camg.config.service_config import Limits
 from camg_client import AtCapacity as ClientAtCapacity, Client, ServiceError
 from tests.support.polling import until
 from devtools.harness.auth import session_token

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from camg import auth
+from camg.web import auth
 from camg_client import Client
 from camg_client.client import NotFound, PermissionDenied, Unauthorized
 from devtools.harness.services import REPO

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from camg import admission, helper_wire, plugins
+from camg import helper_wire, plugins
+from camg.episodes import admission
 from tests.support.services import configure_counter
 
 GiB = 1 << 30
@@ -81,7 +82,7 @@ def test_in_process_sessions_are_bound_by_cores_memory_and_the_maximum():
 
 def test_no_deployment_may_ask_more_than_the_maximum(tmp_path):
     from camg.errors import ConfigError
-    from camg.service_config import EnvironmentDeployment
+    from camg.config.service_config import EnvironmentDeployment
     from camg import typed
 
     with pytest.raises(ConfigError, match="capacity must be between 1 and 4096"):
@@ -107,7 +108,7 @@ def test_the_demo_admits_a_group_of_8(name):
 
 def test_an_explicit_queue_bound_is_validated(tmp_path):
     from camg.errors import ConfigError
-    from camg.service_config import EnvironmentDeployment
+    from camg.config.service_config import EnvironmentDeployment
     from camg import typed
 
     entry = typed.parse(EnvironmentDeployment, {"manifest": "m", "queue_bound": 0}, "e",

@@ -1,4 +1,4 @@
-"""The code screen (camg.code_screen): every attack class is flagged, on the
+"""The code screen (camg.grading.code_screen): every attack class is flagged, on the
 added lines, in a new file, inside a hunk of a changed one and in General's
 added lines alone; honest code is left alone, measured on 877 real fixes.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from camg import code_screen
+from camg.grading import code_screen
 
 CORPUS = Path(__file__).parent / "data" / "swesmith_gold_fixes.jsonl.gz"
 

@@ -326,11 +326,11 @@ def test_preexisting_untracked_files_survive_grading(task_set, task_layers, tmp_
 
 
 def signed(*records, key=KEYS[1]) -> str:
-    from camg.guard_verdict import sign_records
+    from camg.grading.guard_verdict import sign_records
     return sign_records(records, key)
 
 
-# --- the code screen's verdict (camg.code_screen) -------------------------------
+# --- the code screen's verdict (camg.grading.code_screen) -------------------------------
 
 def _fixed_with(task_layers, row, tmp_path, addition: str) -> bytes:
     """The gold fix, and ``addition`` appended to the file it fixes."""

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.errors import ConfigError, DatasetError, PreparationMissing
 from camg.oci.images import MaterializedImage, write_materialized
 from camg.prepare import main

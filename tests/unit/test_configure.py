@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.configure import configure, main as configure_main
 from camg.errors import ConfigError, PreparationMissing
 from tests.support.services import REPO, clean_git_tree, configure_counter, counter_tasks

@@ -154,7 +154,7 @@ class _Client:
         self.instance, self.made, self.removed = "one", 0, []
 
     def create(self, spec, *, episode_id: str = "", pool: bool = False):
-        from camg.containers import Container
+        from camg.sandboxes.containers import Container
         self.made += 1
         return Container(f"c{self.made}", "img", episode_id, pool, self.instance)
 
@@ -172,7 +172,7 @@ class _Client:
 def test_a_pool_never_hands_out_a_container_a_restarted_helper_swept():
     # The kill storm found it: after the helper's kill -9, the next reset
     # claimed a swept container and failed (503 "no container for this peer").
-    from camg.containers import ContainerPool
+    from camg.sandboxes.containers import ContainerPool
     client = _Client()
     pool = ContainerPool(client, spec=None, size=2, retry_delay=0.01)
     try:
@@ -196,7 +196,7 @@ def test_connect_ports_and_the_endpoint(mediator):
     for port in (-1, 65536, True):
         refused(lambda port=port: mediator.connect(held, port, 1.0), "bad_request")
     refused(lambda: mediator.connect(held, 0, 61.0), "limit_exceeded")
-    from camg.containers import ENDPOINT
+    from camg.sandboxes.containers import ENDPOINT
     from tests.support import mimo_tasks  # noqa: F401 -- puts the runtime on sys.path
     from mimoagent.transport.listener import SOCKET_PATH
     assert mc.ENDPOINT == ENDPOINT == 0 and mc.ENDPOINT_SOCKET == SOCKET_PATH

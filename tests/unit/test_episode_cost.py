@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from camg import cost, helper_wire as wire
+from camg import helper_wire as wire
+from camg.episodes import cost
 from camg_client import Client
 from camg_client.rollout import Result, summary
 from helper import usage, verbs

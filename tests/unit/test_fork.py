@@ -1,4 +1,4 @@
-"""POST /episodes/{id}/fork (camg/forking.py) over real HTTP: a camg.serve of
+"""POST /episodes/{id}/fork (camg/episodes/forking.py) over real HTTP: a camg.serve of
 the framework's counter environment, whose fork copies its guesses. Route
 semantics, every refusal, the child's record, trajectory, signature,
 regrade, lease and metrics, and both clients' fork()."""
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from camg import forking, verify
-from camg.outcomes import OutcomeLog
+from camg import verify
+from camg.episodes import forking
+from camg.episodes.outcomes import OutcomeLog
 from camg_client import AsyncClient, Client
 from camg_client import client as client_mod
 from tests.support.services import ServiceProcess, configure_counter, counter_tasks
@@ -133,7 +134,7 @@ def test_records_of_forks_verify_and_their_fork_fields_are_signed(svc, tmp_path)
         tampered.write_bytes(b"".join(edited))
         (tmp_path / "outcomes.pub").write_bytes((path.parent / "outcomes.pub").read_bytes())
         failures = verify.check(tampered.read_bytes().splitlines(keepends=True),
-                                __import__("camg.signing").signing.load_public(
+                                __import__("camg.episodes.signing").episodes.signing.load_public(
                                     tmp_path / "outcomes.pub"))
         assert any(n == number + 1 and "changed after signing" in why for n, why in failures)
     # and a straight run's record that claims to be a fork fails too
@@ -141,7 +142,7 @@ def test_records_of_forks_verify_and_their_fork_fields_are_signed(svc, tmp_path)
                     if "forked_from" not in json.loads(line))
     record = json.loads(lines[straight])
     record.update(forked_from="x", fork_step=1)
-    from camg import signing
+    from camg.episodes import signing
     assert signing.problem(record, signing.load_public(path.parent / "outcomes.pub"))
 
 
@@ -351,7 +352,7 @@ def test_async_client_fork(svc):
 
 
 def test_a_child_left_running_by_a_killed_service_is_recorded_as_a_fork(tmp_path):
-    # what the manager writes for a child (camg/forking.py), then the
+    # what the manager writes for a child (camg/episodes/forking.py), then the
     # service dies: its next start records the child with its lineage
     log = OutcomeLog(tmp_path)
     log.trajectory("kid", {"event": "fork", "task_id": "task-03", "seed": 4,

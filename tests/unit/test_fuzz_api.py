@@ -8,7 +8,7 @@ import json
 import websockets
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from camg import http_wire as wire
+from camg.web import http_wire as wire
 from camg_client import Client, ServiceError
 from devtools.harness.auth import headers as auth_headers
 
@@ -99,7 +99,7 @@ def test_fuzz_raw_bodies(shared_counter_service, raw):
 
 # -- bounds: nesting ----------------------------------------------------------
 # 2 KB of brackets: what answered 500 (a RecursionError) on every service
-# before the depth bound (camg.http_wire.MAX_JSON_DEPTH).
+# before the depth bound (camg.web.http_wire.MAX_JSON_DEPTH).
 DEEP = 990
 
 

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from camg.judge import Judge, JudgeConfig, parse_score
+from camg.grading.judge import Judge, JudgeConfig, parse_score
 from environments.general.judge_prompt import VERDICT_SCHEMA, parse_verdict, rubric_messages
 from environments.general import rubric
 from environments.general.checks import agent_canaries as ac

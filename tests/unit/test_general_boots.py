@@ -16,7 +16,7 @@ import types
 import pytest
 
 from camg import errors
-from camg.containers import Container
+from camg.sandboxes.containers import Container
 from camg.environment import Task
 from environments.general import environment as ge
 from environments.general.settings import Settings

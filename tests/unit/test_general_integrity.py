@@ -21,8 +21,8 @@ import pytest
 from tests.support import mimo_tasks
 from tests.support.mimo_tasks import GOLD, world_dir
 
-from camg import guard_verdict
-from camg.guard_verdict import GUARD_DIR
+from camg.grading import guard_verdict
+from camg.grading.guard_verdict import GUARD_DIR
 from environments.general import integrity, prepare  # noqa: E402
 from mimoagent.transport import common, software, verifier_guard  # noqa: E402
 
@@ -291,7 +291,7 @@ GUARD_KEY = "ab" * 32
 
 
 def guard_record(records, code, log="", key=GUARD_KEY, sign_key=None):
-    from camg.guard_verdict import sign_records
+    from camg.grading.guard_verdict import sign_records
 
     return {"keys": [key, "ef" * 32], "channel": sign_records(records, (sign_key or key).encode()),
             "exit_code": code, "log": log, "channel_truncated": False}
@@ -382,7 +382,7 @@ def test_each_session_signs_with_a_key_of_its_own():
     """A hello must verify with a key no earlier session used: a second
     session under the first one's key is forged (a thief holding one key
     cannot add a session); a session found no key: guard_unkeyed."""
-    from camg.guard_verdict import read_channel, sign_records
+    from camg.grading.guard_verdict import read_channel, sign_records
 
     first, second = b"ab" * 32, b"ef" * 32
     honest = session({TEST_IDS[0]: "failed"})
@@ -791,7 +791,7 @@ def test_a_process_of_the_test_uid_finds_no_session_key(world):
     import errno
     import sys
 
-    from camg import guard_verdict
+    from camg.grading import guard_verdict
 
     base, config = world
     report = base / "shared-tmp" / "thief.json"
@@ -884,7 +884,7 @@ def test_guard_test_files_are_the_paths_both_graders_reset():
         == set(verifier_guard.TEST_SUPPORT_GLOBS)
 
 
-# --- the code screen (camg.code_screen) in General's verdict ---------------------
+# --- the code screen (camg.grading.code_screen) in General's verdict ---------------------
 
 def _passing_run():
     return guard_record(session(dict.fromkeys(TEST_IDS, "passed")), 0)

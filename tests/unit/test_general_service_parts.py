@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from camg import errors
-from camg.cost import judge_tokens
-from camg.judge import Judge, JudgeConfig, prompt_hash
+from camg.episodes.cost import judge_tokens
+from camg.grading.judge import Judge, JudgeConfig, prompt_hash
 from environments.general import channel, rubric
 from environments.general.environment import GeneralEnvironment, judge_config
 from environments.general.prepare import main as prepare_main, prepare_general
@@ -196,7 +196,7 @@ def test_check_config_cli_refuses_without_judge_variables(tmp_path, monkeypatch)
               source_tree=clean_git_tree(tmp_path / "src"))
     config = tmp_path / "prepared" / "general.json"
     # No judge key field: the one *key* a config names is the outcome-signing
-    # key's public half and path (camg.signing), never key material.
+    # key's public half and path (camg.episodes.signing), never key material.
     body = json.loads(config.read_text())
     assert "BEGIN PRIVATE" not in json.dumps(body.pop("outcome_key"))
     assert "KEY" not in json.dumps(body).upper().replace("KEYS", "")

@@ -23,7 +23,7 @@ from tests.support.mimo_tasks import world_dir
 from environments.general import integrity
 from environments.general import submission as checked
 from camg import errors
-from camg.guard_verdict import GUARD_DIR
+from camg.grading.guard_verdict import GUARD_DIR
 from mimoagent.transport import common, software, verifier_guard  # noqa: E402
 from mimoagent.transport import submission as carried  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""POST /episodes with ``group: N`` (camg/forking.py, a GRPO group) over real
+"""POST /episodes with ``group: N`` (camg/episodes/forking.py, a GRPO group) over real
 HTTP: a camg.serve of the framework's counter environment. One reset and
 N-1 forks of it, all slots or none, a failing fork closes the whole group,
 and a create without ``group`` answers exactly as before."""
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from camg import http_wire as wire
+from camg.web import http_wire as wire
 from camg_client import AsyncClient, Client
 from camg_client import client as client_mod
 from tests.support.services import ServiceProcess, configure_counter, counter_tasks

@@ -1,4 +1,4 @@
-"""The guard checks identity at call time (camg/guard/camg_guard.py).
+"""The guard checks identity at call time (camg/grading/guard/camg_guard.py).
 
 What pytest calls must be what collection saw: each test's callable, its
 __wrapped__ chain and each one's code, and the implementations of the hooks
@@ -26,8 +26,8 @@ import pytest
 
 from tests.support import mimo_tasks  # noqa: F401 (the transport on sys.path)
 
-from camg import guard_verdict
-from camg.guard_verdict import GUARD_DIR, GUARD_FILE
+from camg.grading import guard_verdict
+from camg.grading.guard_verdict import GUARD_DIR, GUARD_FILE
 from mimoagent.transport import verifier_guard
 from environments.coding.checks import canaries
 

@@ -1,4 +1,4 @@
-"""The shared harness's census (camg/census.py, devtools/harness/leaks.py) on
+"""The shared harness's census (camg/sandboxes/census.py, devtools/harness/leaks.py) on
 plain directories and a real child process: what it counts, and that a new
 entry or an unregistered child is a leak."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from camg import census
+from camg.sandboxes import census
 from devtools.harness.leaks import LeakWatch, foreign
 
 

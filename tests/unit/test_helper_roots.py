@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from camg import helper_roots
+from camg.sandboxes import helper_roots
 from camg.configure import main as configure_main
 from camg.errors import ConfigError
 from camg.oci.images import MaterializedImage, write_materialized
@@ -72,7 +72,7 @@ def test_a_symlink_into_a_root_is_still_outside(tmp_path):
 
 
 def test_a_missing_helper_config_is_a_warning(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="camg.helper_roots"):
+    with caplog.at_level(logging.WARNING, logger="camg.sandboxes.helper_roots"):
         roots = helper_roots.load(tmp_path / "not-installed.json")
     assert roots is None
     assert "cannot read the helper config" in caplog.text
@@ -188,7 +188,7 @@ def test_check_config_refuses_a_layers_root_outside(tmp_path, capsys):
 def test_default_owner_names_are_unique_per_service(tmp_path, capsys):
     from camg import plugins
     from camg.configure import helper_owner
-    from camg.service_config import EnvironmentDeployment
+    from camg.config.service_config import EnvironmentDeployment
     names = sorted(plugins.all_plugins())
     owners = {n: helper_owner(n, EnvironmentDeployment(manifest="m.json")) for n in names}
     assert owners == {n: n for n in names}

@@ -14,7 +14,7 @@ import pytest
 from camg import errors
 from camg import helper_wire as wire
 from camg.helper_client import error_from_reply
-from camg.containers import ContainerClient, ContainerSpec
+from camg.sandboxes.containers import ContainerClient, ContainerSpec
 from camg.helper_client import HelperClient
 from helper import config as configmod
 from helper import paths, verbs

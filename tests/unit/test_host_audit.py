@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from camg import host_audit, status
-from camg.host_private import private_dir
+from camg.config.host_private import private_dir
 
 
 @pytest.fixture

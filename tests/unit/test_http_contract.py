@@ -296,10 +296,10 @@ class _GatedEpisode:
 def _gated_manager(tmp_path, gate: str):
     """An EpisodeManager whose environment blocks in ``gate``."""
     import threading
-    from camg.service_config import Limits
+    from camg.config.service_config import Limits
     from camg.environment import Task
-    from camg.episodes import EpisodeManager
-    from camg.outcomes import OutcomeLog
+    from camg.episodes.manager import EpisodeManager
+    from camg.episodes.outcomes import OutcomeLog
 
     class Env:
         name = "gated"
@@ -329,7 +329,7 @@ def _gated_manager(tmp_path, gate: str):
 @pytest.mark.parametrize("gate", ["create", "reset"])
 def test_close_during_creation_is_not_lost(tmp_path, gate):
     import asyncio
-    from camg import http_wire as wire
+    from camg.web import http_wire as wire
     from camg.errors import EpisodeDone
 
     manager, env = _gated_manager(tmp_path, gate)

@@ -1,4 +1,4 @@
-"""The gunicorn worker class camg.serve runs (camg/http_worker.py): chosen
+"""The gunicorn worker class camg.serve runs (camg/serving/http_worker.py): chosen
 from a closed table, refused before the arbiter starts when unknown, and
 every class in the table serves the same contract (HTTP episode, OpenEnv
 WebSocket, graceful shutdown) under a real ``python -m camg.serve``."""
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import websockets
 
-from camg import http_worker, serve
+from camg import serve
+from camg.serving import http_worker
 from camg.errors import ConfigError
 from camg_client import Client, InvalidAction
 from devtools.harness.auth import headers as auth_headers
@@ -43,7 +44,7 @@ def test_an_unknown_worker_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("name", sorted(http_worker.WORKERS))
 def test_every_worker_keeps_gunicorns_process_settings(tmp_path, name):
-    from camg import service_config as cfg
+    from camg.config import service_config as cfg
     config = cfg.load_service_config(str(configure_counter(tmp_path)))
     options = serve.gunicorn_options(config, name)
     assert options["workers"] == 1 and options["bind"] == [f"127.0.0.1:{config.port}"]

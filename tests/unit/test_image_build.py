@@ -86,7 +86,7 @@ BASE = layout.Layer(Path("/nonexistent"), "sha256:" + "1" * 64, "sha256:" + "2" 
 
 
 def _key(value) -> str:
-    from camg.hashing import sha256_json
+    from camg.config.hashing import sha256_json
     return sha256_json(value).split(":", 1)[1][:16]
 
 

@@ -1,4 +1,4 @@
-"""camg.judge against a local server speaking the real OpenAI protocols."""
+"""camg.grading.judge against a local server speaking the real OpenAI protocols."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from camg import cost
+from camg.episodes import cost
 from camg.errors import ConfigError, FailureClass, JudgeError
-from camg.judge import Image, Judge, JudgeConfig, parse_score, prompt_hash, retry_after_s
+from camg.grading.judge import Image, Judge, JudgeConfig, parse_score, prompt_hash, retry_after_s
 from tests.support.fake_judge import FakeJudge, Reply
 from tools.judge_stub import count_usage
 

@@ -60,8 +60,8 @@ def tree_copy(tmp_path_factory):
 
 PLANTED = [
     # (file, line to add, what the report must name)
-    ("camg/hashing.py", "from environments.coding import rows", "camg.hashing -> environments.coding.rows"),
-    ("camg/task_manifest.py", "import tools.oci_demo", "camg.task_manifest -> tools.oci_demo"),
+    ("camg/config/hashing.py", "from environments.coding import rows", "camg.config.hashing -> environments.coding.rows"),
+    ("camg/config/task_manifest.py", "import tools.oci_demo", "camg.config.task_manifest -> tools.oci_demo"),
     ("helper/paths.py", "from camg import errors", "helper.paths -> camg.errors"),
     ("helper/ledger.py", "import camg.helper_client", "helper.ledger -> camg.helper_client"),
     ("camg/typed.py", "from camg.errors import ConfigError", "camg.typed -> camg.errors"),

@@ -1,4 +1,4 @@
-"""MCP on a served environment (camg.mcp_server): the ``mcp`` SDK's own
+"""MCP on a served environment (camg.web.mcp_server): the ``mcp`` SDK's own
 client over streamable HTTP ``/mcp``, and openenv-core's own MCPToolClient
 over ``/ws`` and over its HTTP ``/mcp`` session methods, each list /schema's
 tools and play whole episodes through the episode manager; then the edges
@@ -438,7 +438,7 @@ def configure_tooly(tmp):
     """A service of tests/support/tool_env.py (General's tool shape)."""
     import sys
 
-    from camg import task_manifest as manifest
+    from camg.config import task_manifest as manifest
     from camg.configure import configure
     from tests.support.services import clean_git_tree, free_port
     tmp.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""A null is a claim the service proves (camg.null_proof), through a real
+"""A null is a claim the service proves (camg.episodes.null_proof), through a real
 camg.serve process running the counter environment: a failed step or grade
 whose control succeeds is the submission's doing (0.0, integrity
 obstructed); one whose control fails too, or that has no control, stays

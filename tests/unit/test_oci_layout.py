@@ -8,7 +8,7 @@ import json
 import os
 import tarfile
 
-from camg.hashing import sha256_tree
+from camg.config.hashing import sha256_tree
 from tools.oci import layout
 from tools.oci import manifest as mf
 from tools.oci.cache import VerifiedImage, locked, materialize, work_dir

@@ -1,4 +1,4 @@
-"""OpenEnv's Task API (camg/openenv_tasks.py) on real camg.serve processes
+"""OpenEnv's Task API (camg/web/openenv_tasks.py) on real camg.serve processes
 of the counter environment: its splits and tasks against GET /tasks, the
 edges of a range, typed refusals, and the stock openenv 0.10.0 client
 (openenv.harbor.client.HarborEnv) in its own scratch venv."""
@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from camg.errors import ConfigError
-from camg.openenv_tasks import TaskSplits
+from camg.web.openenv_tasks import TaskSplits
 from tests.support.framework_venvs import framework_venv
 from tests.support.services import REPO, ServiceProcess, configure_counter
 from devtools.harness.auth import headers as auth_headers

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from camg.outcomes import OutcomeLog
+from camg.episodes.outcomes import OutcomeLog
 
 
 def test_a_torn_tail_is_cut_before_the_next_record(tmp_path):

@@ -1,4 +1,4 @@
-"""Signed, chained outcome records (camg.signing) and their offline check
+"""Signed, chained outcome records (camg.episodes.signing) and their offline check
 (python -m camg.verify)."""
 
 import base64
@@ -8,9 +8,10 @@ import stat
 
 import pytest
 
-from camg import signing, verify
+from camg import verify
+from camg.episodes import signing
 from camg.errors import ConfigError
-from camg.outcomes import OutcomeLog
+from camg.episodes.outcomes import OutcomeLog
 from camg_client import Client
 
 RECORDS = [

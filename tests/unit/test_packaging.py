@@ -203,7 +203,7 @@ def test_deployment_settings_parse_and_limits_cover_the_budgets(deployment):
 
     from camg import typed
     from camg.errors import ConfigError
-    from camg.service_config import Limits
+    from camg.config.service_config import Limits
 
     body = (_demo_deployment() if deployment == "packaging/demo-deployment.json"
             else json.loads((CHECKOUT / deployment).read_text()))

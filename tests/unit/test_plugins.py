@@ -192,7 +192,7 @@ class ToyEnvironment(CounterEnvironment):
 
 PREPARE_PY = '''
 import argparse
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 
 
 def main(argv):

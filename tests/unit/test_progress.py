@@ -1,11 +1,11 @@
-"""camg.progress: plain periodic lines off a terminal (the journal)."""
+"""camg.config.progress: plain periodic lines off a terminal (the journal)."""
 
 from __future__ import annotations
 
 import io
 import time
 
-from camg import progress
+from camg.config import progress
 
 
 def test_plain_lines_at_a_pace_and_a_final_count():

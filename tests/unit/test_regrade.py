@@ -15,8 +15,8 @@ import pytest
 
 from camg.environment import Submission, Task
 from camg.errors import NoSubmission, RegradeUnsupported
-from camg.outcomes import OutcomeLog
-from camg.submissions import SubmissionStore
+from camg.episodes.outcomes import OutcomeLog
+from camg.episodes.submissions import SubmissionStore
 from camg_client import AsyncClient, Client
 from camg_client import client as client_mod
 from tests.support.services import REPO, ServiceProcess, configure_counter, counter_tasks
@@ -139,9 +139,9 @@ def test_rollout_regrades_a_run(regrading, tmp_path):
 
 
 def test_an_environment_without_regrade_answers_501(tmp_path):
-    from camg.episodes import EpisodeManager
+    from camg.episodes.manager import EpisodeManager
     from camg.environment import ServiceContext
-    from camg.service_config import Limits
+    from camg.config.service_config import Limits
     from tests.support.counter_env import PlainCounterEnvironment
 
     env = PlainCounterEnvironment(ServiceContext("counter", str(tmp_path), {}),

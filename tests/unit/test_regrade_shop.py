@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.environment import ServiceContext, Submission
 from camg.errors import GraderError
-from camg.submissions import SubmissionStore
+from camg.episodes.submissions import SubmissionStore
 from environments.shop.environment import ShopEnvironment
 from tests.support import shop_testing as testing
 

@@ -1,6 +1,6 @@
 """``--policy openai`` with native tool calls (issue 28.3): the request
 carries /schema's "tools", the model's tool calls become actions by the
-service's own inverse (camg_client.tool_calls, which camg.action_tools
+service's own inverse (camg_client.tool_calls, which camg.web.action_tools
 imports), and an endpoint that refuses tools gets the text protocol.
 
 The "model" is scripted (tests/support/tool_model.py) behind the fake
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from camg import action_tools
+from camg.web import action_tools
 from camg_client import Client
 from camg_client.tool_calls import ToolCallError, ToolCalls
 from tests.support.fake_judge import FakeJudge, Reply

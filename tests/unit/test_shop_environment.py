@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.environment import ServiceContext, Task
 from camg.errors import ConfigError, InvalidAction
 from environments.shop import rewards, search, store
@@ -338,9 +338,9 @@ def test_files_the_service_verified_are_not_hashed_again(prepared, tasks, tmp_pa
     from environments.shop import environment as shop_env
     out, settings = prepared
     verified = manifest.load(out / "manifest.json").files
-    import camg.hashing
+    import camg.config.hashing
     fail = lambda path: pytest.fail(f"hashed {path} again")  # noqa: E731
-    monkeypatch.setattr(camg.hashing, "sha256_path", fail)
+    monkeypatch.setattr(camg.config.hashing, "sha256_path", fail)
     if hasattr(shop_env, "sha256_path"):
         monkeypatch.setattr(shop_env, "sha256_path", fail)
     env = ShopEnvironment(ServiceContext("shop", str(tmp_path), settings, verified_files=verified),

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg_client import Client
 from environments.shop import rewards, search
 from environments.shop.store import ProductStore

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.environment import ServiceContext
 from camg.errors import ConfigError, DatasetError, JudgeError
 from environments.shop import memoryarena

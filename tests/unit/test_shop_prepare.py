@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from camg import task_manifest as manifest
-from camg.hashing import sha256_path
+from camg.config import task_manifest as manifest
+from camg.config.hashing import sha256_path
 from environments.shop import store
 from environments.shop.store import ProductStore
 from tests.support import shop_testing as testing

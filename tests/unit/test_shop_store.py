@@ -11,8 +11,8 @@ import pytest
 
 from camg.environment import ServiceContext
 from camg.errors import ConfigError, DatasetError
-from camg.hashing import sha256_path
-from camg import task_manifest as manifest
+from camg.config.hashing import sha256_path
+from camg.config import task_manifest as manifest
 from environments.shop import catalog, goals, store
 from environments.shop.environment import ShopEnvironment
 from environments.shop.store import ProductStore

@@ -1,6 +1,6 @@
 """Slow and many peers against the listeners any local user can reach: a
 service's HTTP port (limits.header_timeout_s, body_timeout_s,
-max_connections; camg.http_worker.bounded_protocol) and the helper's
+max_connections; camg.serving.http_worker.bounded_protocol) and the helper's
 metrics port (camg.metrics.ScrapeServer). Each must drop the slow peer in
 the documented time, keep answering everyone else, and stay healthy."""
 
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from camg.metrics import HelperMetrics, ScrapeServer
-from camg.service_config import Limits
+from camg.config.service_config import Limits
 from camg_client import Client
 from devtools.harness.auth import headers as auth_headers, session_token
 from devtools.harness.services import free_port

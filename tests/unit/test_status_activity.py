@@ -1,4 +1,4 @@
-"""camg status's episodes per minute and failure classes (camg.activity):
+"""camg status's episodes per minute and failure classes (camg.serving.activity):
 rates from the services' own /metrics counters between two samples, kept
 in a state file between runs; over a real camg.serve of the counter env."""
 
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from camg import activity, status
+from camg import status
+from camg.serving import activity
 from camg_client import Client
 from tests.support.services import ServiceProcess, configure_counter
 

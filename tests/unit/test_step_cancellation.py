@@ -3,7 +3,7 @@ server's grace, a closed MCP session, a shutdown) still completes: the
 environment's answer is counted and recorded, the episode stays busy until
 the environment returns, and a step that ends the episode still grades and
 writes its outcome record. The manager runs a step in the caller's own task
-(camg/episodes.py says why), so this is what keeps that safe."""
+(camg/episodes/manager.py says why), so this is what keeps that safe."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import threading
 
 import pytest
 
-from camg import http_wire as wire
+from camg.web import http_wire as wire
 from camg.environment import Step, Task
-from camg.episodes import EpisodeManager
+from camg.episodes.manager import EpisodeManager
 from camg.errors import EpisodeBusy
-from camg.outcomes import OutcomeLog
-from camg.service_config import Limits
+from camg.episodes.outcomes import OutcomeLog
+from camg.config.service_config import Limits
 from tests.support.polling import until
 
 

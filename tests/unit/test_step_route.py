@@ -1,4 +1,4 @@
-"""The step route answered ahead of falcon (camg/step_route.py) against
+"""The step route answered ahead of falcon (camg/web/step_route.py) against
 falcon's own answer of the same request, side by side.
 
 A trailing slash sends a step to falcon's ``app.EpisodeStep`` (the app

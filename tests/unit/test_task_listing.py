@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from falcon import testing
 
-from camg import action_tools, serve, service_config as cfg, task_manifest as manifest
-from camg.app import create_app
+from camg import serve
+from camg.config import service_config as cfg, task_manifest as manifest
+from camg.web import action_tools
+from camg.web.app import create_app
 from camg.configure import configure
 from camg_client import Client
 from tests.support.services import (COUNTER_FACTORY, clean_git_tree, counter_tasks,
@@ -184,7 +186,7 @@ def test_schema_describes_the_route(shop):
 def test_a_bad_task_fact_stops_the_service_at_build(tmp_path):
     from camg.environment import Task
     from camg.errors import ConfigError
-    from camg.task_listing import TaskListing
+    from camg.web.task_listing import TaskListing
     from devtools.harness.counter_env import CounterEnvironment
 
     class Odd(CounterEnvironment):

@@ -57,7 +57,7 @@ def shell(command):
 
 
 def test_software_child_continues_the_parents_episode(code_world):
-    from camg.guard_verdict import GUARD_DIR
+    from camg.grading.guard_verdict import GUARD_DIR
     from mimoagent.transport.verifier_guard import GuardConfig
 
     base, cwd = code_world

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from camg import errors
-from camg.judge import Judge, JudgeConfig
+from camg.grading.judge import Judge, JudgeConfig
 from environments.visual import addressing, delivery
 from tools.judge_stub import FakeJudge, Reply, responder
 

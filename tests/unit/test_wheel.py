@@ -53,7 +53,7 @@ def test_the_product_ships(wheel_names):
     names = set(wheel_names)
     for module in ("camg/serve.py", "camg/unit_files.py", "helper/main.py", "helper/sbxinit.c",
                    "camg_client/client.py", "tools/oci/layout.py", "tools/judge_stub.py",
-                   "tools/demo_data.py", "camg/guard/camg_guard.py"):
+                   "tools/demo_data.py", "camg/grading/guard/camg_guard.py"):
         assert module in names, module
     for name, plugin in plugins.all_plugins().items():
         for spec in (plugin.factory, plugin.settings, plugin.prepare, plugin.demo_prepare):

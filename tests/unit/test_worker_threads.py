@@ -1,4 +1,4 @@
-"""camg/worker_threads.py: the episode manager's blocking calls keep the
+"""camg/episodes/worker_threads.py: the episode manager's blocking calls keep the
 executor's semantics (bound, deadline, errors, shutdown) at a cheaper hop."""
 
 import asyncio
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from camg.errors import DeadlineExceeded, InfraFailure
-from camg.worker_threads import WorkerThreads
+from camg.episodes.worker_threads import WorkerThreads
 
 
 def run(coro):

@@ -64,7 +64,7 @@ from pathlib import Path
 
 from camg import typed
 from camg.errors import ConfigError, DatasetError
-from camg.hashing import sha256_file, sha256_json
+from camg.config.hashing import sha256_file, sha256_json
 from tools.oci import layout
 from tools.oci.apply import extract_tree
 

@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from camg import progress
+from camg.config import progress
 from camg.errors import DatasetError
 from tools.oci.apply import ApplyOptions, LayerStats, apply_layer
 from tools.oci.digest import HashingReader, hex_of

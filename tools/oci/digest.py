@@ -7,7 +7,7 @@ import os
 from typing import BinaryIO
 
 # The services check digests too (camg.oci.images); OCI code spells them the same way.
-from camg.hashing import check_digest, sha256_bytes  # noqa: F401
+from camg.config.hashing import check_digest, sha256_bytes  # noqa: F401
 
 _CHUNK = 1 << 20
 

@@ -205,7 +205,7 @@ def _created(body: dict, group: int | None) -> dict | list[dict]:
     return body if group is None else list(body["group"])
 
 
-# The most a service lets a create wait in its line (camg.http_wire.WAIT_MAX_S;
+# The most a service lets a create wait in its line (camg.web.http_wire.WAIT_MAX_S;
 # the client does not import the services).
 _WAIT_MAX_S = 600.0
 

@@ -1,5 +1,5 @@
 """A model's tool call back to the action it stands for: the pure half of
-camg/action_tools.py, here so a trainer (``--policy openai``, the framework
+camg/web/action_tools.py, here so a trainer (``--policy openai``, the framework
 adapters) maps calls exactly as the service does without its library.
 
 ``/schema`` publishes each action as an OpenAI function tool ("tools") beside
@@ -11,7 +11,7 @@ itself, unless the schema names its tools in ``"x-camg-tools"`` (Shop: one
 string whose forms ``search[…]``/``click[…]`` are the tools, each taking
 the text in its brackets; see ``forms``).
 ``ToolCalls(schema_body).action(name, arguments)`` is the inverse;
-the service (camg/action_tools.py) adds the action schema's own check on
+the service (camg/web/action_tools.py) adds the action schema's own check on
 top, and ``POST /step`` checks again, so nothing here needs a validator.
 
 Standard library only: the client core imports no third-party package.

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("run as root (helper, grader uid)")
-    from camg import task_manifest as manifest
+    from camg.config import task_manifest as manifest
     from camg.environment import ServiceContext
     from environments.autoresearch import grader as grader_mod
     from environments.autoresearch import runstate

@@ -540,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--grader-user", default="camg-grader")
     args = ap.parse_args(argv)
 
-    from camg import task_manifest
+    from camg.config import task_manifest
     from camg.environment import ServiceContext
     from environments.autoresearch import runstate
     from environments.autoresearch.environment import ResearchEnvironment

@@ -21,7 +21,7 @@ AR_PRIVATE = Path("/var/lib/camg-grader/answers")
 
 
 def _tree_key(*paths: Path) -> str:
-    from camg.hashing import sha256_json
+    from camg.config.hashing import sha256_json
 
     return sha256_json([[str(p), p.read_text()] for p in paths]).split(":", 1)[1][:16]
 

@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from camg.config.hashing import sha256_json
 from camg.errors import DatasetError
-from camg.hashing import sha256_json
 from camg.oci.images import ImageSpec, MaterializedImage
 from tools import oci_demo as base_demo
 from tools.loopback_registry import LocalRegistry

@@ -30,8 +30,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+from camg.config.hashing import sha256_file, sha256_json
 from camg.errors import CamgError, DatasetError
-from camg.hashing import sha256_file, sha256_json
 from camg.oci.images import MaterializedImage
 from environments.coding import images as images_mod
 from environments.coding import profiles

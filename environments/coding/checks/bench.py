@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.environment import ServiceContext
 from camg.helper_client import HelperClient
 from devtools.harness.helpers import start_private

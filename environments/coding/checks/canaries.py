@@ -773,7 +773,7 @@ def view_leaks(episode) -> list:
 # technique below tries (found from outside, through the service, as an agent
 # would); every one must end 0.0 -- plain, or "obstructed" when the episode's
 # control on fresh sandboxes proved the failure the submission's
-# (camg.null_proof, CodingEpisode.control) -- alone and next to the gold fix,
+# (camg.episodes.null_proof, CodingEpisode.control) -- alone and next to the gold fix,
 # never null (tests/privileged/test_coding_integrity_sandboxes.py). ``edit``
 # changes the workspace, so it reaches the grader sandbox through the diff and
 # runs there as the test uid; ``commands`` are shell actions the agent runs

@@ -24,7 +24,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-from camg import progress
+from camg.config import progress
 from camg.errors import DatasetError
 from environments.coding.demo import bugs
 from environments.coding.profiles import DEMO_OWNER, parse_pytest_verbose

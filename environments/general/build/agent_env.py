@@ -7,7 +7,7 @@ package the tool bridge's child and the tool servers use (the in-container
 transport itself is stdlib alone: mimoagent.transport.wsserver), openpyxl for the rule
 verifier, and the project's own ``mimoagent`` runtime, installed as a copy
 (not editable: the container has no view of the source tree), and camg's
-test guard (camg/guard/camg_guard.py, the pytest plugin Coding's grader
+test guard (camg/grading/guard/camg_guard.py, the pytest plugin Coding's grader
 loads too) in ``camg-guard/``, which the software verifier puts first on the
 test command's path (mimoagent.transport.verifier_guard). Versions are
 constrained by ``requirements.lock`` so the container runs what the suite
@@ -28,9 +28,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from camg import guard_verdict
+from camg.config.hashing import sha256_file, sha256_json
 from camg.errors import DatasetError
-from camg.hashing import sha256_file, sha256_json
+from camg.grading import guard_verdict
 
 REPO = Path(__file__).resolve().parents[3]
 RUNTIME = REPO / "third_party" / "mimo_runtime" / "mimoagent"

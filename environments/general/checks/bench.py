@@ -173,7 +173,7 @@ def bench_service(service, task_id: str, n: int, interval: float, steps: int) ->
     return {
         "reset": summary(resets),
         "step": summary(step_times) if step_times else None,
-        # the environment's metadata is merged under "hashes" (camg/service.py)
+        # the environment's metadata is merged under "hashes" (camg/serving/service.py)
         "pool": meta.get("pool") or (meta.get("hashes") or {}).get("pool"),
     }
 

@@ -8,7 +8,7 @@ played as a real agent would: shell actions in the task's container, then
 ``finish``. They are Coding's suite (environments/coding/checks/canaries.py, every
 technique: the files it writes are replayed into the General workspace) and
 in-package report rewriting written so that no added line holds a literal
-camg/tamper_rules.py looks for (names built from pieces, importlib, gc
+camg/grading/tamper_rules.py looks for (names built from pieces, importlib, gc
 walking, a rot13 payload, an exit at interpreter shutdown). Every technique
 is played alone and next to the gold fix (must earn 0.0 either way); the
 gold fix alone must earn 1.0. The table is devtools/canary_table.py's; the exit

@@ -15,7 +15,7 @@ Each is played alone, where it must earn 0.0, and next to the task's
 reference (the gold patch; the reference actions and answer), where it must
 earn the honest grade or 0.0 (``obstructed``): a reward the reference's work
 earns is not a win, a null is. NEVER null: a null the service could not
-disprove with its control (camg.null_proof) fails the suite whatever the
+disprove with its control (camg.episodes.null_proof) fails the suite whatever the
 table says (devtools.canary_table counts a null as no win, so the check is
 here). Exit status non-zero on any win or null.
 """

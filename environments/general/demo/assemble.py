@@ -22,7 +22,7 @@ import json
 import shutil
 from pathlib import Path
 
-from camg.host_private import private_dir
+from camg.config.host_private import private_dir
 from environments.general.demo import agent_tasks, code_tasks, images
 from tools import oci_demo
 

@@ -220,7 +220,7 @@ def container_leaks(containers, container_id: str, task_dir: Path) -> list:
     """The leak check (environments.coding.leaks) in a General code-task container
     after reset, as the agent: every artefact of the fixed sources it can
     read (bytecode, copies, archives, git objects). ``containers`` is a
-    camg.containers.ContainerClient of the container's owner."""
+    camg.sandboxes.containers.ContainerClient of the container's owner."""
     from environments.coding import leaks
 
     instance = json.loads((task_dir / "instance.json").read_text())

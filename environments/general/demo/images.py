@@ -23,8 +23,8 @@ import os
 import shutil
 from pathlib import Path
 
+from camg.config.hashing import sha256_json, sha256_tree
 from camg.errors import DatasetError
-from camg.hashing import sha256_json, sha256_tree
 from tools import oci_demo
 from tools.oci import layout
 

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from camg.environment import ServiceContext
 from devtools.harness import shop as testing
 from environments.shop.environment import ShopEnvironment

@@ -54,7 +54,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from camg import task_manifest as manifest
+from camg.config import task_manifest as manifest
 from devtools.harness import shop as testing
 from devtools.harness.auth import deployment_auth
 from environments.shop import catalog, search, store

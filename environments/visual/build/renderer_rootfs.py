@@ -35,8 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from camg.config.hashing import sha256_json
 from camg.errors import DatasetError
-from camg.hashing import sha256_json
 from tools.oci_demo import locked
 
 SUITE = "bookworm"

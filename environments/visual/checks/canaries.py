@@ -9,7 +9,7 @@ evidence), a real renderer sandbox (``render.Renderer``: headless Chromium,
 loopback only), the integrity verdict, the episode's control when the render
 fails (control.py: the fixed control page in the same renderer image on a
 fresh sandbox; it renders, so the canary is ``obstructed`` at 0.0), and the
-judge's two calls (judging.judge_page through camg.judge's client, against
+judge's two calls (judging.judge_page through camg.grading.judge's client, against
 tools/judge_stub.py on loopback). Every trick page is the base page plus a
 trick that would add a large coloured block only if it reached something it
 must not: its ``allowed`` is the base page's score, so any leak scores above
@@ -362,14 +362,14 @@ def docker_tar(entries) -> bytes:
 
 
 class Judging:
-    """The judge of the canaries: camg.judge's client (the episode's) against
+    """The judge of the canaries: camg.grading.judge's client (the episode's) against
     tools/judge_stub.py on loopback, which answers the address question as a
     model reads it and scores screenshots credulously: given the text a
     canary draws into its screenshot (``showing``), it gives 1.0 everywhere,
     as a vision model that obeys such text would; else pixel statistics."""
 
     def __init__(self) -> None:
-        from camg.judge import Judge, JudgeConfig
+        from camg.grading.judge import Judge, JudgeConfig
         from tools.judge_stub import FakeJudge
 
         self.showing: str | None = None

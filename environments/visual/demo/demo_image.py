@@ -18,8 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
+from camg.config.hashing import sha256_json
 from camg.errors import DatasetError
-from camg.hashing import sha256_json
 from tools import oci_demo
 from tools.oci import layout
 

@@ -24,7 +24,7 @@ it starts (after the agent's last action, as root):
    text file, written to ``/logs/verifier/changes.json`` for the General
    service to screen for runner tampering (environments/general/integrity.py).
 5. **The test runner reports to a guard of ours** (``arm``/``seal``): the
-   test command gets camg's pytest guard (camg/guard/camg_guard.py, the one
+   test command gets camg's pytest guard (camg/grading/guard/camg_guard.py, the one
    Coding's grader runs; a root-owned copy in the read-only agent
    environment) loaded first with plugin autoloading off, keys made for
    this grade alone and a channel in the grade's root-owned directory.
@@ -37,7 +37,7 @@ it starts (after the agent's last action, as root):
    After the run every process of the agent uid is killed again and the
    channel, the keys, the exit status and the log go to
    ``/logs/verifier/guard.json`` (root only) for the service's cross-check
-   (camg.guard_verdict): what the tests really did decides, not what the
+   (camg.grading.guard_verdict): what the tests really did decides, not what the
    runner reported.
 """
 
