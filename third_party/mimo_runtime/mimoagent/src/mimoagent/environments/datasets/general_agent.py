@@ -48,6 +48,33 @@ def server_names(task_dir: Path) -> list[str]:
                   if not p.name.startswith("_") and p.name != "tools_test.py")
 
 
+
+#: how long a tool server has to list its tools at grading, and how much
+#: longer its second chance is
+LIST_TIMEOUT_S = 60.0
+SECOND_CHANCE = 2.0
+
+
+def servers_down(servers: list) -> str | None:
+    """Why a tool server does not answer at grading, or None when all do.
+
+    A server that gives no answer is asked once more, for longer, before the
+    episode is called ``mcp_backend_down``. Grading runs after the agent's
+    processes are gone, so a server the agent broke (its state corrupted,
+    its file replaced) fails again; one that a busy host slowed answers the
+    second time. Without the second chance an honest episode on an
+    overloaded host would be graded as an obstruction."""
+    for server in servers:
+        try:
+            mcp_bridge.list_tools(server, timeout=LIST_TIMEOUT_S)
+        except mcp_bridge.ToolServerDown:
+            try:
+                mcp_bridge.list_tools(server, timeout=LIST_TIMEOUT_S * SECOND_CHANCE)
+            except mcp_bridge.ToolServerDown as again:
+                return str(again)
+    return None
+
+
 class GeneralAgentEnvironment(DatasetEnvironment):
     REQUIRED_FIELDS = ("instance_id", "dataset_type", "docker_image", "env_task_dir", "cwd",
                        "problem_statement")
@@ -128,12 +155,10 @@ class GeneralAgentEnvironment(DatasetEnvironment):
         if not verify.is_file():
             return 0.0, "verifier materials missing", {
                 "error_category": TESTBED_CORRUPTED, "reward_error": "missing_run_verify"}
-        for name in server_names(self.task_dir):
-            try:
-                mcp_bridge.list_tools(self.server(name), timeout=60)
-            except mcp_bridge.ToolServerDown as exc:
-                return 0.0, str(exc), {"error_category": TESTBED_CORRUPTED,
-                                       "reward_error": "mcp_backend_down"}
+        down = servers_down([self.server(name) for name in server_names(self.task_dir)])
+        if down is not None:
+            return 0.0, down, {"error_category": TESTBED_CORRUPTED,
+                               "reward_error": "mcp_backend_down"}
         shutil.rmtree(self.verifier_out, ignore_errors=True)
         command = " ".join(shlex.quote(a) for a in (
             self.python, str(Path(verify_runner.__file__)), "--task-dir", str(self.task_dir),
