@@ -3,10 +3,10 @@
 # tier again on Python 3.12) as root on a Debian machine, installing what
 # it needs first. Fails on any failure, including a tier that ran no test.
 #
-# With no arguments the tiers run in lanes at once (the suite is mostly
-# waits on containers, sandboxes and nspawn guests, not CPU):
+# With no arguments the tiers run in lanes at once (docs/testing.md says
+# why three: on two cores the run is CPU-bound):
 #   lane0..N-1  packaging/split_tests.py deals every module of the system,
-#               privileged and unit tiers into $CAMG_TEST_LANES (default 5)
+#               privileged and unit tiers into $CAMG_TEST_LANES (default 3)
 #               lanes of about equal recorded time; the unit share of a
 #               lane runs in a PID namespace of its own
 #   py312       beside them at a lower CPU weight: the unit tier's light
@@ -118,7 +118,7 @@ py312_tier() {
 # recorded time (each tier's .durations.json); a lane runs its share of each
 # tier in turn, one pytest per tier. The unit share runs in a PID namespace
 # of its own under a reaping PID 1 (packaging/reaper.py says why).
-lanes=${CAMG_TEST_LANES:-5}
+lanes=${CAMG_TEST_LANES:-3}
 case $lanes in ''|*[!0-9]*|0) echo "run-tests.sh: CAMG_TEST_LANES must be a positive number" >&2; exit 2 ;; esac
 .venv/bin/python packaging/split_tests.py --lanes "$lanes" --plan >&2
 expected=()
