@@ -23,11 +23,9 @@ the inputs: run again with the same inputs, the set is kept as it is.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import sys
-import tarfile
 from pathlib import Path
 
 from camg.config.hashing import sha256_file, sha256_json
@@ -36,27 +34,7 @@ from camg.oci.images import MaterializedImage
 from environments.coding import images as images_mod
 from environments.coding import profiles
 from environments.coding.demo import bugs, demo_tasks
-
-BUILDER_UID = 2000  # the agent uid the sandbox runs the suite as
-
-
-def _tar(checkout: Path) -> bytes:
-    """The checkout without .git and bytecode, every entry owned by the agent uid."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for path in sorted(checkout.rglob("*")):
-            rel = path.relative_to(checkout)
-            if rel.parts[0] == ".git" or "__pycache__" in rel.parts:
-                continue
-            info = tar.gettarinfo(str(path), str(rel))
-            info.uid = info.gid = BUILDER_UID
-            info.uname = info.gname = ""
-            if info.isreg():
-                with open(path, "rb") as handle:
-                    tar.addfile(info, handle)
-            else:
-                tar.addfile(info)
-    return buffer.getvalue()
+from environments.coding.demo.sandbox_runner import AGENT_UID, tar_checkout
 
 
 def sandbox_runner(
@@ -80,10 +58,8 @@ def sandbox_runner(
             [str(rootfs)], memory_bytes=memory_bytes, cpu_quota=1.0, pids_max=512
         )
         try:
-            client.put_archive(sandbox, "/testbed", _tar(checkout), user="root")
-            owned = client.exec(
-                sandbox, f"chown -R {BUILDER_UID}:{BUILDER_UID} /testbed", user="root"
-            )
+            client.put_archive(sandbox, "/testbed", tar_checkout(checkout), user="root")
+            owned = client.exec(sandbox, f"chown -R {AGENT_UID}:{AGENT_UID} /testbed", user="root")
             if owned.exit_code != 0:
                 raise DatasetError(f"chown /testbed in the builder's sandbox: {owned.output}")
             result = client.exec(

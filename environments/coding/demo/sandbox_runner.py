@@ -16,8 +16,13 @@ from pathlib import Path
 from environments.coding.demo.demo_tasks import Runner
 from environments.coding.profiles import demo_profile, parse_pytest_verbose
 
+#: the agent uid the sandbox runs the suite as; it owns what the tar lays down
+AGENT_UID = 2000
 
-def _tar(checkout: Path) -> bytes:
+
+def tar_checkout(checkout: Path) -> bytes:
+    """A checkout's files (no .git, no bytecode caches) as a tar owned by
+    AGENT_UID, for a sandbox's /testbed."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for path in sorted(checkout.rglob("*")):
@@ -25,7 +30,7 @@ def _tar(checkout: Path) -> bytes:
             if rel.parts[0] == ".git" or "__pycache__" in rel.parts:
                 continue
             info = tar.gettarinfo(str(path), str(rel))
-            info.uid = info.gid = 2000
+            info.uid = info.gid = AGENT_UID
             info.uname = info.gname = ""
             if info.isreg():
                 with open(path, "rb") as handle:
@@ -48,7 +53,7 @@ def sandbox_runner(
             [str(rootfs)], memory_bytes=memory_bytes, cpu_quota=1.0, pids_max=512
         )
         try:
-            client.put_archive(sandbox, "/testbed", _tar(checkout), user="root")
+            client.put_archive(sandbox, "/testbed", tar_checkout(checkout), user="root")
             result = client.exec(
                 sandbox,
                 command,
