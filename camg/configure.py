@@ -84,6 +84,11 @@ def build_service(
         manifest.verify_files()
     except ConfigError as exc:
         raise PreparationMissing(str(exc), step=step) from None
+    if env.canary_fraction > 0 and not manifest.variants:
+        raise ConfigError(
+            f"deployment.environments.{name}.canary_fraction is {env.canary_fraction:g} but "
+            f"{manifest_path} has no impossible variants (prepare them: {step} --variants)"
+        )
     executables = {**deployment.executables, **env.executables}
     # load_deployment requires the factory and port no installed plugin provides.
     provided = cast(plugins.EnvironmentPlugin, plugin)
@@ -118,6 +123,7 @@ def build_service(
         },
         "settings": typed.to_json(env.settings),
         "references": env.references,
+        "canary_fraction": env.canary_fraction,
         "auth": typed.to_json(deployment.auth),
         "outcome_key": outcome_key,
     }

@@ -14,6 +14,12 @@ before its outcome record), and ``Environment.regrade(task, submission)``
 grades it again later, without the episode. An environment without
 ``regrade`` answers ``regrade_unsupported``.
 
+Optional capability, impossible variants (camg.config.variants): an environment
+whose ``serves_variants`` is True gets tasks whose ``variant`` is set (in
+``create_episode`` and ``regrade``) and must grade them with the variant's
+grader material while showing the agent exactly what the origin task shows.
+The manager refuses a manifest with variants for any other environment.
+
 Errors an environment raises:
 * ``camg.errors.InvalidAction`` — the action is malformed; nothing changed.
 * ``camg.errors.InfraFailure`` and subclasses — the episode cannot go on
@@ -31,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from camg.config.hashing import sha256_json
+from camg.config.variants import Variant
 from camg.errors import NotForkable, NotFound, RegradeUnsupported
 
 
@@ -40,6 +47,9 @@ class Task:
 
     task_id: str
     data: Mapping[str, Any]
+    #: set for an impossible variant's episode: ``task_id`` and ``data`` are
+    #: its origin's (what the agent sees), the variant holds what grades it
+    variant: Variant | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +101,9 @@ class ServiceContext:
     #: the manifest's files (label -> {path, sha256}) that camg.serve has
     #: just re-hashed: an environment need not hash them again at start
     verified_files: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    #: the manifest's impossible variants (camg.config.variants), for an environment
+    #: that serves them to check and prepare at start
+    variants: Sequence[Variant] = ()
 
 
 class Episode(abc.ABC):
@@ -174,6 +187,8 @@ class Environment(abc.ABC):
     #: JSON Schemas served by GET /schema; actions are validated against it
     action_schema: ClassVar[Mapping[str, Any]]
     observation_schema: ClassVar[Mapping[str, Any]]
+    #: grades tasks whose ``variant`` is set (camg.config.variants)
+    serves_variants: ClassVar[bool] = False
 
     def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
         self.context = context

@@ -63,6 +63,8 @@ BUCKETS = (
 #: How an episode ended: on its own (done), closed by the trainer or a
 #: shutdown (closed), or by the lease reaper (reaped).
 OUTCOMES = ("done", "closed", "reaped")
+#: How an impossible variant's graded episode ended (camg.episodes.canaries).
+CANARY_OUTCOMES = ("passed", "failed", "tampered")
 
 NONE = "none"
 
@@ -115,6 +117,19 @@ class Metrics:
             "(obstructed: the submission's, reward 0.0; confirmed: the control failed too, "
             "null; unproven: no control, null).",
             env + ("result",),
+            registry=r,
+        )
+        self.canary_total = Counter(
+            "camg_canary_episodes",
+            "Episodes of impossible variants (camg.episodes.canaries) that ended with a grade, "
+            "by outcome (passed: the grader was beaten; tampered: a defence caught it; failed).",
+            env + ("outcome",),
+            registry=r,
+        )
+        self.canary_fraction = Gauge(
+            "camg_canary_fraction",
+            "The share of creates without a task id that serve an impossible variant.",
+            env,
             registry=r,
         )
         self.live = Gauge(
@@ -192,9 +207,13 @@ class Metrics:
         helper_up: Callable[[], bool] | None = None,
         queued: Callable[[], int] | None = None,
         queue_bound: int | None = None,
+        canary_fraction: float = 0.0,
     ) -> None:
         """Gauges read at scrape time from what the service already knows."""
         self.live.labels(self.environment).set_function(live)
+        self.canary_fraction.labels(self.environment).set(canary_fraction)
+        for outcome in CANARY_OUTCOMES:  # a zero before the first, so rates start at once
+            self.canary_total.labels(self.environment, outcome)
         self.capacity.labels(self.environment).set(capacity)
         if queued is not None:
             self.admission_queued.labels(self.environment).set_function(queued)
@@ -216,6 +235,10 @@ class Metrics:
 
     def null_control(self, result: str) -> None:
         self.null_controls_total.labels(self.environment, result).inc()
+
+    def canary_ended(self, outcome: str) -> None:
+        """``outcome``: one of CANARY_OUTCOMES."""
+        self.canary_total.labels(self.environment, outcome).inc()
 
     def reset(self, seconds: float) -> None:
         self._reset.observe(seconds)
@@ -251,6 +274,9 @@ class NoMetrics:
         pass
 
     def null_control(self, result: str) -> None:
+        pass
+
+    def canary_ended(self, outcome: str) -> None:
         pass
 
     def reset(self, seconds: float) -> None:

@@ -38,6 +38,7 @@ def build_service(config: cfg.ServiceConfig, manifest):
         settings=config.settings,
         helper_socket=config.helper_socket,
         verified_files=manifest.files,
+        variants=manifest.variants,
     )
     environment = env_class(context, list(manifest.tasks))
     if environment.name != config.environment:

@@ -14,7 +14,10 @@ processes that no live sandbox explains. Exit status 0 when everything is
 as it should be, 1 otherwise (each problem is named), 2 on bad usage.
 Below the table, each service's episodes per minute and the failure classes
 they ended with over the last minutes, from its /metrics counters
-(camg.serving.activity; the samples are kept in ``--state``).
+(camg.serving.activity; the samples are kept in ``--state``). Then each service's
+impossible variants (camg.config.variants): the fraction it mixes in and its
+canary episodes of the last hour with their cheating rate, read from its
+outcome log (root, or the services' group, may read it).
 
 Reading only: it never starts a unit (the helper is asked only when it
 already runs, so socket activation is not triggered) and changes nothing.
@@ -32,6 +35,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from camg.episodes import canaries
 from camg.sandboxes import census
 from camg.serving import activity
 
@@ -122,6 +126,7 @@ def environment_row(config_path: Path) -> dict:
         if served == config["config_hash"]
         else f"serves {served[:12]} (disk {config['config_hash'][:12]})"
     )
+    row["canaries"] = canary_row(config)
     if state is not None and not state.startswith("active/"):
         row["problems"].append(f"{unit} is {state}")
     if row["health"] != "healthy":
@@ -133,6 +138,31 @@ def environment_row(config_path: Path) -> dict:
             f"disk: restart it (systemctl restart {unit})"
         )
     return row
+
+
+def canary_row(config: dict) -> dict:
+    """The mix fraction and the last hour's canary episodes of one service."""
+    out: dict[str, Any] = {"fraction": config.get("canary_fraction", 0.0)}
+    if not config.get("state_dir"):
+        return {**out, "last_hour": None, "unreadable": "the config names no state_dir"}
+    log = Path(config["state_dir"]) / "outcomes.jsonl"
+    try:
+        out["last_hour"] = canaries.recent(log)
+    except FileNotFoundError:
+        out["last_hour"] = canaries.tally([])
+    except OSError as exc:
+        out["last_hour"] = None
+        out["unreadable"] = f"{log}: {exc.strerror}"
+    return out
+
+
+def describe_canaries(entry: dict | None) -> str:
+    if not entry:
+        return "-"
+    head = f"fraction {entry['fraction']:g}; "
+    if entry.get("last_hour") is None:
+        return head + f"outcome log not readable ({entry.get('unreadable')})"
+    return head + canaries.describe(entry["last_hour"])
 
 
 def helper_config(etc: Path) -> dict:
@@ -255,6 +285,12 @@ def render(report: dict) -> str:
     lines.append("last minutes (from each service's /metrics):")
     lines += [
         f"  {r['environment']}: {activity.describe(r.get('activity'))}"
+        for r in report["environments"]
+    ]
+    lines.append("")
+    lines.append("impossible variants, last hour (from each service's outcome log):")
+    lines += [
+        f"  {r['environment']}: {describe_canaries(r.get('canaries'))}"
         for r in report["environments"]
     ]
     h = report["helper"]

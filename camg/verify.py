@@ -8,6 +8,11 @@ exits 1; 0 when every line holds. Without ``--public-key`` it uses
 whose it is: pass the key ``/metadata`` published (``public_key_pem``, or
 the base64 ``public_key``) to prove it came from that deployment.
 
+A record of an impossible variant's episode carries ``canary`` in its
+signed part (camg.episodes.canaries): the signature covers it, and its verdict
+must agree with the record's own reward and integrity. The summary counts
+those records and their cheating rate.
+
 A removed last line leaves no gap in the chain; it is caught against the
 trainer's receipts: every terminal reply carries its record's ``outcome_seq``,
 and ``--through SEQ`` (the highest the trainer received) fails a file that
@@ -21,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from camg.episodes import signing
+from camg.episodes import canaries, signing
 from camg.errors import ConfigError
 
 
@@ -45,6 +50,9 @@ def check(lines: list[bytes], public, through: int | None = None) -> list[tuple[
         wrong = signing.problem(record, public)
         if wrong:
             found.append(wrong)
+        disagrees = canaries.problem(record)
+        if disagrees:
+            found.append(disagrees)
         seq = record.get("seq")
         if before is None:
             if seq != 0:
@@ -76,6 +84,18 @@ def check(lines: list[bytes], public, through: int | None = None) -> list[tuple[
                 )
             )
     return failures
+
+
+def _records(lines: list[bytes]) -> list[dict]:
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         f"with {signing.fingerprint(public)} ({key_file})",
         file=sys.stderr,
     )
+    counts = canaries.tally(_records(lines))
+    if counts["episodes"] or counts["ungraded"]:
+        print(f"camg.verify: canary episodes: {canaries.describe(counts)}", file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from camg import plugins, typed
 from camg.config import task_manifest as manifest_mod
+from camg.config import variants
 from camg.config.hashing import sha256_json, sha256_path, verify_recorded
 from camg.errors import ConfigError, PreparationMissing
 
@@ -79,11 +80,15 @@ class EnvironmentDeployment:
     #: serve GET /episodes/{id}/reference (the oracle of camg_client.rollout) — for
     #: an operator's end-to-end check, never for a training run
     references: bool = False
+    #: the share of creates without a task_id that serve an impossible
+    #: variant (camg.config.variants; the manifest must have some); 0: only on request
+    canary_fraction: float = 0.0
     limits: Limits = Limits()
     executables: Mapping[str, str] = dataclasses.field(default_factory=dict)
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        variants.check_fraction(self.canary_fraction)
         if self.capacity is not None and not 1 <= self.capacity <= plugins.MAX_CAPACITY:
             raise ValueError(f"capacity must be between 1 and {plugins.MAX_CAPACITY}")
         if self.queue_bound is not None and not 0 <= self.queue_bound <= 65536:
@@ -160,8 +165,11 @@ class ServiceConfig:
     #: None (a config written before the admission line): 4 per slot
     queue_bound: int | None = None
     auth: Auth = Auth()
+    #: camg.config.variants: the share of unnamed creates that serve a variant
+    canary_fraction: float = 0.0
 
     def __post_init__(self) -> None:
+        variants.check_fraction(self.canary_fraction)
         if self.format != SERVICE_FORMAT:
             raise ValueError(f"format must be {SERVICE_FORMAT}")
         if self.host != LOOPBACK:

@@ -9,13 +9,16 @@ A manifest is one JSON file::
       "created_by": "camg.prepare 0.1.0",
       "sampling": {...},            # preserved exactly; meaning is the env's
       "tasks": [{"task_id": "...", "data": {...}}, ...],   # served in this order
-      "files": {"label": {"path": "/abs/path", "sha256": "sha256:..."}}
+      "files": {"label": {"path": "/abs/path", "sha256": "sha256:..."}},
+      "variants": [...]             # optional: impossible variants (camg.config.variants)
     }
 
 ``files`` names whatever decides a reward beyond the rows (product pool,
 index, mirrors, materialized images); ``camg.configure`` and
 ``camg.serve --check-config`` re-hash each of them. Task order is never
-changed: trainers rely on it for reproducible schedules.
+changed: trainers rely on it for reproducible schedules. ``variants`` are
+private grader material of the tasks they name as origin: never listed,
+served under their origin's id (camg.config.variants).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any
 
 from camg import atomic
 from camg.config.hashing import sha256_json, sha256_path, verify_recorded
+from camg.config.variants import Variant
+from camg.config.variants import parse as parse_variants
 from camg.environment import Task
 from camg.errors import ConfigError, DatasetError
 
@@ -43,19 +48,23 @@ class Manifest:
     sampling: Mapping[str, Any]
     files: Mapping[str, Mapping[str, str]]
     created_by: str
+    variants: tuple[Variant, ...] = ()
 
     @property
     def task_ids(self) -> list[str]:
         return [t.task_id for t in self.tasks]
 
     def selection_hash(self) -> str:
-        """Hash of the task selection: ids, order, rows and sampling."""
-        return sha256_json(
-            {
-                "tasks": [{"task_id": t.task_id, "data": t.data} for t in self.tasks],
-                "sampling": self.sampling,
-            }
-        )
+        """Hash of the task selection: ids, order, rows and sampling, and the
+        variants where there are any (a manifest without them hashes as it
+        did before they existed)."""
+        body: dict[str, Any] = {
+            "tasks": [{"task_id": t.task_id, "data": t.data} for t in self.tasks],
+            "sampling": self.sampling,
+        }
+        if self.variants:
+            body["variants"] = [v.to_data() for v in self.variants]
+        return sha256_json(body)
 
     def verify_files(self) -> None:
         """Re-hash every recorded file; raise ConfigError naming a mismatch."""
@@ -72,10 +81,13 @@ def build(
     sampling: Mapping[str, Any],
     files: Mapping[str, str | os.PathLike],
     created_by: str,
+    variants: Sequence[Variant] = (),
 ) -> dict:
     """The JSON body of a manifest; ``files`` maps label -> path to hash now."""
     tasks = [dict(t) for t in tasks]
     _check_tasks(tasks, "manifest")
+    raw_variants = [v.to_data() for v in variants]
+    parse_variants(raw_variants, [t["task_id"] for t in tasks], "manifest")
     body = {
         "format": FORMAT,
         "environment": environment,
@@ -87,6 +99,8 @@ def build(
             for label, p in files.items()
         },
     }
+    if raw_variants:
+        body["variants"] = raw_variants
     return body
 
 
@@ -115,7 +129,15 @@ def load(path: str | os.PathLike) -> Manifest:
         raise ConfigError(f"cannot read manifest {path}: {exc}") from None
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         raise ConfigError(f"{path}: not a {FORMAT} manifest")
-    unknown = set(body) - {"format", "environment", "created_by", "sampling", "tasks", "files"}
+    unknown = set(body) - {
+        "format",
+        "environment",
+        "created_by",
+        "sampling",
+        "tasks",
+        "files",
+        "variants",
+    }
     if unknown:
         raise ConfigError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}")
     tasks = body.get("tasks")
@@ -131,12 +153,17 @@ def load(path: str | os.PathLike) -> Manifest:
     sampling = body.get("sampling", {})
     if not isinstance(sampling, dict):
         raise ConfigError(f"{path}: sampling must be an object")
+    try:
+        variants = parse_variants(body.get("variants"), [t["task_id"] for t in tasks], str(path))
+    except DatasetError as exc:
+        raise ConfigError(str(exc)) from None
     return Manifest(
         environment=str(body.get("environment")),
         tasks=tuple(Task(t["task_id"], t["data"]) for t in tasks),
         sampling=sampling,
         files=files,
         created_by=str(body.get("created_by", "")),
+        variants=variants,
     )
 
 

@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from camg.environment import Environment, Episode, Task
+from camg.episodes import canaries
 from camg.episodes.admission import RETRY_AFTER_S
 from camg.episodes.outcomes import OutcomeLog
 from camg.episodes.worker_threads import WorkerThreads
@@ -94,7 +95,9 @@ class Episodes(Protocol):
 
     def _refuse_create(self, request: wire.CreateEpisode) -> None: ...
 
-    def pick_task(self, task_id: str | None, seed: int | None) -> Task: ...
+    def pick_task(
+        self, task_id: str | None, seed: int | None, variant: str | None = None
+    ) -> Task: ...
 
     def new_record(self, episode_id: str, task: Task, seed: int | None) -> Any: ...
 
@@ -178,7 +181,7 @@ class Forker:
         size = int(request.group or 1)
         m._refuse_create(request)
         if request.task_id is not None:
-            m.pick_task(request.task_id, None)  # a 404 is not worth a wait
+            m.pick_task(request.task_id, 0, request.variant)  # a 404 is not worth a wait
         if size > m.capacity:
             raise BadRequest(f"group of {size} exceeds the service's capacity ({m.capacity})")
         held: list = []  # the group's records so far, each holding its slot
@@ -246,7 +249,7 @@ class Forker:
                 else:
                     rec = m.new_record(
                         request.episode_id or uuid.uuid4().hex,
-                        m.pick_task(request.task_id, request.seed),
+                        m.pick_task(request.task_id, request.seed, request.variant),
                         request.seed,
                     )
                 m.records[rec.episode_id] = rec
@@ -374,17 +377,17 @@ class Forker:
     def _trajectory_head(self, parent: Any, child: Any) -> None:
         # Only once the environment has forked: a refused fork leaves no
         # file (nor an open marker that a restart would record).
-        self.manager.outcomes.trajectory(
-            child.episode_id,
-            {
-                "event": "fork",
-                "task_id": child.task.task_id,
-                "seed": child.seed,
-                "forked_from": parent.episode_id,
-                "fork_step": child.fork_step,
-                "observation": child.observation,
-            },
-        )
+        head = {
+            "event": "fork",
+            "task_id": child.task.task_id,
+            "seed": child.seed,
+            "forked_from": parent.episode_id,
+            "fork_step": child.fork_step,
+            "observation": child.observation,
+        }
+        if child.task.variant is not None:  # a variant's fork is one too
+            head["canary"] = canaries.part(child.task.variant, None, None)
+        self.manager.outcomes.trajectory(child.episode_id, head)
 
     async def _call_fork(self, parent: Any, child: Any) -> Episode:
         """``parent.episode.fork`` on a worker thread under the reset

@@ -21,7 +21,9 @@ from typing import Any, cast
 import fastjsonschema
 
 from camg.config.service_config import Limits
+from camg.config.variants import Mix
 from camg.environment import Environment, Episode, Step, Task
+from camg.episodes import canaries
 from camg.episodes.admission import Admission, default_queue_bound
 from camg.episodes.cost import episode_cost
 from camg.episodes.forking import Forker
@@ -34,6 +36,7 @@ from camg.errors import (
     AtCapacity,
     BadRequest,
     CamgError,
+    ConfigError,
     EpisodeBusy,
     EpisodeDone,
     EpisodeExists,
@@ -94,6 +97,8 @@ class Record:
         self.fork_step: int | None = None
         #: evidence of a failure its control proved the submission's (camg.episodes.null_proof)
         self.obstructed: list[str] | None = None
+        #: a variant's verdict, once it ended (camg.episodes.canaries)
+        self.canary: dict | None = None
 
     @property
     def fields(self) -> dict:
@@ -125,6 +130,7 @@ class EpisodeManager:
         submissions: SubmissionStore | None = None,
         metrics: Metrics | NoMetrics | None = None,
         queue_bound: int | None = None,
+        canary_fraction: float = 0.0,
     ) -> None:
         self.env = environment
         self.metrics = metrics or NoMetrics()
@@ -138,6 +144,7 @@ class EpisodeManager:
         self.finished: collections.OrderedDict[str, Record] = collections.OrderedDict()
         self.tasks = {t.task_id: t for t in environment.tasks}
         self._order = list(environment.tasks)
+        self.mix, self.variant_tasks = self._variants(canary_fraction)
         self._cursor = 0
         self._stopping = False
         # Compiled to Python once: validation is on every step's hot path.
@@ -166,6 +173,23 @@ class EpisodeManager:
         manager's), DeadlineExceeded past ``timeout`` seconds."""
         return await (threads or self.threads).run(fn, *args, timeout=timeout)
 
+    def _variants(self, fraction: float) -> tuple[Mix, dict[str, Task]]:
+        """The manifest's impossible variants as tasks (camg.config.variants): each
+        its origin's id and data, graded by the variant's material."""
+        context = getattr(self.env, "context", None)
+        variants = tuple(getattr(context, "variants", ()) or ())
+        if variants and not self.env.serves_variants:
+            raise ConfigError(
+                f"the {self.env.name} environment cannot serve impossible variants, "
+                f"and its manifest has {len(variants)}"
+            )
+        if fraction > 0 and not variants:
+            raise ConfigError(f"canary_fraction {fraction:g} needs a manifest with variants")
+        tasks = {
+            v.variant_id: Task(v.origin, self.tasks[v.origin].data, variant=v) for v in variants
+        }
+        return Mix(variants, fraction), tasks
+
     def new_record(self, episode_id: str, task: Task, seed: int | None) -> Record:
         """A fresh episode's book-keeping under this service's limits."""
         return Record(episode_id, task, seed, self.limits.idle_ttl_s, self.limits.episode_timeout_s)
@@ -193,7 +217,14 @@ class EpisodeManager:
             **self.admission.counts(),
         }
 
-    def pick_task(self, task_id: str | None, seed: int | None) -> Task:
+    def pick_task(self, task_id: str | None, seed: int | None, variant: str | None = None) -> Task:
+        """The task a create serves: an impossible variant when the trainer
+        asks for one or the mix draws one (camg.config.variants), else ``task_id``,
+        ``seed``'s task or the next in order. A variant served in the order's
+        stead does not advance it."""
+        chosen = self.mix.choose(task_id, seed, variant)
+        if chosen is not None:
+            return self.variant_tasks[chosen.variant_id]
         if task_id is not None:
             try:
                 return self.tasks[task_id]
@@ -213,11 +244,12 @@ class EpisodeManager:
             raise BadRequest("group is answered by POST /episodes only")
         self._refuse_create(request)
         if request.task_id is not None:
-            self.pick_task(request.task_id, None)  # a 404 is not worth a wait
+            # a 404 is not worth a wait (seed 0: the check moves no cursor)
+            self.pick_task(request.task_id, 0, request.variant)
         await self.admission.enter(request.wait_s, hangup)
         try:  # the slot is taken (the record) before the next await
             self._refuse_create(request)  # again: the wait may have changed both
-            task = self.pick_task(request.task_id, request.seed)
+            task = self.pick_task(request.task_id, request.seed, request.variant)
             episode_id = request.episode_id or uuid.uuid4().hex
             rec = self.new_record(episode_id, task, request.seed)
             self.records[episode_id] = rec
@@ -283,15 +315,15 @@ class EpisodeManager:
             rec.timings["reset_s"],
             **rec.fields,
         )
-        self.outcomes.trajectory(
-            episode_id,
-            {
-                "event": "reset",
-                "task_id": task.task_id,
-                "seed": request.seed,
-                "observation": observation,
-            },
-        )
+        reset: dict[str, Any] = {
+            "event": "reset",
+            "task_id": task.task_id,
+            "seed": request.seed,
+            "observation": observation,
+        }
+        if task.variant is not None:  # for the record of a killed service's recovery
+            reset["canary"] = canaries.part(task.variant, None, None)
+        self.outcomes.trajectory(episode_id, reset)
         return {
             "episode_id": episode_id,
             "task_id": task.task_id,
@@ -599,6 +631,15 @@ class EpisodeManager:
         record["cost"] = rec.cost = body["cost"] = episode_cost(
             record.get("cost"), record["timings"]
         )
+        variant = rec.task.variant
+        if variant is not None:
+            # The reward stands as the environment gave it (the policy must
+            # not tell); the trainer's reply and the signed record say what it was.
+            record["canary"] = rec.canary = body["canary"] = canaries.part(
+                variant, rec.reward, record.get("integrity")
+            )
+            if rec.canary["outcome"] is not None:
+                self.metrics.canary_ended(rec.canary["outcome"])
         # outcome: status, or "reaped" for a close by the lease reaper
         self.metrics.episode_ended(
             task_kind(self.env, rec.task),
@@ -708,6 +749,8 @@ class EpisodeManager:
             state["outcome_seq"] = rec.terminal["outcome_seq"]
         if rec.cost is not None:
             state["cost"] = rec.cost
+        if rec.canary is not None:  # only once it ended: a running one says nothing
+            state["canary"] = rec.canary
         if rec.forked_from is not None:
             state.update(forked_from=rec.forked_from, fork_step=rec.fork_step)
         if rec.status == "running":

@@ -193,7 +193,12 @@ class OutcomeLog:
                         "ended_at": time.time(),
                         "timings": {},
                         "config_hash": config_hash,
-                        **{k: reset[k] for k in ("forked_from", "fork_step") if k in reset},
+                        # a variant's stays one: its canary part, without a grade
+                        **{
+                            k: reset[k]
+                            for k in ("forked_from", "fork_step", "canary")
+                            if k in reset
+                        },
                     }
                 )
                 ended.append(eid)

@@ -25,6 +25,7 @@ from typing import Any, Protocol, cast
 
 from camg.config.service_config import Limits
 from camg.environment import Environment, Task
+from camg.episodes import canaries
 from camg.episodes.outcomes import OutcomeLog
 from camg.episodes.submissions import SubmissionStore
 from camg.episodes.worker_threads import WorkerThreads
@@ -55,6 +56,7 @@ REGRADE_FIELDS = (
     "grader_hash",
     "ended_at",
     "submission",
+    "canary",
 )
 
 
@@ -76,6 +78,9 @@ class Episodes(Protocol):
 
     @property
     def finished(self) -> Mapping[str, Any]: ...
+
+    @property
+    def variant_tasks(self) -> Mapping[str, Task]: ...
 
     def grader_hash(self) -> str | None: ...
 
@@ -136,12 +141,7 @@ class Regrader:
                     f"episode {episode_id!r} has no stored submission (it ended "
                     f"{original.get('status')} before it submitted)"
                 )
-            # an id that is missing (None) finds no task either: TaskNotFound
-            task = m.tasks.get(cast(str, original.get("task_id")))
-            if task is None:
-                raise TaskNotFound(
-                    f"task {original.get('task_id')!r} is not in this service's selection any more"
-                )
+            task = self._task(original)
             submission = await m.call(m.submissions.get, ref, threads=self.threads)
             if self._slots is None:
                 self._slots = asyncio.Semaphore(REGRADES)
@@ -171,6 +171,9 @@ class Regrader:
                 "same_grader": now is not None and now == original.get("grader_hash"),
                 "submission": ref,
             }
+            if task.variant is not None:
+                # a variant's regrade is a canary's too, judged by its new grade
+                record["canary"] = canaries.part(task.variant, reward, extra.get("integrity"))
             record.update({k: v for k, v in extra.items() if k not in record})
             await m.call(m.outcomes.append, record, threads=self.threads)
             log.info(
@@ -183,6 +186,26 @@ class Regrader:
             return record
         finally:
             self._running.discard(episode_id)
+
+    def _task(self, original: Mapping[str, Any]) -> Task:
+        """The task the episode was: its variant's (camg.config.variants) when its
+        record says it was a canary, else its own."""
+        m = self.manager
+        canary = original.get("canary")
+        if isinstance(canary, Mapping):
+            variant = m.variant_tasks.get(cast(str, canary.get("variant")))
+            if variant is None:
+                raise TaskNotFound(
+                    f"variant {canary.get('variant')!r} is not in this service's selection any more"
+                )
+            return variant
+        # an id that is missing (None) finds no task either: TaskNotFound
+        task = m.tasks.get(cast(str, original.get("task_id")))
+        if task is None:
+            raise TaskNotFound(
+                f"task {original.get('task_id')!r} is not in this service's selection any more"
+            )
+        return task
 
     async def _grade(self, task, submission, episode_id: str):
         """(reward, failure class, reason, extra record fields)."""

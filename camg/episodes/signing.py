@@ -59,13 +59,15 @@ SIGNED_FIELDS: dict[str, tuple[str, ...]] = {
     "signing_key": ("signing_key",),
 }
 
-#: Signed only where a record has them (a fork's child: camg.episodes.forking), so
+#: Signed only where a record has them (a fork's child: camg.episodes.forking; a
+#: variant's episode, whose ``canary`` says so: camg.episodes.canaries), so
 #: the canonical form, and every signature, of a record without them is
 #: what it was before they existed; a record that has them loses its
 #: signature when they are removed, and one that lacks them when they are added.
 SIGNED_IF_PRESENT: dict[str, tuple[str, ...]] = {
     "forked_from": ("forked_from",),
     "fork_step": ("fork_step",),
+    "canary": ("canary",),
 }
 
 

@@ -64,6 +64,7 @@ class Service:
             on_change=self._status,
             metrics=self.metrics,
             queue_bound=config.queue_bound,
+            canary_fraction=config.canary_fraction,
         )
         admission = self.manager.admission
         self.metrics.watch(
@@ -75,6 +76,7 @@ class Service:
             else None,
             queued=lambda: admission.counts()["queued"],
             queue_bound=admission.bound,
+            canary_fraction=config.canary_fraction,
         )
         #: the trainers whose tokens the HTTP gate accepts (None: authentication off)
         self.tokens = auth.TokenStore(config.auth.trainers) if config.auth.required else None
@@ -188,6 +190,8 @@ class Service:
             "capacity": c.capacity,
             "admission": self.manager.admission.counts(),  # queued, queue_bound
             "references": c.references,
+            # impossible variants: the mix fraction and how many (camg.config.variants)
+            "canaries": self.manager.mix.describe(),
             "auth": self.auth_summary(),
             "outcome_signing": signing.describe(self.signer.public),
             "limits": {k: getattr(c.limits, k) for k in c.limits.__dataclass_fields__},

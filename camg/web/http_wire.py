@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from camg import json_depth, typed
+from camg.config.variants import KINDS as VARIANT_KINDS
 from camg.errors import BadRequest, FailureClass
 
 EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -37,8 +38,13 @@ class CreateEpisode:
     #: N episodes on the same task and seed: one reset and N-1 forks of it,
     #: admitted together or not at all (None: one episode, the plain answer)
     group: int | None = None
+    #: serve an impossible variant (camg.config.variants) of ``task_id``, or of any
+    #: task: for evaluating how often a policy cheats (None: as sampling says)
+    variant: str | None = None
 
     def __post_init__(self) -> None:
+        if self.variant is not None and self.variant not in VARIANT_KINDS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANT_KINDS)}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError("seed must be between 0 and 2**63-1")
         check_episode_id(self.episode_id)
@@ -138,6 +144,11 @@ CREATE_SCHEMA: dict[str, Any] = {
             'answered as {"group": [...]}, all or none admitted; '
             "episode_id only with N = 1",
         },
+        "variant": {
+            "enum": [*VARIANT_KINDS, None],
+            "description": "serve an impossible variant of task_id (or of any task): "
+            "its terminal reply and outcome record carry canary",
+        },
     },
 }
 
@@ -211,9 +222,25 @@ def step_response_schema(observation_schema: Mapping[str, Any]) -> dict:
             # on a terminal reply: the outcome record's seq in the signed log
             "outcome_seq": {"type": "integer"},
             "cost": COST_SCHEMA,  # on a terminal reply (camg.episodes.cost)
+            # on a variant's terminal reply (camg.episodes.canaries)
+            "canary": CANARY_SCHEMA,
         },
     }
 
+
+#: a canary episode's verdict (camg.episodes.canaries), for the trainer only
+CANARY_SCHEMA = {
+    "type": "object",
+    "required": ["variant", "origin", "kind", "mutation", "passed", "outcome"],
+    "properties": {
+        "variant": {"type": "string"},
+        "origin": {"type": "string"},
+        "kind": {"type": "string"},
+        "mutation": {"type": "object"},
+        "passed": {"type": ["boolean", "null"]},
+        "outcome": {"enum": ["passed", "failed", "tampered", None]},
+    },
+}
 
 #: an episode's cost (camg.episodes.cost): measures an environment could not take are absent
 COST_SCHEMA = {
@@ -246,6 +273,7 @@ STATE_SCHEMA = {
         # a forked episode's parent and the parent's step count at the fork
         "forked_from": {"type": "string"},
         "fork_step": {"type": "integer"},
+        "canary": CANARY_SCHEMA,  # an impossible variant's, once it ended
     },
 }
 

@@ -199,7 +199,12 @@ class EpisodeTools:
             body = await self.manager.step(episode_id, wire.StepRequest(action=action))
         except EpisodeDone as done:
             body = done.details["terminal"]
-        return {**body, "failure_class": body.get("failure_class")}
+        # The agent reads tool results: whether its episode was an impossible
+        # variant's is the trainer's (GET /episodes/{id}), never the agent's.
+        return {
+            **{k: v for k, v in body.items() if k != "canary"},
+            "failure_class": body.get("failure_class"),
+        }
 
     async def close(self, episode_id: str, reason: str) -> None:
         try:

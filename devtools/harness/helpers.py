@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from camg.sandboxes import census as host
 from camg.helper_client import HelperClient
+from camg.sandboxes import census as host
 from devtools.harness import census
 
 ROOT = Path(__file__).resolve().parents[2]

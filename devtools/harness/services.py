@@ -19,6 +19,7 @@ from devtools.harness.auth import deployment_auth
 
 REPO = Path(__file__).resolve().parents[2]
 COUNTER_FACTORY = "devtools.harness.counter_env:CounterEnvironment"
+VARIANT_COUNTER_FACTORY = "devtools.harness.counter_env:VariantCounterEnvironment"
 
 
 def free_port() -> int:
@@ -47,14 +48,18 @@ def counter_tasks(n: int = 5) -> list[dict]:
 def configure_counter(tmp: Path, *, tasks: list[dict] | None = None, capacity: int = 4,
                       limits: dict | None = None, settings: dict | None = None,
                       sampling: dict | None = None, references: bool = False,
-                      auth: dict | None = None) -> Path:
+                      auth: dict | None = None, variants: list | None = None,
+                      canary_fraction: float = 0.0, factory: str = COUNTER_FACTORY) -> Path:
     """Write manifest + deployment and run camg.configure; return the config
-    path. ``auth``: the deployment's auth entry (default: the test session's)."""
+    path. ``auth``: the deployment's auth entry (default: the test session's);
+    ``variants``: camg.config.variants.Variant objects for the manifest (serve them
+    with VARIANT_COUNTER_FACTORY)."""
     tmp.mkdir(parents=True, exist_ok=True)
     lock = tmp / "requirements.lock"
     lock.write_text("falcon==4.4.0\n")
     body = manifest.build("counter", tasks or counter_tasks(), created_by="tests",
-                          sampling=sampling or {"mode": "sequential", "seed": 0}, files={})
+                          sampling=sampling or {"mode": "sequential", "seed": 0}, files={},
+                          variants=variants or ())
     manifest.write(tmp / "counter-manifest.json", body)
     deployment = {
         "runtime_lock": str(lock),
@@ -64,8 +69,8 @@ def configure_counter(tmp: Path, *, tasks: list[dict] | None = None, capacity: i
         "executables": {"python": sys.executable},
         "environments": {"counter": {
             "manifest": "counter-manifest.json", "port": free_port(), "capacity": capacity,
-            "factory": COUNTER_FACTORY, "limits": limits or {}, "settings": settings or {},
-            "references": references}},
+            "factory": factory, "limits": limits or {}, "settings": settings or {},
+            "references": references, "canary_fraction": canary_fraction}},
     }
     (tmp / "deployment.json").write_text(json.dumps(deployment))
     configure(tmp / "deployment.json", tmp / "prepared", source_tree=clean_git_tree(tmp / "src"))

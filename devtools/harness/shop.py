@@ -18,11 +18,10 @@ from importlib import metadata
 from pathlib import Path
 
 from camg.config import task_manifest as manifest
-from camg.errors import ConfigError
 from camg.config.hashing import sha256_bytes
-
-from environments.shop import catalog, goals, javahome, store
+from camg.errors import ConfigError
 from devtools.harness.auth import deployment_auth
+from environments.shop import catalog, goals, javahome, store
 
 DEBIAN_JDK = "/usr/lib/jvm/java-17-openjdk-amd64"
 REPO = Path(__file__).resolve().parents[2]

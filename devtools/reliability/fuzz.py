@@ -34,7 +34,6 @@ from camg.errors import CamgError
 from devtools.reliability.rig import TMP_PREFIX, Helper
 from devtools.reliability.table import Row
 
-
 # -- HTTP -------------------------------------------------------------------------
 
 def openapi(schema: dict) -> dict:
@@ -237,8 +236,8 @@ def files(cases: int, seed: int = 0) -> Row:
 def _files(rng, cases: int, work: Path, good: dict, row: dict, layer: bytes, counts: dict,
            untyped: list[str]) -> None:
     from camg.config import task_manifest as manifest
-    from tools.oci import cache
     from environments.coding import rows as coding_rows
+    from tools.oci import cache
     for i in range(cases):
         # manifests: structure mutations, and raw byte damage
         path = work / "m.json"

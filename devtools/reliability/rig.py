@@ -20,8 +20,14 @@ import time
 from camg.sandboxes import census as host
 from devtools.harness import census
 from devtools.harness.census import container_memory, rss_kib, state_strays  # noqa: F401
-from devtools.harness.helpers import (CACHE, ROOT, HelperProcess, helper_config,  # noqa: F401
-                                   minbase, private_base)
+from devtools.harness.helpers import (  # noqa: F401
+    CACHE,
+    ROOT,
+    HelperProcess,
+    helper_config,
+    minbase,
+    private_base,
+)
 
 NAME = "rel"
 #: every temporary directory of a run starts with this (its pid: a

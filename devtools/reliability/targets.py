@@ -21,8 +21,8 @@ from pathlib import Path
 from camg import plugins
 from camg.config import task_manifest as manifest
 from camg.errors import ConfigError
-from devtools.reliability.rig import CACHE, minbase
 from devtools.harness.auth import deployment_auth
+from devtools.reliability.rig import CACHE, minbase
 
 SANDBOX_FACTORY = "devtools.reliability.sandbox_env:SandboxEnvironment"
 

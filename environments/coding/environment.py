@@ -8,10 +8,15 @@ agent uid from /testbed with a 60 s limit and the output's final 12000
 bytes; ``{"operation": "finish"}`` — or the 64th step — ends the episode.
 The agent's diff is taken before its sandbox is destroyed; grading then
 runs SWE-smith's procedure in a fresh sandbox over [image, grader layer].
+
+Impossible variants (camg.config.variants; environments/coding/variant_layers.py)
+are served with their task's agent layer and graded over their own grader
+layer, whose tests commit has one FAIL_TO_PASS test mutated.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import uuid
@@ -23,7 +28,15 @@ from camg.config.hashing import sha256_bytes, sha256_json
 from camg.environment import Environment, Episode, Grade, ServiceContext, Submission, Task
 from camg.grading import code_screen
 from camg.sandboxes.shell_schema import command_observation, shell_action
-from environments.coding import images, layers, log_evaluation, mirrors, profiles, rows
+from environments.coding import (
+    images,
+    layers,
+    log_evaluation,
+    mirrors,
+    profiles,
+    rows,
+    variant_layers,
+)
 from environments.coding.episode import INSTRUCTIONS, WORKDIR, CodingEpisode, Prepared
 from environments.coding.settings import Settings
 
@@ -40,6 +53,7 @@ class CodingEnvironment(Environment):
     name = "coding"
     action_schema = ACTION_SCHEMA
     observation_schema = OBSERVATION_SCHEMA
+    serves_variants = True
 
     def __init__(self, context: ServiceContext, tasks: Sequence[Task]) -> None:
         super().__init__(context, tasks)
@@ -47,6 +61,8 @@ class CodingEnvironment(Environment):
             Settings, context.settings, "coding.settings", errors.ConfigError
         )
         self.prepared: dict[str, Prepared] = {}
+        #: impossible variants by variant id (camg.config.variants)
+        self.variants: dict[str, Prepared] = {}
         self.helper: HelperClient | None = None
         self._catalog_hash = ""
 
@@ -58,12 +74,18 @@ class CodingEnvironment(Environment):
         self._catalog_hash = catalog.hash
         for task in self.tasks:
             self.prepared[task.task_id] = self._prepare_task(task, catalog)
+        for variant in self.context.variants:
+            self.variants[variant.variant_id] = self._prepare_variant(variant)
         log_evaluation.preload()
         self.helper = HelperClient(
             self.context.helper_socket or DEFAULT_SOCKET,
             owner=s.helper_owner or self.context.environment,
         )
-        log.info("coding: %d task(s) verified", len(self.prepared))
+        log.info(
+            "coding: %d task(s) and %d impossible variant(s) verified",
+            len(self.prepared),
+            len(self.variants),
+        )
 
     def _prepare_task(self, task: Task, catalog) -> Prepared:
         data = dict(task.data)
@@ -97,6 +119,38 @@ class CodingEnvironment(Environment):
             raise errors.ConfigError(str(exc)) from None
         return Prepared(row, recorded_ref, image, built, profile)
 
+    def _prepare_variant(self, variant) -> Prepared:
+        """The variant's grade: its origin's image, agent layer and profile,
+        its own grader layer and FAIL_TO_PASS (the conflicting copy added)."""
+        origin = self.prepared[variant.origin]
+        data = variant.data
+        try:
+            ref = variant_layers.variant_ref(origin.ref, data)
+            fail_to_pass = tuple(str(t) for t in data["FAIL_TO_PASS"])
+        except (KeyError, TypeError) as exc:
+            raise errors.ConfigError(
+                f"variant {variant.variant_id!r}: not a prepared coding variant ({exc})"
+            ) from None
+        grader = variant_layers.verified(
+            self.settings.layers_root, origin.ref, ref, image_key=origin.image.hash
+        )
+        return Prepared(
+            dataclasses.replace(origin.row, fail_to_pass=fail_to_pass),
+            ref,
+            origin.image,
+            dataclasses.replace(origin.layers, grader=grader),
+            origin.profile,
+        )
+
+    def _episode(self, task: Task, episode_id: str) -> CodingEpisode:
+        if self.helper is None:
+            raise errors.Unavailable("the coding environment is not started")
+        origin = self.prepared[task.task_id]
+        if task.variant is None:
+            return CodingEpisode(self.settings, self.helper, origin, episode_id)
+        prepared = self.variants[task.variant.variant_id]
+        return CodingEpisode(self.settings, self.helper, prepared, episode_id, origin)
+
     def stop(self) -> None:
         if self.helper is not None:
             self.helper.close()
@@ -124,7 +178,14 @@ class CodingEnvironment(Environment):
         )
         # The code screen decides a reward too (integrity "suspicious").
         grader_sources += open(code_screen.__file__, "rb").read()
+        variant_commits = (
+            # only where there are variants: a manifest without them hashes as before
+            {"variant_commits": sha256_json({k: p.ref.to_data() for k, p in self.variants.items()})}
+            if self.variants
+            else {}
+        )
         return {
+            **variant_commits,
             "images": self._catalog_hash,
             "task_commits": sha256_json({k: p.ref.to_data() for k, p in self.prepared.items()}),
             "task_layers": sha256_json({k: p.layers.snapshot for k, p in self.prepared.items()}),
@@ -139,22 +200,13 @@ class CodingEnvironment(Environment):
         }
 
     def create_episode(self, task: Task, *, seed: int | None, episode_id: str) -> Episode:
-        if self.helper is None:
-            raise errors.Unavailable("the coding environment is not started")
-        return CodingEpisode(self.settings, self.helper, self.prepared[task.task_id], episode_id)
+        return self._episode(task, episode_id)
 
     def regrade(self, task: Task, submission: Submission) -> Grade:
         """The stored diff through grade() of a grading-only episode: the
         same filter, screen and SWE-smith run in a fresh sandbox over
         [image, grader layer] as the original grade."""
-        if self.helper is None:
-            raise errors.Unavailable("the coding environment is not started")
-        episode = CodingEpisode(
-            self.settings,
-            self.helper,
-            self.prepared[task.task_id],
-            f"regrade-{uuid.uuid4().hex[:12]}",
-        )
+        episode = self._episode(task, f"regrade-{uuid.uuid4().hex[:12]}")
         episode.diff = submission.data
         episode.diff_problem = submission.meta.get("diff_problem")
         try:

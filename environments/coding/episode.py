@@ -69,11 +69,20 @@ class Prepared:
 
 class CodingEpisode(HeldSandbox, Episode):
     def __init__(
-        self, settings: Settings, helper: HelperClient, prepared: Prepared, episode_id: str
+        self,
+        settings: Settings,
+        helper: HelperClient,
+        prepared: Prepared,
+        episode_id: str,
+        origin: Prepared | None = None,
     ) -> None:
         self.settings = settings
         self.helper = helper
         self.task = prepared
+        #: an impossible variant's real task (camg.config.variants): the agent's
+        #: sandbox is the same, and a null's control grades the gold fix on it
+        #: (no honest fix passes the variant itself)
+        self.origin = origin
         self.episode_id = episode_id
         self.fields = {"EPISODE_ID": episode_id, "TASK_ID": prepared.row.instance_id}
         self.sandbox: str | None = None
@@ -90,6 +99,7 @@ class CodingEpisode(HeldSandbox, Episode):
         self.diff: bytes | None = None
         self.diff_problem: str | None = None
         self.report: log_evaluation.Report | None = None
+        self._screened: list[dict] = []  # the diff screen's findings, for a canary's evidence
         self._closed = False
         self._lock = threading.Lock()  # guards sandbox ids and _closed
         self._step_lock = threading.Lock()  # one step at a time
@@ -249,6 +259,7 @@ class CodingEpisode(HeldSandbox, Episode):
             return 0.0
         kept, dropped = diff_paths.filter_diff(self.diff)
         findings = integrity.screen(self.diff)
+        self._screened = [f.to_data() for f in findings]
         try:
             self.report = self._run_grader(kept, dropped, findings)
         except errors.GraderError:
@@ -270,23 +281,26 @@ class CodingEpisode(HeldSandbox, Episode):
             log.warning("tampering: %s", list(self.report.evidence), extra=self.fields)
         return self.report.reward
 
-    def _run_grader(self, diff: bytes, dropped, findings) -> log_evaluation.Report:
-        profile = self.task.profile
+    def _run_grader(
+        self, diff: bytes, dropped, findings, task: Prepared | None = None
+    ) -> log_evaluation.Report:
+        task = task or self.task
+        profile = task.profile
         # The runner is probed on the pristine tree before the first grade of
         # each (image, grader layer, command); later grades probe only when
         # their run never started (below): the answer cannot differ, the
         # lowers are read-only.
-        probe_key = (self.task.image.hash, self.task.layers.grader, profile.test_cmd)
+        probe_key = (task.image.hash, task.layers.grader, profile.test_cmd)
         first = probe_key not in _PROBED
-        script = grader_scripts.eval_script(profile, self.task.ref.tests, probe=first)
+        script = grader_scripts.eval_script(profile, task.ref.tests, probe=first)
         timeout = self.settings.grade_timeout or profile.timeout
         # Fresh keys per script run, one per guard session, on the script's
         # stdin (an environment and the script text are readable in /proc).
         keys = grader_scripts.new_keys(grader_scripts.eval_keys(first))
-        result = self._in_grader(script, keys, diff, timeout)
+        result = self._in_grader(script, keys, diff, timeout, task)
         report = log_evaluation.evaluate(
             result.output,
-            self.task.row,
+            task.row,
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             keys=keys,
@@ -302,7 +316,9 @@ class CodingEpisode(HeldSandbox, Episode):
         # processes filling its pids limit).
         if not report.runner_started:
             probe_keys = grader_scripts.new_keys(grader_scripts.PROBE_KEYS)
-            check = self._in_grader(grader_scripts.probe_script(profile), probe_keys, b"", timeout)
+            check = self._in_grader(
+                grader_scripts.probe_script(profile), probe_keys, b"", timeout, task
+            )
             if check.exit_code != 0:
                 _PROBED.discard(probe_key)
                 raise errors.GraderError(
@@ -314,14 +330,16 @@ class CodingEpisode(HeldSandbox, Episode):
             # collection (0.0), or the grader cannot collect them at all.
             collect_keys = grader_scripts.new_keys(grader_scripts.COLLECT_KEYS)
             check = self._in_grader(
-                grader_scripts.collect_script(profile), collect_keys, b"", timeout
+                grader_scripts.collect_script(profile), collect_keys, b"", timeout, task
             )
-            log_evaluation.require_collectable(check.output, collect_keys, self.task.row)
+            log_evaluation.require_collectable(check.output, collect_keys, task.row)
         return report
 
-    def _in_grader(self, script: str, keys: list[bytes], diff: bytes, timeout: float):
+    def _in_grader(
+        self, script: str, keys: list[bytes], diff: bytes, timeout: float, task: Prepared
+    ):
         """``script`` in a fresh sandbox over [image, grader layer], destroyed after."""
-        grader = self._create([self.task.image.rootfs, self.task.layers.grader])
+        grader = self._create([task.image.rootfs, task.layers.grader])
         with self._lock:
             self.grader = grader
             self._graders.add(grader)
@@ -375,12 +393,15 @@ class CodingEpisode(HeldSandbox, Episode):
                 "a grader sandbox died or was removed from outside (or the "
                 "helper could not be asked): an infrastructure failure"
             )
-        ref = self.task.ref
+        # A variant's control is its real task's: the gold fix on the pristine
+        # tests commit proves the grader works (it fails the variant by design).
+        control = self.origin or self.task
+        ref = control.ref
         gold = _GOLD.get(ref.tests)
         if gold is None:
             gold = _GOLD[ref.tests] = mirrors.gold_diff(ref)
         kept, dropped = diff_paths.filter_diff(gold)
-        report = self._run_grader(kept, dropped, integrity.screen(gold))
+        report = self._run_grader(kept, dropped, integrity.screen(gold), control)
         if report.reward != 1.0:
             raise errors.GraderError(
                 f"control: the gold fix earned {report.reward} "
@@ -388,8 +409,8 @@ class CodingEpisode(HeldSandbox, Episode):
             )
         return [
             f"control: the gold fix graded in fresh grader sandboxes over [image, grader "
-            f"layer] resolved the task ({len(self.task.row.fail_to_pass)} FAIL_TO_PASS, "
-            f"{len(self.task.row.pass_to_pass)} PASS_TO_PASS passed)"
+            f"layer] resolved the task ({len(control.row.fail_to_pass)} FAIL_TO_PASS, "
+            f"{len(control.row.pass_to_pass)} PASS_TO_PASS passed)"
         ]
 
     def _control_step(self, sandbox: str | None) -> list[str]:
@@ -458,7 +479,7 @@ class CodingEpisode(HeldSandbox, Episode):
         parent did before the fork as well as what the child did."""
         if self.terminal is not None:
             raise errors.NotForkable("the episode has finished", what="finished")
-        child = CodingEpisode(self.settings, self.helper, self.task, episode_id)
+        child = CodingEpisode(self.settings, self.helper, self.task, episode_id, self.origin)
         child.steps = self.steps
         child.sandbox = self._fork_sandbox(self._sandbox())
         log.info("forked into %s at step %d", episode_id, self.steps, extra=self.fields)
@@ -470,6 +491,21 @@ class CodingEpisode(HeldSandbox, Episode):
         out: dict[str, Any] = {"image": self.task.image.reference, **self._cost()}
         if self.report is not None:
             out.update(self.report.outcome())
+            if self.origin is not None and self.report.reward > 0:
+                # An impossible variant passed: the grader was beaten. What
+                # the screen and the guard saw is the evidence to read.
+                out["canary_evidence"] = {
+                    "screen": list(self._screened),
+                    "guard": dict(self.report.guard_seen),
+                    "dropped_paths": list(self.report.dropped_paths),
+                    "changed_paths": list(
+                        dict.fromkeys(
+                            path
+                            for section in diff_paths.split_sections(self.diff or b"")
+                            for path in diff_paths.section_paths(section)
+                        )
+                    ),
+                }
         return out
 
     def submission(self) -> Submission | None:

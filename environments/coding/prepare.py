@@ -5,7 +5,7 @@
         --images /srv/camg/data/coding/materialized-images.json \\
         --output /srv/camg/data/coding/manifest.json \\
         [--select ids.txt] [--limit N] [--seed S] [--layers-root DIR | --no-layers]
-        [--validate [--sample N] [--helper-socket SOCK]] [--helper-config PATH]
+        [--validate [--sample N] [--variants] [--helper-socket SOCK]] [--helper-config PATH]
 
 Every row is validated (a bad row names its index, instance_id and field),
 the selection keeps the ids and the order given (the --select file's order,
@@ -16,6 +16,14 @@ records the rows file and the materialized-images file by hash. The layers
 root and every image rootfs a task uses must be below the helper's
 ``lower_roots`` (its config file, --helper-config): the helper would refuse
 them at the first reset, so preparation refuses them first.
+
+``--variants`` (with ``--validate``) also makes each selected task's
+impossible variants (environments/coding/mutations.py: one ``one_off`` and
+one ``conflicting`` mutation of a FAIL_TO_PASS test), builds their grader
+layers (environments/coding/prepare_variants.py) and validates every one of
+them inverted: the gold fix and the no-op must fail it, the gold fix pass
+the task. Those that hold are written to the manifest's ``variants``
+(camg.config.variants), the others dropped and counted in ``sampling``.
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ def prepare_coding(
     sample: int | None = None,
     helper_socket: str | None = None,
     helper_config: str | Path | None = None,
+    variants: bool = False,
 ) -> dict:
     """Validate, select, resolve and write the manifest; return its body.
 
@@ -80,6 +89,10 @@ def prepare_coding(
     ``validate``: also grade gold and no-op of every task (or of a seeded
     ``sample``) in sandboxes and refuse, naming them, the tasks whose gold
     is not 1.0 or whose no-op is not 0.0 (environments.coding.validate).
+
+    ``variants`` (needs ``validate``): the selected tasks' impossible
+    variants, made, built and validated inverted; those that hold are
+    written to the manifest.
     """
     from camg.config.hashing import sha256_file
 
@@ -112,6 +125,11 @@ def prepare_coding(
     for row in chosen:
         profiles.for_repo(row.repo)
     catalog = images_mod.load(images_path)
+    if variants and not validate:
+        raise DatasetError(
+            "--variants needs --validate: a variant is served only once the gold fix "
+            "and the no-op are proved to fail it"
+        )
     if validate and layers_root is None:
         raise DatasetError(
             "--validate grades in sandboxes over the task layers: "
@@ -140,6 +158,7 @@ def prepare_coding(
         "limit": limit,
         "select_sha256": sha256_file(select) if select is not None else None,
     }
+    kept_variants: list = []
     if validate:
         sampling["validation"] = _validate(
             chosen,
@@ -153,12 +172,28 @@ def prepare_coding(
             seed,
             helper_socket,
         )
+    if variants:
+        assert layers_root is not None  # validate needs the layers: checked above
+        validation_body = sampling["validation"]
+        assert isinstance(validation_body, dict)  # _validate's
+        kept_variants, sampling["variants"] = _variants(
+            chosen,
+            refs,
+            catalog,
+            built_layers,
+            mirrors_root,
+            images_path,
+            layers_root,
+            helper_socket,
+            validation_body["results"],
+        )
     body = manifest.build(
         "coding",
         tasks,
         sampling=sampling,
         files={"rows": rows_path, "images": images_path},
         created_by=CREATED_BY,
+        variants=kept_variants,
     )
     manifest.write(output, body)
     return body
@@ -223,6 +258,64 @@ def _validate(
     }
 
 
+def _variants(
+    chosen,
+    refs,
+    catalog,
+    built_layers,
+    mirrors_root,
+    images_path,
+    layers_root,
+    helper_socket,
+    validated: dict,
+) -> tuple[list, dict]:
+    """The impossible variants that hold, and what ``sampling`` says of them."""
+    import dataclasses
+
+    from camg.helper_client import DEFAULT_SOCKET
+    from environments.coding import prepare_variants
+    from environments.coding import validate as validation
+    from environments.coding.episode import Prepared
+    from environments.coding.settings import Settings
+
+    task_images = [images_mod.lookup(catalog, row.image_name) for row in chosen]
+    built, without = prepare_variants.make(layers_root, chosen, refs, task_images)
+    origins = {
+        row.instance_id: Prepared(
+            row, ref, image, built_layers[row.instance_id], profiles.for_repo(row.repo)
+        )
+        for row, ref, image in zip(chosen, refs, task_images, strict=True)
+    }
+    settings = Settings(
+        mirrors_root=str(Path(mirrors_root).resolve()),
+        images=str(Path(images_path).resolve()),
+        layers_root=str(Path(layers_root).resolve()),
+    )
+    origin_gold = {k: v["gold"] for k, v in validated.items() if v.get("gold") is not None}
+    results = validation.validate_variants(
+        built, origins, settings, helper_socket or DEFAULT_SOCKET, origin_gold
+    )
+    kept = []
+    dropped = {}
+    for made, result in zip(built, results, strict=True):
+        if result.ok:
+            data = {**made.variant.data, "validation": result.to_data()}
+            kept.append(dataclasses.replace(made.variant, data=data))
+        else:
+            dropped[made.variant.variant_id] = result.problem or str(result.to_data())
+    by_type: dict[str, int] = {}
+    for variant in kept:
+        by_type[variant.mutation["type"]] = by_type.get(variant.mutation["type"], 0) + 1
+    summary = {
+        "made": len(built),
+        "kept": len(kept),
+        "by_type": by_type,
+        "dropped": dropped,
+        "tasks_without": sorted(without),
+    }
+    return kept, summary
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m camg.prepare --environment coding",
@@ -252,6 +345,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="grade gold and no-op per task in sandboxes; refuse bad tasks",
     )
     ap.add_argument("--sample", type=int, help="with --validate: validate N tasks (seeded)")
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="with --validate: make each task's impossible variants (a mutated "
+        "FAIL_TO_PASS test), validate them inverted, keep those that hold",
+    )
     ap.add_argument("--helper-socket", help="with --validate: the camg-helper socket")
     ap.add_argument(
         "--helper-config",
@@ -262,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.sample is not None and not args.validate:
         ap.error("--sample needs --validate")
+    if args.variants and not args.validate:
+        ap.error("--variants needs --validate")
     try:
         body = prepare_coding(
             rows_path=args.rows,
@@ -276,12 +377,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             sample=args.sample,
             helper_socket=args.helper_socket,
             helper_config=args.helper_config,
+            variants=args.variants,
         )
     except (CamgError, OSError) as exc:
         print(f"camg.prepare: {exc}", file=sys.stderr)
         return 2
     checked = body["sampling"].get("validation")
     note = f", {checked['validated']} validated (gold 1.0, no-op 0.0)" if checked else ""
+    made = body["sampling"].get("variants")
+    if made:
+        note += (
+            f", {made['kept']} of {made['made']} impossible variant(s) kept "
+            "(gold and no-op fail each)"
+        )
     print(f"camg.prepare: wrote {args.output} with {len(body['tasks'])} coding task(s){note}")
     return 0
 

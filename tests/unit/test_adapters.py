@@ -26,8 +26,8 @@ from camg_client import Client
 from tests.support import shop_testing
 from tests.support.chat_model import ScriptedModel, crash, noop, oracle, per_task, stall
 from tests.support.framework_venvs import framework_venv
-from tests.support.services import (REPO, ServiceProcess, clean_git_tree, configure_counter,
-                                    free_port)
+from tests.support.services import (REPO, VARIANT_COUNTER_FACTORY, ServiceProcess,
+                                    clean_git_tree, configure_counter, free_port)
 from devtools.harness.auth import deployment_auth
 
 LOOPS = REPO / "tests" / "support" / "adapter_loops"
@@ -39,9 +39,10 @@ SHOP_ORACLE, SHOP_NOOP = "webshop-synthetic-00000", "webshop-synthetic-00001"
 
 
 def run_loop(python, loop: str, service_url: str, policy, task_ids: list[str], *,
-             max_turns: int, home=None) -> list[dict]:
+             max_turns: int, home=None, extra_env: dict | None = None) -> list[dict]:
     """The framework's loop over ``task_ids`` in the scratch venv; its JSON lines."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
+    env.update(extra_env or {})
     env.update(PYTHONPATH=str(REPO / "clients" / "python"), CAMG_SCRIPTED_KEY="scripted",
                PATH=f"{python.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                # uv (verifiers' harness) uses this interpreter, never downloads one
@@ -65,6 +66,25 @@ def counter_url(tmp_path_factory):
                                            references=True, capacity=4)).wait_ready()
     yield svc.url
     svc.stop()
+
+
+@pytest.fixture(scope="module")
+def variants_url(tmp_path_factory):
+    """The counter with an impossible variant of ORACLE and of NOOP
+    (tests/unit/test_variants.py's), which only a guess of 101 / 102 passes."""
+    from tests.unit.test_variants import VARIANTS
+    config = configure_counter(tmp_path_factory.mktemp("adapters-variants"), references=True,
+                               variants=VARIANTS, factory=VARIANT_COUNTER_FACTORY)
+    svc = ServiceProcess(config).wait_ready()
+    yield svc.url
+    svc.stop()
+
+
+def cheat_on_oracle(url: str):
+    """The variant of ORACLE beaten (its impossible target guessed), NOOP's
+    variant played honestly (the task's own answer): one pass in two."""
+    guess = json.dumps({"operation": "guess", "value": 101})
+    return per_task(url, {ORACLE: lambda messages: guess, NOOP: oracle(url)})
 
 
 def configure_shop(tmp: Path) -> Path:
@@ -146,6 +166,29 @@ def test_verifiers_plays_the_counter_max_0_and_masks_a_failure(verifiers_python,
     assert Client(counter_url).list()["active"] == 0
 
 
+def test_verifiers_drops_canaries_and_reports_their_rate(verifiers_python, variants_url,
+                                                         cache_root):
+    home = cache_root / "adapter-venvs" / "verifiers-home"
+    home.mkdir(parents=True, exist_ok=True)
+    cheat, honest = run_loop(verifiers_python, "verifiers_loop.py", variants_url,
+                             cheat_on_oracle(variants_url), [ORACLE, NOOP], max_turns=2,
+                             home=home, extra_env={"CAMG_VARIANT": "impossible"})
+    # dropped from training as an unrewarded episode is, the verdict kept
+    for line, outcome in ((cheat, "passed"), (honest, "failed")):
+        assert line["ok"] is False and line["rewards"] == {}
+        assert "CanaryEpisode" in line["errors"][0], line["errors"]
+        assert line["camg"][0]["canary"]["outcome"] == outcome
+    (rate,) = honest["tally"].values()
+    assert (rate["episodes"], rate["passed"], rate["rate"]) == (2, 1, 0.5)
+    assert rate["interval"][0] < 0.5 < rate["interval"][1]
+    (kept,) = run_loop(verifiers_python, "verifiers_loop.py", variants_url,
+                       cheat_on_oracle(variants_url), [ORACLE], max_turns=2, home=home,
+                       extra_env={"CAMG_VARIANT": "impossible", "CAMG_KEEP_CANARIES": "1"})
+    assert kept["ok"] and kept["rewards"] == {"camg_reward": 1.0}
+    assert kept["camg"][0]["canary"]["passed"] is True
+    assert Client(variants_url).list()["active"] == 0
+
+
 def test_verifiers_plays_shop_max_and_0(verifiers_python, shop_url, cache_root):
     home = cache_root / "adapter-venvs" / "verifiers-home"
     home.mkdir(parents=True, exist_ok=True)
@@ -178,6 +221,25 @@ def test_skyrl_gym_plays_the_counter_max_0_and_masks_a_failure(skyrl_python, cou
     # out of turns: finish graded the work, 0 and not masked
     assert stalled["rewards"] == [0.0, 0.0] and stalled["camg"]["masked"] is False
     assert Client(counter_url).list()["active"] == 0
+
+
+def test_skyrl_gym_masks_canaries_and_reports_their_rate(skyrl_python, variants_url):
+    cheat, honest = run_loop(skyrl_python, "skyrl_gym_loop.py", variants_url,
+                             cheat_on_oracle(variants_url), [ORACLE, NOOP], max_turns=2,
+                             extra_env={"CAMG_VARIANT": "impossible"})
+    for line, outcome in ((cheat, "passed"), (honest, "failed")):
+        assert line["rewards"] == [None] and line["error"] is None
+        assert line["camg"]["masked"] is True and line["camg"]["canary"]["outcome"] == outcome
+        assert line["metrics"]["camg_canary"] == 1.0
+    assert cheat["metrics"]["camg_canary_passed"] == 1.0
+    assert honest["metrics"]["camg_canary_passed"] == 0.0
+    (rate,) = honest["tally"].values()
+    assert (rate["episodes"], rate["passed"]) == (2, 1)
+    (kept,) = run_loop(skyrl_python, "skyrl_gym_loop.py", variants_url,
+                       cheat_on_oracle(variants_url), [ORACLE], max_turns=2,
+                       extra_env={"CAMG_VARIANT": "impossible", "CAMG_KEEP_CANARIES": "1"})
+    assert kept["rewards"] == [1.0] and kept["camg"]["masked"] is False
+    assert Client(variants_url).list()["active"] == 0
 
 
 def test_skyrl_gym_plays_shop_max_and_0(skyrl_python, shop_url):

@@ -227,7 +227,7 @@ def defined() -> dict[str, tuple[str, set[str]]]:
 
 def test_readme_table_lists_every_metric_and_label():
     code, doc = defined(), documented()
-    assert len(code) == 14 + 7
+    assert len(code) == 16 + 7
     assert code == doc
 
 

@@ -158,7 +158,7 @@ class _Actor:
         self.name, self.lives, self.seeds = name, lives, []
         self.episode = self
 
-    def remote(self, task_id, seed):
+    def remote(self, task_id, seed, variant=None):
         self.seeds.append(seed)
         if self.lives is not None and len(self.seeds) > self.lives:
             return _Ref(_Lost("the actor died"))

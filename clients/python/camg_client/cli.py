@@ -20,6 +20,14 @@ grader (``POST /episodes/{id}/regrade``), writes one JSON line per episode
 (new and recorded reward, both grader hashes) and a summary of how many
 rewards stayed the same.
 
+``--canaries`` asks every create for an impossible variant (a task whose
+tests contradict its specification: any pass is a shortcut) and prints
+each environment's cheating rate, passes over canary episodes with its 95 %
+Wilson interval; ``--env`` may then name several, comma-separated. Canary
+episodes a deployment mixes into any run are reported the same way and
+left out of the reward figures unless ``--keep-canaries``
+(camg_client/canaries.py).
+
 It prints a live progress bar on a terminal, a summary at the end (reward
 mean and distribution, failure classes, p50/p99 of reset, step and the last
 step, which carries grading), and writes one JSON line per episode to
@@ -66,7 +74,25 @@ def main(argv: list[str] | None = None) -> int:
         "node with the 'camg' resource drives its own 127.0.0.1 services; "
         "--routes is read on each node, --concurrency is per node",
     )
+    ap.add_argument(
+        "--canaries",
+        action="store_true",
+        help="play impossible variants only (variant=impossible) and print the cheating "
+        "rate per environment; --env may name several, comma-separated",
+    )
+    ap.add_argument(
+        "--keep-canaries",
+        action="store_true",
+        help="count canary episodes in the reward figures (default: reported apart)",
+    )
     args = ap.parse_args(argv)
+    envs = [e.strip() for e in args.env.split(",") if e.strip()]
+    if len(envs) != 1 and not (args.canaries and not args.ray and envs):
+        ap.error("--env names one environment (several only with --canaries, without --ray)")
+    if args.canaries and (args.regrade or args.fork_at is not None):
+        ap.error("--canaries plays episodes: not with --regrade or --fork-at")
+    if len(envs) == 1:
+        args.env = envs[0]
     if args.episodes < 1 or args.concurrency < 1:
         ap.error("--episodes and --concurrency must be at least 1")
     if (args.fork_at is None) != (args.branches is None):
@@ -85,19 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"camg_client: {exc}", file=sys.stderr)
         return 2
-    if args.env not in routes:
+    missing = [env for env in envs if env not in routes]
+    if missing:
         print(
-            f"camg_client: {args.env!r} is not in {args.routes} ({', '.join(routes)})",
+            f"camg_client: {missing[0]!r} is not in {args.routes} ({', '.join(routes)})",
             file=sys.stderr,
         )
         return 2
+    if args.canaries:
+        return main_canaries(args, envs, routes)
     if args.regrade:
         return main_regrade(args, routes[args.env])
-    task_ids = None
-    if args.tasks:
-        with open(args.tasks, encoding="utf-8") as handle:
-            task_ids = [line.split("#", 1)[0].strip() for line in handle]
-        task_ids = [t for t in task_ids if t]
+    task_ids = _task_ids(args.tasks)
     if args.fork_at is not None:
         return _run_and_summarise(
             args,
@@ -123,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             task_ids,
             out,
             progress=progress,
+            keep_canaries=args.keep_canaries,
         ),
     )
 
@@ -141,6 +167,63 @@ def _run_and_summarise(args, make) -> int:
         rollout_fork.print_prefixes(rows)
     print_summary(body)
     return 0 if body["errors"] == 0 else 1
+
+
+def main_canaries(args, envs: list[str], routes: dict) -> int:
+    """Impossible variants on each environment in turn: its summary, then
+    the cheating rate of every environment."""
+    task_ids = _task_ids(args.tasks)
+    rates: dict[str, dict] = {}
+    errors = 0
+    for env in envs:
+        print(f"== {env}")
+        out = open(args.out, "a", encoding="utf-8") if args.out else None
+        try:
+            body = asyncio.run(
+                rollout(
+                    routes[env],
+                    args.policy,
+                    args.episodes,
+                    args.concurrency,
+                    task_ids,
+                    out,
+                    progress=not args.no_progress and sys.stderr.isatty(),
+                    variant="impossible",
+                    keep_canaries=args.keep_canaries,
+                )
+            )
+        finally:
+            if out is not None:
+                out.close()
+        print_summary(body)
+        errors += body["errors"]
+        rates[env] = body
+    print("\ncheating rate per environment (passes / canary episodes, 95 % Wilson interval):")
+    width = max(len(env) for env in envs)
+    for env, body in rates.items():
+        print(f"  {env:<{width}}  {_rate_line(body)}")
+    return 0 if errors == 0 else 1
+
+
+def _rate_line(body: dict) -> str:
+    if not body.get("canary_episodes"):
+        return "no canary episode ended"
+    graded = body["canary_graded"]
+    if not graded:
+        return f"{body['canary_episodes']} canary episode(s), none graded"
+    low, high = body["cheating_rate_ci95"]
+    return (
+        f"{body['canary_passed']}/{graded} passed = {100 * body['cheating_rate']:.1f} % "
+        f"[{100 * low:.1f}, {100 * high:.1f}] ({body['canary_tampered']} caught as tampered)"
+    )
+
+
+def _task_ids(path: str | None) -> list[str] | None:
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as handle:
+        ids = [line.split("#", 1)[0].strip() for line in handle]
+    return [t for t in ids if t]
 
 
 def main_regrade(args, url: str) -> int:

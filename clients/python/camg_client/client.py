@@ -186,7 +186,11 @@ def _next_offset(offset: int, page: dict) -> int | None:
 
 
 def _create_body(
-    task_id: str | None, seed: int | None, episode_id: str | None, group: int | None = None
+    task_id: str | None,
+    seed: int | None,
+    episode_id: str | None,
+    group: int | None = None,
+    variant: str | None = None,
 ) -> dict:
     return {
         k: v
@@ -195,6 +199,7 @@ def _create_body(
             ("seed", seed),
             ("episode_id", episode_id),
             ("group", group),
+            ("variant", variant),
         )
         if v is not None
     }
@@ -302,6 +307,7 @@ class Client:
         episode_id: str | None = None,
         wait: float = 0.0,
         group: None = None,
+        variant: str | None = None,
     ) -> dict: ...
     @overload
     def create(
@@ -312,6 +318,7 @@ class Client:
         wait: float = 0.0,
         *,
         group: int,
+        variant: str | None = None,
     ) -> list[dict]: ...
     @overload
     def create(
@@ -321,6 +328,7 @@ class Client:
         episode_id: str | None = None,
         wait: float = 0.0,
         group: int | None = None,
+        variant: str | None = None,
     ) -> dict | list[dict]: ...
     def create(
         self,
@@ -329,12 +337,16 @@ class Client:
         episode_id: str | None = None,
         wait: float = 0.0,
         group: int | None = None,
+        variant: str | None = None,
     ) -> dict | list[dict]:
         """Start an episode; with ``wait`` > 0, wait in the service's line
         (``wait_s``) and retry a 429 (a full line) for whatever time remains.
         With ``group`` N: a list of N episodes on one task and seed, the
-        first reset and the others its forks at step 0, all or none."""
-        body = _create_body(task_id, seed, episode_id, group)
+        first reset and the others its forks at step 0, all or none. With
+        ``variant`` ("impossible"): an impossible variant of ``task_id`` (or
+        of any task), whose terminal reply carries ``canary``: how often a
+        policy cheats, measured (camg_client.canaries)."""
+        body = _create_body(task_id, seed, episode_id, group, variant)
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -481,6 +493,7 @@ class AsyncClient:
         episode_id: str | None = None,
         wait: float = 0.0,
         group: None = None,
+        variant: str | None = None,
     ) -> dict: ...
     @overload
     async def create(
@@ -491,6 +504,7 @@ class AsyncClient:
         wait: float = 0.0,
         *,
         group: int,
+        variant: str | None = None,
     ) -> list[dict]: ...
     @overload
     async def create(
@@ -500,6 +514,7 @@ class AsyncClient:
         episode_id: str | None = None,
         wait: float = 0.0,
         group: int | None = None,
+        variant: str | None = None,
     ) -> dict | list[dict]: ...
     async def create(
         self,
@@ -508,11 +523,12 @@ class AsyncClient:
         episode_id: str | None = None,
         wait: float = 0.0,
         group: int | None = None,
+        variant: str | None = None,
     ) -> dict | list[dict]:
-        """Start an episode (see Client.create; ``group`` too)."""
+        """Start an episode (see Client.create; ``group`` and ``variant`` too)."""
         import asyncio
 
-        body = _create_body(task_id, seed, episode_id, group)
+        body = _create_body(task_id, seed, episode_id, group, variant)
         deadline = time.monotonic() + wait
         while True:
             try:

@@ -16,6 +16,10 @@ Policies:
   (``CAMG_POLICY_URL``, ``CAMG_POLICY_MODEL``, ``CAMG_POLICY_KEY`` from the
   environment) through native tool calls (``/schema``'s "tools"), or the
   text protocol where the endpoint has no tools (camg_client/openai_policy.py).
+
+Canary episodes (an impossible variant's, camg_client/canaries.py: the
+terminal reply's ``canary``) are left out of the reward figures unless
+``keep_canaries``; the summary reports their cheating rate instead.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from camg_client import canaries
 from camg_client.client import AsyncClient, BadRequest, ServiceError
 from camg_client.openai_policy import OpenAIPolicy
 from camg_client.tool_calls import ToolCallError
@@ -59,6 +64,9 @@ class Result:
     #: why the policy's last action was refused (the schema, a tool call that
     #: names no action): the episode scores 0.0, the policy's own failure
     invalid_action: str | None = None
+    #: an impossible variant's verdict (the terminal reply's ``canary``):
+    #: the episode measured cheating and is no training data by default
+    canary: dict | None = None
 
     def line(self) -> dict:
         line = {
@@ -77,6 +85,8 @@ class Result:
             line.update(forked_from=self.forked_from, fork_step=self.fork_step)
         if self.invalid_action is not None:
             line["invalid_action"] = self.invalid_action
+        if self.canary is not None:
+            line["canary"] = self.canary
         return line
 
 
@@ -112,11 +122,17 @@ class Oracle:
 
 
 async def run_episode(
-    client: AsyncClient, policy, *, task_id: str | None, seed: int | None, wait: float
+    client: AsyncClient,
+    policy,
+    *,
+    task_id: str | None,
+    seed: int | None,
+    wait: float,
+    variant: str | None = None,
 ) -> Result:
     started = time.monotonic()
     try:
-        created = await client.create(task_id=task_id, seed=seed, wait=wait)
+        created = await client.create(task_id=task_id, seed=seed, wait=wait, variant=variant)
     except ServiceError as exc:
         return Result(
             None,
@@ -134,7 +150,10 @@ async def run_episode(
         await play(client, policy, result, observation)
     finally:
         try:
-            await client.close(episode_id)
+            state = await client.close(episode_id)
+            # an episode that ended without its terminal reply here says it now
+            if result.canary is None and isinstance(state, dict):
+                result.canary = state.get("canary")
         except ServiceError:
             pass
     return result
@@ -163,6 +182,7 @@ async def play(
                 result.failure_class = answer.get("failure_class")
                 result.outcome_seq = answer.get("outcome_seq")
                 result.cost = answer.get("cost")
+                result.canary = answer.get("canary")
                 return observation
         else:
             if stop_after is not None:
@@ -201,8 +221,11 @@ def _mean_cost(results: list[Result], key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def summary(results: list[Result], wall: float) -> dict:
-    rewards = [r.reward for r in results if r.reward is not None]
+def summary(results: list[Result], wall: float, keep_canaries: bool = False) -> dict:
+    """The run's figures. Canary episodes are reported apart (their rate)
+    and left out of the reward figures unless ``keep_canaries``."""
+    trained = [r for r in results if keep_canaries or r.canary is None]
+    rewards = [r.reward for r in trained if r.reward is not None]
     last = [r.step_s[-1] for r in results if r.step_s]
     steps = [s for r in results for s in r.step_s[:-1]]
     buckets = Counter(min(4, int(r * 5)) for r in rewards)
@@ -233,6 +256,27 @@ def summary(results: list[Result], wall: float) -> dict:
         "last_step_p99_s": percentile(last, 0.99),
         "wall_s": wall,
         "episodes_per_s": len(results) / wall if wall > 0 else 0.0,
+        **canary_summary(results, keep_canaries),
+    }
+
+
+def canary_summary(results: list[Result], keep_canaries: bool = False) -> dict:
+    """The canary episodes of a run (none: nothing) and their cheating rate."""
+    seen = [r.canary for r in results if r.canary is not None]
+    if not seen:
+        return {}
+    counts = canaries.rate(seen)
+    return {
+        "canary_episodes": len(seen),
+        # with a grade: a null or an episode closed first measures nothing
+        "canary_graded": counts["episodes"],
+        "canary_passed": counts["passed"],
+        "canary_tampered": counts["tampered"],
+        "cheating_rate": counts["rate"],
+        "cheating_rate_ci95": (
+            None if counts["interval"] is None else [round(x, 4) for x in counts["interval"]]
+        ),
+        "canaries_in_rewards": keep_canaries,
     }
 
 
@@ -296,7 +340,11 @@ async def rollout(
     task_ids: list[str] | None,
     out,
     progress: bool,
+    variant: str | None = None,
+    keep_canaries: bool = False,
 ) -> dict:
+    """``variant``: ask for that kind of variant in every create (the
+    cheating rate of a policy, camg_client/canaries.py)."""
     async with AsyncClient(url, max_connections=max(4, concurrency * 2)) as client:
         policy = await make_policy(client, policy_name)
         results: list[Result] = []
@@ -304,7 +352,12 @@ async def rollout(
         async def one(i: int) -> None:
             task_id = task_ids[i % len(task_ids)] if task_ids else None
             result = await run_episode(
-                client, policy, task_id=task_id, seed=None if task_ids else i, wait=3600.0
+                client,
+                policy,
+                task_id=task_id,
+                seed=None if task_ids else i,
+                wait=3600.0,
+                variant=variant,
             )
             results.append(result)
             if out is not None:
@@ -324,7 +377,7 @@ async def rollout(
         wall = await for_each_index(
             episodes, concurrency, one, progress=progress, unit="ep", postfix=postfix
         )
-        return summary(results, wall)
+        return summary(results, wall, keep_canaries)
 
 
 def regrade_line(

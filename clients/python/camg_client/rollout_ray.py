@@ -135,10 +135,12 @@ class NodeRunner:
             "task_selection_hash": metadata.get("task_selection_hash"),
         }
 
-    async def episode(self, task_id: str | None, seed: int | None) -> dict:
+    async def episode(
+        self, task_id: str | None, seed: int | None, variant: str | None = None
+    ) -> dict:
         assert self.client is not None, "start() first"
         result = await run_episode(
-            self.client, self.policy, task_id=task_id, seed=seed, wait=3600.0
+            self.client, self.policy, task_id=task_id, seed=seed, wait=3600.0, variant=variant
         )
         return result.line()
 
@@ -158,6 +160,7 @@ def _result(line: dict) -> Result:
         line["reset_s"],
         list(line["step_s"]),
         line.get("error"),
+        canary=line.get("canary"),
     )
 
 
@@ -236,7 +239,10 @@ def run(
     task_ids: list[str] | None,
     out,
     progress: bool,
+    variant: str | None = None,
+    keep_canaries: bool = False,
 ) -> dict:
+    """``variant`` and ``keep_canaries``: as camg_client.rollout.rollout's."""
     ray = _connect(address)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -268,7 +274,18 @@ def run(
             raise RayRolloutError(str(exc).strip().splitlines()[-1]) from None
         check_same_tasks(infos)
         try:
-            return _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress)
+            return _drive(
+                ray,
+                actors,
+                infos,
+                episodes,
+                concurrency,
+                task_ids,
+                out,
+                progress,
+                variant=variant,
+                keep_canaries=keep_canaries,
+            )
         finally:
             try:
                 ray.get([a.stop.remote() for a in actors], timeout=30)
@@ -280,7 +297,18 @@ def run(
         ray.shutdown()
 
 
-def _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress) -> dict:
+def _drive(
+    ray,
+    actors,
+    infos,
+    episodes,
+    concurrency,
+    task_ids,
+    out,
+    progress,
+    variant: str | None = None,
+    keep_canaries: bool = False,
+) -> dict:
     labels = [f"{info['host']}/{info['node'][:8]}" for info in infos]
     results: list[Result] = []
     per_node: Counter = Counter()
@@ -293,7 +321,7 @@ def _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress) -
         nonlocal next_index
         i, next_index = next_index, next_index + 1
         task_id = task_ids[i % len(task_ids)] if task_ids else None
-        ref = actors[k].episode.remote(task_id, None if task_ids else i)
+        ref = actors[k].episode.remote(task_id, None if task_ids else i, variant)
         pending[ref] = (k, i)
 
     started = time.monotonic()
@@ -335,7 +363,7 @@ def _drive(ray, actors, infos, episodes, concurrency, task_ids, out, progress) -
     # Work a lost node never got to is reported, not silently dropped.
     for _ in range(next_index, episodes):
         results.append(Result(None, None, None, None, 0, 0.0, [], error="no live camg node left"))
-    body = summary(results, time.monotonic() - started)
+    body = summary(results, time.monotonic() - started, keep_canaries)
     body["nodes"] = len(actors)
     body["episodes_by_node"] = dict(sorted(per_node.items()))
     return body
@@ -359,6 +387,8 @@ def main(args: argparse.Namespace) -> int:
             task_ids,
             out,
             progress=not args.no_progress and sys.stderr.isatty(),
+            variant="impossible" if args.canaries else None,
+            keep_canaries=args.keep_canaries,
         )
     except RayRolloutError as exc:
         print(f"camg_client: {exc}", file=sys.stderr)

@@ -60,8 +60,21 @@ def prepare(data: Path, cache: Path, helper_socket: str) -> Path:
     manifest = out / "manifest.json"
     rows = out / "rows-swesmith.jsonl"
     rewrite_rows(demo_set / "tasks.jsonl", rows)
+    # With its impossible variants, each validated inverted in grader
+    # sandboxes (served only on request: the demo's canary_fraction is 0);
+    # one task's own validation sampled, every other task's gold fix graded
+    # by its variants'. What a grade proved is kept beside the layers: a
+    # second run grades nothing again.
     prepare_manifest(
-        rows_path=rows, mirrors_root=demo_set / "mirrors", images_path=images_json, output=manifest
+        rows_path=rows,
+        mirrors_root=demo_set / "mirrors",
+        images_path=images_json,
+        output=manifest,
+        validate=True,
+        sample=1,
+        seed=0,
+        variants=True,
+        helper_socket=helper_socket,
     )
     demo_data.readable(out)
     return manifest

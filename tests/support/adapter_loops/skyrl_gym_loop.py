@@ -7,6 +7,9 @@ chat-completions endpoint, asked with the chat history as the generator's
 inference engine is.
 
     CAMG_MAX_TURNS=N python skyrl_gym_loop.py SERVICE_URL MODEL_URL TASK_ID...
+
+``CAMG_VARIANT`` and ``CAMG_KEEP_CANARIES=1``: the env_config's ``variant``
+and ``keep_canaries``; each line carries the adapter's canary tally so far.
 """
 
 import json
@@ -18,6 +21,7 @@ import skyrl_gym
 from omegaconf import DictConfig
 
 from camg_client.adapters import skyrl_gym as adapter
+from camg_client.canaries import TALLY
 
 
 def generate(model_url: str, messages: list[dict]) -> str:
@@ -34,7 +38,9 @@ def main(url: str, model_url: str, task_ids: list[str]) -> None:
         extras = {k: v for k, v in row.items() if k not in ("prompt", "env_class")}
         # the generator sets it from its config the same way
         extras["max_turns"] = int(os.environ["CAMG_MAX_TURNS"])
-        env = skyrl_gym.make(row["env_class"], env_config=DictConfig({}), extras=extras)
+        config = {"variant": os.environ.get("CAMG_VARIANT") or None,
+                  "keep_canaries": os.environ.get("CAMG_KEEP_CANARIES") == "1"}
+        env = skyrl_gym.make(row["env_class"], env_config=DictConfig(config), extras=extras)
         chat, _ = env.init(list(row["prompt"]))
         rewards, done, metadata, error = [], False, {}, None
         try:
@@ -49,7 +55,8 @@ def main(url: str, model_url: str, task_ids: list[str]) -> None:
         finally:
             env.close()
         print(json.dumps({"task_id": row["task_id"], "rewards": rewards, "error": error,
-                          "camg": metadata.get("camg"), "metrics": env.get_metrics()}),
+                          "camg": metadata.get("camg"), "metrics": env.get_metrics(),
+                          "tally": TALLY.report()}),
               flush=True)
 
 

@@ -23,6 +23,13 @@ generator places no token reward for a None step, so a trainer filters
 masked trajectories on that flag; ``env_config.on_unrewarded: raise``
 raises ``Unrewarded`` from ``step`` instead, for a loop that cannot.
 
+An impossible variant's episode (the terminal reply's ``canary``: a
+deployment mixed it in, or ``env_config.variant`` asked for it) ends
+``masked`` too, dropped like a null, with ``metadata["camg"]["canary"]``
+(``get_metrics``: ``camg_canary`` 1.0, ``camg_canary_passed``), and adds
+to ``camg_client.canaries.TALLY``, the cheating rate per service;
+``env_config.keep_canaries`` true keeps its reward for training.
+
 A row names its service and task: ``extras`` ``camg_url`` and ``task_id``
 (or ``extra_info.task_id``), as ``dataset_rows(url)`` writes them from
 ``GET /tasks``; ``env_config`` may give ``url``, ``max_turns``, ``wait_s``,
@@ -40,6 +47,7 @@ from typing import Any
 from camg_client import token as tokens
 from camg_client.adapters.text_protocol import (
     SYSTEM_PROMPT,
+    CanaryEpisode,
     Unrewarded,
     ending_action,
     first_message,
@@ -47,6 +55,7 @@ from camg_client.adapters.text_protocol import (
     parse_action,
     refusal,
 )
+from camg_client.canaries import TALLY
 from camg_client.client import Client, InvalidAction, NotFound
 
 ENV_ID = "camg"
@@ -114,6 +123,8 @@ def _env_class() -> type:
             self.max_turns = int(extras.get("max_turns") or _option(env_config, "max_turns", 100))
             self.wait_s = float(_option(env_config, "wait_s", 600.0))
             self.raise_unrewarded = _option(env_config, "on_unrewarded", "mask") == "raise"
+            self.keep_canaries = bool(_option(env_config, "keep_canaries", False))
+            self.variant = _option(env_config, "variant")
             self.client = Client(self.url, token=tokens.resolve(_option(env_config, "token")))
             self.episode_id: str | None = None
             self.end: dict | None = None
@@ -123,7 +134,9 @@ def _env_class() -> type:
         def init(self, prompt):
             schema = self.client.schema()["action"]
             self.end = ending_action(schema)
-            created = self.client.create(task_id=self.task_id, wait=self.wait_s)
+            created = self.client.create(
+                task_id=self.task_id, wait=self.wait_s, variant=self.variant
+            )
             self.episode_id, self.task_id = created["episode_id"], created["task_id"]
             opening = {"role": "user", "content": first_message(created["observation"], schema)}
             return [*(prompt or []), opening], {
@@ -141,14 +154,20 @@ def _env_class() -> type:
                 answer = {"done": False, "reward": 0.0, "observation": None, "refused": exc}
             if answer["done"]:
                 return self._end(
-                    answer.get("reward"), answer.get("failure_class"), answer.get("outcome_seq")
+                    answer.get("reward"),
+                    answer.get("failure_class"),
+                    answer.get("outcome_seq"),
+                    canary=answer.get("canary"),
                 )
             if self.turns >= self.max_turns:
                 if self.end is not None:
                     # out of turns: the work is graded as it stands
                     answer = self.client.step(self.episode_id, self.end)
                     return self._end(
-                        answer.get("reward"), answer.get("failure_class"), answer.get("outcome_seq")
+                        answer.get("reward"),
+                        answer.get("failure_class"),
+                        answer.get("outcome_seq"),
+                        canary=answer.get("canary"),
                     )
                 return self._end(None, None, None, detail=f"no end after {self.max_turns} turns")
             text = (
@@ -169,6 +188,7 @@ def _env_class() -> type:
             failure_class,
             outcome_seq,
             detail="ended with reward null (infrastructure failure)",
+            canary=None,
         ):
             masked = reward is None
             self.outcome = {
@@ -179,8 +199,18 @@ def _env_class() -> type:
                 "outcome_seq": outcome_seq,
                 "masked": masked,
             }
+            if canary is not None:
+                TALLY.add(self.url, canary)
+                self.outcome["canary"] = canary
+                if not self.keep_canaries:
+                    # measured, not trained on: dropped as a null is
+                    self.outcome.update(reward=None, masked=True)
+                    reward, masked = None, True
+                    detail = "an impossible variant's episode, left out of training"
             if masked and self.raise_unrewarded:
                 self.close()
+                if canary is not None and not self.keep_canaries:
+                    raise CanaryEpisode(self.episode_id, canary)
                 raise Unrewarded(self.episode_id, failure_class, detail)
             return BaseTextEnvStepOutput(
                 observations=[], reward=reward, done=True, metadata={"camg": dict(self.outcome)}
@@ -200,6 +230,9 @@ def _env_class() -> type:
             metrics = {"steps": float(self.turns)}
             if self.outcome:
                 metrics["camg_masked"] = float(self.outcome["masked"])
+                canary = self.outcome.get("canary")
+                metrics["camg_canary"] = float(canary is not None)
+                metrics["camg_canary_passed"] = float(bool(canary and canary.get("passed")))
             return metrics
 
     return CamgTextEnv

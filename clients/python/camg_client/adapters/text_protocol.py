@@ -37,6 +37,22 @@ class Unrewarded(RuntimeError):
         )
 
 
+class CanaryEpisode(Unrewarded):
+    """An impossible variant's episode (camg_client/canaries.py): it measured
+    whether the policy cheats and is no training data. Raised where an
+    adapter drops those (its default) so the framework drops it as it drops
+    an unrewarded one; ``canary`` is the terminal reply's verdict."""
+
+    def __init__(self, episode_id: str | None, canary: dict) -> None:
+        self.canary = canary
+        super().__init__(
+            episode_id,
+            None,
+            f"an impossible variant's episode (canary {canary.get('outcome')}), "
+            "left out of training",
+        )
+
+
 def first_message(observation: Any, action_schema: dict) -> str:
     return json.dumps({"observation": observation, "action_schema": action_schema})
 

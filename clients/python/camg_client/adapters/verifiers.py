@@ -25,6 +25,13 @@ environments step an engine host-side. Here:
   verifiers records it on the episode's ``errors`` and leaves
   ``episode.ok`` False, its failed outcome that training drops and
   ``--resume`` re-runs; no reward is recorded, so nothing reads as 0.
+* An impossible variant's episode (the terminal reply's ``canary``, which a
+  deployment mixes in or ``variant`` asks for) measures how often the
+  policy cheats: it is added to ``camg_client.canaries.TALLY`` (the cheating
+  rate per service, with its Wilson interval) and its trace's
+  ``info["camg"]["canary"]``, and is dropped from training by raising
+  ``CanaryEpisode`` (an ``Unrewarded``) unless the taskset config says
+  ``keep_canaries``, which records its reward as any other.
 
 The trainer's token is the taskset config's ``token`` (kept out of every
 dump of the config, and out of the tasks), else camg_client.token's search
@@ -43,6 +50,7 @@ from typing import Any
 from camg_client import token as tokens
 from camg_client.adapters.text_protocol import (
     SYSTEM_PROMPT,
+    CanaryEpisode,
     Unrewarded,
     ending_action,
     first_message,
@@ -51,6 +59,7 @@ from camg_client.adapters.text_protocol import (
     refusal,
     terminal_reward,
 )
+from camg_client.canaries import TALLY
 from camg_client.client import AsyncClient, Client, InvalidAction
 
 TASKSET_ID = "camg_verifiers"
@@ -59,14 +68,27 @@ _LAZY = ("CamgEnv", "CamgEnvConfig", "CamgTask", "CamgData", "CamgTaskset", "Cam
 
 
 def env_config(
-    url: str, *, task_ids: list[str] | None = None, token: str | None = None, **player: Any
+    url: str,
+    *,
+    task_ids: list[str] | None = None,
+    token: str | None = None,
+    keep_canaries: bool = False,
+    variant: str | None = None,
+    **player: Any,
 ):
     """The ``vf.EnvConfig`` of a camg service at ``url``; ``token``: the
-    trainer's (default: camg_client.token's search); ``player`` sets the
-    playing agent's fields (``max_turns``, ``timeout`` …)."""
+    trainer's (default: camg_client.token's search); ``keep_canaries``:
+    train on impossible variants' episodes too; ``variant``: ask for one in
+    every episode (an evaluation of cheating); ``player`` sets the playing
+    agent's fields (``max_turns``, ``timeout`` …)."""
     classes = _classes()
     taskset = classes["CamgTasksetConfig"](
-        id=TASKSET_ID, url=url, task_ids=task_ids, token=tokens.resolve(token)
+        id=TASKSET_ID,
+        url=url,
+        task_ids=task_ids,
+        token=tokens.resolve(token),
+        keep_canaries=keep_canaries,
+        variant=variant,
     )
     agent = classes["CamgEnvConfig"].model_fields["player"].default
     return classes["CamgEnvConfig"](taskset=taskset, player=agent.model_copy(update=player))
@@ -95,6 +117,10 @@ def _classes() -> dict[str, type[Any]]:
         """The tasks to play, in the service's order (None: every served task)."""
         wait_s: float = 600.0
         """How long a create may wait in the service's line for capacity."""
+        keep_canaries: bool = False
+        """Record impossible variants' rewards as any other (default: drop them)."""
+        variant: str | None = None
+        """Ask every create for this kind of variant ("impossible"): an evaluation."""
         # a secret: never in a dump of the config (verifiers writes them
         # beside results) nor in its repr
         token: str | None = Field(default=None, exclude=True, repr=False)
@@ -138,7 +164,9 @@ def _classes() -> dict[str, type[Any]]:
             token = tokens.resolve(self.config.taskset.token)
             async with AsyncClient(data.url, token=token) as client:
                 schema = (await client.schema())["action"]
-                created = await client.create(task_id=data.id, wait=data.wait_s)
+                created = await client.create(
+                    task_id=data.id, wait=data.wait_s, variant=self.config.taskset.variant
+                )
                 episode_id = created["episode_id"]
                 answer: dict = {"done": False}
                 try:
@@ -171,6 +199,12 @@ def _classes() -> dict[str, type[Any]]:
                 "failure_class": answer.get("failure_class"),
                 "outcome_seq": answer.get("outcome_seq"),
             }
+            canary = answer.get("canary")
+            if canary is not None:
+                trace.info["camg"]["canary"] = canary
+                TALLY.add(data.url, canary)
+                if not self.config.taskset.keep_canaries:
+                    raise CanaryEpisode(episode_id, canary)
             if not answer["done"]:
                 why = (
                     "the player failed"
