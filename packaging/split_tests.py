@@ -14,8 +14,10 @@ refreshed to be run.
 
 Every module is a job of its own, except that a module recorded at more
 than SPLIT_OVER seconds is dealt by its top-level test functions and
-classes (a canary suite's cases would otherwise hold one lane alone), and
-that the system tier's modules share one installed guest
+classes (a canary suite's cases would otherwise hold one lane alone) unless
+it says ``SPLIT_BY_TEST = False`` at its top level (its time is a
+module-scoped fixture every lane given one of its tests would build again),
+and that the system tier's modules share one installed guest
 (tests/system/conftest.py's session fixture, minutes to build): they stay
 one job, apart from those in STANDALONE, which build their own machine.
 Dealing is greedy, longest job first, to the
@@ -76,6 +78,19 @@ def test_names(path: Path) -> list[str]:
     ]
 
 
+def split_by_test(path: Path) -> bool:
+    """False when the module says ``SPLIT_BY_TEST = False`` at its top level."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "SPLIT_BY_TEST" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+        ):
+            return bool(node.value.value)
+    return True
+
+
 def deal(names: list[str], known: dict[str, float], shards: int) -> list[list[str]]:
     """One tier's modules into ``shards`` shards of about equal time."""
     jobs: list[Job] = [(known.get(n, _median(known)), (("", n),)) for n in names]
@@ -122,7 +137,11 @@ def jobs(tests: Path = TESTS) -> list[Job]:
             names = alone
         for name in names:
             # (a shared-fixture tier's modules each build their own guest: never split)
-            split = weight[name] > SPLIT_OVER and tier not in SHARED_FIXTURE_TIERS
+            split = (
+                weight[name] > SPLIT_OVER
+                and tier not in SHARED_FIXTURE_TIERS
+                and split_by_test(directory / name)
+            )
             tests_of = test_names(directory / name) if split else []
             if len(tests_of) < 2:
                 out.append((weight[name], ((tier, name),)))

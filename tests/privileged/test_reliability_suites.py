@@ -24,6 +24,9 @@ from devtools.reliability.rig import TMP_PREFIX
 from devtools.reliability.table import render
 
 SUITES = ("escape", "fuzz", "churn", "load")
+#: every test reads the one run of the module's fixture: dealt test by test
+#: to several lanes (packaging/split_tests.py), each lane would run it again
+SPLIT_BY_TEST = False
 
 
 def _ours() -> set[str]:

@@ -174,3 +174,18 @@ def test_record_keeps_per_test_times_of_long_modules_only(tmp_path):
     )
     got = split_tests.record([junit], tmp_path)["privileged"]
     assert got == {"test_long.py": over + 1, "test_long.py::test_a": over + 1, "test_short.py": 2.0}
+
+
+def test_a_module_whose_time_is_its_fixture_stays_whole(tmp_path):
+    for tier in split_tests.TIERS:
+        (tmp_path / tier).mkdir()
+    tests = "def test_a():\n    pass\n\n\ndef test_b():\n    pass\n"
+    (tmp_path / "privileged" / "test_split.py").write_text(tests)
+    (tmp_path / "privileged" / "test_whole.py").write_text("SPLIT_BY_TEST = False\n" + tests)
+    over = split_tests.SPLIT_OVER * 2
+    (tmp_path / "privileged" / split_tests.DURATIONS).write_text(
+        json.dumps({"test_split.py": over, "test_whole.py": over})
+    )
+    lanes, _ = split_tests.plan(3, tmp_path)
+    dealt = sorted(name for lane in lanes for _, name in lane)
+    assert dealt == ["test_split.py::test_a", "test_split.py::test_b", "test_whole.py"]
