@@ -103,7 +103,7 @@ def bind(root: Path, agent_uid: int = AGENT_UID, *, reap: bool = True, checkpoin
 
     def _resume(setup: dict):
         """The parent's task on the forked filesystem (workspace and tool
-        state are the parent's; the servers start per call anyway)."""
+        state are the parent's; a server starts on the child's first call to it)."""
         task = _task()
         task.env.start()
         task.tools = setup["tools"]

@@ -88,6 +88,8 @@ class GeneralAgentEnvironment(DatasetEnvironment):
         self.verifier_out = Path(verifier_out)
         self.python = python or sys.executable
         self.tools: dict[str, list[dict]] = {}
+        #: the episode's resident bridges (mcp_bridge.Sessions), closed before grading
+        self.sessions = mcp_bridge.Sessions()
 
     # -- servers -----------------------------------------------------------------
     def server(self, name: str) -> mcp_bridge.ServerSpec:
@@ -100,9 +102,13 @@ class GeneralAgentEnvironment(DatasetEnvironment):
                  "MIMO_WORKSPACE": self.repo_path})
 
     def call_tool(self, server: str, name: str, arguments: dict, timeout: float = 120) -> dict:
-        return mcp_bridge.call_tool(self.server(server), name, arguments, timeout=timeout)
+        return self.sessions.call_tool(self.server(server), name, arguments, timeout=timeout)
 
     # -- life cycle ------------------------------------------------------------------
+    def cleanup(self) -> None:
+        self.sessions.close()
+        super().cleanup()
+
     def _setup_dataset_specific(self) -> None:
         workspace = Path(self.repo_path)
         if workspace.exists():
@@ -119,7 +125,7 @@ class GeneralAgentEnvironment(DatasetEnvironment):
             else:
                 target.mkdir()
         shutil.rmtree(self.verifier_out, ignore_errors=True)
-        self.tools = {name: mcp_bridge.list_tools(self.server(name), timeout=120)
+        self.tools = {name: self.sessions.list_tools(self.server(name), timeout=120)
                       for name in server_names(self.task_dir)}
 
     def write_answer(self, answer: str) -> str | None:
@@ -155,6 +161,8 @@ class GeneralAgentEnvironment(DatasetEnvironment):
         if not verify.is_file():
             return 0.0, "verifier materials missing", {
                 "error_category": TESTBED_CORRUPTED, "reward_error": "missing_run_verify"}
+        # The episode's servers go first: what grades meets fresh ones only.
+        self.sessions.close()
         down = servers_down([self.server(name) for name in server_names(self.task_dir)])
         if down is not None:
             return 0.0, down, {"error_category": TESTBED_CORRUPTED,
