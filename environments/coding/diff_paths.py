@@ -48,15 +48,29 @@ def is_protected(path: str) -> bool:
 # --- the agent's diff -------------------------------------------------------
 
 
+#: diff_command's exit status when a file is larger than any diff of its
+#: ``limit`` could carry
+TOO_LARGE_EXIT = 75
+#: git's binary diff is deflate in base85: deflate shrinks at most about
+#: 1032:1, so a file over ``limit`` times this can never fit a diff
+_DEFLATE_MAX_RATIO = 1032
+
+
 def diff_command(
-    snapshot: str, private_git: str = "/var/lib/camg-task/git", workdir: str = "/testbed"
+    snapshot: str,
+    private_git: str = "/var/lib/camg-task/git",
+    workdir: str = "/testbed",
+    limit: int | None = None,
 ) -> str:
     """Shell command (run as root in the agent's sandbox) printing its diff.
 
     Uses the root-only copy of the workspace's git directory, so whatever
     the agent did to /testbed/.git is irrelevant. Special files (fifos,
     sockets, devices) cannot be part of a diff and would make ``git add``
-    fail, so they are removed first.
+    fail, so they are removed first. With a ``limit`` (bytes of diff), a
+    regular file too large for any diff of that size ends it with
+    TOO_LARGE_EXIT before git reads it: a sparse terabyte would otherwise
+    keep git hashing zeros until the collection's deadline.
     """
     git = (
         "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent "
@@ -66,10 +80,17 @@ def diff_command(
         "-c core.checkStat=minimal -c core.trustctime=false"
     )
     excludes = " ".join(shlex.quote(f":(exclude,glob){g}") for g in DIFF_EXCLUDES)
+    too_large = (
+        f'if [ -n "$(find . -path ./.git -prune -o -type f '
+        f'-size +{limit * _DEFLATE_MAX_RATIO}c -print -quit)" ]; '
+        f"then exit {TOO_LARGE_EXIT}; fi; "
+        if limit
+        else ""
+    )
     return (
         f"set -e; cd {shlex.quote(workdir)}; "
         f"find . -path ./.git -prune -o ! -type f ! -type d ! -type l -print0 "
-        f"| xargs -0 -r rm -f --; "
+        f"| xargs -0 -r rm -f --; {too_large}"
         f"{git} add -A -- . {excludes}; "
         f"{git} diff --cached --binary --full-index --no-color --no-ext-diff "
         f"--no-textconv --no-renames {snapshot}"

@@ -220,7 +220,7 @@ class CodingEpisode(HeldSandbox, Episode):
     def _diff_exec(self, sandbox: str):
         command = (
             "set -o pipefail; ( "
-            + diff_paths.diff_command(self.task.layers.snapshot)
+            + diff_paths.diff_command(self.task.layers.snapshot, limit=DIFF_LIMIT)
             + " ) | base64 -w0"
         )
         return self._call(
@@ -236,7 +236,7 @@ class CodingEpisode(HeldSandbox, Episode):
 
     def _collect_diff(self, sandbox: str) -> None:
         result = self._diff_exec(sandbox)
-        if result.truncated:
+        if result.truncated or result.exit_code == diff_paths.TOO_LARGE_EXIT:
             # The agent's own changes exceed what a submission may be.
             self.diff, self.diff_problem = b"", "diff_too_large"
         elif result.exit_code != 0 or result.timed_out:

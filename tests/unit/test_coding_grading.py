@@ -107,6 +107,22 @@ def test_gold_fix_resolves_every_task(task_set, task_layers, tmp_path):
         assert report.resolved and report.reward == 1.0, (row.instance_id, report)
 
 
+def test_a_file_no_diff_could_carry_ends_the_collection_before_git_reads_it(task_set, task_layers,
+                                                                           tmp_path):
+    _, task_rows = task_set
+    work, private, snapshot = agent_workspace(task_layers, task_rows[0], tmp_path)
+    command = diff_paths.diff_command(snapshot, private_git=str(private), workdir=str(work),
+                                      limit=1)
+    with open(work / "zz-big", "wb") as big:  # sparse: one byte over the bound
+        big.truncate(1032 + 1)
+    got = subprocess.run(["bash", "-c", command], capture_output=True)
+    assert got.returncode == diff_paths.TOO_LARGE_EXIT and got.stdout == b"", got
+    (work / "zz-big").unlink()
+    (work / "zz-fits").write_bytes(b"x" * 1032)
+    got = subprocess.run(["bash", "-c", command], capture_output=True)
+    assert got.returncode == 0 and b"zz-fits" in got.stdout, got
+
+
 def test_no_change_earns_zero_on_every_task(task_set, task_layers, tmp_path):
     _, task_rows = task_set
     for i, row in enumerate(task_rows):
