@@ -120,7 +120,11 @@ class Resident:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env={**os.environ, "PYTHONPATH": here}, start_new_session=True)
         self._buffer = b""
-        self._send({"server": dataclasses.asdict(server)})
+        try:
+            self._send({"server": dataclasses.asdict(server)})
+        except OSError:
+            self.close()
+            raise
 
     def request(self, name: str | None, arguments: dict | None, timeout: float) -> Any:
         """The server's answer, or ``ToolServerDown`` (the bridge is then gone)."""
@@ -235,7 +239,11 @@ class Sessions:
             if bridge is None or not bridge.alive():
                 if bridge is not None:
                     bridge.close()
-                bridge = self._open[server] = Resident(server)
+                try:
+                    bridge = self._open[server] = Resident(server)
+                except OSError as exc:  # no process to be had (a full pids table)
+                    self._open.pop(server, None)
+                    raise ToolServerDown(f"MCP server {server.name!r}: no bridge: {exc}") from None
             try:
                 return bridge.request(name, arguments, timeout)
             except ToolServerDown:
