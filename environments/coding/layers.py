@@ -132,6 +132,13 @@ def _verify(base: Path, ref: TaskRef, privileged: bool, image_key: str) -> TaskL
         and git(agent / PRIVATE_GIT, "rev-parse", "HEAD").strip() != head
     ):
         raise ConfigError(f"{base}: the layer's private git directory does not match")
+    check_grader(base, grader, ref, privileged)
+    return TaskLayers(str(agent), str(grader), stamp["snapshot"])
+
+
+def check_grader(base: Path, grader: Path, ref: TaskRef, privileged: bool) -> None:
+    """A grader layer is at its tests commit and holds this checkout's guard
+    (root-owned and not writable, when built as root)."""
     if git(grader / WORKDIR, "rev-parse", "HEAD").strip() != ref.tests:
         raise ConfigError(f"{base}: grader layer is not at {ref.tests}")
     guard = grader / GUARD_FILE
@@ -141,4 +148,3 @@ def _verify(base: Path, ref: TaskRef, privileged: bool, image_key: str) -> TaskL
         raise ConfigError(f"{base}: the grader layer's guard plugin is missing or changed")
     if privileged and (guard.stat().st_uid != 0 or guard.stat().st_mode & 0o022):
         raise ConfigError(f"{base}: the guard plugin must be root-owned and not writable")
-    return TaskLayers(str(agent), str(grader), stamp["snapshot"])

@@ -150,20 +150,25 @@ def _build(
             )
             + "\n"
         )
-        # Private too, should the root be opened: the service (group camg)
-        # checks the stamp; inside, modes stay what the sandbox uid needs.
-        if os.geteuid() == 0:
-            os.lchown(tmp, 0, group_id(SERVICE_GROUP) or 0)
-        os.chmod(tmp, 0o750)
-        try:
-            os.rename(tmp, base)
-        except OSError as exc:
-            # Another process finished the same build first: keep theirs.
-            if not (base / STAMP).is_file():
-                raise ConfigError(f"cannot install task layers at {base}: {exc}") from None
+        install_built(tmp, base, "task layers")
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def install_built(tmp: Path, base: Path, what: str) -> None:
+    """Move a layer directory built in ``tmp`` (its stamp written last) to
+    ``base``. Private too, should the root be opened: the service (group
+    camg) checks the stamp; inside, modes stay what the sandbox uid needs.
+    Another process that finished the same build first wins: theirs is kept."""
+    if os.geteuid() == 0:
+        os.lchown(tmp, 0, group_id(SERVICE_GROUP) or 0)
+    os.chmod(tmp, 0o750)
+    try:
+        os.rename(tmp, base)
+    except OSError as exc:
+        if not (base / STAMP).is_file():
+            raise ConfigError(f"cannot install {what} at {base}: {exc}") from None
 
 
 def _build_agent(layer: Path, ref: TaskRef, privileged: bool) -> tuple[str, str]:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from camg.config import variants
 from camg.config.hashing import sha256_bytes
-from camg.config.host_private import SERVICE_GROUP, group_id, private_dir
+from camg.config.host_private import private_dir
 from camg.errors import ConfigError, PreparationMissing
 from environments.coding import mutations
 from environments.coding.layers import AGENT_GID, AGENT_UID, FORMAT, PREPARE_STEP, STAMP, WORKDIR
@@ -40,6 +40,7 @@ from environments.coding.prepare_layers import (
     _mask,
     hide_build_output,
     image_tracked,
+    install_built,
 )
 from environments.coding.rows import Row
 from environments.coding.variant_layers import KIND, base_dir, verified
@@ -229,14 +230,7 @@ def _build(
             )
             + "\n"
         )
-        if os.geteuid() == 0:
-            os.lchown(tmp, 0, group_id(SERVICE_GROUP) or 0)
-        os.chmod(tmp, 0o750)
-        try:
-            os.rename(tmp, base)
-        except OSError as exc:
-            if not (base / STAMP).is_file():
-                raise ConfigError(f"cannot install a variant's layer at {base}: {exc}") from None
+        install_built(tmp, base, "a variant's layer")
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

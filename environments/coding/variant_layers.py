@@ -29,14 +29,12 @@ from typing import Any
 from camg.errors import ConfigError, PreparationMissing
 from environments.coding.layers import (
     FORMAT,
-    GUARD_FILE,
     PREPARE_STEP,
     STAMP,
-    WORKDIR,
-    guard_digest,
+    check_grader,
     layer_dir,
 )
-from environments.coding.mirrors import TaskRef, git
+from environments.coding.mirrors import TaskRef
 
 KIND = "variant"
 
@@ -75,15 +73,7 @@ def verified(
     ):
         raise ConfigError(f"{base}: layer was built for another variant or task state")
     grader = base / "grader"
-    if git(grader / WORKDIR, "rev-parse", "HEAD").strip() != ref.tests:
-        raise ConfigError(f"{base}: grader layer is not at {ref.tests}")
-    guard = grader / GUARD_FILE
-    from camg.config.hashing import sha256_file
-
-    if not guard.is_file() or sha256_file(guard).split(":")[-1] != guard_digest():
-        raise ConfigError(f"{base}: the grader layer's guard plugin is missing or changed")
-    if privileged and (guard.stat().st_uid != 0 or guard.stat().st_mode & 0o022):
-        raise ConfigError(f"{base}: the guard plugin must be root-owned and not writable")
+    check_grader(base, grader, ref, privileged)
     return str(grader)
 
 
