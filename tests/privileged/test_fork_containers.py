@@ -205,7 +205,9 @@ def test_agent_processes_are_refused_and_capacity_checked_first(fc, image_ref): 
         fc.fork(parent.id)
     assert info.value.details["what"] == "agent_processes"
     assert labelled(OWNER) == {parent.id} and not inspect(parent.id)["State"]["Paused"]
-    sh(fc, parent.id, "kill -9 $(cat /tmp/bg)")
+    # gone, not just signalled: a process still exiting is a live one to the helper
+    sh(fc, parent.id, "bg=$(cat /tmp/bg); kill -9 $bg; "
+                      "for _ in $(seq 200); do kill -0 $bg 2>/dev/null || break; sleep 0.05; done")
     # the helper's per-peer ceiling (8 in container_fixtures), standbys not counted: refused before any work
     children = [fc.fork(parent.id) for _ in range(7)]
     assert len(fc.list()) == 8
