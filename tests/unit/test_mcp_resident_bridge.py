@@ -60,7 +60,7 @@ def _alive(pid: int) -> bool:
     try:  # a zombie is gone for our purposes
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except OSError:  # reaped meanwhile (ENOENT, or ESRCH mid-read)
         return False
 
 
