@@ -64,6 +64,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """``pid`` dead within ``within`` seconds (SIGKILL is delivered at once,
+    the exit a moment later)."""
+    deadline = time.monotonic() + within
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _server_pid(sessions, server) -> int:
     return int(sessions.call_tool(server, "pid", {}, timeout=30)["content"][0])
 
@@ -84,7 +95,7 @@ def test_every_call_meets_one_resident_server_and_close_leaves_nothing(server):
         bridge = sessions._open[server].proc.pid
     finally:
         sessions.close()
-    assert not _alive(first) and not _alive(bridge)
+    assert _gone(first) and _gone(bridge)
     sessions.close()  # idempotent
 
 
@@ -94,7 +105,7 @@ def test_a_missed_deadline_kills_bridge_and_server_and_the_next_call_starts_afre
         first = _server_pid(sessions, server)
         with pytest.raises(mcp_bridge.ToolServerDown, match="no answer by its deadline"):
             sessions.call_tool(server, "nap", {"seconds": 60}, timeout=-mcp_bridge._CHILD_GRACE_S + 1)
-        assert not _alive(first)
+        assert _gone(first)
         again = _server_pid(sessions, server)
         assert again != first and _alive(again)
     finally:
@@ -107,7 +118,7 @@ def test_a_server_that_dies_is_down_then_replaced(server):
         first = _server_pid(sessions, server)
         with pytest.raises(mcp_bridge.ToolServerDown, match="probe"):
             sessions.call_tool(server, "die", {}, timeout=30)
-        assert not _alive(first)
+        assert _gone(first)
         assert _server_pid(sessions, server) != first
     finally:
         sessions.close()
